@@ -1,0 +1,63 @@
+"""The common shape of what every GPU probe answers: readings and the ``Probe`` protocol.
+
+Memory is in MiB (2**20 bytes) throughout. A field that the source could not read this time
+is ``None`` ("not available"); callers must treat it as unknown, never as zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One device at one instant.
+
+    ``total_mib`` is always present (cached from the first successful read; 0 only if the
+    device never answered). ``used_mib`` may exceed ``total_mib`` on an over-committed
+    simulated GPU; ``free_mib`` is never negative.
+    """
+
+    index: int
+    name: str | None
+    total_mib: int
+    used_mib: int | None
+    free_mib: int | None
+    util_pct: int | None
+    temp_c: int | None
+    power_w: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """One process holding memory on one GPU (``used_mib`` None when the driver won't say)."""
+
+    pid: int
+    gpu_index: int
+    used_mib: int | None
+
+
+@runtime_checkable
+class Probe(Protocol):
+    """What the engine reads GPUs through: NVML or the simulated device.
+
+    Implementations must be safe to call from the sampler thread; the methods may block
+    (NVML calls do) but must not raise for a single unreadable field.
+    """
+
+    source: str  # "nvml" or "simulated"
+    simulated: bool
+    driver_version: str | None
+
+    def devices(self) -> list[GpuReading]:
+        """A reading of every device, ordered by index."""
+        ...
+
+    def processes(self) -> list[ProcessReading]:
+        """Every process holding memory on any device."""
+        ...
+
+    def close(self) -> None:
+        """Release the source; idempotent."""
+        ...

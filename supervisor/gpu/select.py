@@ -1,0 +1,52 @@
+"""Choosing the GPU source from the ``--gpus`` value: ``auto``, ``nvml`` or ``sim:...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
+from supervisor.gpu.model import Probe
+from supervisor.gpu.nvml import NvmlProbe
+from supervisor.gpu.sim import SPEC_FORM, SimulatedProbe, format_mib, parse_sim_spec
+
+FALLBACK_SPEC = "sim:24GiB"
+
+
+def open_probe(
+    gpus: str = "auto", *, ledger_dir: Path, nvml_module: Any | None = None
+) -> tuple[Probe, str | None]:
+    """Open the probe ``gpus`` names; returns it with a one-line notice for the user or None.
+
+    - ``auto``: NVML when it initialises and sees at least one device, else a simulated
+      24 GiB GPU and a notice saying so;
+    - ``nvml``: NVML or ``GpuUnavailable`` with the reason;
+    - ``sim:<size>[,sim:<size>...]``: simulated GPUs, their ledger in ``ledger_dir``.
+
+    ``nvml_module`` replaces ``pynvml`` (tests). Raises ``BadGpuSpec`` for anything else.
+    """
+    choice = str(gpus).strip()
+    lowered = choice.lower()
+    if lowered.startswith("sim:"):
+        return SimulatedProbe(choice, ledger_dir), None
+    if lowered not in ("auto", "nvml"):
+        raise BadGpuSpec(f"bad --gpus value {gpus!r}: expected 'auto', 'nvml' or {SPEC_FORM}")
+    try:
+        probe = NvmlProbe(nvml_module)
+    except GpuUnavailable as exc:
+        if lowered == "nvml":
+            raise
+        reason = str(exc).removeprefix("NVML: ")
+        return _fallback(ledger_dir, f"NVML: {reason}")
+    if probe.device_count >= 1:
+        return probe, None
+    probe.close()
+    if lowered == "nvml":
+        raise GpuUnavailable("NVML: the driver reports no NVIDIA GPU")
+    return _fallback(ledger_dir, "NVML reports 0 devices")
+
+
+def _fallback(ledger_dir: Path, why: str) -> tuple[Probe, str]:
+    size = format_mib(parse_sim_spec(FALLBACK_SPEC)[0])
+    notice = f"No NVIDIA GPU found ({why}); using a SIMULATED {size} GPU"
+    return SimulatedProbe(FALLBACK_SPEC, ledger_dir), notice
