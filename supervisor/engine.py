@@ -1,0 +1,865 @@
+"""The engine: one asyncio loop that owns every piece of state and acts on the scheduler's plans.
+
+All state (backends, workers, queue, jobs, GPU readings) lives here and is touched only on the
+engine loop — no locks around state.  Every event (submit, job end, worker state change, sample,
+timer) schedules one coalesced scheduler step: build the pure scheduler's snapshot, call
+``plan()``, then carry out its evictions and starts.  Other threads reach the engine through
+:class:`supervisor.facade.Supervisor`; state leaves as immutable snapshots and events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import concurrent.futures
+import contextlib
+import logging
+import math
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends.schema import BackendSpec
+from .errors import BackendFailed, EngineStopped, QueueFull, Refused, UnknownBackend, UnknownJob
+from .events import EngineEvent, EventHub
+from .gpu.model import GpuReading, Probe
+from .gpu.sampler import History, Sample, Sampler
+from .jobs import Job, JobState, JobView
+from .paths import Paths
+from .scheduler import model as sched
+from .scheduler.plan import plan as make_plan
+from .scheduler.submit import check_submit
+from .snapshot import BackendView, EngineSnapshot, GpuView, LogLine
+from .workers.handle import Outcome, WorkerHandle, WorkerState
+from .workers.wire import WireListener
+
+log = logging.getLogger("supervisor")
+
+MAX_INIT_FAILURES = 3
+EVICTION_CONFIRM_TIMEOUT_S = 5.0
+
+
+@dataclass
+class EngineConfig:
+    reserve_mib: int = 256  # kept free on every GPU for the driver and foreign processes
+    max_queue_depth: int = 512
+    affinity_limit: int = 3
+    aging_interval_s: float = 60.0
+    recent_jobs: int = 200
+    cancel_grace_s: float = 5.0
+    tick_s: float = 0.5
+
+
+@dataclass
+class Ghost:
+    """Memory of a stopped worker, still reserved until its processes leave the GPU."""
+
+    gpu: int
+    mib: int
+    pids: set[int]
+    deadline: float
+
+
+@dataclass
+class BackendRuntime:
+    """The engine's live record of one backend."""
+
+    spec: BackendSpec
+    worker: WorkerHandle | None = None
+    generation: int = 0
+    exclusive: bool = False  # the worker holds a whole GPU (footprint unknown at spawn)
+    admitted: list[str] = field(default_factory=list)  # jobs holding a slot on the worker
+    init_failures: int = 0
+    failed: bool = False
+    last_error: str | None = None
+    jobs_served: int = 0
+    last_used: float | None = None
+    idle_since: float | None = None
+    learned_peak_mib: int | None = None
+    learned_resident_mib: int | None = None
+    observed_mib: int | None = None  # the worker's processes' memory at the last sample
+    observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
+    ghost: Ghost | None = None
+    preload: bool = False
+
+    @property
+    def peak(self) -> int | None:
+        return self.spec.peak if self.spec.peak is not None else self.learned_peak_mib
+
+    @property
+    def activation(self) -> int | None:
+        if self.spec.peak is not None:
+            return self.spec.vram.activation_mib
+        if self.learned_peak_mib is not None and self.learned_resident_mib is not None:
+            return max(0, self.learned_peak_mib - self.learned_resident_mib)
+        return None
+
+    @property
+    def resident(self) -> int:
+        peak, act = self.peak, self.activation
+        if peak is None:
+            return 0
+        return peak - (act if act is not None else peak)
+
+
+class Engine:
+    """Everything the engine knows and does; run ``main()`` on its own event loop."""
+
+    def __init__(
+        self,
+        *,
+        probe: Probe,
+        probe_notice: str | None,
+        backends: dict[str, BackendSpec],
+        descriptor_errors: tuple[str, ...],
+        paths: Paths,
+        config: EngineConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.probe = probe
+        self.notice = probe_notice
+        self.paths = paths
+        self.config = config or EngineConfig()
+        self.sched_config = sched.SchedulerConfig(
+            affinity_limit=self.config.affinity_limit,
+            aging_interval_s=self.config.aging_interval_s,
+            max_queue_depth=self.config.max_queue_depth,
+        )
+        self.clock = clock
+        self.backends = {name: BackendRuntime(spec) for name, spec in backends.items()}
+        self.descriptor_errors = descriptor_errors
+        self.jobs: dict[str, Job] = {}
+        self.futures: dict[str, concurrent.futures.Future[JobView]] = {}
+        self.queue: list[Job] = []  # sorted by (-priority, seq): the scheduler's contract
+        self.recent: deque[str] = deque()
+        self.readings: dict[int, GpuReading] = {}
+        self.proc_mib: dict[int, int] = {}  # pid -> MiB at the last process sample
+        self.history: History[int, int] = History()
+        self.backend_history: History[str, int] = History()
+        self.events = EventHub()
+        self.log_lines: deque[LogLine] = deque(maxlen=300)
+        self.started_at = clock()
+        self.wall_started = time.time()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.listener = WireListener(
+            str(paths.worker_control_socket), str(paths.worker_data_socket)
+        )
+        self.sampler: Sampler | None = None
+        self._step_scheduled = False
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._gpu_totals: dict[int, int] = {}
+
+    # ===================================================================== lifecycle ======
+    async def main(self, started: Callable[[BaseException | None], None]) -> None:
+        self.loop = asyncio.get_running_loop()
+        try:
+            await self.listener.start()
+            devices = self.probe.devices()
+            for reading in devices:
+                self.readings[reading.index] = reading
+                self._gpu_totals[reading.index] = reading.total_mib
+            self.sampler = Sampler(self.probe, self._sample_from_thread)
+            self.sampler.start()
+        except BaseException as exc:
+            started(exc)
+            await self.listener.close()
+            raise
+        self._note("info", f"engine started: {self._gpu_summary()}")
+        if self.notice:
+            self._note("warning", self.notice)
+        for err in self.descriptor_errors:
+            self._note("error", err)
+        started(None)
+        ticker = self.loop.create_task(self._ticker())
+        await self._stopped.wait()
+        ticker.cancel()
+        await self._shutdown()
+
+    def _gpu_summary(self) -> str:
+        kind = "SIMULATED" if self.probe.simulated else (self.probe.source or "GPU")
+        parts = [f"GPU{i} {r.total_mib} MiB" for i, r in sorted(self.readings.items())]
+        return f"{kind}: " + (", ".join(parts) or "no GPU")
+
+    def request_stop(self) -> None:
+        self._stopping = True
+        self._stopped.set()
+
+    async def _shutdown(self) -> None:
+        now = self.clock()
+        for job in list(self.queue):
+            self._finish(job, JobState.CANCELLED, error="the engine stopped before the job ran")
+        self.queue.clear()
+        running = [rt for rt in self.backends.values() if rt.worker is not None]
+        await asyncio.gather(
+            *(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s, drain=True)
+              for rt in running),
+            return_exceptions=True,
+        )
+        for job in list(self.jobs.values()):
+            if not job.state.finished:
+                self._finish(job, JobState.FAILED, error="the engine stopped during the job")
+        if self.sampler is not None:
+            self.sampler.stop()
+        await self.listener.close()
+        self._note("info", f"engine stopped after {self.clock() - now:.1f} s of shutdown")
+        self.events.close()
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            self._expire_ghosts()
+            self._expire_keep_alive()
+            self._schedule()
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ===================================================================== notes/events ===
+    def _note(self, level: str, text: str, backend: str | None = None) -> None:
+        line = LogLine(time.time(), level, text, backend)
+        self.log_lines.append(line)
+        getattr(log, "warning" if level == "warning" else level if level in (
+            "info", "error", "debug") else "info")(text)
+        self.events.publish(EngineEvent("log", line.t, message=text, level=level,
+                                        backend=backend))
+
+    def _job_event(self, job: Job) -> None:
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(), backend=job.backend,
+                                        state=job.state.value))
+
+    def _worker_event(self, rt: BackendRuntime) -> None:
+        state = rt.worker.state.value if rt.worker else ("failed" if rt.failed else "cold")
+        self.events.publish(EngineEvent("worker", time.time(), backend=rt.spec.name,
+                                        state=state))
+
+    # ===================================================================== commands =======
+    def submit(self, backend: str, payload: bytes, *, priority: int | None = None,
+               timeout: float | None = None, metadata: dict[str, Any] | None = None,
+               stream: bool = False) -> Job:
+        if self._stopping:
+            raise EngineStopped("the engine is stopping and takes no new jobs")
+        rt = self.backends.get(backend)
+        if rt is None:
+            raise UnknownBackend(backend, self.backends)
+        if rt.failed:
+            raise BackendFailed(
+                f"backend {backend!r} failed to initialise {MAX_INIT_FAILURES} times in a row "
+                f"({rt.last_error}); fix it, then respawn it (vramtui respawn {backend})"
+            )
+        reason = check_submit(self._sched_snapshot(with_queue=False), backend, self.sched_config)
+        if reason is None and len(self.queue) >= self.config.max_queue_depth:
+            reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
+                      "max_queue_depth")
+        if reason is not None:
+            self._note("warning", f"refused a job for {backend}: {reason}", backend)
+            if reason.startswith("queue full"):
+                raise QueueFull(reason)
+            raise Refused(reason)
+        job = Job(
+            backend=backend,
+            payload=payload,
+            priority=rt.spec.priority if priority is None else priority,
+            timeout=timeout if timeout is not None else rt.spec.timeouts.request_s,
+            metadata=dict(metadata or {}),
+            stream=stream or rt.spec.stream,
+        )
+        job.submitted_at = self.clock()
+        job.mark(job.submitted_at, JobState.QUEUED)
+        self.jobs[job.id] = job
+        self.futures[job.id] = concurrent.futures.Future()
+        bisect.insort(self.queue, job, key=_queue_key)
+        if job.timeout is not None:
+            self._set_timer(job.id, job.timeout, lambda: self._time_out(job.id))
+        self._job_event(job)
+        self._schedule()
+        return job
+
+    def job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        return job
+
+    def cancel(self, job_id: str, state: JobState = JobState.CANCELLED,
+               note: str = "cancelled") -> JobView:
+        job = self.job(job_id)
+        if job.state.finished:
+            return job.view()
+        if job.state is JobState.QUEUED:
+            self._remove_queued(job)
+            self._finish(job, state, error=note)
+        elif job.state is JobState.STARTING:
+            rt = self.backends[job.backend]
+            with contextlib.suppress(ValueError):
+                rt.admitted.remove(job.id)
+            self._finish(job, state, error=note)
+        else:  # running on a worker
+            job.cancel_requested = True
+            job.cancel_state = state
+            rt = self.backends[job.backend]
+            worker = rt.worker
+            asked = worker.cancel(job.id) if worker is not None else False
+            grace = self.config.cancel_grace_s if asked else min(self.config.cancel_grace_s, 1.0)
+            job.progress_text = "cancelling"
+            self._job_event(job)
+            self._set_timer(f"kill:{job.id}", grace, lambda: self._kill_for(job.id))
+        self._schedule()
+        return job.view()
+
+    def _kill_for(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state.finished:
+            return
+        rt = self.backends[job.backend]
+        if rt.worker is not None:
+            self._note("warning", f"{job.backend}: job {job_id} did not stop within the grace; "
+                       "killing its worker", job.backend)
+            rt.worker.kill()
+
+    def _time_out(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and not job.state.finished:
+            self.cancel(job_id, JobState.TIMED_OUT,
+                        f"timed out after {job.timeout:g} s")
+
+    def evict(self, backend: str) -> None:
+        rt = self._runtime(backend)
+        if rt.worker is None:
+            return
+        if rt.admitted:
+            raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
+                          "then evict")
+        self._note("info", f"evicting {backend} (asked)", backend)
+        self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+
+    def zero(self) -> list[str]:
+        evicted = []
+        for name, rt in self.backends.items():
+            if rt.worker is not None and not rt.admitted and \
+                    rt.worker.state != WorkerState.STOPPING:
+                evicted.append(name)
+                self.evict(name)
+        return evicted
+
+    def respawn(self, backend: str) -> None:
+        rt = self._runtime(backend)
+        if rt.admitted:
+            raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
+                          "then respawn")
+        rt.failed = False
+        rt.init_failures = 0
+        rt.last_error = None
+        self._note("info", f"respawning {backend}", backend)
+
+        async def restart() -> None:
+            if rt.worker is not None:
+                await self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s)
+            rt.preload = True
+            self._schedule()
+
+        self._spawn_task(restart())
+
+    def preload(self, backend: str) -> None:
+        rt = self._runtime(backend)
+        if rt.failed:
+            raise BackendFailed(f"backend {backend!r} has failed; respawn it first")
+        if rt.worker is None:
+            rt.preload = True
+            self._schedule()
+
+    def _runtime(self, backend: str) -> BackendRuntime:
+        rt = self.backends.get(backend)
+        if rt is None:
+            raise UnknownBackend(backend, self.backends)
+        return rt
+
+    # ===================================================================== scheduling =====
+    def _schedule(self) -> None:
+        if not self._step_scheduled and self.loop is not None and not self._stopping:
+            self._step_scheduled = True
+            self.loop.call_soon(self._step)
+
+    def _budget_totals(self) -> dict[int, int]:
+        return {i: r.total_mib for i, r in self.readings.items()}
+
+    def _reserved(self, rt: BackendRuntime) -> int:
+        worker = rt.worker
+        if worker is None:
+            return 0
+        if rt.exclusive:
+            return max(0, self._gpu_totals.get(worker.gpu, 0) - self.config.reserve_mib)
+        act = rt.activation if rt.activation is not None else (rt.peak or 0)
+        return rt.resident + len(rt.admitted) * (act + rt.spec.safety_mib)
+
+    def _sched_snapshot(self, with_queue: bool = True,
+                        extra: tuple[sched.QueuedJob, ...] = ()) -> sched.Snapshot:
+        ghosts: dict[int, int] = {}
+        for rt in self.backends.values():
+            if rt.ghost is not None:
+                ghosts[rt.ghost.gpu] = ghosts.get(rt.ghost.gpu, 0) + rt.ghost.mib
+        gpus = []
+        for index, reading in sorted(self.readings.items()):
+            total = self._gpu_totals.get(index, reading.total_mib)
+            # Ghost reservations (stopped workers whose memory has not left yet) are taken out
+            # of the total, so the budget never counts memory twice or too early.
+            gpus.append(sched.GpuState(
+                index, max(0, total - ghosts.get(index, 0)),
+                reading.free_mib, self.config.reserve_mib,
+            ))
+        backends = {}
+        workers = {}
+        for name, rt in self.backends.items():
+            spec = rt.spec
+            peak = rt.peak
+            act = rt.activation
+            if peak is not None and act is not None and act > peak:
+                act = peak
+            backends[name] = sched.BackendInfo(
+                name=name, peak_mib=peak, activation_mib=act, safety_mib=spec.safety_mib,
+                priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
+                pinned=spec.pinned,
+                reload_cost_s=spec.reload_cost_s if spec.reload_cost_s is not None else 1.0,
+            )
+            w = rt.worker
+            if w is not None and w.state not in (WorkerState.CRASHED, WorkerState.COLD,
+                                                 WorkerState.FAILED):
+                state = w.state.value
+                workers[name] = sched.WorkerInfo(
+                    backend=name, gpu=w.gpu, state=state, active_jobs=len(rt.admitted),
+                    reserved_mib=self._reserved(rt), idle_since=rt.idle_since,
+                )
+        queue: tuple[sched.QueuedJob, ...] = extra
+        if with_queue:
+            queue = extra + tuple(
+                sched.QueuedJob(j.id, j.backend, j.priority, j.seq, j.submitted_at, j.passed)
+                for j in self.queue
+            )
+        return sched.Snapshot(gpus=tuple(gpus), backends=backends, workers=workers, queue=queue)
+
+    def _step(self) -> None:
+        self._step_scheduled = False
+        if self._stopping:
+            return
+        extra: tuple[sched.QueuedJob, ...] = ()
+        preloads = [name for name, rt in self.backends.items() if rt.preload]
+        if preloads:
+            extra = tuple(sched.QueuedJob(f"preload:{n}", n, 10**9, -1 - i, self.clock(), 99)
+                          for i, n in enumerate(preloads))
+        snap = self._sched_snapshot(extra=extra)
+        plan = make_plan(snap, self.clock(), self.sched_config)
+        for ev in plan.evictions:
+            rt = self.backends[ev.backend]
+            if rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
+                self._note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
+                           f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
+                self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+        for job_id, passed in plan.passed.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.passed = passed
+        for start in plan.starts:
+            self._start(start)
+        for rt_name in preloads:
+            rt = self.backends[rt_name]
+            if rt.worker is not None:
+                rt.preload = False
+            else:
+                reason = plan.waiting.get(f"preload:{rt_name}")
+                if reason:
+                    rt.preload = False
+                    self._note("warning", f"cannot preload {rt_name} now: {reason}", rt_name)
+        for job in self.queue:
+            reason = plan.waiting.get(job.id, "")
+            if reason != job.waiting:
+                job.waiting = reason
+
+    def _start(self, start: sched.Start) -> None:
+        rt = self.backends[start.backend]
+        if start.job_id.startswith("preload:"):
+            if rt.worker is None:
+                self._spawn_worker(rt, start.gpu)
+            return
+        job = self.jobs[start.job_id]
+        self._remove_queued(job)
+        job.gpu = start.gpu
+        job.waiting = ""
+        if start.spawn or rt.worker is None:
+            self._spawn_worker(rt, start.gpu)
+        rt.admitted.append(job.id)
+        rt.idle_since = None
+        worker = rt.worker
+        assert worker is not None
+        if worker.hot and worker.data is not None:
+            self._dispatch(rt, job)
+        else:
+            job.mark(self.clock(), JobState.STARTING, f"starting {rt.spec.name} on GPU{job.gpu}")
+            self._job_event(job)
+
+    def _remove_queued(self, job: Job) -> None:
+        i = bisect.bisect_left(self.queue, _queue_key(job), key=_queue_key)
+        if i < len(self.queue) and self.queue[i] is job:
+            del self.queue[i]
+        else:
+            with contextlib.suppress(ValueError):
+                self.queue.remove(job)
+
+    def _dispatch(self, rt: BackendRuntime, job: Job) -> None:
+        worker = rt.worker
+        assert worker is not None
+        job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.pid})")
+        job.peak_mib = None
+        worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata,
+                    deadline=None)
+        self._job_event(job)
+
+    # ===================================================================== workers ========
+    def _spawn_worker(self, rt: BackendRuntime, gpu: int) -> None:
+        spec = rt.spec
+        rt.generation += 1
+        rt.exclusive = rt.peak is None
+        rt.ghost = None
+        name = f"{spec.name}#{rt.generation}"
+        env = dict(os.environ)
+        env.update(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["VRAMTUI_BACKEND"] = spec.name
+        if self.probe.simulated:
+            env["VRAMTUI_SIM_DIR"] = str(self.paths.sim_dir)
+            env["VRAMTUI_SIM_GPU"] = str(gpu)
+        else:
+            env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu))
+            env.pop("VRAMTUI_SIM_DIR", None)
+        argv = list(spec.command) + [
+            "--control-socket", str(self.paths.worker_control_socket),
+            "--data-socket", str(self.paths.worker_data_socket),
+            "--name", name,
+        ]
+        handle = WorkerHandle(
+            backend=spec.name, name=name, gpu=gpu, argv=argv, env=env,
+            cwd=str(spec.cwd) if spec.cwd else None,
+            log_path=self.paths.logs_dir / f"{spec.name}.log",
+            listener=self.listener, observer=self, plain_stream=spec.stream,
+        )
+        rt.worker = handle
+        self._note("info", f"starting {spec.name} on GPU{gpu}"
+                   + (" (footprint unknown: it runs alone until measured)" if rt.exclusive
+                      else ""), spec.name)
+        self._spawn_task(handle.start())
+        self._set_timer(f"start:{name}", spec.timeouts.start_s,
+                        lambda: self._start_timed_out(rt, handle))
+        self._worker_event(rt)
+
+    def _start_timed_out(self, rt: BackendRuntime, handle: WorkerHandle) -> None:
+        if rt.worker is handle and not handle.hot and not handle.exited:
+            handle.init_error = (f"not ready after {rt.spec.timeouts.start_s:g} s "
+                                 "(timeouts.start)")
+            self._note("error", f"{rt.spec.name}: {handle.init_error}; killing it", rt.spec.name)
+            handle.kill()
+
+    async def _stop_worker(self, rt: BackendRuntime, grace: float, drain: bool = False) -> None:
+        worker = rt.worker
+        if worker is None:
+            return
+        if drain and rt.admitted:
+            deadline = self.clock() + grace
+            while rt.admitted and self.clock() < deadline and not worker.exited:
+                await asyncio.sleep(0.05)
+        await worker.stop(grace=grace)
+
+    # -- WorkerObserver ---------------------------------------------------------------------
+    def worker_state(self, handle: WorkerHandle) -> None:
+        rt = self.backends.get(handle.backend)
+        if rt is None or rt.worker is not handle:
+            return
+        if handle.state == WorkerState.READY:
+            self._cancel_timer(f"start:{handle.name}")
+            if handle.ready_at is not None and rt.init_failures:
+                rt.init_failures = 0
+            for job_id in list(rt.admitted):
+                job = self.jobs.get(job_id)
+                if job is not None and job.state is JobState.STARTING:
+                    self._dispatch(rt, job)
+            if not rt.admitted and rt.idle_since is None:
+                rt.idle_since = self.clock()
+        self._worker_event(rt)
+        self._schedule()
+
+    def worker_exited(self, handle: WorkerHandle, code: int | None, reason: str) -> None:
+        rt = self.backends.get(handle.backend)
+        if rt is None or rt.worker is not handle:
+            return
+        self._cancel_timer(f"start:{handle.name}")
+        reserved = self._reserved(rt)
+        rt.worker = None
+        rt.idle_since = None
+        pids = {handle.pid} if handle.pid is not None else set()
+        pids |= handle._descendants
+        rt.ghost = Ghost(handle.gpu, reserved, pids, self.clock() + EVICTION_CONFIRM_TIMEOUT_S)
+        expected = handle.state == WorkerState.COLD
+        never_ready = handle.ready_at is None
+        log_hint = f"log: {handle.log_path}"
+        if expected:
+            self._note("info", f"{rt.spec.name} stopped", rt.spec.name)
+        elif never_ready:
+            rt.init_failures += 1
+            rt.last_error = handle.init_error or reason
+            self._note("error", f"{rt.spec.name} failed to start ({rt.init_failures}/"
+                       f"{MAX_INIT_FAILURES}): {rt.last_error}; {log_hint}", rt.spec.name)
+            if rt.init_failures >= MAX_INIT_FAILURES:
+                rt.failed = True
+        else:
+            rt.last_error = f"{reason}; {log_hint}"
+            self._note("error", f"{rt.spec.name} crashed: {rt.last_error}", rt.spec.name)
+        for job_id in list(rt.admitted):
+            job = self.jobs.get(job_id)
+            rt.admitted.remove(job_id)
+            if job is None or job.state.finished:
+                continue
+            if job.cancel_requested:
+                self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
+            elif never_ready and not expected and not rt.failed:
+                job.state = JobState.QUEUED  # it never ran: try again with a fresh worker
+                job.history.append((self.clock(), "queued", "requeued: worker failed to start"))
+                job.gpu = None
+                bisect.insort(self.queue, job, key=_queue_key)
+                self._job_event(job)
+            else:
+                what = ("its worker failed to start: " + (rt.last_error or reason)) \
+                    if never_ready else f"{rt.spec.name} {reason}; {log_hint}"
+                self._finish(job, JobState.FAILED, error=what)
+        if rt.failed:
+            for job in [j for j in self.queue if j.backend == rt.spec.name]:
+                self._remove_queued(job)
+                self._finish(job, JobState.FAILED,
+                             error=f"{rt.spec.name} failed to initialise {MAX_INIT_FAILURES} "
+                             f"times: {rt.last_error}; respawn it once fixed")
+        self._worker_event(rt)
+        self._schedule()
+
+    def request_done(self, handle: WorkerHandle, job_id: str, outcome: Outcome) -> None:
+        job = self.jobs.get(job_id)
+        rt = self.backends.get(handle.backend)
+        if job is None or rt is None:
+            return
+        with contextlib.suppress(ValueError):
+            rt.admitted.remove(job_id)
+        rt.jobs_served += 1
+        rt.last_used = time.time()
+        if not rt.admitted:
+            rt.idle_since = self.clock()
+        self._learn(rt, job)
+        if job.cancel_requested:
+            self._finish(job, job.cancel_state, error=job.error or "cancelled")
+        elif outcome.ok:
+            job.data = outcome.data
+            job.headers = outcome.headers
+            job.status_code = outcome.status_code
+            self._finish(job, JobState.SUCCEEDED)
+        else:
+            job.status_code = outcome.status_code
+            state = JobState.CANCELLED if outcome.cancelled else JobState.FAILED
+            self._finish(job, state, error=outcome.error)
+        self._schedule()
+
+    def request_progress(self, job_id: str, fraction: float | None, text: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state.finished:
+            return
+        job.progress = fraction
+        job.progress_text = text
+        self._job_event(job)
+
+    def request_chunk(self, job_id: str, chunk: bytes) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.chunks.append(chunk)
+        self.events.publish(EngineEvent("chunk", time.time(), backend=job.backend,
+                                        job_id=job_id, data=chunk))
+
+    def _learn(self, rt: BackendRuntime, job: Job) -> None:
+        """Record the job's observed peak; size an unmeasured backend from it."""
+        if job.peak_mib is None:
+            return
+        rt.observed_peaks.append(job.peak_mib)
+        if rt.spec.peak is None and rt.observed_mib is not None:
+            first = rt.learned_peak_mib is None
+            rt.learned_peak_mib = max(rt.learned_peak_mib or 0, job.peak_mib)
+            rt.learned_resident_mib = rt.observed_mib
+            if first:
+                self._note("info", f"{rt.spec.name} measured in production: peak "
+                           f"{rt.learned_peak_mib} MiB, resident {rt.observed_mib} MiB; it "
+                           "no longer needs a GPU to itself", rt.spec.name)
+            rt.exclusive = False
+
+    def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
+        if job.state.finished:
+            return
+        if error is not None:
+            job.error = error
+        job.mark(self.clock(), state, error or "")
+        self._cancel_timer(job.id)
+        self._cancel_timer(f"kill:{job.id}")
+        job.payload = b""
+        view = job.view()
+        fut = self.futures.pop(job.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(view)
+        self.recent.append(job.id)
+        while len(self.recent) > self.config.recent_jobs:
+            old = self.recent.popleft()
+            self.jobs.pop(old, None)
+        self.events.publish(EngineEvent("job", time.time(), job=view, backend=job.backend,
+                                        state=state.value))
+
+    # ===================================================================== samples ========
+    def _sample_from_thread(self, sample: Sample) -> None:
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_sample, sample)
+
+    def _on_sample(self, sample: Sample) -> None:
+        for reading in sample.devices:
+            self.readings[reading.index] = reading
+            self._gpu_totals[reading.index] = reading.total_mib
+            if reading.used_mib is not None:
+                self.history.append(reading.index, sample.t, reading.used_mib)
+        if sample.processes is not None:
+            self.proc_mib = {p.pid: p.used_mib or 0 for p in sample.processes}
+            on_gpu = set(self.proc_mib)
+            for rt in self.backends.values():
+                worker = rt.worker
+                if worker is not None and not worker.exited:
+                    pids = worker.pids()
+                    mib = sum(self.proc_mib.get(pid, 0) for pid in pids)
+                    rt.observed_mib = mib
+                    self.backend_history.append(rt.spec.name, sample.t, mib)
+                    for job_id in rt.admitted:
+                        job = self.jobs.get(job_id)
+                        if job is not None and job.state is JobState.RUNNING:
+                            job.peak_mib = max(job.peak_mib or 0, mib)
+                else:
+                    rt.observed_mib = None
+                if rt.ghost is not None and not (rt.ghost.pids & on_gpu):
+                    rt.ghost = None
+        self.events.publish(EngineEvent("sample", time.time()))
+        self._schedule()
+
+    def _expire_ghosts(self) -> None:
+        now = self.clock()
+        for rt in self.backends.values():
+            ghost = rt.ghost
+            if ghost is not None and now >= ghost.deadline:
+                if ghost.pids & set(self.proc_mib):
+                    self._note("warning", f"{rt.spec.name}: processes {sorted(ghost.pids)} "
+                               "still hold GPU memory after exiting; counting it as foreign",
+                               rt.spec.name)
+                rt.ghost = None
+
+    def _expire_keep_alive(self) -> None:
+        now = self.clock()
+        for rt in self.backends.values():
+            w = rt.worker
+            if (w is not None and w.state == WorkerState.READY and not rt.admitted
+                    and rt.idle_since is not None and not rt.spec.pinned
+                    and math.isfinite(rt.spec.keep_alive_s)
+                    and now - rt.idle_since >= rt.spec.keep_alive_s):
+                self._note("info", f"{rt.spec.name} idle for {rt.spec.keep_alive_s:g} s "
+                           "(keep_alive): unloading", rt.spec.name)
+                rt.idle_since = None
+                self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+
+    # ===================================================================== timers =========
+    def _set_timer(self, key: str, delay: float, fn: Callable[[], None]) -> None:
+        assert self.loop is not None
+        self._cancel_timer(key)
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            fn()
+
+        self._timers[key] = self.loop.call_later(max(0.0, delay), fire)
+
+    def _cancel_timer(self, key: str) -> None:
+        handle = self._timers.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+
+    # ===================================================================== snapshots ======
+    def snapshot(self) -> EngineSnapshot:
+        now = self.clock()
+        reserved_by_gpu: dict[int, int] = {}
+        ours_by_gpu: dict[int, int] = {}
+        for rt in self.backends.values():
+            if rt.worker is not None:
+                g = rt.worker.gpu
+                reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + self._reserved(rt)
+                ours_by_gpu[g] = ours_by_gpu.get(g, 0) + (rt.observed_mib or 0)
+            if rt.ghost is not None:
+                g = rt.ghost.gpu
+                reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + rt.ghost.mib
+        gpus = []
+        for index, r in sorted(self.readings.items()):
+            ours = ours_by_gpu.get(index, 0)
+            foreign = max(0, (r.used_mib or 0) - ours) if r.used_mib is not None else None
+            gpus.append(GpuView(
+                index=index, name=r.name or f"GPU{index}", total_mib=r.total_mib,
+                used_mib=r.used_mib, free_mib=r.free_mib,
+                reserved_mib=reserved_by_gpu.get(index, 0), ours_mib=ours,
+                foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
+                simulated=self.probe.simulated, reserve_mib=self.config.reserve_mib,
+                history=tuple(self.history.points(index)),
+            ))
+        backends = []
+        queued_by: dict[str, int] = {}
+        for job in self.queue:
+            queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
+        for name, rt in sorted(self.backends.items()):
+            w = rt.worker
+            state = w.state.value if w is not None else ("failed" if rt.failed else "cold")
+            keep_left = None
+            if (w is not None and rt.idle_since is not None and not rt.admitted
+                    and math.isfinite(rt.spec.keep_alive_s)):
+                keep_left = max(0.0, rt.spec.keep_alive_s - (now - rt.idle_since))
+            peaks = sorted(rt.observed_peaks)
+            p95 = peaks[min(len(peaks) - 1, int(0.95 * len(peaks)))] if peaks else None
+            backends.append(BackendView(
+                name=name, state=state, pid=w.pid if w is not None else None,
+                gpu=w.gpu if w is not None else None, observed_mib=rt.observed_mib,
+                declared_peak_mib=rt.spec.peak, learned_peak_mib=rt.learned_peak_mib,
+                observed_p95_mib=p95, reserved_mib=self._reserved(rt),
+                priority=rt.spec.priority, jobs_served=rt.jobs_served, last_used=rt.last_used,
+                keep_alive_left_s=keep_left, last_error=rt.last_error,
+                init_failures=rt.init_failures, queued=queued_by.get(name, 0),
+                running=len(rt.admitted), description=rt.spec.description,
+                log_path=str(self.paths.logs_dir / f"{name}.log"), pinned=rt.spec.pinned,
+                simulated=rt.spec.simulated, source=rt.spec.source,
+                features=tuple(sorted(w.features)) if w is not None else (),
+            ))
+        running = tuple(self.jobs[j].view() for rt in self.backends.values()
+                        for j in rt.admitted if j in self.jobs)
+        queued = tuple(job.view(position=i + 1) for i, job in enumerate(self.queue))
+        recent = tuple(self.jobs[j].view() for j in reversed(self.recent) if j in self.jobs)
+        return EngineSnapshot(
+            taken_at=time.time(), uptime_s=now - self.started_at,
+            source=self.probe.source, simulated=self.probe.simulated,
+            driver_version=self.probe.driver_version, notice=self.notice,
+            gpus=tuple(gpus), backends=tuple(backends), running=running, queued=queued,
+            recent=recent, descriptor_errors=self.descriptor_errors,
+            log=tuple(self.log_lines), stopping=self._stopping, pid=os.getpid(),
+            python=sys.version.split()[0],
+        )
+
+
+def _queue_key(job: Job) -> tuple[int, int]:
+    return (-job.priority, job.seq)

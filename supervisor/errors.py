@@ -1,0 +1,43 @@
+"""The engine's exceptions: each message says what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class VramtuiError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class UnknownBackend(VramtuiError):
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        names = sorted(known)
+        listing = ", ".join(names) if names else "none are configured"
+        super().__init__(f"unknown backend {name!r}; known backends: {listing}")
+        self.name = name
+
+
+class UnknownJob(VramtuiError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"unknown job {job_id!r} (finished jobs are kept for a while only)")
+        self.job_id = job_id
+
+
+class Refused(VramtuiError):
+    """A job that can never run here (too large for every GPU, …)."""
+
+
+class QueueFull(VramtuiError):
+    """The queue is at its maximum depth."""
+
+
+class BackendFailed(VramtuiError):
+    """The backend failed to initialise repeatedly and waits for a respawn."""
+
+
+class EngineStopped(VramtuiError):
+    """The engine is not running (stopped, or never started)."""
+
+
+class JobTimeout(VramtuiError):
+    """``wait`` ran out of time before the job ended (the job itself goes on)."""

@@ -1,0 +1,245 @@
+"""`Supervisor`: the one API every face uses — commands, immutable snapshots, events.
+
+Thread-safe: each command is handed to the engine loop (``call_soon_threadsafe``) and its
+answer comes back through a future, so callers on any thread never touch engine state.
+``wait`` blocks on the job's own future, without a round trip through the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .backends.loader import default_layers, load_backends
+from .engine import Engine, EngineConfig
+from .errors import EngineStopped, JobTimeout, VramtuiError
+from .events import EngineEvent, Subscription
+from .gpu.select import open_probe
+from .jobs import JobView
+from .paths import Paths
+from .snapshot import EngineSnapshot
+
+T = TypeVar("T")
+_CALL_TIMEOUT = 30.0
+
+
+class EngineRunning(VramtuiError):
+    """Another engine already owns this runtime directory (and so its GPUs)."""
+
+
+class EngineLock:
+    """An exclusive ``flock`` on the runtime directory's lock file, holding our pid."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise EngineRunning(
+                f"another vramtui engine (pid {owner}) already runs in {self.path.parent}; "
+                "attach to it, or stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+
+
+class Supervisor:
+    """The engine behind one facade; build it with :meth:`from_config`."""
+
+    def __init__(self, engine: Engine, paths: Paths) -> None:
+        self.engine = engine
+        self.paths = paths
+        self._lock = EngineLock(paths.lock_path)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._done = threading.Event()
+
+    @classmethod
+    def from_config(
+        cls,
+        *,
+        gpus: str = "auto",
+        backends: Sequence[str | os.PathLike[str]] = (),
+        paths: Paths | None = None,
+        config: EngineConfig | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> Supervisor:
+        """Read the configuration and build an engine (not started yet)."""
+        paths = (paths or Paths.from_env(environ)).ensure()
+        probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir)
+        layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
+        loaded = load_backends(layers, environ=environ)
+        if loaded.demo:
+            demo_note = "no backends configured: loaded the simulated demo backends"
+            notice = f"{notice}; {demo_note}" if notice else demo_note
+        engine = Engine(
+            probe=probe,
+            probe_notice=notice,
+            backends=loaded.backends,
+            descriptor_errors=tuple(str(e) for e in loaded.errors),
+            paths=paths,
+            config=config,
+        )
+        return cls(engine, paths)
+
+    # -- running --------------------------------------------------------------------------
+    def _on_started(self, error: BaseException | None) -> None:
+        self._start_error = error
+        self._started.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self.engine.main(self._on_started)
+        finally:
+            self._lock.release()
+            self._done.set()
+
+    def start_in_thread(self, timeout: float = 30.0) -> Supervisor:
+        """Run the engine on a daemon thread (the embedded engine); returns once it is up."""
+        if self._thread is not None:
+            raise VramtuiError("this supervisor was already started")
+        self._lock.acquire()
+        self._thread = threading.Thread(target=self._thread_main, name="vramtui-engine",
+                                        daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise VramtuiError(f"the engine did not start within {timeout:g} s")
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported through start_in_thread
+            if not self._started.is_set():
+                self._on_started(exc)
+
+    def run(self) -> None:
+        """Run the engine on this thread until :meth:`stop` is called (from elsewhere)."""
+        self._lock.acquire()
+        asyncio.run(self._main())
+        if self._start_error is not None:
+            raise self._start_error
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Take no new jobs, let running ones finish within their grace, stop the workers."""
+        loop = self._loop
+        if loop is not None and not self._done.is_set():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.engine.request_stop)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        elif loop is not None:
+            self._done.wait(timeout)
+
+    def __enter__(self) -> Supervisor:
+        return self.start_in_thread()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._started.is_set() and not self._done.is_set()
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = self._loop
+        if loop is None or self._done.is_set() or not self._started.is_set():
+            raise EngineStopped("the engine is not running; start it first")
+        if self._thread is threading.current_thread():
+            return fn(*args, **kwargs)
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:
+            raise EngineStopped("the engine stopped") from None
+        return fut.result(_CALL_TIMEOUT)
+
+    # -- commands -------------------------------------------------------------------------
+    def submit(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
+               timeout: float | None = None, metadata: dict[str, Any] | None = None,
+               stream: bool = False) -> str:
+        """Queue a job; returns its id once the engine accepted it."""
+        if isinstance(payload, str):
+            payload = payload.encode()
+        job = self._call(self.engine.submit, backend, bytes(payload), priority=priority,
+                         timeout=timeout, metadata=metadata, stream=stream)
+        return job.id
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobView:
+        """Block until the job ends; its final view (.state, .data, .error, …)."""
+        fut = self.engine.futures.get(job_id)
+        if fut is None:
+            view = self.job(job_id)
+            if view.finished:
+                return view
+            fut = self.engine.futures.get(job_id)
+            if fut is None:
+                return self.job(job_id)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise JobTimeout(f"job {job_id} has not finished after {timeout:g} s "
+                             "(it goes on; wait again or cancel it)") from None
+
+    def job(self, job_id: str) -> JobView:
+        return self._call(lambda: self.engine.job(job_id).view())
+
+    def cancel(self, job_id: str) -> JobView:
+        return self._call(self.engine.cancel, job_id)
+
+    def evict(self, backend: str) -> None:
+        self._call(self.engine.evict, backend)
+
+    def respawn(self, backend: str) -> None:
+        self._call(self.engine.respawn, backend)
+
+    def preload(self, backend: str) -> None:
+        self._call(self.engine.preload, backend)
+
+    def zero(self) -> list[str]:
+        return self._call(self.engine.zero)
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._call(self.engine.snapshot)
+
+    def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
+                  callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
+        """Events as they happen (bounded; ``lagged`` says when some were dropped)."""
+        return self.engine.events.subscribe(
+            maxsize=maxsize, kinds=frozenset(kinds) if kinds else None, callback=callback
+        )

@@ -1,0 +1,100 @@
+"""Immutable views of the whole engine at one instant, for the TUI, the CLI and tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .jobs import JobView
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    t: float
+    level: str
+    text: str
+    backend: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    index: int
+    name: str
+    total_mib: int
+    used_mib: int | None  # what the device reports (None: not available)
+    free_mib: int | None
+    reserved_mib: int  # held by admission for our workers (and stopped ones not yet gone)
+    ours_mib: int  # what our workers' processes really use
+    foreign_mib: int | None  # used by processes that are not ours
+    util_pct: int | None
+    temp_c: int | None
+    power_w: float | None
+    simulated: bool
+    reserve_mib: int
+    history: tuple[tuple[float, int], ...]  # (monotonic t, used MiB)
+
+    @property
+    def budget_mib(self) -> int:
+        """What admission may still hand out here."""
+        free = self.free_mib if self.free_mib is not None else self.total_mib
+        return max(0, min(free, self.total_mib - self.reserved_mib) - self.reserve_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    name: str
+    state: str
+    pid: int | None
+    gpu: int | None
+    observed_mib: int | None
+    declared_peak_mib: int | None
+    learned_peak_mib: int | None
+    observed_p95_mib: int | None
+    reserved_mib: int
+    priority: int
+    jobs_served: int
+    last_used: float | None
+    keep_alive_left_s: float | None
+    last_error: str | None
+    init_failures: int
+    queued: int
+    running: int
+    description: str
+    log_path: str
+    pinned: bool
+    simulated: bool
+    source: str
+    features: tuple[str, ...]
+
+    @property
+    def peak_mib(self) -> int | None:
+        return self.declared_peak_mib if self.declared_peak_mib is not None \
+            else self.learned_peak_mib
+
+    @property
+    def over_declared(self) -> bool:
+        """The observed p95 peak is above the declared peak (the descriptor is wrong)."""
+        return (self.declared_peak_mib is not None and self.observed_p95_mib is not None
+                and self.observed_p95_mib > self.declared_peak_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    taken_at: float
+    uptime_s: float
+    source: str
+    simulated: bool
+    driver_version: str | None
+    notice: str | None
+    gpus: tuple[GpuView, ...]
+    backends: tuple[BackendView, ...]
+    running: tuple[JobView, ...]
+    queued: tuple[JobView, ...]
+    recent: tuple[JobView, ...]
+    descriptor_errors: tuple[str, ...]
+    log: tuple[LogLine, ...]
+    stopping: bool
+    pid: int
+    python: str
+
+    def backend(self, name: str) -> BackendView | None:
+        return next((b for b in self.backends if b.name == name), None)

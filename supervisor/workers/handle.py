@@ -1,0 +1,353 @@
+"""One running worker process of a backend: its state, its two connections, its requests.
+
+A :class:`WorkerHandle` starts the process, follows its status events (starting →
+initializing → ready ⇄ busy → stopping), sends requests and turns replies, stream chunks,
+progress and errors into calls on its :class:`WorkerObserver` (the engine).  It notices a crash
+from the process exit or a lost socket, and stops gracefully: SHUTDOWN, then SIGTERM, then
+SIGKILL to the worker's process group after the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgpack
+import psutil
+
+from worker_sdk.protocol import DataType, EventType, Message, MessageType, event_type
+
+from . import process
+from .wire import WireConnection, WireListener
+
+log = logging.getLogger(__name__)
+
+
+class WorkerState(StrEnum):
+    COLD = "cold"
+    STARTING = "starting"
+    INITIALIZING = "initializing"
+    READY = "ready"
+    BUSY = "busy"
+    STOPPING = "stopping"
+    CRASHED = "crashed"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one request ended, as the worker said it."""
+
+    ok: bool
+    data: bytes | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+    status_code: int = 200
+    error: str | None = None
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class Pending:
+    wire_id: int
+    job_id: str
+    stream: bool
+    chunks: list[bytes] = field(default_factory=list)
+
+
+class WorkerObserver(Protocol):
+    def worker_state(self, handle: WorkerHandle) -> None: ...
+
+    def worker_exited(self, handle: WorkerHandle, code: int | None, reason: str) -> None: ...
+
+    def request_done(self, handle: WorkerHandle, job_id: str, outcome: Outcome) -> None: ...
+
+    def request_progress(self, job_id: str, fraction: float | None, text: str) -> None: ...
+
+    def request_chunk(self, job_id: str, chunk: bytes) -> None: ...
+
+
+class WorkerHandle:
+    """The engine's view of one worker process (touched only on the engine loop)."""
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        name: str,
+        gpu: int,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        log_path: Path,
+        listener: WireListener,
+        observer: WorkerObserver,
+        plain_stream: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.name = name
+        self.gpu = gpu
+        self.argv = tuple(argv)
+        self.env = dict(env)
+        self.cwd = cwd
+        self.log_path = log_path
+        self.listener = listener
+        self.observer = observer
+        self.plain_stream = plain_stream
+        self.state = WorkerState.STARTING
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self.control: WireConnection | None = None
+        self.data: WireConnection | None = None
+        self.features: frozenset[str] = frozenset()
+        self.inflight: dict[int, Pending] = {}
+        self.by_job: dict[str, int] = {}
+        self.started_at = time.monotonic()
+        self.ready_at: float | None = None
+        self.init_error: str | None = None
+        self.exit_code: int | None = None
+        self._exited = asyncio.Event()
+        self._stopping = False
+        self._descendants: set[int] = set()
+
+    # -- start ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.listener.claim(self.name, self)
+        try:
+            self.proc = await process.spawn(
+                self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path
+            )
+        except OSError as exc:
+            self.listener.release(self.name)
+            self.init_error = f"cannot start {self.argv[0]!r}: {exc.strerror or exc}"
+            self._set_state(WorkerState.CRASHED)
+            self._exited.set()
+            self.observer.worker_exited(self, None, self.init_error)
+            return
+        self.pid = self.proc.pid
+        asyncio.get_running_loop().create_task(self._watch_exit())
+
+    async def _watch_exit(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        self.exit_code = code
+        self.listener.release(self.name)
+        for conn in (self.control, self.data):
+            if conn is not None:
+                conn.on_lost = None
+                conn.close()
+        expected = self._stopping
+        self._exited.set()
+        if expected:
+            reason = "stopped"
+        elif self.init_error:
+            reason = f"initialize failed: {self.init_error}"
+        else:
+            reason = f"worker exited with code {code}"
+        self._set_state(WorkerState.COLD if expected else WorkerState.CRASHED)
+        self.observer.worker_exited(self, code, reason)
+
+    def accepts_pid(self, pid: int | None) -> bool:
+        if pid is None or self.pid is None:
+            return False
+        if pid == self.pid or pid in self._descendants:
+            return True
+        try:
+            parents = {p.pid for p in psutil.Process(pid).parents()}
+        except psutil.Error:
+            return False
+        if self.pid in parents:
+            self._descendants.add(pid)
+            return True
+        return False
+
+    def attach(self, conn: WireConnection, is_control: bool) -> None:
+        conn.on_lost = lambda why: self._connection_lost(why)
+        if is_control:
+            self.control = conn
+            conn.on_message = self._on_control
+        else:
+            self.data = conn
+            conn.on_message = self._on_data
+        self.features = conn.features
+        if self.control is not None and self.data is not None and \
+                self.state == WorkerState.STARTING:
+            self._set_state(WorkerState.INITIALIZING)
+
+    def _connection_lost(self, why: str) -> None:
+        if self._stopping or self._exited.is_set():
+            return
+        log.warning("worker %s: %s; stopping it", self.name, why)
+        # A worker without its sockets is useless: make sure it goes, the exit does the rest.
+        asyncio.get_running_loop().create_task(self.stop(grace=0.5))
+
+    # -- state ------------------------------------------------------------------------------
+    def _set_state(self, state: WorkerState) -> None:
+        if self.state == state:
+            return
+        self.state = state
+        if state == WorkerState.READY and self.ready_at is None:
+            self.ready_at = time.monotonic()
+        self.observer.worker_state(self)
+
+    @property
+    def hot(self) -> bool:
+        return self.state in (WorkerState.READY, WorkerState.BUSY)
+
+    def _on_control(self, message: Message) -> None:
+        if message.type != MessageType.EVENT or not isinstance(message.payload, dict):
+            return
+        payload = message.payload
+        code = event_type(payload)
+        if code == EventType.STATUS:
+            status = payload.get("status")
+            if status == "failed":
+                self.init_error = str(payload.get("error", "initialize failed"))
+            elif status == "ready" and not self._stopping:
+                self._set_state(WorkerState.BUSY if self.inflight else WorkerState.READY)
+            elif status == "initializing" and self.state == WorkerState.STARTING:
+                self._set_state(WorkerState.INITIALIZING)
+        elif code == EventType.NOTIFY:
+            pending = self.inflight.get(payload.get("request"))  # type: ignore[arg-type]
+            if pending is not None:
+                fraction = payload.get("fraction")
+                self.observer.request_progress(
+                    pending.job_id,
+                    float(fraction) if isinstance(fraction, int | float) else None,
+                    str(payload.get("message", "")),
+                )
+
+    # -- requests ---------------------------------------------------------------------------
+    def send(self, job_id: str, payload: bytes, *, stream: bool,
+             metadata: dict[str, Any] | None = None, deadline: float | None = None) -> int:
+        assert self.data is not None
+        wire_id = self.data.next_id()
+        if "envelope" in self.features:
+            body = {"request_id": job_id, "metadata": metadata or {}, "deadline": deadline,
+                    "payload": payload}
+            self.data.send(MessageType.DATA, DataType.ENVELOPE, wire_id, body)
+        else:
+            self.data.send(MessageType.DATA, DataType.DEFAULT, wire_id, payload)
+        self.inflight[wire_id] = Pending(wire_id, job_id, stream)
+        self.by_job[job_id] = wire_id
+        if self.state == WorkerState.READY:
+            self._set_state(WorkerState.BUSY)
+        return wire_id
+
+    def cancel(self, job_id: str) -> bool:
+        """Ask the worker to cancel; False when the worker cannot be asked (no extension)."""
+        wire_id = self.by_job.get(job_id)
+        if wire_id is None or self.control is None or "cancel" not in self.features:
+            return False
+        self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
+                          {"event": int(EventType.CANCEL), "request": wire_id})
+        return True
+
+    def _finish(self, wire_id: int, outcome: Outcome) -> None:
+        pending = self.inflight.pop(wire_id, None)
+        if pending is None:
+            return
+        self.by_job.pop(pending.job_id, None)
+        if not self.inflight and self.state == WorkerState.BUSY:
+            self._set_state(WorkerState.READY)
+        self.observer.request_done(self, pending.job_id, outcome)
+
+    def _on_data(self, message: Message) -> None:
+        pending = self.inflight.get(message.id)
+        if pending is None:
+            return
+        if message.type == MessageType.ERROR:
+            payload = message.payload if isinstance(message.payload, dict) else {}
+            kind = payload.get("type")
+            status = payload.get("status_code", 500)
+            self._finish(message.id, Outcome(
+                ok=False,
+                error=str(payload.get("error", message.payload)),
+                status_code=int(status) if isinstance(status, int) else 500,
+                cancelled=kind == "cancelled",
+            ))
+        elif message.type == MessageType.DATA:
+            self._on_data_reply(pending, message)
+
+    def _on_data_reply(self, pending: Pending, message: Message) -> None:
+        dtype = message.data_type
+        if dtype == DataType.STREAM:
+            if message.payload is None:
+                self._finish(pending.wire_id, Outcome(ok=True, data=b"".join(pending.chunks)))
+            else:
+                pending.chunks.append(message.payload)
+                self.observer.request_chunk(pending.job_id, message.payload)
+        elif dtype == DataType.ENVELOPE:
+            try:
+                env = msgpack.unpackb(message.payload, raw=False)
+                outcome = Outcome(
+                    ok=True,
+                    data=bytes(env.get("payload", b"")),
+                    headers=dict(env.get("headers") or {}),
+                    status_code=int(env.get("status_code", 200)),
+                )
+            except Exception as exc:  # noqa: BLE001 - a malformed envelope fails that job
+                outcome = Outcome(ok=False, error=f"malformed envelope reply: {exc}")
+            self._finish(pending.wire_id, outcome)
+        elif pending.stream and "stream" not in self.features:
+            # A plain verda-io worker that streams: chunks until an empty bin.
+            if message.payload == b"":
+                self._finish(pending.wire_id, Outcome(ok=True, data=b"".join(pending.chunks)))
+            else:
+                pending.chunks.append(message.payload)
+                self.observer.request_chunk(pending.job_id, message.payload)
+        else:
+            self._finish(pending.wire_id, Outcome(ok=True, data=message.payload))
+
+    # -- stop -------------------------------------------------------------------------------
+    async def stop(self, grace: float = 10.0) -> None:
+        """SHUTDOWN, then SIGTERM, then SIGKILL of the process group; returns once it exited."""
+        if self._exited.is_set():
+            return
+        first = not self._stopping
+        self._stopping = True
+        if first:
+            self._set_state(WorkerState.STOPPING)
+            if self.control is not None and not self.control.closed:
+                self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
+                                  {"event": int(EventType.SHUTDOWN)})
+            elif self.pid is not None:
+                process.signal_group(self.pid, signal.SIGTERM)
+        if await self._wait_exit(grace):
+            return
+        if self.pid is not None:
+            process.signal_group(self.pid, signal.SIGTERM)
+        if await self._wait_exit(min(grace, 2.0)):
+            return
+        self.kill()
+        await self._wait_exit(5.0)
+
+    def kill(self) -> None:
+        self._stopping = True
+        if self.pid is not None and not self._exited.is_set():
+            process.signal_group(self.pid, signal.SIGKILL)
+
+    async def _wait_exit(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._exited.wait(), timeout)
+        return self._exited.is_set()
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    def pids(self) -> set[int]:
+        """The worker's process and its descendants (for per-process GPU memory)."""
+        if self.pid is None or self._exited.is_set():
+            return set()
+        found = {self.pid}
+        with contextlib.suppress(psutil.Error):
+            found.update(c.pid for c in psutil.Process(self.pid).children(recursive=True))
+        return found
