@@ -1,0 +1,52 @@
+"""Backend descriptors: the YAML that says how to run each model and how much VRAM it needs.
+
+- ``schema``  — ``BackendSpec`` / ``VramSpec`` / ``Timeouts`` and field validation
+- ``units``   — sizes (MiB) and durations (seconds) as written in YAML
+- ``yamlio``  — YAML reading that keeps line numbers
+- ``raw``     — unvalidated entries, per-key layering and origins
+- ``vramd``   — reading vramd's ``version: 2`` files
+- ``loader``  — layers, ``extends``, ``load_backends`` → ``LoadResult``
+- ``overlay`` — ``write_overlay`` for calibration results
+- ``errors``  — ``DescriptorError``, one line with file:line, backend and field
+"""
+
+from __future__ import annotations
+
+from .errors import DescriptorError
+from .loader import (
+    BACKENDS_ENV,
+    LoadResult,
+    default_layers,
+    demo_backends_dir,
+    load_backends,
+    packaged_defaults_dir,
+)
+from .overlay import write_overlay
+from .schema import (
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_SAFETY_MIB,
+    BackendSpec,
+    Timeouts,
+    VramSpec,
+)
+from .units import format_duration, format_size, parse_duration, parse_size
+
+__all__ = [
+    "BACKENDS_ENV",
+    "DEFAULT_KEEP_ALIVE_S",
+    "DEFAULT_SAFETY_MIB",
+    "BackendSpec",
+    "DescriptorError",
+    "LoadResult",
+    "Timeouts",
+    "VramSpec",
+    "default_layers",
+    "demo_backends_dir",
+    "format_duration",
+    "format_size",
+    "load_backends",
+    "packaged_defaults_dir",
+    "parse_duration",
+    "parse_size",
+    "write_overlay",
+]

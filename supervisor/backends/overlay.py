@@ -1,0 +1,86 @@
+"""Writing a one-backend overlay file (e.g. calibrated VRAM figures), atomically.
+
+The file holds ``name:`` and the given fields in descriptor spelling; put it in a layer after
+the backend's own file (``backends.d/``) and it overrides just those keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import unknown_key_message
+from .schema import NAME_RE, TOP_KEYS
+
+
+def _plain(value: Any) -> Any:
+    """Something ``yaml.safe_dump`` can write: tuples to lists, paths to strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, float) and math.isinf(value) and value > 0:
+        return "never"
+    return value
+
+
+def write_overlay(
+    path: str | Path,
+    name: str,
+    fields: Mapping[str, Any],
+    *,
+    comment: str | None = None,
+) -> Path:
+    """Write ``{name: <name>, **fields}`` to ``path`` atomically (temp file, then rename).
+
+    ``fields`` use the descriptor spelling (``vram: {peak: 8GiB}``, ``keep_alive: 10m`` …);
+    unknown keys raise ``ValueError``. ``comment`` lines go at the top as ``# …``.
+    An existing file's permissions are kept; a new one gets 0644.
+    """
+    if not NAME_RE.match(name):
+        raise ValueError(f"{name!r} is not a backend name")
+    for key in fields:
+        if key not in TOP_KEYS or key == "name":
+            raise ValueError(unknown_key_message(key, TOP_KEYS - {"name"}))
+    target = Path(path)
+    document = {"name": name, **_plain(dict(fields))}
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    if comment:
+        text = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines()) + text
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o644  # (not "less the umask": reading the umask means changing it, racily)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    try:
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+    except OSError:
+        return target
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+    return target

@@ -1,0 +1,467 @@
+"""What a backend is: the ``BackendSpec`` dataclass and the validation that builds one.
+
+``build_spec`` takes one backend's merged descriptor mapping (layers and ``extends`` already
+applied, YAML spelling: ``vram``, ``keep_alive``, ``timeouts.start`` …) and returns a frozen
+``BackendSpec`` or raises ``InvalidBackend`` listing every bad field. It does no YAML and knows
+nothing of files except the directory each path field is relative to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import FieldError, brief, unknown_key_message
+from .units import parse_duration, parse_size
+
+DEFAULT_SAFETY_MIB = 512
+DEFAULT_KEEP_ALIVE_S = 300.0
+DEFAULT_START_TIMEOUT_S = 120.0
+DEFAULT_STOP_GRACE_S = 10.0
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+# Keys of a backend as written in YAML. The last three are read by the loader, not kept.
+TOP_KEYS = frozenset(
+    {
+        "name",
+        "description",
+        "command",
+        "script",
+        "python",
+        "cwd",
+        "env",
+        "vram",
+        "safety",
+        "priority",
+        "gpus",
+        "keep_alive",
+        "pinned",
+        "stream",
+        "concurrency",
+        "timeouts",
+        "calibration",
+        "reload_cost",
+        "simulated",
+        "extends",
+        "abstract",
+        "enabled",
+    }
+)
+VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
+TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace"})
+CALIBRATION_KEYS = frozenset({"request"})
+# Mappings that a later layer (or a child through ``extends``) merges key by key.
+MERGED_MAPPINGS = frozenset({"vram", "env", "timeouts", "calibration"})
+
+# vramd's names, met in a file without ``version: 2``.
+VRAMD_KEY_HINTS = {
+    "vram_mib": "vramd's name: here it is 'vram' (e.g. vram: 6GiB), or mark the file 'version: 2'",
+    "runtime": "vramd's name: here 'command' and 'env' are top-level, or mark the file "
+    "'version: 2'",
+    "calibrate_request": "vramd's name: here it is 'calibration: {request: …}', or mark the file "
+    "'version: 2'",
+    "gpu_ids": "vramd's name: here it is 'gpus', or mark the file 'version: 2'",
+}
+
+
+class InvalidBackend(Exception):
+    """One backend has bad fields; ``errors`` lists them all."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        super().__init__(errors)
+        self.errors = tuple(errors)
+
+
+@dataclass(frozen=True)
+class VramSpec:
+    """A backend's VRAM figures in MiB; ``None`` where unknown."""
+
+    peak_mib: int | None = None
+    weights_mib: int | None = None
+    activation_mib: int | None = None
+    context_mib: int | None = None
+
+    @property
+    def peak(self) -> int | None:
+        """The explicit peak, else weights + activation (+ context); ``None``: unmeasured."""
+        if self.peak_mib is not None:
+            return self.peak_mib
+        if self.weights_mib is not None and self.activation_mib is not None:
+            return self.weights_mib + self.activation_mib + (self.context_mib or 0)
+        return None
+
+    @property
+    def resident(self) -> int | None:
+        """What stays in VRAM between jobs: weights + context, else peak - activation.
+
+        With only a peak known, the whole peak is assumed resident (the safe side).
+        """
+        if self.weights_mib is not None:
+            return self.weights_mib + (self.context_mib or 0)
+        peak = self.peak
+        if peak is None:
+            return None
+        return max(0, peak - (self.activation_mib or 0))
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    start_s: float = DEFAULT_START_TIMEOUT_S
+    request_s: float | None = None  # None: no limit
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend (a model served by a worker process), validated and normalised."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    cwd: Path = Path(".")
+    env: dict[str, str] = field(default_factory=dict)
+    vram: VramSpec = VramSpec()
+    safety_mib: int = DEFAULT_SAFETY_MIB
+    priority: int = 0
+    gpus: tuple[int, ...] | None = None  # None: any GPU
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # math.inf: never unloaded for idleness
+    pinned: bool = False
+    stream: bool = False
+    concurrency: int = 1
+    timeouts: Timeouts = Timeouts()
+    calibration_request: bytes | None = None
+    reload_cost_s: float | None = None
+    description: str = ""
+    source: str = ""
+    simulated: bool = False
+
+    @property
+    def peak(self) -> int | None:
+        return self.vram.peak
+
+    @property
+    def resident(self) -> int | None:
+        return self.vram.resident
+
+    @property
+    def unmeasured(self) -> bool:
+        """No peak known: admission cannot size it (calibrate it first)."""
+        return self.vram.peak is None
+
+
+# -- small converters: raise ValueError (message only) or FieldError (field and message) ----
+
+
+def _int(value: object, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{brief(value)} is not a whole number")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{brief(value)} is too small (the least is {minimum})")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{brief(value)} is not true or false")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{brief(value)} is not text")
+    return value
+
+
+def _mapping(value: object, what: str) -> Mapping[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{brief(value)} is not a mapping of {what}")
+    return value
+
+
+_VAR_RE = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand(text: str, environ: Mapping[str, str]) -> str:
+    """Expand a leading ``~`` and ``$VAR``/``${VAR}`` (``$$`` is a ``$``); unset is an error."""
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(1):
+            return "$"
+        var = match.group(2) or match.group(3)
+        if var not in environ:
+            raise ValueError(f"environment variable ${var} is not set (write $$ for a '$')")
+        return environ[var]
+
+    if text == "~" or text.startswith("~/"):
+        home = environ.get("HOME") or os.path.expanduser("~")
+        text = home + text[1:]
+    return _VAR_RE.sub(substitute, text)
+
+
+def _path(text: object, base: Path, environ: Mapping[str, str]) -> str:
+    """A path field: expanded, and relative to ``base``; symlinks kept (a venv's python is one)."""
+    expanded = expand(_str(text), environ)
+    if not expanded:
+        raise ValueError("an empty path")
+    return os.path.normpath(os.path.join(base, expanded))
+
+
+def _command(value: object, base: Path, environ: Mapping[str, str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            words: list[object] = list(shlex.split(value))
+        except ValueError as exc:
+            raise ValueError(f"{brief(value)} cannot be split into words: {exc}") from None
+    elif isinstance(value, list | tuple):
+        words = list(value)
+    else:
+        raise ValueError(f"{brief(value)} is not a list of words or a command line")
+    if not words:
+        raise ValueError("an empty command")
+    argv: list[str] = []
+    for word in words:
+        if isinstance(word, bool) or not isinstance(word, str | int | float):
+            raise ValueError(f"{brief(word)} is not a word of a command line (quote it)")
+        argv.append(expand(str(word), environ))
+    program = argv[0]
+    if "/" in program:
+        argv[0] = os.path.normpath(os.path.join(base, program))
+        if not os.path.exists(argv[0]):
+            raise ValueError(f"program {argv[0]} does not exist")
+    return tuple(argv)
+
+
+def _size_field(value: object) -> int:
+    return parse_size(value)
+
+
+def _vram(value: object) -> VramSpec:
+    if not isinstance(value, Mapping):
+        return VramSpec(peak_mib=_field("vram", parse_size, value))
+    figures: dict[str, int | None] = {}
+    for key, item in value.items():
+        if key not in VRAM_KEYS:
+            raise FieldError(f"vram.{key}", unknown_key_message(key, VRAM_KEYS))
+        figures[f"{key}_mib"] = None if item is None else _field(f"vram.{key}", parse_size, item)
+    vram = VramSpec(**figures)
+    if vram.peak_mib is not None and vram.weights_mib is not None:
+        floor = vram.weights_mib + (vram.context_mib or 0)
+        if vram.peak_mib < floor:
+            raise FieldError(
+                "vram.peak",
+                f"peak {vram.peak_mib} MiB is below weights + context ({floor} MiB)",
+            )
+    return vram
+
+
+_GPUS_HELP = "{value} is not a list of GPU indices (e.g. [0, 1] or 'all')"
+
+
+def _gpus(value: object) -> tuple[int, ...] | None:
+    if isinstance(value, str):
+        if value.strip().lower() in ("all", "any"):
+            return None
+        try:
+            items: list[object] = [int(part) for part in value.split(",")]
+        except ValueError:
+            raise ValueError(_GPUS_HELP.format(value=brief(value))) from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ValueError(_GPUS_HELP.format(value=brief(value)))
+    if not items:
+        raise ValueError("is empty (leave it out, or write 'all', to allow any GPU)")
+    gpus: list[int] = []
+    for item in items:
+        index = _int(item, minimum=0)
+        if index in gpus:
+            raise ValueError(f"GPU {index} is listed twice")
+        gpus.append(index)
+    return tuple(gpus)
+
+
+def _timeouts(value: object) -> Timeouts:
+    mapping = _mapping(value, "timeouts (start, request, stop_grace)")
+    for key in mapping:
+        if key not in TIMEOUT_KEYS:
+            raise FieldError(f"timeouts.{key}", unknown_key_message(key, TIMEOUT_KEYS))
+    start = mapping.get("start")
+    request = mapping.get("request")
+    grace = mapping.get("stop_grace")
+    start_s = (
+        DEFAULT_START_TIMEOUT_S
+        if start is None
+        else _field("timeouts.start", parse_duration, start)
+    )
+    if start_s <= 0:
+        raise FieldError("timeouts.start", f"{brief(start)} must be more than 0")
+    request_s: float | None = None
+    if request is not None and not (isinstance(request, str) and request.lower() == "none"):
+        request_s = _field("timeouts.request", _infinite_duration, request)
+        if request_s <= 0:
+            raise FieldError(
+                "timeouts.request", f"{brief(request)} must be more than 0 (or 'never')"
+            )
+        if math.isinf(request_s):
+            request_s = None
+    stop_grace_s = (
+        DEFAULT_STOP_GRACE_S
+        if grace is None
+        else _field("timeouts.stop_grace", parse_duration, grace)
+    )
+    return Timeouts(start_s=start_s, request_s=request_s, stop_grace_s=stop_grace_s)
+
+
+def _infinite_duration(value: object) -> float:
+    return parse_duration(value, allow_infinite=True)
+
+
+def _calibration(value: object) -> bytes | None:
+    mapping = _mapping(value, "calibration settings (request)")
+    for key in mapping:
+        if key not in CALIBRATION_KEYS:
+            raise FieldError(f"calibration.{key}", unknown_key_message(key, CALIBRATION_KEYS))
+    request = mapping.get("request")
+    if request is None:
+        return None
+    if isinstance(request, bytes):
+        return request
+    if isinstance(request, str):
+        return request.encode("utf-8")
+    try:
+        return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise FieldError("calibration.request", f"cannot be sent as JSON: {exc}") from None
+
+
+def _env(value: object, environ: Mapping[str, str]) -> dict[str, str]:
+    mapping = _mapping(value, "variable names to values")
+    env: dict[str, str] = {}
+    for key, item in mapping.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise FieldError(f"env.{key}", f"{key!r} is not an environment variable name")
+        if item is None:
+            continue
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise FieldError(f"env.{key}", f"{brief(item)} is not text (quote it, e.g. '1')")
+        env[key] = _field(f"env.{key}", expand, str(item), environ)
+    return env
+
+
+def _field(name: str, convert: Callable[..., Any], *args: Any) -> Any:
+    """Run a converter, turning its ValueError into a FieldError for ``name``."""
+    try:
+        return convert(*args)
+    except FieldError:
+        raise
+    except ValueError as exc:
+        raise FieldError(name, str(exc)) from None
+
+
+def build_spec(
+    name: str,
+    data: Mapping[str, Any],
+    *,
+    base_dir: Callable[[str], Path],
+    environ: Mapping[str, str] = os.environ,
+    source: str = "",
+) -> BackendSpec:
+    """Validate one backend's merged mapping (YAML key spelling) into a ``BackendSpec``.
+
+    ``base_dir(key)`` is the directory of the file that wrote ``key`` (for relative paths).
+    ``None`` values mean "not set" (the default). Raises ``InvalidBackend`` with all errors.
+    """
+    errors: list[FieldError] = []
+    values: dict[str, Any] = {}
+
+    def take(key: str, attr: str, convert: Callable[..., Any], *args: Any) -> None:
+        value = data.get(key)
+        if value is None:
+            return
+        try:
+            values[attr] = _field(key, convert, value, *args)
+        except FieldError as exc:
+            errors.append(exc)
+
+    for key in data:
+        if key not in TOP_KEYS:
+            errors.append(FieldError(str(key), unknown_key_message(key, TOP_KEYS, VRAMD_KEY_HINTS)))
+
+    if not NAME_RE.match(name):
+        errors.append(
+            FieldError("name", f"{name!r} is not a backend name (letters, digits, . _ -; up to 64)")
+        )
+
+    # What to run.
+    command, script, python = data.get("command"), data.get("script"), data.get("python")
+    if command is not None and script is not None:
+        errors.append(
+            FieldError(
+                "script",
+                "give either 'command' or 'script', not both (an overlay can drop the other "
+                "with 'command: null' or 'script: null')",
+            )
+        )
+    elif command is not None:
+        take("command", "command", _command, base_dir("command"), environ)
+        if python is not None:
+            errors.append(FieldError("python", "'python' is only used with 'script'"))
+    elif script is not None:
+        try:
+            script_path = _field("script", _path, script, base_dir("script"), environ)
+            if not os.path.isfile(script_path):
+                raise FieldError("script", f"worker script {script_path} does not exist")
+            interpreter = sys.executable
+            if python is not None:
+                interpreter = _field("python", _path, python, base_dir("python"), environ)
+                if not os.path.exists(interpreter):
+                    raise FieldError("python", f"interpreter {interpreter} does not exist")
+            values["command"] = (interpreter, "-m", "worker_sdk", script_path)
+        except FieldError as exc:
+            errors.append(exc)
+    else:
+        errors.append(FieldError("command", "nothing to run: give 'command' or 'script'"))
+
+    run_key = "script" if script is not None else "command"
+    cwd = data.get("cwd")
+    if cwd is None:
+        values["cwd"] = base_dir(run_key)
+    else:
+        try:
+            cwd_path = _field("cwd", _path, cwd, base_dir("cwd"), environ)
+            if not os.path.isdir(cwd_path):
+                raise FieldError("cwd", f"directory {cwd_path} does not exist")
+            values["cwd"] = Path(cwd_path)
+        except FieldError as exc:
+            errors.append(exc)
+
+    take("env", "env", _env, environ)
+    take("vram", "vram", _vram)
+    take("safety", "safety_mib", _size_field)
+    take("priority", "priority", _int)
+    take("gpus", "gpus", _gpus)
+    take("keep_alive", "keep_alive_s", _infinite_duration)
+    take("pinned", "pinned", _bool)
+    take("stream", "stream", _bool)
+    take("concurrency", "concurrency", lambda v: _int(v, minimum=1))
+    take("timeouts", "timeouts", _timeouts)
+    take("calibration", "calibration_request", _calibration)
+    take("reload_cost", "reload_cost_s", parse_duration)
+    take("description", "description", _str)
+    take("simulated", "simulated", _bool)
+
+    if errors:
+        raise InvalidBackend(errors)
+    if "description" in values:
+        values["description"] = values["description"].strip()
+    return BackendSpec(name=name, source=source, **values)

@@ -1,0 +1,132 @@
+"""Reading descriptor YAML so that every mapping remembers its line numbers.
+
+A safe loader whose mappings are ``LinedDict``: a plain ``dict`` that also knows the line it
+starts on and the line of each of its keys (1-based); sequences are ``LinedList`` likewise.
+Duplicate keys are an error (PyYAML would silently keep the last). Syntax errors become a
+``DescriptorError`` with the line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from yaml.constructor import ConstructorError
+
+from .errors import DescriptorError
+
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class Origin(NamedTuple):
+    """Where a value was written."""
+
+    file: Path
+    line: int | None
+
+
+class LinedDict(dict[Any, Any]):
+    """A mapping read from YAML, with ``line`` (its first line) and ``key_lines``."""
+
+    __slots__ = ("line", "key_lines")
+
+    def __init__(self, *args: Any, line: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.line = line
+        self.key_lines: dict[Any, int] = {}
+
+    def key_line(self, key: Any) -> int | None:
+        return self.key_lines.get(key, self.line)
+
+
+class LinedList(list[Any]):
+    """A sequence read from YAML, with ``line`` and the first line of each item (``lines``)."""
+
+    __slots__ = ("line", "lines")
+
+    def __init__(self, *args: Any, line: int | None = None) -> None:
+        super().__init__(*args)
+        self.line = line
+        self.lines: list[int] = []
+
+
+_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LineLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """SafeLoader (the C one when available) building ``LinedDict`` mappings."""
+
+
+def _construct_mapping(loader: Any, node: yaml.MappingNode) -> Any:
+    data = LinedDict(line=node.start_mark.line + 1)
+    yield data
+    own_count = sum(1 for key_node, _ in node.value if key_node.tag != _MERGE_TAG)
+    loader.flatten_mapping(node)  # resolves "<<: *anchor"; merged pairs come first
+    first_own = len(node.value) - own_count
+    own_lines: dict[Any, int] = {}
+    for index, (key_node, value_node) in enumerate(node.value):
+        key = loader.construct_object(key_node, deep=False)
+        try:
+            hash(key)
+        except TypeError:
+            raise ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                "found a key that is not a plain value",
+                key_node.start_mark,
+            ) from None
+        line = key_node.start_mark.line + 1
+        if index >= first_own:
+            if key in own_lines:
+                raise ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {own_lines[key]})",
+                    key_node.start_mark,
+                )
+            own_lines[key] = line
+        data[key] = loader.construct_object(value_node, deep=False)
+        data.key_lines[key] = line
+
+
+def _construct_sequence(loader: Any, node: yaml.SequenceNode) -> Any:
+    data = LinedList(line=node.start_mark.line + 1)
+    yield data
+    for item_node in node.value:
+        data.append(loader.construct_object(item_node, deep=False))
+        data.lines.append(item_node.start_mark.line + 1)
+
+
+_LineLoader.add_constructor(_MAP_TAG, _construct_mapping)
+_LineLoader.add_constructor(_SEQ_TAG, _construct_sequence)
+
+
+def load_documents(path: Path) -> list[Any]:
+    """All YAML documents of ``path``; raise ``DescriptorError`` for unreadable or bad YAML."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DescriptorError(path, None, None, None, "no such file") from None
+    except IsADirectoryError:
+        raise DescriptorError(path, None, None, None, "is a directory") from None
+    except OSError as exc:
+        raise DescriptorError(path, None, None, None, f"cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DescriptorError(path, line, None, None, "not UTF-8 text") from None
+    try:
+        return list(yaml.load_all(text, Loader=_LineLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or "invalid YAML"
+        context = f" ({exc.context})" if exc.context and exc.problem else ""
+        raise DescriptorError(path, line, None, None, f"YAML error: {problem}{context}") from None
+    except yaml.YAMLError as exc:
+        message = " ".join(str(exc).split())
+        raise DescriptorError(path, None, None, None, f"YAML error: {message}") from None
