@@ -305,6 +305,7 @@ class Engine:
         else:  # running on a worker
             job.cancel_requested = True
             job.cancel_state = state
+            job.error = note
             rt = self.backends[job.backend]
             worker = rt.worker
             asked = worker.cancel(job.id) if worker is not None else False

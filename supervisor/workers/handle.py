@@ -184,9 +184,16 @@ class WorkerHandle:
     def _connection_lost(self, why: str) -> None:
         if self._stopping or self._exited.is_set():
             return
-        log.warning("worker %s: %s; stopping it", self.name, why)
-        # A worker without its sockets is useless: make sure it goes, the exit does the rest.
-        asyncio.get_running_loop().create_task(self.stop(grace=0.5))
+        # A worker without its sockets is useless.  It usually died (its exit follows at
+        # once); if it is still there after a moment, it is killed: either way it is a crash.
+        asyncio.get_running_loop().create_task(self._reap_lost(why))
+
+    async def _reap_lost(self, why: str) -> None:
+        if await self._wait_exit(1.0):
+            return
+        log.warning("worker %s: %s but the process lives on; killing it", self.name, why)
+        self.init_error = self.init_error or why
+        self.kill()
 
     # -- state ------------------------------------------------------------------------------
     def _set_state(self, state: WorkerState) -> None:
@@ -330,7 +337,7 @@ class WorkerHandle:
         await self._wait_exit(5.0)
 
     def kill(self) -> None:
-        self._stopping = True
+        """SIGKILL the process group now (an unplanned end: reported as a crash)."""
         if self.pid is not None and not self._exited.is_set():
             process.signal_group(self.pid, signal.SIGKILL)
 
