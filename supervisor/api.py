@@ -1,0 +1,42 @@
+"""`EngineAPI`: the one interface every face uses, whether the engine is embedded or remote.
+
+:class:`supervisor.Supervisor` (in-process) and :class:`supervisor.client.Client` (over the
+control socket) both implement it, so the TUI and the CLI never know which one they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .events import EngineEvent, Subscription
+from .jobs import JobView
+from .snapshot import EngineSnapshot
+
+
+@runtime_checkable
+class EngineAPI(Protocol):
+    def submit(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
+               timeout: float | None = None, metadata: dict[str, Any] | None = None,
+               stream: bool = False) -> str: ...
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobView: ...
+
+    def job(self, job_id: str) -> JobView: ...
+
+    def cancel(self, job_id: str) -> JobView: ...
+
+    def evict(self, backend: str) -> None: ...
+
+    def respawn(self, backend: str) -> None: ...
+
+    def preload(self, backend: str) -> None: ...
+
+    def zero(self) -> list[str]: ...
+
+    def snapshot(self) -> EngineSnapshot: ...
+
+    def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
+                  callback: Callable[[EngineEvent], Any] | None = None) -> Subscription: ...
+
+    def stop(self, timeout: float = 60.0) -> None: ...

@@ -1,0 +1,141 @@
+"""The ``vramtui`` command: the TUI (default), ``--serve``, and the client subcommands.
+
+Only argument parsing lives here; each mode is imported lazily so that ``vramtui status``
+never imports Textual and starts fast.  Handlers return an exit code (see ``EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+
+EXIT_CODES = """\
+exit codes:
+  0  success
+  1  the job failed, was cancelled or timed out
+  2  bad usage or input (unknown flag, bad JSON, unreadable file)
+  3  no engine is running (start one with `vramtui --serve`, or run `vramtui`)
+  4  unknown backend or job
+  5  refused: too large for every GPU, queue full, backend failed or busy
+  130 interrupted (Ctrl-C)
+"""
+
+EXAMPLES = """\
+examples:
+  vramtui                                 the control centre (starts an engine if none runs)
+  vramtui --serve                         the engine, headless
+  vramtui submit echo --data '{"a": 1}' --wait
+  vramtui status
+"""
+
+
+class Exit:
+    OK = 0
+    JOB_FAILED = 1
+    USAGE = 2
+    NO_ENGINE = 3
+    NOT_FOUND = 4
+    REFUSED = 5
+    INTERRUPTED = 130
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", default="auto", metavar="SPEC",
+                        help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', or "
+                             "'sim:24GiB[,sim:8GiB…]' (default: auto)")
+    parser.add_argument("--backends", action="append", default=[], metavar="PATH",
+                        help="a backend descriptor file or directory (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vramtui",
+        description="Let many generative models share GPUs that cannot hold them all: "
+                    "admission by real peak VRAM, a priority queue, eviction, one process "
+                    "per model.",
+        epilog=EXAMPLES + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"vramtui {__version__}")
+    _engine_options(parser)
+    parser.add_argument("--attach", metavar="SOCKET",
+                        help="the control socket of a running engine (default: the runtime "
+                             "directory's)")
+    parser.add_argument("--serve", action="store_true",
+                        help="run the engine headless on this terminal (logs to stderr)")
+    parser.add_argument("--log-file", metavar="FILE", help="with --serve: also log to FILE")
+    parser.add_argument("--allow-group", metavar="GROUP",
+                        help="with --serve: let members of GROUP use the control socket")
+    parser.add_argument("--readonly", action="store_true",
+                        help="TUI: show everything, change nothing")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="TUI: do not ask before evict/cancel/zero")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    p = command("submit", "submit a job to BACKEND")
+    p.add_argument("backend")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--data", metavar="JSON", help="the request, as JSON text")
+    source.add_argument("--data-file", metavar="FILE", help="the request, read from FILE")
+    source.add_argument("-", dest="stdin", action="store_true", help="read the request from stdin")
+    p.add_argument("--priority", type=int, help="higher runs first (default: the backend's)")
+    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    p.add_argument("--wait", action="store_true", help="wait for the result, with progress")
+    p.add_argument("--stream", action="store_true", help="print streamed chunks as they come")
+    p.add_argument("--metadata", metavar="JSON", help="metadata passed to the worker (JSON)")
+
+    command("status", "the engine, its GPUs and backends at a glance")
+    command("queue", "jobs waiting, in the order they will run")
+    command("jobs", "running and recent jobs")
+    p = command("result", "the result of a job")
+    p.add_argument("job")
+    p.add_argument("--wait", action="store_true", help="wait for it to finish")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the result data to FILE")
+    p = command("cancel", "cancel a queued or running job")
+    p.add_argument("job")
+    command("backends", "configured backends with their footprints and state")
+    for name, text in (("evict", "stop an idle backend's worker to free its memory"),
+                       ("respawn", "restart a backend's worker (new code, or after failures)"),
+                       ("preload", "start a backend's worker now, before any job")):
+        p = command(name, text)
+        p.add_argument("backend")
+    command("zero", "evict every idle backend")
+    p = command("logs", "a backend's worker log")
+    p.add_argument("backend")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
+    command("doctor", "check NVML, the runtime directory, the journal and every backend")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command is not None:
+            from .commands import run_command
+
+            return run_command(args)
+        if args.serve:
+            from .serve import run_serve
+
+            return run_serve(args)
+        from .app import run_app
+
+        return run_app(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return Exit.INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
