@@ -10,7 +10,6 @@ timer) schedules one coalesced scheduler step: build the pure scheduler's snapsh
 from __future__ import annotations
 
 import asyncio
-import bisect
 import concurrent.futures
 import contextlib
 import logging
@@ -18,8 +17,8 @@ import math
 import os
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from .errors import BackendFailed, EngineStopped, QueueFull, Refused, UnknownBac
 from .events import EngineEvent, EventHub
 from .gpu.model import GpuReading, Probe
 from .gpu.sampler import History, Sample, Sampler
+from .jobqueue import JobQueue
 from .jobs import Job, JobState, JobView
 from .paths import Paths
 from .scheduler import model as sched
@@ -134,7 +134,7 @@ class Engine:
         self.descriptor_errors = descriptor_errors
         self.jobs: dict[str, Job] = {}
         self.futures: dict[str, concurrent.futures.Future[JobView]] = {}
-        self.queue: list[Job] = []  # sorted by (-priority, seq): the scheduler's contract
+        self.queue = JobQueue()  # sorted by (-priority, seq): the scheduler's contract
         self.recent: deque[str] = deque()
         self.readings: dict[int, GpuReading] = {}
         self.proc_mib: dict[int, int] = {}  # pid -> MiB at the last process sample
@@ -155,6 +155,7 @@ class Engine:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gpu_totals: dict[int, int] = {}
+        self._waiting: Mapping[str, str] = {}
 
     # ===================================================================== lifecycle ======
     async def main(self, started: Callable[[BaseException | None], None]) -> None:
@@ -193,9 +194,8 @@ class Engine:
 
     async def _shutdown(self) -> None:
         now = self.clock()
-        for job in list(self.queue):
+        for job in self.queue.clear():
             self._finish(job, JobState.CANCELLED, error="the engine stopped before the job ran")
-        self.queue.clear()
         running = [rt for rt in self.backends.values() if rt.worker is not None]
         await asyncio.gather(
             *(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s, drain=True)
@@ -276,7 +276,7 @@ class Engine:
         job.mark(job.submitted_at, JobState.QUEUED)
         self.jobs[job.id] = job
         self.futures[job.id] = concurrent.futures.Future()
-        bisect.insort(self.queue, job, key=_queue_key)
+        self.queue.push(job)
         if job.timeout is not None:
             self._set_timer(job.id, job.timeout, lambda: self._time_out(job.id))
         self._job_event(job)
@@ -288,6 +288,14 @@ class Engine:
         if job is None:
             raise UnknownJob(job_id)
         return job
+
+    def job_view(self, job_id: str) -> JobView:
+        return self._view(self.job(job_id))
+
+    def _view(self, job: Job, position: int | None = None) -> JobView:
+        if job.state is JobState.QUEUED:
+            job.waiting = self._waiting.get(job.id, "")
+        return job.view(position)
 
     def cancel(self, job_id: str, state: JobState = JobState.CANCELLED,
                note: str = "cancelled") -> JobView:
@@ -439,12 +447,15 @@ class Engine:
                     reserved_mib=self._reserved(rt), idle_since=rt.idle_since,
                 )
         queue: tuple[sched.QueuedJob, ...] = extra
+        counts = None
         if with_queue:
-            queue = extra + tuple(
-                sched.QueuedJob(j.id, j.backend, j.priority, j.seq, j.submitted_at, j.passed)
-                for j in self.queue
-            )
-        return sched.Snapshot(gpus=tuple(gpus), backends=backends, workers=workers, queue=queue)
+            queue = self.queue.scheduler_view()
+            counts = self.queue.per_backend
+            if extra:
+                queue = extra + queue
+                counts = counts + Counter(q.backend for q in extra)
+        return sched.Snapshot(gpus=tuple(gpus), backends=backends, workers=workers, queue=queue,
+                              queued_per_backend=counts)
 
     def _step(self) -> None:
         self._step_scheduled = False
@@ -466,7 +477,7 @@ class Engine:
         for job_id, passed in plan.passed.items():
             job = self.jobs.get(job_id)
             if job is not None:
-                job.passed = passed
+                self.queue.set_passed(job, passed)
         for start in plan.starts:
             self._start(start)
         for rt_name in preloads:
@@ -478,10 +489,7 @@ class Engine:
                 if reason:
                     rt.preload = False
                     self._note("warning", f"cannot preload {rt_name} now: {reason}", rt_name)
-        for job in self.queue:
-            reason = plan.waiting.get(job.id, "")
-            if reason != job.waiting:
-                job.waiting = reason
+        self._waiting = plan.waiting  # read lazily: only shown jobs need their reason
 
     def _start(self, start: sched.Start) -> None:
         rt = self.backends[start.backend]
@@ -506,12 +514,7 @@ class Engine:
             self._job_event(job)
 
     def _remove_queued(self, job: Job) -> None:
-        i = bisect.bisect_left(self.queue, _queue_key(job), key=_queue_key)
-        if i < len(self.queue) and self.queue[i] is job:
-            del self.queue[i]
-        else:
-            with contextlib.suppress(ValueError):
-                self.queue.remove(job)
+        self.queue.remove(job)
 
     def _dispatch(self, rt: BackendRuntime, job: Job) -> None:
         worker = rt.worker
@@ -631,7 +634,7 @@ class Engine:
                 job.state = JobState.QUEUED  # it never ran: try again with a fresh worker
                 job.history.append((self.clock(), "queued", "requeued: worker failed to start"))
                 job.gpu = None
-                bisect.insort(self.queue, job, key=_queue_key)
+                self.queue.push(job)
                 self._job_event(job)
             else:
                 what = ("its worker failed to start: " + (rt.last_error or reason)) \
@@ -849,7 +852,7 @@ class Engine:
             ))
         running = tuple(self.jobs[j].view() for rt in self.backends.values()
                         for j in rt.admitted if j in self.jobs)
-        queued = tuple(job.view(position=i + 1) for i, job in enumerate(self.queue))
+        queued = tuple(self._view(job, i + 1) for i, job in enumerate(self.queue))
         recent = tuple(self.jobs[j].view() for j in reversed(self.recent) if j in self.jobs)
         return EngineSnapshot(
             taken_at=time.time(), uptime_s=now - self.started_at,
@@ -860,7 +863,3 @@ class Engine:
             log=tuple(self.log_lines), stopping=self._stopping, pid=os.getpid(),
             python=sys.version.split()[0],
         )
-
-
-def _queue_key(job: Job) -> tuple[int, int]:
-    return (-job.priority, job.seq)

@@ -217,7 +217,7 @@ class Supervisor:
                              "(it goes on; wait again or cancel it)") from None
 
     def job(self, job_id: str) -> JobView:
-        return self._call(lambda: self.engine.job(job_id).view())
+        return self._call(self.engine.job_view, job_id)
 
     def cancel(self, job_id: str) -> JobView:
         return self._call(self.engine.cancel, job_id)

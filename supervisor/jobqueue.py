@@ -1,0 +1,86 @@
+"""The engine's queue of waiting jobs, kept in the order the scheduler wants it.
+
+Jobs stay sorted by ``(-priority, seq)`` (the scheduler's contract) and, alongside, the
+scheduler's own ``QueuedJob`` view of each one and a per-backend count, both maintained
+incrementally so a scheduling step over 10,000 waiting jobs copies nothing it can reuse.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterator
+
+from .jobs import Job
+from .scheduler.model import QueuedJob
+
+
+def _key(job: Job) -> tuple[int, int]:
+    return (-job.priority, job.seq)
+
+
+def _view(job: Job) -> QueuedJob:
+    return QueuedJob(job.id, job.backend, job.priority, job.seq, job.submitted_at, job.passed)
+
+
+class JobQueue:
+    def __init__(self) -> None:
+        self._jobs: list[Job] = []
+        self._views: list[QueuedJob] = []
+        self._frozen: tuple[QueuedJob, ...] | None = ()
+        self.per_backend: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._jobs)
+
+    def __bool__(self) -> bool:
+        return bool(self._jobs)
+
+    def push(self, job: Job) -> None:
+        i = bisect.bisect_right(self._jobs, _key(job), key=_key)
+        self._jobs.insert(i, job)
+        self._views.insert(i, _view(job))
+        self.per_backend[job.backend] += 1
+        self._frozen = None
+
+    def _index(self, job: Job) -> int:
+        i = bisect.bisect_left(self._jobs, _key(job), key=_key)
+        if i < len(self._jobs) and self._jobs[i] is job:
+            return i
+        return -1
+
+    def remove(self, job: Job) -> bool:
+        i = self._index(job)
+        if i < 0:
+            return False
+        del self._jobs[i]
+        del self._views[i]
+        self.per_backend[job.backend] -= 1
+        if not self.per_backend[job.backend]:
+            del self.per_backend[job.backend]
+        self._frozen = None
+        return True
+
+    def set_passed(self, job: Job, passed: int) -> None:
+        if job.passed == passed:
+            return
+        job.passed = passed
+        i = self._index(job)
+        if i >= 0:
+            self._views[i] = _view(job)
+            self._frozen = None
+
+    def scheduler_view(self) -> tuple[QueuedJob, ...]:
+        """The queue as the scheduler reads it (cached until the queue changes)."""
+        if self._frozen is None:
+            self._frozen = tuple(self._views)
+        return self._frozen
+
+    def clear(self) -> list[Job]:
+        jobs = self._jobs
+        self._jobs, self._views, self._frozen = [], [], ()
+        self.per_backend.clear()
+        return jobs
