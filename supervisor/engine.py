@@ -41,6 +41,7 @@ log = logging.getLogger("supervisor")
 
 MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
+PRELOAD_PATIENCE_S = 30.0
 
 
 @dataclass
@@ -84,7 +85,8 @@ class BackendRuntime:
     observed_mib: int | None = None  # the worker's processes' memory at the last sample
     observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     ghost: Ghost | None = None
-    preload: bool = False
+    preload: bool = False  # start the worker without a job, like a top-priority job would
+    preload_deadline: float = 0.0
 
     @property
     def peak(self) -> int | None:
@@ -372,8 +374,7 @@ class Engine:
         async def restart() -> None:
             if rt.worker is not None:
                 await self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s)
-            rt.preload = True
-            self._schedule()
+            self._request_preload(rt)
 
         self._spawn_task(restart())
 
@@ -382,8 +383,12 @@ class Engine:
         if rt.failed:
             raise BackendFailed(f"backend {backend!r} has failed; respawn it first")
         if rt.worker is None:
-            rt.preload = True
-            self._schedule()
+            self._request_preload(rt)
+
+    def _request_preload(self, rt: BackendRuntime) -> None:
+        rt.preload = True
+        rt.preload_deadline = self.clock() + PRELOAD_PATIENCE_S
+        self._schedule()
 
     def _runtime(self, backend: str) -> BackendRuntime:
         rt = self.backends.get(backend)
@@ -411,19 +416,11 @@ class Engine:
 
     def _sched_snapshot(self, with_queue: bool = True,
                         extra: tuple[sched.QueuedJob, ...] = ()) -> sched.Snapshot:
-        ghosts: dict[int, int] = {}
-        for rt in self.backends.values():
-            if rt.ghost is not None:
-                ghosts[rt.ghost.gpu] = ghosts.get(rt.ghost.gpu, 0) + rt.ghost.mib
-        gpus = []
-        for index, reading in sorted(self.readings.items()):
-            total = self._gpu_totals.get(index, reading.total_mib)
-            # Ghost reservations (stopped workers whose memory has not left yet) are taken out
-            # of the total, so the budget never counts memory twice or too early.
-            gpus.append(sched.GpuState(
-                index, max(0, total - ghosts.get(index, 0)),
-                reading.free_mib, self.config.reserve_mib,
-            ))
+        gpus = [
+            sched.GpuState(index, self._gpu_totals.get(index, reading.total_mib),
+                           reading.free_mib, self.config.reserve_mib)
+            for index, reading in sorted(self.readings.items())
+        ]
         backends = {}
         workers = {}
         for name, rt in self.backends.items():
@@ -445,6 +442,13 @@ class Engine:
                 workers[name] = sched.WorkerInfo(
                     backend=name, gpu=w.gpu, state=state, active_jobs=len(rt.admitted),
                     reserved_mib=self._reserved(rt), idle_since=rt.idle_since,
+                )
+            elif rt.ghost is not None:
+                # A stopped worker whose memory has not left the GPU yet: still reserved, as a
+                # worker that is stopping, so the memory is counted once and not too early.
+                workers[name] = sched.WorkerInfo(
+                    backend=name, gpu=rt.ghost.gpu, state="stopping",
+                    reserved_mib=rt.ghost.mib,
                 )
         queue: tuple[sched.QueuedJob, ...] = extra
         counts = None
@@ -484,11 +488,11 @@ class Engine:
             rt = self.backends[rt_name]
             if rt.worker is not None:
                 rt.preload = False
-            else:
-                reason = plan.waiting.get(f"preload:{rt_name}")
-                if reason:
-                    rt.preload = False
-                    self._note("warning", f"cannot preload {rt_name} now: {reason}", rt_name)
+            elif self.clock() >= rt.preload_deadline:
+                rt.preload = False
+                reason = plan.waiting.get(f"preload:{rt_name}", "no room")
+                self._note("warning", f"gave up preloading {rt_name} after "
+                           f"{PRELOAD_PATIENCE_S:g} s: {reason}", rt_name)
         self._waiting = plan.waiting  # read lazily: only shown jobs need their reason
 
     def _start(self, start: sched.Start) -> None:
@@ -530,7 +534,6 @@ class Engine:
         spec = rt.spec
         rt.generation += 1
         rt.exclusive = rt.peak is None
-        rt.ghost = None
         name = f"{spec.name}#{rt.generation}"
         env = dict(os.environ)
         env.update(spec.env)
@@ -608,6 +611,7 @@ class Engine:
         pids = {handle.pid} if handle.pid is not None else set()
         pids |= handle._descendants
         rt.ghost = Ghost(handle.gpu, reserved, pids, self.clock() + EVICTION_CONFIRM_TIMEOUT_S)
+        self._spawn_task(self._confirm_ghost(rt))
         expected = handle.state == WorkerState.COLD
         never_ready = handle.ready_at is None
         log_hint = f"log: {handle.log_path}"
@@ -758,6 +762,18 @@ class Engine:
                     rt.ghost = None
         self.events.publish(EngineEvent("sample", time.time()))
         self._schedule()
+
+    async def _confirm_ghost(self, rt: BackendRuntime) -> None:
+        """Look at the GPU's process list right after an exit, not at the next sample."""
+        assert self.loop is not None
+        try:
+            procs = await self.loop.run_in_executor(None, self.probe.processes)
+        except Exception:  # noqa: BLE001 - the periodic samples will confirm it instead
+            return
+        ghost = rt.ghost
+        if ghost is not None and not (ghost.pids & {p.pid for p in procs}):
+            rt.ghost = None
+            self._schedule()
 
     def _expire_ghosts(self) -> None:
         now = self.clock()

@@ -277,3 +277,21 @@ def test_demo_backends_load_when_nothing_is_configured(tmp_path: Path) -> None:
     assert {"sdxl-sim", "llm-8b-sim", "flux-sim", "echo"} <= names
     assert "demo" in (sup.engine.notice or "")
     assert (ROOT / "examples" / "demo" / "backends.yaml").exists()
+
+
+def test_a_cold_job_never_overtakes_a_job_waiting_for_evictions() -> None:
+    # a and b are idle and hold the GPU; c needs both evicted; d (cold, small) came later and
+    # must not start in the room the first eviction frees while c still waits for the second.
+    backends = [sim_backend("a", 3000, 256), sim_backend("b", 3000, 256),
+                sim_backend("c", 6000, 1024), sim_backend("d", 256, 128)]
+    with engine(backends) as sup:
+        sup.preload("a")
+        sup.preload("b")
+        wait_for(lambda: all(sup.snapshot().backend(n).state == "ready" for n in "ab"),
+                 what="a and b ready")
+        big = sup.submit("c", req(steps=1))
+        small = sup.submit("d", req(steps=1))
+        r_big, r_small = sup.wait(big, 60), sup.wait(small, 60)
+        assert r_big.state is r_small.state is JobState.SUCCEEDED
+        assert r_big.started_at is not None and r_small.started_at is not None
+        assert r_big.started_at <= r_small.started_at
