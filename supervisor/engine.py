@@ -20,7 +20,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.schema import BackendSpec
 from .errors import BackendFailed, EngineStopped, QueueFull, Refused, UnknownBackend, UnknownJob
@@ -34,8 +34,11 @@ from .scheduler import model as sched
 from .scheduler.plan import plan as make_plan
 from .scheduler.submit import check_submit
 from .snapshot import BackendView, EngineSnapshot, GpuView, LogLine
-from .workers.handle import Outcome, WorkerHandle, WorkerState
+from .workers.handle import Outcome, WorkerHandle, WorkerObserver, WorkerState
 from .workers.wire import WireListener
+
+if TYPE_CHECKING:
+    from .calibration.engine_run import CalibrationRun
 
 log = logging.getLogger("supervisor")
 
@@ -158,6 +161,7 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gpu_totals: dict[int, int] = {}
         self._waiting: Mapping[str, str] = {}
+        self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
 
     # ===================================================================== lifecycle ======
     async def main(self, started: Callable[[BaseException | None], None]) -> None:
@@ -285,6 +289,72 @@ class Engine:
         self._schedule()
         return job
 
+    def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
+                  settle_s: float = 1.0, priority: int | None = None) -> Job:
+        """Queue a calibration run of ``backend``: a job that needs a GPU to itself."""
+        if self._stopping:
+            raise EngineStopped("the engine is stopping and takes no new jobs")
+        rt = self._runtime(backend)
+        if not 1 <= repeats <= 100:
+            raise Refused(f"repeats must be between 1 and 100, got {repeats}")
+        payload = request if request is not None else (rt.spec.calibration_request or b"")
+        job = Job(backend=backend, payload=payload,
+                  priority=rt.spec.priority if priority is None else priority,
+                  metadata={"repeats": repeats, "settle_s": settle_s}, kind="calibration")
+        reason = check_submit(self._sched_snapshot(with_queue=False, calibrating={backend}),
+                              job.sched_backend, self.sched_config)
+        if reason is not None:
+            raise Refused(reason)
+        job.submitted_at = self.clock()
+        job.mark(job.submitted_at, JobState.QUEUED, f"calibration x{repeats}")
+        self.jobs[job.id] = job
+        self.futures[job.id] = concurrent.futures.Future()
+        self.queue.push(job)
+        self._note("info", f"calibration of {backend} queued (x{repeats})", backend)
+        self._job_event(job)
+        self._schedule()
+        return job
+
+    def calibrations_running(self, besides: CalibrationRun | None = None) -> bool:
+        return any(run is not besides for run, _task in self.calibrations.values())
+
+    def _start_calibration(self, job: Job, gpu: int) -> None:
+        from .calibration.engine_run import CalibrationRun
+
+        rt = self.backends[job.backend]
+        repeats = int(job.metadata.get("repeats", 3))
+        settle_s = float(job.metadata.get("settle_s", 1.0))
+        run = CalibrationRun(self, rt, job, gpu, repeats=repeats, settle_s=settle_s)
+        job.gpu = gpu
+        job.mark(self.clock(), JobState.RUNNING, f"calibrating {job.backend} alone on GPU{gpu}")
+        self._job_event(job)
+        self._note("info", f"calibrating {job.backend} alone on GPU{gpu}", job.backend)
+        task = asyncio.get_running_loop().create_task(run.run())
+        self.calibrations[job.id] = (run, task)
+        task.add_done_callback(lambda t, j=job: self._calibration_done(j, t))
+
+    def _calibration_done(self, job: Job, task: asyncio.Task[Any]) -> None:
+        self.calibrations.pop(job.id, None)
+        if task.cancelled():
+            self._finish(job, job.cancel_state, error=job.error or "cancelled")
+        elif (exc := task.exception()) is not None:
+            self._note("error", f"calibration of {job.backend} failed: {exc}", job.backend)
+            self._finish(job, JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
+        else:
+            from .calibration.engine_run import report_json
+
+            summary = task.result()
+            job.data = report_json(summary)
+            job.headers = {"Content-Type": "application/json"}
+            if summary.get("outcome") == "completed":
+                self._note("info", f"calibrated {job.backend}: "
+                           + str(summary.get("headline", "see the report")), job.backend)
+                self._finish(job, JobState.SUCCEEDED)
+            else:
+                self._finish(job, JobState.FAILED, error=f"calibration {summary.get('outcome')}: "
+                             f"{summary.get('error')}; report {summary.get('report')}")
+        self._schedule()
+
     def job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
@@ -312,6 +382,10 @@ class Engine:
             with contextlib.suppress(ValueError):
                 rt.admitted.remove(job.id)
             self._finish(job, state, error=note)
+        elif job.id in self.calibrations:
+            job.cancel_state = state
+            job.error = note
+            self.calibrations[job.id][1].cancel()
         else:  # running on a worker
             job.cancel_requested = True
             job.cancel_state = state
@@ -415,7 +489,8 @@ class Engine:
         return rt.resident + len(rt.admitted) * (act + rt.spec.safety_mib)
 
     def _sched_snapshot(self, with_queue: bool = True,
-                        extra: tuple[sched.QueuedJob, ...] = ()) -> sched.Snapshot:
+                        extra: tuple[sched.QueuedJob, ...] = (),
+                        calibrating: set[str] | None = None) -> sched.Snapshot:
         gpus = [
             sched.GpuState(index, self._gpu_totals.get(index, reading.total_mib),
                            reading.free_mib, self.config.reserve_mib)
@@ -450,6 +525,20 @@ class Engine:
                     backend=name, gpu=rt.ghost.gpu, state="stopping",
                     reserved_mib=rt.ghost.mib,
                 )
+        # A calibration needs a GPU to itself: the scheduler sees it as an unmeasured backend.
+        wanted = set(calibrating or ())
+        wanted.update(j.backend for j in self.queue if j.kind == "calibration")
+        for run, _task in self.calibrations.values():
+            key = f"calibrate:{run.rt.spec.name}"
+            wanted.add(run.rt.spec.name)
+            workers[key] = sched.WorkerInfo(
+                backend=key, gpu=run.gpu, state="busy", active_jobs=1,
+                reserved_mib=max(0, self._gpu_totals.get(run.gpu, 0) - self.config.reserve_mib))
+        for name in wanted:
+            spec = self.backends[name].spec
+            backends[f"calibrate:{name}"] = sched.BackendInfo(
+                name=f"calibrate:{name}", peak_mib=None, safety_mib=0, priority=spec.priority,
+                allowed_gpus=spec.gpus)
         queue: tuple[sched.QueuedJob, ...] = extra
         counts = None
         if with_queue:
@@ -505,6 +594,9 @@ class Engine:
         self._remove_queued(job)
         job.gpu = start.gpu
         job.waiting = ""
+        if job.kind == "calibration":
+            self._start_calibration(job, start.gpu)
+            return
         if start.spawn or rt.worker is None:
             self._spawn_worker(rt, start.gpu)
         rt.admitted.append(job.id)
@@ -534,7 +626,20 @@ class Engine:
         spec = rt.spec
         rt.generation += 1
         rt.exclusive = rt.peak is None
-        name = f"{spec.name}#{rt.generation}"
+        handle = self.make_worker(rt, gpu, f"{spec.name}#{rt.generation}", observer=self)
+        rt.worker = handle
+        self._note("info", f"starting {spec.name} on GPU{gpu}"
+                   + (" (footprint unknown: it runs alone until measured)" if rt.exclusive
+                      else ""), spec.name)
+        self._spawn_task(handle.start())
+        self._set_timer(f"start:{handle.name}", spec.timeouts.start_s,
+                        lambda: self._start_timed_out(rt, handle))
+        self._worker_event(rt)
+
+    def make_worker(self, rt: BackendRuntime, gpu: int, name: str,
+                    observer: WorkerObserver) -> WorkerHandle:
+        """A (not yet started) worker process of ``rt`` on ``gpu``."""
+        spec = rt.spec
         env = dict(os.environ)
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
@@ -550,20 +655,12 @@ class Engine:
             "--data-socket", str(self.paths.worker_data_socket),
             "--name", name,
         ]
-        handle = WorkerHandle(
+        return WorkerHandle(
             backend=spec.name, name=name, gpu=gpu, argv=argv, env=env,
             cwd=str(spec.cwd) if spec.cwd else None,
             log_path=self.paths.logs_dir / f"{spec.name}.log",
-            listener=self.listener, observer=self, plain_stream=spec.stream,
+            listener=self.listener, observer=observer, plain_stream=spec.stream,
         )
-        rt.worker = handle
-        self._note("info", f"starting {spec.name} on GPU{gpu}"
-                   + (" (footprint unknown: it runs alone until measured)" if rt.exclusive
-                      else ""), spec.name)
-        self._spawn_task(handle.start())
-        self._set_timer(f"start:{name}", spec.timeouts.start_s,
-                        lambda: self._start_timed_out(rt, handle))
-        self._worker_event(rt)
 
     def _start_timed_out(self, rt: BackendRuntime, handle: WorkerHandle) -> None:
         if rt.worker is handle and not handle.hot and not handle.exited:
@@ -760,6 +857,8 @@ class Engine:
                     rt.observed_mib = None
                 if rt.ghost is not None and not (rt.ghost.pids & on_gpu):
                     rt.ghost = None
+        for run, _task in self.calibrations.values():
+            run.on_sample(sample)
         self.events.publish(EngineEvent("sample", time.time()))
         self._schedule()
 

@@ -20,7 +20,8 @@ def _key(job: Job) -> tuple[int, int]:
 
 
 def _view(job: Job) -> QueuedJob:
-    return QueuedJob(job.id, job.backend, job.priority, job.seq, job.submitted_at, job.passed)
+    return QueuedJob(job.id, job.sched_backend, job.priority, job.seq, job.submitted_at,
+                     job.passed)
 
 
 class JobQueue:
@@ -43,7 +44,7 @@ class JobQueue:
         i = bisect.bisect_right(self._jobs, _key(job), key=_key)
         self._jobs.insert(i, job)
         self._views.insert(i, _view(job))
-        self.per_backend[job.backend] += 1
+        self.per_backend[job.sched_backend] += 1
         self._frozen = None
 
     def _index(self, job: Job) -> int:
@@ -58,9 +59,9 @@ class JobQueue:
             return False
         del self._jobs[i]
         del self._views[i]
-        self.per_backend[job.backend] -= 1
-        if not self.per_backend[job.backend]:
-            del self.per_backend[job.backend]
+        self.per_backend[job.sched_backend] -= 1
+        if not self.per_backend[job.sched_backend]:
+            del self.per_backend[job.sched_backend]
         self._frozen = None
         return True
 

@@ -61,6 +61,7 @@ class JobView:
     error: str | None
     history: tuple[tuple[float, str, str], ...]
     peak_mib: int | None
+    kind: str = "job"
 
     @property
     def finished(self) -> bool:
@@ -97,6 +98,12 @@ class Job:
     peak_mib: int | None = None
     cancel_requested: bool = False
     cancel_state: JobState = JobState.CANCELLED
+    kind: str = "job"  # or "calibration": a run that needs a GPU to itself
+
+    @property
+    def sched_backend(self) -> str:
+        """The name the scheduler knows this job's needs by."""
+        return f"calibrate:{self.backend}" if self.kind == "calibration" else self.backend
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
         self.state = state
@@ -129,4 +136,5 @@ class Job:
             error=self.error,
             history=tuple(self.history),
             peak_mib=self.peak_mib,
+            kind=self.kind,
         )

@@ -116,6 +116,8 @@ class WorkerHandle:
         self._exited = asyncio.Event()
         self._stopping = False
         self._descendants: set[int] = set()
+        # (wall time, status) of each status event, stamped by the worker itself when it can.
+        self.status_marks: list[tuple[float, str]] = []
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -215,6 +217,9 @@ class WorkerHandle:
         code = event_type(payload)
         if code == EventType.STATUS:
             status = payload.get("status")
+            if isinstance(status, str):
+                stamp = message.timestamp
+                self.status_marks.append((stamp if stamp is not None else time.time(), status))
             if status == "failed":
                 self.init_error = str(payload.get("error", "initialize failed"))
             elif status == "ready" and not self._stopping:
