@@ -1,0 +1,773 @@
+"""Unit tests for the pure scheduler: one rule per test, on hand-built snapshots."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from supervisor.scheduler import (
+    BackendInfo,
+    Evict,
+    GpuState,
+    Plan,
+    QueuedJob,
+    SchedulerConfig,
+    Snapshot,
+    Start,
+    WorkerInfo,
+    aging_bonus,
+    check_submit,
+    effective_priority,
+    ordered,
+    plan,
+    queue_sort_key,
+    validate_queue,
+)
+
+# The package re-exports the function ``plan``, which shadows the module of the same name.
+plan_module = importlib.import_module("supervisor.scheduler.plan")
+
+NOW = 1_000.0
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def gpu(index: int, total: int = 24_000, free: int | None = None, reserve: int = 0) -> GpuState:
+    return GpuState(index, total, free, reserve)
+
+
+def be(
+    name: str,
+    peak: int | None = 10_000,
+    act: int | None = 2_000,
+    *,
+    safety: int = 0,
+    allowed: tuple[int, ...] | None = None,
+    conc: int = 1,
+    pinned: bool = False,
+    reload: float = 10.0,
+    priority: int = 0,
+) -> BackendInfo:
+    return BackendInfo(name, peak, act, safety, priority, allowed, conc, pinned, reload)
+
+
+def wk(
+    backend: str,
+    gpu_index: int = 0,
+    state: str = "ready",
+    active: int = 0,
+    reserved: int = 0,
+    idle_since: float | None = None,
+) -> WorkerInfo:
+    return WorkerInfo(backend, gpu_index, state, active, reserved, idle_since)
+
+
+def idle(info: BackendInfo, gpu_index: int = 0, idle_for: float = 0.0) -> WorkerInfo:
+    """An idle worker holding its resident memory."""
+    return wk(info.name, gpu_index, "ready", 0, info.resident_mib, NOW - idle_for)
+
+
+def busy(info: BackendInfo, gpu_index: int = 0, jobs: int = 1) -> WorkerInfo:
+    reserved = info.resident_mib + jobs * info.hot_need_mib
+    return wk(info.name, gpu_index, "busy", jobs, reserved, None)
+
+
+_seq = iter(range(1, 1_000_000))
+
+
+def job(
+    job_id: str,
+    backend: str,
+    priority: int = 0,
+    *,
+    seq: int | None = None,
+    at: float = NOW,
+    passed: int = 0,
+) -> QueuedJob:
+    return QueuedJob(job_id, backend, priority, next(_seq) if seq is None else seq, at, passed)
+
+
+def snap(
+    gpus: list[GpuState],
+    backends: list[BackendInfo],
+    workers: list[WorkerInfo] = (),  # type: ignore[assignment]
+    queue: list[QueuedJob] = (),  # type: ignore[assignment]
+) -> Snapshot:
+    return Snapshot(
+        gpus,
+        {b.name: b for b in backends},
+        {w.backend: w for w in workers},
+        sorted(queue, key=queue_sort_key),
+    )
+
+
+def started(p: Plan) -> list[str]:
+    return [s.job_id for s in p.starts]
+
+
+def evicted(p: Plan) -> list[str]:
+    return [e.backend for e in p.evictions]
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_needs_from_backend_info() -> None:
+    b = be("a", 10_000, 2_000, safety=500)
+    assert (b.resident_mib, b.cold_need_mib, b.hot_need_mib) == (8_000, 10_500, 2_500)
+    unknown_act = be("b", 10_000, None, safety=500)
+    assert (unknown_act.resident_mib, unknown_act.hot_need_mib) == (0, 10_500)
+    unmeasured = be("c", None, None)
+    assert (unmeasured.cold_need_mib, unmeasured.hot_need_mib) == (None, 0)
+
+
+def test_model_validation() -> None:
+    with pytest.raises(ValueError, match="activation_mib 5 exceeds peak_mib 4"):
+        be("a", 4, 5)
+    with pytest.raises(ValueError, match="concurrency"):
+        be("a", conc=0)
+    with pytest.raises(ValueError, match="state"):
+        wk("a", state="sleeping")
+    with pytest.raises(ValueError, match="aging_interval_s"):
+        SchedulerConfig(aging_interval_s=0)
+    with pytest.raises(ValueError, match="two workers"):
+        Snapshot([gpu(0)], {}, {"x": wk("a"), "y": wk("a")})
+    with pytest.raises(ValueError, match="unique"):
+        Snapshot([gpu(0), gpu(0)], {})
+
+
+# --------------------------------------------------------------------------- needs
+
+
+def test_cold_job_spawns_with_peak_plus_safety() -> None:
+    a = be("a", 10_000, 2_000, safety=512)
+    p = plan(snap([gpu(0)], [a], [], [job("j1", "a")]), NOW)
+    assert p.starts == (Start("j1", "a", 0, True, 10_512),)
+    assert p.evictions == () and dict(p.waiting) == {}
+
+
+def test_hot_job_needs_activation_plus_safety_only() -> None:
+    a = be("a", 10_000, 2_000, safety=512)
+    # 8,000 resident held; 3,000 left: a cold start (10,512) would not fit, a hot one does.
+    s = snap([gpu(0, 11_000)], [a], [idle(a)], [job("j1", "a")])
+    assert plan(s, NOW).starts == (Start("j1", "a", 0, False, 2_512),)
+
+
+def test_hot_job_with_unknown_activation_needs_whole_peak() -> None:
+    a = be("a", 10_000, None, safety=0)
+    s = snap([gpu(0, 19_999)], [a], [wk("a", 0, "ready", 0, 10_000)], [job("j1", "a")])
+    p = plan(s, NOW)
+    assert p.starts == ()
+    assert p.waiting["j1"] == "needs 10000 MiB, 9999 free on GPU0"
+
+
+def test_hot_includes_starting_and_initializing_workers() -> None:
+    a = be("a", 10_000, 2_000, conc=2)
+    for state in ("starting", "initializing", "busy"):
+        s = snap([gpu(0)], [a], [wk("a", 0, state, 1, 12_000)], [job("j1", "a")])
+        assert plan(s, NOW).starts == (Start("j1", "a", 0, False, 2_000),), state
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def test_budget_trusts_the_lower_of_measured_free_and_reservations() -> None:
+    a = be("a", 10_000, 2_000)
+    q = [job("j1", "a")]
+    # The driver says 9,999 free although nothing is reserved (a foreign process).
+    assert plan(snap([gpu(0, 24_000, free=9_999)], [a], [], q), NOW).starts == ()
+    # The driver lags: it still says 24,000 free, but 14,001 MiB are reserved.
+    other = be("o", 14_001, 0)
+    lagging = snap([gpu(0, 24_000, free=24_000)], [a, other], [busy(other)], q)
+    assert plan(lagging, NOW).starts == ()
+    ok = snap([gpu(0, 24_000, free=24_000)], [a, other], [busy(be("o", 14_000, 0))], q)
+    assert started(plan(ok, NOW)) == ["j1"]
+
+
+def test_budget_keeps_the_reserve() -> None:
+    a = be("a", 10_000, 2_000, safety=0)
+    q = [job("j1", "a")]
+    assert plan(snap([gpu(0, 10_456, reserve=457)], [a], [], q), NOW).starts == ()
+    assert started(plan(snap([gpu(0, 10_457, reserve=457)], [a], [], q), NOW)) == ["j1"]
+
+
+def test_no_reading_uses_reservations_never_admits_everything() -> None:
+    huge = be("huge", 99_999_999, 1)
+    small = be("small", 10_000, 2_000)
+    other = be("o", 10_000, 0)
+    q = [job("j1", "huge"), job("j2", "small")]
+    s = snap([gpu(0, 24_000, free=None)], [huge, small, other], [busy(other)], q)
+    p = plan(s, NOW)
+    assert "j1" not in started(p)
+    assert p.evictions == ()
+    assert "needs 99999999 MiB" in p.waiting["j1"]
+    # The small job fits in total - reservations (14,000) and the huge one is no barrier.
+    assert started(p) == ["j2"]
+    tight = snap([gpu(0, 19_999, free=None)], [small, other], [busy(other)], [job("j3", "small")])
+    assert plan(tight, NOW).starts == ()
+
+
+def test_starts_in_one_plan_share_the_budget() -> None:
+    a, b, c = be("a", 10_000, 2_000), be("b", 10_000, 2_000), be("c", 10_000, 2_000)
+    q = [job("ja", "a", 2), job("jb", "b", 1), job("jc", "c", 0)]
+    p = plan(snap([gpu(0, 20_000), gpu(1, 10_000)], [a, b, c], [], q), NOW)
+    assert [(s.job_id, s.gpu) for s in p.starts] == [("ja", 0), ("jb", 0), ("jc", 1)]
+    p2 = plan(snap([gpu(0, 25_000)], [a, b, c], [], q), NOW)
+    assert started(p2) == ["ja", "jb"] and p2.waiting["jc"] == "needs 10000 MiB, 5000 free on GPU0"
+
+
+# --------------------------------------------------------------------------- unmeasured
+
+
+def test_unmeasured_backend_takes_an_empty_gpu_whole() -> None:
+    u = be("u", None, None)
+    a = be("a")
+    s = snap([gpu(0), gpu(1, 30_000, reserve=500)], [u, a], [busy(a, 0)], [job("j1", "u")])
+    assert plan(s, NOW).starts == (Start("j1", "u", 1, True, 29_500),)
+
+
+def test_unmeasured_waits_when_no_gpu_is_empty_and_evicts_idle_ones() -> None:
+    u = be("u", None, None)
+    a, b = be("a"), be("b")
+    s = snap([gpu(0), gpu(1)], [u, a, b], [busy(a, 0), idle(b, 1)], [job("j1", "u")])
+    p = plan(s, NOW)
+    assert p.starts == ()
+    assert evicted(p) == ["b"] and p.evictions[0].gpu == 1
+    assert p.waiting["j1"] == "waiting for 1 eviction on GPU1"
+    # Both GPUs busy: nothing to evict, it just waits.
+    s2 = snap([gpu(0), gpu(1)], [u, a, b], [busy(a, 0), busy(b, 1)], [job("j1", "u")])
+    p2 = plan(s2, NOW)
+    assert p2.evictions == () and "waiting for a GPU to empty" in p2.waiting["j1"]
+
+
+def test_nothing_else_is_admitted_beside_an_unmeasured_worker() -> None:
+    u = be("u", None, None, conc=2)
+    a = be("a", 1_000, 100)
+    # Even if the engine's reservation for it were small, the GPU stays its own.
+    s = snap([gpu(0)], [u, a], [wk("u", 0, "busy", 1, 1_000)], [job("j1", "a"), job("j2", "u")])
+    p = plan(s, NOW)
+    assert p.starts == (Start("j2", "u", 0, False, 0),)  # its own jobs add nothing
+    assert "j1" in p.waiting
+
+
+def test_two_unmeasured_spawns_never_share_a_gpu() -> None:
+    u, v = be("u", None, None), be("v", None, None)
+    p = plan(snap([gpu(0), gpu(1)], [u, v], [], [job("j1", "u"), job("j2", "v")]), NOW)
+    assert {s.gpu for s in p.starts} == {0, 1}
+    p1 = plan(snap([gpu(0)], [u, v], [], [job("j1", "u"), job("j2", "v")]), NOW)
+    assert started(p1) == ["j1"] and "j2" in p1.waiting
+
+
+def test_measured_cold_job_skips_the_gpu_of_a_planned_unmeasured_spawn() -> None:
+    u, a = be("u", None, None), be("a")
+    p = plan(snap([gpu(0), gpu(1)], [u, a], [], [job("j1", "u"), job("j2", "a")]), NOW)
+    assert [(s.job_id, s.gpu) for s in p.starts] == [("j1", 0), ("j2", 1)]
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_cold_placement_prefers_most_room_left() -> None:
+    a = be("a", 10_000, 2_000)
+    o1, o2, o3 = be("o1", 5_000, 0), be("o2", 1_000, 0), be("o3", 3_000, 0)
+    gpus = [gpu(0), gpu(1), gpu(2), gpu(3, 12_000)]
+    s = snap(gpus, [a, o1, o2, o3], [busy(o1, 0), busy(o2, 1), busy(o3, 2)], [job("j1", "a")])
+    assert plan(s, NOW).starts[0].gpu == 1
+
+
+def test_cold_placement_ties_go_to_the_lowest_index() -> None:
+    a = be("a")
+    assert plan(snap([gpu(2), gpu(1), gpu(3)], [a], [], [job("j", "a")]), NOW).starts[0].gpu == 1
+
+
+def test_cold_placement_respects_allowed_gpus() -> None:
+    a = be("a", allowed=(2, 9))
+    s = snap([gpu(0, 80_000), gpu(1), gpu(2)], [a], [], [job("j", "a")])
+    assert plan(s, NOW).starts[0].gpu == 2
+
+
+def test_cold_placement_without_room_picks_least_eviction_cost() -> None:
+    a = be("a", 20_000, 2_000)
+    dear, cheap = be("dear", 15_000, 0, reload=60.0), be("cheap", 15_000, 0, reload=5.0)
+    s = snap(
+        [gpu(0), gpu(1)],
+        [a, dear, cheap],
+        [idle(dear, 0, idle_for=60), idle(cheap, 1, idle_for=60)],
+        [job("j1", "a")],
+    )
+    p = plan(s, NOW)
+    assert p.evictions == (Evict("cheap", 1, 15_000, p.evictions[0].reason),)
+    assert "room for j1" in p.evictions[0].reason
+    assert p.waiting["j1"] == "waiting for 1 eviction on GPU1"
+
+
+def test_placement_never_picks_a_gpu_too_small_for_the_job() -> None:
+    a = be("a", 20_000, 2_000)
+    cheap, dear = be("cheap", 2_000, 0, reload=0.0), be("dear", 15_000, 0, reload=100.0)
+    s = snap(
+        [gpu(0, 16_000), gpu(1)],
+        [a, cheap, dear],
+        [idle(cheap, 0), idle(dear, 1)],
+        [job("j1", "a")],
+    )
+    p = plan(s, NOW)
+    assert evicted(p) == ["dear"]
+
+
+def test_placement_counts_fits_now_before_evictions() -> None:
+    a = be("a", 10_000, 2_000)
+    idle_cheap = be("i", 20_000, 0, reload=0.0)
+    s = snap([gpu(0), gpu(1, 10_000)], [a, idle_cheap], [idle(idle_cheap, 0)], [job("j", "a")])
+    p = plan(s, NOW)
+    assert p.starts[0].gpu == 1 and p.evictions == ()
+
+
+# --------------------------------------------------------------------------- eviction
+
+
+def test_eviction_cost_uses_reload_time_and_recency() -> None:
+    a = be("a", 20_000, 2_000)
+    # Same reload cost: the one idle longer is cheaper to evict.
+    x, y = be("x", 10_000, 0), be("y", 10_000, 0)
+    s = snap(
+        [gpu(0, 30_000)],
+        [a, x, y],
+        [idle(x, 0, idle_for=10), idle(y, 0, idle_for=600)],
+        [job("j", "a")],
+    )
+    assert evicted(plan(s, NOW)) == ["y"]
+    # A much dearer reload outweighs recency: 10 s * 1/(1+10) < 100 s * 1/(1+1).
+    x2, y2 = be("x", 10_000, 0, reload=10.0), be("y", 10_000, 0, reload=100.0)
+    s2 = snap(
+        [gpu(0, 30_000)],
+        [a, x2, y2],
+        [idle(x2, 0, idle_for=600), idle(y2, 0, idle_for=60)],
+        [job("j", "a")],
+    )
+    assert evicted(plan(s2, NOW)) == ["x"]
+
+
+def test_eviction_ties_free_the_larger_first() -> None:
+    a = be("a", 20_000, 2_000)
+    small, large = be("small", 8_000, 0), be("large", 12_000, 0)
+    s = snap(
+        [gpu(0, 30_000)],
+        [a, small, large],
+        [idle(small, 0, 60), idle(large, 0, 60)],
+        [job("j", "a")],
+    )
+    assert evicted(plan(s, NOW)) == ["large"]
+
+
+def test_evictions_are_minimal() -> None:
+    a = be("a", 20_000, 2_000)
+    tiny = be("tiny", 2_000, 0, reload=1.0)
+    mid = be("mid", 4_000, 0, reload=2.0)
+    big = be("big", 20_000, 0, reload=3.0)
+    workers = [idle(tiny, 0, 60), idle(mid, 0, 60), idle(big, 0, 60)]
+    # Nothing free: cheapest first would take tiny, mid, big; big alone is enough.
+    s = snap([gpu(0, 26_000)], [a, tiny, mid, big], workers, [job("j", "a")])
+    assert evicted(plan(s, NOW)) == ["big"]
+    # 14,000 free already: tiny + mid (6,000) suffice, big is not touched.
+    s2 = snap([gpu(0, 40_000)], [a, tiny, mid, big], workers, [job("j", "a")])
+    assert evicted(plan(s2, NOW)) == ["tiny", "mid"]
+
+
+def test_only_idle_unpinned_workers_are_evicted() -> None:
+    a = be("a", 20_000, 2_000)
+    pinned = be("p", 10_000, 0, pinned=True, reload=0.0)
+    hot = be("h", 10_000, 0, reload=0.0)
+    starting = be("s", 10_000, 0, reload=0.0)
+    victim = be("v", 10_000, 0, reload=50.0)
+    workers = [
+        idle(pinned, 0),
+        busy(hot, 0),
+        wk("s", 0, "starting", 0, 0),
+        idle(victim, 0, 60),
+    ]
+    s = snap([gpu(0, 40_000)], [a, pinned, hot, starting, victim], workers, [job("j", "a")])
+    assert evicted(plan(s, NOW)) == ["v"]
+
+
+def test_a_worker_given_a_job_in_this_plan_is_not_evicted() -> None:
+    a = be("a", 20_000, 2_000)
+    x = be("x", 10_000, 1_000, reload=0.0)  # the cheapest victim...
+    y = be("y", 10_000, 0, reload=9.0)
+    s = snap(
+        [gpu(0, 30_000)],
+        [a, x, y],
+        [idle(x, 0), idle(y, 0, 60)],
+        [job("jx", "x", priority=5), job("ja", "a")],
+    )
+    p = plan(s, NOW)
+    assert started(p) == ["jx"]  # ...but it just took a job
+    assert evicted(p) == ["y"]
+
+
+def test_never_evict_for_a_job_that_cannot_fit_even_on_an_empty_gpu() -> None:
+    huge = be("huge", 50_000, 1_000)
+    a, x = be("a", 10_000, 1_000), be("x", 10_000, 0)
+    s = snap([gpu(0), gpu(1)], [huge, a, x], [idle(x, 0)], [job("j1", "huge"), job("j2", "a")])
+    p = plan(s, NOW)
+    assert p.evictions == ()
+    assert started(p) == ["j2"]  # it was no barrier
+    assert "largest allowed GPU (GPU0) has 24000 MiB usable" in p.waiting["j1"]
+
+
+def test_pinned_memory_is_never_counted_as_reclaimable() -> None:
+    a = be("a", 20_000, 2_000)
+    pin = be("pin", 10_000, 0, pinned=True)
+    x = be("x", 5_000, 0)
+    b = be("b", 1_000, 100)
+    q = [job("j1", "a"), job("j2", "b")]
+    s = snap([gpu(0)], [a, pin, x, b], [idle(pin, 0), idle(x, 0)], q)
+    p = plan(s, NOW)
+    assert p.evictions == ()
+    assert "pinned" in p.waiting["j1"]
+    assert started(p) == ["j2"]
+
+
+def test_hot_job_boxed_in_by_pinned_neighbours_relocates_its_idle_worker() -> None:
+    a = be("a", 10_000, 6_000)
+    pin = be("pin", 12_000, 0, pinned=True)
+    # 4,000 resident + 6,000 activation cannot fit beside 12,000 pinned on 20,000 MiB.
+    s = snap([gpu(0, 20_000), gpu(1)], [a, pin], [idle(a, 0), idle(pin, 0)], [job("j", "a")])
+    p = plan(s, NOW)
+    assert evicted(p) == ["a"] and "relocat" in p.waiting["j"]
+    # Next time it is cold and goes where it fits.
+    s2 = snap([gpu(0, 20_000), gpu(1)], [a, pin], [idle(pin, 0)], [job("j", "a")])
+    assert plan(s2, NOW).starts == (Start("j", "a", 1, True, 10_000),)
+
+
+def test_stopping_workers_count_as_coming_back() -> None:
+    a = be("a", 20_000, 2_000)
+    gone, spare = be("gone", 12_000, 0), be("spare", 10_000, 0, reload=0.0)
+    workers = [wk("gone", 0, "stopping", 0, 12_000), idle(spare, 0)]
+    s = snap([gpu(0, 32_000)], [a, gone, spare], workers, [job("j", "a")])
+    p = plan(s, NOW)
+    assert p.evictions == ()  # 10,000 free + 12,000 coming back >= 20,000
+    assert p.waiting["j"] == "waiting for 1 eviction on GPU0"
+    # Not quite enough coming back: one more eviction, and only one.
+    s2 = snap([gpu(0, 29_000)], [a, gone, spare], workers, [job("j", "a")])
+    p2 = plan(s2, NOW)
+    assert evicted(p2) == ["spare"]
+    assert p2.waiting["j"] == "waiting for 2 evictions on GPU0"
+
+
+def test_a_job_whose_worker_is_stopping_waits() -> None:
+    a = be("a")
+    s = snap([gpu(0, 80_000)], [a], [wk("a", 0, "stopping", 0, 8_000)], [job("j", "a")])
+    p = plan(s, NOW)
+    assert p.starts == () and p.waiting["j"] == "worker stopping"
+
+
+def test_evicted_worker_takes_no_job_in_the_same_plan() -> None:
+    a = be("a", 20_000, 2_000)
+    x = be("x", 10_000, 100)
+    s = snap([gpu(0, 25_000)], [a, x], [idle(x, 0, 600)], [job("ja", "a"), job("jx", "x")])
+    p = plan(s, NOW)
+    assert evicted(p) == ["x"] and p.starts == ()
+    assert p.waiting["jx"] == "worker stopping"
+
+
+# --------------------------------------------------------------------------- hot barrier
+
+
+def test_hot_job_blocked_for_memory_evicts_on_its_own_gpu() -> None:
+    a = be("a", 10_000, 8_000)
+    x, y = be("x", 6_000, 0), be("y", 6_000, 0)
+    workers = [idle(a, 0), idle(x, 0, 600), idle(y, 1, 6_000)]
+    s = snap([gpu(0, 15_000), gpu(1)], [a, x, y], workers, [job("j", "a")])
+    p = plan(s, NOW)
+    assert p.evictions == (Evict("x", 0, 6_000, p.evictions[0].reason),)
+
+
+# --------------------------------------------------------------------------- walk
+
+
+def test_busy_worker_waits_without_blocking_others() -> None:
+    a, b = be("a", conc=1), be("b")
+    s = snap([gpu(0, 40_000)], [a, b], [busy(a, 0)], [job("ja", "a", 9), job("jb", "b")])
+    p = plan(s, NOW)
+    assert started(p) == ["jb"] and p.waiting["ja"] == "worker busy"
+    assert p.passed == {}
+
+
+def test_same_cold_backend_twice_spawns_once() -> None:
+    a1 = be("a", 10_000, 2_000, conc=1)
+    p = plan(snap([gpu(0, 80_000)], [a1], [], [job("j1", "a"), job("j2", "a")]), NOW)
+    assert p.starts == (Start("j1", "a", 0, True, 10_000),)
+    assert p.waiting["j2"] == "worker starting"
+    a2 = be("a", 10_000, 2_000, conc=2)
+    q = [job("j1", "a"), job("j2", "a"), job("j3", "a")]
+    p2 = plan(snap([gpu(1, 80_000)], [a2], [], q), NOW)
+    assert p2.starts == (Start("j1", "a", 1, True, 10_000), Start("j2", "a", 1, False, 2_000))
+    assert p2.waiting["j3"] == "worker starting"
+
+
+def test_priority_then_fifo() -> None:
+    a = be("a", 1_000, 100, conc=10)
+    q = [
+        job("low", "a", 0, seq=1),
+        job("hi2", "a", 5, seq=4),
+        job("hi1", "a", 5, seq=3),
+        job("mid", "a", 2, seq=2),
+    ]
+    p = plan(snap([gpu(0, 80_000)], [a], [], q), NOW)
+    assert started(p) == ["hi1", "hi2", "mid", "low"]
+
+
+def test_aging_lifts_waiting_jobs() -> None:
+    a = be("a", 1_000, 100, conc=10)
+    cfg = SchedulerConfig(aging_interval_s=60.0)
+    old = job("old", "a", 0, seq=1, at=NOW - 181.0)  # 3 intervals: effective 3
+    new = job("new", "a", 2, seq=2, at=NOW)
+    assert effective_priority(old, NOW, 60.0) == 3
+    p = plan(snap([gpu(0, 80_000)], [a], [], [old, new]), NOW, cfg)
+    assert started(p) == ["old", "new"]
+    # Just under two intervals waited: effective 1 < 2.
+    p2 = plan(snap([gpu(0, 80_000)], [a], [], [old, new]), NOW - 62.0, cfg)
+    assert started(p2) == ["new", "old"]
+    # Equal effective priority (2): FIFO by seq.
+    p3 = plan(snap([gpu(0, 80_000)], [a], [], [old, new]), NOW - 61.0, cfg)
+    assert effective_priority(old, NOW - 61.0, 60.0) == 2
+    assert started(p3) == ["old", "new"]
+
+
+def test_aging_bonus_edges() -> None:
+    assert aging_bonus(100.0, 100.0, 60.0) == 0
+    assert aging_bonus(100.0, 159.999, 60.0) == 0
+    assert aging_bonus(100.0, 160.0, 60.0) == 1
+    assert aging_bonus(100.0, 50.0, 60.0) == 0  # clock skew never lowers priority
+    assert aging_bonus(0.0, 1e9, math.inf) == 0
+
+
+def _barrier_setup(passed: int, hot_jobs: int = 5, config_limit: int = 3):
+    """A cold job blocked for memory at the head, hot jobs that fit behind it."""
+    big = be("big", 30_000, 1_000)
+    hot = be("hot", 2_000, 1_000, conc=100)
+    queue = [job("barrier", "big", 5, passed=passed)]
+    queue += [job(f"h{i}", "hot", 0) for i in range(hot_jobs)]
+    s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
+    return plan(s, NOW, SchedulerConfig(affinity_limit=config_limit))
+
+
+@pytest.mark.parametrize(("already", "expect"), [(0, 3), (1, 2), (2, 1), (3, 0), (7, 0)])
+def test_affinity_bound_is_exact(already: int, expect: int) -> None:
+    p = _barrier_setup(already)
+    assert len(p.starts) == expect
+    assert started(p) == [f"h{i}" for i in range(expect)]
+    assert p.passed == ({"barrier": 3} if expect else {})
+    if expect < 5:
+        assert "now goes first" in p.waiting[f"h{expect}"]
+
+
+def test_affinity_limit_is_configurable() -> None:
+    assert len(_barrier_setup(0, config_limit=1).starts) == 1
+    assert len(_barrier_setup(0, config_limit=0).starts) == 0
+
+
+def test_unforced_barrier_counts_each_pass() -> None:
+    p = _barrier_setup(0, hot_jobs=2)
+    assert started(p) == ["h0", "h1"] and p.passed == {"barrier": 2}
+    assert p.waiting["barrier"] == "needs 30000 MiB, 29000 free on GPU0"
+
+
+def test_starts_ahead_of_the_barrier_do_not_count() -> None:
+    big = be("big", 30_000, 1_000)
+    hot = be("hot", 2_000, 1_000, conc=100)
+    queue = [job("h0", "hot", 9), job("barrier", "big", 5), job("h1", "hot", 0)]
+    s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
+    p = plan(s, NOW)
+    assert started(p) == ["h0", "h1"] and p.passed == {"barrier": 1}
+
+
+def test_cold_jobs_never_pass_a_memory_barrier() -> None:
+    big = be("big", 30_000, 1_000)
+    small, other = be("small", 1_000, 100), be("other", 15_000, 0)
+    q = [job("b", "big", 1), job("s", "small", 0)]
+    s = snap([gpu(0, 40_000)], [big, small, other], [busy(other, 0)], q)
+    p = plan(s, NOW)
+    assert p.starts == () and p.waiting["s"] == "behind b (waiting for memory)"
+
+
+def test_hot_jobs_that_do_not_fit_behind_the_barrier_wait() -> None:
+    big = be("big", 30_000, 1_000)
+    hot = be("hot", 20_000, 15_000)
+    s = snap([gpu(0, 30_000)], [big, hot], [idle(hot, 0)], [job("b", "big", 1), job("h", "hot")])
+    p = plan(s, NOW)
+    # The idle hot worker is evicted for the barrier: its job waits for it to stop.
+    assert evicted(p) == ["hot"] and p.waiting["h"] == "worker stopping"
+
+
+def test_only_the_first_barrier_evicts() -> None:
+    a, b = be("a", 20_000, 1_000), be("b", 20_000, 1_000)
+    x, y = be("x", 10_000, 0), be("y", 10_000, 0)
+    s = snap(
+        [gpu(0, 25_000), gpu(1, 25_000)],
+        [a, b, x, y],
+        [idle(x, 0, 60), idle(y, 1, 60)],
+        [job("ja", "a", 2), job("jb", "b", 1)],
+    )
+    p = plan(s, NOW)
+    assert len(p.evictions) == 1
+    assert p.waiting["jb"] == "behind ja (waiting for memory)"
+
+
+def test_waiting_view_covers_every_unstarted_job() -> None:
+    big = be("big", 30_000, 1_000)
+    hot = be("hot", 2_000, 1_000, conc=100)
+    ghost_job = job("g", "ghost", 0)
+    queue = [job("barrier", "big", 5)] + [job(f"h{i}", "hot") for i in range(6)] + [ghost_job]
+    s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
+    p = plan(s, NOW)
+    assert len(p.waiting) == len(queue) - 3
+    assert set(p.waiting) == {"barrier", "h3", "h4", "h5", "g"}
+    assert p.waiting["g"] == "unknown backend 'ghost'"
+    with pytest.raises(KeyError):
+        p.waiting["h0"]  # started
+    with pytest.raises(KeyError):
+        p.waiting["nope"]
+
+
+def test_worker_on_a_missing_gpu_is_reported() -> None:
+    a = be("a")
+    p = plan(snap([gpu(0)], [a], [wk("a", 5, "ready", 0, 8_000)], [job("j", "a")]), NOW)
+    assert p.starts == () and "GPU5, which is not present" in p.waiting["j"]
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+def test_same_snapshot_same_plan_regardless_of_mapping_order() -> None:
+    backends = [be(f"b{i}", 5_000 + 1_000 * i, 1_000, reload=float(i % 3)) for i in range(8)]
+    workers = [idle(backends[i], i % 2, idle_for=30.0 * i) for i in range(0, 8, 2)]
+    queue = [job(f"j{i}", f"b{i % 8}", i % 3, seq=i, at=NOW - 10 * i) for i in range(40)]
+    s1 = snap([gpu(0), gpu(1)], backends, workers, queue)
+    s2 = snap([gpu(1), gpu(0)], backends[::-1], workers[::-1], queue[::-1])
+    p1, p2 = plan(s1, NOW), plan(s2, NOW)
+    assert p1 == p2 and p1 == plan(s1, NOW)
+    assert p1.starts or p1.evictions
+
+
+_HASH_SEED_SCRIPT = """
+import json
+from supervisor.scheduler import (
+    BackendInfo, GpuState, QueuedJob, Snapshot, WorkerInfo, plan, queue_sort_key,
+)
+names = [f"model-{i}" for i in range(12)]
+backends = {
+    n: BackendInfo(n, 4_000 + 1_500 * i, 1_000, 256, 0, None, 1 + i % 3, False, 1.0 + i % 4)
+    for i, n in enumerate(names)
+}
+workers = {
+    n: WorkerInfo(n, i % 3, "ready" if i % 2 else "busy", 0 if i % 2 else 1,
+                  backends[n].resident_mib + (0 if i % 2 else 1_256), 900.0 - 10 * i)
+    for i, n in enumerate(names[:8])
+}
+queue = sorted(
+    (QueuedJob(f"j{k}", names[(k * 5) % 12], k % 3, k, 700.0 + k, k % 2) for k in range(200)),
+    key=queue_sort_key,
+)
+gpus = [GpuState(g, 30_000, None, 457) for g in range(3)]
+p = plan(Snapshot(gpus, backends, workers, queue), 1_000.0)
+print(json.dumps([repr(p.starts), repr(p.evictions), sorted(p.passed.items()),
+                  sorted(p.waiting.items())]))
+"""
+
+
+def test_plan_does_not_depend_on_hash_seed() -> None:
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _HASH_SEED_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=pathlib.Path(__file__).resolve().parents[1],
+        )
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
+
+
+def test_narrowing_the_walk_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    backends = [be(f"b{i}", 3_000, 1_000, conc=1) for i in range(6)]
+    workers = [busy(b, 0) for b in backends[:5]] + [idle(backends[5], 1)]
+    queue = [job(f"j{i}", f"b{i % 5}", i % 4, seq=i, at=NOW - 7 * i) for i in range(3_000)]
+    queue.append(job("last", "b5", 0, seq=10_000, at=NOW))
+    s = snap([gpu(0, 80_000), gpu(1)], backends, workers, queue)
+    wide = plan(s, NOW)
+    monkeypatch.setattr(plan_module, "_NARROW_AFTER", 1)
+    narrow = plan(s, NOW)
+    assert wide == narrow and started(wide) == ["last"]
+
+
+# --------------------------------------------------------------------------- order
+
+
+def test_ordered_matches_a_full_sort() -> None:
+    queue = [job(f"j{i}", "a", (i * 7) % 4, seq=i, at=100.0 + 13.0 * i) for i in range(200)]
+    queue.sort(key=queue_sort_key)
+    assert validate_queue(queue) is None
+    now = 100.0 + 13.0 * 200
+    expect = sorted(queue, key=lambda j: (-effective_priority(j, now, 60.0), j.seq))
+    assert list(ordered(queue, now, 60.0)) == expect
+
+
+def test_validate_queue_reports_contract_breaks() -> None:
+    a, b = job("a", "x", 1, seq=1), job("b", "x", 0, seq=2)
+    assert validate_queue([b, a]) == "queue not sorted by (-priority, seq) at 1"
+    assert validate_queue([a, a]) == "duplicate job id 'a' at 1"
+    late = job("c", "x", 1, seq=0, at=NOW + 5)
+    assert validate_queue([late, a]) == "submitted_at decreases with seq at 1"
+
+
+# --------------------------------------------------------------------------- check_submit
+
+
+def test_refuses_a_backend_bigger_than_every_allowed_gpu() -> None:
+    sdxl = be("sdxl", 30_000, 5_000, safety=512)
+    s = snap([gpu(0, 24_576), gpu(1, 16_384)], [sdxl])
+    assert check_submit(s, "sdxl") == (
+        "sdxl needs 30000 MiB at peak (+512 safety) but the largest allowed GPU has 24576 MiB"
+    )
+    reserved = snap([gpu(0, 30_000, reserve=457)], [sdxl])
+    assert check_submit(reserved, "sdxl") == (
+        "sdxl needs 30000 MiB at peak (+512 safety) but the largest allowed GPU has 30000 MiB "
+        "(29543 usable after its 457 MiB reserve)"
+    )
+    only_small = snap([gpu(0, 16_000), gpu(1, 80_000)], [be("m", 20_000, allowed=(0,))])
+    assert "largest allowed GPU has 16000 MiB" in (check_submit(only_small, "m") or "")
+    assert check_submit(snap([gpu(0, 80_000)], [sdxl]), "sdxl") is None
+
+
+def test_refuses_when_the_queue_is_full() -> None:
+    a = be("a")
+    s = snap([gpu(0)], [a], [], [job(f"j{i}", "a") for i in range(3)])
+    assert check_submit(s, "a", SchedulerConfig(max_queue_depth=4)) is None
+    assert check_submit(s, "a", SchedulerConfig(max_queue_depth=3)) == (
+        "queue full: 3 jobs waiting; try again later or raise max_queue_depth"
+    )
+
+
+def test_refuses_a_backend_that_allows_no_present_gpu() -> None:
+    a = be("a", allowed=(4, 5))
+    reason = check_submit(snap([gpu(0), gpu(1)], [a]), "a")
+    assert reason == "a allows GPU4, GPU5 but none of them is present (present: GPU0, GPU1)"
+    none = be("n", allowed=())
+    assert "allows no GPU" in (check_submit(snap([gpu(0)], [none]), "n") or "")
+
+
+def test_refuses_unknown_backends_and_accepts_unmeasured_ones() -> None:
+    s = snap([gpu(0, 8_000)], [be("u", None, None)])
+    assert check_submit(s, "zz") == "unknown backend 'zz' (known: u)"
+    assert check_submit(s, "u") is None
