@@ -545,7 +545,7 @@ class Engine:
             queue = self.queue.scheduler_view()
             counts = self.queue.per_backend
             if extra:
-                queue = extra + queue
+                queue = queue + extra
                 counts = counts + Counter(q.backend for q in extra)
         return sched.Snapshot(gpus=tuple(gpus), backends=backends, workers=workers, queue=queue,
                               queued_per_backend=counts)
@@ -557,7 +557,9 @@ class Engine:
         extra: tuple[sched.QueuedJob, ...] = ()
         preloads = [name for name, rt in self.backends.items() if rt.preload]
         if preloads:
-            extra = tuple(sched.QueuedJob(f"preload:{n}", n, 10**9, -1 - i, self.clock(), 99)
+            # Last in the queue: a preload takes room nobody waits for, never a job's room.
+            now = self.clock()
+            extra = tuple(sched.QueuedJob(f"preload:{n}", n, -(10**9), 10**15 + i, now, 0)
                           for i, n in enumerate(preloads))
         snap = self._sched_snapshot(extra=extra)
         plan = make_plan(snap, self.clock(), self.sched_config)

@@ -116,6 +116,7 @@ class WorkerHandle:
         self._exited = asyncio.Event()
         self._stopping = False
         self._descendants: set[int] = set()
+        self._said_ready = False  # the worker said "ready" (maybe before its data socket came)
         # (wall time, status) of each status event, stamped by the worker itself when it can.
         self.status_marks: list[tuple[float, str]] = []
 
@@ -182,6 +183,14 @@ class WorkerHandle:
         if self.control is not None and self.data is not None and \
                 self.state == WorkerState.STARTING:
             self._set_state(WorkerState.INITIALIZING)
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        """READY once the worker said so AND both of its connections are attached."""
+        if (self._said_ready and self.control is not None and self.data is not None
+                and not self._stopping and self.state in (WorkerState.STARTING,
+                                                          WorkerState.INITIALIZING)):
+            self._set_state(WorkerState.READY)
 
     def _connection_lost(self, why: str) -> None:
         if self._stopping or self._exited.is_set():
@@ -223,7 +232,11 @@ class WorkerHandle:
             if status == "failed":
                 self.init_error = str(payload.get("error", "initialize failed"))
             elif status == "ready" and not self._stopping:
-                self._set_state(WorkerState.BUSY if self.inflight else WorkerState.READY)
+                self._said_ready = True
+                if self.state in (WorkerState.STARTING, WorkerState.INITIALIZING):
+                    self._maybe_ready()
+                else:
+                    self._set_state(WorkerState.BUSY if self.inflight else WorkerState.READY)
             elif status == "initializing" and self.state == WorkerState.STARTING:
                 self._set_state(WorkerState.INITIALIZING)
         elif code == EventType.NOTIFY:

@@ -83,7 +83,11 @@ class WireConnection(asyncio.BufferedProtocol):
             if message is None:
                 return
             if self.on_message is not None:
-                self.on_message(message)
+                try:
+                    self.on_message(message)
+                except Exception:  # noqa: BLE001 - a bug here must not look like a lost worker
+                    log.exception("engine error while handling %s from worker %s",
+                                  MessageType(message.type).name, self.name or "?")
             elif message.type == MessageType.REGISTRATION:
                 self._on_registration(self, message)
             else:
