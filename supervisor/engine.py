@@ -28,7 +28,8 @@ from .events import EngineEvent, EventHub
 from .gpu.model import GpuReading, Probe
 from .gpu.sampler import History, Sample, Sampler
 from .jobqueue import JobQueue
-from .jobs import Job, JobState, JobView
+from .jobs import Job, JobState, JobView, advance_seq
+from .journal import JobRecord, Journal
 from .paths import Paths
 from .scheduler import model as sched
 from .scheduler.plan import plan as make_plan
@@ -56,6 +57,9 @@ class EngineConfig:
     recent_jobs: int = 200
     cancel_grace_s: float = 5.0
     tick_s: float = 0.5
+    journal: bool = True  # jobs survive a crash of the engine (SQLite, WAL)
+    keep_finished: int = 1000  # finished results kept in the journal…
+    keep_age_s: float = 7 * 86400  # …for at most this long
 
 
 @dataclass
@@ -162,11 +166,17 @@ class Engine:
         self._gpu_totals: dict[int, int] = {}
         self._waiting: Mapping[str, str] = {}
         self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
+        self.journal: Journal | None = None
+        self._wall_offset = time.time() - clock()
 
     # ===================================================================== lifecycle ======
     async def main(self, started: Callable[[BaseException | None], None]) -> None:
         self.loop = asyncio.get_running_loop()
         try:
+            if self.config.journal:
+                self.journal = Journal.open(self.paths.journal_path,
+                                            keep_finished=self.config.keep_finished,
+                                            keep_age_s=self.config.keep_age_s)
             await self.listener.start()
             devices = self.probe.devices()
             for reading in devices:
@@ -177,7 +187,10 @@ class Engine:
         except BaseException as exc:
             started(exc)
             await self.listener.close()
-            raise
+            if self.journal is not None:
+                self.journal.close()
+            return
+        self._recover()
         self._note("info", f"engine started: {self._gpu_summary()}")
         if self.notice:
             self._note("warning", self.notice)
@@ -201,7 +214,13 @@ class Engine:
     async def _shutdown(self) -> None:
         now = self.clock()
         for job in self.queue.clear():
-            self._finish(job, JobState.CANCELLED, error="the engine stopped before the job ran")
+            if self.journal is not None and job.kind == "job":
+                # Still queued in the journal: it runs when the engine starts again.
+                self._resolve(job, "the engine stopped before the job ran; it stays queued "
+                              "and runs when the engine starts again")
+            else:
+                self._finish(job, JobState.CANCELLED,
+                             error="the engine stopped before the job ran")
         running = [rt for rt in self.backends.values() if rt.worker is not None]
         await asyncio.gather(
             *(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s, drain=True)
@@ -210,10 +229,12 @@ class Engine:
         )
         for job in list(self.jobs.values()):
             if not job.state.finished:
-                self._finish(job, JobState.FAILED, error="the engine stopped during the job")
+                self._stopped_during(job)
         if self.sampler is not None:
             self.sampler.stop()
         await self.listener.close()
+        if self.journal is not None:
+            self.journal.close()
         self._note("info", f"engine stopped after {self.clock() - now:.1f} s of shutdown")
         self.events.close()
 
@@ -280,6 +301,8 @@ class Engine:
         )
         job.submitted_at = self.clock()
         job.mark(job.submitted_at, JobState.QUEUED)
+        if self.journal is not None:  # durable before the submitter hears "accepted"
+            self.journal.record_submit(self._record(job))
         self.jobs[job.id] = job
         self.futures[job.id] = concurrent.futures.Future()
         self.queue.push(job)
@@ -362,7 +385,75 @@ class Engine:
         return job
 
     def job_view(self, job_id: str) -> JobView:
+        job = self.jobs.get(job_id)
+        if job is None and self.journal is not None:
+            rec = self.journal.finished(job_id)
+            if rec is not None:  # finished before a restart, or long ago
+                return self._job_from_record(rec).view()
         return self._view(self.job(job_id))
+
+    # ===================================================================== journal ========
+    def _wall(self, t: float) -> float:
+        return t + self._wall_offset
+
+    def _record(self, job: Job) -> JobRecord:
+        return JobRecord(
+            id=job.id, seq=job.seq, backend=job.backend, payload=job.payload,
+            priority=job.priority, timeout=job.timeout, metadata=job.metadata,
+            stream=job.stream, submitted_wall=self._wall(job.submitted_at), state=job.state,
+            history=[(self._wall(t), st, note) for t, st, note in job.history],
+        )
+
+    def _job_from_record(self, rec: JobRecord) -> Job:
+        job = Job(backend=rec.backend, payload=rec.payload, priority=rec.priority,
+                  timeout=rec.timeout, metadata=dict(rec.metadata), stream=rec.stream,
+                  id=rec.id, seq=rec.seq)
+        job.submitted_at = rec.submitted_wall - self._wall_offset
+        job.history = [(t - self._wall_offset, st, note) for t, st, note in rec.history]
+        job.state = rec.state
+        job.started_at = (rec.started_wall - self._wall_offset) if rec.started_wall else None
+        job.finished_at = (rec.finished_wall - self._wall_offset) if rec.finished_wall else None
+        job.data, job.headers, job.status_code = rec.data, dict(rec.headers), rec.status_code
+        job.error, job.chunks = rec.error, list(rec.chunks)
+        return job
+
+    def _journal(self, what: str, *args: Any, **kwargs: Any) -> None:
+        if self.journal is None:
+            return
+        try:
+            getattr(self.journal, what)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - keep serving; say loudly what was not kept
+            self._note("error", f"journal: {what} failed: {exc}")
+
+    def _recover(self) -> None:
+        """Requeue what the journal held when the engine last stopped, ids and order kept."""
+        if self.journal is None:
+            return
+        recovery = self.journal.recover(time.time())
+        advance_seq(recovery.max_seq)
+        for rec in recovery.failed:
+            self._note("error", f"job {rec.id} ({rec.backend}) was interrupted twice by an "
+                       "engine stop; it was not run a third time", rec.backend)
+        now = self.clock()
+        for rec in recovery.jobs:
+            job = self._job_from_record(rec)
+            job.state = JobState.QUEUED
+            self.jobs[job.id] = job
+            self.futures[job.id] = concurrent.futures.Future()
+            if job.backend not in self.backends:
+                self._finish(job, JobState.FAILED,
+                             error=f"backend {job.backend!r} is no longer configured")
+                continue
+            self.queue.push(job)
+            if job.timeout is not None:
+                left = job.timeout - (now - job.submitted_at)
+                self._set_timer(job.id, left, lambda j=job.id: self._time_out(j))
+        if recovery.jobs:
+            interrupted = len(recovery.interrupted)
+            self._note("info", f"recovered {len(recovery.jobs)} job(s) from the journal"
+                       + (f", {interrupted} of them interrupted while running and requeued"
+                          if interrupted else ""))
+        self._schedule()
 
     def _view(self, job: Job, position: int | None = None) -> JobView:
         if job.state is JobState.QUEUED:
@@ -609,6 +700,7 @@ class Engine:
             self._dispatch(rt, job)
         else:
             job.mark(self.clock(), JobState.STARTING, f"starting {rt.spec.name} on GPU{job.gpu}")
+            self._journal("record_state", job.id, JobState.STARTING, time.time())
             self._job_event(job)
 
     def _remove_queued(self, job: Job) -> None:
@@ -618,6 +710,7 @@ class Engine:
         worker = rt.worker
         assert worker is not None
         job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.pid})")
+        self._journal("record_start", job.id, time.time(), f"on {worker.name}")
         job.peak_mib = None
         worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata,
                     deadline=None)
@@ -731,12 +824,16 @@ class Engine:
             rt.admitted.remove(job_id)
             if job is None or job.state.finished:
                 continue
-            if job.cancel_requested:
+            if self._stopping and not job.cancel_requested:
+                self._stopped_during(job)
+            elif job.cancel_requested:
                 self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
             elif never_ready and not expected and not rt.failed:
                 job.state = JobState.QUEUED  # it never ran: try again with a fresh worker
                 job.history.append((self.clock(), "queued", "requeued: worker failed to start"))
                 job.gpu = None
+                self._journal("record_state", job.id, JobState.QUEUED, time.time(),
+                              "requeued: worker failed to start")
                 self.queue.push(job)
                 self._job_event(job)
             else:
@@ -817,16 +914,37 @@ class Engine:
         self._cancel_timer(job.id)
         self._cancel_timer(f"kill:{job.id}")
         job.payload = b""
+        if job.kind == "job":
+            self._journal("record_finish", job.id, state, time.time(), note=error or "",
+                          data=job.data, headers=job.headers, status_code=job.status_code,
+                          error=job.error, chunks=job.chunks)
         view = job.view()
-        fut = self.futures.pop(job.id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(view)
+        self._resolve(job, view)
         self.recent.append(job.id)
         while len(self.recent) > self.config.recent_jobs:
             old = self.recent.popleft()
             self.jobs.pop(old, None)
         self.events.publish(EngineEvent("job", time.time(), job=view, backend=job.backend,
                                         state=state.value))
+
+    def _stopped_during(self, job: Job) -> None:
+        """The engine stops under a job: journaled jobs stay to run again, others fail."""
+        if self.journal is not None and job.kind == "job":
+            # The journal still says queued/running: recovery requeues it (as interrupted).
+            self._resolve(job, "the engine stopped while it ran; it runs again (marked "
+                          "interrupted) when the engine starts again")
+        else:
+            self._finish(job, JobState.FAILED, error="the engine stopped during the job")
+
+    def _resolve(self, job: Job, outcome: JobView | str) -> None:
+        """Wake whoever waits for ``job``: with its final view, or with why it won't end."""
+        fut = self.futures.pop(job.id, None)
+        if fut is None or fut.done():
+            return
+        if isinstance(outcome, str):
+            fut.set_exception(EngineStopped(f"job {job.id}: {outcome}"))
+        else:
+            fut.set_result(outcome)
 
     # ===================================================================== samples ========
     def _sample_from_thread(self, sample: Sample) -> None:

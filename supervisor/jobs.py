@@ -30,6 +30,20 @@ class JobState(StrEnum):
 _FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT})
 
 _seq = itertools.count(1)
+_last_seq = 0
+
+
+def next_seq() -> int:
+    global _last_seq
+    _last_seq = next(_seq)
+    return _last_seq
+
+
+def advance_seq(past: int) -> None:
+    """Number new jobs after ``past`` (the largest seq a journal already holds)."""
+    global _seq
+    if past >= _last_seq:
+        _seq = itertools.count(past + 1)
 
 
 def new_job_id() -> str:
@@ -79,7 +93,7 @@ class Job:
     metadata: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     id: str = field(default_factory=new_job_id)
-    seq: int = field(default_factory=lambda: next(_seq))
+    seq: int = field(default_factory=next_seq)
     submitted_at: float = 0.0
     state: JobState = JobState.QUEUED
     started_at: float | None = None
