@@ -309,15 +309,16 @@ def test_queued_jobs_survive_an_engine_restart_with_their_ids(tmp_path: Path) ->
     desc = tmp_path / "b.yaml"
     import yaml
 
-    desc.write_text(yaml.safe_dump({"backends": [sim_backend("a", 512, 256),
-                                                 sim_backend("b", 7000, 256)]}))
+    short_grace = {"stop_grace": "0.3s", "start": "20s"}  # b is interrupted by the stop
+    desc.write_text(yaml.safe_dump({"backends": [
+        sim_backend("a", 512, 256), sim_backend("b", 7000, 256, timeouts=short_grace)]}))
 
     def start() -> Supervisor:
         return Supervisor.from_config(gpus="sim:8GiB", backends=[desc], environ=env,
                                       config=EngineConfig(reserve_mib=0)).start_in_thread()
 
     sup = start()
-    blocker = sup.submit("b", req(steps=150, step_s=0.01))
+    blocker = sup.submit("b", req(steps=200, step_s=0.01))
     wait_for(lambda: sup.job(blocker).state is JobState.RUNNING, what="blocker running")
     waiting = [sup.submit("a", req(steps=1)) for _ in range(5)]
     sup.stop()
