@@ -34,6 +34,9 @@ class EngineAPI(Protocol):
 
     def zero(self) -> list[str]: ...
 
+    def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
+                  settle_s: float = 1.0) -> str: ...
+
     def snapshot(self) -> EngineSnapshot: ...
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,

@@ -678,6 +678,12 @@ class Engine:
         self._waiting = plan.waiting  # read lazily: only shown jobs need their reason
 
     def _start(self, start: sched.Start) -> None:
+        if start.backend.startswith("calibrate:"):
+            job = self.jobs[start.job_id]
+            self._remove_queued(job)
+            job.waiting = ""
+            self._start_calibration(job, start.gpu)
+            return
         rt = self.backends[start.backend]
         if start.job_id.startswith("preload:"):
             if rt.worker is None:
@@ -687,9 +693,6 @@ class Engine:
         self._remove_queued(job)
         job.gpu = start.gpu
         job.waiting = ""
-        if job.kind == "calibration":
-            self._start_calibration(job, start.gpu)
-            return
         if start.spawn or rt.worker is None:
             self._spawn_worker(rt, start.gpu)
         rt.admitted.append(job.id)

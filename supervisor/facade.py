@@ -11,11 +11,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import logging
 import os
+import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .backends.loader import default_layers, load_backends
 from .engine import Engine, EngineConfig
@@ -28,17 +30,34 @@ from .snapshot import EngineSnapshot
 
 T = TypeVar("T")
 _CALL_TIMEOUT = 30.0
+log = logging.getLogger("supervisor")
 
 
 class EngineRunning(VramtuiError):
     """Another engine already owns this runtime directory (and so its GPUs)."""
 
+    pid: int | None = None
+    socket: str | None = None
+
+
+class Service(Protocol):
+    """Something that lives on the engine loop beside the engine (the control server).
+
+    ``start`` is called on the loop once the engine is up (raise to fail the start);
+    ``close`` is awaited on the loop after the engine has stopped.
+    """
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
 
 class EngineLock:
     """An exclusive ``flock`` on the runtime directory's lock file, holding our pid."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, socket: Path | None = None) -> None:
         self.path = path
+        self.socket = socket
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -50,10 +69,14 @@ class EngineLock:
                 owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             finally:
                 os.close(fd)
-            raise EngineRunning(
-                f"another vramtui engine (pid {owner}) already runs in {self.path.parent}; "
-                "attach to it, or stop it first"
-            ) from None
+            where = f", control socket {self.socket}" if self.socket is not None else ""
+            exc = EngineRunning(
+                f"another vramtui engine (pid {owner}{where}) already runs in "
+                f"{self.path.parent}; attach to it, or stop it first"
+            )
+            exc.pid = int(owner) if owner.isdigit() else None
+            exc.socket = str(self.socket) if self.socket is not None else None
+            raise exc from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -72,7 +95,10 @@ class Supervisor:
     def __init__(self, engine: Engine, paths: Paths) -> None:
         self.engine = engine
         self.paths = paths
-        self._lock = EngineLock(paths.lock_path)
+        self._lock = EngineLock(paths.lock_path, paths.control_socket)
+        self._services: list[Service] = []
+        self._handle_signals = False
+        self._signalled = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
@@ -108,15 +134,50 @@ class Supervisor:
         return cls(engine, paths)
 
     # -- running --------------------------------------------------------------------------
+    def add_service(self, service: Service) -> None:
+        """Run ``service`` on the engine loop from start to stop (add it before starting)."""
+        self._services.append(service)
+
     def _on_started(self, error: BaseException | None) -> None:
         self._start_error = error
         self._started.set()
 
+    def _engine_started(self, error: BaseException | None) -> None:
+        if error is None:
+            try:
+                for service in self._services:
+                    service.start()
+            except BaseException as exc:  # noqa: BLE001 - reported through start/run
+                error = exc
+                self.engine.request_stop()
+        self._on_started(error)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._signalled:
+            log.warning("%s: already stopping (running jobs get their stop grace)", name)
+            return
+        self._signalled = True
+        log.info("%s: stopping — no new jobs, running jobs get their stop grace", name)
+        self.engine.request_stop()
+
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        handled: list[int] = []
+        if self._handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._on_signal, signum)
+                handled.append(signum)
         try:
-            await self.engine.main(self._on_started)
+            await self.engine.main(self._engine_started)
         finally:
+            for service in reversed(self._services):
+                try:
+                    await service.close()
+                except Exception:  # noqa: BLE001 - closing must go on
+                    log.exception("closing %s failed", type(service).__name__)
+            for signum in handled:
+                self._loop.remove_signal_handler(signum)
             self._lock.release()
             self._done.set()
 
@@ -141,8 +202,15 @@ class Supervisor:
             if not self._started.is_set():
                 self._on_started(exc)
 
-    def run(self) -> None:
-        """Run the engine on this thread until :meth:`stop` is called (from elsewhere)."""
+    def run(self, *, handle_signals: bool | None = None) -> None:
+        """Run the engine on this thread until :meth:`stop` is called (from elsewhere).
+
+        On the main thread (or with ``handle_signals=True``) SIGTERM and SIGINT stop it
+        gracefully, as :meth:`stop` does.
+        """
+        if handle_signals is None:
+            handle_signals = threading.current_thread() is threading.main_thread()
+        self._handle_signals = handle_signals
         self._lock.acquire()
         asyncio.run(self._main())
         if self._start_error is not None:
@@ -233,6 +301,13 @@ class Supervisor:
 
     def zero(self) -> list[str]:
         return self._call(self.engine.zero)
+
+    def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
+                  settle_s: float = 1.0) -> str:
+        """Queue a calibration run of ``backend``; its job id (the result is the summary)."""
+        job = self._call(self.engine.calibrate, backend, repeats=repeats, request=request,
+                         settle_s=settle_s)
+        return job.id
 
     def snapshot(self) -> EngineSnapshot:
         return self._call(self.engine.snapshot)

@@ -1,0 +1,61 @@
+"""Calibration as a job of the real engine: queued, alone on a GPU, measured, written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from engine_support import ROOT, engine, sim_backend, wait_for
+
+from supervisor import JobState
+
+EXAMPLES = ROOT / "examples" / "calibration"
+
+
+def calibration_backend(name: str, script: str, *, weights: int, activation: int,
+                        declared: str = "6GiB") -> dict:
+    return {
+        "name": name,
+        "script": str(EXAMPLES / script),
+        "vram": declared,
+        "env": {"SIM_WEIGHTS_MIB": str(weights), "SIM_ACTIVATION_MIB": str(activation),
+                "SIM_LOAD_S": "0.05", "SIM_PREDICT_S": "0.2"},
+        "timeouts": {"stop_grace": "3s", "start": "20s"},
+    }
+
+
+def test_a_calibration_measures_writes_the_overlay_and_admission_uses_it() -> None:
+    steady = calibration_backend("steady", "steady.py", weights=1000, activation=500)
+    with engine([steady, sim_backend("other", 512, 256)]) as sup:
+        sup.wait(sup.submit("other", b"{}"), 30)  # a hot worker that must make room
+        job = sup.calibrate("steady", repeats=2, settle_s=0.3)
+        result = sup.wait(job, 90)
+        assert result.state is JobState.SUCCEEDED, result.error
+        summary = json.loads(result.data or b"{}")
+        overlay = Path(summary["overlay"])
+        written = yaml.safe_load(overlay.read_text())
+        assert "steady" in json.dumps(written)
+        report = json.loads(Path(summary["report"]).read_text())
+        assert len(report["samples"]) > 20  # every raw sample is kept, for recalibrate
+        assert {m["phase"] if isinstance(m, dict) else m[1] for m in report["record"]["marks"]} \
+            >= {"start", "initialize", "predict-1", "predict-2", "shutdown", "end"}
+        # Admission now uses the measured peak (256 context + 1000 + 500), not the 6 GiB.
+        backend = sup.snapshot().backend("steady")
+        assert backend.declared_peak_mib is not None
+        assert abs(backend.declared_peak_mib - 1756) <= 64
+        assert sup.snapshot().backend("other").state == "cold"  # it ran alone
+
+
+def test_a_cancelled_calibration_writes_no_overlay() -> None:
+    slow = calibration_backend("slow", "steady.py", weights=500, activation=100)
+    slow["env"]["SIM_PREDICT_S"] = "5"
+    with engine([slow]) as sup:
+        job = sup.calibrate("slow", repeats=3, settle_s=0.2)
+        wait_for(lambda: "predict" in sup.job(job).progress_text, timeout=30,
+                 what="the calibration predicting")
+        sup.cancel(job)
+        assert sup.wait(job, 30).state is JobState.CANCELLED
+        backends_d = sup.paths.backends_dir
+        assert not list(backends_d.glob("*.yaml")) if backends_d.exists() else True
+        assert sup.snapshot().backend("slow").declared_peak_mib == 6 * 1024
