@@ -6,6 +6,8 @@ threads never interleave frames; receives go straight into the decoder's buffer.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import socket
 import threading
 from typing import Any
@@ -42,7 +44,7 @@ class Connection:
         self.sock = sock
         self.decoder = Decoder(max_frame_size)
         self._send_lock = threading.Lock()
-        self._msg_id = 0
+        self._ids = itertools.count(1)  # next() is atomic: send() may run on two threads
         self.closed = False
 
     @classmethod
@@ -60,8 +62,7 @@ class Connection:
         return cls(sock)
 
     def next_id(self) -> int:
-        self._msg_id += 1
-        return self._msg_id
+        return next(self._ids)
 
     def send(self, msg_type: int, data_type: int, msg_id: int | None, payload: Any) -> int:
         """Send one frame; ``msg_id`` None takes this connection's next counter value."""
@@ -96,8 +97,6 @@ class Connection:
 
     def close(self) -> None:
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()

@@ -19,10 +19,17 @@ class Cancelled(Exception):
 ProgressSink = Callable[[int, "float | None", str], None]
 
 
+# Guards the lazy creation of a context's Event against a concurrent cancel (both are rare;
+# creating an Event for every request would cost more than the rest of the context).
+_EVENT_LOCK = threading.Lock()
+
+
 class RequestContext:
     """What a predict function may know and do about the request it serves."""
 
-    __slots__ = ("wire_id", "id", "metadata", "deadline", "_cancel", "_progress", "_on_cancel")
+    __slots__ = (
+        "wire_id", "id", "metadata", "deadline", "_cancelled", "_event", "_progress", "_on_cancel"
+    )
 
     def __init__(
         self,
@@ -37,22 +44,33 @@ class RequestContext:
         self.id = request_id if request_id is not None else str(wire_id)
         self.metadata: dict[str, Any] = metadata or {}
         self.deadline = deadline
-        self._cancel = threading.Event()
+        self._cancelled = False
+        self._event: threading.Event | None = None  # made on the first wait_cancelled()
         self._progress = progress_sink
         self._on_cancel: Callable[[], None] | None = None
 
     @property
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        return self._cancelled
 
     def check_cancelled(self) -> None:
         """Raise :class:`Cancelled` if the request was cancelled; otherwise return."""
-        if self._cancel.is_set():
+        if self._cancelled:
             raise Cancelled(f"request {self.id} was cancelled")
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block up to ``timeout`` seconds for a cancellation; True once cancelled."""
-        return self._cancel.wait(timeout)
+        if self._cancelled:
+            return True
+        event = self._event
+        if event is None:
+            with _EVENT_LOCK:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+                    if self._cancelled:
+                        event.set()
+        return event.wait(timeout)
 
     def progress(self, fraction: float | None = None, message: str = "") -> None:
         """Report progress (0..1, or None when unknown) with a short phase text."""
@@ -63,14 +81,18 @@ class RequestContext:
 
     # -- used by the worker loop -------------------------------------------------------------
     def cancel(self) -> None:
-        self._cancel.set()
+        with _EVENT_LOCK:
+            self._cancelled = True
+            event = self._event
+        if event is not None:
+            event.set()
         hook = self._on_cancel
         if hook is not None:
             hook()
 
     def on_cancel(self, hook: Callable[[], None] | None) -> None:
         self._on_cancel = hook
-        if hook is not None and self._cancel.is_set():
+        if hook is not None and self._cancelled:
             hook()
 
 

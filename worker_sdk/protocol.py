@@ -216,9 +216,30 @@ def _map_header(n: int) -> bytes:
     return b"\xdf" + n.to_bytes(4, "big")
 
 
+# Type tuples, not ``X | Y``: a union written inside a function is rebuilt on every call.
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+_SPECIAL = (Packed, memoryview)
+
+
+def _needs_parts(value: Any) -> bool:
+    """Whether ``value`` holds something msgpack cannot pack alone: Packed, or a large bin."""
+    cls = type(value)
+    if cls is bytes or cls is bytearray:
+        return len(value) >= _ZERO_COPY_MIN
+    if isinstance(value, _SPECIAL):
+        return True
+    if isinstance(value, dict):
+        for v in value.values():
+            if _needs_parts(v):
+                return True
+    return False
+
+
 def _pack_into(value: Any, parts: list[bytes | memoryview]) -> None:
     """Append the msgpack encoding of ``value``; large bins stay uncopied as their own part."""
-    if isinstance(value, bytes | bytearray | memoryview):
+    if type(value) is bytes and len(value) < _ZERO_COPY_MIN:
+        parts.append(_packb(value))  # the common small reply
+    elif isinstance(value, _BYTES_LIKE):
         n = value.nbytes if isinstance(value, memoryview) else len(value)
         if n >= _ZERO_COPY_MIN:
             parts.append(_bin_header(n))
@@ -230,9 +251,7 @@ def _pack_into(value: Any, parts: list[bytes | memoryview]) -> None:
         _pack_into(value.value, inner)
         parts.append(_bin_header(sum(_nbytes(p) for p in inner)))
         parts.extend(inner)
-    elif isinstance(value, dict) and any(
-        isinstance(v, bytes | bytearray | memoryview | Packed | dict) for v in value.values()
-    ):
+    elif isinstance(value, dict) and _needs_parts(value):
         parts.append(_map_header(len(value)))
         for k, v in value.items():
             parts.append(_packb(k))
@@ -273,6 +292,10 @@ def encode(
             _KEY_PAYLOAD,
         )
     )
+    header = HEADER.pack
+    if type(payload) is bytes and len(payload) < _ZERO_COPY_MIN:  # fast path: one small bin
+        body = head + _packb(payload)
+        return [header(len(body), int(msg_type), int(data_type), 0) + body]
     parts: list[bytes | memoryview] = []
     _pack_into(payload, parts)
     # Coalesce every small part so the common case is a single buffer.
@@ -288,7 +311,7 @@ def encode(
     if pending:
         out.append(b"".join(pending))
     body_len = sum(_nbytes(p) for p in out)
-    out[0] = HEADER.pack(body_len, int(msg_type), int(data_type), 0) + out[0]
+    out[0] = header(body_len, int(msg_type), int(data_type), 0) + out[0]
     return out
 
 
@@ -300,29 +323,45 @@ def encode_bytes(msg_type: int, data_type: int, msg_id: int, payload: Any) -> by
 # --- decoding ---------------------------------------------------------------------------------
 
 
+# msgpack ext forms: first byte -> offset of the ext type byte from it.
+_EXT_TYPE_OFFSET = {0xD4: 1, 0xD5: 1, 0xD6: 1, 0xD7: 1, 0xD8: 1, 0xC7: 2, 0xC8: 3, 0xC9: 5}
+
+
 def _read_timestamp(body: memoryview) -> tuple[float | None, int]:
     """Read the timestamp leniently from the raw body; return (seconds, offset of its ext type).
 
-    The offset is -1 unless the field is a Go-style 12-byte ext, whose type byte the caller may
-    neutralise when msgpack itself refuses the (non-standard) value.
+    The offset is -1 unless the field is an ext of type -1 (any length), whose type byte the
+    caller may neutralise when msgpack itself refuses the value: Go-style 12-byte times
+    (nanoseconds second) and any other odd time value must never fail a frame.
     """
     idx = bytes(body[:80]).find(_KEY_TIMESTAMP)
     if idx < 0:
         return None, -1
     at = idx + len(_KEY_TIMESTAMP)
-    tag = bytes(body[at : at + 3])
-    try:
-        if tag == _EXT_GO_TIME:
-            seconds, nanos = _GO_TIME.unpack_from(body, at + 3)
-            return seconds + nanos / 1e9, at + 2
-        if tag[:2] == b"\xd6\xff":  # timestamp32
-            return float(int.from_bytes(body[at + 2 : at + 6], "big")), -1
-        if tag[:2] == b"\xd7\xff":  # timestamp64: nsec30 | sec34
-            raw = int.from_bytes(body[at + 2 : at + 10], "big")
-            return (raw & 0x3_FFFF_FFFF) + (raw >> 34) / 1e9, -1
-    except (struct.error, ValueError):
+    if bytes(body[at : at + 3]) == _EXT_GO_TIME and at + 15 <= len(body):  # the usual case
+        seconds, nanos = _GO_TIME.unpack_from(body, at + 3)  # Go: int64 s, then int32 ns
+        return seconds + nanos / 1e9, at + 2
+    end = len(body)
+    if at >= end:
         return None, -1
-    return None, -1
+    tag = body[at]
+    offset = _EXT_TYPE_OFFSET.get(tag)
+    if offset is None:
+        return None, -1
+    type_at = at + offset
+    if type_at >= end or body[type_at] != 0xFF:
+        return None, -1
+    if tag == 0xC7:
+        if body[at + 1] == _GO_TIME.size and type_at + 1 + _GO_TIME.size <= end:
+            seconds, nanos = _GO_TIME.unpack_from(body, type_at + 1)  # Go: int64 s, int32 ns
+            return seconds + nanos / 1e9, type_at
+    elif tag == 0xD6:  # timestamp32
+        if type_at + 5 <= end:
+            return float(int.from_bytes(body[type_at + 1 : type_at + 5], "big")), type_at
+    elif tag == 0xD7 and type_at + 9 <= end:  # timestamp64: nsec30 | sec34
+        raw = int.from_bytes(body[type_at + 1 : type_at + 9], "big")
+        return (raw & 0x3_FFFF_FFFF) + (raw >> 34) / 1e9, type_at
+    return None, type_at
 
 
 def _unpack(body: memoryview) -> Any:
@@ -426,8 +465,8 @@ class Decoder:
         try:
             obj = _unpack(body)
         except ValueError as exc:
-            # msgpack refuses Go-style time values that are not valid timestamp96; decode the
-            # frame with that one ext made opaque rather than failing it.
+            # msgpack refuses time values that are not valid for it (Go-style ones among
+            # them); decode the frame with that one ext made opaque rather than failing it.
             if ext_at < 0:
                 raise ProtocolError(f"malformed msgpack body: {exc}", fatal=False) from None
             patched = bytearray(body)
@@ -448,12 +487,18 @@ class Decoder:
         return Message(msg_type, data_type, msg_id, payload, timestamp)
 
 
+_BYTES_OR_MAP = (bytes, dict)
+_MAP_PAYLOAD_TYPES = frozenset(
+    {MessageType.EVENT, MessageType.REGISTRATION, MessageType.ACKNOWLEDGEMENT}
+)
+
+
 def _check_payload(msg_type: int, data_type: int, msg_id: int, payload: object) -> None:
     """Reject payloads of the wrong kind for their message type (the frame is consumed)."""
     problem: str | None = None
     if msg_type == MessageType.DATA:
         if data_type == DataType.ENVELOPE:
-            if not isinstance(payload, bytes | dict):
+            if not isinstance(payload, _BYTES_OR_MAP):
                 problem = f"DATA envelope payload must be bin or map, got {_describe(payload)}"
             elif isinstance(payload, dict) and not isinstance(payload.get("payload"), bytes):
                 problem = "DATA envelope map must carry its payload as bin"
@@ -462,9 +507,8 @@ def _check_payload(msg_type: int, data_type: int, msg_id: int, payload: object) 
                 problem = f"DATA stream payload must be bin or nil, got {_describe(payload)}"
         elif not isinstance(payload, bytes):
             problem = f"DATA payload must be bin, got {_describe(payload)}"
-    elif msg_type in (MessageType.EVENT, MessageType.REGISTRATION, MessageType.ACKNOWLEDGEMENT):
-        if not isinstance(payload, dict):
-            problem = f"{MessageType(msg_type).name} payload must be a map, got {_describe(payload)}"
+    elif msg_type in _MAP_PAYLOAD_TYPES and not isinstance(payload, dict):
+        problem = f"{MessageType(msg_type).name} payload must be a map, got {_describe(payload)}"
     if problem is not None:
         raise ProtocolError(problem, fatal=False, message_id=msg_id)
 

@@ -37,7 +37,9 @@ def load_script(path: str) -> None:
         raise
     except BaseException as exc:  # noqa: BLE001 - the author's script may raise anything
         traceback.print_exc()
-        raise ScriptLoadError(f"{script} raised {type(exc).__name__} while loading: {exc}") from None
+        raise ScriptLoadError(
+            f"{script} raised {type(exc).__name__} while loading: {exc}"
+        ) from None
 
 
 def _attach_simulated_gpu() -> None:

@@ -49,12 +49,6 @@ class Reply:
     error: dict[str, Any] | None = None
 
 
-def _readable(conn: Connection, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(conn.sock.fileno(), select.POLLIN)
-    return bool(poller.poll(timeout * 1000))
-
-
 class WorkerLink:
     """The server's side of one registered worker (a control and a data connection)."""
 
@@ -69,6 +63,8 @@ class WorkerLink:
         self._responses: dict[int, queue.Queue[Message]] = defaultdict(queue.Queue)
         self._pending: dict[int, list[Message]] = defaultdict(list)
         self._read_lock = threading.Lock()
+        self._poller: select.poll | None = None  # polls self.data; made on the first read
+        self._polled: Connection | None = None
         self._ids = 0
         self._ids_lock = threading.Lock()
         self.ready = threading.Event()
@@ -110,23 +106,43 @@ class WorkerLink:
         assert self.data is not None
         self.data.sock.sendall(frame)
 
+    def read(self, wire_id: int, timeout: float = 10.0) -> Message:
+        """The next data-socket message for ``wire_id`` (one frame; raw, not collected)."""
+        return self._read_for(wire_id, time.monotonic() + timeout)
+
     def _read_for(self, wire_id: int, deadline: float) -> Message:
         """The next data message for ``wire_id``, reading the data socket in this thread."""
-        assert self.data is not None
+        conn = self.data
+        assert conn is not None
         with self._read_lock:
             stash = self._pending.get(wire_id)
             if stash:
                 return stash.pop(0)
+            decoder = conn.decoder
+            poller = self._poller
+            if poller is None or self._polled is not conn:
+                poller = self._poller = select.poll()
+                poller.register(conn.sock.fileno(), select.POLLIN)
+                self._polled = conn
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no reply from {self.name} for request {wire_id}")
-                if self.data.decoder.buffered == 0 and not _readable(self.data, remaining):
-                    raise TimeoutError(f"no reply from {self.name} for request {wire_id}")
-                message = self.data.receive()
-                if message.id == wire_id:
+                message = decoder.next()
+                if message is None:
+                    # Wait for more bytes (also when part of a frame is already buffered).
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not poller.poll(remaining * 1000):
+                        raise TimeoutError(f"no reply from {self.name} for request {wire_id}")
+                    with decoder.get_buffer() as view:
+                        try:
+                            n = conn.sock.recv_into(view)
+                        except OSError as exc:
+                            raise ConnectionLost(str(exc)) from exc
+                    if n == 0:
+                        raise ConnectionLost(f"{self.name} closed the data socket")
+                    decoder.buffer_updated(n)
+                elif message.id == wire_id:
                     return message
-                self._pending[message.id].append(message)
+                else:
+                    self._pending[message.id].append(message)
 
     def collect(self, wire_id: int, *, stream: bool = False, timeout: float = 10.0) -> Reply:
         """Read the whole reply to ``wire_id``; ``stream`` tells a plain worker's stream apart."""
@@ -135,7 +151,8 @@ class WorkerLink:
         while True:
             message = self._read_for(wire_id, deadline)
             if message.type == MessageType.ERROR:
-                err = message.payload if isinstance(message.payload, dict) else {"error": str(message.payload)}
+                payload = message.payload
+                err = payload if isinstance(payload, dict) else {"error": str(payload)}
                 return Reply("error", chunks=chunks, error=err,
                              status_code=int(err.get("status_code", 500)))
             if message.type != MessageType.DATA:
@@ -288,13 +305,16 @@ class WireServer:
 
     def drop_connections(self) -> None:
         """Close every worker connection but keep listening (to test reconnects)."""
-        for conn in list(self._conns):
-            conn.close()
-        self._conns.clear()
+        # Detach under the lock first: a worker may reconnect while the old sockets close,
+        # and its new connections and link must survive.
         with self._links_changed:
-            for link in self.links.values():
-                link.closed.set()
+            conns, self._conns = self._conns, []
+            links = list(self.links.values())
             self.links.clear()
+        for conn in conns:
+            conn.close()
+        for link in links:
+            link.closed.set()
 
     def _accept_loop(self, listener: socket.socket, is_control: bool) -> None:
         while not self._closing:
@@ -303,7 +323,8 @@ class WireServer:
             except OSError:
                 return
             conn = Connection(sock)
-            self._conns.append(conn)
+            with self._links_changed:
+                self._conns.append(conn)
             self._spawn(self._register, conn, is_control)
 
     def _register(self, conn: Connection, is_control: bool) -> None:
@@ -321,10 +342,17 @@ class WireServer:
             ack: dict[str, Any] = {"identifier": name}
             if self.features:
                 ack[ACK_FEATURES_KEY] = format_features(self.features)
-            conn.send(MessageType.ACKNOWLEDGEMENT, DataType.DEFAULT, first.id, ack)
+            # The worker may already be gone (an init failure); still record what it sent.
+            with contextlib.suppress(ConnectionLost):
+                conn.send(MessageType.ACKNOWLEDGEMENT, DataType.DEFAULT, first.id, ack)
         with self._links_changed:
             link = self.links.get(name)
-            if link is None or link.closed.is_set():
+            # A second registration for a socket the link already has is a new session (the
+            # worker reconnected, maybe before the old connection's EOF was seen): start a new
+            # link.  A link that is already closed still takes its missing socket: the data
+            # registration may be read after a short-lived worker's control EOF.
+            taken = link is not None and (link.control if is_control else link.data) is not None
+            if link is None or taken:
                 link = WorkerLink(name, worker_features, self.features)
                 self.links[name] = link
             if is_control:
@@ -346,12 +374,22 @@ class WireServer:
 
     def wait_worker(self, name: str | None = None, timeout: float = 15.0,
                     ready: bool = True) -> WorkerLink:
-        """The link of worker ``name`` (any, if None) once both sockets registered."""
+        """The link of worker ``name`` (any, if None) once both sockets registered.
+
+        With ``ready`` (the default) only a live link counts, and it must reach status
+        ``ready``; with ``ready=False`` a link whose worker already went away is returned too,
+        so its control events can be inspected.
+        """
         deadline = time.monotonic() + timeout
 
         def found() -> WorkerLink | None:
             for link in self.links.values():
-                if (name is None or link.name == name) and link.control and link.data:
+                if (
+                    (name is None or link.name == name)
+                    and link.control
+                    and link.data
+                    and not (ready and link.closed.is_set())
+                ):
                     return link
             return None
 

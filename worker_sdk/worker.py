@@ -54,6 +54,8 @@ class ExitCode(IntEnum):
 
 
 _CANCELLED_STATUS = 499
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+_NUMBER = (int, float)
 
 
 class _Lost(Exception):
@@ -205,6 +207,9 @@ class Worker:
         assert self.control is not None and self.data is not None
         self._acked.clear()
         self._lost.clear()
+        with self._lock:
+            # Wire ids are per connection: a new server session may reuse an old cancelled id.
+            self._early_cancels.clear()
         reg = registration_payload(self.name, self.offered)
         try:
             self.control.send(MessageType.REGISTRATION, DataType.DEFAULT, None, reg)
@@ -285,7 +290,8 @@ class Worker:
             if payload.get("type") == "hardware_health":
                 conn.send(MessageType.RESPONSE, DataType.DEFAULT, message.id, self._health())
             else:
-                conn.send(MessageType.RESPONSE, DataType.DEFAULT, message.id, {"status": self.state})
+                status = {"status": self.state}
+                conn.send(MessageType.RESPONSE, DataType.DEFAULT, message.id, status)
 
     def _health(self) -> Any:
         fn = self.registry.hardware_health
@@ -443,7 +449,7 @@ class Worker:
             message.id,
             request_id=str(request_id) if request_id is not None else None,
             metadata=metadata,
-            deadline=deadline if isinstance(deadline, int | float) else None,
+            deadline=deadline if isinstance(deadline, _NUMBER) else None,
             progress_sink=self._send_progress,
         )
         with self._lock:
@@ -466,6 +472,9 @@ class Worker:
             ctx.check_cancelled()
             args = (payload, ctx) if self.registry.predict_takes_context else (payload,)
             result = self.predict(*args)
+            if type(result) is bytes:  # the common case first: skip the inspect checks
+                self._send_data(MessageType.DATA, DataType.DEFAULT, msg_id, result)
+                return
             if inspect.isawaitable(result):
                 result = self._run_async(result, ctx)
             if inspect.isgenerator(result):
@@ -479,7 +488,7 @@ class Worker:
                     "payload": _as_bytes(result.data),
                 }
                 self._send_data(MessageType.DATA, DataType.ENVELOPE, msg_id, Packed(envelope))
-            elif isinstance(result, bytes | bytearray | memoryview):
+            elif isinstance(result, _BYTES_LIKE):
                 self._send_data(MessageType.DATA, DataType.DEFAULT, msg_id, result)
             else:
                 raise TypeError(
@@ -546,7 +555,7 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _as_bytes(data: Any) -> bytes | bytearray | memoryview:
-    if isinstance(data, bytes | bytearray | memoryview):
+    if isinstance(data, _BYTES_LIKE):
         return data
     if isinstance(data, str):
         return data.encode()
@@ -554,7 +563,7 @@ def _as_bytes(data: Any) -> bytes | bytearray | memoryview:
 
 
 def _as_chunk(chunk: Any) -> bytes | bytearray | memoryview:
-    if isinstance(chunk, bytes | bytearray | memoryview):
+    if isinstance(chunk, _BYTES_LIKE):
         return chunk
     return str(chunk).encode("utf-8")
 
