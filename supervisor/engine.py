@@ -22,8 +22,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
 from .backends.schema import BackendSpec
-from .errors import BackendFailed, EngineStopped, QueueFull, Refused, UnknownBackend, UnknownJob
+from .errors import (
+    BackendFailed,
+    EngineStopped,
+    InvalidRequest,
+    QueueFull,
+    Refused,
+    UnknownBackend,
+    UnknownJob,
+)
 from .events import EngineEvent, EventHub
 from .gpu.model import GpuReading, Probe
 from .gpu.sampler import History, Sample, Sampler
@@ -286,6 +296,7 @@ class Engine:
         if reason is None and len(self.queue) >= self.config.max_queue_depth:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
+        _check_metadata(metadata)
         if reason is not None:
             self._note("warning", f"refused a job for {backend}: {reason}", backend)
             if reason.startswith("queue full"):
@@ -1101,3 +1112,16 @@ class Engine:
             log=tuple(self.log_lines), stopping=self._stopping, pid=os.getpid(),
             python=sys.version.split()[0],
         )
+
+
+def _check_metadata(metadata: dict[str, Any] | None) -> None:
+    """Metadata travels to the worker and into the journal: it must be plain data."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise InvalidRequest(f"metadata must be a mapping, got {type(metadata).__name__}")
+    try:
+        msgpack.packb(metadata, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequest(f"metadata must be plain data (strings, numbers, lists, "
+                             f"mappings, bytes): {exc}") from None

@@ -41,3 +41,7 @@ class EngineStopped(VramtuiError):
 
 class JobTimeout(VramtuiError):
     """``wait`` ran out of time before the job ended (the job itself goes on)."""
+
+
+class InvalidRequest(VramtuiError):
+    """A request the engine cannot take as given (e.g. metadata that cannot be serialised)."""

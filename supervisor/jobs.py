@@ -7,7 +7,7 @@ frozen copy that snapshots, events and ``wait`` results carry to other threads.
 from __future__ import annotations
 
 import itertools
-import secrets
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -47,7 +47,7 @@ def advance_seq(past: int) -> None:
 
 
 def new_job_id() -> str:
-    return "j-" + secrets.token_hex(5)
+    return "j-" + os.urandom(5).hex()
 
 
 @dataclass(frozen=True, slots=True)

@@ -334,3 +334,13 @@ def test_queued_jobs_survive_an_engine_restart_with_their_ids(tmp_path: Path) ->
         assert sup.job(waiting[0]).state is JobState.SUCCEEDED
     finally:
         sup.stop()
+
+
+def test_metadata_that_cannot_travel_is_refused_at_submit() -> None:
+    from supervisor import InvalidRequest
+
+    with engine([sim_backend("a", 512, 256)]) as sup:
+        with pytest.raises(InvalidRequest) as err:
+            sup.submit("a", b"", metadata={"when": object()})
+        assert "plain data" in str(err.value)
+        assert sup.snapshot().queued == ()

@@ -9,18 +9,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 
 EXIT_CODES = """\
 exit codes:
-  0  success
-  1  the job failed, was cancelled or timed out
-  2  bad usage or input (unknown flag, bad JSON, unreadable file)
-  3  no engine is running (start one with `vramtui --serve`, or run `vramtui`)
-  4  unknown backend or job
-  5  refused: too large for every GPU, queue full, backend failed or busy
-  130 interrupted (Ctrl-C)
+  0   success
+  1   the job failed, was cancelled or timed out; doctor found a problem; the engine failed
+  2   bad usage or input (unknown flag, bad JSON, unreadable file, request too large)
+  3   no engine is running (start one with `vramtui --serve`, or run `vramtui`)
+  4   unknown backend or job
+  5   refused: too large for every GPU, queue full, backend failed or busy, access denied,
+      or (--serve) another engine already runs in this runtime directory
+  6   the job has not finished yet (result without --wait)
+  70  internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)
+  130 interrupted (Ctrl-C; a submitted job goes on)
 """
 
 EXAMPLES = """\
@@ -32,13 +36,20 @@ examples:
 """
 
 
+class UsageError(Exception):
+    """Bad input caught before talking to the engine (exit 2, one line)."""
+
+
 class Exit:
     OK = 0
     JOB_FAILED = 1
+    FAILED = 1
     USAGE = 2
     NO_ENGINE = 3
     NOT_FOUND = 4
     REFUSED = 5
+    NOT_FINISHED = 6
+    INTERNAL = 70
     INTERRUPTED = 130
 
 
@@ -50,7 +61,38 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="a backend descriptor file or directory (repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
+            "respawn", "preload", "zero", "logs", "doctor")
+_VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group"})
+
+
+class _Skipped:
+    """Stands in for the parser of a command that is not on the command line."""
+
+    def add_argument(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    def add_mutually_exclusive_group(self, *args: object, **kwargs: object) -> _Skipped:
+        return self
+
+
+def command_named(argv: Sequence[str]) -> str | None:
+    """The subcommand on a command line (None: none, or help asked for the whole command)."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in ("-h", "--help"):
+            return None
+        elif token in _VALUE_OPTIONS:
+            skip = True
+        elif not token.startswith("-"):
+            return token if token in COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``only``, just that subcommand's (a command starts faster)."""
     parser = argparse.ArgumentParser(
         prog="vramtui",
         description="Let many generative models share GPUs that cannot hold them all: "
@@ -68,17 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the engine headless on this terminal (logs to stderr)")
     parser.add_argument("--log-file", metavar="FILE", help="with --serve: also log to FILE")
     parser.add_argument("--allow-group", metavar="GROUP",
-                        help="with --serve: let members of GROUP use the control socket")
+                        help="with --serve: let members of GROUP use the control socket (it "
+                             "becomes 0660 and the runtime directory 0710, both of group "
+                             "GROUP; every directory above must be searchable by GROUP)")
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
                         help="TUI: do not ask before evict/cancel/zero")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str) -> Any:
+        if only is not None and name != only:
+            return _Skipped()
         p = sub.add_parser(name, help=help_text, description=help_text,
                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--attach", metavar="SOCKET", default=argparse.SUPPRESS,
+                       help="the control socket of the engine (default: the runtime "
+                            "directory's)")
         return p
 
     p = command("submit", "submit a job to BACKEND")
@@ -118,8 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_named(argv))
     args = parser.parse_args(argv)
+    if args.serve and args.command is not None:
+        parser.error(f"--serve runs the engine; it does not go with {args.command!r}")
     try:
         if args.command is not None:
             from .commands import run_command

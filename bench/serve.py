@@ -1,0 +1,173 @@
+"""Benchmark of serve mode: a hot echo job over the control socket, and the CLI's start-up.
+
+Starts ``vramtui --serve`` (simulated GPU, the echo example backend) in a fresh /tmp root and
+measures, after a warm-up:
+
+- submit-to-result of a hot echo job over the control socket, sequentially: one round trip
+  (``submit_wait``) and two (``submit`` then ``wait``); median, p90, jobs per second;
+- the same through the in-process facade of an embedded engine, for reference;
+- the wall time of ``vramtui status`` and ``vramtui submit echo --wait`` as whole processes
+  (median of several runs; CPU time too, since a busy machine stretches wall time).
+
+Run: ``.venv/bin/python bench/serve.py [--jobs 2000] [--runs 15]``.  Never run as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from supervisor.client import Client  # noqa: E402
+from supervisor.control.errors import EngineNotRunning  # noqa: E402
+
+ECHO = {"name": "echo", "script": str(ROOT / "examples" / "echo" / "main.py"),
+        "vram": {"weights": "0MiB", "activation": "16MiB"}, "keep_alive": "forever"}
+PAYLOAD = b'{"prompt": "hello"}'
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def time_jobs(run_one: object, n: int) -> tuple[list[float], float]:
+    fn = run_one  # type: ignore[assignment]
+    for _ in range(min(200, n)):  # warm-up: worker hot, caches filled
+        fn()
+    samples = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return samples, time.perf_counter() - t0
+
+
+def time_process(args: list[str], env: dict[str, str], runs: int) -> tuple[float, float]:
+    """(median wall seconds, median CPU seconds) of a whole ``vramtui`` process (after one
+    warm-up run, which also writes the bytecode cache)."""
+    walls, cpus = [], []
+    subprocess.run([sys.executable, "-m", "vramtui", *args], env=env, capture_output=True)
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "vramtui", *args], env=env,
+                              capture_output=True)
+        walls.append(time.perf_counter() - t)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+        if done.returncode != 0:
+            raise SystemExit(f"vramtui {' '.join(args)} failed: {done.stderr.decode()[-500:]}")
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=15)
+    opts = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="vtb-", dir="/tmp"))
+    desc = root / "backends.yaml"
+    desc.write_text(yaml.safe_dump({"backends": [ECHO]}))
+    # As installed: bytecode cached (a warm-up run writes it), whatever this shell says.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VRAMTUI_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
+               VRAMTUI_CONFIG_DIR=str(root / "cfg"))
+    sock = root / "run" / "control.sock"
+    server = subprocess.Popen([sys.executable, "-m", "vramtui", "--serve", "--gpus", "sim:24GiB",
+                               "--backends", str(desc)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client = Client(sock)
+                break
+            except EngineNotRunning:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("vramtui --serve did not come up") from None
+                time.sleep(0.05)
+
+        one_rt, one_total = time_jobs(lambda: client.submit_wait("echo", PAYLOAD), opts.jobs)
+        two_rt, two_total = time_jobs(lambda: client.wait(client.submit("echo", PAYLOAD)),
+                                      opts.jobs)
+        status = time_process(["status"], env, opts.runs)
+        submit = time_process(["submit", "echo", "--data", '{"a": 1}', "--wait"], env,
+                              max(5, opts.runs // 2))
+        client.close()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+    embedded, embedded_total = _embedded(opts.jobs)
+
+    ms = 1000.0
+    rows = [
+        ("hot echo, submit→result over the socket (1 round trip), median",
+         f"{statistics.median(one_rt) * ms:.3f} ms", "< 1 ms", "5.0 ms"),
+        ("  same, p90", f"{percentile(one_rt, 0.9) * ms:.3f} ms", "", "10 ms"),
+        ("  sequential jobs/s", f"{opts.jobs / one_total:,.0f}", "1,000", "~170"),
+        ("hot echo, submit + wait (2 round trips), median",
+         f"{statistics.median(two_rt) * ms:.3f} ms", "", ""),
+        ("  sequential jobs/s", f"{opts.jobs / two_total:,.0f}", "", ""),
+        ("hot echo, in-process facade (embedded), median",
+         f"{statistics.median(embedded) * ms:.3f} ms", "", ""),
+        ("  sequential jobs/s", f"{opts.jobs / embedded_total:,.0f}", "", ""),
+        ("`vramtui status`, whole process, wall (median)", f"{status[0] * ms:.0f} ms",
+         "150 ms", "0.32 s import"),
+        ("  CPU time (user+sys)", f"{status[1] * ms:.0f} ms", "", ""),
+        ("`vramtui submit echo --wait`, whole process, wall", f"{submit[0] * ms:.0f} ms", "",
+         "0.97 s"),
+        ("  CPU time (user+sys)", f"{submit[1] * ms:.0f} ms", "", ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'vramtui':>10}  {'bar':>8}  {'vramd':>13}")
+    for name, ours, bar, peer in rows:
+        print(f"{name:<{width}}  {ours:>10}  {bar:>8}  {peer:>13}")
+    print(f"({opts.jobs} jobs after 200 warm-up; {opts.runs} process runs; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
+    return 0
+
+
+def _embedded(n: int) -> tuple[list[float], float]:
+    from supervisor.engine import EngineConfig
+    from supervisor.facade import Supervisor
+    from supervisor.paths import Paths
+
+    root = Path(tempfile.mkdtemp(prefix="vtb-", dir="/tmp"))
+    desc = root / "backends.yaml"
+    desc.write_text(yaml.safe_dump({"backends": [ECHO]}))
+    env = dict(os.environ, VRAMTUI_RUNTIME_DIR=str(root / "run"),
+               VRAMTUI_STATE_DIR=str(root / "state"), VRAMTUI_CONFIG_DIR=str(root / "cfg"))
+    sup = Supervisor.from_config(gpus="sim:24GiB", backends=[desc], environ=env,
+                                 paths=Paths.from_env(env), config=EngineConfig())
+    sup.start_in_thread()
+    try:
+        return time_jobs(lambda: sup.wait(sup.submit("echo", PAYLOAD)), n)
+    finally:
+        sup.stop(30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

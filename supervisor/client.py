@@ -1,0 +1,453 @@
+"""`Client`: the engine API over the control socket, the same methods as the in-process facade.
+
+It implements :class:`supervisor.api.EngineAPI`: the same methods, the same return types (the
+dataclasses are rebuilt from the wire) and the same exceptions (an error reply is raised again
+as its own class from :mod:`supervisor.errors`).  Besides, :class:`EngineNotRunning` when no
+engine answers, :class:`ConnectionLost` when it hangs up mid-request (both are
+:class:`EngineStopped`), :class:`RequestTooLarge`, :class:`AccessDenied`.
+
+Thread-safe: each call borrows a connection from a small pool (a call in progress on one thread,
+``wait`` included, never holds up another), so the common call is one ``sendmsg`` and one
+``recv`` on a blocking socket — no thread hop.  Each subscription has a connection of its own
+read by a daemon thread.  ``stop()`` closes this client; the engine keeps running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker_sdk.protocol import DataType, Decoder, EventType, Message, MessageType, encode
+
+from .control import messages as m
+from .control.codec import DecodeError, event_from_wire, job_from_wire, snapshot_from_wire
+from .control.errors import (
+    AccessDenied,
+    ConnectionLost,
+    EngineNotRunning,
+    RequestTooLarge,
+    error_from_wire,
+)
+from .errors import VramtuiError
+from .events import EngineEvent, EventHub, Subscription
+from .jobs import JobView
+from .snapshot import EngineSnapshot
+
+__all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
+
+CALL_TIMEOUT = 30.0
+WAIT_MARGIN = 30.0
+POOL_SIZE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    path: str
+    data: bytes
+    offset: int  # pass it back to read what comes next
+    missing: bool = False
+
+
+class _Conn:
+    """One blocking connection: frames out, frames in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = Decoder(m.MAX_REPLY)
+        self._ids = 0
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def send(self, msg_type: int, msg_id: int, payload: Any) -> None:
+        frames = encode(msg_type, DataType.DEFAULT, msg_id, payload)
+        if len(frames) == 1:
+            self.sock.sendall(frames[0])
+            return
+        total = sum(len(f) for f in frames)
+        sent = self.sock.sendmsg(frames)
+        if sent < total:
+            self.sock.sendall(b"".join(bytes(f) for f in frames)[sent:])
+
+    def recv(self, timeout: float | None) -> Message:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            message = self.decoder.next()
+            if message is not None:
+                return message
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                self.sock.settimeout(left)
+            else:
+                self.sock.settimeout(None)
+            buf = self.decoder.get_buffer()
+            try:
+                n = self.sock.recv_into(buf)
+            finally:
+                buf.release()
+            if n == 0:
+                raise EOFError
+            self.decoder.buffer_updated(n)
+
+    def alive(self) -> bool:
+        """False when the other end has closed this idle connection (EOF waiting)."""
+        before = self.sock.gettimeout()
+        self.sock.settimeout(0.0)  # never wait here (with a timeout, recv would poll first)
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            return True  # nothing to read: still open
+        except OSError:
+            return False
+        finally:
+            self.sock.settimeout(before)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class RemoteSubscription(Subscription):
+    """A :class:`Subscription` fed from the socket (callbacks run on its reader thread).
+
+    When the engine dropped events because this subscriber fell behind, ``lagged`` is set,
+    ``dropped`` counts them and ``snapshot`` holds the engine's state at that moment.
+    """
+
+    snapshot: EngineSnapshot | None = None
+
+
+class _RemoteHub(EventHub):
+    def __init__(self, conn: _Conn) -> None:
+        super().__init__()
+        self.conn = conn
+        self.closed = False
+
+    def attach(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs = [*self._subs, sub]
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        super().unsubscribe(sub)
+        self.closed = True
+        self.conn.close()
+
+    def pump(self, sub: RemoteSubscription) -> None:
+        try:
+            while not self.closed:
+                try:
+                    message = self.conn.recv(None)
+                except (OSError, EOFError, ValueError):
+                    return
+                payload = message.payload
+                if message.type != MessageType.EVENT or not isinstance(payload, dict):
+                    continue
+                if payload.get("event") == EventType.SHUTDOWN:
+                    return
+                if "e" in payload:
+                    try:
+                        self.publish(event_from_wire(payload["e"]))
+                    except DecodeError:
+                        continue
+                    except Exception:  # a callback's own error must not end the stream
+                        import logging  # (not at import: the CLI starts faster without it)
+
+                        logging.getLogger("supervisor.client").exception(
+                            "a subscription callback failed")
+                elif "lagged" in payload:
+                    sub.lagged = True
+                    sub.dropped += int(payload.get("lagged") or 0)
+                    with contextlib.suppress(DecodeError):
+                        sub.snapshot = snapshot_from_wire(payload.get("snapshot"))
+        finally:
+            self.close()
+
+
+def _connect_socket(path: str, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        why = "no socket there" if isinstance(exc, FileNotFoundError) else "nothing listens"
+        raise EngineNotRunning(
+            f"no vramtui engine is running at {path} ({why}); start one with "
+            "`vramtui --serve`, or run `vramtui`") from None
+    except PermissionError:
+        sock.close()
+        raise AccessDenied(f"permission denied opening {path}: the engine belongs to another "
+                           "user (it can open its socket to a group with --allow-group)") from None
+    except OSError as exc:
+        sock.close()
+        raise EngineNotRunning(f"cannot reach the engine at {path}: "
+                               f"{exc.strerror or exc}") from None
+    return sock
+
+
+class Client:
+    """The engine API over the control socket at ``path`` (connects at once)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = CALL_TIMEOUT,
+                 version: str = "") -> None:
+        self.path = os.fspath(path)
+        self.timeout = timeout
+        self.version = version
+        self.info: dict[str, Any] = {}
+        self._idle: list[_Conn] = []
+        self._hubs: list[_RemoteHub] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._release(self._open())
+
+    # -- connections --------------------------------------------------------------------------
+    def _open(self) -> _Conn:
+        conn = _Conn(_connect_socket(self.path, self.timeout))
+        try:
+            # Refused at once (BrokenPipe): the reason is waiting to be read.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.send(MessageType.REGISTRATION, 0, m.hello(self.version))
+            reply = conn.recv(self.timeout)
+        except (OSError, EOFError, TimeoutError) as exc:
+            conn.close()
+            raise EngineNotRunning(f"the engine at {self.path} did not answer its hello "
+                                   f"({_why(exc)}); is it starting or stuck?") from None
+        except BaseException:
+            conn.close()
+            raise
+        if reply.type == MessageType.ERROR:
+            conn.close()
+            raise error_from_wire(reply.payload)
+        if reply.type != MessageType.ACKNOWLEDGEMENT or not isinstance(reply.payload, dict):
+            conn.close()
+            raise VramtuiError(f"{self.path} is not a vramtui control socket")
+        self.info = reply.payload
+        return conn
+
+    def _acquire(self) -> _Conn:
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise EngineNotRunning("this client was closed")
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._open()
+            if conn.alive():
+                return conn
+            conn.close()  # the engine hung up on it (it restarted?): try the next one
+
+    def _release(self, conn: _Conn) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < POOL_SIZE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _call(self, method: str, args: dict[str, Any] | None = None, *,
+              timeout: float | None = CALL_TIMEOUT, retry: bool = False) -> Any:
+        conn = self._acquire()
+        try:
+            msg_id = conn.next_id()
+            conn.send(MessageType.REQUEST, msg_id, {"m": method, "a": args or {}})
+            while True:
+                reply = conn.recv(timeout)
+                if reply.id == msg_id or (reply.type == MessageType.ERROR and reply.id == 0):
+                    break
+        except (OSError, EOFError) as exc:
+            conn.close()
+            if retry and not isinstance(exc, TimeoutError):
+                return self._call(method, args, timeout=timeout, retry=False)
+            if isinstance(exc, TimeoutError):
+                raise VramtuiError(f"the engine did not answer {method} within {timeout:g} s"
+                                   ) from None
+            raise ConnectionLost(f"lost the connection to the engine at {self.path} "
+                                 f"({_why(exc)}); it may have stopped") from None
+        except BaseException:
+            conn.close()  # interrupted mid-request: the connection's state is unknown
+            raise
+        self._release(conn)
+        if reply.type == MessageType.ERROR:
+            raise error_from_wire(reply.payload)
+        payload = reply.payload
+        if not isinstance(payload, dict):
+            raise VramtuiError(f"malformed reply to {method}: {payload!r:.200}")
+        return payload.get("r")
+
+    # -- the engine API -----------------------------------------------------------------------
+    def submit(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
+               timeout: float | None = None, metadata: dict[str, Any] | None = None,
+               stream: bool = False) -> str:
+        """Queue a job; returns its id once the engine accepted it."""
+        result = self._call("submit", _submit_args(backend, payload, priority, timeout,
+                                                   metadata, stream))
+        return str(result)
+
+    def submit_wait(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
+                    timeout: float | None = None, metadata: dict[str, Any] | None = None,
+                    stream: bool = False, wait_timeout: float | None = None) -> JobView:
+        """Submit and wait in one round trip; the job's final view."""
+        args = _submit_args(backend, payload, priority, timeout, metadata, stream)
+        args["wait"] = True
+        args["wait_timeout"] = wait_timeout
+        return job_from_wire(self._call("submit", args, timeout=_wait_timeout(wait_timeout)))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobView:
+        """Block until the job ends; its final view (raises JobTimeout after ``timeout``)."""
+        return job_from_wire(self._call("wait", {"job": job_id, "timeout": timeout},
+                                        timeout=_wait_timeout(timeout)))
+
+    def job(self, job_id: str) -> JobView:
+        """The job now (``position`` is its place in the queue while it waits)."""
+        return job_from_wire(self._call("job", {"job": job_id}, retry=True))
+
+    def cancel(self, job_id: str) -> JobView:
+        return job_from_wire(self._call("cancel", {"job": job_id}))
+
+    def evict(self, backend: str) -> None:
+        self._call("evict", {"backend": backend})
+
+    def respawn(self, backend: str) -> None:
+        self._call("respawn", {"backend": backend})
+
+    def preload(self, backend: str) -> None:
+        self._call("preload", {"backend": backend})
+
+    def zero(self) -> list[str]:
+        return [str(b) for b in self._call("zero") or []]
+
+    def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
+                  settle_s: float = 1.0) -> str:
+        """Queue a calibration run of ``backend``; its job id (the result is the summary)."""
+        return str(self._call("calibrate", {"backend": backend, "repeats": repeats,
+                                            "request": request, "settle_s": settle_s}))
+
+    def snapshot(self, *, data_limit: int = m.SNAPSHOT_JOB_DATA_LIMIT,
+                 light: bool = False) -> EngineSnapshot:
+        """The engine now.  Job data and chunks over ``data_limit`` bytes are left out (use
+        :meth:`job` or :meth:`wait` for them); -1 keeps everything.  ``light`` leaves out
+        the GPUs' history, the recent jobs and the log (a quick look: ``vramtui status``)."""
+        return snapshot_from_wire(self._call(
+            "snapshot", {"data_limit": data_limit, "light": light}, retry=True))
+
+    def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
+                  callback: Callable[[EngineEvent], Any] | None = None,
+                  job_id: str | None = None) -> RemoteSubscription:
+        """Events as they happen, on a connection of their own (``job_id``: one job's only)."""
+        _, sub = self._subscribe("subscribe", {"kinds": list(kinds) if kinds else None,
+                                               "job": job_id}, kinds, maxsize, callback)
+        return sub
+
+    def submit_follow(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
+                      timeout: float | None = None, metadata: dict[str, Any] | None = None,
+                      stream: bool = False, maxsize: int = 1000,
+                      ) -> tuple[str, RemoteSubscription]:
+        """Submit, and receive that job's events (``job``, ``chunk``) from its first moment."""
+        args = _submit_args(backend, payload, priority, timeout, metadata, stream)
+        args["follow"] = True
+        result, sub = self._subscribe("submit", args, ("job", "chunk"), maxsize, None)
+        return str(result["id"]), sub
+
+    def _subscribe(self, method: str, args: dict[str, Any], kinds: Sequence[str] | None,
+                   maxsize: int, callback: Callable[[EngineEvent], Any] | None,
+                   ) -> tuple[Any, RemoteSubscription]:
+        conn = self._open()
+        try:
+            msg_id = conn.next_id()
+            conn.send(MessageType.REQUEST, msg_id, {"m": method, "a": args})
+            reply = conn.recv(self.timeout)
+        except (OSError, EOFError) as exc:
+            conn.close()
+            raise ConnectionLost(f"lost the connection to the engine at {self.path} "
+                                 f"({_why(exc)})") from None
+        except BaseException:
+            conn.close()
+            raise
+        if reply.type == MessageType.ERROR:
+            conn.close()
+            raise error_from_wire(reply.payload)
+        result = reply.payload.get("r") if isinstance(reply.payload, dict) else None
+        if not isinstance(result, dict | str):
+            conn.close()
+            raise VramtuiError(f"malformed reply to {method}: {reply.payload!r:.200}")
+        conn.sock.settimeout(None)
+        hub = _RemoteHub(conn)
+        with self._lock:
+            self._hubs = [h for h in self._hubs if not h.closed] + [hub]
+        sub = RemoteSubscription(hub, maxsize, frozenset(kinds) if kinds else None, callback)
+        hub.attach(sub)
+        threading.Thread(target=hub.pump, args=(sub,), name="vramtui-events",
+                         daemon=True).start()
+        return result, sub
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Close this client (the engine itself keeps running; see :meth:`shutdown_engine`)."""
+        self.close()
+
+    # -- more than the facade -----------------------------------------------------------------
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        """The last ``lines`` of a backend's worker log, or what follows ``offset``."""
+        r = self._call("logs", {"backend": backend, "lines": lines, "offset": offset})
+        return LogChunk(str(r.get("path", "")), bytes(r.get("data") or b""),
+                        int(r.get("offset") or 0), bool(r.get("missing", False)))
+
+    def stats(self) -> dict[str, Any]:
+        """The control server's counters and connections."""
+        return dict(self._call("stats") or {})
+
+    def ping(self) -> float:
+        """Seconds for one round trip."""
+        t0 = time.perf_counter()
+        self._call("ping")
+        return time.perf_counter() - t0
+
+    def shutdown_engine(self) -> None:
+        """Ask the engine to stop, as SIGTERM does (running jobs get their stop grace)."""
+        self._call("shutdown")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            hubs, self._hubs = self._hubs, []
+        for conn in idle:
+            conn.close()
+        for hub in hubs:  # their reader threads see the socket close and end the streams
+            hub.closed = True
+            hub.conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _submit_args(backend: str, payload: bytes | str, priority: int | None,
+                 timeout: float | None, metadata: dict[str, Any] | None,
+                 stream: bool) -> dict[str, Any]:
+    if isinstance(payload, str):
+        payload = payload.encode()
+    return {"backend": backend, "payload": payload, "priority": priority, "timeout": timeout,
+            "metadata": metadata, "stream": stream}
+
+
+def _wait_timeout(timeout: float | None) -> float | None:
+    return None if timeout is None else timeout + WAIT_MARGIN
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "it hung up"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

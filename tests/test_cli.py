@@ -1,0 +1,206 @@
+"""The ``vramtui`` client commands as real subprocesses against a real ``vramtui --serve``.
+
+One engine serves the whole module (its jobs are independent); each command is its own
+process, as a script would run it.  Every error must be one line and never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine_support import wait_for
+from serve_support import PYTHON, Served, cli, make_env, new_root, reap, start_serve
+
+from supervisor.jobs import JobState
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    root = new_root()
+    s = start_serve(make_env(root), root)
+    yield s
+    reap(s)
+
+
+def run(s: Served, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    done = cli(s.env, *args, input=input)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("vramtui: error: ")
+    return lines[0]
+
+
+def backend_state(s: Served, name: str) -> str:
+    done = run(s, "backends", "--json")
+    assert done.returncode == 0, done.stderr
+    return next(b["state"] for b in json.loads(done.stdout) if b["name"] == name)
+
+
+def test_submit_wait_prints_the_result(served: Served) -> None:
+    done = run(served, "submit", "echo", "--data", '{"x": 1}', "--wait")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"echo": {"x": 1}}
+
+
+def test_submit_returns_an_id_and_result_fetches_it(served: Served) -> None:
+    done = run(served, "submit", "echo", "--data", '{"y": 2}')
+    assert done.returncode == 0
+    job = done.stdout.strip()
+    assert job.startswith("j-")
+    result = run(served, "result", job, "--wait")
+    assert result.returncode == 0 and json.loads(result.stdout) == {"echo": {"y": 2}}
+    as_json = json.loads(run(served, "result", job, "--json").stdout)
+    assert as_json["state"] == "succeeded" and as_json["id"] == job
+    submitted = json.loads(run(served, "submit", "echo", "--data", "{}", "--json").stdout)
+    assert submitted["id"].startswith("j-")
+
+
+def test_submit_stream_prints_chunks_in_order(served: Served) -> None:
+    done = run(served, "submit", "echo", "--data", '{"stream": 5}', "--stream")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "".join(f"chunk {i}\n" for i in range(5))
+
+
+def test_submit_reads_stdin_and_files(served: Served, tmp_path: Path) -> None:
+    done = run(served, "submit", "echo", "-", "--wait", input=b'{"from": "stdin"}')
+    assert json.loads(done.stdout) == {"echo": {"from": "stdin"}}
+    f = tmp_path / "req.bin"
+    f.write_bytes(b"\xff\xferaw")  # not UTF-8: echoed back as bytes, base64 in JSON
+    done = run(served, "submit", "echo", "--data-file", str(f), "--wait", "--json")
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["data"] == {"base64": "//5yYXc="}
+
+
+def test_cancel_a_running_job(served: Served) -> None:
+    job = run(served, "submit", "slow", "--data", '{"steps": 500, "step_s": 0.02}').stdout.strip()
+    wait_for(lambda: json.loads(run(served, "result", job, "--json").stdout)["state"]
+             == "running", 30, "the job to run")
+    queued = run(served, "submit", "slow", "--data", "{}").stdout.strip()
+    pending = run(served, "result", queued)
+    assert pending.returncode == 6 and "position 1" in pending.stderr
+    assert run(served, "cancel", queued).stdout.strip() == f"job {queued} cancelled"
+    assert "being cancelled" in run(served, "cancel", job).stdout
+    result = run(served, "result", job, "--wait")
+    assert result.returncode == 1 and "cancelled" in one_line_error(result)
+
+
+def test_preload_evict_respawn_zero(served: Served) -> None:
+    assert run(served, "preload", "slow").returncode == 0
+    wait_for(lambda: backend_state(served, "slow") == "ready", 30, "slow preloaded")
+    assert run(served, "evict", "slow").returncode == 0
+    wait_for(lambda: backend_state(served, "slow") == "cold", 30, "slow evicted")
+    assert run(served, "respawn", "slow").returncode == 0
+    wait_for(lambda: backend_state(served, "slow") == "ready", 30, "slow respawned")
+    zero = json.loads(run(served, "zero", "--json").stdout)
+    assert "slow" in zero["evicted"]
+    wait_for(lambda: backend_state(served, "slow") == "cold", 30, "slow evicted by zero")
+
+
+def test_status_queue_jobs_backends_logs(served: Served) -> None:
+    run(served, "submit", "echo", "--data", "{}", "--wait")
+    status = run(served, "status")
+    assert status.returncode == 0 and "SIMULATED" in status.stdout and "echo" in status.stdout
+    snap = json.loads(run(served, "status", "--json").stdout)
+    assert snap["pid"] == served.proc.pid and snap["simulated"] is True
+    assert run(served, "queue").returncode == 0
+    jobs = json.loads(run(served, "jobs", "--json").stdout)
+    assert any(j["backend"] == "echo" for j in jobs["recent"])
+    assert "echo" in run(served, "jobs").stdout
+    assert "huge" in run(served, "backends").stdout
+    logs = run(served, "logs", "echo", "-n", "5")
+    assert logs.returncode == 0 and "ready" in logs.stdout
+
+
+def test_errors_are_one_line_with_exit_codes(served: Served, tmp_path: Path) -> None:
+    unknown = run(served, "submit", "nope", "--data", "{}")
+    assert unknown.returncode == 4
+    assert "known backends: echo, huge, slow" in one_line_error(unknown)
+    assert run(served, "result", "j-nope").returncode == 4
+    assert run(served, "cancel", "j-nope").returncode == 4
+    assert run(served, "evict", "nope").returncode == 4
+    assert run(served, "logs", "nope").returncode == 4
+    bad = run(served, "submit", "echo", "--data", "{bad")
+    assert bad.returncode == 2 and "bad JSON in --data" in one_line_error(bad)
+    assert run(served, "submit", "echo", "--metadata", "[1]").returncode == 2
+    missing = run(served, "submit", "echo", "--data-file", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "cannot read --data-file" in one_line_error(missing)
+    too_big = run(served, "submit", "huge", "--data", "{}")
+    assert too_big.returncode == 5
+    js = run(served, "submit", "nope", "--json")
+    assert json.loads(js.stdout)["type"] == "UnknownBackend"
+
+
+def test_a_request_too_large_is_a_clear_error_not_a_broken_pipe(
+        served: Served, tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(65 * 1024 * 1024)
+    done = run(served, "submit", "echo", "--data-file", str(big))
+    assert done.returncode == 2
+    line = one_line_error(done)
+    assert "request too large" in line and "64 MiB" in line
+    assert run(served, "status").returncode == 0  # the engine is fine
+
+
+def test_no_engine_says_how_to_start_one(tmp_path: Path) -> None:
+    env = make_env(new_root())
+    done = cli(env, "status")
+    assert done.returncode == 3
+    assert "vramtui --serve" in one_line_error(done)
+    attach = cli(env, "jobs", "--attach", str(tmp_path / "x.sock"))
+    assert attach.returncode == 3 and str(tmp_path / "x.sock") in attach.stderr
+
+
+def test_doctor_checks_and_says_what_to_fix(served: Served) -> None:
+    done = run(served, "doctor", "--json")
+    report = json.loads(done.stdout)
+    checks = {c["check"]: c for c in report["checks"]}
+    assert checks["engine"]["status"] == "ok" and str(served.proc.pid) in checks["engine"]["detail"]
+    assert checks["runtime directory"]["status"] == "ok"
+    assert checks["backend echo"]["status"] == "ok"
+    assert "NVML" in checks
+    assert done.returncode == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
+
+
+def test_the_cli_imports_no_textual_and_documents_exit_codes(served: Served) -> None:
+    code = ("import sys; from vramtui.cli import main; rc = main(['status', '--json']); "
+            "bad = [m for m in sys.modules if m.startswith('textual')]; "
+            "print(rc, bad, file=sys.stderr)")
+    done = subprocess.run([PYTHON, "-c", code], env=served.env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stderr.strip().endswith("0 []"), done.stderr
+    helped = run(served, "--help")
+    assert "exit codes:" in helped.stdout and "no engine is running" in helped.stdout
+
+
+def test_a_job_state_is_a_jobstate_over_json(served: Served) -> None:
+    view = json.loads(run(served, "submit", "echo", "--data", "{}", "--wait", "--json").stdout)
+    assert JobState(view["state"]) is JobState.SUCCEEDED
+
+
+def test_importing_the_codec_does_not_load_the_worker_runtime() -> None:
+    code = ("import sys, worker_sdk.protocol; lean = 'worker_sdk.runner' not in sys.modules; "
+            "from worker_sdk import predict, __version__; print(lean, callable(predict))")
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True"], done.stderr
+
+
+def test_the_one_command_parser_knows_every_command() -> None:
+    from vramtui.cli import COMMANDS, build_parser, command_named
+
+    full = build_parser()
+    choices = full._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(choices) == set(COMMANDS)
+    assert command_named(["--attach", "/x.sock", "status", "--json"]) == "status"
+    assert command_named(["--help", "status"]) is None  # the whole help, every command
+    args = build_parser("submit").parse_args(["submit", "echo", "--data", "{}", "--wait"])
+    assert (args.command, args.backend, args.wait) == ("submit", "echo", True)

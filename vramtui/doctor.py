@@ -1,0 +1,224 @@
+"""``vramtui doctor``: check what vramtui needs and say what to fix.
+
+NVML and the driver, the runtime directory (owner, permissions, socket path length), a running
+engine, the state directory and the journal, and every backend: its descriptor, its command,
+its interpreter (venv) and whether that interpreter can import ``worker_sdk``.  Works without
+an engine.  Exit 0 when nothing failed (warnings allowed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from supervisor.paths import Paths, PathsError
+
+from .cli import Exit
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+_MARK = {OK: "[green]✓[/]", WARN: "[yellow]![/]", FAIL: "[bold red]✗[/]"}
+
+
+@dataclass
+class Report:
+    checks: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, status: str, what: str, detail: str, fix: str = "") -> None:
+        self.checks.append({"status": status, "check": what, "detail": detail, "fix": fix})
+
+    @property
+    def failed(self) -> bool:
+        return any(c["status"] == FAIL for c in self.checks)
+
+
+def check_nvml(r: Report) -> None:
+    try:
+        from supervisor.gpu.errors import GpuUnavailable
+        from supervisor.gpu.nvml import NvmlProbe
+    except ImportError as exc:
+        r.add(FAIL, "NVML", f"cannot import the NVML bindings: {exc}",
+              "pip install nvidia-ml-py in vramtui's environment")
+        return
+    try:
+        probe = NvmlProbe()
+    except GpuUnavailable as exc:
+        reason = str(exc).removeprefix("NVML: ")
+        r.add(WARN, "NVML", f"{reason}; the engine will use a SIMULATED GPU",
+              "install the NVIDIA driver (nvidia-smi should work), or use --gpus sim:24GiB "
+              "on purpose")
+        return
+    try:
+        devices = probe.devices()
+        names = ", ".join(f"GPU{d.index} {d.name} {d.total_mib} MiB" for d in devices)
+        r.add(OK if devices else WARN, "NVML", f"{probe.device_count} device(s): {names}"
+              if devices else "NVML works but reports no GPU",
+              "" if devices else "check that the GPU is visible (nvidia-smi)")
+        r.add(OK if probe.driver_version else WARN, "driver",
+              f"version {probe.driver_version}" if probe.driver_version else "unknown version")
+    finally:
+        probe.close()
+
+
+def check_runtime(r: Report, paths: Paths) -> None:
+    rd = paths.runtime_dir
+    try:
+        paths.check_socket_paths()
+    except PathsError as exc:
+        r.add(FAIL, "socket paths", str(exc), "set VRAMTUI_RUNTIME_DIR to a shorter directory")
+    try:
+        st = os.stat(rd)
+    except FileNotFoundError:
+        r.add(OK, "runtime directory", f"{rd} does not exist yet (created 0700 on start)")
+        return
+    except OSError as exc:
+        r.add(FAIL, "runtime directory", f"cannot inspect {rd}: {exc.strerror}",
+              "set VRAMTUI_RUNTIME_DIR to a directory of your own")
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid():
+        r.add(FAIL, "runtime directory", f"{rd} belongs to uid {st.st_uid}, not to you",
+              f"remove it, or set VRAMTUI_RUNTIME_DIR (e.g. /tmp/vramtui-{os.getuid()})")
+    elif mode & 0o007 or mode & 0o060:
+        r.add(FAIL, "runtime directory", f"{rd} is mode {mode:04o}: others can reach sockets",
+              f"chmod 700 {rd}")
+    elif mode & 0o010:
+        r.add(OK, "runtime directory", f"{rd} mode {mode:04o} (group may reach the socket: "
+              "--allow-group)")
+    else:
+        r.add(OK, "runtime directory", f"{rd} mode {mode:04o}, yours")
+
+
+def check_engine(r: Report, paths: Paths, socket_path: Path) -> None:
+    from supervisor.errors import VramtuiError
+
+    from .connect import attach, lock_holder
+
+    try:
+        client = attach(socket_path, wait_starting=0)
+    except VramtuiError as exc:
+        holder = lock_holder(paths)
+        if holder is not None:
+            r.add(FAIL, "engine", f"pid {holder} holds {paths.lock_path} but its socket does "
+                  f"not answer: {exc}", f"stop it (kill {holder}) and start again")
+        else:
+            r.add(OK, "engine", "none running (start one with `vramtui --serve`, or `vramtui`)")
+        return
+    try:
+        rtt = client.ping()
+        info = client.info
+        r.add(OK, "engine", f"pid {info.get('pid')} ({info.get('mode')}) answers on "
+              f"{socket_path} in {rtt * 1000:.2f} ms")
+        smode = stat.S_IMODE(os.stat(socket_path).st_mode)
+        r.add(OK if smode & 0o007 == 0 else FAIL, "control socket", f"mode {smode:04o}",
+              "" if smode & 0o007 == 0 else f"chmod 600 {socket_path}")
+    finally:
+        client.close()
+
+
+def check_state(r: Report, paths: Paths) -> None:
+    sd = paths.state_dir
+    if sd.exists() and not os.access(sd, os.W_OK | os.X_OK):
+        r.add(FAIL, "state directory", f"{sd} is not writable",
+              "fix its permissions, or set VRAMTUI_STATE_DIR")
+    else:
+        r.add(OK, "state directory", f"{sd}" + ("" if sd.exists() else " (created on start)"))
+    journal = paths.journal_path
+    if not journal.exists():
+        r.add(OK, "journal", f"{journal} not created yet")
+        return
+    try:
+        con = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=2)
+        try:
+            result = con.execute("PRAGMA quick_check").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        r.add(FAIL, "journal", f"{journal}: {exc}",
+              "move it aside (queued jobs in it are lost) and restart the engine")
+        return
+    ok = result is not None and result[0] == "ok"
+    r.add(OK if ok else FAIL, "journal", f"{journal}: {'intact' if ok else result}",
+          "" if ok else "move it aside and restart the engine")
+
+
+def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
+    from supervisor.backends.loader import default_layers, load_backends
+
+    layers = default_layers(paths.config_dir, [Path(b) for b in extra])
+    loaded = load_backends(layers)
+    for problem in loaded.errors:
+        r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
+    if loaded.demo:
+        r.add(WARN, "backends", "none configured: the simulated demo backends are used",
+              f"add descriptors to {paths.backends_dir}")
+    checked: dict[str, str | None] = {}
+    for name, spec in sorted(loaded.backends.items()):
+        if not spec.command:
+            r.add(FAIL, f"backend {name}", "no command", "give 'command' or 'script'")
+            continue
+        exe = spec.command[0]
+        found = exe if os.sep in exe else shutil.which(exe)
+        if found is None or not os.access(found, os.X_OK):
+            r.add(FAIL, f"backend {name}", f"cannot run {exe!r} (not found or not executable)",
+                  "fix 'command' or 'python' (the venv's bin/python) in its descriptor")
+            continue
+        if not Path(spec.cwd).is_dir():
+            r.add(FAIL, f"backend {name}", f"working directory {spec.cwd} does not exist",
+                  "fix 'cwd'")
+            continue
+        if "python" in Path(found).name and "worker_sdk" in spec.command:
+            if found not in checked:
+                checked[found] = _python_problem(found, spec.env)
+            problem = checked[found]
+            if problem:
+                r.add(FAIL, f"backend {name}", f"{found}: {problem}",
+                      f"install vramtui's worker_sdk into that venv ({found} -m pip install "
+                      "vramtui)")
+                continue
+        r.add(OK, f"backend {name}", " ".join(spec.command)[:100])
+
+
+def _python_problem(python: str, env: dict[str, str]) -> str | None:
+    try:
+        done = subprocess.run([python, "-c", "import worker_sdk"], capture_output=True,
+                              text=True, timeout=30, env={**os.environ, **env})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run it: {exc}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        return f"cannot import worker_sdk: {last}"
+    return None
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from .connect import control_socket
+
+    paths = Paths.from_env()
+    report = Report()
+    check_nvml(report)
+    check_runtime(report, paths)
+    check_engine(report, paths, control_socket(args))
+    check_state(report, paths)
+    check_backends(report, paths, list(getattr(args, "backends", None) or []))
+    if args.json:
+        from .output import print_json
+
+        print_json({"ok": not report.failed, "checks": report.checks})
+    else:
+        from rich.markup import escape
+
+        from .output import out
+
+        for c in report.checks:
+            line = f"{_MARK[c['status']]} {escape(c['check'])}: {escape(c['detail'])}"
+            out.print(line, markup=True, highlight=False)
+            if c["fix"] and c["status"] != OK:
+                out.print(f"    fix: {c['fix']}", markup=False)
+        out.print("all good" if not report.failed else "[bold red]problems found[/]")
+    return Exit.JOB_FAILED if report.failed else Exit.OK

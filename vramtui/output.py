@@ -1,0 +1,158 @@
+"""How the CLI prints: rich tables for people, JSON for scripts, one-line errors on stderr.
+
+Imports rich only (never Textual).  ``jsonable`` turns any engine view into JSON values: bytes
+become text when they are UTF-8, else ``{"base64": ...}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from supervisor.jobs import JobState, JobView
+from supervisor.snapshot import EngineSnapshot
+
+# Piped output is not cut to 80 columns: tables take the width they need, up to 160.
+out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False)
+
+STATE_STYLE = {
+    JobState.QUEUED: "yellow", JobState.STARTING: "cyan", JobState.RUNNING: "bold cyan",
+    JobState.SUCCEEDED: "green", JobState.FAILED: "bold red", JobState.CANCELLED: "magenta",
+    JobState.TIMED_OUT: "red",
+}
+WORKER_STYLE = {"ready": "green", "busy": "bold cyan", "starting": "cyan", "stopping": "yellow",
+                "failed": "bold red", "cold": "dim"}
+
+
+def jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(raw).decode()}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    return value
+
+
+def print_json(value: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(jsonable(value), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def error(text: str) -> None:
+    """One line on stderr, ``vramtui: error: ...``."""
+    first = " ".join(str(text).split("\n")[0].split())
+    sys.stderr.write(f"vramtui: error: {first}\n")
+    sys.stderr.flush()
+
+
+def mib(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 1024:.1f} GiB" if abs(n) >= 1024 else f"{n} MiB"
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "–"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 90:
+        return f"{s:.1f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def state_text(state: JobState) -> Text:
+    return Text(state.value, style=STATE_STYLE.get(state, ""))
+
+
+def job_duration(job: JobView) -> float | None:
+    if job.started_at is None:
+        return None
+    end = job.finished_at
+    return None if end is None else end - job.started_at
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+def gpu_table(snap: EngineSnapshot) -> Table:
+    table = Table(title="GPUs", title_justify="left", expand=False)
+    for col in ("GPU", "name", "used / total", "reserved", "ours", "foreign", "budget", "util",
+                "temp"):
+        table.add_column(col, justify="right" if col not in ("name",) else "left")
+    for g in snap.gpus:
+        used = f"{mib(g.used_mib)} / {mib(g.total_mib)}"
+        table.add_row(str(g.index), g.name, used,
+                      mib(g.reserved_mib), mib(g.ours_mib), mib(g.foreign_mib),
+                      mib(g.budget_mib), "–" if g.util_pct is None else f"{g.util_pct} %",
+                      "–" if g.temp_c is None else f"{g.temp_c} °C")
+    return table
+
+
+def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
+    table = Table(title="Backends", title_justify="left")
+    cols = ["backend", "state", "pid", "GPU", "peak", "observed", "queued", "running",
+            "served"]
+    if wide:
+        cols += ["p95", "priority", "keep-alive", "description"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("backend", "state", "description")
+                         else "right")
+    for b in snap.backends:
+        peak = mib(b.peak_mib) + ("" if b.declared_peak_mib is not None or b.peak_mib is None
+                                  else " (learned)")
+        state = Text(b.state, style=WORKER_STYLE.get(b.state, ""))
+        if b.over_declared:
+            state.append(" over peak!", style="bold red")
+        row = [b.name, state, str(b.pid or "–"), "–" if b.gpu is None else str(b.gpu), peak,
+               mib(b.observed_mib), str(b.queued), str(b.running), str(b.jobs_served)]
+        if wide:
+            keep = "pinned" if b.pinned else seconds(b.keep_alive_left_s)
+            row += [mib(b.observed_p95_mib), str(b.priority), keep, b.description]
+        table.add_row(*row)
+    return table
+
+
+def queue_table(jobs: tuple[JobView, ...]) -> Table:
+    table = Table(title="Queue", title_justify="left")
+    for col in ("#", "job", "backend", "priority", "waiting", "passed", "age"):
+        table.add_column(col, justify="right" if col in ("#", "priority", "passed", "age")
+                         else "left")
+    now = time.monotonic()
+    for j in jobs:
+        table.add_row(str(j.position or "–"), j.id, j.backend, str(j.priority),
+                      j.waiting or "–", str(j.passed), seconds(max(0.0, now - j.submitted_at)))
+    return table
+
+
+def jobs_table(jobs: tuple[JobView, ...], title: str = "Jobs") -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("job", "backend", "state", "progress", "GPU", "peak", "took", "note"):
+        table.add_column(col, justify="right" if col in ("GPU", "peak", "took") else "left")
+    for j in jobs:
+        progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
+        note = j.error or j.progress_text or j.waiting or ""
+        table.add_row(j.id, j.backend, state_text(j.state), progress,
+                      "–" if j.gpu is None else str(j.gpu), mib(j.peak_mib),
+                      seconds(job_duration(j)), note)
+    return table
