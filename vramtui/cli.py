@@ -113,6 +113,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                         help="with --serve: let members of GROUP use the control socket (it "
                              "becomes 0660 and the runtime directory 0710, both of group "
                              "GROUP; every directory above must be searchable by GROUP)")
+    parser.add_argument("--dynamo", metavar="NAMESPACE",
+                        help="with --serve: also serve each backend as the NVIDIA Dynamo "
+                             "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
