@@ -63,7 +63,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
             "respawn", "preload", "zero", "logs", "doctor")
-_VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group"})
+_VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
+                            "--dynamo"})
 
 
 class _Skipped:
