@@ -104,10 +104,28 @@ class BackendRuntime:
     ghost: Ghost | None = None
     preload: bool = False  # start the worker without a job, like a top-priority job would
     preload_deadline: float = 0.0
+    _info: sched.BackendInfo | None = None
+    _info_key: tuple[int, int | None, int | None] | None = None
 
     @property
     def peak(self) -> int | None:
         return self.spec.peak if self.spec.peak is not None else self.learned_peak_mib
+
+    def sched_info(self) -> sched.BackendInfo:
+        """What the scheduler knows of this backend (rebuilt only when the footprint moves)."""
+        key = (id(self.spec), self.learned_peak_mib, self.learned_resident_mib)
+        if self._info is None or self._info_key != key:
+            spec, peak, act = self.spec, self.peak, self.activation
+            if peak is not None and act is not None and act > peak:
+                act = peak
+            self._info = sched.BackendInfo(
+                name=spec.name, peak_mib=peak, activation_mib=act, safety_mib=spec.safety_mib,
+                priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
+                pinned=spec.pinned,
+                reload_cost_s=spec.reload_cost_s if spec.reload_cost_s is not None else 1.0,
+            )
+            self._info_key = key
+        return self._info
 
     @property
     def activation(self) -> int | None:
@@ -270,6 +288,8 @@ class Engine:
                                         backend=backend))
 
     def _job_event(self, job: Job) -> None:
+        if not self.events.active:
+            return
         self.events.publish(EngineEvent("job", time.time(), job=job.view(), backend=job.backend,
                                         state=job.state.value))
 
@@ -601,17 +621,7 @@ class Engine:
         backends = {}
         workers = {}
         for name, rt in self.backends.items():
-            spec = rt.spec
-            peak = rt.peak
-            act = rt.activation
-            if peak is not None and act is not None and act > peak:
-                act = peak
-            backends[name] = sched.BackendInfo(
-                name=name, peak_mib=peak, activation_mib=act, safety_mib=spec.safety_mib,
-                priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
-                pinned=spec.pinned,
-                reload_cost_s=spec.reload_cost_s if spec.reload_cost_s is not None else 1.0,
-            )
+            backends[name] = rt.sched_info()
             w = rt.worker
             if w is not None and w.state not in (WorkerState.CRASHED, WorkerState.COLD,
                                                  WorkerState.FAILED):
@@ -629,7 +639,8 @@ class Engine:
                 )
         # A calibration needs a GPU to itself: the scheduler sees it as an unmeasured backend.
         wanted = set(calibrating or ())
-        wanted.update(j.backend for j in self.queue if j.kind == "calibration")
+        wanted.update(key[len("calibrate:"):] for key in self.queue.per_backend
+                      if key.startswith("calibrate:"))
         for run, _task in self.calibrations.values():
             key = f"calibrate:{run.rt.spec.name}"
             wanted.add(run.rt.spec.name)
@@ -901,8 +912,9 @@ class Engine:
         if job is None:
             return
         job.chunks.append(chunk)
-        self.events.publish(EngineEvent("chunk", time.time(), backend=job.backend,
-                                        job_id=job_id, data=chunk))
+        if self.events.active:
+            self.events.publish(EngineEvent("chunk", time.time(), backend=job.backend,
+                                            job_id=job_id, data=chunk))
 
     def _learn(self, rt: BackendRuntime, job: Job) -> None:
         """Record the job's observed peak; size an unmeasured backend from it."""

@@ -95,6 +95,11 @@ class EventHub:
         with self._lock:
             self._subs = [s for s in self._subs if s is not sub]
 
+    @property
+    def active(self) -> bool:
+        """Whether anyone listens (events are not even built when nobody does)."""
+        return bool(self._subs)
+
     def publish(self, event: EngineEvent) -> None:
         for sub in self._subs:
             sub._offer(event)
