@@ -16,7 +16,8 @@ from . import __version__
 EXIT_CODES = """\
 exit codes:
   0   success
-  1   the job failed, was cancelled or timed out; doctor found a problem; the engine failed
+  1   the job failed, was cancelled or timed out; doctor found a problem; the engine failed;
+      a calibration failed or earned too low a confidence to write an overlay
   2   bad usage or input (unknown flag, bad JSON, unreadable file, request too large)
   3   no engine is running (start one with `vramtui --serve`, or run `vramtui`)
   4   unknown backend or job
@@ -24,7 +25,7 @@ exit codes:
       or (--serve) another engine already runs in this runtime directory
   6   the job has not finished yet (result without --wait)
   70  internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)
-  130 interrupted (Ctrl-C; a submitted job goes on)
+  130 interrupted (Ctrl-C; a submitted job goes on, a calibration is cancelled)
 """
 
 EXAMPLES = """\
@@ -33,6 +34,10 @@ examples:
   vramtui --serve                         the engine, headless
   vramtui submit echo --data '{"a": 1}' --wait
   vramtui status
+  vramtui calibrate sdxl --repeats 3 --out sdxl-report.json
+                                          measure sdxl's real VRAM footprint, alone on a GPU
+  vramtui recalibrate sdxl-report.json --write-overlay
+                                          re-analyse a stored report (no GPU, no engine)
 """
 
 
@@ -62,7 +67,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
-            "respawn", "preload", "zero", "logs", "doctor")
+            "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate")
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
                             "--dynamo"})
 
@@ -167,6 +172,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
     command("doctor", "check NVML, the runtime directory, the journal and every backend")
+    p = command("calibrate", "measure BACKEND's real VRAM footprint: a run alone on a GPU that "
+                             "writes a report and, when it can be trusted, an overlay")
+    p.add_argument("backend")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="requests to run, one after another (default 3; 2 or more tell a "
+                        "leak or a warm-up apart)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--request", metavar="JSON",
+                        help="the request each repeat sends, as JSON text (default: the "
+                             "backend's calibration_request)")
+    source.add_argument("--request-file", metavar="FILE", help="the request, read from FILE")
+    p.add_argument("--settle", type=float, default=1.0, metavar="S",
+                   help="seconds to watch the memory settle after loading and after each "
+                        "request (default 1)")
+    p.add_argument("--out", metavar="FILE", help="also copy the JSON report to FILE")
+    p = command("recalibrate", "re-run the analysis on a stored calibration report (no GPU, "
+                               "no engine) and say what changed")
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--write-overlay", action="store_true",
+                   help="write the measured figures into the config's backends.d (when the "
+                        "report justifies them)")
     return parser
 
 

@@ -9,6 +9,7 @@ error is also printed on stdout as ``{"error": ..., "type": ...}``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from supervisor import errors as E
 from supervisor.control import errors as CE
 from supervisor.jobs import JobState
+from supervisor.snapshot import BackendView
 
 from .cli import Exit, UsageError
 from .connect import open_client
@@ -191,16 +193,55 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+SUGGESTED_MARGIN = 1.05  # a suggested peak: the observed p95 plus 5 % ...
+SUGGESTED_STEP_MIB = 64  # ... rounded up to this
+
+
+def suggested_peak_mib(backend: BackendView) -> int | None:
+    """For a backend whose observed p95 peak exceeds its declared peak, the peak to declare
+    instead (observed p95 + 5 %, rounded up to 64 MiB); None when the declaration holds."""
+    if not backend.over_declared or backend.observed_p95_mib is None:
+        return None
+    wanted = math.ceil(backend.observed_p95_mib * SUGGESTED_MARGIN)
+    return -(-wanted // SUGGESTED_STEP_MIB) * SUGGESTED_STEP_MIB
+
+
+def _size_up(n: int) -> str:
+    """A size to declare, never below ``n``: whole MiB, or GiB rounded up to 0.1."""
+    if n < 1024:
+        return f"{n} MiB"
+    return f"{math.ceil(n * 10 / 1024) / 10:.1f} GiB"
+
+
+def over_declared_line(backend: BackendView) -> str | None:
+    """"observed p95 9.8 GiB > declared 9.0 GiB: set vram.peak to 10.3 GiB or run ..."."""
+    suggested = suggested_peak_mib(backend)
+    if suggested is None:
+        return None
+    from .output import mib
+
+    return (f"{backend.name}: observed p95 {mib(backend.observed_p95_mib)} > declared "
+            f"{mib(backend.declared_peak_mib)}: set vram.peak to {_size_up(suggested)} or run "
+            f"`vramtui calibrate {backend.name}`")
+
+
 def cmd_backends(args: argparse.Namespace) -> int:
     snap = open_client(args).snapshot(data_limit=0, light=True)
     if args.json:
-        from .output import print_json
+        from .output import jsonable, print_json
 
-        print_json(snap.backends)
+        print_json([{**jsonable(b), "over_declared": b.over_declared,
+                     "suggested_peak_mib": suggested_peak_mib(b)} for b in snap.backends])
         return Exit.OK
+    from rich.markup import escape
+
     from .output import backend_table, out
 
     out.print(backend_table(snap, wide=True))
+    for backend in snap.backends:
+        line = over_declared_line(backend)
+        if line is not None:
+            out.print(f"[bold red]over peak![/] {escape(line)}")
     return Exit.OK
 
 
@@ -261,6 +302,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return submit(args)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate_cmd import cmd_calibrate as calibrate
+
+    return calibrate(args)
+
+
+def cmd_recalibrate(args: argparse.Namespace) -> int:
+    from .calibrate_cmd import cmd_recalibrate as recalibrate
+
+    return recalibrate(args)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import run_doctor
 
@@ -281,4 +334,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "zero": cmd_zero,
     "logs": cmd_logs,
     "doctor": cmd_doctor,
+    "calibrate": cmd_calibrate,
+    "recalibrate": cmd_recalibrate,
 }
