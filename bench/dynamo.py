@@ -19,6 +19,16 @@ Cases:
 - raw-bytes-sync-client: raw-bytes through ``worker_sdk.dynamo.client.Client``, the blocking
   client (its background-thread hop included).
 
+Through the engine: ``vramtui --serve --dynamo benchengine`` (simulated GPU, the journal on, as
+served) with the echo example as its backend ``echo``; each request is an engine job (submit
+through the facade, journal, queue, scheduler step, dispatch to the hot worker over its socket,
+result, journal, event back to the bridge):
+- engine-raw-bytes, engine-raw-stream-10: the raw-bytes and raw-stream-10 requests sent to
+  ``benchengine.echo.generate``;
+- engine-status: ``benchengine.echo.status`` (a snapshot of the engine, no job);
+- engine-control-socket: the same 16-byte job without Dynamo, ``submit_wait`` on the engine's
+  control socket (``supervisor.client.Client``): what the engine itself costs.
+
 Dynamo 1.6.1 prints one INFO line per client request (the ``request_span`` target ignores
 ``DYN_LOG``), so this process's stderr goes to a log file in the temporary directory.
 """
@@ -117,6 +127,9 @@ async def _run(directory: str, n: int, warmup: int) -> list[tuple[str, int, list
         ("raw-bytes", "bench.echo.generate", b"0123456789abcdef"),
         ("raw-stream-10", "bench.echo.generate", {"stream": 10}),
         ("embedding", "bench.embed.generate", {"input": "hello", "dimensions": 8}),
+        ("engine-raw-bytes", "benchengine.echo.generate", b"0123456789abcdef"),
+        ("engine-raw-stream-10", "benchengine.echo.generate", {"stream": 10}),
+        ("engine-status", "benchengine.echo.status", None),
     ]
     for name, endpoint, request in cases:
         client = await client_for(endpoint)
@@ -140,6 +153,71 @@ def _sync_client_case(directory: str, n: int, warmup: int) -> tuple[str, int, li
             client.call(b"0123456789abcdef")
             samples.append(time.perf_counter() - start)
     return "raw-bytes-sync-client", items, samples
+
+
+ENGINE_BACKENDS = """\
+backends:
+  - name: echo
+    script: {script}
+    vram: {{weights: 0MiB, activation: 16MiB}}
+"""
+
+
+def _engine_env(directory: str) -> dict[str, str]:
+    """The environment of the served engine: its own config, state and runtime directories."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
+    env.update(VRAMTUI_RUNTIME_DIR=os.path.join(directory, "run"),
+               VRAMTUI_STATE_DIR=os.path.join(directory, "state"),
+               VRAMTUI_CONFIG_DIR=os.path.join(directory, "cfg"))
+    return env
+
+
+def _start_engine(directory: str) -> subprocess.Popen[bytes]:
+    """``vramtui --serve --dynamo benchengine`` on a simulated GPU, once its socket answers."""
+    from supervisor.client import Client as ControlClient
+    from supervisor.control.errors import EngineNotRunning
+    from supervisor.paths import Paths
+
+    descriptor = Path(directory, "backends.yaml")
+    descriptor.write_text(ENGINE_BACKENDS.format(script=ROOT / "examples" / "echo" / "main.py"))
+    env = _engine_env(directory)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    with open(Path(directory, "engine.log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vramtui", "--serve", "--gpus", "sim:8GiB", "--backends",
+             str(descriptor), "--dynamo", "benchengine"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )
+    socket_path = Paths.from_env(env).control_socket
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"vramtui --serve exited with {proc.returncode}; see {directory}")
+        try:
+            ControlClient(socket_path).close()
+            return proc
+        except EngineNotRunning:
+            if time.monotonic() > deadline:
+                raise SystemExit("vramtui --serve did not answer within 60 s") from None
+            time.sleep(0.05)
+
+
+def _control_socket_case(directory: str, n: int, warmup: int) -> tuple[str, int, list[float]]:
+    from supervisor.client import Client as ControlClient
+    from supervisor.paths import Paths
+
+    client = ControlClient(Paths.from_env(_engine_env(directory)).control_socket)
+    try:
+        for _ in range(warmup):
+            client.submit_wait("echo", b"0123456789abcdef")
+        samples = []
+        for _ in range(n):
+            start = time.perf_counter()
+            client.submit_wait("echo", b"0123456789abcdef")
+            samples.append(time.perf_counter() - start)
+    finally:
+        client.close()
+    return "engine-control-socket", 1, samples
 
 
 def main() -> None:
@@ -167,10 +245,12 @@ def main() -> None:
     log_path = Path(directory, "client.log")
     saved_stderr = os.dup(2)
     try:
+        workers.append(_start_engine(directory))
         with open(log_path, "wb") as log:
             os.dup2(log.fileno(), 2)
         results = asyncio.run(_run(discovery, args.n, args.warmup))
         results.append(_sync_client_case(discovery, args.n, args.warmup))
+        results.append(_control_socket_case(directory, args.n, args.warmup))
     finally:
         os.dup2(saved_stderr, 2)
         for proc in workers:

@@ -4,7 +4,8 @@ Logs go to stderr (and ``--log-file``) with timestamps; one line on stdout says 
 control socket is and whether the GPU is simulated.  SIGTERM or SIGINT stops it cleanly: no new
 jobs, queued ones are cancelled, running ones get their backend's stop grace, workers are
 stopped; then it exits 0.  A second ``--serve`` for the same runtime directory refuses at once,
-naming the running engine's pid and socket.
+naming the running engine's pid and socket.  With ``--dynamo NS`` each backend is also served
+as the NVIDIA Dynamo endpoint ``NS.BACKEND.generate`` (see :mod:`vramtui.dynamo_bridge`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def run_serve(args: argparse.Namespace) -> int:
             group = resolve_group(args.allow_group)
         except ValueError as exc:
             return _fail(f"--allow-group: {exc}", Exit.USAGE)
+    if getattr(args, "dynamo", None):
+        from .dynamo_bridge import check_dynamo
+
+        problem = check_dynamo(args.dynamo)
+        if problem is not None:
+            return _fail(problem, Exit.USAGE)
     paths = Paths.from_env()
     # Refuse at once when an engine already answers here (before touching anything).
     try:
@@ -83,6 +90,12 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
               + (f" ({snap.notice})" if snap.notice else ""), flush=True)
 
     serve_control(sup, mode="serve", allow_group=group, on_ready=ready)
+    bridge = None
+    if getattr(args, "dynamo", None):
+        from .dynamo_bridge import DynamoBridge
+
+        bridge = DynamoBridge(sup, args.dynamo)
+        sup.add_service(bridge)
     try:
         sup.run()
     except EngineRunning as exc:
@@ -90,5 +103,7 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
     except (VramtuiError, OSError) as exc:
         text = str(exc) if isinstance(exc, VramtuiError) else f"{exc.strerror or exc}"
         return _fail(f"the engine could not start: {text}", Exit.FAILED)
+    if bridge is not None and bridge.error is not None:
+        return _fail(f"Dynamo could not start: {bridge.error}", Exit.FAILED)
     logging.getLogger("vramtui").info("stopped")
     return Exit.OK
