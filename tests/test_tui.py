@@ -1,0 +1,485 @@
+"""The TUI against a real embedded engine on the simulated GPU, with real worker processes.
+
+Every key is checked against the processes themselves: evict really stops the worker, respawn
+gives a new pid, cancel really cancels.  Waits poll with a deadline (``pilot.pause``), never a
+bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import json
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+from engine_support import engine, sim_backend
+from rich.console import Console
+from textual.command import CommandPalette
+from textual.pilot import Pilot
+from textual.widgets import Input, TextArea
+
+from supervisor import JobState, Supervisor
+from vramtui.app import VramApp
+from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
+from vramtui.app.screens import (
+    DASHBOARD_BINDINGS,
+    BackendDetail,
+    ConfirmDialog,
+    Dashboard,
+    HelpScreen,
+    JobDetail,
+    SubmitDialog,
+)
+from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
+
+
+def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test on its own event loop (no async pytest plugin needed)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+WIDE = (160, 48)
+NARROW = (80, 24)
+
+
+def backends() -> list[dict[str, object]]:
+    return [sim_backend("alpha", 1024, 256), sim_backend("beta", 512, 256, priority=3)]
+
+
+@contextmanager
+def real_engine() -> Iterator[Supervisor]:
+    with engine(backends(), gpus="sim:8GiB") as sup:
+        yield sup
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def until(pilot: Pilot[int], predicate: Callable[[], object], what: str,
+                timeout: float = 20.0) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def rendered(pilot: Pilot[int], polls: int = 1) -> None:
+    """Wait for ``polls`` more snapshots to reach the screen."""
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    target = app.polls + polls
+    await until(pilot, lambda: app.polls >= target, f"{polls} snapshot(s)")
+    await pilot.pause()
+
+
+def state(sup: Supervisor, name: str) -> tuple[str, int | None]:
+    b = sup.snapshot().backend(name)
+    assert b is not None
+    return b.state, b.pid
+
+
+async def preload(pilot: Pilot[int], sup: Supervisor, name: str) -> int:
+    sup.preload(name)
+    await until(pilot, lambda: state(sup, name)[0] == "ready", f"{name} ready")
+    pid = state(sup, name)[1]
+    assert pid is not None and alive(pid)
+    await rendered(pilot)
+    return pid
+
+
+async def select_backend(pilot: Pilot[int], name: str) -> None:
+    table = pilot.app.screen.query_one(BackendsTable)
+    table.focus()
+    table.move_cursor(row=table.get_row_index(name))
+    await pilot.pause()
+    assert table.selected_key() == name
+
+
+def text_of(widget: Any) -> str:
+    """What a Static shows, as plain text (tables and groups rendered)."""
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    console.print(widget.content)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def notes(app: VramApp) -> str:
+    return "\n".join(n.message for n in app._notifications)
+
+
+def req(**kw: object) -> bytes:
+    return json.dumps(kw).encode()
+
+
+# ------------------------------------------------------------------------------ dashboard
+
+
+@aio
+async def test_dashboard_shows_the_real_engine() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=WIDE) as pilot:
+            await rendered(pilot)
+            header = app.screen.query_one(EngineHeader)
+            text = header.render().plain
+            assert "embedded" in text and "SIMULATED GPU" in text and "queue" in text
+            table = app.screen.query_one(BackendsTable)
+            assert table.keys() == ["alpha", "beta"]
+            panels = list(app.screen.query(GpuPanel))
+            assert len(panels) == 1 and "SIM" in str(panels[0].border_title)
+            assert panels[0].graph.display
+            log = app.screen.query_one(EventLog)
+            await until(pilot, lambda: any("engine started" in t.plain for t in log._source),
+                        "the engine's log in the event log")
+
+
+@aio
+async def test_preload_then_evict_asks_first_and_really_stops_the_worker() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            await select_backend(pilot, "alpha")
+            await pilot.press("p")  # preload through the UI
+            await until(pilot, lambda: state(sup, "alpha")[0] == "ready", "alpha ready")
+            pid = state(sup, "alpha")[1]
+            assert alive(pid)
+            await rendered(pilot)
+            table = app.screen.query_one(BackendsTable)
+            assert str(table.get_cell("alpha", "pid")) == str(pid)
+
+            await pilot.press("e")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("n")  # changed my mind
+            assert isinstance(app.screen, Dashboard)
+            await rendered(pilot, 2)
+            assert state(sup, "alpha") == ("ready", pid) and alive(pid)
+
+            await pilot.press("e")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("y")
+            await until(pilot, lambda: not alive(pid), "the worker process to exit")
+            await until(pilot, lambda: state(sup, "alpha") == ("cold", None), "alpha cold")
+            await rendered(pilot)
+            assert str(table.get_cell("alpha", "state")).startswith("cold")
+
+
+@aio
+async def test_respawn_gives_a_new_process() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            old = await preload(pilot, sup, "beta")
+            await select_backend(pilot, "beta")
+            await pilot.press("r")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("y")
+            await until(pilot, lambda: state(sup, "beta")[0] == "ready"
+                        and state(sup, "beta")[1] not in (None, old), "a new beta worker")
+            new = state(sup, "beta")[1]
+            assert alive(new)
+            await until(pilot, lambda: not alive(old), "the old worker to exit")
+
+
+@aio
+async def test_cancel_a_running_and_a_queued_job() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            running = sup.submit("alpha", req(steps=1000, step_s=0.02))
+            await until(pilot, lambda: sup.job(running).state is JobState.RUNNING, "running")
+            queued = sup.submit("alpha", req(steps=1))
+            await until(pilot, lambda: app.snap is not None and
+                        [j.id for j in app.snap.queued] == [queued], "the queued job shown")
+            await rendered(pilot)
+            await pilot.press("q")  # jobs are running in this embedded engine: it asks first
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("n")
+            jobs = app.screen.query_one(JobsTable)
+            jobs.focus()
+            jobs.move_cursor(row=jobs.get_row_index(running))
+            await pilot.press("c")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("y")
+            await until(pilot, lambda: sup.job(running).state is JobState.CANCELLED,
+                        "the running job cancelled")
+            # the queued one then starts; cancel it too (or it is already done)
+            jobs.move_cursor(row=jobs.get_row_index(queued))
+            await pilot.press("c")
+            if isinstance(app.screen, ConfirmDialog):
+                await pilot.press("y")
+                await until(pilot, lambda: sup.job(queued).finished, "the second job ended")
+            else:
+                assert sup.job(queued).finished
+            assert sup.job(running).progress is not None and sup.job(running).progress < 1
+
+
+@aio
+async def test_zero_evicts_every_idle_worker() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            pids = [await preload(pilot, sup, "alpha"), await preload(pilot, sup, "beta")]
+            await pilot.press("z")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("y")
+            await until(pilot, lambda: not any(alive(p) for p in pids), "both workers gone")
+            await until(pilot, lambda: [state(sup, n)[0] for n in ("alpha", "beta")]
+                        == ["cold", "cold"], "both cold")
+
+
+@aio
+async def test_no_confirm_acts_at_once() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded", confirm=False)
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            pid = await preload(pilot, sup, "alpha")
+            await select_backend(pilot, "alpha")
+            await pilot.press("e")
+            assert isinstance(app.screen, Dashboard)  # no dialog
+            await until(pilot, lambda: not alive(pid), "alpha's worker gone")
+
+
+@aio
+async def test_readonly_changes_nothing() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded", readonly=True)
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            assert "READ-ONLY" in app.screen.query_one(EngineHeader).render().plain
+            pid = await preload(pilot, sup, "alpha")
+            job = sup.submit("alpha", req(steps=400, step_s=0.02))
+            await until(pilot, lambda: sup.job(job).state is JobState.RUNNING, "running")
+            await select_backend(pilot, "alpha")
+            for key in ("e", "r", "z", "s", "k"):
+                await pilot.press(key)
+                assert isinstance(app.screen, Dashboard), key
+            await select_backend(pilot, "beta")
+            await pilot.press("p")
+            jobs = app.screen.query_one(JobsTable)
+            await rendered(pilot)
+            jobs.focus()
+            await pilot.press("c")
+            assert isinstance(app.screen, Dashboard)
+            # the palette's commands refuse too
+            app.request_evict("alpha")
+            app.request_cancel(job)
+            await rendered(pilot, 2)
+            assert state(sup, "alpha") == ("busy", pid) and alive(pid)
+            assert state(sup, "beta") == ("cold", None)
+            assert sup.job(job).state is JobState.RUNNING
+            assert "Read-only" in notes(app)
+            sup.cancel(job)
+
+
+# ------------------------------------------------------------------------------ views
+
+
+@aio
+async def test_filter_narrows_tables_and_escape_clears_it() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            await pilot.press("slash")
+            box = app.screen.query_one("#filter", Input)
+            assert box.display and box.has_focus
+            await pilot.press("b", "e", "t")
+            await pilot.press("q")  # typed into the filter, not a quit
+            await pilot.press("backspace")
+            await rendered(pilot)
+            table = app.screen.query_one(BackendsTable)
+            assert table.keys() == ["beta"]
+            await pilot.press("enter")
+            assert table.has_focus and app.filter_text == "bet"
+            await pilot.press("escape")
+            await rendered(pilot)
+            assert table.keys() == ["alpha", "beta"]
+            assert not box.display
+
+
+@aio
+async def test_detail_screens_for_a_backend_and_a_finished_job() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=WIDE) as pilot:
+            await rendered(pilot)  # subscribed to the engine's events from here on
+            job = sup.submit("alpha", req(steps=3, step_s=0.02), metadata={"who": "pilot"})
+            await until(pilot, lambda: sup.job(job).finished, "the job to finish")
+            assert sup.job(job).state is JobState.SUCCEEDED
+            # the worker's progress reports came as events: 0 %, 33 %, 67 %, 100 %
+            await until(pilot, lambda: len(app.progress.get(job, ())) >= 4, "progress events")
+            await rendered(pilot)
+            await select_backend(pilot, "alpha")
+            await pilot.press("enter")
+            assert isinstance(app.screen, BackendDetail)
+            assert app.screen.backend_name == "alpha"
+            pid = state(sup, "alpha")[1]
+            await until(pilot, lambda: str(pid) in text_of(app.screen.query_one("#about")),
+                        "the worker pid in the details")
+            await until(pilot, lambda: "simmodel" in text_of(app.screen.query_one("#descriptor")),
+                        "the descriptor")
+            log = app.screen.query_one("#worker-log")
+            await until(pilot, lambda: len(log._source) > 0, "the worker's log tail")
+            await pilot.press("escape")
+            assert isinstance(app.screen, Dashboard)
+
+            jobs = app.screen.query_one(JobsTable)
+            jobs.focus()
+            jobs.move_cursor(row=jobs.get_row_index(job))
+            await pilot.press("enter")
+            assert isinstance(app.screen, JobDetail) and app.screen.job_id == job
+            await until(pilot, lambda: "succeeded" in text_of(app.screen.query_one("#result")),
+                        "the result")
+            body = text_of(app.screen.query_one("#result"))
+            assert '"steps": 3' in body and "200" in body
+            assert "pilot" in text_of(app.screen.query_one("#meta"))
+            timeline = text_of(app.screen.query_one("#timeline"))
+            assert "running" in timeline and "succeeded" in timeline
+            assert "step 2/3" in timeline and "100% done" in timeline
+            await pilot.press("b")  # on to its backend
+            assert isinstance(app.screen, BackendDetail)
+            await pilot.press("escape", "escape")
+            assert isinstance(app.screen, Dashboard)
+
+
+@aio
+async def test_submit_dialog_runs_a_real_job() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            await select_backend(pilot, "beta")
+            await pilot.press("s")
+            assert isinstance(app.screen, SubmitDialog)
+            app.screen.query_one("#payload", TextArea).text = '{"steps": 2, "step_s": 0.01}'
+            app.screen.query_one("#priority", Input).value = "7"
+            await pilot.press("ctrl+s")
+            assert isinstance(app.screen, Dashboard)
+
+            def done() -> object:
+                snap = sup.snapshot()
+                return [j for j in snap.recent if j.backend == "beta" and j.priority == 7
+                        and j.state is JobState.SUCCEEDED]
+
+            (job,) = await until(pilot, done, "the submitted job to succeed")  # type: ignore[misc]
+            assert json.loads(job.data)["steps"] == 2
+            await until(pilot, lambda: f"Submitted {job.id}" in notes(app), "a notice")
+
+
+@aio
+async def test_help_lists_every_key_and_graph_and_calibrate_keys() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            body = text_of(app.screen.query_one("#help-body"))
+            for b in DASHBOARD_BINDINGS:
+                if b.show:
+                    assert b.tooltip in body, b.action
+                    assert b.id and b.tooltip  # every binding has an id and a tooltip
+            await pilot.press("escape")
+            assert isinstance(app.screen, Dashboard)
+
+            graph = app.screen.query_one(GpuPanel).graph
+            await pilot.press("g")
+            await rendered(pilot)
+            assert app.graph_window == 600 and graph._window == 600
+            await pilot.press("g")
+            assert app.graph_window == 60
+            await pilot.press("k")
+            assert "not available yet" in notes(app)
+
+
+@aio
+async def test_command_palette_evicts_a_named_backend() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            pid = await preload(pilot, sup, "beta")
+            await pilot.press("ctrl+p")
+            assert isinstance(app.screen, CommandPalette)
+            await pilot.press(*"evict beta")
+            await until(pilot, lambda: app.screen.query("CommandList")
+                        and app.screen.query_one("CommandList").option_count > 0,
+                        "palette hits")
+            await pilot.pause(0.2)
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the dialog")
+            await pilot.press("y")
+            await until(pilot, lambda: not alive(pid), "beta's worker gone")
+
+
+@aio
+async def test_mouse_click_selects_and_opens() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            table = app.screen.query_one(BackendsTable)
+            row_y = 2 + table.get_row_index("beta")  # the top border, the header
+            await pilot.click(BackendsTable, offset=(4, row_y))
+            assert table.selected_key() == "beta"
+            await pilot.click(BackendsTable, offset=(4, row_y))
+            await until(pilot, lambda: isinstance(app.screen, BackendDetail), "the details")
+            assert app.screen.backend_name == "beta"
+
+
+# ------------------------------------------------------------------------------ engine gone
+
+
+@aio
+async def test_engine_gone_is_shown_and_the_app_keeps_working() -> None:
+    with real_engine() as sup:
+        app = VramApp(sup, "embedded", retry_s=0.2)
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            sup.stop(timeout=30)
+            await until(pilot, lambda: app.gone is not None, "the engine gone")
+            await pilot.pause()
+            assert "ENGINE GONE" in app.screen.query_one(EngineHeader).render().plain
+            assert app.screen.query_one("#banner").display
+            await pilot.press("g")  # still responsive
+            assert app.graph_window == 600
+            await pilot.press("e")  # a command fails with a notice, nothing hangs
+            if isinstance(app.screen, ConfirmDialog):
+                await pilot.press("y")
+            await until(pilot, lambda: "not running" in notes(app) or "stopped" in notes(app),
+                        "the failure reported")
+
+
+@aio
+async def test_engine_comes_back_after_a_gap() -> None:
+    source = FixedSource(demo_snapshot())
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks(), retry_s=0.1)
+    async with app.run_test(size=NARROW) as pilot:
+        await rendered(pilot)
+        source.fail = True
+        await until(pilot, lambda: app.gone is not None, "gone")
+        source.fail = False
+        await until(pilot, lambda: app.gone is None, "back")
+        assert "The engine is back." in notes(app)

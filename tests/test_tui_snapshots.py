@@ -1,0 +1,28 @@
+"""Snapshot tests of every screen at 80x24 and 160x48, fed by the deterministic snapshot source.
+
+The data (clock, GPUs, backends, jobs, log) is fixed, so a changed SVG means the UI changed.
+Update the baselines in tests/__snapshots__/ with ``pytest tests/test_tui_snapshots.py
+--snapshot-update`` after looking at the report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramtui.app.scenes import SCENES, SIZES, make_app
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit")
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("scene", SNAPSHOT_SCENES)
+def test_screen(snap_compare: Any, scene: str, size: tuple[int, int], tmp_path: Path,
+                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the fixed data names examples/demo/backends.yaml
+    spec = next(s for s in SCENES if s.name == scene)
+    app = make_app(tmp_path / "logs", simulated=spec.simulated, gpus=spec.gpus)
+    assert snap_compare(app, run_before=spec.run, terminal_size=size)

@@ -1,0 +1,66 @@
+"""The Textual control centre: ``run_app(args)`` starts (or attaches to) an engine and shows it.
+
+``VramApp(api, mode)`` takes any :class:`supervisor.api.EngineAPI` — the embedded
+``Supervisor``, the control-socket client, or the deterministic ``FixedSource`` used by the
+snapshot tests and screenshots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+
+from supervisor.api import EngineAPI
+
+from .app import VramApp
+
+__all__ = ["VramApp", "run_app"]
+
+
+def _open(args: argparse.Namespace) -> tuple[EngineAPI, str, Callable[[], EngineAPI] | None]:
+    try:
+        from vramtui.connect import open_engine  # written alongside; may not exist yet
+    except ImportError:
+        open_engine = None
+    if open_engine is not None:
+        api, mode = open_engine(args, allow_embedded=True)
+        reconnect = None
+        if mode != "embedded":
+            def reconnect() -> EngineAPI:
+                return open_engine(args, allow_embedded=False)[0]
+        return api, mode, reconnect
+    if getattr(args, "attach", None):
+        raise SystemExit("vramtui: --attach needs vramtui.connect, which is not here yet")
+    from supervisor import Supervisor
+
+    sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends).start_in_thread()
+    return sup, "embedded", None
+
+
+def run_app(args: argparse.Namespace) -> int:
+    """Run the TUI until the user quits; an embedded engine is stopped on the way out."""
+    from supervisor.errors import VramtuiError
+
+    # The engine logs through `logging`; with no handler, warnings would be printed on
+    # stderr over the screen.  The TUI shows the engine's log itself.
+    logging.getLogger("supervisor").addHandler(logging.NullHandler())
+    try:
+        api, mode, reconnect = _open(args)
+    except VramtuiError as exc:
+        print(f"vramtui: {exc}", file=sys.stderr)
+        return 3
+    app = VramApp(api, mode, readonly=bool(getattr(args, "readonly", False)),
+                  confirm=not getattr(args, "no_confirm", False), reconnect=reconnect)
+    try:
+        code = app.run()
+    finally:
+        if mode == "embedded":
+            print("vramtui: stopping the engine and its workers…", file=sys.stderr)
+            api.stop()
+        else:
+            with contextlib.suppress(Exception):
+                getattr(api, "close", lambda: None)()
+    return int(code or 0)

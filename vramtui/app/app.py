@@ -1,0 +1,398 @@
+"""`VramApp`: the control centre.  It holds the latest engine snapshot and never waits on the
+engine: a timer (at most 4 Hz) wakes a thread worker that takes ``api.snapshot()``; a tick
+while a snapshot is still on its way is skipped, so polls never overlap.  Events from
+``subscribe(callback=...)`` run on the engine thread; they are queued and handed to the UI with
+one coalescing message.  Commands go through the facade in thread workers, after a
+confirmation for destructive ones (unless --no-confirm), and never in --readonly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.worker import get_current_worker
+
+from supervisor.api import EngineAPI
+from supervisor.events import EngineEvent, Subscription
+from supervisor.snapshot import EngineSnapshot
+
+from . import fmt
+from .commands import VramCommands
+from .fmt import Clocks
+from .screens import (
+    BackendDetail,
+    ConfirmDialog,
+    Dashboard,
+    HelpScreen,
+    JobDetail,
+    SnapshotScreen,
+    SubmitDialog,
+    SubmitRequest,
+)
+
+MAX_HZ = 4.0
+GRAPH_WINDOWS = (60.0, 600.0)
+
+
+class UiCall(Message):
+    """A call handed to the UI thread from a worker thread (never blocks the sender)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+class EngineNudge(Message):
+    """Engine events are waiting in the app's queue; pending nudges coalesce into one."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, EngineNudge)
+
+
+class VramApp(App[int]):
+    """The vramtui control centre; give it any `EngineAPI` and a mode string."""
+
+    CSS_PATH = "vramtui.tcss"
+    TITLE = "vramtui"
+    COMMANDS = App.COMMANDS | {VramCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    BINDINGS = [
+        Binding("question_mark", "help", "Help", key_display="?", id="help",
+                tooltip="Every key, colour and mode"),
+        Binding("q", "quit", "Quit", id="quit", tooltip="Leave vramtui"),
+    ]
+
+    def __init__(self, api: EngineAPI, mode: str, *, readonly: bool = False,
+                 confirm: bool = True, clocks: Clocks | None = None,
+                 refresh_hz: float = MAX_HZ, retry_s: float = 2.0,
+                 reconnect: Callable[[], EngineAPI] | None = None,
+                 embedded: bool | None = None) -> None:
+        super().__init__()
+        self.api = api
+        self.mode = mode
+        self.readonly = readonly
+        self.confirm = confirm
+        self.clocks = clocks or Clocks()
+        self.poll_interval = 1.0 / min(MAX_HZ, max(0.1, refresh_hz))
+        self.retry_s = retry_s
+        self.reconnect = reconnect
+        self.embedded = mode == "embedded" if embedded is None else embedded
+        self.snap: EngineSnapshot | None = None
+        self.gone: str | None = None
+        self.last_ok_wall: float | None = None
+        self.graph_window = GRAPH_WINDOWS[0]
+        self.filter_text = ""
+        self.polls = 0
+        self.renders = 0
+        # job id -> (wall t, fraction, text) as reported by the worker
+        self.progress: OrderedDict[str, deque[tuple[float, float | None, str]]] = OrderedDict()
+        self._events: deque[EngineEvent] = deque(maxlen=10_000)
+        self._sub: Subscription | None = None
+        self._sub_api: EngineAPI | None = None
+        self._polling = False
+        self._wake = threading.Event()
+        self._retry_at = 0.0
+        self._closing_down = False
+
+    def get_default_screen(self) -> Screen[Any]:
+        return Dashboard()
+
+    # ============================================================== threads -> UI =========
+    def ui(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run ``fn`` on the UI thread soon; safe from any thread, never blocks."""
+        if threading.get_ident() == self._thread_id:
+            fn(*args, **kwargs)
+        else:
+            self.post_message(UiCall(fn, args, kwargs))
+
+    def on_ui_call(self, message: UiCall) -> None:
+        message.fn(*message.args, **message.kwargs)
+
+    # ============================================================== polling ===============
+    def on_mount(self) -> None:
+        self.run_worker(self._poller, thread=True, group="poll", exit_on_error=False,
+                        name="snapshot poller")
+        self.set_interval(self.poll_interval, self._tick, name="poll")
+        self._poll_now()
+
+    def _tick(self) -> None:
+        """At most 4 times a second: ask for a snapshot unless one is on its way."""
+        if self.gone is not None and time.monotonic() < self._retry_at:
+            return
+        self._poll_now()
+
+    def _poll_now(self) -> None:
+        if self._polling or self._closing_down:
+            return
+        self._polling = True
+        self._wake.set()
+
+    def _poller(self) -> None:
+        """A thread worker: one snapshot per request, so polls never overlap."""
+        worker = get_current_worker()
+        while not worker.is_cancelled and not self._closing_down:
+            if not self._wake.wait(0.5):
+                continue
+            self._wake.clear()
+            if worker.is_cancelled or self._closing_down:
+                return
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        api = self.api
+        try:
+            if self.gone is not None and self.reconnect is not None:
+                api = self.reconnect()
+            snap = api.snapshot()
+            if self._sub_api is not api:
+                self._subscribe(api)
+        except Exception as exc:  # noqa: BLE001 - any failure means "the engine is gone"
+            self.ui(self._poll_failed, exc)
+            return
+        self.ui(self._poll_done, snap, api)
+
+    def _subscribe(self, api: EngineAPI) -> None:
+        old = self._sub
+        self._sub = api.subscribe(kinds=["job"], callback=self._on_engine_event)
+        self._sub_api = api
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+
+    def _on_engine_event(self, event: EngineEvent) -> None:
+        """On the ENGINE thread: queue the event and nudge the UI (nudges coalesce)."""
+        self._events.append(event)
+        self.post_message(EngineNudge())
+
+    def on_engine_nudge(self, _: EngineNudge) -> None:
+        while self._events:
+            event = self._events.popleft()
+            job = event.job
+            if job is None:
+                continue
+            ring = self.progress.get(job.id)
+            if ring is None:
+                ring = self.progress[job.id] = deque(maxlen=300)
+                while len(self.progress) > 300:
+                    self.progress.popitem(last=False)
+            point = (event.t, job.progress, job.progress_text)
+            if job.progress is not None and (not ring or ring[-1][1:] != point[1:]):
+                ring.append(point)
+
+    def _poll_done(self, snap: EngineSnapshot, api: EngineAPI) -> None:
+        self._polling = False
+        self.polls += 1
+        if self.gone is not None:
+            self.notify("The engine is back.", title="vramtui")
+        self.gone = None
+        self.api = api
+        self.snap = snap
+        self.last_ok_wall = self.clocks.wall()
+        self.render_snapshot()
+
+    def _poll_failed(self, exc: BaseException) -> None:
+        self._polling = False
+        first = self.gone is None
+        self.gone = str(exc) or exc.__class__.__name__
+        if first and self.snap is not None:
+            self.notify(f"The engine is gone: {self.gone}. Retrying every {self.retry_s:g} s.",
+                        severity="error", title="vramtui")
+        self._retry_at = time.monotonic() + self.retry_s
+        self.render_snapshot()
+
+    def render_snapshot(self) -> None:
+        """Hand the latest snapshot to the top snapshot screen (hidden ones are skipped)."""
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, SnapshotScreen):
+                screen.refresh_snapshot()
+                self.renders += 1
+                break
+
+    async def _on_exit_app(self) -> None:
+        self._closing_down = True
+        self._wake.set()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                self._sub.close()
+        await super()._on_exit_app()
+
+    # ============================================================== commands ==============
+    def _refuse_readonly(self, what: str) -> bool:
+        if self.readonly:
+            self.notify(f"Read-only: {what} is off (started with --readonly).",
+                        severity="warning")
+        return self.readonly
+
+    def _confirmed(self, title: str, body: str, go: Callable[[], None]) -> None:
+        if not self.confirm:
+            go()
+            return
+
+        def answer(ok: bool | None) -> None:
+            if ok:
+                go()
+
+        self.push_screen(ConfirmDialog(title, body), answer)
+
+    def run_command(self, label: str, call: Callable[[EngineAPI], Any],
+                    done: Callable[[Any], str]) -> None:
+        """Run a facade call in a thread worker; report the outcome as a notification."""
+        self.run_worker(partial(self._command_thread, label, call, done), thread=True,
+                        group="command", exit_on_error=False, name=label)
+
+    def _command_thread(self, label: str, call: Callable[[EngineAPI], Any],
+                        done: Callable[[Any], str]) -> None:
+        try:
+            result = call(self.api)
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.ui(self.notify, f"{label}: {exc}", severity="error", timeout=8,
+                    title="refused" if exc.__class__.__name__ == "Refused" else "failed")
+            return
+        self.ui(self.notify, done(result))
+
+    def _backend_line(self, name: str) -> str:
+        b = self.snap.backend(name) if self.snap is not None else None
+        if b is None:
+            return name
+        where = f"pid {b.pid} on GPU{b.gpu}" if b.pid else "no worker running"
+        mem = f", {fmt.mib(b.observed_mib)} resident" if b.observed_mib else ""
+        return f"{name} is {b.state} ({where}{mem})"
+
+    def request_evict(self, name: str) -> None:
+        if self._refuse_readonly("evict"):
+            return
+        self._confirmed(f"Evict {name}?",
+                        f"{self._backend_line(name)}.\nIts worker stops and its memory is "
+                        "freed; the next job for it starts a new one.",
+                        lambda: self.run_command(f"evict {name}", lambda api: api.evict(name),
+                                                 lambda _: f"Evicting {name}."))
+
+    def request_respawn(self, name: str) -> None:
+        if self._refuse_readonly("respawn"):
+            return
+        self._confirmed(f"Respawn {name}?",
+                        f"{self._backend_line(name)}.\nIts worker is stopped and a new "
+                        "process started (failures are forgotten).",
+                        lambda: self.run_command(f"respawn {name}",
+                                                 lambda api: api.respawn(name),
+                                                 lambda _: f"Respawning {name}."))
+
+    def request_preload(self, name: str) -> None:
+        if self._refuse_readonly("preload"):
+            return
+        self.run_command(f"preload {name}", lambda api: api.preload(name),
+                         lambda _: f"Preloading {name}.")
+
+    def request_cancel(self, job_id: str) -> None:
+        if self._refuse_readonly("cancel"):
+            return
+        snap = self.snap
+        view = None
+        if snap is not None:
+            view = next((j for j in (*snap.running, *snap.queued, *snap.recent)
+                         if j.id == job_id), None)
+        if view is not None and view.finished:
+            self.notify(f"Job {job_id} already {view.state.value}.", severity="warning")
+            return
+        what = (f"It is {view.state.value} on {view.backend}"
+                + (f" ({view.progress * 100:.0f}%)" if view.progress is not None else "")
+                if view is not None else "")
+        self._confirmed(f"Cancel job {job_id}?", f"{what}.\nThe worker is asked to stop; "
+                        "a worker that does not is killed after the grace.",
+                        lambda: self.run_command(
+                            f"cancel {job_id}", lambda api: api.cancel(job_id),
+                            lambda v: f"Job {job_id}: {v.state.value}"
+                            + (" (stopping)" if not v.finished else "") + "."))
+
+    def request_zero(self) -> None:
+        if self._refuse_readonly("evict all idle"):
+            return
+        idle = [b.name for b in self.snap.backends
+                if b.pid and not b.running and b.state not in ("stopping",)] \
+            if self.snap is not None else []
+        listing = ", ".join(idle) if idle else "none right now"
+        self._confirmed("Evict every idle backend?",
+                        f"Idle workers: {listing}.\nBusy ones are left alone.",
+                        lambda: self.run_command(
+                            "evict all idle", lambda api: api.zero(),
+                            lambda names: "Evicting " + (", ".join(names) or "nothing: no "
+                                                         "idle worker") + "."))
+
+    def request_calibrate(self, name: str | None) -> None:
+        if self._refuse_readonly("calibrate"):
+            return
+        target = f" of {name}" if name else ""
+        self.notify(f"Calibration{target} is not available yet: the peak comes from the "
+                    "descriptor or from jobs measured in production.",
+                    title="calibrate", severity="information", timeout=6)
+
+    def open_submit(self, backend: str | None = None) -> None:
+        if self._refuse_readonly("submit") or self.snap is None:
+            return
+
+        def submitted(req: SubmitRequest | None) -> None:
+            if req is not None:
+                self.run_command(
+                    f"submit to {req.backend}",
+                    lambda api: api.submit(req.backend, req.payload, priority=req.priority),
+                    lambda job_id: f"Submitted {job_id} to {req.backend}.")
+
+        self.push_screen(SubmitDialog(list(self.snap.backends), backend), submitted)
+
+    def open_job(self, job_id: str) -> None:
+        self.push_screen(JobDetail(job_id))
+
+    def open_backend(self, name: str) -> None:
+        self.push_screen(BackendDetail(name))
+
+    def toggle_graph_window(self) -> None:
+        i = GRAPH_WINDOWS.index(self.graph_window)
+        self.graph_window = GRAPH_WINDOWS[(i + 1) % len(GRAPH_WINDOWS)]
+        self.notify(f"Memory graphs: last {self.graph_window / 60:g} minutes.")
+        self.render_snapshot()
+
+    def set_filter(self, text: str) -> None:
+        if text != self.filter_text:
+            self.filter_text = text
+            self.render_snapshot()
+
+    def dashboard_action(self, action: str) -> None:
+        """Run a dashboard action (for the palette), from whatever screen is on top."""
+        dash = next((s for s in self.screen_stack if isinstance(s, Dashboard)), None)
+        if dash is None:
+            return
+        while self.screen is not dash and len(self.screen_stack) > 1:
+            self.pop_screen()
+        getattr(dash, f"action_{action}")()
+
+    # ============================================================== app keys ==============
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        snap = self.snap
+        busy = len(snap.running) + len(snap.queued) if snap is not None else 0
+        if self.embedded and self.confirm and busy and self.gone is None:
+            def answer(ok: bool | None) -> None:
+                if ok:
+                    self.exit(0)
+
+            self.push_screen(ConfirmDialog(
+                "Quit vramtui?",
+                f"{busy} jobs are running or queued in this embedded engine; quitting stops "
+                "the engine: running jobs get their grace, queued ones are cancelled."), answer)
+            return
+        self.exit(0)

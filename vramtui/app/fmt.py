@@ -1,0 +1,149 @@
+"""Small formatting helpers shared by the widgets and screens: sizes, durations, state colours.
+
+Everything here is pure (no Textual, no clock reads) so it is cheap and testable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.text import Text
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+HBLOCKS = " ▏▎▍▌▋▊▉█"
+
+# Colours of backend (worker) states and job states.
+BACKEND_STATE_STYLE = {
+    "cold": "dim",
+    "starting": "yellow",
+    "initializing": "yellow",
+    "ready": "green",
+    "busy": "bold cyan",
+    "stopping": "#c678dd",
+    "crashed": "bold red",
+    "failed": "bold reverse red",
+}
+JOB_STATE_STYLE = {
+    "queued": "yellow",
+    "starting": "bold yellow",
+    "running": "bold cyan",
+    "succeeded": "green",
+    "failed": "bold red",
+    "cancelled": "#c678dd",
+    "timed_out": "bold red",
+}
+LEVEL_STYLE = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
+
+# The memory bar's segments (also used by the legend and the help screen).
+SEG_OURS = "#8ae234"
+SEG_RESERVED = "#2e7d32"
+SEG_OVER = "bold #ff3b3b"
+SEG_FOREIGN = "#c678dd"
+SEG_FREE = "#4d4d4d"
+SIM_BADGE = "bold yellow on #8b008b"
+SIM_FIGURE = "#d7afff"  # memory figures measured on a simulated GPU
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """Where the app reads time: the engine's monotonic clock, wall time, and local time.
+
+    The real app uses the system clocks (the engine runs on the same host, and
+    ``CLOCK_MONOTONIC`` is system-wide); snapshot tests inject fixed ones.
+    """
+
+    mono: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    localtime: Callable[[float], time.struct_time] = field(default=time.localtime)
+
+    def hms(self, t: float) -> str:
+        return time.strftime("%H:%M:%S", self.localtime(t))
+
+
+def mib(value: int | None, *, compact: bool = False) -> str:
+    """``1536`` -> ``1.5 GiB``; ``None`` -> ``n/a``."""
+    if value is None:
+        return "n/a" if not compact else "–"
+    if abs(value) >= 1024:
+        gib = value / 1024
+        text = f"{gib:.1f}" if gib < 100 else f"{gib:.0f}"
+        return f"{text}G" if compact else f"{text} GiB"
+    return f"{value}M" if compact else f"{value} MiB"
+
+
+def dur(seconds: float | None) -> str:
+    """A short human duration: ``0.4s``, ``12s``, ``3m05s``, ``1h02m``, ``2d03h``."""
+    if seconds is None:
+        return "–"
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 60:
+        return f"{s:.0f}s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def ago(seconds: float | None) -> str:
+    """How long ago, in 10 s steps under a minute and in minutes after (calmer tables)."""
+    if seconds is None:
+        return "never"
+    if seconds < 10:
+        return "just now"
+    if seconds < 60:
+        return f"{int(seconds) // 10 * 10}s ago"
+    m = int(seconds // 60)
+    return f"{m}m ago" if m < 60 else f"{m // 60}h{m % 60:02d}m ago"
+
+
+def state_text(state: str, styles: dict[str, str]) -> Text:
+    return Text(state, style=styles.get(state, ""))
+
+
+def progress_bar(fraction: float | None, width: int = 10) -> Text:
+    """A bar of block characters with eighths, then the percentage."""
+    if fraction is None:
+        return Text("·" * width + "   ?%", style="dim")
+    f = min(1.0, max(0.0, fraction))
+    eighths = round(f * width * 8)
+    full, part = divmod(eighths, 8)
+    bar = "█" * full + (HBLOCKS[part] if part and full < width else "")
+    text = Text(bar.ljust(width, " "), style="#3fb7e8 on #303845")
+    text.append(f" {f * 100:3.0f}%", style="bold")
+    return text
+
+
+def payload_preview(data: bytes | None, limit: int = 2000) -> str:
+    """A job's result for a human: pretty JSON, text, or a size and hex head for binary."""
+    if data is None:
+        return "(none)"
+    if not data:
+        return "(empty)"
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        head = data[:32].hex(" ")
+        return f"{len(data)} bytes of binary: {head}{' …' if len(data) > 32 else ''}"
+    with contextlib.suppress(ValueError):
+        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    if len(text) > limit:
+        text = text[:limit] + f"\n… ({len(data)} bytes in all)"
+    return text
+
+
+def matches(query: str, *fields: object) -> bool:
+    """Case-insensitive substring filter over the given fields (empty query matches all)."""
+    if not query:
+        return True
+    q = query.lower()
+    return any(q in str(f).lower() for f in fields if f is not None)
