@@ -55,7 +55,8 @@ def _name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__qualname__', repr(fn))}{where}"
 
 
-def _takes_context(fn: Callable[..., Any]) -> bool:
+def takes_context(fn: Callable[..., Any]) -> bool:
+    """Whether ``predict`` takes the request context as a second positional argument."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -95,7 +96,7 @@ def predict(fn: F) -> F:
             "a worker has exactly one"
         )
     REGISTRY.predict = fn
-    REGISTRY.predict_takes_context = _takes_context(fn)
+    REGISTRY.predict_takes_context = takes_context(fn)
     return fn
 
 

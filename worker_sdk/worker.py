@@ -25,6 +25,7 @@ from enum import IntEnum
 from typing import Any
 
 from . import context as ctxmod
+from .asyncpredict import iterate_async, run_async
 from .connection import Connection, ConnectionLost
 from .context import Cancelled, RequestContext
 from .protocol import (
@@ -476,11 +477,11 @@ class Worker:
                 self._send_data(MessageType.DATA, DataType.DEFAULT, msg_id, result)
                 return
             if inspect.isawaitable(result):
-                result = self._run_async(result, ctx)
+                result = run_async(self._event_loop(), result, ctx)
             if inspect.isgenerator(result):
                 self._stream(msg_id, ctx, result)
             elif inspect.isasyncgen(result):
-                self._stream(msg_id, ctx, self._iterate_async(result, ctx))
+                self._stream(msg_id, ctx, iterate_async(self._event_loop, result, ctx))
             elif isinstance(result, Response):
                 envelope = {
                     "headers": dict(result.headers),
@@ -529,30 +530,6 @@ class Worker:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         return self._loop
-
-    def _run_async(self, awaitable: Any, ctx: RequestContext) -> Any:
-        loop = self._event_loop()
-        task = loop.create_task(_await(awaitable))
-        ctx.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
-        try:
-            return loop.run_until_complete(task)
-        finally:
-            ctx.on_cancel(None)
-
-    def _iterate_async(self, agen: Any, ctx: RequestContext) -> Any:
-        try:
-            while True:
-                try:
-                    yield self._run_async(agen.__anext__(), ctx)
-                except StopAsyncIteration:
-                    return
-        finally:
-            self._event_loop().run_until_complete(agen.aclose())
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
-
 
 def _as_bytes(data: Any) -> bytes | bytearray | memoryview:
     if isinstance(data, _BYTES_LIKE):

@@ -177,7 +177,7 @@ def _registry_for(predict: Callable[..., Any] | Registry | None) -> Registry:
         return predict
     if not callable(predict):
         raise TypeError(f"dynamo_worker() serves a callable or a Registry, got {predict!r}")
-    from .server import takes_context
+    from ..registry import takes_context
 
     return Registry(
         initializers=list(REGISTRY.initializers),

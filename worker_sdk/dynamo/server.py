@@ -24,12 +24,13 @@ import logging
 import signal
 import threading
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from .. import context as ctxmod
+from ..asyncpredict import iterate_async, run_async
 from ..context import Cancelled, RequestContext
 from ..registry import Registry
 from ..worker import ExitCode
@@ -91,20 +92,6 @@ class _Call:
         self.closed = True
         # Wake a thread blocked on a credit; it sees ``closed`` and emits nothing more.
         self.credits.release(_WINDOW)
-
-
-def takes_context(fn: Callable[..., Any]) -> bool:
-    """Whether ``predict`` takes the context as a second positional argument.
-
-    The same rule as ``worker_sdk.registry`` applies when a function is decorated; duplicated
-    here for functions handed straight to :func:`worker_sdk.dynamo.dynamo_worker`.
-    """
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 class DynamoServer:
@@ -276,11 +263,11 @@ class DynamoServer:
             args = (call.payload, ctx) if self.takes_context else (call.payload,)
             result = self.predict(*args)
             if inspect.isawaitable(result):
-                result = self._run_async(result, ctx)
+                result = run_async(self._thread_loop(), result, ctx)
             if inspect.isgenerator(result):
                 self._stream(call, result)
             elif inspect.isasyncgen(result):
-                self._stream(call, self._iterate_async(result, ctx))
+                self._stream(call, iterate_async(self._thread_loop, result, ctx))
             else:
                 call.emit("item", call.shaper.reply(result))
             call.emit("end", None)
@@ -308,25 +295,6 @@ class DynamoServer:
             loop = self._local.loop = asyncio.new_event_loop()
             self._thread_loops.append(loop)
         return loop
-
-    def _run_async(self, awaitable: Any, ctx: RequestContext) -> Any:
-        loop = self._thread_loop()
-        task = loop.create_task(_await(awaitable))
-        ctx.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
-        try:
-            return loop.run_until_complete(task)
-        finally:
-            ctx.on_cancel(None)
-
-    def _iterate_async(self, agen: Any, ctx: RequestContext) -> Iterator[Any]:
-        try:
-            while True:
-                try:
-                    yield self._run_async(agen.__anext__(), ctx)
-                except StopAsyncIteration:
-                    return
-        finally:
-            self._thread_loop().run_until_complete(agen.aclose())
 
     # -- the whole life -----------------------------------------------------------------------
     async def run(self, runtime: Any, *, handle_signals: bool = True) -> ExitCode:
@@ -401,10 +369,6 @@ class DynamoServer:
             await asyncio.wait_for(future, timeout=max(self.config.drain_timeout, 1.0))
         except TimeoutError:
             log.warning("a predict call is still running; exiting without waiting for @unload")
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def _metadata(context: Any) -> dict[str, Any]:
