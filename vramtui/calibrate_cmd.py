@@ -37,6 +37,7 @@ from supervisor.jobs import JobState, JobView
 
 from .cli import Exit, UsageError
 from .connect import open_client
+from .submit import read_request
 
 FIGURES = ("context", "weights", "activation", "peak")
 MAX_REPEATS = 100  # the engine's own limit
@@ -47,19 +48,7 @@ MAX_REPEATS = 100  # the engine's own limit
 
 def _request(args: argparse.Namespace) -> bytes | None:
     """The request for each repeat: --request (JSON), --request-file, else the backend's."""
-    if args.request is not None:
-        try:
-            json.loads(args.request)
-        except ValueError as exc:
-            raise UsageError(f"bad JSON in --request: {exc}") from None
-        return args.request.encode()
-    if args.request_file is not None:
-        try:
-            return Path(args.request_file).read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read --request-file {args.request_file}: "
-                             f"{exc.strerror or exc}") from None
-    return None
+    return read_request(args.request, args.request_file, "request")
 
 
 def _out_target(out: str | None) -> Path | None:

@@ -22,19 +22,27 @@ from .cli import Exit, UsageError
 from .connect import open_client
 
 
-def _read_payload(args: argparse.Namespace) -> bytes:
-    if args.data is not None:
+def read_request(text: str | None, file: str | None, flag: str) -> bytes | None:
+    """A request given as JSON text (``--FLAG``) or read from a file (``--FLAG-file``)."""
+    if text is not None:
         try:
-            json.loads(args.data)
+            json.loads(text)
         except ValueError as exc:
-            raise UsageError(f"bad JSON in --data: {exc}") from None
-        return args.data.encode()
-    if args.data_file is not None:
+            raise UsageError(f"bad JSON in --{flag}: {exc}") from None
+        return text.encode()
+    if file is not None:
         try:
-            return Path(args.data_file).read_bytes()
+            return Path(file).read_bytes()
         except OSError as exc:
-            raise UsageError(f"cannot read --data-file {args.data_file}: "
+            raise UsageError(f"cannot read --{flag}-file {file}: "
                              f"{exc.strerror or exc}") from None
+    return None
+
+
+def _read_payload(args: argparse.Namespace) -> bytes:
+    given = read_request(args.data, args.data_file, "data")
+    if given is not None:
+        return given
     if args.stdin:
         return sys.stdin.buffer.read()
     return b""
