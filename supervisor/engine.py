@@ -15,7 +15,6 @@ import contextlib
 import logging
 import math
 import os
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -44,7 +43,8 @@ from .paths import Paths
 from .scheduler import model as sched
 from .scheduler.plan import plan as make_plan
 from .scheduler.submit import check_submit
-from .snapshot import BackendView, EngineSnapshot, GpuView, LogLine
+from .snapshot import EngineSnapshot, LogLine
+from .views import build_snapshot
 from .workers.handle import Outcome, WorkerHandle, WorkerObserver, WorkerState
 from .workers.wire import WireListener
 
@@ -235,6 +235,10 @@ class Engine:
         parts = [f"GPU{i} {r.total_mib} MiB" for i, r in sorted(self.readings.items())]
         return f"{kind}: " + (", ".join(parts) or "no GPU")
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def request_stop(self) -> None:
         self._stopping = True
         self._stopped.set()
@@ -421,7 +425,7 @@ class Engine:
             rec = self.journal.finished(job_id)
             if rec is not None:  # finished before a restart, or long ago
                 return self._job_from_record(rec).view()
-        return self._view(self.job(job_id))
+        return self.view_of(self.job(job_id))
 
     # ===================================================================== journal ========
     def _wall(self, t: float) -> float:
@@ -486,7 +490,7 @@ class Engine:
                           if interrupted else ""))
         self._schedule()
 
-    def _view(self, job: Job, position: int | None = None) -> JobView:
+    def view_of(self, job: Job, position: int | None = None) -> JobView:
         if job.state is JobState.QUEUED:
             job.waiting = self._waiting.get(job.id, "")
         return job.view(position)
@@ -601,7 +605,7 @@ class Engine:
     def _budget_totals(self) -> dict[int, int]:
         return {i: r.total_mib for i, r in self.readings.items()}
 
-    def _reserved(self, rt: BackendRuntime) -> int:
+    def reserved_mib(self, rt: BackendRuntime) -> int:
         worker = rt.worker
         if worker is None:
             return 0
@@ -628,7 +632,7 @@ class Engine:
                 state = w.state.value
                 workers[name] = sched.WorkerInfo(
                     backend=name, gpu=w.gpu, state=state, active_jobs=len(rt.admitted),
-                    reserved_mib=self._reserved(rt), idle_since=rt.idle_since,
+                    reserved_mib=self.reserved_mib(rt), idle_since=rt.idle_since,
                 )
             elif rt.ghost is not None:
                 # A stopped worker whose memory has not left the GPU yet: still reserved, as a
@@ -822,7 +826,7 @@ class Engine:
         if rt is None or rt.worker is not handle:
             return
         self._cancel_timer(f"start:{handle.name}")
-        reserved = self._reserved(rt)
+        reserved = self.reserved_mib(rt)
         rt.worker = None
         rt.idle_since = None
         pids = {handle.pid} if handle.pid is not None else set()
@@ -1062,68 +1066,7 @@ class Engine:
 
     # ===================================================================== snapshots ======
     def snapshot(self) -> EngineSnapshot:
-        now = self.clock()
-        reserved_by_gpu: dict[int, int] = {}
-        ours_by_gpu: dict[int, int] = {}
-        for rt in self.backends.values():
-            if rt.worker is not None:
-                g = rt.worker.gpu
-                reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + self._reserved(rt)
-                ours_by_gpu[g] = ours_by_gpu.get(g, 0) + (rt.observed_mib or 0)
-            if rt.ghost is not None:
-                g = rt.ghost.gpu
-                reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + rt.ghost.mib
-        gpus = []
-        for index, r in sorted(self.readings.items()):
-            ours = ours_by_gpu.get(index, 0)
-            foreign = max(0, (r.used_mib or 0) - ours) if r.used_mib is not None else None
-            gpus.append(GpuView(
-                index=index, name=r.name or f"GPU{index}", total_mib=r.total_mib,
-                used_mib=r.used_mib, free_mib=r.free_mib,
-                reserved_mib=reserved_by_gpu.get(index, 0), ours_mib=ours,
-                foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
-                simulated=self.probe.simulated, reserve_mib=self.config.reserve_mib,
-                history=tuple(self.history.points(index)),
-            ))
-        backends = []
-        queued_by: dict[str, int] = {}
-        for job in self.queue:
-            queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
-        for name, rt in sorted(self.backends.items()):
-            w = rt.worker
-            state = w.state.value if w is not None else ("failed" if rt.failed else "cold")
-            keep_left = None
-            if (w is not None and rt.idle_since is not None and not rt.admitted
-                    and math.isfinite(rt.spec.keep_alive_s)):
-                keep_left = max(0.0, rt.spec.keep_alive_s - (now - rt.idle_since))
-            peaks = sorted(rt.observed_peaks)
-            p95 = peaks[min(len(peaks) - 1, int(0.95 * len(peaks)))] if peaks else None
-            backends.append(BackendView(
-                name=name, state=state, pid=w.pid if w is not None else None,
-                gpu=w.gpu if w is not None else None, observed_mib=rt.observed_mib,
-                declared_peak_mib=rt.spec.peak, learned_peak_mib=rt.learned_peak_mib,
-                observed_p95_mib=p95, reserved_mib=self._reserved(rt),
-                priority=rt.spec.priority, jobs_served=rt.jobs_served, last_used=rt.last_used,
-                keep_alive_left_s=keep_left, last_error=rt.last_error,
-                init_failures=rt.init_failures, queued=queued_by.get(name, 0),
-                running=len(rt.admitted), description=rt.spec.description,
-                log_path=str(self.paths.logs_dir / f"{name}.log"), pinned=rt.spec.pinned,
-                simulated=rt.spec.simulated, source=rt.spec.source,
-                features=tuple(sorted(w.features)) if w is not None else (),
-            ))
-        running = tuple(self.jobs[j].view() for rt in self.backends.values()
-                        for j in rt.admitted if j in self.jobs)
-        queued = tuple(self._view(job, i + 1) for i, job in enumerate(self.queue))
-        recent = tuple(self.jobs[j].view() for j in reversed(self.recent) if j in self.jobs)
-        return EngineSnapshot(
-            taken_at=time.time(), uptime_s=now - self.started_at,
-            source=self.probe.source, simulated=self.probe.simulated,
-            driver_version=self.probe.driver_version, notice=self.notice,
-            gpus=tuple(gpus), backends=tuple(backends), running=running, queued=queued,
-            recent=recent, descriptor_errors=self.descriptor_errors,
-            log=tuple(self.log_lines), stopping=self._stopping, pid=os.getpid(),
-            python=sys.version.split()[0],
-        )
+        return build_snapshot(self)
 
 
 def _check_metadata(metadata: dict[str, Any] | None) -> None:

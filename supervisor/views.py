@@ -1,0 +1,84 @@
+"""Building the immutable :class:`EngineSnapshot` from the engine's live state.
+
+Runs on the engine loop (it reads state only there); everything it returns is frozen and
+safe to hand to any thread.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from .snapshot import BackendView, EngineSnapshot, GpuView
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def build_snapshot(engine: Engine) -> EngineSnapshot:
+    """The whole engine at this instant."""
+    now = engine.clock()
+    reserved_by_gpu: dict[int, int] = {}
+    ours_by_gpu: dict[int, int] = {}
+    for rt in engine.backends.values():
+        if rt.worker is not None:
+            g = rt.worker.gpu
+            reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + engine.reserved_mib(rt)
+            ours_by_gpu[g] = ours_by_gpu.get(g, 0) + (rt.observed_mib or 0)
+        if rt.ghost is not None:
+            g = rt.ghost.gpu
+            reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + rt.ghost.mib
+    gpus = []
+    for index, r in sorted(engine.readings.items()):
+        ours = ours_by_gpu.get(index, 0)
+        foreign = max(0, (r.used_mib or 0) - ours) if r.used_mib is not None else None
+        gpus.append(GpuView(
+            index=index, name=r.name or f"GPU{index}", total_mib=r.total_mib,
+            used_mib=r.used_mib, free_mib=r.free_mib,
+            reserved_mib=reserved_by_gpu.get(index, 0), ours_mib=ours,
+            foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
+            simulated=engine.probe.simulated, reserve_mib=engine.config.reserve_mib,
+            history=tuple(engine.history.points(index)),
+        ))
+    backends = []
+    queued_by: dict[str, int] = {}
+    for job in engine.queue:
+        queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
+    for name, rt in sorted(engine.backends.items()):
+        w = rt.worker
+        state = w.state.value if w is not None else ("failed" if rt.failed else "cold")
+        keep_left = None
+        if (w is not None and rt.idle_since is not None and not rt.admitted
+                and math.isfinite(rt.spec.keep_alive_s)):
+            keep_left = max(0.0, rt.spec.keep_alive_s - (now - rt.idle_since))
+        peaks = sorted(rt.observed_peaks)
+        p95 = peaks[min(len(peaks) - 1, int(0.95 * len(peaks)))] if peaks else None
+        backends.append(BackendView(
+            name=name, state=state, pid=w.pid if w is not None else None,
+            gpu=w.gpu if w is not None else None, observed_mib=rt.observed_mib,
+            declared_peak_mib=rt.spec.peak, learned_peak_mib=rt.learned_peak_mib,
+            observed_p95_mib=p95, reserved_mib=engine.reserved_mib(rt),
+            priority=rt.spec.priority, jobs_served=rt.jobs_served, last_used=rt.last_used,
+            keep_alive_left_s=keep_left, last_error=rt.last_error,
+            init_failures=rt.init_failures, queued=queued_by.get(name, 0),
+            running=len(rt.admitted), description=rt.spec.description,
+            log_path=str(engine.paths.logs_dir / f"{name}.log"), pinned=rt.spec.pinned,
+            simulated=rt.spec.simulated, source=rt.spec.source,
+            features=tuple(sorted(w.features)) if w is not None else (),
+        ))
+    running = tuple(engine.jobs[j].view() for rt in engine.backends.values()
+                    for j in rt.admitted if j in engine.jobs)
+    queued = tuple(engine.view_of(job, i + 1) for i, job in enumerate(engine.queue))
+    recent = tuple(engine.jobs[j].view() for j in reversed(engine.recent) if j in engine.jobs)
+    return EngineSnapshot(
+        taken_at=time.time(), uptime_s=now - engine.started_at,
+        source=engine.probe.source, simulated=engine.probe.simulated,
+        driver_version=engine.probe.driver_version, notice=engine.notice,
+        gpus=tuple(gpus), backends=tuple(backends), running=running, queued=queued,
+        recent=recent, descriptor_errors=engine.descriptor_errors,
+        log=tuple(engine.log_lines), stopping=engine.stopping, pid=os.getpid(),
+        python=sys.version.split()[0],
+    )
