@@ -24,12 +24,21 @@ async def shoot(scene_name: str, size: tuple[int, int], out: Path) -> Path:
     from vramtui.app.scenes import SCENES, make_app
 
     spec = next(s for s in SCENES if s.name == scene_name)
-    with tempfile.TemporaryDirectory(prefix="vt-shots-") as logs:
-        app = make_app(Path(logs), simulated=spec.simulated, gpus=spec.gpus)
-        async with app.run_test(size=size) as pilot:
-            await spec.run(pilot)
-            name = f"{scene_name}-{size[0]}x{size[1]}.svg"
-            svg = app.export_screenshot(title=f"vramtui — {scene_name}")
+    with tempfile.TemporaryDirectory(prefix="vt-shots-") as home:
+        old_home = os.environ.get("HOME")
+        os.environ["HOME"] = home  # paths on screen read ~/.local/state/vramtui/...
+        try:
+            app = make_app(Path(home), simulated=spec.simulated, gpus=spec.gpus,
+                           calibrating=spec.calibrating)
+            async with app.run_test(size=size) as pilot:
+                await spec.run(pilot)
+                name = f"{scene_name}-{size[0]}x{size[1]}.svg"
+                svg = app.export_screenshot(title=f"vramtui — {scene_name}")
+        finally:
+            if old_home is None:
+                os.environ.pop("HOME", None)
+            else:
+                os.environ["HOME"] = old_home
     path = out / name
     path.write_text(svg)
     return path

@@ -14,17 +14,20 @@ import json
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psutil
-from engine_support import engine, sim_backend
+from engine_support import ROOT, engine, sim_backend
 from rich.console import Console
 from textual.command import CommandPalette
 from textual.pilot import Pilot
 from textual.widgets import Input, TextArea
 
 from supervisor import JobState, Supervisor
-from vramtui.app import VramApp
+from vramtui.app import VramApp, fmt
+from vramtui.app.app import DEMO_WORKLOAD
+from vramtui.app.calibration import CalibrationScreen, PhaseChart, SaveReportDialog
 from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
 from vramtui.app.screens import (
     DASHBOARD_BINDINGS,
@@ -36,6 +39,7 @@ from vramtui.app.screens import (
     SubmitDialog,
 )
 from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
+from vramtui.commands import suggested_peak_mib
 
 
 def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -410,8 +414,13 @@ async def test_help_lists_every_key_and_graph_and_calibrate_keys() -> None:
             assert app.graph_window == 600 and graph._window == 600
             await pilot.press("g")
             assert app.graph_window == 60
+            assert app.screen.check_action("demo", ()) is False  # not the demo backends
+            await select_backend(pilot, "alpha")
             await pilot.press("k")
-            assert "not available yet" in notes(app)
+            assert isinstance(app.screen, ConfirmDialog)
+            assert "Calibrate alpha?" in str(app.screen.title_text)
+            await pilot.press("n")
+            assert isinstance(app.screen, Dashboard)
 
 
 @aio
@@ -447,6 +456,191 @@ async def test_mouse_click_selects_and_opens() -> None:
             await pilot.click(BackendsTable, offset=(4, row_y))
             await until(pilot, lambda: isinstance(app.screen, BackendDetail), "the details")
             assert app.screen.backend_name == "beta"
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def calibration_backend(name: str, predict_s: float = 0.2) -> dict[str, object]:
+    """examples/calibration/steady.py: 256 MiB context + 1000 weights + 500 while predicting
+    (peak 1756 MiB), declared at 6 GiB."""
+    return {
+        "name": name,
+        "script": str(ROOT / "examples" / "calibration" / "steady.py"),
+        "vram": "6GiB",
+        "env": {"SIM_WEIGHTS_MIB": "1000", "SIM_ACTIVATION_MIB": "500", "SIM_LOAD_S": "0.05",
+                "SIM_PREDICT_S": str(predict_s)},
+        "timeouts": {"stop_grace": "3s", "start": "20s"},
+    }
+
+
+async def calibration_screen(pilot: Pilot[int], name: str) -> CalibrationScreen:
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    await select_backend(pilot, name)
+    await pilot.press("k")
+    assert isinstance(app.screen, ConfirmDialog)
+    await pilot.press("y")
+    screen = await until(pilot, lambda: isinstance(app.screen, CalibrationScreen)
+                         and app.screen, "the calibration screen")
+    assert isinstance(screen, CalibrationScreen) and screen.backend == name
+    return screen
+
+
+@aio
+async def test_k_calibrates_to_the_end_shows_the_results_and_saves_the_report(
+        tmp_path: Any) -> None:
+    with engine([calibration_backend("steady")]) as sup:
+        app = VramApp(sup, "embedded", calibration_settle_s=0.2)
+        async with app.run_test(size=WIDE) as pilot:
+            await rendered(pilot)
+            screen = await calibration_screen(pilot, "steady")
+            await until(pilot, lambda: screen.report is not None, "the report", timeout=60)
+            view = screen.view
+            assert view is not None and view.state is JobState.SUCCEEDED, view
+            # live, the chart had the GPU's readings and the phases from the job's events
+            assert screen.live and max(v for _t, v in screen.live) >= 1700
+            phases = [p for _t, p in screen.live_bands(view)]
+            assert phases[0] == "start" and "predict-1" in phases and "shutdown" in phases
+            # then the worker's own 20 Hz samples with the marks as bands, the peak line
+            report, record = screen.report, screen.record
+            assert report is not None and record is not None and report.peak is not None
+            assert abs(report.peak.value_mib - 1756) <= 64
+            chart = screen.query_one(PhaseChart)
+            assert [p for _t, p in chart._bands] == list(record.phases)
+            assert chart._peak == report.peak.value_mib and any(chart.columns)
+            status = text_of(screen.query_one("#cal-status"))
+            assert f"peak {report.peak.value_mib} MiB" in status and "succeeded" in status
+            results = text_of(screen.query_one("#cal-results"))
+            for word in ("context", "weights", "activation", "peak", "spread", "confidence",
+                         "6.0 GiB"):  # the declared peak before
+                assert word in results, word
+            summary = json.loads(view.data or b"{}")
+            overlay = summary["overlay"]
+            assert Path(overlay).is_file()
+            saved = text_of(screen.query_one("#cal-save"))
+            assert "overlay written" in saved and Path(overlay).name in saved
+            assert Path(summary["report"]).name in saved
+            # the engine admits by the measured peak now
+            b = sup.snapshot().backend("steady")
+            assert b is not None and b.declared_peak_mib == report.peak.value_mib
+
+            await pilot.press("w")  # save a copy of the report
+            assert isinstance(app.screen, SaveReportDialog)
+            target = tmp_path / "copy.json"
+            app.screen.query_one(Input).value = str(target)
+            await pilot.press("enter")
+            await until(pilot, lambda: target.is_file(), "the copy")
+            assert target.read_bytes() == Path(summary["report"]).read_bytes()
+            assert isinstance(app.screen, CalibrationScreen)
+            assert "copy.json" in text_of(screen.query_one("#cal-save"))
+
+            # the backend's details show the latest report's headline
+            await pilot.press("escape")
+            app.open_backend("steady")
+            await until(pilot, lambda: isinstance(app.screen, BackendDetail)
+                        and app.screen.query("#calibration"), "the backend's details")
+            await until(pilot, lambda: report.headline() in text_of(
+                app.screen.query_one("#calibration")), "the report's headline")
+            assert Path(summary["report"]).name in text_of(app.screen.query_one("#calibration"))
+
+
+@aio
+async def test_cancel_a_running_calibration_writes_no_overlay() -> None:
+    with engine([calibration_backend("slow", predict_s=5)]) as sup:
+        app = VramApp(sup, "embedded", calibration_settle_s=0.2)
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            screen = await calibration_screen(pilot, "slow")
+            await until(pilot, lambda: screen.view is not None
+                        and screen.view.progress_text.startswith("predict"), "predicting",
+                        timeout=30)
+            assert "predict" in text_of(screen.query_one("#cal-status"))
+            await pilot.press("c")
+            assert isinstance(app.screen, ConfirmDialog)
+            await pilot.press("y")
+            await until(pilot, lambda: screen.view is not None and screen.view.finished,
+                        "the run to end")
+            assert screen.view.state is JobState.CANCELLED
+            assert sup.job(screen.job_id).state is JobState.CANCELLED
+            assert "Cancelled" in text_of(screen.query_one("#cal-status"))
+            assert "no overlay" in text_of(screen.query_one("#cal-save"))
+            assert screen.check_action("cancel_run", ()) is False
+            assert screen.check_action("save", ()) is None
+            backends_d = sup.paths.backends_dir
+            assert not backends_d.exists() or not list(backends_d.glob("*.yaml"))
+            b = sup.snapshot().backend("slow")
+            assert b is not None and b.declared_peak_mib == 6 * 1024
+
+
+# ------------------------------------------------------------------------------ learning
+
+
+@aio
+async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_peak() -> None:
+    # declared 1 GiB; the simulated model holds 1 GiB of weights + 1 GiB while it runs
+    greedy = sim_backend("greedy", 1024, 1024, vram="1GiB")
+    with engine([greedy]) as sup:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=WIDE) as pilot:
+            await rendered(pilot)
+            job = sup.submit("greedy", req(steps=8, step_s=0.2))  # 1.6 s: sampled at 2 Hz
+            await until(pilot, lambda: sup.job(job).finished, "the job")
+            b = await until(pilot, lambda: (v := sup.snapshot().backend("greedy"))
+                            and v.over_declared and v, "greedy over its declared peak")
+            suggested = suggested_peak_mib(b)  # type: ignore[arg-type]
+            assert suggested is not None and suggested % 64 == 0
+            assert suggested >= b.observed_p95_mib * 1.05  # type: ignore[union-attr]
+            table = app.screen.query_one(BackendsTable)
+            await until(pilot, lambda: f"set peak {fmt.mib(suggested, compact=True)}"
+                        in str(table.get_cell("greedy", "error")), "the flag in the table")
+            assert str(table.get_cell("greedy", "peak")).endswith("!")
+            await select_backend(pilot, "greedy")
+            await pilot.press("enter")
+            assert isinstance(app.screen, BackendDetail)
+            await until(pilot, lambda: "vram.peak" in text_of(app.screen.query_one("#fp-text")),
+                        "the suggestion in the details")
+            footprint = text_of(app.screen.query_one("#fp-text"))
+            assert f"vram.peak: {fmt.mib(suggested)}" in footprint
+            assert "more than the declared peak" in footprint and "declared" in footprint
+
+
+# ------------------------------------------------------------------------------ demo
+
+
+@aio
+async def test_d_submits_the_demo_workload_when_the_demo_backends_are_loaded() -> None:
+    with engine([], gpus="sim:24GiB") as sup:  # nothing configured: the demo backends
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=WIDE) as pilot:
+            await rendered(pilot)
+            assert app.demo_mode
+            log = app.screen.query_one(EventLog)
+            assert any("press d to run a demo workload" in t.plain for t in log._source)
+            assert app.screen.check_action("demo", ()) is True
+            assert not sup.snapshot().running and not sup.snapshot().queued
+            await pilot.press("d")
+
+            def demo_jobs() -> list[str]:
+                snap = sup.snapshot()
+                return [j.id for j in (*snap.running, *snap.queued, *snap.recent)
+                        if "demo" in j.metadata]
+
+            await until(pilot, lambda: len(demo_jobs()) == len(DEMO_WORKLOAD), "12 jobs")
+            ids = demo_jobs()
+            assert {sup.job(i).backend for i in ids} == {b for b, _r, _p in DEMO_WORKLOAD}
+            jobs = app.screen.query_one(JobsTable)
+            await until(pilot, lambda: set(ids) <= set(jobs.keys()), "the jobs in the table")
+            await until(pilot, lambda: "Submitted 12 demo jobs" in notes(app), "a notice")
+            await until(pilot, lambda: sup.snapshot().running, "a demo job running")
+            for i in ids:
+                sup.cancel(i)
+        app = VramApp(sup, "embedded", readonly=True)
+        async with app.run_test(size=NARROW) as pilot:
+            await rendered(pilot)
+            assert app.demo_mode and app.screen.check_action("demo", ()) is None
+            await pilot.press("d")
+            await rendered(pilot)
+            assert len([j for j in sup.snapshot().recent if "demo" in j.metadata]) == 12
 
 
 # ------------------------------------------------------------------------------ engine gone

@@ -15,7 +15,7 @@ import pytest
 from vramtui.app.scenes import SCENES, SIZES, make_app
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit")
+SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit", "calibration")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -23,6 +23,8 @@ SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit")
 def test_screen(snap_compare: Any, scene: str, size: tuple[int, int], tmp_path: Path,
                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # the fixed data names examples/demo/backends.yaml
+    monkeypatch.setenv("HOME", str(tmp_path))  # paths on screen: ~/.local/state/vramtui/...
     spec = next(s for s in SCENES if s.name == scene)
-    app = make_app(tmp_path / "logs", simulated=spec.simulated, gpus=spec.gpus)
+    app = make_app(tmp_path, simulated=spec.simulated, gpus=spec.gpus,
+                   calibrating=spec.calibrating)
     assert snap_compare(app, run_before=spec.run, terminal_size=size)

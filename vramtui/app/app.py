@@ -4,11 +4,16 @@ while a snapshot is still on its way is skipped, so polls never overlap.  Events
 ``subscribe(callback=...)`` run on the engine thread; they are queued and handed to the UI with
 one coalescing message.  Commands go through the facade in thread workers, after a
 confirmation for destructive ones (unless --no-confirm), and never in --readonly.
+
+``k`` queues a calibration (``api.calibrate``) and opens its screen (``calibration.py``); with
+the simulated demo backends loaded (the snapshot's notice says so), ``d`` submits a demo
+workload to them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections import OrderedDict, deque
@@ -27,6 +32,7 @@ from supervisor.events import EngineEvent, Subscription
 from supervisor.snapshot import EngineSnapshot
 
 from . import fmt
+from .calibration import CalibrationScreen
 from .commands import VramCommands
 from .fmt import Clocks
 from .screens import (
@@ -42,6 +48,29 @@ from .screens import (
 
 MAX_HZ = 4.0
 GRAPH_WINDOWS = (60.0, 600.0)
+CALIBRATION_REPEATS = 3
+
+# The engine says so in its snapshot's notice when it loaded the simulated demo backends
+# (nothing was configured: supervisor.facade); the workload goes to those present.
+DEMO_NOTICE = "simulated demo backends"
+DEMO_BACKENDS = ("sdxl-sim", "llm-8b-sim", "whisper-sim", "flux-sim")
+# (backend, request, priority or None for the backend's): a mix that needs more than the
+# 24 GiB GPU at once, so admission, the queue, affinity (a warm worker takes the next job
+# for it) and eviction (flux-sim needs 18 GiB) all show within a minute.
+DEMO_WORKLOAD: tuple[tuple[str, dict[str, Any], int | None], ...] = (
+    ("sdxl-sim", {"steps": 20, "step_s": 0.15}, None),
+    ("llm-8b-sim", {"steps": 10, "step_s": 0.2}, None),
+    ("whisper-sim", {"steps": 8, "step_s": 0.15}, None),
+    ("sdxl-sim", {"steps": 16, "step_s": 0.15}, None),
+    ("flux-sim", {"steps": 25, "step_s": 0.2}, 5),
+    ("llm-8b-sim", {"steps": 12, "step_s": 0.15}, None),
+    ("sdxl-sim", {"steps": 20, "step_s": 0.15}, None),
+    ("whisper-sim", {"steps": 6, "step_s": 0.2}, 30),
+    ("llm-8b-sim", {"steps": 10, "step_s": 0.2}, None),
+    ("flux-sim", {"steps": 20, "step_s": 0.2}, 0),
+    ("sdxl-sim", {"steps": 12, "step_s": 0.15}, None),
+    ("whisper-sim", {"steps": 8, "step_s": 0.1}, None),
+)
 
 
 class UiCall(Message):
@@ -78,7 +107,7 @@ class VramApp(App[int]):
                  confirm: bool = True, clocks: Clocks | None = None,
                  refresh_hz: float = MAX_HZ, retry_s: float = 2.0,
                  reconnect: Callable[[], EngineAPI] | None = None,
-                 embedded: bool | None = None) -> None:
+                 embedded: bool | None = None, calibration_settle_s: float = 1.0) -> None:
         super().__init__()
         self.api = api
         self.mode = mode
@@ -105,6 +134,9 @@ class VramApp(App[int]):
         self._wake = threading.Event()
         self._retry_at = 0.0
         self._closing_down = False
+        self.calibration_settle_s = calibration_settle_s
+        self.calibrations: OrderedDict[str, str] = OrderedDict()  # job id -> backend
+        self._demo_seen = False
 
     def get_default_screen(self) -> Screen[Any]:
         return Dashboard()
@@ -200,6 +232,11 @@ class VramApp(App[int]):
         self.api = api
         self.snap = snap
         self.last_ok_wall = self.clocks.wall()
+        demo = self.demo_mode
+        if demo != self._demo_seen:
+            self._demo_seen = demo
+            for screen in self.screen_stack:
+                screen.refresh_bindings()
         self.render_snapshot()
 
     def _poll_failed(self, exc: BaseException) -> None:
@@ -333,10 +370,92 @@ class VramApp(App[int]):
     def request_calibrate(self, name: str | None) -> None:
         if self._refuse_readonly("calibrate"):
             return
-        target = f" of {name}" if name else ""
-        self.notify(f"Calibration{target} is not available yet: the peak comes from the "
-                    "descriptor or from jobs measured in production.",
-                    title="calibrate", severity="information", timeout=6)
+        if name is None:
+            self.notify("Select a backend to calibrate first.", severity="warning")
+            return
+        b = self.snap.backend(name) if self.snap is not None else None
+        declared = b.declared_peak_mib if b is not None else None
+        first = (f"Its worker (pid {b.pid}) stops first; a fresh one" if b is not None and b.pid
+                 else "A fresh worker")
+        self._confirmed(
+            f"Calibrate {name}?",
+            f"{self._backend_line(name)}.\n{first} runs alone on a GPU through "
+            f"load, {CALIBRATION_REPEATS} requests and unload, sampled at 20 Hz (it waits for "
+            "a GPU to itself; idle workers there are evicted).\nIf it earns at least medium "
+            "confidence, the engine writes an overlay with the measured figures and "
+            "admission uses them at once.",
+            partial(self._start_calibration, name, declared))
+
+    def _start_calibration(self, name: str, declared: int | None) -> None:
+        self.run_worker(partial(self._calibrate_thread, name, declared), thread=True,
+                        group="command", exit_on_error=False, name=f"calibrate {name}")
+
+    def _calibrate_thread(self, name: str, declared: int | None) -> None:
+        try:
+            job_id = self.api.calibrate(name, repeats=CALIBRATION_REPEATS,
+                                        settle_s=self.calibration_settle_s)
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.ui(self.notify, f"calibrate {name}: {exc}", severity="error", timeout=8,
+                    title="refused" if exc.__class__.__name__ == "Refused" else "failed")
+            return
+        self.ui(self.open_calibration, job_id, name, declared)
+
+    def open_calibration(self, job_id: str, backend: str,
+                         declared: int | None = None) -> None:
+        self.calibrations[job_id] = backend
+        while len(self.calibrations) > 20:
+            self.calibrations.popitem(last=False)
+        self.push_screen(CalibrationScreen(job_id, backend, declared))
+
+    def request_cancel_calibration(self, job_id: str, backend: str, phase: str) -> None:
+        if self._refuse_readonly("cancel"):
+            return
+        where = f" (in phase {phase})" if phase else ""
+        self._confirmed(f"Cancel the calibration of {backend}?",
+                        f"Job {job_id}{where}: its worker is stopped, and no report and no "
+                        "overlay are written; admission keeps the descriptor's figures.",
+                        lambda: self.run_command(
+                            f"cancel {job_id}", lambda api: api.cancel(job_id),
+                            lambda v: f"Calibration of {backend}: "
+                            + ("cancelling." if not v.finished else f"{v.state.value}.")))
+
+    # -- the demo ---------------------------------------------------------------------------
+    @property
+    def demo_mode(self) -> bool:
+        """The engine loaded the simulated demo backends (it says so in its notice)."""
+        snap = self.snap
+        return (snap is not None and DEMO_NOTICE in (snap.notice or "")
+                and any(snap.backend(n) is not None for n in DEMO_BACKENDS))
+
+    def request_demo_workload(self) -> None:
+        if self._refuse_readonly("the demo workload"):
+            return
+        snap = self.snap
+        if snap is None or not self.demo_mode:
+            self.notify("The demo workload needs the simulated demo backends (loaded when no "
+                        "backend is configured).", severity="warning")
+            return
+        plan = [w for w in DEMO_WORKLOAD if snap.backend(w[0]) is not None]
+        self.run_worker(partial(self._demo_thread, plan), thread=True, group="command",
+                        exit_on_error=False, name="demo workload")
+
+    def _demo_thread(self, plan: list[tuple[str, dict[str, Any], int | None]]) -> None:
+        submitted: list[str] = []
+        refused: list[str] = []
+        for i, (backend, request, priority) in enumerate(plan, 1):
+            try:
+                submitted.append(self.api.submit(backend, json.dumps(request).encode(),
+                                                 priority=priority,
+                                                 metadata={"demo": i}))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                refused.append(f"{backend}: {exc}")
+        names = len({b for b, _r, _p in plan})
+        text = (f"Submitted {len(submitted)} demo jobs to {names} backends: watch admission, "
+                "the queue, affinity and evictions in the GPU bar, the tables and the events.")
+        if refused:
+            text += f" {len(refused)} refused ({refused[0]})."
+        self.ui(self.notify, text, title="demo workload", timeout=10,
+                severity="warning" if refused else "information")
 
     def open_submit(self, backend: str | None = None) -> None:
         if self._refuse_readonly("submit") or self.snap is None:
@@ -352,7 +471,17 @@ class VramApp(App[int]):
         self.push_screen(SubmitDialog(list(self.snap.backends), backend), submitted)
 
     def open_job(self, job_id: str) -> None:
-        self.push_screen(JobDetail(job_id))
+        snap = self.snap
+        view = None
+        if snap is not None:
+            view = next((j for j in (*snap.running, *snap.queued, *snap.recent)
+                         if j.id == job_id), None)
+        if view is not None and view.kind == "calibration":
+            self.open_calibration(job_id, view.backend)
+        elif job_id in self.calibrations:
+            self.open_calibration(job_id, self.calibrations[job_id])
+        else:
+            self.push_screen(JobDetail(job_id))
 
     def open_backend(self, name: str) -> None:
         self.push_screen(BackendDetail(name))

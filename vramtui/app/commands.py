@@ -24,7 +24,11 @@ class VramCommands(Provider):
     def general(self) -> list[Command]:
         app = self.vapp
         act = app.dashboard_action
-        return [
+        demo: list[Command] = [
+            ("Run a demo workload", app.request_demo_workload,
+             "12 jobs over the simulated demo backends: admission, queue, eviction (d)"),
+        ] if app.demo_mode else []
+        return [*demo,
             ("Evict the selected backend", partial(act, "evict"),
              "stop its worker and free its memory (e)"),
             ("Respawn the selected backend", partial(act, "respawn"),
@@ -59,6 +63,9 @@ class VramCommands(Provider):
             yield (f"Calibrate {n}", partial(app.request_calibrate, n), "backend")
             yield (f"Submit a job to {n}", partial(app.open_submit, n), "backend")
             yield (f"Backend details: {n}", partial(app.open_backend, n), b.description)
+        for job_id, backend in reversed(app.calibrations.items()):
+            yield (f"Calibration of {backend} ({job_id})",
+                   partial(app.open_calibration, job_id, backend), "live chart or results")
         for j in (*snap.running, *snap.queued):
             yield (f"Cancel job {j.id} ({j.backend})", partial(app.request_cancel, j.id),
                    j.state.value)

@@ -8,6 +8,7 @@ clock, fixed GPUs, backends, jobs and log — never a stand-in for the engine's 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from supervisor.calibration import CalibrationRecord, CalSample, PhaseMark, analyze
+from supervisor.calibration.report import write_report
 from supervisor.errors import EngineStopped, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
@@ -113,6 +116,7 @@ class FixedSource:
     fail: bool = False
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     advance: Callable[[EngineSnapshot], EngineSnapshot] | None = None
+    jobs: dict[str, JobView] = field(default_factory=dict)  # jobs not in the snapshot
     _hub: EventHub = field(default_factory=EventHub)
 
     # -- EngineAPI ----------------------------------------------------------------------
@@ -142,7 +146,14 @@ class FixedSource:
         for view in (*snap.running, *snap.queued, *snap.recent):
             if view.id == job_id:
                 return view
+        if job_id in self.jobs:
+            return self.jobs[job_id]
         raise UnknownJob(job_id)
+
+    def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
+                  settle_s: float = 1.0) -> str:
+        self._record("calibrate", backend, repeats, settle_s)
+        return CAL_JOB
 
     def cancel(self, job_id: str) -> JobView:
         self._record("cancel", job_id)
@@ -195,11 +206,11 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                  description="simulated large image model (12 GiB weights, 6 GiB while "
                              "generating)"),
         _backend("llm-8b-sim", "ready", pid=41027, gpu=0, observed=10342, declared=12288,
-                 reserved=10240, priority=20, served=41, last_used=38, keep=262, p95=12100,
+                 reserved=10240, priority=20, served=41, last_used=38, keep=262, p95=12620,
                  log_dir=log_dir,
                  description="simulated 8B language model (10 GiB weights, 2 GiB of KV "
                              "cache)"),
-        _backend("sdxl-sim", "busy", pid=41021, gpu=0, observed=9216, declared=9216,
+        _backend("sdxl-sim", "busy", pid=41021, gpu=0, observed=9216, declared=10752,
                  reserved=9216, priority=10, served=17, last_used=52, running=1, p95=9216,
                  log_dir=log_dir,
                  description="simulated image model (6 GiB weights, 3 GiB while generating)"),
@@ -368,3 +379,101 @@ def write_demo_logs(log_dir: str | Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     for name in ("echo", "flux-sim", "llm-8b-sim", "sdxl-sim", "whisper-sim"):
         (path / f"{name}.log").write_text(DEMO_LOG.replace("sdxl-sim", name))
+
+
+# ----------------------------------------------------------------------------- calibration
+
+CAL_JOB = "j-ca11b4a7e0"
+CAL_STARTED = 300.0  # seconds before the fixed "now"
+CAL_MARKS = ((0.0, "start"), (1.1, "initialize"), (2.8, "settle-load"), (3.8, "predict-1"),
+             (6.2, "settle-1"), (7.2, "predict-2"), (9.0, "settle-2"), (10.0, "predict-3"),
+             (11.8, "settle-3"), (12.8, "shutdown"), (14.3, "exited"), (15.3, "end"))
+CAL_LIVE_S = 8.4  # how far the "live" scene is into the run (in predict-2)
+
+
+def _cal_level(t: float) -> int | None:
+    """The simulated sdxl-sim worker's memory ``t`` s into its calibration: a 512 MiB
+    context, 6 GiB of weights streaming in, 3 GiB per request (4 GiB the first time: a
+    warm-up), the weights freed at unload; None while no process of it is on the GPU."""
+    phase = next(p for m, p in reversed(CAL_MARKS) if m <= t)
+    context, weights, activation = 512, 6144, 3072
+    if phase == "start":
+        return context if t > 0.6 else None
+    if phase == "initialize":
+        return context + int(weights * min(1.0, max(0.0, (t - 1.1) / 1.6)))
+    if phase.startswith("predict"):
+        run = int(phase.split("-")[1])
+        start = next(m for m, p in CAL_MARKS if p == phase)
+        extra = activation + (1024 if run == 1 else 0)
+        return context + weights + int(extra * min(1.0, (t - start) / 0.4))
+    if phase.startswith("settle"):
+        return context + weights
+    if phase == "shutdown":
+        return context + weights if t < 13.9 else context
+    return None
+
+
+def calibration_record() -> CalibrationRecord:
+    """A completed calibration of sdxl-sim, sampled at 20 Hz (what the engine records)."""
+    samples = []
+    for k in range(int(CAL_MARKS[-1][0] * 20)):
+        t = k / 20
+        v = _cal_level(t)
+        samples.append(CalSample(t, {41077: v} if v is not None else {}, v or 0))
+    return CalibrationRecord(
+        backend="sdxl-sim", gpu=0, source="simulated", per_process=True, sample_hz=20.0,
+        repeats=3, request=b'{"steps": 20}', started_wall=WALL0 - CAL_STARTED,
+        samples=tuple(samples), marks=tuple(PhaseMark(t, p) for t, p in CAL_MARKS),
+        device_total_mib=24576, outcome="completed")
+
+
+def write_fixed_calibration(state_dir: Path, config_dir: Path) -> JobView:
+    """Write the fixed calibration's report where the engine would (``state/calibration/``)
+    and return its finished job, whose result is the summary the engine gives."""
+    record = calibration_record()
+    report = analyze(record)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(record.started_wall))
+    path = state_dir / "calibration" / f"sdxl-sim-{stamp}.json"
+    write_report(path, record, report)
+    summary = {"report": str(path), "outcome": "completed", "error": None,
+               **report.summary(),
+               "overlay": str(config_dir / "backends.d" / "zz-calibrated-sdxl-sim.yaml")}
+    end = CAL_STARTED - CAL_MARKS[-1][0]
+    view = _job(CAL_JOB, "sdxl-sim", JobState.SUCCEEDED, priority=10,
+                submitted=CAL_STARTED + 2.0, started=CAL_STARTED, finished=end, progress=0.99,
+                text="end", data=json.dumps(summary, indent=2).encode(),
+                metadata={"repeats": 3, "settle_s": 1.0})
+    return replace(view, kind="calibration", status_code=None)
+
+
+def calibration_running(done: JobView) -> JobView:
+    """The same calibration ``CAL_LIVE_S`` seconds in (the "live" scene)."""
+    phase = next(p for m, p in reversed(CAL_MARKS) if m <= CAL_LIVE_S)
+    started = MONO0 - CAL_LIVE_S
+    return replace(done, state=JobState.RUNNING, started_at=started,
+                   submitted_at=started - 2.0, finished_at=None, data=None, headers={},
+                   progress=0.4, progress_text=phase,
+                   history=done.history[:2])
+
+
+def calibration_progress() -> list[tuple[float, float, str]]:
+    """The job events of the live scene: (wall t, fraction, phase), as the app keeps them."""
+    t0 = WALL0 - CAL_LIVE_S
+    return [(t0 + m, i / 12, p) for i, (m, p) in enumerate(CAL_MARKS) if m <= CAL_LIVE_S]
+
+
+def calibrating_snapshot(base: EngineSnapshot) -> EngineSnapshot:
+    """``base`` while sdxl-sim is being calibrated: GPU0 to itself (the other workers
+    evicted, the jobs waiting), its memory the calibration worker's at 20 Hz."""
+    gpu = base.gpus[0]
+    start = MONO0 - CAL_LIVE_S
+    hist = [p for p in gpu.history if p[0] < start - 1.0]
+    hist += [(start - 1.0 + k / 20, 0) for k in range(20)]
+    hist += [(start + k / 20, _cal_level(k / 20) or 0) for k in range(int(CAL_LIVE_S * 20) + 1)]
+    used = hist[-1][1]
+    gpu = replace(gpu, history=tuple(hist), used_mib=used, free_mib=gpu.total_mib - used,
+                  ours_mib=0, foreign_mib=used, reserved_mib=0)
+    backends = tuple(replace(b, state="cold", pid=None, gpu=None, observed_mib=None,
+                             reserved_mib=0, running=0, keep_alive_left_s=None, features=())
+                     for b in base.backends)
+    return replace(base, gpus=(gpu,), backends=backends, running=())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,3 +148,14 @@ def matches(query: str, *fields: object) -> bool:
         return True
     q = query.lower()
     return any(q in str(f).lower() for f in fields if f is not None)
+
+
+def short_path(path: str | os.PathLike[str] | None) -> str:
+    """A path for a human: ``~/...`` under the home directory, else as given."""
+    if not path:
+        return "–"
+    text = os.fspath(path)
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (text == home or text.startswith(home.rstrip("/") + "/")):
+        return "~" + text[len(home.rstrip("/")):]
+    return text

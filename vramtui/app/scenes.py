@@ -3,11 +3,16 @@
 Each scene builds a `VramApp` over the fixed snapshot source (fixed clock and data) and
 brings it to one screen; ``settle`` waits (with a deadline, never a bare sleep) until the
 snapshot is rendered and background reads are done.
+
+``make_app(home)`` writes the files the screens read (worker logs, a calibration report) under
+``home`` laid out as vramtui lays out a home directory; with ``HOME`` set to it, the paths on
+screen read ``~/.local/state/vramtui/...`` whatever the temporary directory was.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,25 +21,45 @@ from textual.pilot import Pilot
 from textual.widgets import TextArea
 
 from .app import VramApp
-from .fixed import FixedSource, big_snapshot, demo_snapshot, fixed_clocks, write_demo_logs
+from .calibration import CalibrationScreen
+from .fixed import (
+    CAL_JOB,
+    FixedSource,
+    big_snapshot,
+    calibrating_snapshot,
+    calibration_progress,
+    calibration_running,
+    demo_snapshot,
+    fixed_clocks,
+    write_demo_logs,
+    write_fixed_calibration,
+)
 from .widgets import RewrapLog
 
 Scene = Callable[[Pilot[int]], Awaitable[None]]
 RUNNING_JOB = "j-7f3a91c2d4"
 
 
-def make_app(log_dir: Path, *, simulated: bool = True, readonly: bool = False,
-             gpus: int = 1) -> VramApp:
+def make_app(home: Path, *, simulated: bool = True, readonly: bool = False,
+             gpus: int = 1, calibrating: bool = False) -> VramApp:
+    state = home / ".local" / "state" / "vramtui"
+    log_dir = state / "logs"
     write_demo_logs(log_dir)
+    calibration = write_fixed_calibration(state, home / ".config" / "vramtui")
     snap = demo_snapshot(simulated=simulated, log_dir=str(log_dir)) if gpus == 1 else \
         big_snapshot(gpus=gpus, jobs=30)
-    return VramApp(FixedSource(snap), "embedded", clocks=fixed_clocks(), readonly=readonly)
+    if calibrating:
+        snap = calibrating_snapshot(snap)
+        calibration = calibration_running(calibration)
+    source = FixedSource(snap, jobs={calibration.id: calibration})
+    return VramApp(source, "embedded", clocks=fixed_clocks(), readonly=readonly)
 
 
-async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0) -> None:
+async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0,
+                 until: Callable[[], object] = lambda: True) -> None:
     app: VramApp = pilot.app  # type: ignore[assignment]
     deadline = time.monotonic() + timeout
-    while app.polls < 1 or (logs and not _logs_loaded(app)):
+    while app.polls < 1 or (logs and not _logs_loaded(app)) or not until():
         if time.monotonic() > deadline:
             raise AssertionError("the app did not render a snapshot in time")
         await pilot.pause(0.02)
@@ -44,7 +69,10 @@ async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0) -
 
 
 def _logs_loaded(app: VramApp) -> bool:
-    """Every worker log on screen has its lines, wrapped at its width, scrolled to the end."""
+    """Every worker log on screen has its lines, wrapped at its width, scrolled to the end
+    (and the boxes filled from files, which change the layout, are there)."""
+    if not getattr(app.screen, "static_shown", True):
+        return False
     for w in app.screen.query("#worker-log"):
         if not isinstance(w, RewrapLog) or not w.lines:
             return False
@@ -94,12 +122,43 @@ async def confirm_evict(pilot: Pilot[int]) -> None:
     await settle(pilot)
 
 
+def _calibration_screen(app: VramApp) -> CalibrationScreen | None:
+    screen = app.screen
+    return screen if isinstance(screen, CalibrationScreen) else None
+
+
+async def calibration_result(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    app.open_calibration(CAL_JOB, "sdxl-sim", 9216)
+
+    def loaded() -> bool:
+        screen = _calibration_screen(app)
+        return screen is not None and screen.report is not None
+
+    await settle(pilot, until=loaded)
+
+
+async def calibration_live(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    app.progress[CAL_JOB] = deque(calibration_progress())
+    app.open_calibration(CAL_JOB, "sdxl-sim", 9216)
+
+    def drawn() -> bool:
+        screen = _calibration_screen(app)
+        return screen is not None and screen.view is not None and bool(screen.live)
+
+    await settle(pilot, until=drawn)
+
+
 @dataclass(frozen=True)
 class SceneSpec:
     name: str
     run: Scene
     simulated: bool = True
     gpus: int = 1
+    calibrating: bool = False
 
 
 SCENES = (
@@ -111,5 +170,7 @@ SCENES = (
     SceneSpec("help", help_screen),
     SceneSpec("submit", submit_dialog),
     SceneSpec("confirm", confirm_evict),
+    SceneSpec("calibration", calibration_result),
+    SceneSpec("calibrating", calibration_live, calibrating=True),
 )
 SIZES = ((80, 24), (160, 48))

@@ -11,7 +11,10 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterable
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +43,7 @@ from textual.widgets._footer import FooterKey
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import BackendView, EngineSnapshot
+from vramtui.commands import suggested_peak_mib
 
 from . import fmt
 from .table import RowTable
@@ -64,9 +68,13 @@ class KeyFooter(Footer):
 
     MINOR = frozenset({"zero", "calibrate", "details", "graph_window", "follow", "backend"})
 
+    def __init__(self, *, minor: frozenset[str] = MINOR, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.minor = minor
+
     def compose(self) -> ComposeResult:
         for widget in super().compose():
-            if isinstance(widget, FooterKey) and widget.action in self.MINOR:
+            if isinstance(widget, FooterKey) and widget.action in self.minor:
                 widget.add_class("-minor")
             yield widget
 
@@ -111,6 +119,7 @@ DASHBOARD_BINDINGS = [
     _b("z", "zero", "Evict idle", "Evict every idle backend (frees all memory not in use)"),
     _b("k", "calibrate", "Calibrate", "Measure the selected backend's real peak memory"),
     _b("s", "submit", "Submit", "Submit a job: backend, payload, priority"),
+    _b("d", "demo", "Demo", "Submit a demo workload to the simulated demo backends"),
     _b("enter", "details", "Details", "Details of the selected backend or job"),
     _b("slash", "filter", "Filter", "Filter backends, jobs and events by text",
        key_display="/"),
@@ -129,6 +138,7 @@ class Dashboard(SnapshotScreen):
         super().__init__()
         self._gpu_count = -1
         self._gpu_layout: object = None
+        self._demo_hinted = False
 
     def compose(self) -> ComposeResult:
         yield self.header()
@@ -139,7 +149,8 @@ class Dashboard(SnapshotScreen):
             yield JobsTable(id="jobs")
             yield EventLog(self.vapp.clocks, id="log")
         yield Input(placeholder="filter: backend, job id or state (esc clears)", id="filter")
-        yield KeyFooter(compact=True)
+        # narrow, "d Demo" takes the place of "p Preload" (also in the palette and help)
+        yield KeyFooter(compact=True, minor=KeyFooter.MINOR | {"preload"})
 
     def on_mount(self) -> None:
         backends = self.query_one(BackendsTable)
@@ -180,6 +191,8 @@ class Dashboard(SnapshotScreen):
         sub = f"{len(snap.backends)} configured"
         if sim:
             sub += " · [b #d7afff]memory figures are SIMULATED[/]"
+        if app.demo_mode and not app.readonly:
+            sub += " · demo: [b]d[/] runs a demo workload"
         titles(backends, subtitle=sub)
         jobs = self.query_one(JobsTable)
         jobs.set_columns(narrow)
@@ -189,6 +202,12 @@ class Dashboard(SnapshotScreen):
         log = self.query_one(EventLog)
         if log.display:
             log.show(snap.log, query, wrap=not narrow)
+            if app.demo_mode and not app.readonly and not self._demo_hinted:
+                self._demo_hinted = True  # once, on the first start in demo mode
+                log.add(Text.assemble((app.clocks.hms(app.clocks.wall()) + " ", "dim"),
+                                      ("▸ Simulated demo: press ", "bold cyan"),
+                                      ("d", "bold reverse cyan"),
+                                      (" to run a demo workload (12 jobs)", "bold cyan")))
         titles(backends, f"Backends · filter [b]{query}[/]" if query else "Backends")
 
     def _show_gpus(self, snap: EngineSnapshot) -> None:
@@ -236,9 +255,14 @@ class Dashboard(SnapshotScreen):
 
     # -- actions ----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "demo" and not self.vapp.demo_mode:
+            return False  # only with the simulated demo backends: not shown
         if self.vapp.readonly and action in MUTATING:
             return None  # shown disabled in the footer
         return True
+
+    def action_demo(self) -> None:
+        self.vapp.request_demo_workload()
 
     def action_evict(self) -> None:
         if name := self._need(self.selected_backend(), "backend"):
@@ -313,7 +337,7 @@ class Dashboard(SnapshotScreen):
 
 
 MUTATING = frozenset({"evict", "respawn", "cancel_job", "preload", "zero", "submit",
-                      "calibrate", "cancel_this"})
+                      "calibrate", "cancel_this", "demo", "cancel_run"})
 
 
 # =============================================================================== log tail
@@ -327,9 +351,16 @@ class LogTail:
         self.offset: int | None = None
         self.first_bytes = first_bytes
         self._partial = b""
+        # Two reads may overlap (a worker thread per snapshot; an "exclusive" worker's thread
+        # is not stopped): one at a time, or both would hand over the same lines.
+        self._lock = threading.Lock()
 
     def read(self) -> tuple[list[str], str | None]:
         """New complete lines since the last call, and a note when the file is missing."""
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> tuple[list[str], str | None]:
         try:
             size = os.stat(self.path).st_size
         except OSError:
@@ -590,6 +621,7 @@ class BackendDetail(DetailScreen):
         self.backend_name = name
         self.view: BackendView | None = None
         self._static_loaded = False
+        self.static_shown = False  # the descriptor and calibration boxes are filled
 
     def compose(self) -> ComposeResult:
         yield self.header()
@@ -631,6 +663,10 @@ class BackendDetail(DetailScreen):
 
     def action_submit(self) -> None:
         self.vapp.open_submit(self.backend_name)
+
+    def on_screen_resume(self) -> None:
+        self._static_loaded = False  # back from a calibration: read the reports again
+        super().on_screen_resume()
 
     def show_snapshot(self, snap: EngineSnapshot | None) -> None:
         super().show_snapshot(snap)
@@ -689,9 +725,7 @@ class BackendDetail(DetailScreen):
             ("observed p95", fmt.mib(b.observed_p95_mib) + tag
              if b.observed_p95_mib is not None else "– (no job measured yet)"),
         ]
-        if b.over_declared:
-            rows.append(("warning", Text("jobs use more than the declared peak: fix the "
-                                         "descriptor or calibrate", style="bold red")))
+        rows += learned_rows(b)
         if gpu is not None:
             rows.append(("on GPU", f"GPU{gpu.index}: {fmt.mib(gpu.used_mib)} of "
                                    f"{fmt.mib(gpu.total_mib)} used"))
@@ -700,7 +734,7 @@ class BackendDetail(DetailScreen):
     @work(thread=True, exclusive=True, group="static")
     def _load_static(self, b: BackendView) -> None:
         descriptor = read_descriptor(b.source, b.name)
-        calibration = read_calibration(b.log_path, b.name)
+        calibration = read_calibration(b.log_path, b.name, self.vapp.clocks.localtime)
         self.vapp.ui(self._show_static, descriptor, calibration)
 
     def _show_static(self, descriptor: Text, calibration: Text) -> None:
@@ -708,6 +742,7 @@ class BackendDetail(DetailScreen):
             return
         self.query_one("#descriptor", Static).update(descriptor)
         self.query_one("#calibration", Static).update(calibration)
+        self.static_shown = True
 
 
 def read_descriptor(source: str, name: str) -> Text:
@@ -730,19 +765,82 @@ def read_descriptor(source: str, name: str) -> Text:
     return text
 
 
-def read_calibration(log_path: str, name: str) -> Text:
-    """The backend's calibration report from the state directory, if one was written."""
-    directory = Path(log_path).parent.parent / "calibration"
+def learned_rows(b: BackendView) -> list[tuple[str, Any]]:
+    """Learning in production: the observed p95 against the declared peak, and the peak to
+    declare instead when jobs use more (the same suggestion as ``vramtui backends``)."""
+    declared, p95 = b.declared_peak_mib, b.observed_p95_mib
+    if declared is None or p95 is None:
+        return []
+    suggested = suggested_peak_mib(b)
+    if suggested is None:
+        share = p95 / declared * 100 if declared else 0.0
+        return [("vs declared", Text(f"p95 is {share:.0f} % of the declared peak: it holds",
+                                     style="green"))]
+    over = p95 - declared
+    return [
+        ("vs declared", Text(f"jobs use {fmt.mib(over)} ({over / declared * 100:.0f} %) more "
+                             "than the declared peak", style="bold red")),
+        ("suggested", Text.assemble((f"vram.peak: {fmt.mib(suggested)}", "bold yellow"),
+                                    (" (p95 + 5 %, rounded up to 64 MiB), or k to calibrate",
+                                     "dim"))),
+    ]
+
+
+REPORT_NAME = re.compile(r"^(?P<backend>.+)-(?P<stamp>\d{8}-\d{6})\.json$")
+
+
+def latest_report(directory: Path, name: str) -> tuple[Path | None, int]:
+    """The newest ``<name>-<YYYYmmdd-HHMMSS>.json`` the engine wrote, and how many there are."""
+    found: list[tuple[str, Path]] = []
     with contextlib.suppress(OSError):
-        for path in sorted(directory.glob(f"{name}.*")):
-            body = path.read_text(errors="replace").splitlines()[:60]
-            text = Text(f"# {path}\n", style="dim")
-            text.append("\n".join(body))
-            return text
-    return Text.assemble(
-        ("not calibrated yet.\n", "bold"),
-        ("Calibration is not available yet: the peak comes from the descriptor (declared) "
-         "or from jobs measured in production (learned).", "dim"))
+        for path in directory.iterdir():
+            m = REPORT_NAME.match(path.name)
+            if m is not None and m.group("backend") == name:
+                found.append((m.group("stamp"), path))
+    if not found:
+        return None, 0
+    return max(found)[1], len(found)
+
+
+def read_calibration(log_path: str, name: str,
+                     localtime: Callable[[float], time.struct_time] = time.localtime) -> Text:
+    """The headline of the backend's latest calibration report in the state directory."""
+    directory = Path(log_path).parent.parent / "calibration"
+    path, count = latest_report(directory, name)
+    if path is None:
+        return Text.assemble(
+            ("not calibrated yet.\n", "bold"),
+            ("The peak comes from the descriptor (declared) or from jobs measured in "
+             "production (learned). ", "dim"), ("k", "bold cyan"),
+            (" measures it: a fresh worker alone on a GPU, sampled at 20 Hz.", "dim"))
+    from supervisor.calibration.record import CalibrationError
+    from supervisor.calibration.report import load_report
+
+    text = Text()
+    text.append(fmt.short_path(path), style="dim")
+    if count > 1:
+        text.append(f"  (latest of {count})", style="dim")
+    text.append("\n")
+    try:
+        record, report = load_report(path)
+    except CalibrationError as exc:
+        text.append(str(exc), style="red")
+        return text
+    when = time.strftime("%Y-%m-%d %H:%M", localtime(record.started_wall))
+    text.append(f"{when} · {record.outcome} · ", style="dim")
+    text.append(report.headline(), style="bold")
+    text.append("\n")
+    refusal = report.overlay_refusal
+    if refusal is None:
+        text.append("overlay: ", style="dim")
+        text.append(f"zz-calibrated-{name}.yaml in backends.d", style="green")
+    else:
+        text.append("no overlay: ", style="dim")
+        text.append(refusal, style="yellow")
+    text.append("\n")
+    text.append("k", style="bold cyan")
+    text.append(" calibrates again", style="dim")
+    return text
 
 
 # =============================================================================== dialogs
@@ -881,7 +979,9 @@ class HelpScreen(ModalScreen[None]):
             if not b.show:
                 continue
             note = ""
-            if b.action in MUTATING and app.readonly:
+            if b.action == "demo" and not app.demo_mode:
+                note = "demo backends only"
+            elif b.action in MUTATING and app.readonly:
                 note = "read-only: off"
             elif b.action in CONFIRMED and app.confirm:
                 note = "asks first"
@@ -893,7 +993,9 @@ class HelpScreen(ModalScreen[None]):
             keys.add_row(key, does, "")
         detail = Text.assemble(
             ("In details: ", "bold"), "esc back · f follow the log · c cancel the job · "
-            "b its backend · e r p k s act on the backend")
+            "b its backend · e r p k s act on the backend\n",
+            ("In a calibration: ", "bold"), "the live chart with its phase bands, then the "
+            "results · c cancel the run · w save the report as…")
         bars = Text()
         for char, style, what in (("█", fmt.SEG_OURS, "used by our workers' processes"),
                                   ("▒", fmt.SEG_RESERVED, "reserved by admission, not used"),
@@ -931,4 +1033,4 @@ class HelpScreen(ModalScreen[None]):
             self.dismiss(None)
 
 
-CONFIRMED = frozenset({"evict", "respawn", "cancel_job", "zero"})
+CONFIRMED = frozenset({"evict", "respawn", "cancel_job", "zero", "calibrate"})

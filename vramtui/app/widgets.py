@@ -23,6 +23,7 @@ from textual.widgets import RichLog
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
+from vramtui.commands import suggested_peak_mib
 
 from . import fmt
 from .fmt import Clocks
@@ -445,6 +446,20 @@ def _trim(text: str | None, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def over_declared_note(b: BackendView, narrow: bool) -> Text:
+    """For a backend whose jobs use more than its declared peak: the peak to declare (observed
+    p95 + 5 %, rounded up to 64 MiB, as ``vramtui backends`` suggests); else empty."""
+    suggested = suggested_peak_mib(b)
+    if suggested is None:
+        return Text("")
+    new = fmt.mib(suggested, compact=True)
+    if narrow:
+        return Text(f"peak→{new}", style="bold yellow")
+    return Text(f"p95 {fmt.mib(b.observed_p95_mib, compact=True)} > declared "
+                f"{fmt.mib(b.declared_peak_mib, compact=True)}: set peak {new}",
+                style="bold yellow")
+
+
 class BackendsTable(RowTable):
     COLUMNS = (
         Col("name", "Backend", 14, narrow_width=12),
@@ -457,7 +472,7 @@ class BackendsTable(RowTable):
         Col("jobs", "Jobs", 9, narrow=False),
         Col("last", "Last use", 9, narrow=False),
         Col("keep", "Keep", 6),
-        Col("error", "Last error", None),
+        Col("error", "Note", None),
     )
 
     def rows_for(self, snap: EngineSnapshot, query: str, clocks: Clocks
@@ -489,6 +504,11 @@ class BackendsTable(RowTable):
             peak_t.append("~", style="dim")  # learned, not declared
         if b.over_declared:
             peak_t = Text(fmt.mib(b.observed_p95_mib, compact=True) + "!", style="bold red")
+        note = over_declared_note(b, self.narrow)
+        if b.last_error:
+            if note.plain:
+                note.append(" · ")
+            note.append(_trim(b.last_error, max(4, err_w - note.cell_len)), style="red")
         jobs = Text(str(b.jobs_served))
         keep = "pinned" if b.pinned else (
             fmt.dur(b.keep_alive_left_s) if b.keep_alive_left_s is not None else "")
@@ -504,7 +524,7 @@ class BackendsTable(RowTable):
             "jobs": jobs,
             "last": last,
             "keep": keep,
-            "error": Text(_trim(b.last_error, err_w), style="red"),
+            "error": note,
         }
 
 

@@ -1,0 +1,866 @@
+"""The calibration view: a run's memory live with its phases, then the results and findings.
+
+``k`` queues a calibration of a backend (``api.calibrate``: a fresh worker alone on a GPU,
+sampled at 20 Hz through start, load, requests and unload) and opens `CalibrationScreen` for
+that job.  While the run goes on, the chart shows the memory used on its GPU (the device
+figure from each snapshot: the run has that GPU to itself) under coloured phase bands whose
+names come from the job's progress text as the engine's events report it.  When the run
+ends, the screen reads the JSON report the engine wrote and redraws the chart from the
+worker's own 20 Hz samples and phase marks, then shows the measured footprint, the findings,
+where the overlay went (or why none was written), and offers to save a copy of the report.
+
+A running calibration is not part of the engine's snapshot (it is no backend's job), so the
+screen asks for the job itself (``api.job``) once per snapshot until it has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.segment import Segment
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Size
+from textual.screen import ModalScreen
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, Static
+
+from supervisor.calibration.record import CalibrationError, CalibrationRecord, run_of
+from supervisor.calibration.report import load_report
+from supervisor.calibration.result import Finding, Measure, Report
+from supervisor.jobs import JobState, JobView
+from supervisor.snapshot import EngineSnapshot
+
+from . import fmt
+from .screens import KeyFooter, SnapshotScreen, _b
+from .widgets import Line, titles
+
+# ----------------------------------------------------------------------------- phases ---
+
+PHASE_KINDS = ("load", "settle", "predict", "shutdown")
+_BG = {"load": "#2e2748", "settle": "#16303d", "predict": "#453410", "shutdown": "#47201f",
+       "end": "#1a1a1a"}
+_FG = {"load": "#b7a6ff", "settle": "#86c6e6", "predict": "#ffd27a", "shutdown": "#ff9b9b",
+       "end": "#8a8a8a"}
+_BAR = "#8ae234"
+_SHORT = {"initialize": "init", "settle-load": "settle", "shutdown": "stop", "exited": "exit",
+          "start": "go"}
+
+
+def phase_kind(phase: str) -> str:
+    """The band colour of a phase: load, settle, predict, shutdown, or end."""
+    if phase in ("start", "initialize"):
+        return "load"
+    if phase.startswith("predict"):
+        return "predict"
+    if phase.startswith("settle"):
+        return "settle"
+    if phase in ("shutdown", "exited"):
+        return "shutdown"
+    return "end"
+
+
+def phase_label(phase: str, width: int) -> str:
+    """The longest name of ``phase`` that fits ``width`` cells with a space to spare
+    (``predict-2`` -> ``p2``); empty when not even that fits."""
+    run = run_of(phase)
+    names = [phase, _SHORT.get(phase, "")]
+    if run is not None:
+        names.append(f"{run[0][0]}{run[1]}")
+    names.append(phase[0])
+    for name in names:
+        if name and len(name) < width:
+            return name
+    return phase[0] if width == 1 else ""
+
+
+def _styles() -> dict[tuple[str, str], Style]:
+    out: dict[tuple[str, str], Style] = {}
+    for kind, bg in (*_BG.items(), ("none", "")):
+        bgcolor = bg or None
+        out[(kind, "bar")] = Style(color=_BAR, bgcolor=bgcolor)
+        out[(kind, "label")] = Style(color=_FG.get(kind, "#8a8a8a"), bgcolor=bgcolor,
+                                     bold=True)
+        out[(kind, "peak")] = Style(color="yellow", bgcolor=bgcolor)
+    out[("axis", "axis")] = Style(color="#7f7f7f")
+    out[("axis", "peak")] = Style(color="yellow", bold=True)
+    return out
+
+
+_STYLES = _styles()
+
+
+def nice_top(value: int) -> int:
+    """An axis top a little above ``value`` (MiB), on a round step."""
+    if value <= 0:
+        return 1024
+    target = value * 1.08
+    step = 64 if target <= 1024 else 256 if target <= 4096 else 1024 if target <= 32768 \
+        else 4096
+    return int(math.ceil(target / step) * step)
+
+
+def live_span(elapsed: float) -> float:
+    """The live chart's time axis: the elapsed time and some room, on 5 s steps."""
+    return max(10.0, math.ceil(elapsed * 1.15 / 5.0) * 5.0)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """Everything one drawing of the chart depends on (compared to skip redraws)."""
+
+    width: int
+    height: int
+    label_w: int
+    plot_w: int
+    rows: int
+    label_row: bool
+    axis_row: bool
+    top: int
+    span: float
+    levels: tuple[int | None, ...]  # per column, in eighths of a row
+    kinds: tuple[str, ...]  # per column, the band's kind ("none" before the first band)
+    labels: tuple[tuple[int, str, str], ...]  # (column, text, kind)
+    peak: int | None
+    peak_row: int | None
+
+
+class PhaseChart(Widget):
+    """Memory over a calibration run, 0..top, with one coloured band per phase and a label row.
+
+    ``show()`` folds the samples into one column each (the highest reading in the column's
+    time slice, carried over slices with no reading) and redraws only when a column, a band
+    or the size changed; the strips are built once per change, on the next render.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._series: Sequence[tuple[float, int]] = ()
+        self._bands: tuple[tuple[float, str], ...] = ()
+        self._span = 10.0
+        self._now: float | None = None
+        self._peak: int | None = None
+        self._model: _Model | None = None
+        self._built: _Model | None = None
+        self._strips: list[Strip] = []
+        self.builds = 0
+
+    def show(self, series: Sequence[tuple[float, int]], bands: Sequence[tuple[float, str]],
+             span: float, peak: int | None = None, now: float | None = None) -> None:
+        """``span``: the time axis (s); ``peak``: a line at the measured peak; ``now``: where
+        the run is (live), the last band ends there."""
+        self._series, self._bands = series, tuple(bands)
+        self._span, self._peak, self._now = max(span, 1e-3), peak, now
+        model = self._make_model(self.size)
+        if model != self._model:
+            self._model = model
+            self.refresh()
+
+    def on_resize(self) -> None:
+        self.show(self._series, self._bands, self._span, self._peak, self._now)
+
+    @property
+    def columns(self) -> tuple[int | None, ...]:
+        return self._model.levels if self._model is not None else ()
+
+    def _make_model(self, size: Size) -> _Model:
+        width, height = size.width, size.height
+        values = [v for _t, v in self._series]
+        top = nice_top(max([*values, self._peak or 0, 0]))
+        label_w = max(len(fmt.mib(top, compact=True)),
+                      len(fmt.mib(self._peak, compact=True)) if self._peak else 0) + 1
+        label_row = height >= 3
+        axis_row = height >= 5
+        rows = max(1, height - label_row - axis_row)
+        plot_w = max(1, width - label_w)
+        span = self._span
+        dt = span / plot_w
+        cols: list[int | None] = [None] * plot_w
+        last = -1
+        for t, v in self._series:
+            i = min(plot_w - 1, max(0, int(t / dt)))
+            cur = cols[i]
+            cols[i] = v if cur is None or v > cur else cur
+            last = max(last, i)
+        carry: int | None = None
+        for i in range(last + 1):  # carry readings over slices with none
+            c = cols[i]
+            if c is None:
+                cols[i] = carry
+            else:
+                carry = c
+        levels = tuple(None if c is None else round(c / top * rows * 8) for c in cols)
+        starts = [t for t, _p in self._bands]
+        now = span if self._now is None else min(span, self._now)
+        kinds: list[str] = []
+        j = -1
+        for i in range(plot_w):
+            mid = (i + 0.5) * dt
+            while j + 1 < len(starts) and starts[j + 1] <= mid:
+                j += 1
+            kinds.append("none" if j < 0 or i * dt > now else phase_kind(self._bands[j][1]))
+        labels: list[tuple[int, str, str]] = []
+        for k, (start, phase) in enumerate(self._bands):
+            end = self._bands[k + 1][0] if k + 1 < len(self._bands) else max(now, start + dt)
+            c0 = min(plot_w, int(start / dt + 0.5))
+            c1 = min(plot_w, int(end / dt + 0.5))
+            text = phase_label(phase, c1 - c0)
+            if text:
+                labels.append((c0, text, phase_kind(phase)))
+        peak_row = None
+        if self._peak is not None:
+            peak_row = min(rows - 1, max(0, math.ceil(self._peak / top * rows) - 1))
+        return _Model(width, height, label_w, plot_w, rows, label_row, axis_row, top, span,
+                      levels, tuple(kinds), tuple(labels), self._peak, peak_row)
+
+    def render_line(self, y: int) -> Strip:
+        model = self._model
+        if model is None or (model.width, model.height) != (self.size.width,
+                                                            self.size.height):
+            self._model = model = self._make_model(self.size)
+        if model is not self._built:
+            self._strips = self._build(model)
+            self._built = model
+        return self._strips[y] if y < len(self._strips) else Strip.blank(self.size.width)
+
+    def _build(self, m: _Model) -> list[Strip]:
+        self.builds += 1
+        if m.width <= 0 or m.height <= 0:
+            return []
+        axis = _STYLES[("axis", "axis")]
+        strips: list[Strip] = []
+
+        def line(pieces: list[tuple[str, Style]]) -> list[Segment]:
+            segs: list[Segment] = []
+            run: list[str] = []
+            style: Style | None = None
+            for ch, st in pieces:
+                if st is not style and run:
+                    segs.append(Segment("".join(run), style))
+                    run = []
+                style = st
+                run.append(ch)
+            if run:
+                segs.append(Segment("".join(run), style))
+            return segs
+
+        if m.label_row:
+            chars = [" "] * m.plot_w
+            kinds = list(m.kinds)
+            for c0, text, kind in m.labels:
+                for k, ch in enumerate(text):
+                    if c0 + k < m.plot_w:
+                        chars[c0 + k] = ch
+                        kinds[c0 + k] = kind
+            head = Segment(" " * m.label_w, axis)
+            strips.append(Strip([head, *line([(ch, _STYLES[(kd, "label")])
+                                              for ch, kd in zip(chars, kinds, strict=True)])],
+                                m.width))
+        mid_row = (m.rows - 1) // 2 if m.rows >= 5 else None
+        for y in range(m.rows):
+            r = m.rows - 1 - y
+            if y == 0:
+                lab = fmt.mib(m.top, compact=True)
+            elif y == m.rows - 1:
+                lab = "0"
+            elif y == mid_row:
+                lab = fmt.mib(m.top // 2, compact=True)
+            else:
+                lab = ""
+            lab_style = axis
+            if m.peak_row is not None and r == m.peak_row and 0 < y < m.rows - 1:
+                lab, lab_style = fmt.mib(m.peak, compact=True), _STYLES[("axis", "peak")]
+            pieces: list[tuple[str, Style]] = []
+            for lv, kind in zip(m.levels, m.kinds, strict=True):
+                n = 0 if lv is None else min(8, max(0, lv - r * 8))
+                if n == 0 and r == m.peak_row:
+                    pieces.append(("╌", _STYLES[(kind, "peak")]))
+                else:
+                    pieces.append((fmt.BLOCKS[n], _STYLES[(kind, "bar")]))
+            strips.append(Strip([Segment(lab.rjust(m.label_w - 1), lab_style),
+                                 Segment("┤", axis), *line(pieces)], m.width))
+        if m.axis_row:
+            marks = list("─" * m.plot_w)
+            for pos, text in ((0, "0s"), (m.plot_w // 2 - 2, fmt.dur(m.span / 2)),
+                              (m.plot_w - len(fmt.dur(m.span)), fmt.dur(m.span))):
+                for k, ch in enumerate(text):
+                    if 0 <= pos + k < m.plot_w:
+                        marks[pos + k] = ch
+            strips.append(Strip([Segment(" " * (m.label_w - 1) + "└", axis),
+                                 Segment("".join(marks), axis)], m.width))
+        return strips
+
+
+def phase_legend(extra: Text | None = None) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    if extra is not None:
+        t.append_text(extra)
+        t.append("   ")
+    for kind in PHASE_KINDS:
+        t.append(f" {kind} ", style=Style(color=_FG[kind], bgcolor=_BG[kind], bold=True))
+        t.append(" ")
+    return t
+
+
+# ----------------------------------------------------------------------------- results --
+
+
+def _measure_row(name: str, m: Measure | None, bold: bool = False) -> tuple[Any, ...]:
+    style = "bold" if bold else ""
+    if m is None:
+        return (name, Text("not measured", style="dim"), "", "")
+    return (name, Text(fmt.mib(m.value_mib), style=style), f"{m.spread_mib} MiB",
+            str(m.samples))
+
+
+CONFIDENCE_STYLE = {"high": "bold green", "medium": "bold yellow", "low": "bold red"}
+
+
+def results_table(report: Report, declared_before: int | None) -> Group:
+    """The footprint (context, weights, activation, peak, with spreads), then confidence."""
+    table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold",
+                  pad_edge=False)
+    table.add_column("", style="dim", no_wrap=True)
+    table.add_column("measured", justify="right", no_wrap=True)
+    table.add_column("spread", justify="right", style="dim", no_wrap=True)
+    table.add_column("samples", justify="right", style="dim", no_wrap=True)
+    table.add_row(*_measure_row("context", report.context))
+    table.add_row(*_measure_row("weights", report.weights))
+    table.add_row(*_measure_row("activation", report.activation))
+    table.add_row(*_measure_row("peak", report.peak, bold=True))
+    table.add_row(*_measure_row("resident", report.resident))
+    parts: list[Any] = [table]
+    extra = Table.grid(padding=(0, 1))
+    extra.add_column(style="dim", no_wrap=True)
+    extra.add_column()
+    extra.add_row("load peak", fmt.mib(report.load_peak_mib))
+    runs = " · ".join("–" if p is None else str(p) for p in report.run_peaks)
+    extra.add_row("request peak", f"{fmt.mib(report.predict_peak_mib)}"
+                  + (f"  (runs: {runs} MiB)" if runs else ""))
+    if declared_before is not None and report.peak is not None:
+        diff = report.peak.value_mib - declared_before
+        pct = diff / declared_before * 100 if declared_before else 0.0
+        how = ("the same as" if diff == 0 else
+               f"{fmt.mib(abs(diff))} ({abs(pct):.0f} %) "
+               + ("above" if diff > 0 else "below"))
+        extra.add_row("declared", Text.assemble(
+            fmt.mib(declared_before), (f"  measured peak {how} it",
+                                       "bold red" if diff > 0 else "green")))
+    extra.add_row("duration", f"{fmt.dur(report.duration_s)}, {report.sample_count} samples, "
+                              f"{report.repeats} repeats ({report.source} GPU{report.gpu})")
+    parts.append(extra)
+    conf = Text.assemble(("confidence ", "dim"),
+                         (report.confidence, CONFIDENCE_STYLE.get(report.confidence, "")),
+                         ("  " + report.reason, ""))
+    parts.append(conf)
+    return Group(*parts)
+
+
+def _number(key: str, value: Any) -> str:
+    name = key.replace("_", " ")
+    if key.endswith("_mib") and isinstance(value, int | float):
+        return f"{name[:-4]} {fmt.mib(int(value))}"
+    if key.endswith("_s") and isinstance(value, int | float):
+        return f"{name[:-2]} {value:g} s"
+    if isinstance(value, float):
+        return f"{name} {value:.3g}"
+    if isinstance(value, list | tuple):
+        return f"{name} " + "/".join(str(v) for v in value)
+    return f"{name} {value}"
+
+
+def findings_text(findings: Sequence[Finding]) -> Text:
+    """Each finding: its code (model behaviour or measurement quality), words, numbers."""
+    if not findings:
+        return Text("None: the samples show nothing unusual (no load spike, warm-up, leak, "
+                    "lazy loading or memory kept after unload).", style="dim")
+    t = Text()
+    for i, f in enumerate(findings):
+        if i:
+            t.append("\n")
+        about = "measurement" if f.about_measurement else "model"
+        t.append("● ", style="yellow" if f.about_measurement else "cyan")
+        t.append(f.code, style="bold")
+        t.append(f"  ({about})\n", style="dim")
+        t.append(f.message + "\n")
+        if f.numbers:
+            t.append("  " + " · ".join(_number(k, v) for k, v in f.numbers.items()) + "\n",
+                     style="dim")
+    return t
+
+
+def copy_atomic(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
+    """Copy ``source`` to ``target`` (a directory: same name in it) through a temporary file
+    in the target's directory, fsync and ``os.replace``: never half a file."""
+    dest = Path(os.path.expanduser(os.fspath(target)))
+    if dest.is_dir():
+        dest = dest / Path(source).name
+    dest = dest.absolute()
+    if not dest.parent.is_dir():
+        raise FileNotFoundError(f"no directory {dest.parent}")
+    data = Path(source).read_bytes()
+    fd, temp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    return dest
+
+
+# ----------------------------------------------------------------------------- screen ---
+
+
+class CalibrationScreen(SnapshotScreen):
+    """One calibration run: live while it runs, then the report's figures and findings."""
+
+    BINDINGS = [
+        Binding("escape,backspace", "back", "Back", id="back",
+                tooltip="Back (a running calibration goes on)"),
+        _b("c", "cancel_run", "Cancel run", "Cancel this calibration run (asks first)"),
+        _b("w", "save", "Save report as…", "Save a copy of the JSON report (every sample)"),
+    ]
+
+    def __init__(self, job_id: str, backend: str, declared_before: int | None = None) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.backend = backend
+        self.declared_before = declared_before
+        self.view: JobView | None = None
+        self.summary: dict[str, Any] | None = None
+        self.record: CalibrationRecord | None = None
+        self.report: Report | None = None
+        self.problem: str | None = None  # why there are no results (cancelled, no report)
+        self.saved_to: Path | None = None
+        self.live: list[tuple[float, int]] = []
+        self._live_until = -math.inf
+
+    def compose(self) -> ComposeResult:
+        yield self.header()
+        yield Static(id="cal-status")
+        with Vertical(id="cal-chart-box", classes="box"):
+            yield PhaseChart(id="cal-chart")
+            yield Line(id="cal-legend")
+        with VerticalScroll(id="cal-body"):
+            with Horizontal(classes="cols"):
+                yield Static(id="cal-results", classes="box")
+                yield Static(id="cal-findings", classes="box")
+            yield Static(id="cal-save", classes="box")
+        yield KeyFooter(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#cal-chart-box").border_title = f"Calibration of {self.backend}"
+        titles(self.query_one("#cal-results"), "Results")
+        self.query_one("#cal-findings").border_title = "Findings"
+        self.query_one("#cal-save").border_title = "Overlay and report"
+        self.query_one("#cal-status", Static).update(Text(f"calibration {self.job_id} of "
+                                                          f"{self.backend}: asking the engine…",
+                                                          style="dim"))
+        self.query_one("#cal-body").focus()  # the arrow keys scroll the results
+
+    @property
+    def finished(self) -> bool:
+        return self.view is not None and self.view.finished
+
+    # -- keys ---------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel_run":
+            if self.finished:
+                return False  # nothing to cancel: not shown
+            return None if self.vapp.readonly else True
+        if action == "save":
+            return True if self.summary and self.summary.get("report") and \
+                self.report is not None else None
+        return True
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_cancel_run(self) -> None:
+        if self.finished:
+            return
+        phase = self.view.progress_text if self.view is not None else ""
+        self.vapp.request_cancel_calibration(self.job_id, self.backend, phase)
+
+    def action_save(self) -> None:
+        path = (self.summary or {}).get("report")
+        if not path or self.report is None:
+            self.notify("No report to save yet.", severity="warning")
+            return
+
+        def saved(target: Path | None) -> None:
+            if target is not None:
+                self.saved_to = target
+                self.notify(f"Saved the report to {fmt.short_path(target)}.", title="calibration")
+                self._show_save()
+
+        self.app.push_screen(SaveReportDialog(str(path)), saved)
+
+    # -- data ----------------------------------------------------------------------------
+    def show_snapshot(self, snap: EngineSnapshot | None) -> None:
+        super().show_snapshot(snap)
+        if snap is None:
+            return
+        if self.view is not None and self.view.finished:
+            return
+        view = next((j for j in (*snap.queued, *snap.running, *snap.recent)
+                     if j.id == self.job_id), None)
+        if view is None or view.finished:
+            # a running calibration is not in the snapshot, and a remote snapshot may leave
+            # out a finished job's result (the summary): ask for the job itself
+            self._fetch()
+        else:
+            self.show_job(view)
+
+    @work(thread=True, exclusive=True, group="calibration-job")
+    def _fetch(self) -> None:
+        try:
+            view = self.vapp.api.job(self.job_id)
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.vapp.ui(self._fetch_failed, exc)
+            return
+        self.vapp.ui(self.show_job, view)
+
+    def _fetch_failed(self, exc: Exception) -> None:
+        if self.is_mounted and self.view is None:
+            self.query_one("#cal-status", Static).update(
+                Text(f"calibration {self.job_id}: {exc}", style="red"))
+
+    def show_job(self, view: JobView) -> None:
+        if not self.is_mounted or (self.view is not None and self.view.finished):
+            return
+        first = self.view is None
+        self.view = view
+        if first or view.finished:
+            self.refresh_bindings()
+        if view.state in (JobState.RUNNING, JobState.STARTING) or view.finished:
+            self._fold_live(view, self.vapp.snap)
+        self._show_status()
+        if view.finished:
+            self._ended(view)
+        else:
+            self._show_live(view)
+
+    def _fold_live(self, view: JobView, snap: EngineSnapshot | None) -> None:
+        """Add the run's GPU readings this snapshot brought (the run has that GPU alone)."""
+        if snap is None or view.gpu is None or view.started_at is None:
+            return
+        gpu = next((g for g in snap.gpus if g.index == view.gpu), None)
+        if gpu is None or not gpu.history:
+            return
+        new: list[tuple[float, int]] = []
+        end = view.finished_at if view.finished_at is not None else math.inf
+        for t, used in reversed(gpu.history):
+            if t <= self._live_until:
+                break
+            if view.started_at <= t <= end:
+                new.append((t - view.started_at, used))
+        self._live_until = gpu.history[-1][0]
+        self.live.extend(reversed(new))
+
+    def live_bands(self, view: JobView) -> list[tuple[float, str]]:
+        """(seconds since the run started, phase) from the job's progress events."""
+        if view.started_at is None:
+            return []
+        clocks = self.vapp.clocks
+        offset = clocks.wall() - clocks.mono()  # event times are wall clock
+        bands: list[tuple[float, str]] = []
+        for t, _fraction, text in self.vapp.progress.get(self.job_id, ()):
+            if text and (not bands or bands[-1][1] != text):
+                bands.append((max(0.0, t - offset - view.started_at), text))
+        if not bands and view.progress_text:
+            bands.append((0.0, view.progress_text))
+        return bands
+
+    def elapsed(self, view: JobView) -> float | None:
+        if view.started_at is None:
+            return None
+        end = view.finished_at if view.finished_at is not None else self.vapp.clocks.mono()
+        return max(0.0, end - view.started_at)
+
+    # -- rendering -------------------------------------------------------------------------
+    def _show_status(self) -> None:
+        view = self.view
+        assert view is not None
+        t = Text(no_wrap=False)
+        t.append(f" {self.backend} ", style="bold reverse")
+        t.append("  ")
+        t.append(view.state.value, style=fmt.JOB_STATE_STYLE.get(view.state.value, ""))
+        if view.state is JobState.QUEUED:
+            pos = f" #{view.position}" if view.position else ""
+            t.append(f"{pos}  waiting for a GPU to itself", style="yellow")
+            if view.waiting:
+                t.append(f": {view.waiting}", style="dim")
+        elif not view.finished:
+            t.append("  phase ", style="dim")
+            t.append(view.progress_text or "…", style="bold")
+        elapsed = self.elapsed(view)
+        if elapsed is not None:
+            t.append("  ·  ", style="dim")
+            t.append(fmt.dur(elapsed) + (" elapsed" if not view.finished else ""))
+        if view.gpu is not None:
+            t.append(f"  ·  GPU{view.gpu}", style="dim")
+        if self.size.width >= 120:
+            t.append(f"  ·  job {view.id}", style="dim")
+        if self.report is not None:
+            t.append("\n")
+            t.append(self.report.headline(), style="bold")
+        elif self.problem is not None:
+            t.append("\n")
+            t.append(self.problem, style="bold #c678dd" if view.state is JobState.CANCELLED
+                     else "bold red")
+        self.query_one("#cal-status", Static).update(t)
+
+    def _show_live(self, view: JobView) -> None:
+        chart = self.query_one(PhaseChart)
+        elapsed = self.elapsed(view) or 0.0
+        chart.show(self.live, self.live_bands(view), live_span(elapsed), now=elapsed)
+        gpu = f"GPU{view.gpu}" if view.gpu is not None else "the GPU"
+        self.query_one("#cal-legend", Line).set(phase_legend(Text.assemble(
+            ("█", _BAR), (f" {gpu} used, live", "dim"))))
+        titles(self.query_one("#cal-chart-box"), f"Calibration of {self.backend} · live",
+               "the worker's own 20 Hz samples when it ends")
+        results = self.query_one("#cal-results", Static)
+        titles(results, "Phases")
+        if view.state is JobState.QUEUED:
+            results.update(Text("Waiting for a GPU to itself: the run starts when no other "
+                                "job holds one (idle workers there are evicted).", style="dim"))
+        else:
+            results.update(self._phase_table(view))
+        self.query_one("#cal-findings", Static).update(Text(
+            "The findings come with the results when the run ends.", style="dim"))
+        self.query_one("#cal-save", Static).update(Text.assemble(
+            "When the run ends the engine writes its JSON report (every raw sample and "
+            "phase mark) and, if the run earns at least medium confidence, an overlay with "
+            "the measured figures that admission uses at once.\n",
+            ("c cancels the run: nothing is written.", "dim")))
+
+    def _phase_table(self, view: JobView) -> Table:
+        bands = self.live_bands(view)
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="dim", justify="right", no_wrap=True)
+        table.add_column(no_wrap=True)
+        table.add_column(style="dim", justify="right", no_wrap=True)
+        now = self.elapsed(view) or 0.0
+        for i, (t, phase) in enumerate(bands):
+            end = bands[i + 1][0] if i + 1 < len(bands) else now
+            kind = phase_kind(phase)
+            table.add_row(f"+{t:.1f}s", Text(phase, style=_FG.get(kind, "")),
+                          fmt.dur(end - t) + ("" if i + 1 < len(bands) else " so far"))
+        if not bands:
+            table.add_row("", Text("starting…", style="dim"), "")
+        return table
+
+    def _ended(self, view: JobView) -> None:
+        summary: dict[str, Any] | None = None
+        if view.data:
+            try:
+                parsed = json.loads(view.data)
+                summary = parsed if isinstance(parsed, dict) else None
+            except ValueError:
+                summary = None
+        self.summary = summary
+        report = (summary or {}).get("report")
+        if report:
+            self._load(str(report))
+            return
+        if view.state is JobState.CANCELLED:
+            self.problem = "Cancelled: no report and no overlay were written."
+        else:
+            self.problem = f"{view.state.value}: {view.error or 'no report was written'}"
+        self._show_status()
+        self._show_without_report(view)
+
+    @work(thread=True, exclusive=True, group="calibration-report")
+    def _load(self, path: str) -> None:
+        try:
+            record, report = load_report(path)
+        except CalibrationError as exc:
+            self.vapp.ui(self._loaded, None, None, str(exc))
+            return
+        self.vapp.ui(self._loaded, record, report, None)
+
+    def _loaded(self, record: CalibrationRecord | None, report: Report | None,
+                problem: str | None) -> None:
+        if not self.is_mounted:
+            return
+        self.record, self.report, self.problem = record, report, problem
+        self.refresh_bindings()
+        self._show_status()
+        if record is None or report is None:
+            assert self.view is not None
+            self._show_without_report(self.view)
+            return
+        self._show_results(record, report)
+
+    def _show_without_report(self, view: JobView) -> None:
+        chart = self.query_one(PhaseChart)
+        chart.show(self.live, self.live_bands(view), max(self.elapsed(view) or 0.0, 1.0))
+        titles(self.query_one("#cal-chart-box"), f"Calibration of {self.backend} · "
+               f"{view.state.value}", "what the GPU showed while it ran")
+        titles(self.query_one("#cal-results", Static), "Phases")
+        self.query_one("#cal-results", Static).update(self._phase_table(view))
+        self.query_one("#cal-findings", Static).update(Text("No findings: no report.",
+                                                            style="dim"))
+        self._show_save()
+
+    def _show_results(self, record: CalibrationRecord, report: Report) -> None:
+        per_process = any(s.procs for s in record.samples)
+        if per_process:
+            series = [(s.t, s.total or 0) for s in record.samples]
+            what = "the worker's memory"
+        else:
+            series = [(s.t, s.device_used_mib or 0) for s in record.samples]
+            what = f"GPU{record.gpu} used (no per-process figures)"
+        bands = [(m.t, m.phase) for m in record.marks]
+        span = max([t for t, _v in series[-1:]] + [t for t, _p in bands[-1:]] + [1.0])
+        peak = report.peak.value_mib if report.peak is not None else None
+        self.query_one(PhaseChart).show(series, bands, span, peak)
+        legend = Text.assemble(("█", _BAR), (f" {what}", "dim"))
+        if peak is not None:
+            legend.append("  ╌", style="yellow")
+            legend.append(" measured peak", style="dim")
+        self.query_one("#cal-legend", Line).set(phase_legend(legend))
+        titles(self.query_one("#cal-chart-box"),
+               f"Calibration of {self.backend} · {record.outcome}",
+               f"{len(record.samples)} samples at {record.sample_hz:g} Hz")
+        results = self.query_one("#cal-results", Static)
+        titles(results, "Results")
+        results.update(results_table(report, self.declared_before))
+        self.query_one("#cal-findings", Static).update(findings_text(report.findings))
+        self._show_save()
+
+    def _show_save(self) -> None:
+        summary = self.summary or {}
+        report = self.report
+        t = Text()
+        overlay = summary.get("overlay")
+        if overlay:
+            t.append("✔ overlay written: ", style="bold green")
+            t.append(fmt.short_path(overlay) + "\n")
+            peak = fmt.mib(report.peak.value_mib) if report is not None and report.peak \
+                else "the measured peak"
+            t.append(f"  admission uses {peak} at peak for {self.backend} from now on; delete "
+                     "the file to go back to the descriptor's figures.\n", style="dim")
+        else:
+            if report is not None and report.overlay_refusal is not None:
+                why = report.overlay_refusal
+            elif self.view is not None and self.view.state is JobState.CANCELLED:
+                why = "the run was cancelled"
+            else:
+                why = self.problem or (self.view.error if self.view is not None else None) \
+                    or "the run earned none"
+            t.append("✖ no overlay written: ", style="bold yellow")
+            t.append(why + "\n")
+            t.append("  admission keeps the descriptor's figures.\n", style="dim")
+        path = summary.get("report")
+        if path:
+            t.append("report  ", style="dim")
+            t.append(fmt.short_path(path))
+            if self.record is not None:
+                t.append(f"  ({len(self.record.samples)} raw samples, "
+                         f"{len(self.record.marks)} phase marks; `vramtui recalibrate` "
+                         "re-analyses it)", style="dim")
+            t.append("\n")
+            if self.saved_to is not None:
+                t.append("saved   ", style="dim")
+                t.append(fmt.short_path(self.saved_to) + "\n", style="green")
+            if self.report is not None:
+                t.append("w", style="bold cyan")
+                t.append(" save a copy of the report as…", style="dim")
+        else:
+            t.append("no report was written", style="dim")
+        t.rstrip()
+        self.query_one("#cal-save", Static).update(t)
+
+
+# ----------------------------------------------------------------------------- saving ---
+
+
+class SaveReportDialog(ModalScreen[Path | None]):
+    """A path for a copy of the JSON report (written atomically); esc closes."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="save_cancel", tooltip="Close the dialog"),
+    ]
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="save"):
+            yield Label("Save the calibration report as…", id="dialog-title")
+            yield Static(Text.assemble(
+                ("The JSON report: every raw sample and phase mark, and the analysis.\n",
+                 ""), ("from ", "dim"), fmt.short_path(self.source),
+                ("\nA relative path is taken from ", "dim"), fmt.short_path(os.getcwd()),
+                ("; a directory keeps the name.", "dim")), id="dialog-body")
+            yield Input(value=Path(self.source).name, id="save-path", compact=True)
+            yield Static("", id="dialog-error")
+            with Horizontal(id="dialog-buttons"):
+                yield Button("Save (enter)", variant="primary", id="ok", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#save-path", Input).focus()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Input.Submitted, "#save-path")
+    def _entered(self) -> None:
+        self._save()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "ok":
+            self._save()
+        else:
+            self.dismiss(None)
+
+    def _save(self) -> None:
+        target = self.query_one("#save-path", Input).value.strip()
+        if not target:
+            self.query_one("#dialog-error", Static).update("type a path")
+            return
+        self._copy(target)
+
+    @work(thread=True, exclusive=True, group="save-report")
+    def _copy(self, target: str) -> None:
+        try:
+            path = copy_atomic(self.source, target)
+        except OSError as exc:
+            self.app.call_from_thread(self._failed, exc)
+            return
+        self.app.call_from_thread(self._done, path)
+
+    def _done(self, path: Path) -> None:
+        self.dismiss(path)  # not awaited: this runs in the dialog's own handler
+
+    def _failed(self, exc: OSError) -> None:
+        if self.is_mounted:
+            self.query_one("#dialog-error", Static).update(
+                f"cannot save there: {exc.strerror or exc}"
+                + (f" ({exc.filename})" if getattr(exc, "filename", None) else ""))
