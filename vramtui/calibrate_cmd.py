@@ -17,11 +17,9 @@ confidence for an overlay (said why); 2 bad input; 3 no engine; 4 unknown backen
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from supervisor.atomicfile import write_atomic
 from supervisor.calibration.record import CalibrationError
 from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.client import Client
@@ -64,23 +63,6 @@ def _out_target(out: str | None) -> Path | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"--out {out}: cannot write in {parent}")
     return target
-
-
-def _copy_atomic(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file and a rename (never half)."""
-    data = source.read_bytes()
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -248,7 +230,7 @@ def _finish(view: JobView, args: argparse.Namespace, out: Path | None) -> int:
     copied: str | None = None
     if out is not None and report_path is not None:
         try:
-            _copy_atomic(report_path, out)
+            write_atomic(out, report_path.read_bytes(), mode=0o644)
             copied = str(out)
         except OSError as exc:
             error(f"cannot copy the report {report_path} to --out {out}: "

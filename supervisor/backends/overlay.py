@@ -6,16 +6,15 @@ the backend's own file (``backends.d/``) and it overrides just those keys.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..atomicfile import write_atomic
 from .errors import unknown_key_message
 from .schema import NAME_RE, TOP_KEYS
 
@@ -56,31 +55,4 @@ def write_overlay(
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False)
     if comment:
         text = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines()) + text
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644  # (not "less the umask": reading the umask means changing it, racily)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    try:
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-    except OSError:
-        return target
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-    return target
+    return write_atomic(target, text, sync_dir=True)

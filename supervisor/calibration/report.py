@@ -17,13 +17,12 @@ none, never half of one.  Layout (``version`` 1)::
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..atomicfile import write_atomic
 from ..backends.overlay import write_overlay
 from .analysis import analyze
 from .record import CalibrationError, CalibrationRecord, CalSample, PhaseMark
@@ -130,28 +129,12 @@ def _dumps(document: dict[str, Any]) -> str:
     return f'{text[:-2]},\n  "samples": {body}\n}}\n'
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-
-
 def write_report(
     path: str | os.PathLike[str], record: CalibrationRecord, report: Report | None = None
 ) -> Path:
     """Write the report (record + analysis) to ``path`` atomically; returns the path."""
     target = Path(path)
-    _write_atomic(target, _dumps(report_to_json(record, report)))
+    write_atomic(target, _dumps(report_to_json(record, report)))
     return target
 
 

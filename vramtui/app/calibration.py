@@ -15,11 +15,9 @@ screen asks for the job itself (``api.job``) once per snapshot until it has fini
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +38,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
 
+from supervisor.atomicfile import write_atomic
 from supervisor.calibration.record import CalibrationError, CalibrationRecord, run_of
 from supervisor.calibration.report import load_report
 from supervisor.calibration.result import Finding, Measure, Report
@@ -413,20 +412,7 @@ def copy_atomic(source: str | os.PathLike[str], target: str | os.PathLike[str]) 
     dest = dest.absolute()
     if not dest.parent.is_dir():
         raise FileNotFoundError(f"no directory {dest.parent}")
-    data = Path(source).read_bytes()
-    fd, temp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    return dest
+    return write_atomic(dest, Path(source).read_bytes(), mode=0o644)
 
 
 # ----------------------------------------------------------------------------- screen ---
