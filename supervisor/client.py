@@ -389,7 +389,7 @@ class Client:
                          daemon=True).start()
         return result, sub
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Close this client (the engine itself keeps running; see :meth:`shutdown_engine`)."""
         self.close()
 

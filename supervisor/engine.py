@@ -550,7 +550,7 @@ class Engine:
             raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
                           "then evict")
         self._note("info", f"evicting {backend} (asked)", backend)
-        self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+        self._evict_now(rt)
 
     def zero(self) -> list[str]:
         evicted = []
@@ -685,7 +685,7 @@ class Engine:
             if rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
                 self._note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
                            f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
-                self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+                self._evict_now(rt)
         for job_id, passed in plan.passed.items():
             job = self.jobs.get(job_id)
             if job is not None:
@@ -793,14 +793,23 @@ class Engine:
             self._note("error", f"{rt.spec.name}: {handle.init_error}; killing it", rt.spec.name)
             handle.kill()
 
+    def _evict_now(self, rt: BackendRuntime) -> None:
+        """Stop ``rt``'s idle worker: it takes no job from this instant, then goes."""
+        if rt.worker is not None:
+            rt.worker.begin_stop()  # synchronously: a step already queued must not use it
+            self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+
     async def _stop_worker(self, rt: BackendRuntime, grace: float, drain: bool = False) -> None:
         worker = rt.worker
         if worker is None:
             return
         if drain and rt.admitted:
+            # Running jobs get the grace to finish; then the worker gets a short one to go
+            # (not the whole grace again: stop() must end within grace + a few seconds).
             deadline = self.clock() + grace
             while rt.admitted and self.clock() < deadline and not worker.exited:
                 await asyncio.sleep(0.05)
+            grace = min(grace, 2.0)
         await worker.stop(grace=grace)
 
     # -- WorkerObserver ---------------------------------------------------------------------
@@ -814,7 +823,8 @@ class Engine:
                 rt.init_failures = 0
             for job_id in list(rt.admitted):
                 job = self.jobs.get(job_id)
-                if job is not None and job.state is JobState.STARTING:
+                # While stopping, admitted jobs stay unstarted: they run after a restart.
+                if job is not None and job.state is JobState.STARTING and not self._stopping:
                     self._dispatch(rt, job)
             if not rt.admitted and rt.idle_since is None:
                 rt.idle_since = self.clock()
@@ -925,15 +935,21 @@ class Engine:
         if job.peak_mib is None:
             return
         rt.observed_peaks.append(job.peak_mib)
-        if rt.spec.peak is None and rt.observed_mib is not None:
-            first = rt.learned_peak_mib is None
+        if rt.spec.peak is None:
+            # The peak comes from samples during jobs; what stays resident is read later,
+            # from a sample of the idle worker (see _learn_resident).
             rt.learned_peak_mib = max(rt.learned_peak_mib or 0, job.peak_mib)
-            rt.learned_resident_mib = rt.observed_mib
-            if first:
-                self._note("info", f"{rt.spec.name} measured in production: peak "
-                           f"{rt.learned_peak_mib} MiB, resident {rt.observed_mib} MiB; it "
-                           "no longer needs a GPU to itself", rt.spec.name)
-            rt.exclusive = False
+
+    def _learn_resident(self, rt: BackendRuntime, mib: int) -> None:
+        """An unmeasured backend's idle worker holds ``mib``: with its peak, it is sized."""
+        first = rt.learned_resident_mib is None
+        rt.learned_resident_mib = min(mib, rt.learned_peak_mib or mib)
+        if first:
+            self._note("info", f"{rt.spec.name} measured in production: peak "
+                       f"{rt.learned_peak_mib} MiB, resident {rt.learned_resident_mib} MiB; "
+                       "it no longer needs a GPU to itself", rt.spec.name)
+        rt.exclusive = False
+        self._schedule()
 
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
@@ -999,6 +1015,9 @@ class Engine:
                     mib = sum(self.proc_mib.get(pid, 0) for pid in pids)
                     rt.observed_mib = mib
                     self.backend_history.append(rt.spec.name, sample.t, mib)
+                    if (rt.spec.peak is None and rt.learned_peak_mib is not None
+                            and not rt.admitted and worker.state == WorkerState.READY):
+                        self._learn_resident(rt, mib)
                     for job_id in rt.admitted:
                         job = self.jobs.get(job_id)
                         if job is not None and job.state is JobState.RUNNING:
@@ -1046,7 +1065,7 @@ class Engine:
                 self._note("info", f"{rt.spec.name} idle for {rt.spec.keep_alive_s:g} s "
                            "(keep_alive): unloading", rt.spec.name)
                 rt.idle_since = None
-                self._spawn_task(self._stop_worker(rt, grace=rt.spec.timeouts.stop_grace_s))
+                self._evict_now(rt)
 
     # ===================================================================== timers =========
     def _set_timer(self, key: str, delay: float, fn: Callable[[], None]) -> None:

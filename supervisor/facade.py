@@ -216,8 +216,15 @@ class Supervisor:
         if self._start_error is not None:
             raise self._start_error
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """Take no new jobs, let running ones finish within their grace, stop the workers."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no new jobs, let running ones finish within their grace, stop the workers.
+
+        ``timeout`` defaults to the longest stop grace of any backend plus 15 s; past it, the
+        workers are killed so that none outlives the engine.
+        """
+        if timeout is None:
+            graces = [rt.spec.timeouts.stop_grace_s for rt in self.engine.backends.values()]
+            timeout = max(graces, default=10.0) + 15.0
         loop = self._loop
         if loop is not None and not self._done.is_set():
             with contextlib.suppress(RuntimeError):
@@ -226,6 +233,22 @@ class Supervisor:
             self._thread.join(timeout)
         elif loop is not None:
             self._done.wait(timeout)
+        if not self._done.is_set():
+            self._kill_workers()
+
+    def _kill_workers(self) -> None:
+        """Last resort when the engine did not stop in time: no worker may outlive us.
+
+        Reads the engine's state from this thread, which is safe only because the engine is
+        stuck or gone; it only sends SIGKILL to the process groups the engine started.
+        """
+        for rt in list(self.engine.backends.values()):
+            worker = rt.worker
+            if worker is not None:
+                worker.kill()
+        for run, _task in list(self.engine.calibrations.values()):
+            if run.worker is not None:
+                run.worker.kill()
 
     def __enter__(self) -> Supervisor:
         return self.start_in_thread()

@@ -344,3 +344,39 @@ def test_metadata_that_cannot_travel_is_refused_at_submit() -> None:
             sup.submit("a", b"", metadata={"when": object()})
         assert "plain data" in str(err.value)
         assert sup.snapshot().queued == ()
+
+
+def test_evicting_a_ready_worker_never_fails_a_job_admitted_in_the_same_instant() -> None:
+    with engine([sim_backend("a", 512, 256)]) as sup:
+        sup.preload("a")
+        wait_for(lambda: sup.snapshot().backend("a").state == "ready", what="a ready")
+
+        def submit_then_evict() -> str:  # on the engine loop: one instant for both
+            job = sup.engine.submit("a", req(steps=2))
+            sup.engine.evict("a")
+            return job.id
+
+        job_id = sup._call(submit_then_evict)
+        assert sup.wait(job_id, 30).state is JobState.SUCCEEDED
+
+
+def test_a_worker_that_cannot_even_be_spawned_fails_its_job(tmp_path: Path) -> None:
+    spec = sim_backend("broken", 256, 128)
+    spec["env"]["BAD"] = "nul\0inside"  # exec refuses it: not an OSError
+    with engine([spec]) as sup:
+        result = sup.wait(sup.submit("broken", req(steps=1)), 60)
+        assert result.state is JobState.FAILED
+        assert "cannot start" in (result.error or "")
+
+
+def test_an_unmeasured_backend_learns_its_resident_footprint_while_idle() -> None:
+    mystery = sim_backend("mystery", 2000, 3000, steps=20, step_s=0.1)
+    del mystery["vram"]
+    with engine([mystery]) as sup:
+        assert sup.wait(sup.submit("mystery", req(steps=20, step_s=0.1)), 60).state \
+            is JobState.SUCCEEDED
+        rt = sup.engine.backends["mystery"]
+        wait_for(lambda: rt.learned_resident_mib is not None, what="resident learned")
+        # 256 MiB of simulated CUDA context + 2000 of weights; the 3000 of activation went.
+        assert rt.learned_resident_mib == 2256
+        assert rt.learned_peak_mib is not None and rt.learned_peak_mib >= 5000

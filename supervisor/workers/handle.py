@@ -127,9 +127,10 @@ class WorkerHandle:
             self.proc = await process.spawn(
                 self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path
             )
-        except OSError as exc:
+        except (OSError, ValueError, TypeError) as exc:  # missing binary, NUL in argv/env…
             self.listener.release(self.name)
-            self.init_error = f"cannot start {self.argv[0]!r}: {exc.strerror or exc}"
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.init_error = f"cannot start {self.argv[0]!r}: {why}"
             self._set_state(WorkerState.CRASHED)
             self._exited.set()
             self.observer.worker_exited(self, None, self.init_error)
@@ -332,19 +333,23 @@ class WorkerHandle:
             self._finish(pending.wire_id, Outcome(ok=True, data=message.payload))
 
     # -- stop -------------------------------------------------------------------------------
+    def begin_stop(self) -> None:
+        """Take no more jobs and ask the worker to exit, now (before anything else runs)."""
+        if self._stopping or self._exited.is_set():
+            return
+        self._stopping = True
+        self._set_state(WorkerState.STOPPING)
+        if self.control is not None and not self.control.closed:
+            self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
+                              {"event": int(EventType.SHUTDOWN)})
+        elif self.pid is not None:
+            process.signal_group(self.pid, signal.SIGTERM)
+
     async def stop(self, grace: float = 10.0) -> None:
         """SHUTDOWN, then SIGTERM, then SIGKILL of the process group; returns once it exited."""
         if self._exited.is_set():
             return
-        first = not self._stopping
-        self._stopping = True
-        if first:
-            self._set_state(WorkerState.STOPPING)
-            if self.control is not None and not self.control.closed:
-                self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
-                                  {"event": int(EventType.SHUTDOWN)})
-            elif self.pid is not None:
-                process.signal_group(self.pid, signal.SIGTERM)
+        self.begin_stop()
         if await self._wait_exit(grace):
             return
         if self.pid is not None:
