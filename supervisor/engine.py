@@ -624,12 +624,15 @@ class Engine:
         ]
         backends = {}
         workers = {}
+        calibrating_now = {run.rt.spec.name for run, _task in self.calibrations.values()}
         for name, rt in self.backends.items():
             backends[name] = rt.sched_info()
             w = rt.worker
             if w is not None and w.state not in (WorkerState.CRASHED, WorkerState.COLD,
                                                  WorkerState.FAILED):
-                state = w.state.value
+                # A backend being calibrated takes no new job on its old worker, which the
+                # run stops once its running jobs are done.
+                state = "stopping" if name in calibrating_now else w.state.value
                 workers[name] = sched.WorkerInfo(
                     backend=name, gpu=w.gpu, state=state, active_jobs=len(rt.admitted),
                     reserved_mib=self.reserved_mib(rt), idle_since=rt.idle_since,

@@ -59,3 +59,20 @@ def test_a_cancelled_calibration_writes_no_overlay() -> None:
         backends_d = sup.paths.backends_dir
         assert not list(backends_d.glob("*.yaml")) if backends_d.exists() else True
         assert sup.snapshot().backend("slow").declared_peak_mib == 6 * 1024
+
+
+def test_a_calibration_is_not_starved_by_jobs_for_the_same_backend() -> None:
+    steady = calibration_backend("steady", "steady.py", weights=500, activation=100)
+    with engine([steady], gpus="sim:8GiB,sim:8GiB") as sup:
+        first = sup.submit("steady", b"{}")
+        wait_for(lambda: sup.job(first).state is JobState.RUNNING, what="a job running")
+        cal = sup.calibrate("steady", repeats=1, settle_s=0.2)
+        # A steady stream of jobs for the same backend must not keep the old worker busy
+        # for ever: once the calibration holds its GPU, new jobs wait.
+        others = [sup.submit("steady", b"{}") for _ in range(5)]
+        assert sup.wait(cal, 90).state is JobState.SUCCEEDED
+        results = [sup.wait(j, 90) for j in others]
+        assert all(r.state is JobState.SUCCEEDED for r in results)
+        # None of them was given to the worker the calibration had to stop (steady#1).
+        notes = [note for r in results for _t, state, note in r.history if state == "running"]
+        assert notes and not any(note.startswith("on steady#1 ") for note in notes), notes

@@ -125,7 +125,9 @@ class CalibrationRun:
             raise
         finally:
             if self.worker is not None and not self.worker.exited:
+                # Its GPU is released when this task ends: not before the process is gone.
                 self.worker.kill()
+                await self.worker.wait_exited(5.0)
             if engine.sampler is not None and not engine.calibrations_running(besides=self):
                 engine.sampler.set_fast(False)
         return self._finish()

@@ -364,6 +364,10 @@ class WorkerHandle:
         if self.pid is not None and not self._exited.is_set():
             process.signal_group(self.pid, signal.SIGKILL)
 
+    async def wait_exited(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the process to be gone; True once it is."""
+        return await self._wait_exit(timeout)
+
     async def _wait_exit(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._exited.wait(), timeout)
