@@ -86,6 +86,7 @@ from supervisor.events import EngineEvent, Subscription
 from supervisor.jobs import JobState, JobView
 from worker_sdk import Response
 from worker_sdk.dynamo import shapes
+from worker_sdk.dynamo.server import request_metadata
 
 if TYPE_CHECKING:
     from supervisor.facade import Supervisor
@@ -352,7 +353,7 @@ class DynamoBridge:
         except shapes.ShapeError as exc:
             raise dyn.HttpError(400, str(exc)) from None
         request_id = str(context.id()) if context is not None else ""
-        metadata = _metadata(context)
+        metadata = request_metadata(context)
         call = _Call(loop, f"{self._prefix}-{next(self._tokens)}")
         metadata["dynamo"] = {"endpoint": ep.path, "request_id": request_id, "call": call.token}
         with self._lock:
@@ -457,16 +458,6 @@ class DynamoBridge:
             "stopping": snap.stopping,
             "instance_id": self.instance_id,
         }
-
-
-def _metadata(context: Any) -> dict[str, Any]:
-    """The metadata the Dynamo client sent with the request (strings)."""
-    if context is None:
-        return {}
-    try:
-        return dict(context.metadata.items())
-    except Exception:  # noqa: BLE001 - metadata is a convenience, never a failure
-        return {}
 
 
 def _http_error(dyn: SimpleNamespace, exc: VramtuiError) -> BaseException:

@@ -201,7 +201,7 @@ class DynamoServer:
         call.ctx = RequestContext(
             next(self._seq),
             request_id=request_id or None,
-            metadata=_metadata(context),
+            metadata=request_metadata(context),
             progress_sink=call.progress,
         )
         self._inflight.add(call)
@@ -371,7 +371,8 @@ class DynamoServer:
             log.warning("a predict call is still running; exiting without waiting for @unload")
 
 
-def _metadata(context: Any) -> dict[str, Any]:
+def request_metadata(context: Any) -> dict[str, Any]:
+    """The metadata a Dynamo client sent with the request (empty when there is none)."""
     if context is None:
         return {}
     try:
