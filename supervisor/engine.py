@@ -45,7 +45,9 @@ from .scheduler.plan import plan as make_plan
 from .scheduler.submit import check_submit
 from .snapshot import EngineSnapshot, LogLine
 from .views import build_snapshot
+from .workers.base import Worker
 from .workers.handle import Outcome, WorkerHandle, WorkerObserver, WorkerState
+from .workers.vramd import VramdWorkerHandle
 from .workers.wire import WireListener
 
 if TYPE_CHECKING:
@@ -764,8 +766,9 @@ class Engine:
         self._worker_event(rt)
 
     def make_worker(self, rt: BackendRuntime, gpu: int, name: str,
-                    observer: WorkerObserver) -> WorkerHandle:
-        """A (not yet started) worker process of ``rt`` on ``gpu``."""
+                    observer: WorkerObserver) -> Worker:
+        """A (not yet started) worker process of ``rt`` on ``gpu``, with the handle that
+        speaks its protocol: ours (worker sockets) or vramd's (JSON lines on stdin/stdout)."""
         spec = rt.spec
         env = dict(os.environ)
         env.update(spec.env)
@@ -777,6 +780,13 @@ class Engine:
         else:
             env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu))
             env.pop("VRAMTUI_SIM_DIR", None)
+        if spec.protocol == "vramd":
+            return VramdWorkerHandle(
+                backend=spec.name, name=name, gpu=gpu, argv=spec.command, env=env,
+                cwd=str(spec.cwd) if spec.cwd else None,
+                log_path=self.paths.logs_dir / f"{spec.name}.log", observer=observer,
+                settings=spec.vramd, unload_frees_vram=spec.unload_frees_vram,
+            )
         argv = list(spec.command) + [
             "--control-socket", str(self.paths.worker_control_socket),
             "--data-socket", str(self.paths.worker_data_socket),
