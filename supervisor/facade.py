@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -26,7 +27,7 @@ from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
 from .paths import Paths
-from .snapshot import EngineSnapshot
+from .snapshot import EngineSnapshot, LogLine
 
 T = TypeVar("T")
 _CALL_TIMEOUT = 30.0
@@ -131,6 +132,10 @@ class Supervisor:
             paths=paths,
             config=config,
         )
+        for warning in loaded.warnings:  # e.g. vramd keys vramtui cannot honour
+            text = f"descriptor warning: {warning}"
+            log.warning("%s", text)
+            engine.log_lines.append(LogLine(time.time(), "warning", text, warning.backend))
         return cls(engine, paths)
 
     # -- running --------------------------------------------------------------------------

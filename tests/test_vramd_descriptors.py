@@ -334,3 +334,30 @@ def test_import_vramd_finds_the_files_vramd_reads(tmp_path: Path,
     monkeypatch.delenv("VRAMD_BACKENDS_FILE", raising=False)
     monkeypatch.delenv("VRAMD_BACKENDS_DIR", raising=False)
     assert main(["import-vramd"]) == 2
+
+
+def test_the_warnings_reach_the_engine_log_and_doctor(tmp_path: Path, home: Path) -> None:
+    from supervisor import Supervisor
+    from supervisor.paths import Paths
+    from vramtui.doctor import WARN, Report, check_backends
+
+    tools = tmp_path / "tools"
+    venv_python(tools, "my_diffusion")
+    file = write(tmp_path / "backends.yaml", EXAMPLE)
+    env = {"HOME": str(home), "WHISPER_PYTHON": PY, "VRAMD_TOOLS_ROOT": str(tools),
+           "VRAMTUI_RUNTIME_DIR": str(tmp_path / "run"),
+           "VRAMTUI_STATE_DIR": str(tmp_path / "state"),
+           "VRAMTUI_CONFIG_DIR": str(tmp_path / "cfg")}
+    paths = Paths.from_env(env)
+    sup = Supervisor.from_config(gpus="sim:8GiB", backends=[file], environ=env, paths=paths)
+    logged = [(line.level, line.backend, line.text) for line in sup.engine.log_lines]
+    assert [(level, backend) for level, backend, _ in logged] == \
+        [("warning", "example-diffusion")] * 3
+    assert all(text.startswith("descriptor warning: backends.yaml:") for *_, text in logged)
+    report = Report()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        check_backends(report, paths, [str(file)])
+    warned = [c["detail"] for c in report.checks if c["status"] == WARN]
+    assert len(warned) == 3 and "footprint_key" in warned[0]
