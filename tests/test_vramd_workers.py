@@ -336,7 +336,7 @@ def test_ping_resolves_on_pong_and_stop_is_unload_then_shutdown(tmp_path: Path) 
 
 RAW_WORKER = r'''
 import json, os, sys, time
-# A JSON-lines worker written by hand: garbage on stdout, then silence during a job.
+# A JSON-lines worker written by hand, misbehaving on request.
 out = sys.stdout
 for line in sys.stdin:
     cmd = json.loads(line)
@@ -344,19 +344,25 @@ for line in sys.stdin:
         out.write("this is not json\n" + "x" * 5000 + "\n")
         out.write(json.dumps({"event": "ready", "vram_mib": 12}) + "\n"); out.flush()
     elif cmd["cmd"] == "generate":
-        if cmd["request"].get("hang"):
+        request = cmd["request"]
+        if request.get("hang"):
             time.sleep(60)
+        if request.get("mute"):
+            out.close(); os.close(1); time.sleep(60)
+        if request.get("big"):
+            out.write(json.dumps({"event": "done", "result": "y" * 5000}) + "\n"); out.flush()
+            continue
         out.write(json.dumps({"event": "progress", "pct": 7, "msg": None}) + "\n")
+        out.write(json.dumps({"event": "progress", "pct": 10 ** 400}) + "\n")
         out.write(json.dumps({"event": "done", "result": [1, "two"]}) + "\n"); out.flush()
     elif cmd["cmd"] == "shutdown":
         break
 '''
 
 
-def test_a_hand_written_jsonl_worker_garbage_and_a_hang(tmp_path: Path) -> None:
+def test_a_hand_written_jsonl_worker_that_misbehaves(tmp_path: Path) -> None:
     async def scenario() -> None:
-        handle, observer = handle_for(tmp_path, RAW_WORKER, max_line=1024,
-                                      settings=VramdSettings(event_timeout_s=0.5))
+        handle, observer = handle_for(tmp_path, RAW_WORKER, max_line=1024)
         await handle.start()
         await until(lambda: handle.hot)
         assert handle.reported_vram_mib == 12
@@ -364,12 +370,33 @@ def test_a_hand_written_jsonl_worker_garbage_and_a_hang(tmp_path: Path) -> None:
         await until(lambda: "ok" in observer.done)
         outcome = observer.done["ok"]
         assert outcome.ok and json.loads(outcome.data) == [1, "two"]
-        assert observer.progress == [("ok", 1.0, "")]  # pct clamped, msg None → ""
-        handle.send("hang", req(hang=True), stream=False)
+        # pct clamped to 0..1 (even past a float's range), msg None → ""
+        assert observer.progress == [("ok", 1.0, ""), ("ok", 1.0, "")]
+        handle.send("big", req(big=True), stream=False)  # a result over the line limit
+        await until(lambda: "big" in observer.done)
+        assert "over 1024 bytes" in observer.done["big"].error and handle.hot
+        handle.send("deep", b"[" * 100_000 + b"]" * 100_000, stream=False)
+        await until(lambda: "deep" in observer.done)
+        assert observer.done["deep"].status_code == 400 and handle.hot
+        handle.send("mute", req(mute=True), stream=False)  # it closes stdout, lives on
         await until(lambda: handle.exited, timeout=10)
-        (code, reason), = observer.exits
-        assert code == -signal.SIGKILL and "no event for 0.5 s" in reason
+        ((code, reason),) = observer.exits
+        assert code == -signal.SIGKILL and "closed its stdout" in reason
         log = (tmp_path / "t.log").read_text()
         assert "not JSON" in log and "over 1024 bytes" in log
+
+    asyncio.run(scenario())
+
+
+def test_a_job_that_sends_nothing_for_the_event_timeout_is_killed(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        handle, observer = handle_for(tmp_path, RAW_WORKER,
+                                      settings=VramdSettings(event_timeout_s=0.5))
+        await handle.start()
+        await until(lambda: handle.hot)
+        handle.send("hang", req(hang=True), stream=False)
+        await until(lambda: handle.exited, timeout=10)
+        ((code, reason),) = observer.exits
+        assert code == -signal.SIGKILL and "no event for 0.5 s" in reason
 
     asyncio.run(scenario())

@@ -35,7 +35,7 @@ DEFAULT_MAX_LINE = 64 * 1024 * 1024  # a done event carries the whole result
 def encode(cmd: str, **fields: Any) -> bytes:
     """One command as a line of UTF-8 JSON (raises TypeError/ValueError if not JSON data)."""
     return json.dumps({"cmd": cmd, **fields}, ensure_ascii=False,
-                      separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+                      separators=(",", ":")).encode("utf-8") + b"\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,7 @@ class Garbage:
     """A line that is not an event (not JSON, not an object, too long): what was wrong."""
 
     problem: str
+    too_long: bool = False  # a whole line dropped: maybe the result a job waits for
 
 
 class LineDecoder:
@@ -87,15 +88,15 @@ class LineDecoder:
         return [self._parse(rest)]
 
     def _too_long(self) -> Garbage:
-        return Garbage(f"a line over {self.max_line} bytes (dropped)")
+        return Garbage(f"a line over {self.max_line} bytes (dropped)", too_long=True)
 
     @staticmethod
     def _parse(line: bytes) -> dict[str, Any] | Garbage:
         text = line.strip()
         try:
             message = json.loads(text)
-        except (UnicodeDecodeError, ValueError) as exc:
-            return Garbage(f"not JSON ({exc}): {text[:80]!r}")
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return Garbage(f"not JSON ({type(exc).__name__}: {exc}): {text[:80]!r}")
         if not isinstance(message, dict) or not isinstance(message.get("event"), str):
             return Garbage(f"not an event object: {text[:80]!r}")
         return message

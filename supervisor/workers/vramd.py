@@ -69,6 +69,7 @@ READ_CHUNK = 64 * 1024
 MAX_PENDING_PINGS = 16
 MAX_QUEUED = 64  # jobs handed over while one runs (the engine gives one at a time)
 MAX_LOGGED_TRACEBACK = 16 * 1024
+MAX_NOTES = 200  # lines of ours in the worker's log, per worker process
 CANCELLED_STATUS = 499  # as our own workers answer a cancelled request
 STALE_ABORT = "cancelled before start"  # vramd's reply to a generate that met an old abort
 FOOTPRINT_KEY = "footprint_key"  # vramd never passes it to load: it only sizes admission
@@ -79,6 +80,7 @@ class _Job:
     job_id: str
     wire_id: int
     request: dict[str, Any]
+    line: bytes  # the generate command, encoded once
     abort_sent: bool = False
     retried: bool = False
 
@@ -136,6 +138,7 @@ class VramdWorkerHandle:
         self._event_timer: asyncio.TimerHandle | None = None
         self._last_error: str | None = None  # why it is about to exit, for the exit reason
         self._garbage = 0
+        self._notes = 0
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -191,9 +194,21 @@ class VramdWorkerHandle:
                     except Exception:  # a bug here must not stop the events that follow
                         log.exception("worker %s: handling %r", self.name, item)
                 if not data:
-                    return
+                    break
         except (ConnectionError, OSError):  # the pipe broke: the exit watcher reports it
+            pass
+        if not self._exited.is_set() and not self._stopping:
+            # A worker that closed its stdout can no longer answer: it is done for.
+            asyncio.get_running_loop().create_task(self._reap_mute())
+
+    async def _reap_mute(self) -> None:
+        if await self._wait_exit(1.0):
             return
+        self._last_error = "it closed its stdout (vramd's event channel) but lived on"
+        self._log_note(f"{self._last_error}: killing it")
+        if self.ready_at is None and self.init_error is None:
+            self.init_error = self._last_error
+        self.kill()
 
     async def _watch_exit(self) -> None:
         assert self.proc is not None
@@ -265,6 +280,10 @@ class VramdWorkerHandle:
             self._garbage += 1
             if self._garbage <= 5:
                 self._log_note(f"not a vramd event on stdout: {item.problem}")
+            if item.too_long and self._current is not None:
+                self._finish(self._current, Outcome(ok=False, status_code=502, error=(
+                    f"the worker sent a line over {self._decoder.max_line} bytes (its "
+                    "result?): dropped")))
             return
         event = item["event"]
         if self._current is not None:
@@ -274,11 +293,7 @@ class VramdWorkerHandle:
         elif event == EVENT_PROGRESS:
             job = self._current
             if job is not None:
-                pct = item.get("pct")
-                fraction = float(pct) if isinstance(pct, int | float) and not isinstance(
-                    pct, bool) and math.isfinite(pct) else None
-                if fraction is not None:
-                    fraction = min(1.0, max(0.0, fraction))
+                fraction = _fraction(item.get("pct"))
                 msg = item.get("msg")
                 self.observer.request_progress(job.job_id, fraction,
                                                str(msg) if msg is not None else "")
@@ -344,7 +359,7 @@ class VramdWorkerHandle:
                 # ended, and vramd keeps it for the next generate: this one. Run it again.
                 self._abort_may_stick = False
                 job.retried = True
-                self._write(encode(CMD_GENERATE, request=job.request))
+                self._write(job.line)
                 return
             text = error if cancelled or not code else f"{error} [{code}]"
             outcome = Outcome(ok=False, error=text, cancelled=cancelled,
@@ -352,8 +367,9 @@ class VramdWorkerHandle:
         else:
             try:
                 data = json.dumps(result, ensure_ascii=False).encode("utf-8")
-            except (TypeError, ValueError) as exc:  # cannot happen for parsed JSON
-                outcome = Outcome(ok=False, error=f"result is not JSON data: {exc}")
+            except (TypeError, ValueError, RecursionError) as exc:
+                outcome = Outcome(ok=False, status_code=502,
+                                  error=f"result is not JSON data: {type(exc).__name__}")
             else:
                 outcome = Outcome(ok=True, data=data,
                                   headers={"Content-Type": "application/json"})
@@ -383,10 +399,16 @@ class VramdWorkerHandle:
         """Hand a job over (its payload must be a JSON object: vramd's request)."""
         wire_id = next(self._ids)
         request, problem = _request_of(payload)
+        line = b""
+        if problem is None:
+            try:
+                line = encode(CMD_GENERATE, request=request)
+            except (TypeError, ValueError, RecursionError) as exc:
+                problem = f"the request cannot be sent as JSON lines: {exc}"
         if problem is not None:
             self._fail_soon(job_id, Outcome(ok=False, status_code=400, error=problem))
             return wire_id
-        job = _Job(job_id, wire_id, request)
+        job = _Job(job_id, wire_id, request, line)
         if self._current is None and self.hot and not self._stopping:
             self._begin(job)
         elif len(self._queued) >= MAX_QUEUED:
@@ -410,8 +432,8 @@ class VramdWorkerHandle:
                 return
             self._loaded = load
             self._loading = True
-            self._write(encode(CMD_LOAD, kwargs=load))
-        if not self._write(encode(CMD_GENERATE, request=job.request)):
+            self._write(encode(CMD_LOAD, kwargs=load))  # values came from a JSON request
+        if not self._write(job.line):
             return  # the worker is gone: its exit fails the job
         self._arm_event_timer()
         self._set_state(WorkerState.BUSY)
@@ -478,7 +500,12 @@ class VramdWorkerHandle:
         return True
 
     def _log_note(self, text: str) -> None:
-        """A line of ours in the worker's log, where its own stderr goes."""
+        """A line of ours in the worker's log, where its own stderr goes (a few hundred)."""
+        self._notes += 1
+        if self._notes > MAX_NOTES:
+            return
+        if self._notes == MAX_NOTES:
+            text = "further notes of vramtui about this worker are left out"
         try:
             with self.log_path.open("a", encoding="utf-8") as fh:
                 fh.write(f"[vramtui] {self.name}: {text}\n")
@@ -569,13 +596,24 @@ class VramdWorkerHandle:
         return found
 
 
+def _fraction(pct: Any) -> float | None:
+    """vramd's ``pct`` (0..1, or null) as a progress fraction."""
+    if isinstance(pct, bool) or not isinstance(pct, int | float):
+        return None
+    try:
+        value = float(pct)
+    except OverflowError:
+        return 1.0 if pct > 0 else 0.0
+    return min(1.0, max(0.0, value)) if math.isfinite(value) else None
+
+
 def _request_of(payload: bytes) -> tuple[dict[str, Any], str | None]:
     """vramd's request from a job's payload: a JSON object (empty payload: ``{}``)."""
     if not payload.strip():
         return {}, None
     try:
         request = json.loads(payload)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return {}, f"a vramd worker takes a JSON object as its request; this is not JSON: {exc}"
     if not isinstance(request, dict):
         return {}, (f"a vramd worker takes a JSON object as its request, not a JSON "
