@@ -52,8 +52,10 @@ from .scheduler.plan import plan as make_plan
 from .scheduler.submit import check_submit
 from .snapshot import EngineSnapshot, LogLine
 from .views import build_snapshot
+from .workers.base import Worker
 from .workers.handle import Outcome, WorkerHandle, WorkerObserver, WorkerState
 from .workers.lifeline import Lifeline, kill_leftovers
+from .workers.vramd import VramdWorkerHandle
 from .workers.wire import WireListener
 
 if TYPE_CHECKING:
@@ -103,7 +105,7 @@ class BackendRuntime:
     """The engine's live record of one backend."""
 
     spec: BackendSpec
-    worker: WorkerHandle | None = None
+    worker: Worker | None = None
     generation: int = 0
     exclusive: bool = False  # the worker holds a whole GPU (footprint unknown at spawn)
     admitted: list[str] = field(default_factory=list)  # jobs holding a slot on the worker
@@ -167,6 +169,7 @@ class Engine:
         paths: Paths,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        descriptor_warnings: tuple[tuple[str | None, str], ...] = (),
     ) -> None:
         self.probe = probe
         self.notice = probe_notice
@@ -181,6 +184,8 @@ class Engine:
         self.clock = clock
         self.backends = {name: BackendRuntime(spec) for name, spec in backends.items()}
         self.descriptor_errors = descriptor_errors
+        # (backend, line): keys that load but are not honoured, e.g. vramd's footprint_key
+        self.descriptor_warnings = descriptor_warnings
         self.jobs: dict[str, Job] = {}
         self.futures: dict[str, concurrent.futures.Future[JobView]] = {}
         self.queue = JobQueue()  # sorted by (-priority, seq): the scheduler's contract
@@ -250,6 +255,8 @@ class Engine:
             self._note("warning", self.notice)
         for err in self.descriptor_errors:
             self._note("error", err)
+        for backend, warning in self.descriptor_warnings:
+            self._note("warning", f"descriptor warning: {warning}", backend)
         started(None)
         ticker = self.loop.create_task(self._ticker())
         await self._stopped.wait()
@@ -806,7 +813,7 @@ class Engine:
                         lambda: self._start_timed_out(rt, handle))
         self._worker_event(rt)
 
-    async def start_worker(self, handle: WorkerHandle) -> None:
+    async def start_worker(self, handle: Worker) -> None:
         """Start ``handle``'s process, and put its process group on the lifeline."""
         await handle.start()
         if handle.pid is not None:
@@ -815,8 +822,9 @@ class Engine:
             self.lifeline.add(handle.pid, handle.backend)
 
     def make_worker(self, rt: BackendRuntime, gpu: int, name: str,
-                    observer: WorkerObserver) -> WorkerHandle:
-        """A (not yet started) worker process of ``rt`` on ``gpu``."""
+                    observer: WorkerObserver) -> Worker:
+        """A (not yet started) worker process of ``rt`` on ``gpu``, with the handle that
+        speaks its protocol: ours (worker sockets) or vramd's (JSON lines on stdin/stdout)."""
         spec = rt.spec
         env = dict(os.environ)
         env.update(spec.env)
@@ -828,6 +836,13 @@ class Engine:
         else:
             env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu))
             env.pop("VRAMTUI_SIM_DIR", None)
+        if spec.protocol == "vramd":
+            return VramdWorkerHandle(
+                backend=spec.name, name=name, gpu=gpu, argv=spec.command, env=env,
+                cwd=str(spec.cwd) if spec.cwd else None,
+                log_path=self.paths.logs_dir / f"{spec.name}.log", observer=observer,
+                settings=spec.vramd, unload_frees_vram=spec.unload_frees_vram,
+            )
         argv = list(spec.command) + [
             "--control-socket", str(self.paths.worker_control_socket),
             "--data-socket", str(self.paths.worker_data_socket),
@@ -840,7 +855,7 @@ class Engine:
             listener=self.listener, observer=observer, plain_stream=spec.stream,
         )
 
-    def _start_timed_out(self, rt: BackendRuntime, handle: WorkerHandle) -> None:
+    def _start_timed_out(self, rt: BackendRuntime, handle: Worker) -> None:
         if rt.worker is handle and not handle.hot and not handle.exited:
             handle.init_error = (f"not ready after {rt.spec.timeouts.start_s:g} s "
                                  "(timeouts.start)")

@@ -130,6 +130,7 @@ class Supervisor:
             descriptor_errors=tuple(str(e) for e in loaded.errors),
             paths=paths,
             config=config,
+            descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
         return cls(engine, paths)
 

@@ -41,6 +41,10 @@ examples:
 """
 
 
+IMPORT_VRAMD_HELP = ("print vramtui's spelling of a vramd descriptor file (version: 2), to "
+                     "move it over for good (vramd files also run as they are)")
+
+
 class UsageError(Exception):
     """Bad input caught before talking to the engine (exit 2, one line)."""
 
@@ -67,7 +71,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
-            "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate")
+            "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate",
+            "import-vramd")
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
                             "--dynamo"})
 
@@ -193,6 +198,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--write-overlay", action="store_true",
                    help="write the measured figures into the config's backends.d (when the "
                         "report justifies them)")
+    p = command("import-vramd", IMPORT_VRAMD_HELP)
+    if not isinstance(p, _Skipped):
+        from .import_vramd import add_arguments as import_vramd_arguments
+
+        import_vramd_arguments(p)
     return parser
 
 

@@ -154,6 +154,8 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
     loaded = load_backends(layers)
     for problem in loaded.errors:
         r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
+    for warning in loaded.warnings:
+        r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd'")
     if loaded.demo:
         r.add(WARN, "backends", "none configured: the simulated demo backends are used",
               f"add descriptors to {paths.backends_dir}")

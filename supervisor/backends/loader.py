@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DescriptorError, brief, display_path
+from .errors import DescriptorError, DescriptorWarning, brief, display_path
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
+from .vramd import VramdContext
 from .yamlio import load_documents
 
 BACKENDS_ENV = "VRAMTUI_BACKENDS"
@@ -30,12 +31,15 @@ _LOADER_KEYS = ("extends", "abstract", "enabled", "overlay")
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The backends that loaded, every error met, and the files read (in order)."""
+    """The backends that loaded, every error met, the files read (in order), and warnings:
+    what loaded but is not honoured (vramd keys vramtui has no use for, a path found only in
+    the file's folder)."""
 
     backends: dict[str, BackendSpec] = field(default_factory=dict)
     errors: tuple[DescriptorError, ...] = ()
     layers: tuple[Path, ...] = ()
     demo: bool = False  # the configuration was empty and the demo backends were loaded instead
+    warnings: tuple[DescriptorWarning, ...] = ()
 
 
 def packaged_defaults_dir() -> Path:
@@ -86,25 +90,36 @@ def default_layers(
     return layers
 
 
+def working_directory() -> Path | None:
+    """The process's working directory (where vramd resolves relative paths), None if gone."""
+    try:
+        return Path(os.getcwd())
+    except OSError:
+        return None
+
+
 def load_backends(
     paths: Sequence[str | Path],
     *,
     environ: Mapping[str, str] = os.environ,
     demo_fallback: bool = True,
+    workdir: Path | None = None,
 ) -> LoadResult:
     """Load and validate the backends of ``paths`` (layers, lowest first).
 
     When nothing at all was found (no backend entry, no error) and ``demo_fallback`` is set,
     the demo backends of ``demo_backends_dir()`` are loaded instead and ``demo`` is true.
+    ``workdir`` is where relative paths of vramd files resolve (default: the working directory).
     """
-    collector = _Collector(environ)
+    vramd = VramdContext(environ=environ, workdir=workdir or working_directory())
+    collector = _Collector(environ, vramd)
     for path in paths:
         collector.add_path(path)
     if demo_fallback and collector.entries == 0 and not collector.errors:
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
             # The demo is the base layer; overlays (calibrations of demo backends) go on it.
-            demo = _Collector(environ)
+            demo = _Collector(environ, vramd)
             demo.add_path(demo_dir)
             for path in paths:
                 demo.add_path(path)
@@ -115,10 +130,13 @@ def load_backends(
 class _Collector:
     """Reads layers into raw backends, then resolves ``extends`` and validates."""
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], vramd: VramdContext | None = None) -> None:
         self.environ = environ
+        self.vramd = vramd or VramdContext(environ=environ, workdir=working_directory())
         self.raws: dict[str, RawBackend] = {}
         self.errors: list[DescriptorError] = []
+        self.warnings: list[DescriptorWarning] = []
+        self.resolved: dict[str, RawBackend] = {}  # after finish(): each backend's mapping
         self.files: list[Path] = []
         self.entries = 0  # entries that define a backend (overlays do not count)
         self.defined: set[str] = set()
@@ -157,7 +175,10 @@ class _Collector:
             return
         first_line: dict[str, int | None] = {}
         for document in documents:
-            for item in entries_of(document, file):
+            for item in entries_of(document, file, self.vramd):
+                if isinstance(item, DescriptorWarning):
+                    self.warnings.append(item)
+                    continue
                 if isinstance(item, DescriptorError):
                     self.errors.append(item)
                     continue
@@ -193,6 +214,7 @@ class _Collector:
         failed: set[str] = set()
         for name in self.raws:
             self._resolve(name, [], resolved, failed)
+        self.resolved = resolved
         backends: dict[str, BackendSpec] = {}
         for name in self.raws:
             raw = resolved.get(name)
@@ -206,7 +228,8 @@ class _Collector:
             spec = self._build(raw)
             if spec is not None:
                 backends[name] = spec
-        return LoadResult(backends, tuple(self.errors), tuple(self.files), demo)
+        return LoadResult(backends, tuple(self.errors), tuple(self.files), demo,
+                          tuple(self.warnings))
 
     def _error(self, raw: RawBackend, key: str, message: str) -> None:
         origin = raw.origin_of(key)
