@@ -834,6 +834,9 @@ class Engine:
             env["VRAMTUI_SIM_DIR"] = str(self.paths.sim_dir)
             env["VRAMTUI_SIM_GPU"] = str(gpu)
         else:
+            # NVML numbers GPUs in PCI bus order; CUDA's default order is fastest first, so
+            # without this the worker could land on another GPU than the one admitted.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu))
             env.pop("VRAMTUI_SIM_DIR", None)
         if spec.protocol == "vramd":
