@@ -8,7 +8,8 @@ with what was measured of it in production: the peak is the largest of the decla
 and every peak or idle footprint observed; what stays resident is the measured resident if
 known, else weights + context (or peak - activation), and when neither is known the whole
 peak counts as resident — never 0 for a backend with a known peak. A figure that proved too
-small is replaced by what was observed, from then on.
+small is replaced by what was observed, from then on (and a declared split whose peak proved
+too small is dropped with it).
 
 Holdings. A worker holds the larger of what its figures imply for the jobs it runs
 (``BackendInfo.holds_mib``: resident, plus activation + safety per running job; the whole
@@ -63,7 +64,12 @@ def figures(declared: Declared, learned: Learned) -> tuple[int | None, int | Non
     if not peaks:
         return None, None
     peak = max(peaks)
-    residents = [v for v in (declared.resident_mib, learned.resident_mib) if v is not None]
+    declared_resident = declared.resident_mib
+    if declared.peak_mib is not None and peak > declared.peak_mib:
+        # The declared peak proved too small: its split between resident and per-job memory
+        # is no better, so only what was measured of the resident counts.
+        declared_resident = None
+    residents = [v for v in (declared_resident, learned.resident_mib) if v is not None]
     if not residents:
         return peak, None
     resident = min(max(residents), peak)

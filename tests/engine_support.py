@@ -92,6 +92,7 @@ class Episode:
     peak_mib: int = 0
     total_mib: int = 0
     backends: set[str] = field(default_factory=set)  # whose processes were on it, from /proc
+    workers: set[tuple[str, int]] = field(default_factory=set)  # (backend, pid)
 
     @property
     def duration_s(self) -> float:
@@ -157,8 +158,11 @@ class UsageWatcher:
                         episode = self._open[i] = Episode(i, now, total_mib=total)
                         self._episodes.append(episode)
                     episode.peak_mib = max(episode.peak_mib, mib)
-                    episode.backends |= {b for p in procs if p.gpu_index == i
-                                         if (b := backend_of(p.pid)) is not None}
+                    for p in procs:
+                        name = backend_of(p.pid)
+                        if p.gpu_index == i and name is not None:
+                            episode.backends.add(name)
+                            episode.workers.add((name, p.pid))
                 elif i in self._open:
                     self._open.pop(i).end = now
 
