@@ -26,6 +26,7 @@ from typing import Any
 from worker_sdk.protocol import DataType, Decoder, EventType, Message, MessageType, encode
 
 from .control import messages as m
+from .control import trust
 from .control.codec import DecodeError, event_from_wire, job_from_wire, snapshot_from_wire
 from .control.errors import (
     AccessDenied,
@@ -174,10 +175,15 @@ class _RemoteHub(EventHub):
 
 
 def _connect_socket(path: str, timeout: float) -> socket.socket:
+    """A connected socket to the engine at ``path`` once it is known to be the engine's user's
+    (see :mod:`supervisor.control.trust`); nothing has been sent on it yet."""
+    trusted = trust.trusted_uids()
+    trust.check_socket_path(path, trusted)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(path)
+        trust.check_peer(sock, path, trusted)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         why = "no socket there" if isinstance(exc, FileNotFoundError) else "nothing listens"
@@ -192,6 +198,9 @@ def _connect_socket(path: str, timeout: float) -> socket.socket:
         sock.close()
         raise EngineNotRunning(f"cannot reach the engine at {path}: "
                                f"{exc.strerror or exc}") from None
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
