@@ -78,6 +78,11 @@ class Methods:
     def _do_submit(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
         payload = _arg(a, "payload", bytes, b"")
         metadata = _arg(a, "metadata", dict, None)
+        # Over a connection limit: refused before the job is accepted, never after.
+        if _arg(a, "wait", bool, False):
+            conn.check_wait()
+        elif _arg(a, "follow", bool, False):
+            conn.check_subscribe()
         job = self.engine.submit(
             _arg(a, "backend", str), payload, priority=_arg(a, "priority", int, None),
             timeout=_num(a, "timeout"), metadata=metadata,
@@ -95,6 +100,7 @@ class Methods:
         fut = self.engine.futures.get(job_id)
         if fut is None:
             return job_to_wire(self.engine.job_view(job_id))
+        conn.check_wait()
         Waiter(self.server, conn, msg_id, job_id, fut, timeout)
         return _DEFERRED
 
