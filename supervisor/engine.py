@@ -21,13 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
+from . import validate
 from .backends.schema import BackendSpec
 from .errors import (
     BackendFailed,
     EngineStopped,
-    InvalidRequest,
     QueueFull,
     Refused,
     UnknownBackend,
@@ -70,6 +68,12 @@ class EngineConfig:
     journal: bool = True  # jobs survive a crash of the engine (SQLite, WAL)
     keep_finished: int = 1000  # finished results kept in the journal…
     keep_age_s: float = 7 * 86400  # …for at most this long
+    # What one job may make the engine hold (see supervisor.validate and the README): its
+    # request, all queued requests together, and its result (data, or stream chunks in all);
+    # a result over max_result_bytes fails the job with a reason saying so.
+    max_payload_bytes: int = 64 * 1024 * 1024
+    max_queued_bytes: int = 1024 * 1024 * 1024
+    max_result_bytes: int = field(default_factory=validate.default_max_result_bytes)
 
 
 @dataclass
@@ -308,6 +312,11 @@ class Engine:
                stream: bool = False) -> Job:
         if self._stopping:
             raise EngineStopped("the engine is stopping and takes no new jobs")
+        args = validate.check_submit(backend, payload, priority=priority, timeout=timeout,
+                                     metadata=metadata, stream=stream,
+                                     max_payload=self.config.max_payload_bytes)
+        backend, payload, priority, timeout = (args.backend, args.payload, args.priority,
+                                               args.timeout)
         rt = self.backends.get(backend)
         if rt is None:
             raise UnknownBackend(backend, self.backends)
@@ -320,19 +329,20 @@ class Engine:
         if reason is None and len(self.queue) >= self.config.max_queue_depth:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
-        _check_metadata(metadata)
         if reason is not None:
             self._note("warning", f"refused a job for {backend}: {reason}", backend)
             if reason.startswith("queue full"):
                 raise QueueFull(reason)
             raise Refused(reason)
+        validate.check_queue_room((j.payload for j in self.queue), len(payload),
+                                  self.config.max_queued_bytes)
         job = Job(
             backend=backend,
             payload=payload,
             priority=rt.spec.priority if priority is None else priority,
             timeout=timeout if timeout is not None else rt.spec.timeouts.request_s,
-            metadata=dict(metadata or {}),
-            stream=stream or rt.spec.stream,
+            metadata=args.metadata,
+            stream=args.stream or rt.spec.stream,
         )
         job.submitted_at = self.clock()
         job.mark(job.submitted_at, JobState.QUEUED)
@@ -353,8 +363,8 @@ class Engine:
         if self._stopping:
             raise EngineStopped("the engine is stopping and takes no new jobs")
         rt = self._runtime(backend)
-        if not 1 <= repeats <= 100:
-            raise Refused(f"repeats must be between 1 and 100, got {repeats}")
+        repeats, settle_s, request, priority = validate.check_calibrate(
+            repeats, settle_s, request, priority, self.config.max_payload_bytes)
         payload = request if request is not None else (rt.spec.calibration_request or b"")
         job = Job(backend=backend, payload=payload,
                   priority=rt.spec.priority if priority is None else priority,
@@ -1090,15 +1100,3 @@ class Engine:
     def snapshot(self) -> EngineSnapshot:
         return build_snapshot(self)
 
-
-def _check_metadata(metadata: dict[str, Any] | None) -> None:
-    """Metadata travels to the worker and into the journal: it must be plain data."""
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict):
-        raise InvalidRequest(f"metadata must be a mapping, got {type(metadata).__name__}")
-    try:
-        msgpack.packb(metadata, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidRequest(f"metadata must be plain data (strings, numbers, lists, "
-                             f"mappings, bytes): {exc}") from None
