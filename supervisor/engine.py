@@ -199,6 +199,7 @@ class Engine:
         self._waiting: Mapping[str, str] = {}
         self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
         self.journal: Journal | None = None
+        self._disk_full_noted = False
         self._wall_offset = time.time() - clock()
 
     # ===================================================================== lifecycle ======
@@ -298,8 +299,8 @@ class Engine:
     def _job_event(self, job: Job) -> None:
         if not self.events.active:
             return
-        self.events.publish(EngineEvent("job", time.time(), job=job.view(), backend=job.backend,
-                                        state=job.state.value))
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
+                                        backend=job.backend, state=job.state.value))
 
     def _worker_event(self, rt: BackendRuntime) -> None:
         state = rt.worker.state.value if rt.worker else ("failed" if rt.failed else "cold")
@@ -474,6 +475,8 @@ class Engine:
         """Requeue what the journal held when the engine last stopped, ids and order kept."""
         if self.journal is None:
             return
+        if self.journal.damage is not None:
+            self._note("error", "journal: " + self.journal.damage.describe())
         recovery = self.journal.recover(time.time())
         advance_seq(recovery.max_seq)
         for rec in recovery.failed:
@@ -967,24 +970,51 @@ class Engine:
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
             return
+        if job.kind == "job":  # durable before anyone hears of it
+            state, error = self._record_finish(job, state, error)
         if error is not None:
             job.error = error
         job.mark(self.clock(), state, error or "")
         self._cancel_timer(job.id)
         self._cancel_timer(f"kill:{job.id}")
         job.payload = b""
-        if job.kind == "job":
-            self._journal("record_finish", job.id, state, time.time(), note=error or "",
-                          data=job.data, headers=job.headers, status_code=job.status_code,
-                          error=job.error, chunks=job.chunks)
         view = job.view()
         self._resolve(job, view)
         self.recent.append(job.id)
         while len(self.recent) > self.config.recent_jobs:
             old = self.recent.popleft()
             self.jobs.pop(old, None)
-        self.events.publish(EngineEvent("job", time.time(), job=view, backend=job.backend,
-                                        state=state.value))
+        # Events carry no result: whoever wants it asks (wait, job).
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
+                                        backend=job.backend, state=state.value))
+
+    def _record_finish(self, job: Job, state: JobState,
+                       error: str | None) -> tuple[JobState, str | None]:
+        """Journal the finish; what was stored (a result the journal cannot hold fails the
+        job, with the reason, and that failure is what is stored and reported)."""
+        if self.journal is None:
+            return state, error
+        error = error if error is not None else job.error
+        try:
+            stored, why = self.journal.finish_durably(
+                job.id, state, time.time(), note=error or "", data=job.data,
+                headers=job.headers, status_code=job.status_code, error=error,
+                chunks=job.chunks)
+        except Exception as exc:  # noqa: BLE001 - not even a failure could be stored
+            stored, why = JobState.FAILED, (
+                f"the journal could not record how this job ended ({exc}); it still holds it "
+                "as unfinished, so it runs again when the engine restarts")
+        if stored is not state or why != error:
+            self._note("error", f"job {job.id} ({job.backend}) failed: {why}", job.backend)
+            job.data, job.chunks, job.headers, job.status_code = None, [], {}, None
+        if self.journal.reserve_spent and not self._disk_full_noted:
+            self._disk_full_noted = True
+            self._note("error", f"journal: the disk under {self.journal.path.parent} is full; "
+                       "its reserve was spent to record the jobs already accepted, and new "
+                       "jobs are refused until there is room again")
+        elif not self.journal.reserve_spent:
+            self._disk_full_noted = False
+        return stored, why
 
     def _stopped_during(self, job: Job) -> None:
         """The engine stops under a job: journaled jobs stay to run again, others fail."""
