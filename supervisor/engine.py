@@ -800,6 +800,7 @@ class Engine:
             cwd=str(spec.cwd) if spec.cwd else None,
             log_path=self.paths.logs_dir / f"{spec.name}.log",
             listener=self.listener, observer=observer, plain_stream=spec.stream,
+            max_result=self.config.max_result_bytes,
         )
 
     def _start_timed_out(self, rt: BackendRuntime, handle: WorkerHandle) -> None:
