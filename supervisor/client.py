@@ -35,10 +35,11 @@ from .control.errors import (
     RequestTooLarge,
     error_from_wire,
 )
-from .errors import VramtuiError
+from .errors import InvalidRequest, VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
 from .snapshot import EngineSnapshot
+from .validate import check_seconds
 
 __all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
 
@@ -68,7 +69,10 @@ class _Conn:
         return self._ids
 
     def send(self, msg_type: int, msg_id: int, payload: Any) -> None:
-        frames = encode(msg_type, DataType.DEFAULT, msg_id, payload)
+        try:
+            frames = encode(msg_type, DataType.DEFAULT, msg_id, payload)
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int over 64 bits
+            raise InvalidRequest(f"an argument cannot be sent to the engine: {exc}") from None
         if len(frames) == 1:
             self.sock.sendall(frames[0])
             return
@@ -451,6 +455,7 @@ def _submit_args(backend: str, payload: bytes | str, priority: int | None,
 
 
 def _wait_timeout(timeout: float | None) -> float | None:
+    timeout = check_seconds(timeout, "wait timeout", allow_zero=True)  # NaN would never end
     return None if timeout is None else timeout + WAIT_MARGIN
 
 

@@ -27,6 +27,7 @@ from .gpu.select import open_probe
 from .jobs import JobView
 from .paths import Paths
 from .snapshot import EngineSnapshot
+from .validate import check_seconds
 
 T = TypeVar("T")
 _CALL_TIMEOUT = 30.0
@@ -293,6 +294,7 @@ class Supervisor:
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
+        timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
         fut = self.engine.futures.get(job_id)
         if fut is None:
             view = self.job(job_id)

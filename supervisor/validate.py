@@ -17,8 +17,8 @@ The limits, and why:
 - result: at most ``EngineConfig.max_result_bytes`` (``$VRAMTUI_MAX_RESULT_MIB``, default 64
   MiB, at most 512 MiB): the data of a reply, or a stream's chunks in all; over it the worker's
   request is cancelled and the job fails with a reason that names the limit;
-- metadata: a mapping of plain data (strings, numbers, lists, mappings, bytes) with string
-  keys, at most 64 KiB once packed: it travels to the worker and into the journal.
+- metadata: a mapping of plain data (strings, numbers, lists, mappings, bytes), at most
+  64 KiB once packed: it travels to the worker and into the journal.
 """
 
 from __future__ import annotations
@@ -132,14 +132,11 @@ def check_payload(value: object, max_payload: int, what: str = "payload") -> byt
 
 
 def check_metadata(value: object) -> dict[str, Any]:
-    """Metadata travels to the worker and into the journal: plain data, string keys, small."""
+    """Metadata travels to the worker and into the journal: plain data, and small."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidRequest(f"metadata must be a mapping, got {_kind(value)}")
-    bad = next((k for k in value if not isinstance(k, str)), None)
-    if bad is not None:
-        raise InvalidRequest(f"metadata keys must be strings, not {_kind(bad)} {bad!r:.40}")
     try:
         packed = msgpack.packb(dict(value), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
