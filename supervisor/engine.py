@@ -74,6 +74,9 @@ class EngineConfig:
     max_payload_bytes: int = 64 * 1024 * 1024
     max_queued_bytes: int = 1024 * 1024 * 1024
     max_result_bytes: int = field(default_factory=validate.default_max_result_bytes)
+    # Results of finished jobs kept in memory, all together (the oldest go first; with the
+    # journal they stay retrievable from it).
+    max_recent_result_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass
@@ -200,6 +203,7 @@ class Engine:
         self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
         self.journal: Journal | None = None
         self._disk_full_noted = False
+        self._recent_bytes: dict[str, int] = {}  # result bytes of each job in self.recent
         self._wall_offset = time.time() - clock()
 
     # ===================================================================== lifecycle ======
@@ -926,6 +930,8 @@ class Engine:
             self._finish(job, JobState.SUCCEEDED)
         else:
             job.status_code = outcome.status_code
+            if outcome.too_large:
+                job.chunks = []  # the part of an oversized result that came: not kept
             state = JobState.CANCELLED if outcome.cancelled else JobState.FAILED
             self._finish(job, state, error=outcome.error)
         self._schedule()
@@ -982,9 +988,13 @@ class Engine:
         view = job.view()
         self._resolve(job, view)
         self.recent.append(job.id)
-        while len(self.recent) > self.config.recent_jobs:
+        self._recent_bytes[job.id] = len(job.data or b"") + sum(map(len, job.chunks))
+        held = sum(self._recent_bytes.values())
+        while len(self.recent) > self.config.recent_jobs or (
+                len(self.recent) > 1 and held > self.config.max_recent_result_bytes):
             old = self.recent.popleft()
             self.jobs.pop(old, None)
+            held -= self._recent_bytes.pop(old, 0)
         # Events carry no result: whoever wants it asks (wait, job).
         self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
                                         backend=job.backend, state=state.value))

@@ -451,15 +451,22 @@ def scan_wal(wal: Path) -> WalScan | None:
         at += frame_size
         if commit:
             replayed = index
+    def salted(i: int) -> bool:
+        return _FRAME_HEADER.unpack_from(raw, _WAL_HEADER.size + i * frame_size)[2:4] == (
+            salt1, salt2)
+
+    if not any(salted(i) for i in range(index, frames)):
+        # No break, or only stale frames of an earlier generation after it; frames after the
+        # last commit are a transaction the crash cut short, never acknowledged.
+        return WalScan(frames, replayed, 0, 0, frozenset())
     lost_frames = lost_commits = 0
     ids: set[str] = set()
-    for later in range(index, frames):
-        start = _WAL_HEADER.size + later * frame_size
-        _pgno, commit, f1, f2, _k1, _k2 = _FRAME_HEADER.unpack_from(raw, start)
-        if (f1, f2) != (salt1, salt2):
+    for later in range(replayed, frames):  # the transaction the break cut in two is lost too
+        if not salted(later):
             continue  # a frame of an earlier generation of the WAL: nothing lost there
+        start = _WAL_HEADER.size + later * frame_size
         lost_frames += 1
-        lost_commits += bool(commit)
+        lost_commits += bool(_FRAME_HEADER.unpack_from(raw, start)[1])
         ids.update(m.decode() for m in _JOB_ID.findall(raw, start + 24, start + frame_size))
     return WalScan(frames, replayed, lost_frames, lost_commits, frozenset(ids))
 
@@ -474,7 +481,7 @@ class WalDamage:
     kept_at: Path | None
     report: Path | None
 
-    def describe(self, show: int = 20) -> str:
+    def describe(self, show: int = 50) -> str:
         """One line for the log: what was lost, which jobs, where the evidence is."""
         scan = self.scan
 

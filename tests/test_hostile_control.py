@@ -291,7 +291,7 @@ def test_a_stream_over_the_result_limit_fails_the_job_and_the_worker_goes_on(
                              stream=True, wait_timeout=60)
         assert view.state is JobState.FAILED
         assert "over the engine's limit of 0.25 MiB" in (view.error or "")
-        assert sum(map(len, view.chunks)) <= 256 * 1024 and view.data is None  # what came
+        assert view.chunks == () and view.data is None  # what came of it is not kept
         big = c.submit_wait("hostile", json.dumps({"data": 1 << 20}), wait_timeout=60)
         assert big.state is JobState.FAILED and "limit" in (big.error or "")
         fine = c.submit_wait("hostile", json.dumps({"stream": 100_000, "chunk": 10_000}),
@@ -333,3 +333,15 @@ def test_limits_are_logged_once_in_a_while_not_per_attack(
         assert 1 <= len(lines) <= 3
         for raw in held:
             raw.close()
+
+
+def test_finished_results_held_in_memory_have_a_budget_and_stay_in_the_journal() -> None:
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, max_recent_result_bytes=1 << 20)
+    with in_process(backends(), config=config) as (sup, _server, _root):
+        payloads = [bytes([65 + i]) * (400 * 1024) for i in range(6)]
+        ids = [sup.wait(sup.submit("echo", p), 30).id for p in payloads]
+        recent = sup.snapshot().recent
+        assert 1 <= len(recent) <= 3  # not all six: 2.4 MiB is over the 1 MiB budget
+        assert sum(len(j.data or b"") for j in recent) <= (1 << 20) + 400 * 1024
+        for job_id, payload in zip(ids, payloads, strict=True):
+            assert sup.job(job_id).data == payload  # the older ones come from the journal

@@ -32,7 +32,7 @@ from worker_sdk.protocol import HEADER_SIZE, Decoder, Message, ProtocolError
 # A header announcing more than this is not a request at all: answer and hang up.
 ABSURD_FRAME = 1 << 36
 BIG_FRAME = 64 * 1024  # frames larger than this need the server's budget
-_SCRATCH = 256 * 1024
+_SCRATCH = 64 * 1024
 _PROBE = 24  # bytes of a skipped body kept to read its id
 _LENGTH = struct.Struct(">Q")
 

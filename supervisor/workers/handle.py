@@ -52,6 +52,7 @@ class Outcome:
     status_code: int = 200
     error: str | None = None
     cancelled: bool = False
+    too_large: bool = False  # the result went over the limit: what came of it is dropped
 
 
 @dataclass(slots=True)
@@ -303,7 +304,7 @@ class WorkerHandle:
         pending.chunks.clear()
         asked = False if final else self.cancel(pending.job_id)
         self.observer.request_done(self, pending.job_id, Outcome(
-            ok=False, status_code=507,
+            ok=False, status_code=507, too_large=True,
             error=(f"the result is over the engine's limit of {limit / 1048576:g} MiB for one "
                    f"job ({pending.size} bytes so far; EngineConfig.max_result_bytes, "
                    "VRAMTUI_MAX_RESULT_MIB)"
