@@ -26,14 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
-from . import admission
+from . import admission, validate
 from .backends.schema import BackendSpec
 from .errors import (
     BackendFailed,
     EngineStopped,
-    InvalidRequest,
     QueueFull,
     Refused,
     UnknownBackend,
@@ -86,6 +83,15 @@ class EngineConfig:
     journal: bool = True  # jobs survive a crash of the engine (SQLite, WAL)
     keep_finished: int = 1000  # finished results kept in the journal…
     keep_age_s: float = 7 * 86400  # …for at most this long
+    # What one job may make the engine hold (see supervisor.validate and the README): its
+    # request, all queued requests together, and its result (data, or stream chunks in all);
+    # a result over max_result_bytes fails the job with a reason saying so.
+    max_payload_bytes: int = 64 * 1024 * 1024
+    max_queued_bytes: int = 1024 * 1024 * 1024
+    max_result_bytes: int = field(default_factory=validate.default_max_result_bytes)
+    # Results of finished jobs kept in memory, all together (the oldest go first; with the
+    # journal they stay retrievable from it).
+    max_recent_result_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass
@@ -211,6 +217,8 @@ class Engine:
         self._waiting: Mapping[str, str] = {}
         self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
         self.journal: Journal | None = None
+        self._disk_full_noted = False
+        self._recent_bytes: dict[str, int] = {}  # result bytes of each job in self.recent
         self._wall_offset = time.time() - clock()
         self.book = Book()  # the memory ledger's accounts, as of the last step
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
@@ -338,8 +346,8 @@ class Engine:
     def _job_event(self, job: Job) -> None:
         if not self.events.active:
             return
-        self.events.publish(EngineEvent("job", time.time(), job=job.view(), backend=job.backend,
-                                        state=job.state.value))
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
+                                        backend=job.backend, state=job.state.value))
 
     def _worker_event(self, rt: BackendRuntime) -> None:
         state = rt.worker.state.value if rt.worker else ("failed" if rt.failed else "cold")
@@ -352,6 +360,11 @@ class Engine:
                stream: bool = False) -> Job:
         if self._stopping:
             raise EngineStopped("the engine is stopping and takes no new jobs")
+        args = validate.check_submit(backend, payload, priority=priority, timeout=timeout,
+                                     metadata=metadata, stream=stream,
+                                     max_payload=self.config.max_payload_bytes)
+        backend, payload, priority, timeout = (args.backend, args.payload, args.priority,
+                                               args.timeout)
         rt = self.backends.get(backend)
         if rt is None:
             raise UnknownBackend(backend, self.backends)
@@ -364,19 +377,20 @@ class Engine:
         if reason is None and len(self.queue) >= self.config.max_queue_depth:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
-        _check_metadata(metadata)
         if reason is not None:
             self._note("warning", f"refused a job for {backend}: {reason}", backend)
             if reason.startswith("queue full"):
                 raise QueueFull(reason)
             raise Refused(reason)
+        validate.check_queue_room((j.payload for j in self.queue), len(payload),
+                                  self.config.max_queued_bytes)
         job = Job(
             backend=backend,
             payload=payload,
             priority=rt.spec.priority if priority is None else priority,
             timeout=timeout if timeout is not None else rt.spec.timeouts.request_s,
-            metadata=dict(metadata or {}),
-            stream=stream or rt.spec.stream,
+            metadata=args.metadata,
+            stream=args.stream or rt.spec.stream,
         )
         job.submitted_at = self.clock()
         job.mark(job.submitted_at, JobState.QUEUED)
@@ -395,8 +409,8 @@ class Engine:
         if self._stopping:
             raise EngineStopped("the engine is stopping and takes no new jobs")
         rt = self._runtime(backend)
-        if not 1 <= repeats <= 100:
-            raise Refused(f"repeats must be between 1 and 100, got {repeats}")
+        repeats, settle_s, request, priority = validate.check_calibrate(
+            repeats, settle_s, request, priority, self.config.max_payload_bytes)
         payload = request if request is not None else (rt.spec.calibration_request or b"")
         job = Job(backend=backend, payload=payload,
                   priority=rt.spec.priority if priority is None else priority,
@@ -512,6 +526,8 @@ class Engine:
         """Requeue what the journal held when the engine last stopped, ids and order kept."""
         if self.journal is None:
             return
+        if self.journal.damage is not None:
+            self._note("error", "journal: " + self.journal.damage.describe())
         recovery = self.journal.recover(time.time())
         advance_seq(recovery.max_seq)
         for rec in recovery.failed:
@@ -856,6 +872,7 @@ class Engine:
             cwd=str(spec.cwd) if spec.cwd else None,
             log_path=self.paths.logs_dir / f"{spec.name}.log",
             listener=self.listener, observer=observer, plain_stream=spec.stream,
+            max_result=self.config.max_result_bytes,
         )
 
     def _start_timed_out(self, rt: BackendRuntime, handle: Worker) -> None:
@@ -1005,6 +1022,8 @@ class Engine:
             self._finish(job, JobState.SUCCEEDED)
         else:
             job.status_code = outcome.status_code
+            if outcome.too_large:
+                job.chunks = []  # the part of an oversized result that came: not kept
             state = JobState.CANCELLED if outcome.cancelled else JobState.FAILED
             self._finish(job, state, error=outcome.error)
         if not rt.accepting and not rt.admitted and rt.worker is handle:
@@ -1073,24 +1092,55 @@ class Engine:
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
             return
+        if job.kind == "job":  # durable before anyone hears of it
+            state, error = self._record_finish(job, state, error)
         if error is not None:
             job.error = error
         job.mark(self.clock(), state, error or "")
         self._cancel_timer(job.id)
         self._cancel_timer(f"kill:{job.id}")
         job.payload = b""
-        if job.kind == "job":
-            self._journal("record_finish", job.id, state, time.time(), note=error or "",
-                          data=job.data, headers=job.headers, status_code=job.status_code,
-                          error=job.error, chunks=job.chunks)
         view = job.view()
         self._resolve(job, view)
         self.recent.append(job.id)
-        while len(self.recent) > self.config.recent_jobs:
+        self._recent_bytes[job.id] = len(job.data or b"") + sum(map(len, job.chunks))
+        held = sum(self._recent_bytes.values())
+        while len(self.recent) > self.config.recent_jobs or (
+                len(self.recent) > 1 and held > self.config.max_recent_result_bytes):
             old = self.recent.popleft()
             self.jobs.pop(old, None)
-        self.events.publish(EngineEvent("job", time.time(), job=view, backend=job.backend,
-                                        state=state.value))
+            held -= self._recent_bytes.pop(old, 0)
+        # Events carry no result: whoever wants it asks (wait, job).
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
+                                        backend=job.backend, state=state.value))
+
+    def _record_finish(self, job: Job, state: JobState,
+                       error: str | None) -> tuple[JobState, str | None]:
+        """Journal the finish; what was stored (a result the journal cannot hold fails the
+        job, with the reason, and that failure is what is stored and reported)."""
+        if self.journal is None:
+            return state, error
+        error = error if error is not None else job.error
+        try:
+            stored, why = self.journal.finish_durably(
+                job.id, state, time.time(), note=error or "", data=job.data,
+                headers=job.headers, status_code=job.status_code, error=error,
+                chunks=job.chunks)
+        except Exception as exc:  # noqa: BLE001 - not even a failure could be stored
+            stored, why = JobState.FAILED, (
+                f"the journal could not record how this job ended ({exc}); it still holds it "
+                "as unfinished, so it runs again when the engine restarts")
+        if stored is not state or why != error:
+            self._note("error", f"job {job.id} ({job.backend}) failed: {why}", job.backend)
+            job.data, job.chunks, job.headers, job.status_code = None, [], {}, None
+        if self.journal.reserve_spent and not self._disk_full_noted:
+            self._disk_full_noted = True
+            self._note("error", f"journal: the disk under {self.journal.path.parent} is full; "
+                       "its reserve was spent to record the jobs already accepted, and new "
+                       "jobs are refused until there is room again")
+        elif not self.journal.reserve_spent:
+            self._disk_full_noted = False
+        return stored, why
 
     def _stopped_during(self, job: Job) -> None:
         """The engine stops under a job: journaled jobs stay to run again, others fail."""
@@ -1332,15 +1382,3 @@ class Engine:
     def snapshot(self) -> EngineSnapshot:
         return build_snapshot(self)
 
-
-def _check_metadata(metadata: dict[str, Any] | None) -> None:
-    """Metadata travels to the worker and into the journal: it must be plain data."""
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict):
-        raise InvalidRequest(f"metadata must be a mapping, got {type(metadata).__name__}")
-    try:
-        msgpack.packb(metadata, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidRequest(f"metadata must be plain data (strings, numbers, lists, "
-                             f"mappings, bytes): {exc}") from None

@@ -325,7 +325,8 @@ class DynamoBridge:
         if view.finished:
             with self._lock:
                 self._jobs.pop(view.id, None)
-            call.deliver("end", view)
+            # Events carry no result (on the engine thread: the job's full view is safe here).
+            call.deliver("end", self.sup.engine.job_view(view.id))
 
     def _on_future(self, call: _Call, future: Future[JobView]) -> None:
         """The job's future: an exception means the engine stopped before it could end."""
