@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from .backends.schema import BackendSpec
+from .counters import Counters
 from .errors import (
     BackendFailed,
     EngineStopped,
@@ -178,6 +179,7 @@ class Engine:
         self.history: History[int, int] = History()
         self.backend_history: History[str, int] = History()
         self.events = EventHub()
+        self.counters = Counters()  # what happened, for /metrics
         self.log_lines: deque[LogLine] = deque(maxlen=300)
         self.started_at = clock()
         self.wall_started = time.time()
@@ -307,11 +309,13 @@ class Engine:
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
                stream: bool = False) -> Job:
         if self._stopping:
+            self.counters.refused("stopping")
             raise EngineStopped("the engine is stopping and takes no new jobs")
         rt = self.backends.get(backend)
         if rt is None:
             raise UnknownBackend(backend, self.backends)
         if rt.failed:
+            self.counters.refused("backend_failed")
             raise BackendFailed(
                 f"backend {backend!r} failed to initialise {MAX_INIT_FAILURES} times in a row "
                 f"({rt.last_error}); fix it, then respawn it (vramtui respawn {backend})"
@@ -322,6 +326,7 @@ class Engine:
                       "max_queue_depth")
         _check_metadata(metadata)
         if reason is not None:
+            self.counters.refused_because(reason)
             self._note("warning", f"refused a job for {backend}: {reason}", backend)
             if reason.startswith("queue full"):
                 raise QueueFull(reason)
@@ -550,6 +555,7 @@ class Engine:
             raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
                           "then evict")
         self._note("info", f"evicting {backend} (asked)", backend)
+        self.counters.evicted(backend, "asked")
         self._evict_now(rt)
 
     def zero(self) -> list[str]:
@@ -688,6 +694,7 @@ class Engine:
             if rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
                 self._note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
                            f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
+                self.counters.evicted(ev.backend, "room")
                 self._evict_now(rt)
         for job_id, passed in plan.passed.items():
             job = self.jobs.get(job_id)
@@ -822,6 +829,7 @@ class Engine:
             return
         if handle.state == WorkerState.READY:
             self._cancel_timer(f"start:{handle.name}")
+            self.counters.worker_ready(handle)
             if handle.ready_at is not None and rt.init_failures:
                 rt.init_failures = 0
             for job_id in list(rt.admitted):
@@ -848,6 +856,7 @@ class Engine:
         self._spawn_task(self._confirm_ghost(rt))
         expected = handle.state == WorkerState.COLD
         never_ready = handle.ready_at is None
+        self.counters.worker_exited(handle, expected=expected, never_ready=never_ready)
         log_hint = f"log: {handle.log_path}"
         if expected:
             self._note("info", f"{rt.spec.name} stopped", rt.spec.name)
@@ -960,6 +969,7 @@ class Engine:
         if error is not None:
             job.error = error
         job.mark(self.clock(), state, error or "")
+        self.counters.job_finished(job)
         self._cancel_timer(job.id)
         self._cancel_timer(f"kill:{job.id}")
         job.payload = b""
@@ -1067,6 +1077,7 @@ class Engine:
                     and now - rt.idle_since >= rt.spec.keep_alive_s):
                 self._note("info", f"{rt.spec.name} idle for {rt.spec.keep_alive_s:g} s "
                            "(keep_alive): unloading", rt.spec.name)
+                self.counters.evicted(rt.spec.name, "idle")
                 rt.idle_since = None
                 self._evict_now(rt)
 
