@@ -54,8 +54,13 @@ TOP_KEYS = frozenset(
         "extends",
         "abstract",
         "enabled",
+        "api",
+        "aliases",
     }
 )
+# What an ``api:`` backend speaks over the HTTP front door's OpenAI-compatible routes.
+API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions")
+ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
 TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace"})
 CALIBRATION_KEYS = frozenset({"request"})
@@ -142,6 +147,8 @@ class BackendSpec:
     description: str = ""
     source: str = ""
     simulated: bool = False
+    api: tuple[str, ...] = ()  # OpenAI-compatible APIs it speaks (``API_KINDS``)
+    aliases: tuple[str, ...] = ()  # other model names it answers to over HTTP
 
     @property
     def peak(self) -> int | None:
@@ -344,6 +351,33 @@ def _calibration(value: object) -> bytes | None:
         raise FieldError("calibration.request", f"cannot be sent as JSON: {exc}") from None
 
 
+def _api(value: object) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list | tuple) or not words:
+        raise ValueError(f"{brief(value)} is not one of {', '.join(API_KINDS)} (or a list)")
+    kinds: list[str] = []
+    for word in words:
+        if word not in API_KINDS:
+            raise ValueError(f"{brief(word)} is not an API; use one of {', '.join(API_KINDS)}")
+        if word not in kinds:
+            kinds.append(word)
+    return tuple(kinds)
+
+
+def _aliases(value: object) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        raise ValueError(f"{brief(value)} is not a list of model names")
+    names: list[str] = []
+    for word in words:
+        if not isinstance(word, str) or not ALIAS_RE.match(word):
+            raise ValueError(f"{brief(word)} is not a model name (letters, digits, . _ : / @ + "
+                             "-; up to 128)")
+        if word not in names:
+            names.append(word)
+    return tuple(names)
+
+
 def _env(value: object, environ: Mapping[str, str]) -> dict[str, str]:
     mapping = _mapping(value, "variable names to values")
     env: dict[str, str] = {}
@@ -459,6 +493,8 @@ def build_spec(
     take("reload_cost", "reload_cost_s", parse_duration)
     take("description", "description", _str)
     take("simulated", "simulated", _bool)
+    take("api", "api", _api)
+    take("aliases", "aliases", _aliases)
 
     if errors:
         raise InvalidBackend(errors)
