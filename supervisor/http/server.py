@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..errors import VramtuiError
 from .auth import Guard
 from .config import HttpConfig, bind_socket
 from .errors import HttpError
@@ -81,7 +82,11 @@ class HttpServer:
         """Bind now (raises OSError with the reason) and start serving from the loop."""
         loop = asyncio.get_running_loop()
         self.ready = asyncio.Event()
-        sock = bind_socket(self.config.listen)
+        try:
+            sock = bind_socket(self.config.listen)
+        except OSError as exc:
+            raise VramtuiError(f"the HTTP front door cannot listen on "
+                               f"{self.config.listen.url()}: {exc.strerror or exc}") from None
         self._sock = sock
         if self.config.listen.path is None:
             host, port = sock.getsockname()[:2]
