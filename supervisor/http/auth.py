@@ -4,7 +4,8 @@
 - Without one: a peer on another machine is refused (401); a local peer (loopback or the Unix
   socket) must be the engine's own user or root — checked by uid, as on the control socket,
   because on a shared machine every user can reach 127.0.0.1 (403 otherwise); and when a token
-  is set, local peers may only read (GET / HEAD) without it.
+  is set, local peers may only read (GET / HEAD) without it — and not the browser
+  dashboard, whose WebSocket drives the whole TUI.
 - ``/healthz`` and ``/readyz`` answer anyone: they say nothing but up / ready.
 - A browser must not be turned against us: the ``Host`` header must name this server (a
   loopback name, the bind address or ``allowed_hosts``), which defeats DNS rebinding, and a
@@ -98,7 +99,7 @@ class Guard:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-        if request.path == UI_PREFIX or request.path.startswith(UI_PREFIX + "/"):
+        if _is_ui(request.path):
             return request.query.get("token") or request.cookies.get(UI_COOKIE)
         return None
 
@@ -129,10 +130,15 @@ class Guard:
             raise HttpError(403, f"permission denied: {peer.describe()} is not the engine's "
                             f"user (uid {self.owner_uid}); send the bearer token",
                             "permission_error", "not_owner")
-        if expected and request.method not in READ_METHODS:
+        if expected and (request.method not in READ_METHODS or _is_ui(request.path)):
             raise _unauthorized(f"{request.method} {request.path} changes the engine: send "
                                 "the bearer token (Authorization: Bearer TOKEN)")
         return Decision(peer, False)
+
+
+def _is_ui(path: str) -> bool:
+    """The browser dashboard: its WebSocket drives the whole TUI, so it counts as mutating."""
+    return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
 
 
 def _unauthorized(message: str) -> HttpError:
