@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from supervisor.http.auth import UI_COOKIE
+from supervisor.http.auth import DECISION, UI_COOKIE
 
 UI_PREFIX = "/ui"
 
@@ -56,7 +56,7 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
         }
         response = aiohttp_jinja2.render_template("app_index.html", request, context)
         token = request.query.get("token")
-        decision = request.get("decision")
+        decision = request.get(DECISION)
         if token and decision is not None and decision.token_ok:
             response.set_cookie(UI_COOKIE, token, httponly=True, samesite="Strict",
                                 path=UI_PREFIX, secure=request.secure)
@@ -83,7 +83,6 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
         web.get("/download/{key}", server.handle_download, name="download"),
         web.static("/static", server.statics_path, name="static"),
     ])
-    app["sessions"] = state
     return app
 
 
@@ -132,7 +131,7 @@ def run_web(args: Any) -> int:
     @web.middleware
     async def guarded(request: web.Request, handler: Any) -> web.StreamResponse:
         try:
-            request["decision"] = guard.check(request)
+            request[DECISION] = guard.check(request)
         except HttpError as exc:
             return exc.response()
         return await handler(request)

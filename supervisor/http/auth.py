@@ -44,6 +44,9 @@ class Decision:
     token_ok: bool
 
 
+DECISION = web.RequestKey("decision", Decision)
+
+
 class Guard:
     """The policy for one server (its config, its bind address, its owner)."""
 

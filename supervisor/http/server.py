@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..errors import VramtuiError
-from .auth import Guard
+from .auth import DECISION, Guard
 from .config import HttpConfig, bind_socket
 from .errors import HttpError
 from .gpu_ids import read_uuids
@@ -200,7 +200,7 @@ class HttpServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            request["decision"] = self.guard.check(request)
+            request[DECISION] = self.guard.check(request)
         except HttpError:
             self.counters["refused"] += 1
             raise
