@@ -185,3 +185,25 @@ def test_loopback_uid_reads_the_kernels_socket_table(tmp_path: Path) -> None:
             peer, _ = server.accept()
             with peer:
                 assert loopback_uid(client.getsockname(), server.getsockname()) == os.geteuid()
+
+
+def test_sigterm_ends_open_streams_and_the_engine_exits_0() -> None:
+    import http.client
+    import signal
+
+    root = new_root()
+    env = make_env(root, [echo_backend()])
+    s = start_serve(env, root, "--http", "127.0.0.1:0")
+    try:
+        port = int(_http_url(s).rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/v1/events", headers={"Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline() == b"retry: 3000\n"
+        s.proc.send_signal(signal.SIGTERM)
+        while resp.readline():  # the stream ends (it does not hold the stop)
+            pass
+        assert s.wait_exit(30) == 0
+        conn.close()
+    finally:
+        reap(s)
