@@ -25,7 +25,7 @@ TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
                 120.0, 300.0, 600.0, 1800.0, 3600.0)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
-EVICTION_REASONS = ("asked", "room", "idle")
+EVICTION_REASONS = ("asked", "room", "idle", "overuse")
 REFUSAL_REASONS = ("queue_full", "too_large", "stopping", "backend_failed", "other")
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
 
@@ -98,7 +98,8 @@ class Counters:
             self.crashes[handle.backend] += 1
 
     def evicted(self, backend: str, reason: str) -> None:
-        """An idle worker is being stopped to free its memory: asked, for room, or idle."""
+        """A worker is being stopped to free its memory: asked, for room, idle, or because
+        it held more than its figures (``on_overuse: evict``)."""
         self.evictions[(backend, reason if reason in EVICTION_REASONS else "asked")] += 1
 
     def refused(self, reason: str) -> None:

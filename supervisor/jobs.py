@@ -110,14 +110,10 @@ class Job:
     error: str | None = None
     history: list[tuple[float, str, str]] = field(default_factory=list)
     peak_mib: int | None = None
+    peak_samples: int = 0  # samples of its worker's memory while it ran alone there
     cancel_requested: bool = False
     cancel_state: JobState = JobState.CANCELLED
     kind: str = "job"  # or "calibration": a run that needs a GPU to itself
-
-    @property
-    def sched_backend(self) -> str:
-        """The name the scheduler knows this job's needs by."""
-        return f"calibrate:{self.backend}" if self.kind == "calibration" else self.backend
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
         self.state = state

@@ -2,7 +2,10 @@
 
 A layer is a file or a directory (its ``*.yaml``/``*.yml`` in name order). Later layers override
 single keys of earlier ones; ``extends: other`` inherits from another backend once all layers
-are merged. Every problem becomes a ``DescriptorError`` in ``LoadResult.errors`` (the faulty
+are merged. An entry marked ``overlay: true`` (what calibration writes) only changes a backend
+that another entry defines: it never counts as configuration of its own, so it layers over
+the demo backends as over any others, and one whose backend is gone is reported, not run.
+Every problem becomes a ``DescriptorError`` in ``LoadResult.errors`` (the faulty
 backend is left out, the others load); nothing here raises for bad configuration.
 """
 
@@ -21,7 +24,8 @@ from .yamlio import load_documents
 
 BACKENDS_ENV = "VRAMTUI_BACKENDS"
 YAML_SUFFIXES = (".yaml", ".yml")
-_LOADER_KEYS = ("extends", "abstract", "enabled")  # read here, never inherited nor validated there
+# Read here, never inherited nor validated there.
+_LOADER_KEYS = ("extends", "abstract", "enabled", "overlay")
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,11 @@ def load_backends(
     if demo_fallback and collector.entries == 0 and not collector.errors:
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
+            # The demo is the base layer; overlays (calibrations of demo backends) go on it.
             demo = _Collector(environ)
-            demo.files = list(collector.files)
             demo.add_path(demo_dir)
+            for path in paths:
+                demo.add_path(path)
             return demo.finish(demo=True)
     return collector.finish()
 
@@ -114,7 +120,8 @@ class _Collector:
         self.raws: dict[str, RawBackend] = {}
         self.errors: list[DescriptorError] = []
         self.files: list[Path] = []
-        self.entries = 0
+        self.entries = 0  # entries that define a backend (overlays do not count)
+        self.defined: set[str] = set()
 
     # -- reading -----------------------------------------------------------------------------
     def add_path(self, path: str | Path) -> None:
@@ -155,11 +162,14 @@ class _Collector:
                     self.errors.append(item)
                     continue
                 entry, line = item
-                self.entries += 1
                 name = entry_name(entry, file, line)
                 if isinstance(name, DescriptorError):
+                    self.entries += 1
                     self.errors.append(name)
                     continue
+                if entry.get("overlay") is not True:
+                    self.entries += 1
+                    self.defined.add(name)
                 if name in first_line:
                     self.errors.append(
                         DescriptorError(
@@ -187,6 +197,11 @@ class _Collector:
         for name in self.raws:
             raw = resolved.get(name)
             if raw is None:
+                continue
+            if name not in self.defined:
+                self._error(raw, "overlay", "only an overlay mentions this backend: the backend "
+                            "it changes is not configured (any more); remove the file or "
+                            "configure the backend")
                 continue
             spec = self._build(raw)
             if spec is not None:

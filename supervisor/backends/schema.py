@@ -26,6 +26,10 @@ DEFAULT_SAFETY_MIB = 512
 DEFAULT_KEEP_ALIVE_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_STOP_GRACE_S = 10.0
+DEFAULT_PING_TIMEOUT_S = 5.0
+#: What the engine does when a worker holds more than its figures (see ``on_overuse``).
+OVERUSE_POLICIES = ("warn", "evict", "kill")
+DEFAULT_ON_OVERUSE = "evict"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -51,6 +55,7 @@ TOP_KEYS = frozenset(
         "calibration",
         "reload_cost",
         "simulated",
+        "on_overuse",
         "extends",
         "abstract",
         "enabled",
@@ -62,7 +67,7 @@ TOP_KEYS = frozenset(
 API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions")
 ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
-TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace"})
+TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping"})
 CALIBRATION_KEYS = frozenset({"request"})
 # Mappings that a later layer (or a child through ``extends``) merges key by key.
 MERGED_MAPPINGS = frozenset({"vram", "env", "timeouts", "calibration"})
@@ -121,8 +126,9 @@ class VramSpec:
 @dataclass(frozen=True)
 class Timeouts:
     start_s: float = DEFAULT_START_TIMEOUT_S
-    request_s: float | None = None  # None: no limit
+    request_s: float | None = None  # None: no limit; counted from dispatch to the worker
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    ping_s: float = DEFAULT_PING_TIMEOUT_S  # a worker that answers no ping for this is hung
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ class BackendSpec:
     description: str = ""
     source: str = ""
     simulated: bool = False
+    on_overuse: str = DEFAULT_ON_OVERUSE
     api: tuple[str, ...] = ()  # OpenAI-compatible APIs it speaks (``API_KINDS``)
     aliases: tuple[str, ...] = ()  # other model names it answers to over HTTP
 
@@ -298,13 +305,14 @@ def _gpus(value: object) -> tuple[int, ...] | None:
 
 
 def _timeouts(value: object) -> Timeouts:
-    mapping = _mapping(value, "timeouts (start, request, stop_grace)")
+    mapping = _mapping(value, "timeouts (start, request, stop_grace, ping)")
     for key in mapping:
         if key not in TIMEOUT_KEYS:
             raise FieldError(f"timeouts.{key}", unknown_key_message(key, TIMEOUT_KEYS))
     start = mapping.get("start")
     request = mapping.get("request")
     grace = mapping.get("stop_grace")
+    ping = mapping.get("ping")
     start_s = (
         DEFAULT_START_TIMEOUT_S
         if start is None
@@ -326,7 +334,19 @@ def _timeouts(value: object) -> Timeouts:
         if grace is None
         else _field("timeouts.stop_grace", parse_duration, grace)
     )
-    return Timeouts(start_s=start_s, request_s=request_s, stop_grace_s=stop_grace_s)
+    ping_s = (
+        DEFAULT_PING_TIMEOUT_S if ping is None else _field("timeouts.ping", parse_duration, ping)
+    )
+    if ping_s <= 0:
+        raise FieldError("timeouts.ping", f"{brief(ping)} must be more than 0")
+    return Timeouts(start_s=start_s, request_s=request_s, stop_grace_s=stop_grace_s,
+                    ping_s=ping_s)
+
+
+def _overuse(value: object) -> str:
+    if value not in OVERUSE_POLICIES:
+        raise ValueError(f"{brief(value)} is not one of {', '.join(OVERUSE_POLICIES)}")
+    return str(value)
 
 
 def _infinite_duration(value: object) -> float:
@@ -493,6 +513,7 @@ def build_spec(
     take("reload_cost", "reload_cost_s", parse_duration)
     take("description", "description", _str)
     take("simulated", "simulated", _bool)
+    take("on_overuse", "on_overuse", _overuse)
     take("api", "api", _api)
     take("aliases", "aliases", _aliases)
 

@@ -144,7 +144,7 @@ class EngineCollector(Collector):
         yield _per_backend("vramtui_backend_crashes", "Ready workers that exited unasked",
                            names, counters.crashes)
         ev = CounterMetricFamily("vramtui_backend_evictions", "Idle workers stopped to free "
-                                 "memory, by reason (asked, room, idle)",
+                                 "memory, by reason (asked, room, idle, overuse)",
                                  labels=["backend", "reason"])
         for name in names:
             for reason in EVICTION_REASONS:

@@ -119,6 +119,7 @@ class WorkerHandle:
         self._said_ready = False  # the worker said "ready" (maybe before its data socket came)
         # (wall time, status) of each status event, stamped by the worker itself when it can.
         self.status_marks: list[tuple[float, str]] = []
+        self._ping: tuple[int, float] | None = None  # (frame id, monotonic time sent)
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -220,7 +221,27 @@ class WorkerHandle:
     def hot(self) -> bool:
         return self.state in (WorkerState.READY, WorkerState.BUSY)
 
+    # -- liveness ---------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Send a PING on the control socket unless one is still unanswered.
+
+        Every worker answers PING with PONG from its control thread, busy in predict or not
+        (verda-io's workers too), so a ping left unanswered means a hung or stopped process.
+        """
+        if self._ping is not None or self.control is None or self.control.closed:
+            return
+        frame = self.control.send(MessageType.PING, DataType.DEFAULT, None, {"event": 0})
+        self._ping = (frame, time.monotonic())
+
+    def ping_overdue(self, now: float) -> float:
+        """Seconds the outstanding ping has waited for its PONG (0 when none is outstanding)."""
+        return 0.0 if self._ping is None else max(0.0, now - self._ping[1])
+
     def _on_control(self, message: Message) -> None:
+        if message.type == MessageType.PONG:
+            if self._ping is not None and message.id == self._ping[0]:
+                self._ping = None
+            return
         if message.type != MessageType.EVENT or not isinstance(message.payload, dict):
             return
         payload = message.payload
@@ -376,6 +397,10 @@ class WorkerHandle:
     @property
     def exited(self) -> bool:
         return self._exited.is_set()
+
+    def known_descendants(self) -> set[int]:
+        """The worker's children that connected to the engine or were seen on the GPU."""
+        return set(self._descendants)
 
     def pids(self) -> set[int]:
         """The worker's process and its descendants (for per-process GPU memory)."""
