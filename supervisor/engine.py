@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import admission, validate
 from .backends.schema import BackendSpec
+from .counters import Counters
 from .errors import (
     BackendFailed,
     EngineStopped,
@@ -201,6 +202,7 @@ class Engine:
         self.history: History[int, int] = History()
         self.backend_history: History[str, int] = History()
         self.events = EventHub()
+        self.counters = Counters()  # what happened, for /metrics
         self.log_lines: deque[LogLine] = deque(maxlen=300)
         self.started_at = clock()
         self.wall_started = time.time()
@@ -359,6 +361,7 @@ class Engine:
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
                stream: bool = False) -> Job:
         if self._stopping:
+            self.counters.refused("stopping")
             raise EngineStopped("the engine is stopping and takes no new jobs")
         args = validate.check_submit(backend, payload, priority=priority, timeout=timeout,
                                      metadata=metadata, stream=stream,
@@ -369,6 +372,7 @@ class Engine:
         if rt is None:
             raise UnknownBackend(backend, self.backends)
         if rt.failed:
+            self.counters.refused("backend_failed")
             raise BackendFailed(
                 f"backend {backend!r} failed to initialise {MAX_INIT_FAILURES} times in a row "
                 f"({rt.last_error}); fix it, then respawn it (vramtui respawn {backend})"
@@ -378,6 +382,7 @@ class Engine:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
         if reason is not None:
+            self.counters.refused_because(reason)
             self._note("warning", f"refused a job for {backend}: {reason}", backend)
             if reason.startswith("queue full"):
                 raise QueueFull(reason)
@@ -610,6 +615,7 @@ class Engine:
             raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
                           "then evict")
         self._note("info", f"evicting {backend} (asked)", backend)
+        self.counters.evicted(backend, "asked")
         self._evict_now(rt)
 
     def zero(self) -> list[str]:
@@ -739,6 +745,7 @@ class Engine:
             if rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
                 self._note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
                            f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
+                self.counters.evicted(ev.backend, "room")
                 self._evict_now(rt)
         for job_id, passed in plan.passed.items():
             job = self.jobs.get(job_id)
@@ -908,6 +915,7 @@ class Engine:
             return
         if handle.state == WorkerState.READY:
             self._cancel_timer(f"start:{handle.name}")
+            self.counters.worker_ready(handle)
             if handle.ready_at is not None and rt.init_failures:
                 rt.init_failures = 0
             if handle.ready_at is not None and rt.timed_worker != handle.name:
@@ -943,6 +951,7 @@ class Engine:
         self._spawn_task(self._confirm_ghosts(rt))
         expected = handle.state == WorkerState.COLD and killed_for is None
         never_ready = handle.ready_at is None
+        self.counters.worker_exited(handle, expected=expected, never_ready=never_ready)
         log_hint = f"log: {handle.log_path}"
         if killed_for is not None:
             rt.last_error = killed_for
@@ -1030,6 +1039,7 @@ class Engine:
             self._note("warning", f"evicting {rt.spec.name}: its job is done and it held "
                        f"{rt.over_mib} MiB more than its figures (on_overuse: evict)",
                        rt.spec.name)
+            self.counters.evicted(rt.spec.name, "overuse")
             self._evict_now(rt)
         self._schedule()
 
@@ -1097,6 +1107,7 @@ class Engine:
         if error is not None:
             job.error = error
         job.mark(self.clock(), state, error or "")
+        self.counters.job_finished(job)
         self._cancel_timer(job.id)
         self._cancel_timer(f"kill:{job.id}")
         job.payload = b""
@@ -1264,6 +1275,7 @@ class Engine:
                     self._note("warning", f"evicting {rt.spec.name}: idle and {over} MiB "
                                "above what it was admitted with (on_overuse: evict)",
                                rt.spec.name)
+                    self.counters.evicted(rt.spec.name, "overuse")
                     self._evict_now(rt)
         _snap, book = self._inputs(with_queue=False)
         self.book = book
@@ -1359,6 +1371,7 @@ class Engine:
                     and now - rt.idle_since >= rt.spec.keep_alive_s):
                 self._note("info", f"{rt.spec.name} idle for {rt.spec.keep_alive_s:g} s "
                            "(keep_alive): unloading", rt.spec.name)
+                self.counters.evicted(rt.spec.name, "idle")
                 rt.idle_since = None
                 self._evict_now(rt)
 

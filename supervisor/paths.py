@@ -142,6 +142,11 @@ class Paths:
     def backends_dir(self) -> Path:
         return self.config_dir / "backends.d"
 
+    @property
+    def settings_file(self) -> Path:
+        """The engine's settings (its ``http:`` section, for now)."""
+        return self.config_dir / "config.yaml"
+
     # -- state -------------------------------------------------------------------------------
     @property
     def logs_dir(self) -> Path:

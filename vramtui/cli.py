@@ -72,9 +72,11 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
             "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate",
-            "import-vramd")
+            "import-vramd", *("completion", "install-service", "web"))
+# Commands of the HTTP front door's side (vramtui/extra_commands.py runs them).
+EXTRA_COMMANDS = frozenset({"completion", "install-service", "web"})
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo"})
+                            "--dynamo", "--http", "--http-token-file"})
 
 
 class _Skipped:
@@ -127,6 +129,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--dynamo", metavar="NAMESPACE",
                         help="with --serve: also serve each backend as the NVIDIA Dynamo "
                              "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
+    parser.add_argument("--http", metavar="ADDR",
+                        help="with --serve: also serve the HTTP API on ADDR (127.0.0.1:8080, "
+                             "[::1]:8080, or unix:/PATH; anything but loopback needs a token); "
+                             "config.yaml's http: section does the same (needs vramtui[http])")
+    parser.add_argument("--http-token-file", metavar="FILE",
+                        help="with --http: the bearer token, in a file only you can read "
+                             "(or set VRAMTUI_HTTP_TOKEN)")
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
@@ -203,6 +212,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         from .import_vramd import add_arguments as import_vramd_arguments
 
         import_vramd_arguments(p)
+    from .extra_commands import add_parsers
+
+    add_parsers(command, only)
     return parser
 
 
@@ -213,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve and args.command is not None:
         parser.error(f"--serve runs the engine; it does not go with {args.command!r}")
     try:
+        if args.command in EXTRA_COMMANDS:
+            from .extra_commands import run_extra
+
+            return run_extra(args)
         if args.command is not None:
             from .commands import run_command
 

@@ -63,8 +63,13 @@ TOP_KEYS = frozenset(
         "extends",
         "abstract",
         "enabled",
+        "api",
+        "aliases",
     }
 )
+# What an ``api:`` backend speaks over the HTTP front door's OpenAI-compatible routes.
+API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions")
+ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
 TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping"})
 CALIBRATION_KEYS = frozenset({"request"})
@@ -199,6 +204,8 @@ class BackendSpec:
     # only the end of its process does.
     unload_frees_vram: bool = True
     vramd: VramdSettings = VramdSettings()
+    api: tuple[str, ...] = ()  # OpenAI-compatible APIs it speaks (``API_KINDS``)
+    aliases: tuple[str, ...] = ()  # other model names it answers to over HTTP
 
     @property
     def peak(self) -> int | None:
@@ -465,6 +472,33 @@ def _vramd_settings(value: object) -> VramdSettings:
     return VramdSettings(**values)
 
 
+def _api(value: object) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list | tuple) or not words:
+        raise ValueError(f"{brief(value)} is not one of {', '.join(API_KINDS)} (or a list)")
+    kinds: list[str] = []
+    for word in words:
+        if word not in API_KINDS:
+            raise ValueError(f"{brief(word)} is not an API; use one of {', '.join(API_KINDS)}")
+        if word not in kinds:
+            kinds.append(word)
+    return tuple(kinds)
+
+
+def _aliases(value: object) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        raise ValueError(f"{brief(value)} is not a list of model names")
+    names: list[str] = []
+    for word in words:
+        if not isinstance(word, str) or not ALIAS_RE.match(word):
+            raise ValueError(f"{brief(word)} is not a model name (letters, digits, . _ : / @ + "
+                             "-; up to 128)")
+        if word not in names:
+            names.append(word)
+    return tuple(names)
+
+
 def _env(value: object, environ: Mapping[str, str]) -> dict[str, str]:
     mapping = _mapping(value, "variable names to values")
     env: dict[str, str] = {}
@@ -603,6 +637,8 @@ def build_spec(
     elif data.get("vramd") is not None:
         errors.append(FieldError("vramd", "settings for a vramd worker: they go with "
                                  "'protocol: vramd'"))
+    take("api", "api", _api)
+    take("aliases", "aliases", _aliases)
 
     if errors:
         raise InvalidBackend(errors)
