@@ -27,6 +27,15 @@ from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerI
 DEFAULT_RELOAD_COST_S = 1.0
 
 
+def reload_cost_s(prior_s: float | None, loads_s: Iterable[float]) -> float:
+    """What a (re)load costs: the mean of the measured start-to-ready times, with the
+    descriptor's ``reload_cost`` (else ``DEFAULT_RELOAD_COST_S``) counted as one more
+    measurement, the prior."""
+    prior = prior_s if prior_s is not None else DEFAULT_RELOAD_COST_S
+    loads = list(loads_s)
+    return (prior + sum(loads)) / (1 + len(loads))
+
+
 def declared(vram: VramSpec) -> Declared:
     """The figures a descriptor gives: the peak, and the resident part when the split is known."""
     peak = vram.peak

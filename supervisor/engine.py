@@ -141,11 +141,8 @@ class BackendRuntime:
 
     @property
     def reload_cost_s(self) -> float:
-        """What a (re)load costs: the mean of the measured start-to-ready times, with the
-        descriptor's ``reload_cost`` (or 1 s) counted as one more measurement (the prior)."""
-        prior = (self.spec.reload_cost_s if self.spec.reload_cost_s is not None
-                 else admission.DEFAULT_RELOAD_COST_S)
-        return (prior + sum(self.load_times)) / (1 + len(self.load_times))
+        """What a (re)load costs, learned from measured start-to-ready times."""
+        return admission.reload_cost_s(self.spec.reload_cost_s, self.load_times)
 
     def info(self) -> sched.BackendInfo:
         """What admission knows of this backend (rebuilt only when its figures move)."""

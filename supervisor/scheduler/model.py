@@ -319,10 +319,13 @@ class Plan:
     ``starts`` in queue order; ``evictions`` cheapest first; ``passed`` maps job id -> new
     passed count, only for jobs whose count changed; ``waiting`` maps every queued job that is
     not started to a short human reason (a lazy, read-only view: cheap to build even with a
-    10,000-job queue).
+    10,000-job queue). ``revisit_at`` is the earliest time at which the same snapshot would
+    give another plan (a barrier's patience runs out), None when time alone changes nothing
+    but aging.
     """
 
     starts: tuple[Start, ...]
     evictions: tuple[Evict, ...]
     passed: Mapping[str, int]
     waiting: Mapping[str, str]
+    revisit_at: float | None = None

@@ -264,6 +264,7 @@ class _Planner:
         self.started: set[str] = set()
         self.explicit: dict[str, str] = {}
         self.evictions: list[Evict] = []
+        self.revisit_at: float | None = None
 
     # ----------------------------------------------------------------- the walk
 
@@ -287,7 +288,8 @@ class _Planner:
             default = f"behind {first.job.job_id} (waiting for memory)"
         waiting = _Waiting(queue, self.backends, self.started, self.explicit, self.verdicts,
                            default)
-        return Plan(tuple(self.starts), tuple(self.evictions), MappingProxyType(passed), waiting)
+        return Plan(tuple(self.starts), tuple(self.evictions), MappingProxyType(passed), waiting,
+                    self.revisit_at)
 
     def _walk(self, queue: Sequence[QueuedJob], narrow_after: int | None) -> bool:
         """Walk ``queue`` in effective order; False when it left off to narrow the queue."""
@@ -589,6 +591,10 @@ class _Planner:
         barrier.forced = waited >= patience or not any(
             self.queued_jobs.get(v.backend, 0) for v in victims
         )
+        if not barrier.forced:
+            due = job.submitted_at + patience
+            if self.revisit_at is None or due < self.revisit_at:
+                self.revisit_at = due
         self._add_barrier(barrier)
         for v in victims:
             if barrier.forced:
