@@ -1,38 +1,71 @@
-"""Bare loop worker: recv -> decode -> encode -> send."""
-import socket, struct, sys, time, threading, argparse
+"""The floor for bench/protocol.py: a worker that only does recv -> decode -> encode -> send.
+
+Usage: ``python bare_loop.py [SCRIPT] --control-socket P --data-socket P --name N``.  It
+registers on both sockets as a plain verda-io worker (no extensions), says "ready", then
+echoes every DATA payload with msgpack and struct, straight from the socket: no SDK, no
+status events, no request context, no validation.  Nothing a real worker could ship; it shows
+what the wire format itself costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import struct
+import threading
+import time
+
 import msgpack
-p = argparse.ArgumentParser(); p.add_argument("script", nargs="?"); p.add_argument("--control-socket"); p.add_argument("--data-socket"); p.add_argument("--name")
-a = p.parse_args()
-H = struct.Struct(">QBBH")
-def gotime():
-    ns = time.time_ns(); return b"\xc7\x0c\xff" + struct.pack(">qi", ns // 10**9, ns % 10**9)
-def frame(mt, dt, mid, payload):
-    body = b"\x85\xa2id" + msgpack.packb(mid) + b"\xacmessage_type" + msgpack.packb(mt) + b"\xa9data_type" + msgpack.packb(dt) + b"\xa9timestamp" + gotime() + b"\xa7payload" + msgpack.packb(payload, use_bin_type=True)
-    return H.pack(len(body), mt, dt, 0) + body
-def conn(path):
-    s = socket.socket(socket.AF_UNIX); s.connect(path); return s
-c = conn(a.control_socket); d = conn(a.data_socket)
-reg = {"identifier": a.name, "type": "ml_worker", "metadata": {"language": "python", "version": "1.0"}}
-c.sendall(frame(0, 0, 1, reg)); d.sendall(frame(0, 0, 1, reg))
-c.sendall(frame(4, 0, 2, {"event": 5, "status": "initializing"}))
-c.sendall(frame(4, 0, 3, {"event": 5, "status": "ready"}))
-def ctl():
-    while c.recv(65536): pass
-threading.Thread(target=ctl, daemon=True).start()
-buf = bytearray(1 << 22); view = memoryview(buf)
-have = 0
-ext = lambda code, data: msgpack.ExtType(code, data)
-while True:
-    n = d.recv_into(view[have:])
-    if not n: break
-    have += n
-    while have >= 12:
-        length, mt, dt, _ = H.unpack_from(buf, 0)
-        if have < 12 + length: break
-        msg = msgpack.unpackb(view[12:12+length], raw=False, ext_hook=ext)
-        if mt == 7:
-            d.sendall(frame(7, 0, msg["id"], msg["payload"]))
-        elif mt == 5:
-            d.sendall(frame(6, 0, msg["id"], {"event": 0}))
-        rest = have - 12 - length
-        buf[:rest] = buf[12+length:have]; have = rest
+
+HEADER = struct.Struct(">QBBH")
+
+
+def frame(msg_type: int, data_type: int, msg_id: int, payload: object) -> bytes:
+    ns = time.time_ns()
+    stamp = b"\xc7\x0c\xff" + struct.pack(">qi", ns // 1_000_000_000, ns % 1_000_000_000)
+    body = (b"\x85\xa2id" + msgpack.packb(msg_id) + b"\xacmessage_type" + msgpack.packb(msg_type)
+            + b"\xa9data_type" + msgpack.packb(data_type) + b"\xa9timestamp" + stamp
+            + b"\xa7payload" + msgpack.packb(payload, use_bin_type=True))
+    return HEADER.pack(len(body), msg_type, data_type, 0) + body
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("script", nargs="?")
+    parser.add_argument("--control-socket", required=True)
+    parser.add_argument("--data-socket", required=True)
+    parser.add_argument("--name", required=True)
+    args = parser.parse_args()
+    control = socket.socket(socket.AF_UNIX)
+    control.connect(args.control_socket)
+    data = socket.socket(socket.AF_UNIX)
+    data.connect(args.data_socket)
+    reg = {"identifier": args.name, "type": "ml_worker",
+           "metadata": {"language": "python", "version": "1.0"}}
+    control.sendall(frame(0, 0, 1, reg))
+    data.sendall(frame(0, 0, 1, reg))
+    control.sendall(frame(4, 0, 2, {"event": 5, "status": "initializing"}))
+    control.sendall(frame(4, 0, 3, {"event": 5, "status": "ready"}))
+    threading.Thread(target=lambda: all(iter(lambda: control.recv(65536), b"")),
+                     daemon=True).start()  # read (and drop) the control socket
+    buf = bytearray(1 << 22)
+    view = memoryview(buf)
+    have = 0
+    while n := data.recv_into(view[have:]):
+        have += n
+        while have >= HEADER.size:
+            length, msg_type, _dtype, _ = HEADER.unpack_from(buf, 0)
+            end = HEADER.size + length
+            if have < end:
+                break
+            msg = msgpack.unpackb(view[HEADER.size:end], raw=False, timestamp=2)
+            if msg_type == 7:
+                data.sendall(frame(7, 0, msg["id"], msg["payload"]))
+            elif msg_type == 5:
+                data.sendall(frame(6, 0, msg["id"], {"event": 0}))
+            buf[: have - end] = buf[end:have]
+            have -= end
+
+
+if __name__ == "__main__":
+    main()
