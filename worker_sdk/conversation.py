@@ -752,7 +752,7 @@ class ServerConversation(_Conversation):
         if "status_code" in payload and "error-status" in self.features:
             code = _status_code(payload["status_code"], msg_id)
         del self._open[msg_id]
-        return ErrorReply(msg_id, _text(error, "error", MAX_ERROR_TEXT), kind, code)
+        return ErrorReply(msg_id, _text(error, "error", MAX_ERROR_TEXT, msg_id), kind, code)
 
     # -- output ----------------------------------------------------------------------------
     def send(self, event: Event) -> list[bytes | memoryview]:
