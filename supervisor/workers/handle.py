@@ -206,6 +206,10 @@ class WorkerHandle:
             self._set_state(WorkerState.INITIALIZING)
         self._maybe_ready()
 
+    def registration_refused(self, why: str) -> None:
+        """The worker's registration broke the protocol: it will never be ready."""
+        self._connection_lost(f"its registration was refused: {why}", by_engine=True)
+
     def _maybe_ready(self) -> None:
         """READY once the worker said so AND both of its connections are attached."""
         if (self._said_ready and self.control is not None and self.data is not None

@@ -153,6 +153,8 @@ class WireConnection(asyncio.BufferedProtocol):
                     f"refused:{self.name or self.peer_pid}", "worker %s (pid %s): %s",
                     self.name or "?", self.peer_pid, exc)
                 if exc.fatal:
+                    if not conv.registered:
+                        self.listener._registration_refused(self, str(exc))
                     self.close(f"protocol error: {exc}")
                     return
                 if self.on_refused is not None:
@@ -242,7 +244,11 @@ class WireConnection(asyncio.BufferedProtocol):
 
 
 class Claimant(Protocol):
-    """Who receives a registered connection (a worker handle waiting for its process)."""
+    """Who receives a registered connection (a worker handle waiting for its process).
+
+    ``registration_refused(why)`` is called, when a claimant has it, if its process sent a
+    registration the protocol refuses (so it can say why, not wait for its start time-out).
+    """
 
     def accepts_pid(self, pid: int | None) -> bool: ...
 
@@ -265,6 +271,7 @@ class WireListener:
         self._waiting: dict[WireConnection, asyncio.TimerHandle | None] = {}
         self._waiting_per_pid: dict[int | None, int] = {}
         self.refused_connections = 0  # closed on accept (over a limit, or another user)
+        self._told: set[int] = set()  # pids whose refused registration a claimant heard of
 
     def claim(self, name: str, claimant: Claimant) -> None:
         self._claims[name] = claimant
@@ -342,6 +349,18 @@ class WireListener:
             self._waiting_per_pid[conn.peer_pid] = left
         else:
             self._waiting_per_pid.pop(conn.peer_pid, None)
+
+    def _registration_refused(self, conn: WireConnection, why: str) -> None:
+        """Tell the claimant whose process sent a refused registration (once per pid)."""
+        pid = conn.peer_pid
+        if pid is None or pid in self._told or len(self._told) > 4096:
+            return
+        self._told.add(pid)
+        for claimant in list(self._claims.values()):
+            refused = getattr(claimant, "registration_refused", None)
+            if refused is not None and claimant.accepts_pid(pid):
+                refused(why)
+                return
 
     def _registered(self, conn: WireConnection, reg: Registration) -> None:
         self._forget(conn)
