@@ -374,3 +374,31 @@ def test_a_worker_busy_in_predict_answers_the_engine_ping(
         proc.kill()
         proc.wait(10)
         gate.close()
+
+
+def test_a_worker_that_never_reads_is_cut_off_not_buffered_for() -> None:
+    import tempfile
+    directory = Path(tempfile.mkdtemp(prefix="vtw-", dir="/tmp"))
+    loop = Loop()
+    wire = WireListener(str(directory / "c.sock"), str(directory / "d.sock"),
+                        limits=WireLimits(max_write_buffer=1024 * 1024))
+    loop.run(wire.start())
+    try:
+        claim = Claim(os.getpid())
+        wire.claim("deaf", claim)
+        control = register(wire.control_path, "deaf")
+        data = register(wire.data_path, "deaf")  # and then never reads a byte
+        assert claim.attached.wait(10)
+        conn = claim.conns[False]
+        payload = b"r" * 256 * 1024
+        sent = 0
+        while not conn.closed and sent < 256:  # 64 MiB at most
+            loop.call(conn.send, Request(sent + 1, payload, "job"))
+            sent += 1
+        assert conn.closed and conn.closed_by_engine
+        assert sent * len(payload) < 32 * 1024 * 1024  # cut off early, not at 64 MiB
+        control.close()
+        data.close()
+    finally:
+        loop.run(wire.close())
+        loop.close()

@@ -1,10 +1,15 @@
-"""A small blocking server built on the codec, for testing workers without an engine.
+"""A small blocking server built on the conversation layer, for testing workers without an engine.
 
 ``WireServer`` listens on a control and a data socket, acknowledges registrations (advertising
 our extensions, or none to behave like a plain verda-io server) and gives one
 :class:`WorkerLink` per worker: send requests and read replies, cancel, ping, ask health or
 status, shut down, and watch the worker's control events.  Model authors can use it to test a
 worker script; vramtui's own tests and ``bench/protocol.py`` use it against real processes.
+
+It speaks through :class:`worker_sdk.conversation.ServerConversation`, like the engine: what
+a worker sends is validated the same way, and a reply the conversation refuses makes
+:meth:`WorkerLink.collect` raise :class:`~worker_sdk.protocol.ProtocolError`.
+:meth:`WorkerLink.read` still returns each frame raw, for tests about the wire itself.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ cancellations and shutdown while ``predict`` runs.  Extensions (explicit streams
 progress, request envelopes, error status codes, init-failure reports, quiet status) are used
 only when the server's acknowledgement advertised them; otherwise the worker behaves exactly
 like a verda-io 0.4.4 worker.
+
+What frames mean is :mod:`worker_sdk.conversation`'s; this module does the I/O and runs the
+author's functions.  The data loop blocks in ``recv`` (no poll): a stop request or a lost
+control socket wakes it by shutting the data socket's read side (only while it waits there),
+so the plain request path is one receive, one decode, predict, one encode and one send.
 """
 
 from __future__ import annotations
