@@ -28,12 +28,12 @@ DEFAULT_RELOAD_COST_S = 1.0
 
 
 def reload_cost_s(prior_s: float | None, loads_s: Iterable[float]) -> float:
-    """What a (re)load costs: the mean of the measured start-to-ready times, with the
-    descriptor's ``reload_cost`` (else ``DEFAULT_RELOAD_COST_S``) counted as one more
-    measurement, the prior."""
-    prior = prior_s if prior_s is not None else DEFAULT_RELOAD_COST_S
+    """What a (re)load costs: the mean of the measured start-to-ready times; before any was
+    measured, the descriptor's ``reload_cost`` (else ``DEFAULT_RELOAD_COST_S``), the prior."""
     loads = list(loads_s)
-    return (prior + sum(loads)) / (1 + len(loads))
+    if loads:
+        return sum(loads) / len(loads)
+    return prior_s if prior_s is not None else DEFAULT_RELOAD_COST_S
 
 
 def declared(vram: VramSpec) -> Declared:

@@ -374,7 +374,7 @@ class Engine:
                 f"backend {backend!r} failed to initialise {MAX_INIT_FAILURES} times in a row "
                 f"({rt.last_error}); fix it, then respawn it (vramtui respawn {backend})"
             )
-        reason = check_submit(self._inputs(with_queue=False)[0], backend, self.sched_config)
+        reason = check_submit(self._refusal_view(backend), backend, self.sched_config)
         if reason is None and len(self.queue) >= self.config.max_queue_depth:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
@@ -417,7 +417,7 @@ class Engine:
         job = Job(backend=backend, payload=payload,
                   priority=rt.spec.priority if priority is None else priority,
                   metadata={"repeats": repeats, "settle_s": settle_s}, kind="calibration")
-        reason = check_submit(self._inputs(with_queue=False)[0], backend, self.sched_config,
+        reason = check_submit(self._refusal_view(backend), backend, self.sched_config,
                               kind="calibration")
         if reason is not None:
             raise Refused(reason)
@@ -680,6 +680,13 @@ class Engine:
             self._note("info", f"GPU{gpu} takes jobs again")
         self._schedule()
 
+    def _refusal_view(self, backend: str) -> sched.Snapshot:
+        """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
+        refusal at submit depends on sizes, never on what runs now)."""
+        gpus = [sched.GpuState(i, r.total_mib, None, self.config.reserve_mib)
+                for i, r in sorted(self.readings.items())]
+        return sched.Snapshot(gpus=gpus, backends={backend: self.backends[backend].info()})
+
     def _devices(self) -> list[Device]:
         return [Device(i, r.total_mib, r.used_mib, r.free_mib)
                 for i, r in sorted(self.readings.items())]
@@ -748,6 +755,10 @@ class Engine:
             job = self.jobs.get(job_id)
             if job is not None:
                 self.queue.set_passed(job, passed)
+        for job_id, since in plan.blocked.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                self.queue.set_blocked(job, since)
         for start in plan.starts:
             self._start(start, snap)
         for rt_name in preloads:

@@ -21,7 +21,7 @@ def _key(job: Job) -> tuple[int, int]:
 
 def _view(job: Job) -> QueuedJob:
     return QueuedJob(job.id, job.backend, job.priority, job.seq, job.submitted_at, job.passed,
-                     job.kind)
+                     job.kind, job.blocked_since)
 
 
 class JobQueue:
@@ -67,9 +67,17 @@ class JobQueue:
         return True
 
     def set_passed(self, job: Job, passed: int) -> None:
-        if job.passed == passed:
-            return
-        job.passed = passed
+        if job.passed != passed:
+            job.passed = passed
+            self._refresh(job)
+
+    def set_blocked(self, job: Job, since: float) -> None:
+        """Record when ``job`` was first found first in line and blocked (``Plan.blocked``)."""
+        if job.blocked_since is None:
+            job.blocked_since = since
+            self._refresh(job)
+
+    def _refresh(self, job: Job) -> None:
         i = self._index(job)
         if i >= 0:
             self._views[i] = _view(job)

@@ -104,6 +104,7 @@ class Job:
     gpu: int | None = None
     waiting: str = ""
     passed: int = 0
+    blocked_since: float | None = None  # first found first in line and blocked for memory
     data: bytes | None = None
     headers: dict[str, Any] = field(default_factory=dict)
     status_code: int | None = None

@@ -187,10 +187,11 @@ class _Sim:
             if w is not None and w.state == "ready" and not w.jobs:
                 w.state = "stopping"
                 self.push(now + self.backends[w.backend].stop_s, "gone", w.name)
-        passed = dict(p.passed)
-        if passed:
+        passed, blocked = dict(p.passed), dict(p.blocked)
+        if passed or blocked:
             self.queue = [QueuedJob(q.job_id, q.backend, q.priority, q.seq, q.submitted_at,
-                                    passed.get(q.job_id, q.passed), q.kind)
+                                    passed.get(q.job_id, q.passed), q.kind,
+                                    blocked.get(q.job_id, q.blocked_since))
                           for q in self.queue]
         started = set()
         for s in p.starts:

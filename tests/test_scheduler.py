@@ -89,8 +89,10 @@ def job(
     seq: int | None = None,
     at: float = NOW,
     passed: int = 0,
+    blocked_since: float | None = None,
 ) -> QueuedJob:
-    return QueuedJob(job_id, backend, priority, next(_seq) if seq is None else seq, at, passed)
+    return QueuedJob(job_id, backend, priority, next(_seq) if seq is None else seq, at, passed,
+                     blocked_since=blocked_since)
 
 
 def snap(
@@ -480,7 +482,7 @@ def test_evicted_worker_takes_no_job_in_the_same_plan() -> None:
     a = be("a", 20_000, 2_000)
     x = be("x", 10_000, 100)
     # ja has waited past its patience: x leaves for it, and x's own job waits.
-    queue = [job("ja", "a", at=NOW - 1_000), job("jx", "x")]
+    queue = [job("ja", "a", at=NOW - 1_000, blocked_since=NOW - 1_000), job("jx", "x")]
     s = snap([gpu(0, 25_000)], [a, x], [idle(x, 0, 600)], queue)
     p = plan(s, NOW, SchedulerConfig(aging_interval_s=math.inf))
     assert evicted(p) == ["x"] and p.starts == ()
@@ -564,10 +566,12 @@ NO_AGING = SchedulerConfig(aging_interval_s=math.inf)
 
 def _barrier_setup(*, waited: float = 0.0, barrier_priority: int = 0, hot_jobs: int = 5,
                    config: SchedulerConfig = NO_AGING) -> Plan:
-    """A cold job first in line, blocked by a busy worker whose backend has queued jobs."""
+    """A cold job first in line, blocked by a busy worker whose backend has queued jobs (its
+    running jobs give back too little: only evicting it makes room)."""
     big = be("big", 30_000, 1_000)  # reload 10 s; the switch also reloads "hot": 20 s
-    hot = be("hot", 2_000, 1_000, conc=100)
-    queue = [job("barrier", "big", barrier_priority, at=NOW - waited)]
+    hot = be("hot", 12_000, 1_000, conc=100)
+    queue = [job("barrier", "big", barrier_priority, at=NOW - waited,
+                 blocked_since=NOW - waited)]
     queue += [job(f"h{i}", "hot", 0) for i in range(hot_jobs)]
     s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
     return plan(s, NOW, config)
@@ -609,6 +613,7 @@ def test_higher_priority_still_goes_first_lower_priority_work_waits_behind_it() 
 def test_aging_ends_patience_for_work_submitted_later() -> None:
     # The barrier aged one level (it waited an interval); hot jobs submitted now did not.
     p = _barrier_setup(waited=61.0, config=SchedulerConfig(patience_factor=100.0))
+    assert p.waiting["h0"] == "behind barrier (waiting for memory on GPU0)"
     assert p.starts == ()
 
 
@@ -619,6 +624,20 @@ def test_starts_ahead_of_the_barrier_do_not_count() -> None:
     s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
     p = plan(s, NOW)
     assert started(p) == ["h0", "h1"] and p.passed == {"barrier": 1}
+
+
+def test_a_barrier_waits_for_running_jobs_to_give_memory_back_rather_than_evict() -> None:
+    big = be("big", 30_000, 1_000)
+    hot = be("hot", 2_000, 1_000, conc=100)  # ten jobs running: 10,000 MiB come back
+    queue = [job("barrier", "big", 5, blocked_since=NOW)]
+    s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
+    p = plan(s, NOW)
+    assert p.evictions == () and p.starts == ()
+    assert "give their memory back, rather than evict" in p.waiting["barrier"]
+    assert p.revisit_at == NOW + 4 * 10.0  # then the eviction's cost is no longer worth it
+    later = plan(snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)],
+                      [job("barrier", "big", 5, blocked_since=NOW - 40)]), NOW)
+    assert "1 worker leaves GPU0 for it" in later.waiting["barrier"]
 
 
 def test_cold_jobs_pass_a_barrier_only_in_room_it_does_not_need() -> None:
@@ -660,7 +679,7 @@ def test_one_barrier_per_gpu() -> None:
 
 def test_waiting_view_covers_every_unstarted_job() -> None:
     big = be("big", 30_000, 1_000)
-    hot = be("hot", 2_000, 1_000, conc=100)
+    hot = be("hot", 12_000, 1_000, conc=100)
     ghost_job = job("g", "ghost", 0)
     queue = [job("barrier", "big", 5)] + [job(f"h{i}", "hot", 5) for i in range(3)]
     queue += [job(f"h{i}", "hot", 0) for i in range(3, 6)] + [ghost_job]

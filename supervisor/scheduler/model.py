@@ -186,9 +186,12 @@ class QueuedJob:
 
     ``seq`` is the submission order (unique, increasing); ``passed`` is how many times jobs
     behind it were started past it while it waited for memory (the engine stores the value
-    ``Plan.passed`` returns). ``kind`` is what it asks for: ``job`` (a request for the
-    backend's worker), ``preload`` (start the worker without a job, in room nobody waits for)
-    or ``calibration`` (a measuring run of the backend that needs a GPU to itself).
+    ``Plan.passed`` returns); ``blocked_since`` is when it was first found first in line for
+    a GPU and blocked for memory (``Plan.blocked``): its patience counts from there, not from
+    its submission, so a job that waited in a backlog is not forced at once. ``kind`` is what
+    it asks for: ``job`` (a request for the backend's worker), ``preload`` (start the worker
+    without a job, in room nobody waits for) or ``calibration`` (a measuring run of the
+    backend that needs a GPU to itself).
     """
 
     job_id: str
@@ -198,6 +201,7 @@ class QueuedJob:
     submitted_at: float = 0.0
     passed: int = 0
     kind: str = "job"
+    blocked_since: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in JOB_KINDS:
@@ -321,7 +325,8 @@ class Plan:
     not started to a short human reason (a lazy, read-only view: cheap to build even with a
     10,000-job queue). ``revisit_at`` is the earliest time at which the same snapshot would
     give another plan (a barrier's patience runs out), None when time alone changes nothing
-    but aging.
+    but aging. ``blocked`` maps each job first found blocked at the head in this plan to
+    now (the engine stores it as the job's ``blocked_since``).
     """
 
     starts: tuple[Start, ...]
@@ -329,3 +334,4 @@ class Plan:
     passed: Mapping[str, int]
     waiting: Mapping[str, str]
     revisit_at: float | None = None
+    blocked: Mapping[str, float] = field(default_factory=dict)

@@ -19,16 +19,20 @@ leaving makes it fit (memory of workers already stopping counts as coming back).
 
 Patience, not thrash. A barrier weighs the switch it needs against waiting: the switch costs
 its own load plus the reload of every evicted backend that still has queued jobs
-(``reload_cost_s``, learned from measured loads). While it has waited less than
-``patience_factor`` times that cost (at most ``max_patience_s``), hot work of at least its
-own (aged) priority goes on beside it, so that interleaved submissions are served in batches;
-once its patience is spent it is *forced*: its victims take no new job and leave as soon as
-they are idle. Either way an idle victim whose batch does not go on in this plan is evicted
-at once (no GPU idles while a job waits), and work that fits in the room the barrier does
-not need (other GPUs, or beside it) always starts: jobs of models that fit beside each other
-run at once. Lower-priority work never takes the room a barrier waits for. No job starves:
-aging lifts a waiting job one level per ``aging_interval_s`` until it is first in line, and
-then it waits at most ``max_patience_s`` plus the running jobs of its victims.
+(``reload_cost_s``, learned from measured loads). While it has waited — since it was first
+found blocked there — less than ``patience_factor`` times that cost (at most
+``max_patience_s``), hot work of at least its own (aged) priority goes on beside it, so that
+interleaved submissions are served in batches; once its patience is spent it is *forced*:
+its victims take no new job and leave as soon as they are idle. An idle victim is evicted at
+once unless a patient barrier keeps its batch (it has queued jobs, and the next one fits
+once the jobs running there end) — no GPU idles while a job waits. Before evicting anyone, a
+barrier that would fit once the jobs running on its GPU give their memory back waits for
+that instead, up to ``patience_factor`` times what the eviction would cost. Work that fits
+in the room the barrier does not need (other GPUs, or beside it) always starts: jobs of
+models that fit beside each other run at once. Lower-priority work never takes the room a
+barrier waits for. No job starves: aging lifts a waiting job one level per
+``aging_interval_s`` until it is first in line, and then it waits at most ``max_patience_s``
+plus the running jobs of its victims.
 
 Kinds. A ``preload`` starts a worker without a job, only in room nobody waits for, never
 evicting; a ``calibration`` needs an empty GPU, like an unmeasured backend, and closes it for
@@ -42,6 +46,7 @@ per-backend verdict so a skipped job costs one dict lookup, reads the queue thro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -265,6 +270,9 @@ class _Planner:
         self.explicit: dict[str, str] = {}
         self.evictions: list[Evict] = []
         self.revisit_at: float | None = None
+        self.blocked: dict[str, float] = {}
+        # Victims whose next job could pass a patient barrier but waits for memory.
+        self.waiting_victims: set[str] = set()
 
     # ----------------------------------------------------------------- the walk
 
@@ -289,7 +297,7 @@ class _Planner:
         waiting = _Waiting(queue, self.backends, self.started, self.explicit, self.verdicts,
                            default)
         return Plan(tuple(self.starts), tuple(self.evictions), MappingProxyType(passed), waiting,
-                    self.revisit_at)
+                    self.revisit_at, MappingProxyType(self.blocked))
 
     def _walk(self, queue: Sequence[QueuedJob], narrow_after: int | None) -> bool:
         """Walk ``queue`` in effective order; False when it left off to narrow the queue."""
@@ -370,6 +378,8 @@ class _Planner:
             self._start(job, info, g, spawn=False, reserve=need)
             return
         if barrier is not None:
+            if name in barrier.victim_names:
+                self.waiting_victims.add(name)  # its batch may go on once memory comes back
             self._settle(key, self._short(need, g))
             return
         self._barrier_hot(job, info, g, need)
@@ -562,6 +572,37 @@ class _Planner:
             if best is None or rank < best[0]:
                 best = (rank, g, chosen, room)
         barrier_key = key_of(job)
+        # Patience counts from when it was first found blocked here, not from submission.
+        since = job.blocked_since
+        if since is None:
+            since = self.blocked[job.job_id] = self.now
+        waited = self.now - since
+        if not alone and (best is None or best[2]):
+            # Before evicting: the memory running jobs give back when they end may suffice.
+            # Waiting for it costs time, evicting costs reloads: wait up to patience_factor
+            # times what the eviction would cost (recently used workers are dear).
+            evict_cost = best[0][1] if best is not None else math.inf
+            patience = min(self.config.patience_factor * evict_cost,
+                           self.config.max_patience_s)
+            returning = [(self.budget[g] + self.stopping_mib[g] + self._returning(g, own), g)
+                         for g in candidates if g not in self.closed
+                         and not (self.exclusive.get(g, own) not in (own, None))]
+            fit = [(room - need, g) for room, g in returning if room >= need]
+            if fit and waited < patience:
+                room, g = max(fit)
+                barrier = _Barrier(job, g, self._effective(job), [], room, False, job.passed)
+                if math.isfinite(patience):
+                    due = since + patience
+                    if self.revisit_at is None or due < self.revisit_at:
+                        self.revisit_at = due
+                self._add_barrier(barrier)
+                reason = (f"needs {need} MiB: waiting for the jobs running on GPU{g} to give "
+                          "their memory back, rather than evict"
+                          + (f" (at most {patience - waited:.0f} s more)"
+                             if math.isfinite(patience) else ""))
+                self.explicit[job.job_id] = reason
+                self._settle(barrier_key, reason)
+                return
         if best is None:
             # Nothing that may leave suffices now (starting workers, pinned ones...): wait on
             # the GPU with the most coming back, taking nothing from anyone.
@@ -587,12 +628,11 @@ class _Planner:
             if v.backend in self.backends and self.queued_jobs.get(v.backend, 0) > 0
         )
         patience = min(self.config.patience_factor * switch, self.config.max_patience_s)
-        waited = self.now - job.submitted_at
         barrier.forced = waited >= patience or not any(
             self.queued_jobs.get(v.backend, 0) for v in victims
         )
         if not barrier.forced:
-            due = job.submitted_at + patience
+            due = since + patience
             if self.revisit_at is None or due < self.revisit_at:
                 self.revisit_at = due
         self._add_barrier(barrier)
@@ -611,6 +651,25 @@ class _Planner:
                       "more before the switch")
         self.explicit[job.job_id] = reason
         self._settle(barrier_key, reason)
+
+    def _batch_waits(self, w: WorkerInfo, g: int) -> bool:
+        """An idle victim's batch goes on soon: its next job may pass the barrier and only
+        waits for memory, which comes back once the jobs running on its GPU end (a patient
+        barrier keeps it)."""
+        info = self.backends.get(w.backend)
+        if info is None or w.backend not in self.waiting_victims:
+            return False
+        return info.need_mib(0) <= self.budget[g] + self._returning(g, None)
+
+    def _returning(self, g: int, own: str | None) -> int:
+        """What the jobs running on ``g`` give back when they end (their activation and
+        safety; what a worker holds beyond its figures too)."""
+        back = 0
+        for w in self.live_on[g]:
+            info = self.backends.get(w.backend)
+            if w.active_jobs and w.backend != own and info is not None and info.measured:
+                back += max(0, w.reserved_mib - info.idle_mib)
+        return back
 
     def _add_barrier(self, barrier: _Barrier) -> None:
         self.barriers[barrier.gpu] = barrier
@@ -658,7 +717,8 @@ class _Planner:
         """After the walk: evict the idle victims whose batch did not go on, and the idle
         workers of draining GPUs."""
         for g, barrier in self.barriers.items():
-            idle = [v for v in barrier.victims if self._evictable(v)]
+            idle = [v for v in barrier.victims if self._evictable(v)
+                    and not (not barrier.forced and self._batch_waits(v, g))]
             if idle:
                 self._evict(idle, g, f"room for {barrier.job.job_id} on GPU{g}")
         for g in self.gpu_ids:
