@@ -50,13 +50,17 @@ from .worker import DynamoFailed, DynamoWorker
 log = logging.getLogger("worker_sdk.dynamo")
 
 _WINDOW = 8  # stream items a predict thread may run ahead of the client
+# A request is watched for Dynamo's stop only once it has lasted this long: the watch (a Rust
+# future per request) costs as much as a short request's own work, and a stop sent earlier is
+# seen as soon as the watch begins.
+WATCH_AFTER_S = 0.02
 
 
 class _Call:
     """One request in flight: its context, its shaper and the queue the thread fills."""
 
     __slots__ = ("ctx", "argument", "shaper", "queue", "loop", "credits", "closed",
-                 "cancelled_by")
+                 "cancelled_by", "watch")
 
     def __init__(
         self, argument: Any, shaper: shapes.Shaper, loop: asyncio.AbstractEventLoop
@@ -68,6 +72,7 @@ class _Call:
         self.credits = threading.Semaphore(_WINDOW)
         self.closed = False
         self.cancelled_by: str | None = None
+        self.watch: asyncio.Task[None] | None = None
         self.ctx: RequestContext  # set right after construction
 
     # -- predict thread side ------------------------------------------------------------------
@@ -293,9 +298,9 @@ class FunctionWorker(DynamoWorker):
             progress_sink=call.progress,
         )
         self._inflight.add(call)
-        watcher = (
-            asyncio.ensure_future(self._watch(context, call)) if context is not None else None
-        )
+        watcher: asyncio.TimerHandle | None = None
+        if context is not None:
+            watcher = loop.call_later(WATCH_AFTER_S, self._start_watch, context, call)
         future = loop.run_in_executor(self.executor, self._run, call)
         try:
             while True:
@@ -318,7 +323,13 @@ class FunctionWorker(DynamoWorker):
             call.close()
             if watcher is not None:
                 watcher.cancel()
+            if call.watch is not None:
+                call.watch.cancel()
             self._inflight.discard(call)
+
+    def _start_watch(self, context: Any, call: _Call) -> None:
+        """A request still in flight after :data:`WATCH_AFTER_S`: watch it for Dynamo's stop."""
+        call.watch = asyncio.ensure_future(self._watch(context, call))
 
     async def _watch(self, context: Any, call: _Call) -> None:
         """Turn Dynamo's stop or kill of the request into a cancellation of its context."""
