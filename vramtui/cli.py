@@ -58,6 +58,17 @@ class Exit:
     INTERRUPTED = 130
 
 
+def _queue_limit(text: str) -> int:
+    """``--max-queue N``: a whole number of jobs, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", default="auto", metavar="SPEC",
                         help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', or "
@@ -69,7 +80,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
             "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate")
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo"})
+                            "--dynamo", "--max-queue"})
 
 
 class _Skipped:
@@ -122,6 +133,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--dynamo", metavar="NAMESPACE",
                         help="with --serve: also serve each backend as the NVIDIA Dynamo "
                              "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
+    parser.add_argument("--max-queue", metavar="N", type=_queue_limit,
+                        help="with --serve: refuse new jobs (queue full) while N wait "
+                             "(default: $VRAMTUI_MAX_QUEUE, else 512)")
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from supervisor.engine import EngineConfig
 from supervisor.errors import VramtuiError
 from supervisor.paths import Paths, PathsError
 
@@ -70,12 +71,38 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args, group)
 
 
+def engine_config(args: argparse.Namespace, environ: dict[str, str] | None = None
+                  ) -> EngineConfig:
+    """The engine's settings from the flags, then the environment (``VRAMTUI_MAX_QUEUE``).
+
+    ValueError (one line) for a bad environment value.
+    """
+    env = os.environ if environ is None else environ
+    depth = getattr(args, "max_queue", None)
+    if depth is None and env.get("VRAMTUI_MAX_QUEUE", "").strip():
+        text = env["VRAMTUI_MAX_QUEUE"].strip()
+        try:
+            depth = int(text)
+        except ValueError:
+            raise ValueError(f"VRAMTUI_MAX_QUEUE={text!r} is not a number of jobs") from None
+        if depth < 1:
+            raise ValueError(f"VRAMTUI_MAX_QUEUE must be at least 1, got {depth}")
+    config = EngineConfig()
+    if depth is not None:
+        config.max_queue_depth = depth
+    return config
+
+
 def _serve(args: argparse.Namespace, group: int | None) -> int:
     from supervisor.facade import EngineRunning, Supervisor
     from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
 
     try:
-        sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends)
+        config = engine_config(args)
+    except ValueError as exc:
+        return _fail(str(exc), Exit.USAGE)
+    try:
+        sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends, config=config)
     except (BadGpuSpec, PathsError) as exc:
         return _fail(str(exc), Exit.USAGE)
     except GpuUnavailable as exc:
