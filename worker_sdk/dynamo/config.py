@@ -52,7 +52,9 @@ class DynamoWorkerConfig:
         Where to serve (``aitune.backend.generate`` by default); ``endpoint`` may instead be
         the whole ``NAMESPACE.COMPONENT.ENDPOINT`` path.
     ``enable_nats``
-        Use NATS for Dynamo's event plane (``DYN_EVENT_PLANE=nats``; a NATS server is needed).
+        Use NATS for Dynamo's event plane (``DYN_EVENT_PLANE=nats``): a NATS server at
+        ``NATS_SERVER`` (default ``nats://localhost:4222``) is then needed, and Dynamo 1.6.1
+        waits ``NATS_STARTUP_CONNECT_TIMEOUT_SECONDS`` (120) for it before failing.
     ``model_name``
         The name a frontend serves (default: ``model_path``, else the component).
 
