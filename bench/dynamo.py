@@ -285,8 +285,10 @@ def main() -> None:
         with open(log_path, "wb") as log:
             os.dup2(log.fileno(), 2)
         results = asyncio.run(_run(directory, args.n, args.warmup, args.per_round))
+    except BaseException:
+        os.dup2(saved_stderr, 2)  # the reason is shown; Dynamo's shutdown chatter is not
+        raise
     finally:
-        os.dup2(saved_stderr, 2)
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
         for proc in workers:

@@ -63,7 +63,12 @@ def test_a_torch_module_without_mapping_is_refused_before_dynamo_is_even_importe
     torch = types.ModuleType("torch")
     torch.nn = types.SimpleNamespace(Module=type("Module", (), {"__call__": lambda s: None}))
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setitem(sys.modules, "dynamo", None)  # no Dynamo: the check comes first
+    # No Dynamo (the check comes first), even if an earlier test imported it in this process;
+    # and should the block fail, an unknown discovery backend fails fast instead of serving.
+    names = {n for n in sys.modules if n == "dynamo" or n.startswith("dynamo.")}
+    for name in names | {"dynamo", "dynamo.llm", "dynamo.llm.exceptions", "dynamo.runtime"}:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setenv("DYN_DISCOVERY_BACKEND", "no-such-backend")
     model = torch.nn.Module()
     config = DynamoWorkerConfig("embedding", "org/m")
     with pytest.raises(ValueError, match="mapping function is required"):
