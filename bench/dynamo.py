@@ -19,6 +19,10 @@ The main table, one column per path, the same job on each:
 - control socket: the same job on that engine without Dynamo, ``submit_wait`` on its control
   socket (``supervisor.client.Client``): what the engine itself costs.
 
+It also gives the CPU time the serving side spent per request (every thread of the direct
+worker's process; of the engine's process and its worker's), read from ``/proc/*/schedstat``
+around each round: unlike latency, it hardly moves with the machine's load.
+
 Rows: a 16-byte request with one reply item; ``{"stream": 10}``, ten streamed chunks (not on
 the control socket, whose submit_wait answers once).  Below it, the bridge's overhead over the
 direct worker (median and p90) against the bar of issue 16 (within 0.5 ms), then other cases:
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -88,23 +93,48 @@ def _percentile(samples: list[float], q: float) -> float:
 Call = Callable[[], Awaitable[int]]
 
 
-async def _interleaved(cases: dict[str, Call], n: int, warmup: int,
-                       per_round: int) -> dict[str, list[float]]:
-    """``n`` timed calls of every case, ``per_round`` of each in turn."""
+def _cpu_ns(root: int) -> int:
+    """CPU time (ns, every thread) of process ``root`` and its descendants, from schedstat."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{proc.pid}/task"):
+                with contextlib.suppress(OSError), open(
+                        f"/proc/{proc.pid}/task/{task}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+    return total
+
+
+async def _interleaved(cases: dict[str, Call], n: int, warmup: int, per_round: int,
+                       servers: dict[str, int]) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """``n`` timed calls of every case, ``per_round`` of each in turn; and the CPU time its
+    serving processes (``servers``: case -> root pid) spent on them."""
     for call in cases.values():
         for _ in range(warmup):
             await call()
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, int] = dict.fromkeys(servers, 0)
     while any(len(s) < n for s in samples.values()):
         for name, call in cases.items():
+            server = servers.get(name)
+            before = _cpu_ns(server) if server else 0
             for _ in range(min(per_round, n - len(samples[name]))):
                 start = time.perf_counter()
                 await call()
                 samples[name].append(time.perf_counter() - start)
-    return samples
+            if server:
+                cpu[name] += _cpu_ns(server) - before
+    return samples, cpu
 
 
-async def _run(directory: str, n: int, warmup: int, per_round: int) -> dict[str, list[float]]:
+async def _run(directory: str, n: int, warmup: int, per_round: int, pids: dict[str, int]
+               ) -> tuple[dict[str, list[float]], dict[str, int]]:
     from supervisor.client import Client as ControlClient
     from supervisor.paths import Paths
     from worker_sdk.dynamo.client import Client as BlockingClient
@@ -156,8 +186,9 @@ async def _run(directory: str, n: int, warmup: int, per_round: int) -> dict[str,
         "engine-status": dynamo_call(await client_for("benchengine.echo.status"), None, 1),
         "sync-client": blocking_call,
     }
+    servers = {"direct": pids["direct"], "bridge": pids["engine"], "control": pids["engine"]}
     try:
-        return await _interleaved(cases, n, warmup, per_round)
+        return await _interleaved(cases, n, warmup, per_round, servers)
     finally:
         control.close()
         blocking.close()
@@ -221,7 +252,8 @@ def _ms(samples: list[float] | None, q: float) -> str:
     return f"{(statistics.median(samples) if q == 0.5 else _percentile(samples, q)) * 1e3:.3f}"
 
 
-def _report(results: dict[str, list[float]], n: int, per_round: int, directory: str) -> None:
+def _report(results: dict[str, list[float]], cpu: dict[str, int], n: int, per_round: int,
+            directory: str) -> None:
     print(f"Dynamo {_dynamo_version()}, file discovery + TCP, one host; {n} sequential requests "
           f"per case, interleaved {per_round} at a time (logs: {directory})")
     print()
@@ -236,6 +268,10 @@ def _report(results: dict[str, list[float]], n: int, per_round: int, directory: 
             samples = results.get(key) if key else None
             line += f"{_ms(samples, 0.5):>11}{_ms(samples, 0.9):>9}"
         print(line)
+    line = f"{'server CPU per request':<24}"
+    for key in ("direct", "bridge", "control"):
+        line += f"{cpu[key] / len(results[key]) / 1e6:>11.3f}{'':>9}"
+    print(line + "   (ms, all threads of the serving processes)")
     print()
     for label, direct, bridge in (("16 B request", "direct", "bridge"),
                                   ("stream of 10", "direct-stream", "bridge-stream")):
@@ -284,7 +320,8 @@ def main() -> None:
         workers.append(_start_engine(directory))
         with open(log_path, "wb") as log:
             os.dup2(log.fileno(), 2)
-        results = asyncio.run(_run(directory, args.n, args.warmup, args.per_round))
+        pids = {"direct": workers[1].pid, "engine": workers[3].pid}
+        results, cpu = asyncio.run(_run(directory, args.n, args.warmup, args.per_round, pids))
     except BaseException:
         os.dup2(saved_stderr, 2)  # the reason is shown; Dynamo's shutdown chatter is not
         raise
@@ -296,7 +333,7 @@ def main() -> None:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    _report(results, args.n, args.per_round, directory)
+    _report(results, cpu, args.n, args.per_round, directory)
     stale = [p for p in Path(discovery).rglob("*") if p.is_file()]
     print(f"discovery entries left after SIGTERM: {len(stale)}")
 
