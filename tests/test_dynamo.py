@@ -130,10 +130,26 @@ def test_missing_dynamo_is_one_line_and_exit_2() -> None:
     assert proc.stderr == MISSING_MESSAGE + "\n"
 
 
+def test_a_runtime_that_cannot_start_is_one_line_and_exit_4() -> None:
+    pytest.importorskip("dynamo.runtime", reason="needs ai-dynamo-runtime (the dynamo extra)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
+    env.update(DYN_DISCOVERY_BACKEND="no-such-backend", DYN_LOG="error",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker_sdk.dynamo", str(ECHO), "--endpoint", "a.b.c"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+    )
+    assert proc.returncode == 4, proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if "worker_sdk.dynamo" in x]
+    assert line.endswith("cannot start the Dynamo runtime (discovery no-such-backend): "
+                         "Unknown key-value store type 'no-such-backend'"), proc.stderr
+
+
 def test_nothing_imports_dynamo_until_it_is_used() -> None:
     code = (
         "import sys, worker_sdk, worker_sdk.dynamo, worker_sdk.dynamo.shapes, "
-        "worker_sdk.dynamo.client, worker_sdk.dynamo.server; "
+        "worker_sdk.dynamo.client, worker_sdk.dynamo.server, worker_sdk.dynamo.worker, "
+        "worker_sdk.dynamo.errors, worker_sdk.dynamo.config, worker_sdk.dynamo.loader; "
         "print(sorted(m for m in sys.modules if m == 'dynamo' or m.startswith('dynamo.')))"
     )
     out = subprocess.run(
