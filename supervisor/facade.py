@@ -27,6 +27,7 @@ from .gpu.select import open_probe
 from .jobs import JobView
 from .paths import Paths
 from .snapshot import EngineSnapshot
+from .validate import check_seconds
 
 T = TypeVar("T")
 _CALL_TIMEOUT = 30.0
@@ -61,7 +62,7 @@ class EngineLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -130,6 +131,7 @@ class Supervisor:
             descriptor_errors=tuple(str(e) for e in loaded.errors),
             paths=paths,
             config=config,
+            descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
         return cls(engine, paths)
 
@@ -293,6 +295,7 @@ class Supervisor:
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
+        timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
         fut = self.engine.futures.get(job_id)
         if fut is None:
             view = self.job(job_id)

@@ -1,7 +1,8 @@
 """Jobs: the engine's mutable record of each job, and the immutable views it hands out.
 
 A :class:`Job` lives on the engine loop and is changed only there; :class:`JobView` is the
-frozen copy that snapshots, events and ``wait`` results carry to other threads.
+frozen copy that snapshots, events and ``wait`` results carry to other threads (events carry
+a light one, without the result).
 """
 
 from __future__ import annotations
@@ -110,14 +111,10 @@ class Job:
     error: str | None = None
     history: list[tuple[float, str, str]] = field(default_factory=list)
     peak_mib: int | None = None
+    peak_samples: int = 0  # samples of its worker's memory while it ran alone there
     cancel_requested: bool = False
     cancel_state: JobState = JobState.CANCELLED
     kind: str = "job"  # or "calibration": a run that needs a GPU to itself
-
-    @property
-    def sched_backend(self) -> str:
-        """The name the scheduler knows this job's needs by."""
-        return f"calibrate:{self.backend}" if self.kind == "calibration" else self.backend
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
         self.state = state
@@ -127,7 +124,9 @@ class Job:
         if state.finished:
             self.finished_at = now
 
-    def view(self, position: int | None = None) -> JobView:
+    def view(self, position: int | None = None, *, light: bool = False) -> JobView:
+        """The job now.  ``light`` leaves its result out (``data`` None, no ``chunks``): what
+        events carry — results go to whoever asks for them (``wait``, ``job``)."""
         return JobView(
             id=self.id,
             backend=self.backend,
@@ -143,10 +142,10 @@ class Job:
             passed=self.passed,
             position=position,
             metadata=dict(self.metadata),
-            data=self.data,
+            data=None if light else self.data,
             headers=dict(self.headers),
             status_code=self.status_code,
-            chunks=tuple(self.chunks),
+            chunks=() if light else tuple(self.chunks),
             error=self.error,
             history=tuple(self.history),
             peak_mib=self.peak_mib,

@@ -41,6 +41,10 @@ examples:
 """
 
 
+IMPORT_VRAMD_HELP = ("print vramtui's spelling of a vramd descriptor file (version: 2), to "
+                     "move it over for good (vramd files also run as they are)")
+
+
 class UsageError(Exception):
     """Bad input caught before talking to the engine (exit 2, one line)."""
 
@@ -78,9 +82,12 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
-            "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate")
+            "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate",
+            "import-vramd", *("completion", "install-service", "web"))
+# Commands of the HTTP front door's side (vramtui/extra_commands.py runs them).
+EXTRA_COMMANDS = frozenset({"completion", "install-service", "web"})
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo", "--max-queue"})
+                            "--dynamo", "--http", "--http-token-file", "--max-queue"})
 
 
 class _Skipped:
@@ -136,6 +143,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--max-queue", metavar="N", type=_queue_limit,
                         help="with --serve: refuse new jobs (queue full) while N wait "
                              "(default: $VRAMTUI_MAX_QUEUE, else 512)")
+    parser.add_argument("--http", metavar="ADDR",
+                        help="with --serve: also serve the HTTP API on ADDR (127.0.0.1:8080, "
+                             "[::1]:8080, or unix:/PATH; anything but loopback needs a token); "
+                             "config.yaml's http: section does the same (needs vramtui[http])")
+    parser.add_argument("--http-token-file", metavar="FILE",
+                        help="with --http: the bearer token, in a file only you can read "
+                             "(or set VRAMTUI_HTTP_TOKEN)")
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
@@ -207,6 +221,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--write-overlay", action="store_true",
                    help="write the measured figures into the config's backends.d (when the "
                         "report justifies them)")
+    p = command("import-vramd", IMPORT_VRAMD_HELP)
+    if not isinstance(p, _Skipped):
+        from .import_vramd import add_arguments as import_vramd_arguments
+
+        import_vramd_arguments(p)
+    from .extra_commands import add_parsers
+
+    add_parsers(command, only)
     return parser
 
 
@@ -217,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve and args.command is not None:
         parser.error(f"--serve runs the engine; it does not go with {args.command!r}")
     try:
+        if args.command in EXTRA_COMMANDS:
+            from .extra_commands import run_extra
+
+            return run_extra(args)
         if args.command is not None:
             from .commands import run_command
 

@@ -345,7 +345,8 @@ class DynamoBridge:
                 future.add_done_callback(lambda f, c=call: self._on_future(c, f))
         if view.finished:
             self._jobs.pop(view.id, None)
-            self._deliver(call, "end", view)
+            # Events carry no result (on the engine thread: the job's full view is safe here).
+            self._deliver(call, "end", self.sup.engine.job_view(view.id))
 
     def _on_future(self, call: _Call, future: Future[JobView]) -> None:
         """The job's future: an exception means the engine stopped before it could end."""

@@ -6,6 +6,9 @@ jobs, queued ones are cancelled, running ones get their backend's stop grace, wo
 stopped; then it exits 0.  A second ``--serve`` for the same runtime directory refuses at once,
 naming the running engine's pid and socket.  With ``--dynamo NS`` each backend is also served
 as the NVIDIA Dynamo endpoint ``NS.BACKEND.generate`` (see :mod:`vramtui.dynamo_bridge`).
+With ``--http ADDR`` (or an ``http:`` section in ``config.yaml``) the HTTP front door runs on
+the engine's loop too (see :mod:`vramtui.http_serve`), and prints one more line once it
+listens.
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ def run_serve(args: argparse.Namespace) -> int:
         if problem is not None:
             return _fail(problem, Exit.USAGE)
     paths = Paths.from_env()
+    from .http_serve import http_settings
+
+    try:
+        args.http_config = http_settings(args, paths)
+    except VramtuiError as exc:
+        return _fail(str(exc), Exit.USAGE)
     # Refuse at once when an engine already answers here (before touching anything).
     try:
         running = attach(paths.control_socket, wait_starting=0)
@@ -123,6 +132,10 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
 
         bridge = DynamoBridge(sup, args.dynamo)
         sup.add_service(bridge)
+    if getattr(args, "http_config", None) is not None:
+        from .http_serve import add_http
+
+        add_http(sup, args.http_config)
     try:
         sup.run()
     except EngineRunning as exc:

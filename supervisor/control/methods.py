@@ -19,6 +19,7 @@ from worker_sdk.protocol import Message
 
 from ..errors import JobTimeout, UnknownBackend, VramtuiError
 from ..jobs import JobState
+from ..validate import check_seconds
 from . import messages as m
 from .codec import job_to_wire, snapshot_to_wire
 from .errors import BadRequest
@@ -77,11 +78,17 @@ class Methods:
 
     def _do_submit(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
         payload = _arg(a, "payload", bytes, b"")
-        metadata = _arg(a, "metadata", dict, None)
+        metadata = a.get("metadata")
+        # Over a connection limit: refused before the job is accepted, never after.
+        if _arg(a, "wait", bool, False):
+            conn.check_wait()
+        elif _arg(a, "follow", bool, False):
+            conn.check_subscribe()
+        # priority, timeout, metadata and stream are checked by the engine (supervisor.validate)
         job = self.engine.submit(
-            _arg(a, "backend", str), payload, priority=_arg(a, "priority", int, None),
-            timeout=_num(a, "timeout"), metadata=metadata,
-            stream=bool(_arg(a, "stream", bool, False)))
+            _arg(a, "backend", str), payload, priority=a.get("priority"),
+            timeout=a.get("timeout"), metadata=metadata,
+            stream=False if a.get("stream") is None else a.get("stream"))
         if _arg(a, "wait", bool, False):
             return self._wait(conn, msg_id, job.id, _num(a, "wait_timeout"))
         if _arg(a, "follow", bool, False):  # the job's events from now on, on this connection
@@ -92,9 +99,11 @@ class Methods:
         return self._wait(conn, msg_id, _arg(a, "job", str), _num(a, "timeout"))
 
     def _wait(self, conn: Connection, msg_id: int, job_id: str, timeout: float | None) -> Any:
+        timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
         fut = self.engine.futures.get(job_id)
         if fut is None:
             return job_to_wire(self.engine.job_view(job_id))
+        conn.check_wait()
         Waiter(self.server, conn, msg_id, job_id, fut, timeout)
         return _DEFERRED
 
@@ -122,10 +131,11 @@ class Methods:
         return self.engine.zero()
 
     def _do_calibrate(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        job = self.engine.calibrate(
-            _arg(a, "backend", str), repeats=_arg(a, "repeats", int, 3),
-            request=_arg(a, "request", bytes, None), settle_s=_num(a, "settle_s") or 1.0,
-            priority=_arg(a, "priority", int, None))
+        job = self.engine.calibrate(  # the values are checked by the engine
+            _arg(a, "backend", str), repeats=a.get("repeats", 3),
+            request=_arg(a, "request", bytes, None),
+            settle_s=1.0 if a.get("settle_s") is None else a.get("settle_s"),
+            priority=a.get("priority"))
         return job.id
 
     def _do_snapshot(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:

@@ -52,6 +52,7 @@ class Outcome:
     status_code: int = 200
     error: str | None = None
     cancelled: bool = False
+    too_large: bool = False  # the result went over the limit: what came of it is dropped
 
 
 @dataclass(slots=True)
@@ -60,6 +61,11 @@ class Pending:
     job_id: str
     stream: bool
     chunks: list[bytes] = field(default_factory=list)
+    size: int = 0  # bytes of result received so far (data, or the chunks in all)
+    overflowed: bool = False  # over the result limit: failed; what still comes is dropped
+
+
+OVERFLOW_GRACE_S = 5.0  # a worker that goes on past the result limit this long is killed
 
 
 class WorkerObserver(Protocol):
@@ -90,6 +96,7 @@ class WorkerHandle:
         listener: WireListener,
         observer: WorkerObserver,
         plain_stream: bool = False,
+        max_result: int | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -101,6 +108,7 @@ class WorkerHandle:
         self.listener = listener
         self.observer = observer
         self.plain_stream = plain_stream
+        self.max_result = max_result  # bytes of one request's result (None: no limit)
         self.state = WorkerState.STARTING
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
@@ -119,6 +127,7 @@ class WorkerHandle:
         self._said_ready = False  # the worker said "ready" (maybe before its data socket came)
         # (wall time, status) of each status event, stamped by the worker itself when it can.
         self.status_marks: list[tuple[float, str]] = []
+        self._ping: tuple[int, float] | None = None  # (frame id, monotonic time sent)
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -220,7 +229,27 @@ class WorkerHandle:
     def hot(self) -> bool:
         return self.state in (WorkerState.READY, WorkerState.BUSY)
 
+    # -- liveness ---------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Send a PING on the control socket unless one is still unanswered.
+
+        Every worker answers PING with PONG from its control thread, busy in predict or not
+        (verda-io's workers too), so a ping left unanswered means a hung or stopped process.
+        """
+        if self._ping is not None or self.control is None or self.control.closed:
+            return
+        frame = self.control.send(MessageType.PING, DataType.DEFAULT, None, {"event": 0})
+        self._ping = (frame, time.monotonic())
+
+    def ping_overdue(self, now: float) -> float:
+        """Seconds the outstanding ping has waited for its PONG (0 when none is outstanding)."""
+        return 0.0 if self._ping is None else max(0.0, now - self._ping[1])
+
     def _on_control(self, message: Message) -> None:
+        if message.type == MessageType.PONG:
+            if self._ping is not None and message.id == self._ping[0]:
+                self._ping = None
+            return
         if message.type != MessageType.EVENT or not isinstance(message.payload, dict):
             return
         payload = message.payload
@@ -285,9 +314,50 @@ class WorkerHandle:
             self._set_state(WorkerState.READY)
         self.observer.request_done(self, pending.job_id, outcome)
 
+    def _over_limit(self, pending: Pending, nbytes: int, final: bool) -> bool:
+        """Count ``nbytes`` more of ``pending``'s result.  Past the limit the job fails at
+        once; a request still going is cancelled (and its worker killed if it goes on)."""
+        pending.size += nbytes
+        limit = self.max_result
+        if limit is None or pending.size <= limit:
+            return False
+        pending.overflowed = True
+        pending.chunks.clear()
+        asked = False if final else self.cancel(pending.job_id)
+        self.observer.request_done(self, pending.job_id, Outcome(
+            ok=False, status_code=507, too_large=True,
+            error=(f"the result is over the engine's limit of {limit / 1048576:g} MiB for one "
+                   f"job ({pending.size} bytes so far; EngineConfig.max_result_bytes, "
+                   "VRAMTUI_MAX_RESULT_MIB)"
+                   + ("" if final else "; the request was cancelled" if asked
+                      else "; the rest of it is dropped"))))
+        if final:
+            self._end_overflowed(pending)
+        else:
+            asyncio.get_running_loop().call_later(OVERFLOW_GRACE_S, self._overflow_expired,
+                                                  pending)
+        return True
+
+    def _overflow_expired(self, pending: Pending) -> None:
+        if self.inflight.get(pending.wire_id) is pending and not self.exited:
+            log.warning("worker %s goes on past the result limit of job %s; killing it",
+                        self.name, pending.job_id)
+            self.kill()
+
+    def _end_overflowed(self, pending: Pending) -> None:
+        """A request that already failed for its size has ended: forget it quietly."""
+        self.inflight.pop(pending.wire_id, None)
+        self.by_job.pop(pending.job_id, None)
+        if not self.inflight and self.state == WorkerState.BUSY:
+            self._set_state(WorkerState.READY)
+
     def _on_data(self, message: Message) -> None:
         pending = self.inflight.get(message.id)
         if pending is None:
+            return
+        if pending.overflowed:  # failed already: drop the rest, forget it when it ends
+            if message.type == MessageType.ERROR or self._is_final(pending, message):
+                self._end_overflowed(pending)
             return
         if message.type == MessageType.ERROR:
             payload = message.payload if isinstance(message.payload, dict) else {}
@@ -302,8 +372,21 @@ class WorkerHandle:
         elif message.type == MessageType.DATA:
             self._on_data_reply(pending, message)
 
+    def _is_final(self, pending: Pending, message: Message) -> bool:
+        """Whether ``message`` ends its request (the last frame of a stream, or a reply)."""
+        if message.data_type == DataType.STREAM:
+            return message.payload is None
+        if message.data_type == DataType.DEFAULT and pending.stream \
+                and "stream" not in self.features:
+            return message.payload == b""
+        return True
+
     def _on_data_reply(self, pending: Pending, message: Message) -> None:
         dtype = message.data_type
+        payload = message.payload
+        if self._over_limit(pending, len(payload) if isinstance(payload, bytes) else 0,
+                            self._is_final(pending, message)):
+            return
         if dtype == DataType.STREAM:
             if message.payload is None:
                 self._finish(pending.wire_id, Outcome(ok=True, data=b"".join(pending.chunks)))
@@ -376,6 +459,10 @@ class WorkerHandle:
     @property
     def exited(self) -> bool:
         return self._exited.is_set()
+
+    def known_descendants(self) -> set[int]:
+        """The worker's children that connected to the engine or were seen on the GPU."""
+        return set(self._descendants)
 
     def pids(self) -> set[int]:
         """The worker's process and its descendants (for per-process GPU memory)."""
