@@ -80,9 +80,35 @@ def test_a_bad_queue_limit_is_one_line_and_exit_2() -> None:
             assert done.returncode == 2, done.stderr
             assert done.stderr.strip().splitlines()[-1] == error, done.stderr  # after usage
             assert "Traceback" not in done.stderr
+        settings = Path(env["VRAMTUI_CONFIG_DIR"], "config.yaml")
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        for text, error in (("engine: {max_queue: 0}\n", "engine: max_queue must be at least 1"),
+                            ("engine: {max_queeu: 3}\n", "engine: unknown key 'max_queeu'")):
+            settings.write_text(text)
+            done = cli(env, "--serve", "--gpus", "sim:8GiB")
+            assert done.returncode == 2 and error in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not Path(env["VRAMTUI_RUNTIME_DIR"], "control.sock").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_queue_limit_comes_from_the_flag_then_the_environment_then_config_yaml(
+        tmp_path: Path) -> None:
+    import argparse
+
+    from supervisor.paths import Paths
+    from vramtui.serve import engine_config
+
+    paths = Paths(config_dir=tmp_path, state_dir=tmp_path, runtime_dir=tmp_path)
+    (tmp_path / "config.yaml").write_text("http: {listen: 127.0.0.1:1}\nengine:\n  max_queue: 7\n")
+    args = argparse.Namespace(max_queue=None)
+    assert engine_config(args, paths, {}).max_queue_depth == 7
+    assert engine_config(args, paths, {"VRAMTUI_MAX_QUEUE": "9"}).max_queue_depth == 9
+    args.max_queue = 3
+    assert engine_config(args, paths, {"VRAMTUI_MAX_QUEUE": "9"}).max_queue_depth == 3
+    (tmp_path / "config.yaml").unlink()
+    assert engine_config(argparse.Namespace(), paths, {}).max_queue_depth == 512
 
 
 # -- real Dynamo ------------------------------------------------------------------------------
@@ -302,8 +328,10 @@ def test_a_full_queue_is_a_machine_readable_503_and_the_caller_retries_on_anothe
         discovery: Path, client_for: Callable[[str], Any]) -> None:
     namespace = "rq"
     roots = [new_root(), new_root()]
-    busy = start_serve(dynamo_env(roots[0], discovery), roots[0], "--dynamo", namespace,
-                       "--max-queue", "1")
+    busy_env = dynamo_env(roots[0], discovery)  # its queue limit from config.yaml
+    Path(busy_env["VRAMTUI_CONFIG_DIR"]).mkdir(parents=True, exist_ok=True)
+    Path(busy_env["VRAMTUI_CONFIG_DIR"], "config.yaml").write_text("engine:\n  max_queue: 1\n")
+    busy = start_serve(busy_env, roots[0], "--dynamo", namespace)
     free = start_serve(dynamo_env(roots[1], discovery), roots[1], "--dynamo", namespace)
     controls = [busy.client(), free.client()]
     try:
