@@ -142,7 +142,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                              "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
     parser.add_argument("--max-queue", metavar="N", type=_queue_limit,
                         help="with --serve: refuse new jobs (queue full) while N wait "
-                             "(default: $VRAMTUI_MAX_QUEUE, else 512)")
+                             "(default: $VRAMTUI_MAX_QUEUE, else config.yaml's engine: "
+                             "max_queue, else 512)")
     parser.add_argument("--http", metavar="ADDR",
                         help="with --serve: also serve the HTTP API on ADDR (127.0.0.1:8080, "
                              "[::1]:8080, or unix:/PATH; anything but loopback needs a token); "
