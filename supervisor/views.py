@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 from .snapshot import BackendView, EngineSnapshot, GpuView
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import BackendRuntime, Engine
+
+
+def backend_state(rt: BackendRuntime) -> str:
+    """A backend's state as views show it: its worker's, else ``failed`` or ``cold``."""
+    w = rt.worker
+    return w.state.value if w is not None else ("failed" if rt.failed else "cold")
 
 
 def build_snapshot(engine: Engine) -> EngineSnapshot:
@@ -41,7 +47,7 @@ def build_snapshot(engine: Engine) -> EngineSnapshot:
         queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
     for name, rt in sorted(engine.backends.items()):
         w = rt.worker
-        state = w.state.value if w is not None else ("failed" if rt.failed else "cold")
+        state = backend_state(rt)
         keep_left = None
         if (w is not None and rt.idle_since is not None and not rt.admitted
                 and math.isfinite(rt.spec.keep_alive_s)):

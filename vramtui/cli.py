@@ -62,6 +62,17 @@ class Exit:
     INTERRUPTED = 130
 
 
+def _queue_limit(text: str) -> int:
+    """``--max-queue N``: a whole number of jobs, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", default="auto", metavar="SPEC",
                         help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', or "
@@ -76,7 +87,7 @@ COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends",
 # Commands of the HTTP front door's side (vramtui/extra_commands.py runs them).
 EXTRA_COMMANDS = frozenset({"completion", "install-service", "web"})
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo", "--http", "--http-token-file"})
+                            "--dynamo", "--http", "--http-token-file", "--max-queue"})
 
 
 class _Skipped:
@@ -129,6 +140,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--dynamo", metavar="NAMESPACE",
                         help="with --serve: also serve each backend as the NVIDIA Dynamo "
                              "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
+    parser.add_argument("--max-queue", metavar="N", type=_queue_limit,
+                        help="with --serve: refuse new jobs (queue full) while N wait "
+                             "(default: $VRAMTUI_MAX_QUEUE, else config.yaml's engine: "
+                             "max_queue, else 512)")
     parser.add_argument("--http", metavar="ADDR",
                         help="with --serve: also serve the HTTP API on ADDR (127.0.0.1:8080, "
                              "[::1]:8080, or unix:/PATH; anything but loopback needs a token); "

@@ -155,8 +155,9 @@ def _check_token(token: str, source: str) -> str:
     return token
 
 
-def read_section(config_file: Path) -> Mapping[str, Any] | None:
-    """The ``http:`` mapping of ``config_file`` (None: no file or no section)."""
+def read_section(config_file: Path, name: str = "http",
+                 example: str = "listen: 127.0.0.1:8080") -> Mapping[str, Any] | None:
+    """The ``name:`` mapping of ``config_file`` (None: no file or no section)."""
     try:
         text = config_file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -173,13 +174,13 @@ def read_section(config_file: Path) -> Mapping[str, Any] | None:
         return None
     if not isinstance(doc, Mapping):
         raise HttpConfigError(f"{config_file}: expected a mapping with sections (http: …)")
-    section = doc.get("http")
+    section = doc.get(name)
     if section is None:
         return None
     if section is True:
         return {}
     if not isinstance(section, Mapping):
-        raise HttpConfigError(f"{config_file}: http: must be a mapping (listen: 127.0.0.1:8080 …)")
+        raise HttpConfigError(f"{config_file}: {name}: must be a mapping ({example} …)")
     return section
 
 
