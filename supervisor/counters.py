@@ -76,17 +76,13 @@ class Counters:
         self.load_seconds: dict[str, Histogram] = {}
         self.queue_wait: dict[str, Histogram] = {}
         self.duration: dict[str, Histogram] = {}
-        self._loaded: dict[str, str] = {}  # backend -> the worker whose load was counted
 
     # -- engine hooks ---------------------------------------------------------------------
-    def worker_ready(self, handle: WorkerHandle) -> None:
-        """A worker said ready: the first time for this worker, that is one load."""
-        if self._loaded.get(handle.backend) == handle.name or handle.ready_at is None:
-            return
-        self._loaded[handle.backend] = handle.name
-        self.loads[handle.backend] += 1
-        _hist(self.load_seconds, handle.backend, LOAD_BUCKETS).observe(
-            handle.ready_at - handle.started_at)
+    def loaded(self, backend: str, seconds: float) -> None:
+        """A worker of ``backend`` became ready for the first time, ``seconds`` after its
+        start: one load (the engine tells each load once)."""
+        self.loads[backend] += 1
+        _hist(self.load_seconds, backend, LOAD_BUCKETS).observe(seconds)
 
     def worker_exited(self, handle: WorkerHandle, *, expected: bool, never_ready: bool) -> None:
         """A worker's process ended: a crash, a failed load, or a stop we asked for."""

@@ -286,11 +286,14 @@ class Engine:
     async def _shutdown(self) -> None:
         now = self.clock()
         for job in self.queue.clear():
-            if self.journal is not None and job.kind == "job":
+            if self._journaled(job):
                 # Still queued in the journal: it runs when the engine starts again.
                 self._resolve(job, "the engine stopped before the job ran; it stays queued "
                               "and runs when the engine starts again")
             else:
+                # Whoever waits hears that the engine stopped (Dynamo's caller retries
+                # elsewhere), and the job ends: nothing keeps it.
+                self._resolve(job, "the engine stopped before the job ran")
                 self._finish(job, JobState.CANCELLED,
                              error="the engine stopped before the job ran")
         running = [rt for rt in self.backends.values() if rt.worker is not None]
@@ -356,7 +359,9 @@ class Engine:
     # ===================================================================== commands =======
     def submit(self, backend: str, payload: bytes, *, priority: int | None = None,
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
-               stream: bool = False) -> Job:
+               stream: bool = False, durable: bool = True) -> Job:
+        """Queue a job. ``durable`` ones are journaled before they are accepted and come back
+        after a crash; others (a request whose client goes with the engine) are not."""
         if self._stopping:
             self.counters.refused("stopping")
             raise EngineStopped("the engine is stopping and takes no new jobs")
@@ -384,7 +389,7 @@ class Engine:
             if reason.startswith("queue full"):
                 raise QueueFull(reason)
             raise Refused(reason)
-        validate.check_queue_room((j.payload for j in self.queue), len(payload),
+        validate.check_queue_room(self.queue.payload_bytes, len(payload),
                                   self.config.max_queued_bytes)
         job = Job(
             backend=backend,
@@ -393,11 +398,12 @@ class Engine:
             timeout=timeout if timeout is not None else rt.spec.timeouts.request_s,
             metadata=args.metadata,
             stream=args.stream or rt.spec.stream,
+            durable=durable,
         )
         job.submitted_at = self.clock()
         job.mark(job.submitted_at, JobState.QUEUED)
-        if self.journal is not None:  # durable before the submitter hears "accepted"
-            self.journal.record_submit(self._record(job))
+        if self._journaled(job):  # durable before the submitter hears "accepted"
+            self.journal.record_submit(self._record(job))  # type: ignore[union-attr]
         self.jobs[job.id] = job
         self.futures[job.id] = concurrent.futures.Future()
         self.queue.push(job)
@@ -515,6 +521,10 @@ class Engine:
         job.data, job.headers, job.status_code = rec.data, dict(rec.headers), rec.status_code
         job.error, job.chunks = rec.error, list(rec.chunks)
         return job
+
+    def _journaled(self, job: Job) -> bool:
+        """Whether ``job`` lives in the journal (and so survives an engine stop)."""
+        return self.journal is not None and job.kind == "job" and job.durable
 
     def _journal(self, what: str, *args: Any, **kwargs: Any) -> None:
         if self.journal is None:
@@ -807,7 +817,8 @@ class Engine:
             self._dispatch(rt, job)
         else:
             job.mark(self.clock(), JobState.STARTING, f"starting {rt.spec.name} on GPU{job.gpu}")
-            self._journal("record_state", job.id, JobState.STARTING, time.time())
+            if self._journaled(job):
+                self._journal("record_state", job.id, JobState.STARTING, time.time())
             self._job_event(job)
 
     def _remove_queued(self, job: Job) -> None:
@@ -817,7 +828,8 @@ class Engine:
         worker = rt.worker
         assert worker is not None
         job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.pid})")
-        self._journal("record_start", job.id, time.time(), f"on {worker.name}")
+        if self._journaled(job):
+            self._journal("record_start", job.id, time.time(), f"on {worker.name}")
         job.peak_mib = None
         job.peak_samples = 0
         worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata,
@@ -921,14 +933,18 @@ class Engine:
         rt = self.backends.get(handle.backend)
         if rt is None or rt.worker is not handle:
             return
+        if handle.state == WorkerState.BUSY:
+            self._worker_event(rt)  # nothing for admission: a busy worker takes no new job
+            return
         if handle.state == WorkerState.READY:
             self._cancel_timer(f"start:{handle.name}")
-            self.counters.worker_ready(handle)
             if handle.ready_at is not None and rt.init_failures:
                 rt.init_failures = 0
             if handle.ready_at is not None and rt.timed_worker != handle.name:
-                rt.timed_worker = handle.name  # its start-to-ready time: the reload cost
-                rt.load_times.append(max(0.0, handle.ready_at - handle.started_at))
+                rt.timed_worker = handle.name  # its first ready: one load, and its cost
+                loaded = max(0.0, handle.ready_at - handle.started_at)
+                rt.load_times.append(loaded)
+                self.counters.loaded(rt.spec.name, loaded)
             for job_id in list(rt.admitted):
                 job = self.jobs.get(job_id)
                 # While stopping, admitted jobs stay unstarted: they run after a restart.
@@ -990,8 +1006,9 @@ class Engine:
                 job.state = JobState.QUEUED  # it never ran: try again with a fresh worker
                 job.history.append((self.clock(), "queued", "requeued: worker failed to start"))
                 job.gpu = None
-                self._journal("record_state", job.id, JobState.QUEUED, time.time(),
-                              "requeued: worker failed to start")
+                if self._journaled(job):
+                    self._journal("record_state", job.id, JobState.QUEUED, time.time(),
+                                  "requeued: worker failed to start")
                 self.queue.push(job)
                 self._job_event(job)
             else:
@@ -1110,7 +1127,7 @@ class Engine:
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
             return
-        if job.kind == "job":  # durable before anyone hears of it
+        if self._journaled(job):  # durable before anyone hears of it
             state, error = self._record_finish(job, state, error)
         if error is not None:
             job.error = error
@@ -1129,9 +1146,26 @@ class Engine:
             old = self.recent.popleft()
             self.jobs.pop(old, None)
             held -= self._recent_bytes.pop(old, 0)
+        if job.kind == "job":
+            self._note_end(job, state)
         # Events carry no result: whoever wants it asks (wait, job).
         self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
                                         backend=job.backend, state=state.value))
+
+    def _note_end(self, job: Job, state: JobState) -> None:
+        """The end of a job in the event log: the queue's story, told from admission to end."""
+        took = ""
+        if job.started_at is not None and job.finished_at is not None:
+            took = f" after {job.finished_at - job.started_at:.1f} s"
+        if state is JobState.SUCCEEDED:
+            self._note("info", f"{job.id} ({job.backend}) succeeded{took}", job.backend,
+                       quiet=True)
+        elif state is JobState.FAILED:
+            self._note("warning", f"{job.id} ({job.backend}) failed{took}: {job.error}",
+                       job.backend, quiet=True)
+        else:
+            self._note("info", f"{job.id} ({job.backend}) {state.value.replace('_', ' ')}"
+                       f"{took}: {job.error}", job.backend, quiet=True)
 
     def _record_finish(self, job: Job, state: JobState,
                        error: str | None) -> tuple[JobState, str | None]:
@@ -1163,7 +1197,7 @@ class Engine:
 
     def _stopped_during(self, job: Job) -> None:
         """The engine stops under a job: journaled jobs stay to run again, others fail."""
-        if self.journal is not None and job.kind == "job":
+        if self._journaled(job):
             # The journal still says queued/running: recovery requeues it (as interrupted).
             self._resolve(job, "the engine stopped while it ran; it runs again (marked "
                           "interrupted) when the engine starts again")

@@ -30,6 +30,7 @@ class JobQueue:
         self._views: list[QueuedJob] = []
         self._frozen: tuple[QueuedJob, ...] | None = ()
         self.counts: Counter[tuple[str, str]] = Counter()  # (kind, backend) -> queued
+        self.payload_bytes = 0  # what the queued jobs' payloads hold together
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -45,6 +46,7 @@ class JobQueue:
         self._jobs.insert(i, job)
         self._views.insert(i, _view(job))
         self.counts[(job.kind, job.backend)] += 1
+        self.payload_bytes += len(job.payload)
         self._frozen = None
 
     def _index(self, job: Job) -> int:
@@ -60,6 +62,7 @@ class JobQueue:
         del self._jobs[i]
         del self._views[i]
         key = (job.kind, job.backend)
+        self.payload_bytes -= len(job.payload)
         self.counts[key] -= 1
         if not self.counts[key]:
             del self.counts[key]
@@ -93,4 +96,5 @@ class JobQueue:
         jobs = self._jobs
         self._jobs, self._views, self._frozen = [], [], ()
         self.counts.clear()
+        self.payload_bytes = 0
         return jobs

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,9 +163,9 @@ def check_submit(backend: object, payload: object, *, priority: object, timeout:
     )
 
 
-def check_queue_room(queued_payloads: Iterable[bytes], adding: int, limit: int) -> None:
-    """Raise :class:`QueueFull` when ``adding`` more payload bytes would pass ``limit``."""
-    held = sum(len(p) for p in queued_payloads)
+def check_queue_room(held: int, adding: int, limit: int) -> None:
+    """Raise :class:`QueueFull` when ``adding`` more payload bytes to the ``held`` ones of the
+    queued jobs would pass ``limit``."""
     if held + adding > limit:
         raise QueueFull(f"queue full: the jobs waiting hold {_size(held)} of payloads and this "
                         f"one {_size(adding)}, over the limit of {_size(limit)} "

@@ -131,12 +131,9 @@ def test_install_service_writes_a_user_unit(tmp_path: Path) -> None:
 
 def test_counters_count_what_happened() -> None:
     c = Counters()
-    handle = SimpleNamespace(backend="b", name="b#1", started_at=10.0, ready_at=None)
-    c.worker_ready(handle)  # not ready yet: no load
-    handle.ready_at = 12.5
-    c.worker_ready(handle)
-    c.worker_ready(handle)  # ready again after a job: still one load
-    c.worker_ready(SimpleNamespace(backend="b", name="b#2", started_at=0.0, ready_at=1.0))
+    handle = SimpleNamespace(backend="b", name="b#1", started_at=10.0, ready_at=12.5)
+    c.loaded("b", 2.5)
+    c.loaded("b", 1.0)
     assert c.loads["b"] == 2 and c.load_seconds["b"].n == 2
     c.worker_exited(handle, expected=False, never_ready=False)
     c.worker_exited(handle, expected=False, never_ready=True)
