@@ -116,6 +116,7 @@ class Job:
     cancel_requested: bool = False
     cancel_state: JobState = JobState.CANCELLED
     kind: str = "job"  # or "calibration": a run that needs a GPU to itself
+    durable: bool = True  # journaled (False: lost with the engine, e.g. Dynamo's requests)
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
         self.state = state

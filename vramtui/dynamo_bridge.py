@@ -51,9 +51,9 @@ If the runtime cannot start, the engine stops and ``vramtui --serve`` exits 1 wi
 
 Shutdown: when the engine stops, queued Dynamo requests are answered 503 at once and running
 ones get their backend's stop grace; then :meth:`DynamoBridge.close` shuts the runtime down, so
-its discovery entries are gone before the process exits.  Dynamo requests the journal still
-holds when an engine starts (it was killed, or stopped with them queued) have had their answer
-already: they are cancelled instead of run for nobody.
+its discovery entries are gone before the process exits.  Dynamo requests are not journaled
+(``durable=False``): their caller goes with the engine, so a restarted engine never runs one
+for nobody, and they cost the journal's writes nothing.
 
 Streaming: chunk and job events reach the bridge through one facade subscription whose
 callback runs on the engine thread.  It recognises a request's job by the ``call`` token in the
@@ -211,7 +211,6 @@ class DynamoBridge:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         engine = self.sup.engine
-        self._cancel_orphans()
         taken: dict[str, str] = {}
         for name in sorted(engine.backends):
             component = component_name(name)
@@ -295,15 +294,6 @@ class DynamoBridge:
         if self._subscription is not None:
             self._subscription.close()
 
-    def _cancel_orphans(self) -> None:
-        """Cancel the Dynamo jobs a previous engine left in the journal (already answered)."""
-        engine = self.sup.engine
-        for view in engine.snapshot().queued:
-            mark = view.metadata.get("dynamo")
-            if isinstance(mark, dict) and "call" in mark:
-                engine.cancel(view.id, note="its Dynamo caller was answered when the engine "
-                              "stopped; not run again")
-
     # ======================================================================= engine events ==
     def _deliver(self, call: _Call, kind: str, value: Any) -> None:
         """Queue ``(kind, value)`` for the call's handler; from any thread."""
@@ -382,7 +372,9 @@ class DynamoBridge:
         streamed = 0
         try:
             try:
-                job_id = self.sup.engine.submit(ep.backend, payload, metadata=metadata).id
+                # Not journaled: its caller goes with the engine, so a restart must not run it.
+                job_id = self.sup.engine.submit(ep.backend, payload, metadata=metadata,
+                                                durable=False).id
             except VramtuiError as exc:
                 raise self._http_error(exc, ep.backend) from None
             call.job_id = job_id
@@ -407,7 +399,7 @@ class DynamoBridge:
                                                         status_code=view.status_code or 200))
                         return
                     raise _job_error(dyn, view)
-                elif kind == "gone":  # the engine stopped first (the journal keeps the job)
+                elif kind == "gone":  # the engine stopped first
                     call.finished = True
                     raise self._unavailable(503, f"job {job_id}: the engine stopped before "
                                             "the job ended; try another instance",
