@@ -219,7 +219,6 @@ class Engine:
         self._disk_full_noted = False
         self._recent_bytes: dict[str, int] = {}  # result bytes of each job in self.recent
         self._wall_offset = time.time() - clock()
-        self.book = Book()  # the memory ledger's accounts, as of the last step
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
         self.draining: set[int] = set()
         self.lifeline = Lifeline(paths.runtime_dir / "workers")
@@ -690,6 +689,10 @@ class Engine:
             self._note("info", f"GPU{gpu} takes jobs again")
         self._schedule()
 
+    def book(self) -> Book:
+        """The memory ledger's accounts of the engine now."""
+        return self._inputs(with_queue=False)[1]
+
     def _refusal_view(self, backend: str) -> sched.Snapshot:
         """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
         refusal at submit depends on sizes, never on what runs now)."""
@@ -746,13 +749,15 @@ class Engine:
             return
         extra: tuple[sched.QueuedJob, ...] = ()
         preloads = [name for name, rt in self.backends.items() if rt.preload]
+        if not self.queue and not preloads and not self.draining:
+            return  # nothing waits: a plan could neither start nor evict anything
         if preloads:
             # Last in the queue: a preload takes room nobody waits for, never a job's room.
             now = self.clock()
             extra = tuple(sched.QueuedJob(f"preload-{n}", n, -(10**9), 10**15 + i, now, 0,
                                           kind="preload")
                           for i, n in enumerate(preloads))
-        snap, self.book = self._inputs(extra)
+        snap, _book = self._inputs(extra)
         plan = make_plan(snap, self.clock(), self.sched_config)
         for ev in plan.evictions:
             rt = self.backends[ev.backend]
@@ -1319,8 +1324,7 @@ class Engine:
                                rt.spec.name)
                     self.counters.evicted(rt.spec.name, "overuse")
                     self._evict_now(rt)
-        _snap, book = self._inputs(with_queue=False)
-        self.book = book
+        book = self.book()
         for gpu in book.gpus.values():
             excess = gpu.overcommit_mib
             if excess <= 0:

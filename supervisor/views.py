@@ -27,7 +27,7 @@ def backend_state(rt: BackendRuntime) -> str:
 def build_snapshot(engine: Engine) -> EngineSnapshot:
     """The whole engine at this instant."""
     now = engine.clock()
-    book = engine.book
+    book = engine.book()
     gpus = []
     for index, r in sorted(engine.readings.items()):
         accounts = book.gpus.get(index)
