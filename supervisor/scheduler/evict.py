@@ -2,12 +2,14 @@
 
 Cost of evicting a worker = ``reload_cost_s * recency`` with
 ``recency = 1 / (1 + idle_seconds / 60)``: a worker used a moment ago is likely to be needed
-again, so it is dearer; one idle for an hour costs a fraction of its reload time. A worker
-that used more than it declared costs nothing: it is the first to go. Candidates are taken
-idle before busy (a busy one leaves only once its jobs end), then cheapest first (ties: the
-one that frees more — what the ledger says it holds, not what it declared —, then lower
-backend priority, then name, so the choice is deterministic), only until the need is met,
-and any candidate the final set can do without is dropped again (most expensive first).
+again, so it is dearer; one idle for an hour costs a fraction of its reload time; one whose
+backend still has queued jobs costs ``QUEUED_WORK_FACTOR`` times more (it would be loaded
+again soon; the planner applies it, since only it sees the queue). A worker that used more
+than it declared costs nothing: it is the first to go. Candidates are taken idle before busy
+(a busy one leaves only once its jobs end), then cheapest first (ties: the one that frees
+more — what the ledger says it holds, not what it declared —, then lower backend priority,
+then name, so the choice is deterministic), only until the need is met, and any candidate
+the final set can do without is dropped again (most expensive first).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from supervisor.scheduler.model import BackendInfo, WorkerInfo
+
+#: How much dearer a worker whose backend still has queued jobs is to evict.
+QUEUED_WORK_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)

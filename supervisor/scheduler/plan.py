@@ -823,11 +823,10 @@ class _Planner:
         out = []
         for w in self.live_on[g]:
             info = self.backends.get(w.backend)
-            out.append(
-                evict.Candidate(
-                    w, evict.eviction_cost(w, info, self.now), 0 if info is None else info.priority
-                )
-            )
+            cost = evict.eviction_cost(w, info, self.now)
+            if self.queued_jobs.get(w.backend, 0):
+                cost *= evict.QUEUED_WORK_FACTOR  # it will be loaded again soon
+            out.append(evict.Candidate(w, cost, 0 if info is None else info.priority))
         out.sort(key=lambda c: c.order)
         return out
 
