@@ -10,7 +10,6 @@ SIGKILL to the worker's process group after the grace.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -19,8 +18,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
-
-import psutil
 
 from worker_sdk.events import (
     Cancel,
@@ -38,6 +35,7 @@ from worker_sdk.events import (
 from worker_sdk.protocol import ProtocolError
 
 from . import process
+from .supervised import SupervisedProcess
 from .wire import WireConnection, WireListener
 
 log = logging.getLogger(__name__)
@@ -92,7 +90,7 @@ class WorkerObserver(Protocol):
     def request_chunk(self, job_id: str, chunk: bytes) -> None: ...
 
 
-class WorkerHandle:
+class WorkerHandle(SupervisedProcess):
     """The engine's view of one worker process (touched only on the engine loop)."""
 
     def __init__(
@@ -180,20 +178,6 @@ class WorkerHandle:
             reason = f"worker exited with code {code}"
         self._set_state(WorkerState.COLD if expected else WorkerState.CRASHED)
         self.observer.worker_exited(self, code, reason)
-
-    def accepts_pid(self, pid: int | None) -> bool:
-        if pid is None or self.pid is None:
-            return False
-        if pid == self.pid or pid in self._descendants:
-            return True
-        try:
-            parents = {p.pid for p in psutil.Process(pid).parents()}
-        except psutil.Error:
-            return False
-        if self.pid in parents:
-            self._descendants.add(pid)
-            return True
-        return False
 
     def attach(self, conn: WireConnection, is_control: bool) -> None:
         old = self.control if is_control else self.data
@@ -410,47 +394,3 @@ class WorkerHandle:
         elif self.pid is not None:
             process.signal_group(self.pid, signal.SIGTERM)
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """SHUTDOWN, then SIGTERM, then SIGKILL of the process group; returns once it exited."""
-        if self._exited.is_set():
-            return
-        self.begin_stop()
-        if await self._wait_exit(grace):
-            return
-        if self.pid is not None:
-            process.signal_group(self.pid, signal.SIGTERM)
-        if await self._wait_exit(min(grace, 2.0)):
-            return
-        self.kill()
-        await self._wait_exit(5.0)
-
-    def kill(self) -> None:
-        """SIGKILL the process group now (an unplanned end: reported as a crash)."""
-        if self.pid is not None and not self._exited.is_set():
-            process.signal_group(self.pid, signal.SIGKILL)
-
-    async def wait_exited(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the process to be gone; True once it is."""
-        return await self._wait_exit(timeout)
-
-    async def _wait_exit(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._exited.wait(), timeout)
-        return self._exited.is_set()
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.is_set()
-
-    def known_descendants(self) -> set[int]:
-        """The worker's children that connected to the engine or were seen on the GPU."""
-        return set(self._descendants)
-
-    def pids(self) -> set[int]:
-        """The worker's process and its descendants (for per-process GPU memory)."""
-        if self.pid is None or self._exited.is_set():
-            return set()
-        found = {self.pid}
-        with contextlib.suppress(psutil.Error):
-            found.update(c.pid for c in psutil.Process(self.pid).children(recursive=True))
-        return found

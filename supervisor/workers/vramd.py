@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ..backends.schema import VramdSettings
 from . import process
 from .handle import Outcome, WorkerObserver, WorkerState
@@ -62,6 +60,7 @@ from .jsonl import (
     LineDecoder,
     encode,
 )
+from .supervised import SupervisedProcess
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ class _Job:
     retried: bool = False
 
 
-class VramdWorkerHandle:
+class VramdWorkerHandle(SupervisedProcess):
     """The engine's view of one vramd worker process (touched only on the engine loop)."""
 
     def __init__(
@@ -260,20 +259,6 @@ class VramdWorkerHandle:
         if self.proc is None or self._exited.is_set() or self.proc.stdin is None:
             return None
         return self.proc.stdin
-
-    def accepts_pid(self, pid: int | None) -> bool:
-        if pid is None or self.pid is None:
-            return False
-        if pid == self.pid or pid in self._descendants:
-            return True
-        try:
-            parents = {p.pid for p in psutil.Process(pid).parents()}
-        except psutil.Error:
-            return False
-        if self.pid in parents:
-            self._descendants.add(pid)
-            return True
-        return False
 
     # -- events -----------------------------------------------------------------------------
     def _on_item(self, item: dict[str, Any] | Garbage) -> None:
@@ -574,49 +559,6 @@ class VramdWorkerHandle:
         if not sent and self.pid is not None:
             process.signal_group(self.pid, signal.SIGTERM)
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """unload + shutdown, then SIGTERM, then SIGKILL of the process group."""
-        if self._exited.is_set():
-            return
-        self.begin_stop()
-        if await self._wait_exit(grace):
-            return
-        if self.pid is not None:
-            process.signal_group(self.pid, signal.SIGTERM)
-        if await self._wait_exit(min(grace, 2.0)):
-            return
-        self.kill()
-        await self._wait_exit(5.0)
-
-    def kill(self) -> None:
-        """SIGKILL the process group now (an unplanned end: reported as a crash)."""
-        if self.pid is not None and not self._exited.is_set():
-            process.signal_group(self.pid, signal.SIGKILL)
-
-    async def wait_exited(self, timeout: float) -> bool:
-        return await self._wait_exit(timeout)
-
-    async def _wait_exit(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._exited.wait(), timeout)
-        return self._exited.is_set()
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.is_set()
-
-    def known_descendants(self) -> set[int]:
-        """The worker's children seen so far."""
-        return set(self._descendants)
-
-    def pids(self) -> set[int]:
-        """The worker's process and its descendants (for per-process GPU memory)."""
-        if self.pid is None or self._exited.is_set():
-            return set()
-        found = {self.pid}
-        with contextlib.suppress(psutil.Error):
-            found.update(c.pid for c in psutil.Process(self.pid).children(recursive=True))
-        return found
 
 
 def _fraction(pct: Any) -> float | None:
