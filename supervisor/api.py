@@ -2,6 +2,8 @@
 
 :class:`supervisor.Supervisor` (in-process) and :class:`supervisor.client.Client` (over the
 control socket) both implement it, so the TUI and the CLI never know which one they hold.
+Each method's arguments, checks and result are declared once, in :mod:`supervisor.apispec`;
+``tests/test_api_spec.py`` keeps these signatures equal to it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .events import EngineEvent, Subscription
 from .jobs import JobView
+from .results import LogChunk
 from .snapshot import EngineSnapshot
 
 
@@ -37,9 +40,11 @@ class EngineAPI(Protocol):
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str: ...
 
-    def snapshot(self) -> EngineSnapshot: ...
+    def snapshot(self, *, light: bool = False) -> EngineSnapshot: ...
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription: ...
+
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk: ...
 
     def stop(self, timeout: float | None = None) -> None: ...

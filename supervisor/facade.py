@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from . import operations
+from .apispec import METHODS
 from .backends.loader import default_layers, load_backends
 from .engine import Engine, EngineConfig
 from .errors import EngineStopped, JobTimeout, VramtuiError
@@ -26,6 +28,7 @@ from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
 from .paths import Paths
+from .results import LogChunk
 from .snapshot import EngineSnapshot
 
 T = TypeVar("T")
@@ -280,19 +283,28 @@ class Supervisor:
             raise EngineStopped("the engine stopped") from None
         return fut.result(_CALL_TIMEOUT)
 
-    # -- commands -------------------------------------------------------------------------
+    def _op(self, name: str, **given: Any) -> Any:
+        """Call API method ``name`` on the engine loop: the arguments checked by its entry in
+        :data:`supervisor.apispec.METHODS`, the work done by :mod:`supervisor.operations`
+        (what the control server does too); file reads happen here, off the loop."""
+        kwargs = METHODS[name].check(given)
+        result = self._call(getattr(operations, name), self.engine, **kwargs)
+        if isinstance(result, operations.Blocking):
+            value = result.work()
+            return value if result.then is None else self._call(result.then, value)
+        return result
+
+    # -- commands (each method's arguments and result: supervisor.apispec) ---------------------
     def submit(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
                stream: bool = False) -> str:
         """Queue a job; returns its id once the engine accepted it."""
-        if isinstance(payload, str):
-            payload = payload.encode()
-        job = self._call(self.engine.submit, backend, bytes(payload), priority=priority,
-                         timeout=timeout, metadata=metadata, stream=stream)
-        return job.id
+        return self._op("submit", backend=backend, payload=payload, priority=priority,
+                        timeout=timeout, metadata=metadata, stream=stream)
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
+        METHODS["wait"].check({"job_id": job_id, "timeout": timeout})
         fut = self.engine.futures.get(job_id)
         if fut is None:
             view = self.job(job_id)
@@ -308,36 +320,42 @@ class Supervisor:
                              "(it goes on; wait again or cancel it)") from None
 
     def job(self, job_id: str) -> JobView:
-        return self._call(self.engine.job_view, job_id)
+        """The job now (``position`` is its place in the queue while it waits)."""
+        return self._op("job", job_id=job_id)
 
     def cancel(self, job_id: str) -> JobView:
-        return self._call(self.engine.cancel, job_id)
+        return self._op("cancel", job_id=job_id)
 
     def evict(self, backend: str) -> None:
-        self._call(self.engine.evict, backend)
+        self._op("evict", backend=backend)
 
     def respawn(self, backend: str) -> None:
-        self._call(self.engine.respawn, backend)
+        self._op("respawn", backend=backend)
 
     def preload(self, backend: str) -> None:
-        self._call(self.engine.preload, backend)
+        self._op("preload", backend=backend)
 
     def zero(self) -> list[str]:
-        return self._call(self.engine.zero)
+        return list(self._op("zero"))
 
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str:
         """Queue a calibration run of ``backend``; its job id (the result is the summary)."""
-        job = self._call(self.engine.calibrate, backend, repeats=repeats, request=request,
-                         settle_s=settle_s)
-        return job.id
+        return self._op("calibrate", backend=backend, repeats=repeats, request=request,
+                        settle_s=settle_s)
 
-    def snapshot(self) -> EngineSnapshot:
-        return self._call(self.engine.snapshot)
+    def snapshot(self, *, light: bool = False) -> EngineSnapshot:
+        """The engine now (``light``: without the GPUs' history, recent jobs and the log)."""
+        return self._op("snapshot", light=light)
+
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        """The last ``lines`` of a backend's worker log, or what follows ``offset``."""
+        return self._op("logs", backend=backend, lines=lines, offset=offset)
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
         """Events as they happen (bounded; ``lagged`` says when some were dropped)."""
+        METHODS["subscribe"].check({"kinds": kinds, "maxsize": maxsize, "callback": callback})
         return self.engine.events.subscribe(
             maxsize=maxsize, kinds=frozenset(kinds) if kinds else None, callback=callback
         )

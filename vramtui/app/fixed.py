@@ -21,6 +21,7 @@ from supervisor.calibration.report import write_report
 from supervisor.errors import EngineStopped, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
+from supervisor.results import LogChunk
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
 
 from .fmt import Clocks
@@ -120,7 +121,7 @@ class FixedSource:
     _hub: EventHub = field(default_factory=EventHub)
 
     # -- EngineAPI ----------------------------------------------------------------------
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self, *, light: bool = False) -> EngineSnapshot:
         if self.fail:
             raise EngineStopped("the engine is not running (connection refused)")
         if self.advance is not None:
@@ -177,7 +178,15 @@ class FixedSource:
         return self._hub.subscribe(maxsize=maxsize,
                                    kinds=frozenset(kinds) if kinds else None, callback=callback)
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        self._record("logs", backend)
+        path = f"{LOG_DIR}/{backend}.log"
+        if offset is not None:
+            return LogChunk(path, b"", offset)
+        data = DEMO_LOG.replace("sdxl-sim", backend).encode()
+        return LogChunk(path, data, len(data))
+
+    def stop(self, timeout: float | None = None) -> None:
         self._hub.close()
 
 
