@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .jobs import JobView
-from .results import LogChunk
+from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
 from .snapshot import EngineSnapshot
 
 
@@ -286,6 +286,17 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        _JOB, safe=True),
     _m("cancel", JobView, "Cancel a queued or running job (a running one gets its grace).",
        _JOB, mutating=True),
+    _m("cancel_many", tuple[CancelResult, ...], "Cancel several jobs; one result each "
+       "(an unknown job's says so).",
+       Arg("job_ids", STRS, doc="the jobs' ids", positional=True, wire="jobs",
+           check=at_most_items(10_000)),
+       mutating=True),
+    _m("retry", str, "Run a finished job's request again as a new job; the new id.", _JOB,
+       mutating=True),
+    _m("set_priority", JobView, "Give a queued job another priority (higher runs first).",
+       _JOB, Arg("priority", INT, doc="the new priority", positional=True,
+                 check=between(-10**9, 10**9)),
+       mutating=True),
     # -- backends ------------------------------------------------------------------------------
     _m("evict", type(None), "Stop an idle backend's worker and free its memory.", _BACKEND,
        mutating=True),
@@ -293,8 +304,23 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        _BACKEND, mutating=True),
     _m("preload", type(None), "Start a backend's worker now, before any job.", _BACKEND,
        mutating=True),
+    _m("kill", type(None), "SIGKILL a (stuck) backend's worker now; its jobs fail, saying so.",
+       _BACKEND, mutating=True),
     _m("zero", tuple[str, ...], "Evict every idle worker; the backends evicted.",
        mutating=True),
+    _m("drain", tuple[int, ...], "Flag a GPU draining (its running work finishes, nothing new "
+       "is admitted there) or open it again; the GPUs draining now.",
+       Arg("gpu", INT, doc="the GPU's index", positional=True, check=at_least(0)),
+       Arg("on", BOOL, True, "True: drain; False: admit work there again", positional=True),
+       mutating=True),
+    _m("reload", ReloadResult, "Read the backend descriptors again and apply what changed "
+       "(a file with errors leaves its backends as they were).", mutating=True),
+    _m("descriptor", DescriptorInfo, "A backend's descriptor: each file's entry for it and "
+       "what the engine runs with now.", _BACKEND, safe=True),
+    _m("calibration_report", ReportFile, "A backend's latest calibration report (or the one "
+       "named), as the JSON the engine wrote.", _BACKEND,
+       Arg("name", STR, None, "a report's file name (default: the latest)"),
+       safe=True),
     _m("calibrate", str, "Queue a calibration run of a backend; its job id.",
        _BACKEND,
        Arg("repeats", INT, 3, "requests to run one after another", check=between(1, 100)),

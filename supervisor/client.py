@@ -37,7 +37,7 @@ from .control.errors import (
 from .errors import VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
-from .results import LogChunk
+from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
 from .snapshot import EngineSnapshot
 
 __all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
@@ -322,6 +322,18 @@ class Client:
     def cancel(self, job_id: str) -> JobView:
         return self._invoke("cancel", {"job_id": job_id})
 
+    def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
+        """Cancel several jobs; one result each (an unknown job's says so)."""
+        return list(self._invoke("cancel_many", {"job_ids": job_ids}) or ())
+
+    def retry(self, job_id: str) -> str:
+        """Run a finished job's request again as a new job; the new job's id."""
+        return self._invoke("retry", {"job_id": job_id})
+
+    def set_priority(self, job_id: str, priority: int) -> JobView:
+        """Give a queued job another priority (higher runs first)."""
+        return self._invoke("set_priority", {"job_id": job_id, "priority": priority})
+
     def evict(self, backend: str) -> None:
         self._invoke("evict", {"backend": backend})
 
@@ -331,8 +343,28 @@ class Client:
     def preload(self, backend: str) -> None:
         self._invoke("preload", {"backend": backend})
 
+    def kill(self, backend: str) -> None:
+        """SIGKILL a (stuck) backend's worker now; its jobs fail, saying so."""
+        self._invoke("kill", {"backend": backend})
+
     def zero(self) -> list[str]:
         return list(self._invoke("zero", {}) or ())
+
+    def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
+        """Drain a GPU (running work finishes, nothing new admitted there), or reopen it."""
+        return tuple(self._invoke("drain", {"gpu": gpu, "on": on}) or ())
+
+    def reload(self) -> ReloadResult:
+        """Read the backend descriptors again and apply what changed."""
+        return self._invoke("reload", {})
+
+    def descriptor(self, backend: str) -> DescriptorInfo:
+        """A backend's layers (each file's entry for it) and its effective descriptor."""
+        return self._invoke("descriptor", {"backend": backend})
+
+    def calibration_report(self, backend: str, *, name: str | None = None) -> ReportFile:
+        """A backend's latest calibration report (or the one named), as JSON bytes."""
+        return self._invoke("calibration_report", {"backend": backend, "name": name})
 
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str:

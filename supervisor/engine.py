@@ -17,13 +17,15 @@ import math
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from .backends.schema import BackendSpec
+from .engine_commands import EngineCommands, KeptRequests
 from .errors import (
     BackendFailed,
     EngineStopped,
@@ -34,10 +36,10 @@ from .errors import (
     UnknownJob,
 )
 from .events import EngineEvent, EventHub
-from .gpu.model import GpuReading, Probe
+from .gpu.model import GpuReading, Probe, ProcessReading
 from .gpu.sampler import History, Sample, Sampler
 from .jobqueue import JobQueue
-from .jobs import Job, JobState, JobView, advance_seq
+from .jobs import Job, JobState, JobView, advance_seq, wall_offset
 from .journal import JobRecord, Journal
 from .paths import Paths
 from .scheduler import model as sched
@@ -143,7 +145,7 @@ class BackendRuntime:
         return peak - (act if act is not None else peak)
 
 
-class Engine:
+class Engine(EngineCommands):
     """Everything the engine knows and does; run ``main()`` on its own event loop."""
 
     def __init__(
@@ -156,8 +158,12 @@ class Engine:
         paths: Paths,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        layers: Sequence[Path] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.probe = probe
+        self.layers = tuple(layers) if layers is not None else None  # for reload (None: none)
+        self.environ = environ if environ is not None else os.environ
         self.notice = probe_notice
         self.paths = paths
         self.config = config or EngineConfig()
@@ -195,7 +201,10 @@ class Engine:
         self._waiting: Mapping[str, str] = {}
         self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
         self.journal: Journal | None = None
-        self._wall_offset = time.time() - clock()
+        self._wall_offset = wall_offset(clock)
+        self.draining: set[int] = set()  # GPUs that admit nothing new (Engine.drain)
+        self.gpu_processes: tuple[ProcessReading, ...] = ()  # at the last process sample
+        self.kept_requests = KeptRequests()  # for retry
 
     # ===================================================================== lifecycle ======
     async def main(self, started: Callable[[BaseException | None], None]) -> None:
@@ -340,6 +349,7 @@ class Engine:
             self.journal.record_submit(self._record(job))
         self.jobs[job.id] = job
         self.futures[job.id] = concurrent.futures.Future()
+        self.kept_requests.keep(job)
         self.queue.push(job)
         if job.timeout is not None:
             self._set_timer(job.id, job.timeout, lambda: self._time_out(job.id))
@@ -1009,6 +1019,7 @@ class Engine:
             if reading.used_mib is not None:
                 self.history.append(reading.index, sample.t, reading.used_mib)
         if sample.processes is not None:
+            self.gpu_processes = sample.processes
             self.proc_mib = {p.pid: p.used_mib or 0 for p in sample.processes}
             on_gpu = set(self.proc_mib)
             for rt in self.backends.values():

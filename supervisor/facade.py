@@ -28,7 +28,7 @@ from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
 from .paths import Paths
-from .results import LogChunk
+from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
 from .snapshot import EngineSnapshot
 
 T = TypeVar("T")
@@ -127,6 +127,8 @@ class Supervisor:
             demo_note = "no backends configured: loaded the simulated demo backends"
             notice = f"{notice}; {demo_note}" if notice else demo_note
         engine = Engine(
+            layers=layers,
+            environ=environ,
             probe=probe,
             probe_notice=notice,
             backends=loaded.backends,
@@ -164,6 +166,26 @@ class Supervisor:
         log.info("%s: stopping — no new jobs, running jobs get their stop grace", name)
         self.engine.request_stop()
 
+    def _on_reload_signal(self) -> None:
+        """SIGHUP: read the descriptors again (the engine logs what changed)."""
+        log.info("SIGHUP: reloading the backend descriptors")
+        try:
+            job = operations.reload(self.engine)
+        except VramtuiError as exc:
+            log.warning("SIGHUP: %s", exc)
+            return
+        assert isinstance(job, operations.Blocking) and job.then is not None
+        then = job.then
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            try:
+                then(fut.result())
+            except Exception:  # noqa: BLE001 - a bad reload must not stop the engine
+                log.exception("SIGHUP: reloading the descriptors failed")
+
+        assert self._loop is not None
+        self._loop.run_in_executor(None, job.work).add_done_callback(done)
+
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         handled: list[int] = []
@@ -171,6 +193,8 @@ class Supervisor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._on_signal, signum)
                 handled.append(signum)
+            self._loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+            handled.append(signal.SIGHUP)
         try:
             await self.engine.main(self._engine_started)
         finally:
@@ -283,12 +307,12 @@ class Supervisor:
             raise EngineStopped("the engine stopped") from None
         return fut.result(_CALL_TIMEOUT)
 
-    def _op(self, name: str, **given: Any) -> Any:
-        """Call API method ``name`` on the engine loop: the arguments checked by its entry in
+    def _op(self, method: str, /, **given: Any) -> Any:
+        """Call API method ``method`` on the engine loop: the arguments checked by its entry in
         :data:`supervisor.apispec.METHODS`, the work done by :mod:`supervisor.operations`
         (what the control server does too); file reads happen here, off the loop."""
-        kwargs = METHODS[name].check(given)
-        result = self._call(getattr(operations, name), self.engine, **kwargs)
+        kwargs = METHODS[method].check(given)
+        result = self._call(getattr(operations, method), self.engine, **kwargs)
         if isinstance(result, operations.Blocking):
             value = result.work()
             return value if result.then is None else self._call(result.then, value)
@@ -326,6 +350,18 @@ class Supervisor:
     def cancel(self, job_id: str) -> JobView:
         return self._op("cancel", job_id=job_id)
 
+    def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
+        """Cancel several jobs; one result each (an unknown job's says so)."""
+        return list(self._op("cancel_many", job_ids=job_ids))
+
+    def retry(self, job_id: str) -> str:
+        """Run a finished job's request again as a new job; the new job's id."""
+        return self._op("retry", job_id=job_id)
+
+    def set_priority(self, job_id: str, priority: int) -> JobView:
+        """Give a queued job another priority (higher runs first)."""
+        return self._op("set_priority", job_id=job_id, priority=priority)
+
     def evict(self, backend: str) -> None:
         self._op("evict", backend=backend)
 
@@ -335,8 +371,28 @@ class Supervisor:
     def preload(self, backend: str) -> None:
         self._op("preload", backend=backend)
 
+    def kill(self, backend: str) -> None:
+        """SIGKILL a (stuck) backend's worker now; its jobs fail, saying so."""
+        self._op("kill", backend=backend)
+
     def zero(self) -> list[str]:
         return list(self._op("zero"))
+
+    def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
+        """Drain a GPU (running work finishes, nothing new admitted there), or reopen it."""
+        return self._op("drain", gpu=gpu, on=on)
+
+    def reload(self) -> ReloadResult:
+        """Read the backend descriptors again and apply what changed."""
+        return self._op("reload")
+
+    def descriptor(self, backend: str) -> DescriptorInfo:
+        """A backend's layers (each file's entry for it) and its effective descriptor."""
+        return self._op("descriptor", backend=backend)
+
+    def calibration_report(self, backend: str, *, name: str | None = None) -> ReportFile:
+        """A backend's latest calibration report (or the one named), as JSON bytes."""
+        return self._op("calibration_report", backend=backend, name=name)
 
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str:

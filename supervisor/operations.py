@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import UnknownBackend
+from .errors import Refused, UnknownBackend
 from .jobs import JobState, JobView
-from .results import LogChunk
+from .results import CancelResult, LogChunk
 from .snapshot import EngineSnapshot
 
 if TYPE_CHECKING:
@@ -53,6 +53,18 @@ def cancel(engine: Engine, job_id: str) -> JobView:
     return engine.cancel(job_id)
 
 
+def cancel_many(engine: Engine, job_ids: tuple[str, ...]) -> tuple[CancelResult, ...]:
+    return engine.cancel_many(job_ids)
+
+
+def retry(engine: Engine, job_id: str) -> str:
+    return engine.retry(job_id).id
+
+
+def set_priority(engine: Engine, job_id: str, priority: int) -> JobView:
+    return engine.set_priority(job_id, priority)
+
+
 # -- backends --------------------------------------------------------------------------------
 
 
@@ -66,6 +78,23 @@ def respawn(engine: Engine, backend: str) -> None:
 
 def preload(engine: Engine, backend: str) -> None:
     engine.preload(backend)
+
+
+def kill(engine: Engine, backend: str) -> None:
+    engine.kill(backend)
+
+
+def drain(engine: Engine, gpu: int, on: bool) -> tuple[int, ...]:
+    return engine.drain(gpu, on)
+
+
+def reload(engine: Engine) -> Blocking:
+    from .backends.loader import load_backends
+
+    layers, environ = engine.layers, engine.environ
+    if layers is None:
+        raise Refused("this engine was not started from descriptor files: nothing to reload")
+    return Blocking(lambda: load_backends(layers, environ=environ), engine.apply_descriptors)
 
 
 def zero(engine: Engine) -> tuple[str, ...]:
@@ -100,3 +129,19 @@ def logs(engine: Engine, backend: str, lines: int, offset: int | None) -> Blocki
     _known(engine, backend)
     path = engine.paths.worker_log_path(backend)
     return Blocking(lambda: LogChunk(**read_log(path, lines, offset)))
+
+
+def descriptor(engine: Engine, backend: str) -> Blocking:
+    from .descriptors import describe
+
+    _known(engine, backend)
+    spec, layers, environ = engine.backends[backend].spec, engine.layers, engine.environ
+    return Blocking(lambda: describe(backend, spec, layers, environ))
+
+
+def calibration_report(engine: Engine, backend: str, name: str | None) -> Blocking:
+    from .descriptors import read_report
+
+    _known(engine, backend)
+    directory = engine.paths.calibration_dir
+    return Blocking(lambda: read_report(directory, backend, name))

@@ -18,10 +18,10 @@ from typing import Any
 
 from supervisor.calibration import CalibrationRecord, CalSample, PhaseMark, analyze
 from supervisor.calibration.report import write_report
-from supervisor.errors import EngineStopped, UnknownJob
+from supervisor.errors import EngineStopped, NoReport, UnknownBackend, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
-from supervisor.results import LogChunk
+from supervisor.results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
 
 from .fmt import Clocks
@@ -118,6 +118,7 @@ class FixedSource:
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     advance: Callable[[EngineSnapshot], EngineSnapshot] | None = None
     jobs: dict[str, JobView] = field(default_factory=dict)  # jobs not in the snapshot
+    reports: dict[str, Path] = field(default_factory=dict)  # backend -> its report file
     _hub: EventHub = field(default_factory=EventHub)
 
     # -- EngineAPI ----------------------------------------------------------------------
@@ -160,6 +161,18 @@ class FixedSource:
         self._record("cancel", job_id)
         return self.job(job_id)
 
+    def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
+        self._record("cancel_many", tuple(job_ids))
+        return [CancelResult(j, self.job(j).state.value) for j in job_ids]
+
+    def retry(self, job_id: str) -> str:
+        self._record("retry", job_id)
+        return "j-00000retry"
+
+    def set_priority(self, job_id: str, priority: int) -> JobView:
+        self._record("set_priority", job_id, priority)
+        return replace(self.job(job_id), priority=priority)
+
     def evict(self, backend: str) -> None:
         self._record("evict", backend)
 
@@ -169,9 +182,42 @@ class FixedSource:
     def preload(self, backend: str) -> None:
         self._record("preload", backend)
 
+    def kill(self, backend: str) -> None:
+        self._record("kill", backend)
+
     def zero(self) -> list[str]:
         self._record("zero")
         return []
+
+    def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
+        self._record("drain", gpu, on)
+        return (gpu,) if on else ()
+
+    def reload(self) -> ReloadResult:
+        self._record("reload")
+        return ReloadResult((), (), (), (), (), (DEMO_SOURCE,))
+
+    def descriptor(self, backend: str) -> DescriptorInfo:
+        """The demo descriptor file's entry, as the engine would describe it."""
+        self._record("descriptor", backend)
+        from supervisor.backends.loader import load_backends
+        from supervisor.descriptors import describe
+
+        layers = [Path(DEMO_SOURCE)]
+        spec = load_backends(layers).backends.get(backend)
+        if spec is None:
+            raise UnknownBackend(backend, ())
+        return describe(backend, spec, layers, {})
+
+    def calibration_report(self, backend: str, *, name: str | None = None) -> ReportFile:
+        self._record("calibration_report", backend)
+        from supervisor.descriptors import read_report
+
+        path = self.reports.get(backend)
+        if path is None:
+            raise NoReport(f"{backend} has not been calibrated yet; `vramtui calibrate "
+                           f"{backend}` measures it")
+        return read_report(path.parent, backend, name)
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
