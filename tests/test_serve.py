@@ -265,6 +265,18 @@ def test_serve_refuses_bad_options_in_one_line() -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> None:
+    root = new_root()
+    env = make_env(root)
+    blocker = root / "not-a-dir"
+    blocker.write_text("")
+    env["VRAMTUI_RUNTIME_DIR"] = str(blocker / "run")
+    served, tui = cli(env, "--serve"), cli(env, "--gpus", "sim:8GiB")
+    assert served.returncode == tui.returncode == 2, (served.stderr, tui.stderr)
+    for done in (served, tui):
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_a_client_outlives_an_engine_restart(serve: StartServe) -> None:
     s = serve()
     c = s.client()

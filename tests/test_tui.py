@@ -39,7 +39,7 @@ from vramtui.app.screens import (
     SubmitDialog,
 )
 from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
-from vramtui.commands import suggested_peak_mib
+from vramtui.peaks import suggested_peak_mib
 
 
 def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

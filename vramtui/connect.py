@@ -34,7 +34,14 @@ STARTING_WAIT_S = 15.0
 
 
 class EngineStartError(VramtuiError):
-    """The embedded engine could not be built (bad --gpus, no NVML with --gpus nvml, paths)."""
+    """The embedded engine could not be built (bad --gpus, no NVML with --gpus nvml, paths).
+
+    ``usage``: the user's input is at fault (a bad --gpus or directory: exit 2, as --serve
+    says), else the machine is (no NVML: exit 1)."""
+
+    def __init__(self, message: str, *, usage: bool = True) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 def control_socket(args: argparse.Namespace | None = None) -> Path:
@@ -120,8 +127,10 @@ def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:
     try:
         sup = Supervisor.from_config(gpus=getattr(args, "gpus", "auto"),
                                      backends=getattr(args, "backends", None) or ())
-    except (BadGpuSpec, GpuUnavailable, PathsError) as exc:
+    except (BadGpuSpec, PathsError) as exc:
         raise EngineStartError(str(exc)) from None
+    except GpuUnavailable as exc:
+        raise EngineStartError(str(exc), usage=False) from None
     serve_control(sup, mode="embedded")
     try:
         sup.start_in_thread()

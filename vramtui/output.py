@@ -50,10 +50,14 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def print_json(value: Any) -> None:
+def print_json(value: Any, *, compact: bool = False) -> None:
+    """``value`` as JSON on stdout (``compact``: one line, for a stream of documents).
+    Times are epoch seconds (wall clock), like the snapshot's ``taken_at``."""
     import json
 
-    sys.stdout.write(json.dumps(jsonable(value), indent=2, default=str) + "\n")
+    text = json.dumps(jsonable(value), indent=None if compact else 2, default=str,
+                      separators=(",", ":") if compact else None)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
@@ -87,10 +91,38 @@ def state_text(state: JobState) -> Text:
 
 
 def job_duration(job: JobView) -> float | None:
-    if job.started_at is None:
-        return None
-    end = job.finished_at
-    return None if end is None else end - job.started_at
+    """How long its (last) run took; None until it has ended."""
+    return job.ran_s
+
+
+def clock(t: float) -> str:
+    """A wall-clock time for a person: local ``HH:MM:SS``."""
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def event_line(event: Any) -> str:
+    """One engine event as one line of text (``vramtui events``)."""
+    head = f"{clock(event.t)} {event.kind:<6}"
+    if event.kind == "log":
+        mark = {"error": "error: ", "warning": "warning: "}.get(event.level, "")
+        return f"{head} {mark}{event.message}"
+    if event.kind == "job" and event.job is not None:
+        j = event.job
+        text = f"{head} {j.id} {j.backend} {j.state.value}"
+        if j.state.finished:
+            took = j.ran_s
+            if took is not None:
+                text += f" in {seconds(took)}"
+            if j.error:
+                text += f": {j.error}"
+        elif j.progress is not None:
+            text += f" {j.progress * 100:.0f} % {j.progress_text}".rstrip()
+        elif j.waiting:
+            text += f": {j.waiting}"
+        return text
+    if event.kind == "chunk":
+        return f"{head} {event.job_id} {len(event.data or b'')} bytes"
+    return f"{head} {event.backend or ''} {event.state or ''}".rstrip()
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -138,7 +170,7 @@ def queue_table(jobs: tuple[JobView, ...]) -> Table:
     for col in ("#", "job", "backend", "priority", "waiting", "passed", "age"):
         table.add_column(col, justify="right" if col in ("#", "priority", "passed", "age")
                          else "left")
-    now = time.monotonic()
+    now = time.time()
     for j in jobs:
         table.add_row(str(j.position or "–"), j.id, j.backend, str(j.priority),
                       j.waiting or "–", str(j.passed), seconds(max(0.0, now - j.submitted_at)))
@@ -150,8 +182,12 @@ def jobs_table(jobs: tuple[JobView, ...], title: str = "Jobs") -> Table:
     for col in ("job", "backend", "state", "progress", "GPU", "peak", "took", "note"):
         table.add_column(col, justify="right" if col in ("GPU", "peak", "took") else "left")
     for j in jobs:
-        progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
-        note = j.error or j.progress_text or j.waiting or ""
+        if j.finished:  # its last progress text is history, not its state
+            progress = "–"
+            note = j.error or ""
+        else:
+            progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
+            note = j.progress_text or j.waiting or ""
         table.add_row(j.id, j.backend, state_text(j.state), progress,
                       "–" if j.gpu is None else str(j.gpu), mib(j.peak_mib),
                       seconds(job_duration(j)), note)

@@ -43,7 +43,7 @@ from textual.widgets._footer import FooterKey
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import BackendView, EngineSnapshot
-from vramtui.commands import suggested_peak_mib
+from vramtui.peaks import size_to_declare, suggested_peak_mib
 
 from . import fmt
 from .table import RowTable
@@ -780,8 +780,9 @@ def learned_rows(b: BackendView) -> list[tuple[str, Any]]:
     return [
         ("vs declared", Text(f"jobs use {fmt.mib(over)} ({over / declared * 100:.0f} %) more "
                              "than the declared peak", style="bold red")),
-        ("suggested", Text.assemble((f"vram.peak: {fmt.mib(suggested)}", "bold yellow"),
-                                    (" (p95 + 5 %, rounded up to 64 MiB), or k to calibrate",
+        ("suggested", Text.assemble((f"vram.peak: {size_to_declare(suggested)}",
+                                     "bold yellow"),
+                                    (" (p95 + 5 %, rounded up), or m to calibrate",
                                      "dim"))),
     ]
 

@@ -23,7 +23,7 @@ from textual.widgets import RichLog
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
-from vramtui.commands import suggested_peak_mib
+from vramtui.peaks import size_to_declare, suggested_peak_mib
 
 from . import fmt
 from .fmt import Clocks
@@ -452,7 +452,7 @@ def over_declared_note(b: BackendView, narrow: bool) -> Text:
     suggested = suggested_peak_mib(b)
     if suggested is None:
         return Text("")
-    new = fmt.mib(suggested, compact=True)
+    new = size_to_declare(suggested).replace(" GiB", "G").replace(" MiB", "M")
     if narrow:
         return Text(f"peak→{new}", style="bold yellow")
     return Text(f"p95 {fmt.mib(b.observed_p95_mib, compact=True)} > declared "
