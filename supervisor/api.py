@@ -13,7 +13,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from .events import EngineEvent, Subscription
 from .jobs import JobView
-from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
+from .results import (
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
 from .snapshot import EngineSnapshot
 
 
@@ -26,6 +33,8 @@ class EngineAPI(Protocol):
     def wait(self, job_id: str, timeout: float | None = None) -> JobView: ...
 
     def job(self, job_id: str) -> JobView: ...
+
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest: ...
 
     def cancel(self, job_id: str) -> JobView: ...
 

@@ -26,7 +26,14 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .jobs import JobView
-from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
+from .results import (
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
 from .snapshot import EngineSnapshot
 
 
@@ -284,6 +291,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        how="deferred"),
     _m("job", JobView, "The job now; ``position`` is its place in the queue while it waits.",
        _JOB, safe=True),
+    _m("job_request", JobRequest, "The request a job was submitted with (bounded), while the "
+       "engine keeps it.", _JOB,
+       Arg("limit", INT, 65536, "bytes of it to send at most", check=between(0, 64 << 20)),
+       safe=True),
     _m("cancel", JobView, "Cancel a queued or running job (a running one gets its grace).",
        _JOB, mutating=True),
     _m("cancel_many", tuple[CancelResult, ...], "Cancel several jobs; one result each "

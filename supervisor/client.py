@@ -37,7 +37,14 @@ from .control.errors import (
 from .errors import VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
-from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
+from .results import (
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
 from .snapshot import EngineSnapshot
 
 __all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
@@ -318,6 +325,10 @@ class Client:
     def job(self, job_id: str) -> JobView:
         """The job now (``position`` is its place in the queue while it waits)."""
         return self._invoke("job", {"job_id": job_id})
+
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
+        """The request the job was submitted with (its first ``limit`` bytes), while kept."""
+        return self._invoke("job_request", {"job_id": job_id, "limit": limit})
 
     def cancel(self, job_id: str) -> JobView:
         return self._invoke("cancel", {"job_id": job_id})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidRequest, Refused, VramtuiError
 from .jobs import Job, JobState, JobView
-from .results import BackendChange, CancelResult, ReloadResult
+from .results import BackendChange, CancelResult, JobRequest, ReloadResult
 
 if TYPE_CHECKING:
     from .backends.loader import LoadResult
@@ -94,6 +94,22 @@ class EngineCommands:
         self._note("info", f"retrying {job_id} as {job.id} on {kept.backend} (asked)",
                    kept.backend)
         return job
+
+    def job_request(self: Engine, job_id: str, limit: int) -> JobRequest:
+        """The first ``limit`` bytes of the job's request, while it is kept."""
+        job = self.jobs.get(job_id)
+        payload: bytes | None = None
+        if job is not None and not job.state.finished:
+            payload = job.payload
+        else:
+            kept = self.kept_requests.get(job_id)
+            if kept is not None:
+                payload = kept.payload
+            else:
+                self.job_view(job_id)  # UnknownJob when there is no such job at all
+        if payload is None:
+            return JobRequest(job_id, 0, b"", kept=False)
+        return JobRequest(job_id, len(payload), payload[:limit])
 
     def set_priority(self: Engine, job_id: str, priority: int) -> JobView:
         """Give a queued job another priority (it keeps its place among equals)."""

@@ -28,7 +28,14 @@ from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
 from .paths import Paths
-from .results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
+from .results import (
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
 from .snapshot import EngineSnapshot
 
 T = TypeVar("T")
@@ -346,6 +353,10 @@ class Supervisor:
     def job(self, job_id: str) -> JobView:
         """The job now (``position`` is its place in the queue while it waits)."""
         return self._op("job", job_id=job_id)
+
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
+        """The request the job was submitted with (its first ``limit`` bytes), while kept."""
+        return self._op("job_request", job_id=job_id, limit=limit)
 
     def cancel(self, job_id: str) -> JobView:
         return self._op("cancel", job_id=job_id)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import Refused, UnknownBackend
 from .jobs import JobState, JobView
-from .results import CancelResult, LogChunk
+from .results import CancelResult, JobRequest, LogChunk
 from .snapshot import EngineSnapshot
 
 if TYPE_CHECKING:
@@ -47,6 +47,10 @@ def job(engine: Engine, job_id: str) -> JobView:
         position = next((i for i, j in enumerate(engine.queue, 1) if j.id == view.id), None)
         view = dataclasses.replace(view, position=position)
     return view
+
+
+def job_request(engine: Engine, job_id: str, limit: int) -> JobRequest:
+    return engine.job_request(job_id, limit)
 
 
 def cancel(engine: Engine, job_id: str) -> JobView:

@@ -81,6 +81,16 @@ class ReloadResult:
 
 
 @dataclass(frozen=True, slots=True)
+class JobRequest:
+    """The request a job was submitted with (its first ``limit`` bytes), while it is kept."""
+
+    job_id: str
+    size: int  # bytes in all
+    data: bytes  # at most the limit asked for
+    kept: bool = True  # False: no longer kept (data is empty)
+
+
+@dataclass(frozen=True, slots=True)
 class CancelResult:
     """One job of a ``cancel_many``: its state after the request, or why it was not found."""
 

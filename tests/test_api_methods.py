@@ -94,6 +94,11 @@ def test_priority_cancel_many_kill_retry_and_drain() -> None:
         wait_for(lambda: sup.snapshot().backend("slow").pid is None, 10, "no worker")
         with pytest.raises(Refused, match="no worker"):
             sup.kill("slow")
+        asked = c.job_request(first, limit=4)
+        assert (asked.size, asked.data) == (len(req(steps=40, step_s=0.05)), b'{"st')
+        assert sup.job_request(second).data == b"" and sup.job_request(second).kept
+        with pytest.raises(UnknownJob):
+            sup.job_request("j-nope")
         # retry: the same request as a new job
         with pytest.raises(UnknownJob):
             c.retry("j-nope")

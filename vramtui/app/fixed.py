@@ -21,7 +21,14 @@ from supervisor.calibration.report import write_report
 from supervisor.errors import EngineStopped, NoReport, UnknownBackend, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
-from supervisor.results import CancelResult, DescriptorInfo, LogChunk, ReloadResult, ReportFile
+from supervisor.results import (
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
 
 from .fmt import Clocks
@@ -160,6 +167,12 @@ class FixedSource:
     def cancel(self, job_id: str) -> JobView:
         self._record("cancel", job_id)
         return self.job(job_id)
+
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
+        self._record("job_request", job_id)
+        view = self.job(job_id)
+        data = json.dumps({"steps": 20, "prompt": view.metadata.get("prompt", "")}).encode()
+        return JobRequest(job_id, len(data), data[:limit])
 
     def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
         self._record("cancel_many", tuple(job_ids))
