@@ -70,7 +70,7 @@ COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "retry", "p
             "events", "backends", "evict", "respawn", "preload", "kill", "zero", "drain",
             "reload", "logs", "doctor", "calibrate", "recalibrate")
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo"})
+                            "--dynamo", "--theme"})
 
 
 class _Skipped:
@@ -126,7 +126,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
-                        help="TUI: do not ask before evict/cancel/zero")
+                        help="TUI: do not ask before evict/cancel/zero/kill/drain")
+    parser.add_argument("--theme", metavar="NAME",
+                        help="TUI: the colour theme (e.g. textual-dark, nord, gruvbox, "
+                             "textual-light; ctrl+p lists them all; default: $VRAMTUI_THEME, "
+                             "else textual-dark).  NO_COLOR=1 turns colour off")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help_text: str) -> Any:

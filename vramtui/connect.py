@@ -88,10 +88,10 @@ def attach(path: Path, *, wait_starting: float = STARTING_WAIT_S,
 
 
 def describe(client: Client) -> str:
-    pid = client.info.get("pid", "?")
-    mode = client.info.get("mode", "")
-    kind = "embedded in a TUI, " if mode == "embedded" else ""
-    return f"attached to {kind}pid {pid} at {client.path}"
+    """"attached to the engine at PATH" (its pid changes when it restarts: the TUI reads it
+    from each snapshot)."""
+    kind = " (embedded in another TUI)" if client.info.get("mode") == "embedded" else ""
+    return f"attached to the engine at {client.path}{kind}"
 
 
 def open_engine(args: argparse.Namespace, *, allow_embedded: bool) -> tuple[EngineAPI, str]:

@@ -53,12 +53,24 @@ def run_app(args: argparse.Namespace) -> int:
     # The engine logs through `logging`; with no handler, warnings would be printed on
     # stderr over the screen.  The TUI shows the engine's log itself.
     logging.getLogger("supervisor").addHandler(logging.NullHandler())
+    import os
+
+    theme = getattr(args, "theme", None) or os.environ.get("VRAMTUI_THEME") or None
+    if theme is not None:
+        from textual.theme import BUILTIN_THEMES
+
+        if theme not in BUILTIN_THEMES:
+            from vramtui.output import error
+
+            error(f"unknown theme {theme!r}; themes: {', '.join(sorted(BUILTIN_THEMES))}")
+            return 2
     try:
         api, mode, reconnect = _open(args)
     except VramtuiError as exc:
         return _start_failed(exc)
     app = VramApp(api, mode, readonly=bool(getattr(args, "readonly", False)),
-                  confirm=not getattr(args, "no_confirm", False), reconnect=reconnect)
+                  confirm=not getattr(args, "no_confirm", False), reconnect=reconnect,
+                  theme=theme)
     try:
         code = app.run()
     finally:

@@ -33,8 +33,8 @@ from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
 
 from .fmt import Clocks
 
-MONO0 = 50_000.0  # the fixed engine monotonic clock
-WALL0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC
+WALL0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: the fixed "now"
+MONO0 = WALL0  # views carry wall-clock times: jobs, GPU history and log alike
 LOG_DIR = "/nonexistent/vramtui/state/logs"
 DEMO_SOURCE = "examples/demo/backends.yaml"
 
@@ -324,8 +324,8 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                 "backends"),
         LogLine(t - 560.0, "info", "starting sdxl-sim on GPU0", "sdxl-sim"),
         LogLine(t - 420.0, "info", "starting llm-8b-sim on GPU0", "llm-8b-sim"),
-        LogLine(t - 230.0, "info", "evicting llm-8b-sim (idle, to make room for flux-sim)",
-                "llm-8b-sim"),
+        LogLine(t - 230.0, "info", "evicting llm-8b-sim from GPU0 (frees 10240 MiB): idle, "
+                "its room is needed by j-1c0ffee5a0 (flux-sim)", "llm-8b-sim"),
         LogLine(t - 229.0, "info", "starting flux-sim on GPU0", "flux-sim"),
         LogLine(t - 150.0, "info", "flux-sim idle for 60 s (keep_alive): unloading",
                 "flux-sim"),
@@ -334,7 +334,6 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                 "~/.local/state/vramtui/logs/whisper-sim.log", "whisper-sim"),
         LogLine(t - 61.0, "warning", "refused a job for giant-sim: needs 96.0 GiB at peak; "
                 "the largest GPU has 24.0 GiB", "giant-sim"),
-        LogLine(t - 14.0, "info", "admitted j-7f3a91c2d4 on sdxl-sim (GPU0)", "sdxl-sim"),
     )
     return EngineSnapshot(
         taken_at=WALL0, uptime_s=3723.0, source="simulated" if simulated else "nvml",
