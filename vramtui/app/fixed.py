@@ -22,6 +22,7 @@ from supervisor.errors import EngineStopped, NoReport, UnknownBackend, UnknownJo
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
 from supervisor.results import (
+    BackendChange,
     CancelResult,
     DescriptorInfo,
     JobRequest,
@@ -29,7 +30,7 @@ from supervisor.results import (
     ReloadResult,
     ReportFile,
 )
-from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
+from supervisor.snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView, LogLine
 
 from .fmt import Clocks
 
@@ -207,8 +208,23 @@ class FixedSource:
         return (gpu,) if on else ()
 
     def reload(self) -> ReloadResult:
+        """A reload that found one file changed and one broken (what the screen shows)."""
         self._record("reload")
-        return ReloadResult((), (), (), (), (), (DEMO_SOURCE,))
+        return ReloadResult(
+            added=("whisper-large-sim",), removed=(),
+            changed=(BackendChange("sdxl-sim", ("priority: 10 → 20", "keep_alive: 300 → 600"),
+                                   ()),
+                     BackendChange("llm-8b-sim", ("vram.peak: 12288 → 13312 MiB",
+                                                  "env: MODEL_PATH changed"),
+                                   ("its busy worker runs the old env until it is respawned "
+                                    "(vramtui respawn llm-8b-sim)",))),
+            kept=("flux-sim: kept its previous descriptor (~/.config/vramtui/backends.d/"
+                  "flux.yaml:7: YAML error: a tab at column 1)",),
+            errors=("~/.config/vramtui/backends.d/flux.yaml:7: YAML error: a tab at column 1: "
+                    "YAML indents with spaces only; replace it with spaces (found a tab "
+                    "character that violates indentation)",),
+            files=(DEMO_SOURCE, "~/.config/vramtui/backends.d/flux.yaml",
+                   "~/.config/vramtui/backends.d/zz-calibrated-sdxl-sim.yaml"))
 
     def descriptor(self, backend: str) -> DescriptorInfo:
         """The demo descriptor file's entry, as the engine would describe it."""
@@ -257,12 +273,18 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
         gpu = GpuView(index=0, name="Simulated GPU (24 GiB)", total_mib=total,
                       used_mib=19020, free_mib=total - 19020, reserved_mib=20480,
                       ours_mib=19020, foreign_mib=0, util_pct=None, temp_c=None,
-                      power_w=None, simulated=True, reserve_mib=256, history=hist)
+                      power_w=None, simulated=True, reserve_mib=256, history=hist,
+                      processes=(GpuProcess(41027, 10342, "ada", "llm-8b-sim"),
+                                 GpuProcess(41021, 8678, "ada", "sdxl-sim"),
+                                 GpuProcess(41022, 538, "ada", "sdxl-sim")))
     else:
         gpu = GpuView(index=0, name="NVIDIA L4", total_mib=total, used_mib=19788,
                       free_mib=total - 19788, reserved_mib=20480, ours_mib=19020,
                       foreign_mib=768, util_pct=87, temp_c=64, power_w=61.4,
-                      simulated=False, reserve_mib=256, history=hist)
+                      simulated=False, reserve_mib=256, history=hist,
+                      processes=(GpuProcess(41027, 10342, "ada", "llm-8b-sim"),
+                                 GpuProcess(41021, 8678, "ada", "sdxl-sim"),
+                                 GpuProcess(7311, 768, "grace", None)))
     backends = (
         _backend("echo", "ready", pid=41033, gpu=0, observed=0, declared=16, reserved=16,
                  served=12, last_used=95, keep=205, p95=0,

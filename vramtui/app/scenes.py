@@ -125,6 +125,19 @@ async def submit_dialog(pilot: Pilot[int]) -> None:
     await settle(pilot)
 
 
+async def processes(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    await pilot.press("v")  # the GPUs' processes in place of the events
+    await settle(pilot)
+
+
+async def reload_diff(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    app.request_reload()
+    await settle(pilot, until=lambda: type(app.screen).__name__ == "ReloadScreen")
+
+
 async def confirm_evict(pilot: Pilot[int]) -> None:
     await settle(pilot)
     app: VramApp = pilot.app  # type: ignore[assignment]
@@ -178,9 +191,11 @@ SCENES = (
     SceneSpec("job", job_detail),
     SceneSpec("backend", backend_detail),
     SceneSpec("help", help_screen),
+    SceneSpec("processes", processes),
+    SceneSpec("reload", reload_diff),
     SceneSpec("submit", submit_dialog),
     SceneSpec("confirm", confirm_evict),
     SceneSpec("calibration", calibration_result),
     SceneSpec("calibrating", calibration_live, calibrating=True),
 )
-SIZES = ((80, 24), (160, 48))
+SIZES = ((80, 24), (120, 40), (160, 48))
