@@ -21,19 +21,10 @@ Imports only the view dataclasses (a CLI process pays for nothing else).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidRequest
 from .jobs import JobView
-from .results import (
-    CancelResult,
-    DescriptorInfo,
-    JobRequest,
-    LogChunk,
-    ReloadResult,
-    ReportFile,
-)
 from .snapshot import EngineSnapshot
 
 
@@ -52,13 +43,16 @@ class _Bad(Exception):
     """A value of the wrong kind (the message is what it must be)."""
 
 
-@dataclass(frozen=True, slots=True)
 class Kind:
-    """What an argument takes: ``name`` for messages, ``convert`` checks and normalises."""
+    """What an argument takes: ``name`` for messages, ``convert`` checks and normalises.
 
-    name: str
-    convert: Callable[[Any], Any]
-    hint: str  # the Python annotation, as written in the signatures
+    (This module's classes are plain slotted classes, not dataclasses: the client imports
+    the list at every start, and frozen dataclasses cost it milliseconds to build.)"""
+
+    __slots__ = ("convert", "hint", "name")
+
+    def __init__(self, name: str, convert: Callable[[Any], Any], hint: str) -> None:
+        self.name, self.convert, self.hint = name, convert, hint  # hint: the annotation
 
     def __call__(self, value: Any) -> Any:
         return self.convert(value)
@@ -148,19 +142,28 @@ def at_most_items(n: int) -> Callable[[Any], str | None]:
     return check
 
 
-@dataclass(frozen=True, slots=True)
 class Arg:
-    """One argument of a method."""
+    """One argument of a method.
 
-    name: str  # its Python name
-    kind: Kind
-    default: Any = REQUIRED
-    doc: str = ""
-    positional: bool = False  # positional-or-keyword in the signature (else keyword-only)
-    side: str = "api"  # "api": signature and wire; "wire": client and wire; "local": no wire
-    wire: str | None = None  # its name on the wire, when not ``name``
-    check: Callable[[Any], str | None] | None = None  # a message when the value is refused
-    via: str | None = None  # a wire argument the Client reaches through this method instead
+    ``name``: its Python name; ``positional``: positional-or-keyword in the signature (else
+    keyword-only); ``side``: "api" (signature and wire), "wire" (client and wire), "local"
+    (no wire); ``wire``: its name on the wire when not ``name``; ``check``: a message when
+    the value is refused; ``via``: the Client method that reaches this wire argument.
+    """
+
+    __slots__ = ("check", "default", "doc", "kind", "name", "positional", "side", "via",
+                 "wire")
+
+    def __init__(self, name: str, kind: Kind, default: Any = REQUIRED, doc: str = "", *,
+                 positional: bool = False, side: str = "api", wire: str | None = None,
+                 check: Callable[[Any], str | None] | None = None,
+                 via: str | None = None) -> None:
+        self.name, self.kind, self.default, self.doc = name, kind, default, doc
+        self.positional, self.side, self.wire = positional, side, wire
+        self.check, self.via = check, via
+
+    def __repr__(self) -> str:
+        return f"Arg({self.name!r}, {self.kind.name})"
 
     @property
     def wire_name(self) -> str:
@@ -189,7 +192,6 @@ class Arg:
         return value
 
 
-@dataclass(frozen=True, slots=True)
 class Method:
     """One method: its arguments in signature order, what it answers, where it lives.
 
@@ -200,15 +202,20 @@ class Method:
     ``safe``: reads only, so the client may send it again on a fresh connection.
     """
 
-    name: str
-    args: tuple[Arg, ...]
-    returns: Any  # the Python type of the result (dataclasses are rebuilt from the wire)
-    doc: str
-    how: str = "call"
-    facade: bool = True
-    client: str | None = ""
-    safe: bool = False
-    mutating: bool = False  # changes the engine (off in a read-only TUI)
+    __slots__ = ("args", "client", "doc", "facade", "how", "mutating", "name", "returns",
+                 "safe")
+
+    def __init__(self, name: str, args: tuple[Arg, ...], returns: Any, doc: str, *,
+                 how: str = "call", facade: bool = True, client: str | None = "",
+                 safe: bool = False, mutating: bool = False) -> None:
+        # returns: the Python type of the result (dataclasses are rebuilt from the wire), or
+        # a name of supervisor.results ("LogChunk", or "CancelResult..." for a tuple of them)
+        self.name, self.args, self.returns, self.doc = name, args, returns, doc
+        self.how, self.facade, self.client = how, facade, client
+        self.safe, self.mutating = safe, mutating  # mutating: off in a read-only TUI
+
+    def __repr__(self) -> str:
+        return f"Method({self.name!r})"
 
     @property
     def client_name(self) -> str | None:
@@ -251,11 +258,23 @@ class Method:
         return {a.name: a.take(self.name, given.get(a.wire_name)) for a in self.args
                 if a.side != "local"}
 
+    @property
+    def result_type(self) -> Any:
+        """:attr:`returns`, with a name of :mod:`supervisor.results` resolved (those are
+        imported on first use: a ``vramtui status`` never pays for them)."""
+        if isinstance(self.returns, str):
+            from . import results
+
+            name, many = self.returns.removesuffix("..."), self.returns.endswith("...")
+            cls = getattr(results, name)
+            return tuple[cls, ...] if many else cls  # type: ignore[valid-type]
+        return self.returns
+
     def decode(self, value: Any) -> Any:
         """A reply's ``r`` rebuilt as :attr:`returns` (raises DecodeError when malformed)."""
         from .control.codec import decoder
 
-        return decoder(self.returns)(value)
+        return decoder(self.result_type)(value)
 
 
 def _m(name: str, returns: Any, doc: str, *args: Arg, **kw: Any) -> Method:
@@ -291,13 +310,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        how="deferred"),
     _m("job", JobView, "The job now; ``position`` is its place in the queue while it waits.",
        _JOB, safe=True),
-    _m("job_request", JobRequest, "The request a job was submitted with (bounded), while the "
+    _m("job_request", "JobRequest", "The request a job was submitted with (bounded), while the "
        "engine keeps it.", _JOB,
        Arg("limit", INT, 65536, "bytes of it to send at most", check=between(0, 64 << 20)),
        safe=True),
     _m("cancel", JobView, "Cancel a queued or running job (a running one gets its grace).",
        _JOB, mutating=True),
-    _m("cancel_many", tuple[CancelResult, ...], "Cancel several jobs; one result each "
+    _m("cancel_many", "CancelResult...", "Cancel several jobs; one result each "
        "(an unknown job's says so).",
        Arg("job_ids", STRS, doc="the jobs' ids", positional=True, wire="jobs",
            check=at_most_items(10_000)),
@@ -324,11 +343,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        Arg("gpu", INT, doc="the GPU's index", positional=True, check=at_least(0)),
        Arg("on", BOOL, True, "True: drain; False: admit work there again", positional=True),
        mutating=True),
-    _m("reload", ReloadResult, "Read the backend descriptors again and apply what changed "
+    _m("reload", "ReloadResult", "Read the backend descriptors again and apply what changed "
        "(a file with errors leaves its backends as they were).", mutating=True),
-    _m("descriptor", DescriptorInfo, "A backend's descriptor: each file's entry for it and "
+    _m("descriptor", "DescriptorInfo", "A backend's descriptor: each file's entry for it and "
        "what the engine runs with now.", _BACKEND, safe=True),
-    _m("calibration_report", ReportFile, "A backend's latest calibration report (or the one "
+    _m("calibration_report", "ReportFile", "A backend's latest calibration report (or the one "
        "named), as the JSON the engine wrote.", _BACKEND,
        Arg("name", STR, None, "a report's file name (default: the latest)"),
        safe=True),
@@ -354,7 +373,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "of queueing", side="local"),
        Arg("job_id", STR, None, "one job's events only", side="wire", wire="job"),
        how="stream"),
-    _m("logs", LogChunk, "The last lines of a backend's worker log, or what follows offset.",
+    _m("logs", "LogChunk", "The last lines of a backend's worker log, or what follows offset.",
        _BACKEND,
        Arg("lines", INT, 50, "lines from the end", check=between(0, 100_000)),
        Arg("offset", INT, None, "continue from here (the offset of the last chunk)",

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker_sdk.protocol import DataType, Decoder, EventType, Message, MessageType, encode
 
@@ -37,17 +37,27 @@ from .control.errors import (
 from .errors import VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
-from .results import (
-    CancelResult,
-    DescriptorInfo,
-    JobRequest,
-    LogChunk,
-    ReloadResult,
-    ReportFile,
-)
 from .snapshot import EngineSnapshot
 
+if TYPE_CHECKING:
+    from .results import (
+        CancelResult,
+        DescriptorInfo,
+        JobRequest,
+        LogChunk,
+        ReloadResult,
+        ReportFile,
+    )
+
 __all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
+
+
+def __getattr__(name: str) -> Any:  # LogChunk used to live here
+    if name == "LogChunk":
+        from .results import LogChunk
+
+        return LogChunk
+    raise AttributeError(name)
 
 CALL_TIMEOUT = 30.0
 WAIT_MARGIN = 30.0

@@ -7,6 +7,7 @@ never imports Textual and starts fast.  Handlers return an exit code (see ``EXIT
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,22 @@ examples:
   vramtui recalibrate sdxl-report.json --write-overlay
                                           re-analyse a stored report (no GPU, no engine)
 """
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, minus its ``import shutil`` (and with it zlib, bz2 and lzma: a
+    few ms of every command's start, paid only to learn the terminal's width)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            env = os.environ.get("COLUMNS", "")
+            try:
+                columns = int(env) if env.isdigit() else os.get_terminal_size(1).columns
+            except OSError:
+                columns = 80
+            width = max(11, columns - 2)
+        super().__init__(prog, indent_increment, max_help_position, width)
 
 
 class UsageError(Exception):
@@ -106,7 +123,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     "admission by real peak VRAM, a priority queue, eviction, one process "
                     "per model.",
         epilog=EXAMPLES + "\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"vramtui {__version__}")
     _engine_options(parser)
@@ -137,7 +154,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             return _Skipped()
         p = sub.add_parser(name, help=help_text, description=help_text,
-                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=EXIT_CODES, formatter_class=_Formatter)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--attach", metavar="SOCKET", default=argparse.SUPPRESS,
                        help="the control socket of the engine (default: the runtime "

@@ -101,14 +101,14 @@ def _watching(args: argparse.Namespace, show: Callable[[], None]) -> int:
     interval = 2.0 if interval is None else interval
     if not 0.1 <= interval <= 86400:
         raise UsageError("-n takes between 0.1 and 86400 seconds")
-    from .output import out
+    from .plain import show
 
     try:
         while True:
-            if out.is_terminal and not args.json:
-                out.clear()
-                out.print(f"[dim]every {interval:g} s · {time.strftime('%H:%M:%S')} · ctrl+c "
-                          "stops[/]")
+            if sys.stdout.isatty() and not args.json:
+                sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, cursor home
+                show((f"every {interval:g} s · {time.strftime('%H:%M:%S')} · ctrl+c "
+                      "stops", "dim"))
             show()
             time.sleep(interval)
     except KeyboardInterrupt:
@@ -129,24 +129,27 @@ def _status(client: Client, args: argparse.Namespace) -> None:
 
         print_json(snap, compact=bool(args.watch or args.interval))
         return
-    from .output import backend_table, gpu_table, mib, out, seconds
+    from .output import backend_table, gpu_table, mib, process_table, seconds
+    from .plain import show
 
     kind = "SIMULATED" if snap.simulated else (snap.source or "GPU")
-    head = (f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
-            f"{seconds(snap.uptime_s)}, GPU {kind}"
-            + (f", driver {snap.driver_version}" if snap.driver_version else "")
-            + ("  [bold yellow]stopping[/]" if snap.stopping else ""))
-    out.print(head)
-    out.print(f"socket {client.path}")
+    show(f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
+         f"{seconds(snap.uptime_s)}, GPU {kind}"
+         + (f", driver {snap.driver_version}" if snap.driver_version else ""),
+         ("  stopping" if snap.stopping else "", "bold yellow"))
+    show(f"socket {client.path}")
     if snap.notice:
-        out.print(f"[yellow]note:[/] {snap.notice}")
+        show(("note: ", "yellow"), snap.notice)
     for problem in snap.descriptor_errors:
-        out.print(f"[red]descriptor error:[/] {problem}")
-    out.print(gpu_table(snap))
-    out.print(backend_table(snap))
+        show(("descriptor error: ", "red"), problem)
+    show(gpu_table(snap))
+    show(backend_table(snap))
+    procs = process_table(snap)
+    if procs is not None:
+        show(procs)
     free = sum(g.budget_mib for g in snap.gpus if not g.draining)
-    out.print(f"jobs: {len(snap.running)} running, {len(snap.queued)} queued; admission "
-              f"budget left {mib(free)}")
+    show(f"jobs: {len(snap.running)} running, {len(snap.queued)} queued; admission "
+         f"budget left {mib(free)}")
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
@@ -159,12 +162,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
             print_json(snap.queued, compact=bool(args.watch or args.interval))
             return
-        from .output import out, queue_table
+        from .output import queue_table
+        from .plain import show
 
         if not snap.queued:
-            out.print("the queue is empty")
+            show("the queue is empty")
         else:
-            out.print(queue_table(snap.queued))
+            show(queue_table(snap.queued))
 
     return _watching(args, show)
 
@@ -192,13 +196,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
             print_json(wanted, compact=bool(args.watch or args.interval))
             return
-        from .output import jobs_table, out
+        from .output import jobs_table
+        from .plain import show
 
         jobs = wanted["running"] + wanted["queued"] + wanted["recent"]
         if not jobs:
-            out.print("no jobs" + (" like that" if args.state or args.backend else " yet"))
+            show("no jobs" + (" like that" if args.state or args.backend else " yet"))
         else:
-            out.print(jobs_table(jobs))
+            show(jobs_table(jobs))
 
     return _watching(args, show)
 
@@ -377,15 +382,14 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print_json([{**jsonable(b), "over_declared": b.over_declared,
                      "suggested_peak_mib": suggested_peak_mib(b)} for b in snap.backends])
         return Exit.OK
-    from rich.markup import escape
+    from .output import backend_table
+    from .plain import show
 
-    from .output import backend_table, out
-
-    out.print(backend_table(snap, wide=True))
+    show(backend_table(snap, wide=True))
     for backend in snap.backends:
         line = over_declared_line(backend)
         if line is not None:
-            out.print(f"[bold red]over peak![/] {escape(line)}")
+            show(("over peak! ", "bold red"), line)
     return Exit.OK
 
 
