@@ -27,6 +27,7 @@ from .errors import EngineStopped, JobTimeout, VramtuiError
 from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
+from .limits import Limits
 from .paths import Paths
 from .results import (
     CancelResult,
@@ -114,6 +115,7 @@ class Supervisor:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._done = threading.Event()
+        self.limits = Limits()  # what from_config read from the environment
 
     @classmethod
     def from_config(
@@ -126,6 +128,9 @@ class Supervisor:
         environ: Mapping[str, str] = os.environ,
     ) -> Supervisor:
         """Read the configuration and build an engine (not started yet)."""
+        limits = Limits.from_env(environ)
+        if config is None:
+            config = EngineConfig(max_queue_depth=limits.max_queue)
         paths = (paths or Paths.from_env(environ)).ensure()
         probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
@@ -143,7 +148,9 @@ class Supervisor:
             paths=paths,
             config=config,
         )
-        return cls(engine, paths)
+        sup = cls(engine, paths)
+        sup.limits = limits
+        return sup
 
     # -- running --------------------------------------------------------------------------
     def add_service(self, service: Service) -> None:

@@ -32,7 +32,8 @@ from serve_support import (
 )
 
 from supervisor.control import messages as m
-from supervisor.control.errors import EngineNotRunning
+from supervisor.control.errors import EngineNotRunning, RequestTooLarge
+from supervisor.errors import QueueFull
 from supervisor.jobs import JobState
 from worker_sdk.protocol import DataType, MessageType, encode_bytes
 
@@ -287,3 +288,31 @@ def test_a_client_outlives_an_engine_restart(serve: StartServe) -> None:
         c.submit("echo", b"while down")
     serve(root=s.root)
     assert c.submit_wait("echo", b"after").data == b"after"  # a fresh connection, no error
+
+
+def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> None:
+    root = new_root()
+    env = make_env(root)
+    env.update(VRAMTUI_MAX_QUEUE="2", VRAMTUI_MAX_REQUEST="1MiB")
+    served = start_serve(env, root)
+    try:
+        c = served.client()
+        assert c.info["max_request"] == 1024 * 1024
+        with pytest.raises(RequestTooLarge):
+            c.submit("echo", b"x" * (2 * 1024 * 1024))
+        first = c.submit("slow", b'{"steps": 200, "step_s": 0.02}')
+        wait_for(lambda: c.job(first).state is not JobState.QUEUED, 30, "the first admitted")
+        jobs = [first] + [c.submit("slow", b"") for _ in range(2)]
+        with pytest.raises(QueueFull):  # one runs, two wait: the third waiter is refused
+            c.submit("slow", b"")
+        for j in jobs:
+            c.cancel(j)
+        c.close()
+    finally:
+        reap(served)
+    bad = make_env(new_root())
+    bad["VRAMTUI_MAX_QUEUE"] = "lots"
+    for args in (["--serve"], ["--gpus", "sim:8GiB"]):
+        done = cli(bad, *args)
+        assert done.returncode == 2 and "VRAMTUI_MAX_QUEUE" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1

@@ -123,11 +123,12 @@ def open_client(args: argparse.Namespace) -> Client:
 def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:
     from supervisor.facade import EngineRunning, Supervisor
     from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
+    from supervisor.limits import BadLimit
 
     try:
         sup = Supervisor.from_config(gpus=getattr(args, "gpus", "auto"),
                                      backends=getattr(args, "backends", None) or ())
-    except (BadGpuSpec, PathsError) as exc:
+    except (BadGpuSpec, PathsError, BadLimit) as exc:
         raise EngineStartError(str(exc)) from None
     except GpuUnavailable as exc:
         raise EngineStartError(str(exc), usage=False) from None
@@ -148,6 +149,6 @@ def serve_control(sup: Supervisor, *, mode: str, allow_group: int | None = None,
 
     server = ControlServer(sup.engine, sup.paths.control_socket, mode=mode,
                            version=__version__, allow_group=allow_group,
-                           on_ready=on_ready)
+                           on_ready=on_ready, max_request=sup.limits.max_request)
     sup.add_service(server)
     return server

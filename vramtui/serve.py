@@ -73,10 +73,11 @@ def run_serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, group: int | None) -> int:
     from supervisor.facade import EngineRunning, Supervisor
     from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
+    from supervisor.limits import BadLimit
 
     try:
         sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends)
-    except (BadGpuSpec, PathsError) as exc:
+    except (BadGpuSpec, PathsError, BadLimit) as exc:
         return _fail(str(exc), Exit.USAGE)
     except GpuUnavailable as exc:
         return _fail(str(exc), Exit.FAILED)
