@@ -25,7 +25,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input, TextArea
 
 from supervisor import JobState, Supervisor
-from vramtui.app import VramApp, fmt
+from vramtui.app import VramApp
 from vramtui.app.app import DEMO_WORKLOAD
 from vramtui.app.calibration import CalibrationScreen, PhaseChart
 from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
@@ -40,7 +40,7 @@ from vramtui.app.screens import (
 )
 from vramtui.app.screens import SaveDataDialog as SaveReportDialog
 from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
-from vramtui.peaks import suggested_peak_mib
+from vramtui.peaks import over_declared_line, size_to_declare, suggested_peak_mib
 
 
 def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -593,7 +593,11 @@ async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_pe
             assert suggested is not None and suggested % 64 == 0
             assert suggested >= b.observed_p95_mib * 1.05  # type: ignore[union-attr]
             table = app.screen.query_one(BackendsTable)
-            await until(pilot, lambda: f"set peak {fmt.mib(suggested, compact=True)}"
+            # one figure everywhere: the table, the details and `vramtui backends` agree
+            said = size_to_declare(suggested)
+            assert said in (over_declared_line(b) or "")  # type: ignore[arg-type]
+            short = said.replace(" GiB", "G").replace(" MiB", "M")
+            await until(pilot, lambda: f"set peak {short}"
                         in str(table.get_cell("greedy", "error")), "the flag in the table")
             assert str(table.get_cell("greedy", "peak")).endswith("!")
             await select_backend(pilot, "greedy")
@@ -602,7 +606,7 @@ async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_pe
             await until(pilot, lambda: "vram.peak" in text_of(app.screen.query_one("#fp-text")),
                         "the suggestion in the details")
             footprint = text_of(app.screen.query_one("#fp-text"))
-            assert f"vram.peak: {fmt.mib(suggested)}" in footprint
+            assert f"vram.peak: {said}" in footprint
             assert "more than the declared peak" in footprint and "declared" in footprint
 
 

@@ -564,9 +564,12 @@ class DetailScreen(SnapshotScreen):
     def _append_log(self, lines: list[str], note: str | None, tail: LogTail) -> None:
         if not self.is_mounted:
             return
-        self._log_title()
+        try:  # the screen may be on its way out (popped while the read was under way)
+            self._log_title()
+            log = self.query_one("#worker-log", RewrapLog)
+        except NoMatches:
+            return
         self.logs_read = True
-        log = self.query_one("#worker-log", RewrapLog)
         if note is not None:
             if not getattr(self, "_noted", False):
                 log.add(Text(note, style="dim"))
