@@ -341,3 +341,19 @@ def test_events_follows_the_engine(served: Served) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
+
+
+def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
+    import signal
+
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "status", "-n", "0.2", "--json"],
+                            env=served.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        first, second = json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
+        assert second["taken_at"] > first["taken_at"]  # one compact document per refresh
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    assert run(served, "status", "-n", "0").returncode == 2

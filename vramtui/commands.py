@@ -101,14 +101,14 @@ def _watching(args: argparse.Namespace, show: Callable[[], None]) -> int:
     interval = 2.0 if interval is None else interval
     if not 0.1 <= interval <= 86400:
         raise UsageError("-n takes between 0.1 and 86400 seconds")
-    from .plain import show
+    from . import plain
 
     try:
         while True:
             if sys.stdout.isatty() and not args.json:
                 sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, cursor home
-                show((f"every {interval:g} s · {time.strftime('%H:%M:%S')} · ctrl+c "
-                      "stops", "dim"))
+                plain.show((f"every {interval:g} s · {time.strftime('%H:%M:%S')} · ctrl+c "
+                            "stops", "dim"))
             show()
             time.sleep(interval)
     except KeyboardInterrupt:
