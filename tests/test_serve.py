@@ -316,3 +316,27 @@ def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> Non
         done = cli(bad, *args)
         assert done.returncode == 2 and "VRAMTUI_MAX_QUEUE" in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_sighup_reloads_the_descriptors_without_a_restart() -> None:
+    import yaml
+
+    root = new_root()
+    env = make_env(root)
+    served = start_serve(env, root)
+    try:
+        desc = Path(env["VRAMTUI_TEST_BACKENDS"])
+        doc = yaml.safe_load(desc.read_text())
+        doc["backends"].append(dict(doc["backends"][0], name="echo2"))
+        desc.write_text(yaml.safe_dump(doc))
+        c = served.client()
+        pid = c.snapshot().pid
+        served.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: c.snapshot().backend("echo2") is not None, 20, "echo2 loaded")
+        assert c.snapshot().pid == pid  # the same engine, not a restart
+        assert c.submit_wait("echo2", b"hup").data == b"hup"
+        assert any("descriptors reloaded: 1 added (echo2)" in line.text
+                   for line in c.snapshot().log)
+        c.close()
+    finally:
+        reap(served)
