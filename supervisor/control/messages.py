@@ -47,3 +47,12 @@ def format_size(n: int) -> str:
             value = n / size
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n} bytes"
+
+
+def __getattr__(name: str) -> Any:
+    """``METHODS`` (the wire's method names) lives in :mod:`supervisor.apispec` now."""
+    if name == "METHODS":
+        from ..apispec import WIRE_METHODS
+
+        return WIRE_METHODS
+    raise AttributeError(name)

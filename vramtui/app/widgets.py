@@ -671,10 +671,24 @@ class ProcessTable(RowTable):
 # ----------------------------------------------------------------------------- event log -
 
 
+# The story of the queue at a glance: a mark for what each note says happened.
+_MARKS = (("admitted", "▶ ", "green"), ("starting", "↑ ", "cyan"), ("evicting", "↓ ", "#c678dd"),
+          ("finished", "✓ ", "green"), ("succeeded", "✓ ", "green"), ("calibrat", "◆ ", "cyan"),
+          ("retrying", "↻ ", "cyan"), ("descriptors reloaded", "↻ ", "cyan"))
+
+
 def log_text(line: LogLine, clocks: Clocks) -> Text:
     t = Text(no_wrap=False)
     t.append(clocks.hms(line.t) + " ", style="dim")
-    marker = {"error": "✖ ", "warning": "▲ "}.get(line.level, "· ")
+    marker = {"error": "✖ ", "warning": "▲ "}.get(line.level)
+    if marker is None:
+        head = line.text[:40].lower()
+        found = next(((m, st) for word, m, st in _MARKS if word in head), None)
+        if found is not None:
+            t.append(found[0], style=found[1])
+            t.append(line.text, style=fmt.LEVEL_STYLE.get(line.level, ""))
+            return t
+        marker = "· "
     style = fmt.LEVEL_STYLE.get(line.level, "")
     t.append(marker, style=style or "dim")
     t.append(line.text, style=style)
