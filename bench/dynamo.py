@@ -1,33 +1,33 @@
-"""Benchmark: round trip of a small request through a Dynamo client to a worker.
+"""Benchmark: a small request through Dynamo to a worker, directly and through the engine.
 
 Not a test. Run: ``.venv/bin/python bench/dynamo.py [--n 1000]`` (needs the ``dynamo`` extra).
 Everything runs on this host with file discovery and the TCP request plane in a temporary
-directory (no etcd, no NATS). Each case sends ``--n`` requests one after another (after
-``--warmup`` unmeasured ones) from an asyncio Dynamo client in this process and prints the
-median, p90 and p99 wall time of a whole round trip (send, every response item received) and
-the sequential rate, measured with ``time.perf_counter``.
+directory (no etcd, no NATS).  The cases are measured in interleaved rounds (``--round``
+requests of each case in turn, until every case has ``--n``, after ``--warmup`` unmeasured
+ones each), so that the noise of a shared machine falls on all of them alike; each is a whole
+round trip (send, every response item received), timed with ``time.perf_counter`` from an
+asyncio Dynamo client in this process.
 
-Cases:
-- bare-dynamo: a plain Dynamo async-generator handler echoing the request, no worker_sdk: the
-  floor that Dynamo's client, TCP request plane and msgpack codec set;
-- raw-bytes: ``python -m worker_sdk.dynamo examples/echo/main.py`` (raw type), 16 bytes in,
-  one reply item out; the difference to bare-dynamo is the bridge (thread hop to the predict
-  thread, request context, shaping);
-- raw-stream-10: the same worker, ``{"stream": 10}``: ten streamed chunks per request;
-- embedding: ``examples/dynamo/main.py --type embedding``, one 8-float vector in the OpenAI
-  embedding shape;
-- raw-bytes-sync-client: raw-bytes through ``worker_sdk.dynamo.client.Client``, the blocking
-  client (its background-thread hop included).
+The main table, one column per path, the same job on each:
 
-Through the engine: ``vramtui --serve --dynamo benchengine`` (simulated GPU, the journal on, as
-served) with the echo example as its backend ``echo``; each request is an engine job (submit
-through the facade, journal, queue, scheduler step, dispatch to the hot worker over its socket,
-result, journal, event back to the bridge):
-- engine-raw-bytes, engine-raw-stream-10: the raw-bytes and raw-stream-10 requests sent to
-  ``benchengine.echo.generate``;
-- engine-status: ``benchengine.echo.status`` (a snapshot of the engine, no job);
-- engine-control-socket: the same 16-byte job without Dynamo, ``submit_wait`` on the engine's
-  control socket (``supervisor.client.Client``): what the engine itself costs.
+- direct worker: ``python -m worker_sdk.dynamo examples/echo/main.py`` (raw type): Dynamo's
+  client and TCP request plane, then the worker's thread hop to its predict thread;
+- engine bridge: ``vramtui --serve --dynamo benchengine`` (simulated GPU, the journal on, as
+  served) with the same echo example as its backend ``echo``: each request is an engine job
+  (submit, journal, queue, scheduler step, dispatch to the hot worker over its socket, result,
+  journal, event back to the bridge);
+- control socket: the same job on that engine without Dynamo, ``submit_wait`` on its control
+  socket (``supervisor.client.Client``): what the engine itself costs.
+
+It also gives the CPU time the serving side spent per request (every thread of the direct
+worker's process; of the engine's process and its worker's), read from ``/proc/*/schedstat``
+around each round: unlike latency, it hardly moves with the machine's load.
+
+Rows: a 16-byte request with one reply item; ``{"stream": 10}``, ten streamed chunks (not on
+the control socket, whose submit_wait answers once).  Below it, the bridge's overhead over the
+direct worker (median and p90) against the bar of issue 16 (within 0.5 ms), then other cases:
+bare-dynamo (a plain Dynamo async-generator handler: the floor), the embedding example, the
+engine's ``NS.B.status`` endpoint, and the blocking client ``worker_sdk.dynamo.client.Client``.
 
 Dynamo 1.6.1 prints one INFO line per client request (the ``request_span`` target ignores
 ``DYN_LOG``), so this process's stderr goes to a log file in the temporary directory.
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -89,70 +90,113 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _measure(
-    call: Callable[[], Awaitable[int]], n: int, warmup: int
-) -> tuple[list[float], int]:
-    items = 0
-    for _ in range(warmup):
-        items = await call()
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        await call()
-        samples.append(time.perf_counter() - start)
-    return samples, items
+Call = Callable[[], Awaitable[int]]
 
 
-async def _run(directory: str, n: int, warmup: int) -> list[tuple[str, int, list[float]]]:
+def _cpu_ns(root: int) -> int:
+    """CPU time (ns, every thread) of process ``root`` and its descendants, from schedstat."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{proc.pid}/task"):
+                with contextlib.suppress(OSError), open(
+                        f"/proc/{proc.pid}/task/{task}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+    return total
+
+
+async def _interleaved(cases: dict[str, Call], n: int, warmup: int, per_round: int,
+                       servers: dict[str, int]) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """``n`` timed calls of every case, ``per_round`` of each in turn; and the CPU time its
+    serving processes (``servers``: case -> root pid) spent on them."""
+    for call in cases.values():
+        for _ in range(warmup):
+            await call()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, int] = dict.fromkeys(servers, 0)
+    while any(len(s) < n for s in samples.values()):
+        for name, call in cases.items():
+            server = servers.get(name)
+            before = _cpu_ns(server) if server else 0
+            for _ in range(min(per_round, n - len(samples[name]))):
+                start = time.perf_counter()
+                await call()
+                samples[name].append(time.perf_counter() - start)
+            if server:
+                cpu[name] += _cpu_ns(server) - before
+    return samples, cpu
+
+
+async def _run(directory: str, n: int, warmup: int, per_round: int, pids: dict[str, int]
+               ) -> tuple[dict[str, list[float]], dict[str, int]]:
+    from supervisor.client import Client as ControlClient
+    from supervisor.paths import Paths
+    from worker_sdk.dynamo.client import Client as BlockingClient
+
     dyn = import_dynamo()
     runtime = dyn.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
-    results: list[tuple[str, int, list[float]]] = []
 
     async def client_for(endpoint: str) -> Any:
         client = await runtime.endpoint(endpoint).client()
         await asyncio.wait_for(client.wait_for_instances(), 60)
         return client
 
-    def caller(client: Any, request: Any) -> Callable[[], Awaitable[int]]:
+    def dynamo_call(client: Any, request: Any, items: int) -> Call:
         async def call() -> int:
             count = 0
             async for _item in await client.generate(request, annotated=False):
                 count += 1
+            if count != items:
+                raise SystemExit(f"expected {items} item(s), got {count}")
             return count
 
         return call
 
-    cases = [
-        ("bare-dynamo", "bench.bare.generate", b"0123456789abcdef"),
-        ("raw-bytes", "bench.echo.generate", b"0123456789abcdef"),
-        ("raw-stream-10", "bench.echo.generate", {"stream": 10}),
-        ("embedding", "bench.embed.generate", {"input": "hello", "dimensions": 8}),
-        ("engine-raw-bytes", "benchengine.echo.generate", b"0123456789abcdef"),
-        ("engine-raw-stream-10", "benchengine.echo.generate", {"stream": 10}),
-        ("engine-status", "benchengine.echo.status", None),
-    ]
-    for name, endpoint, request in cases:
-        client = await client_for(endpoint)
-        samples, items = await _measure(caller(client, request), n, warmup)
-        results.append((name, items, samples))
-    runtime.shutdown()
-    return results
+    control = ControlClient(Paths.from_env(_engine_env(directory)).control_socket)
+    blocking = BlockingClient("bench.echo.generate",
+                              discovery_dir=os.environ["DYN_FILE_KV"])
+    blocking.wait_for_instances(timeout=60)
+
+    async def control_call() -> int:
+        view = control.submit_wait("echo", SMALL)
+        if view.data != SMALL:
+            raise SystemExit(f"the control socket answered {view.data!r}")
+        return 1
+
+    async def blocking_call() -> int:
+        return len(blocking.call(SMALL))
+
+    echo, engine = await client_for("bench.echo.generate"), await client_for(
+        "benchengine.echo.generate")
+    cases = {
+        "direct": dynamo_call(echo, SMALL, 1),
+        "bridge": dynamo_call(engine, SMALL, 1),
+        "control": control_call,
+        "direct-stream": dynamo_call(echo, STREAM, 10),
+        "bridge-stream": dynamo_call(engine, STREAM, 10),
+        "bare-dynamo": dynamo_call(await client_for("bench.bare.generate"), SMALL, 1),
+        "embedding": dynamo_call(await client_for("bench.embed.generate"),
+                                 {"input": "hello", "dimensions": 8}, 1),
+        "engine-status": dynamo_call(await client_for("benchengine.echo.status"), None, 1),
+        "sync-client": blocking_call,
+    }
+    servers = {"direct": pids["direct"], "bridge": pids["engine"], "control": pids["engine"]}
+    try:
+        return await _interleaved(cases, n, warmup, per_round, servers)
+    finally:
+        control.close()
+        blocking.close()
+        runtime.shutdown()
 
 
-def _sync_client_case(directory: str, n: int, warmup: int) -> tuple[str, int, list[float]]:
-    from worker_sdk.dynamo.client import Client
-
-    with Client("bench.echo.generate", discovery_dir=directory) as client:
-        client.wait_for_instances(timeout=60)
-        items = 0
-        for _ in range(warmup):
-            items = len(client.call(b"0123456789abcdef"))
-        samples = []
-        for _ in range(n):
-            start = time.perf_counter()
-            client.call(b"0123456789abcdef")
-            samples.append(time.perf_counter() - start)
-    return "raw-bytes-sync-client", items, samples
+SMALL = b"0123456789abcdef"
+STREAM = {"stream": 10}
 
 
 ENGINE_BACKENDS = """\
@@ -202,28 +246,56 @@ def _start_engine(directory: str) -> subprocess.Popen[bytes]:
             time.sleep(0.05)
 
 
-def _control_socket_case(directory: str, n: int, warmup: int) -> tuple[str, int, list[float]]:
-    from supervisor.client import Client as ControlClient
-    from supervisor.paths import Paths
+def _ms(samples: list[float] | None, q: float) -> str:
+    if not samples:
+        return "—"
+    return f"{(statistics.median(samples) if q == 0.5 else _percentile(samples, q)) * 1e3:.3f}"
 
-    client = ControlClient(Paths.from_env(_engine_env(directory)).control_socket)
-    try:
-        for _ in range(warmup):
-            client.submit_wait("echo", b"0123456789abcdef")
-        samples = []
-        for _ in range(n):
-            start = time.perf_counter()
-            client.submit_wait("echo", b"0123456789abcdef")
-            samples.append(time.perf_counter() - start)
-    finally:
-        client.close()
-    return "engine-control-socket", 1, samples
+
+def _report(results: dict[str, list[float]], cpu: dict[str, int], n: int, per_round: int,
+            directory: str) -> None:
+    print(f"Dynamo {_dynamo_version()}, file discovery + TCP, one host; {n} sequential requests "
+          f"per case, interleaved {per_round} at a time (logs: {directory})")
+    print()
+    head = f"{'':<24}{'direct worker':>20}{'engine bridge':>20}{'control socket':>20}"
+    print(head)
+    print(f"{'ms':<24}" + f"{'median':>11}{'p90':>9}" * 3)
+    rows = (("16 B request, 1 reply", "direct", "bridge", "control"),
+            ("stream of 10 chunks", "direct-stream", "bridge-stream", None))
+    for label, *keys in rows:
+        line = f"{label:<24}"
+        for key in keys:
+            samples = results.get(key) if key else None
+            line += f"{_ms(samples, 0.5):>11}{_ms(samples, 0.9):>9}"
+        print(line)
+    line = f"{'server CPU per request':<24}"
+    for key in ("direct", "bridge", "control"):
+        line += f"{cpu[key] / len(results[key]) / 1e6:>11.3f}{'':>9}"
+    print(line + "   (ms, all threads of the serving processes)")
+    print()
+    for label, direct, bridge in (("16 B request", "direct", "bridge"),
+                                  ("stream of 10", "direct-stream", "bridge-stream")):
+        over = statistics.median(results[bridge]) - statistics.median(results[direct])
+        over90 = _percentile(results[bridge], 0.9) - _percentile(results[direct], 0.9)
+        verdict = "met" if over <= 0.0005 else "NOT met"
+        print(f"bridge over direct, {label}: {over * 1e3:+.3f} ms median, {over90 * 1e3:+.3f} ms "
+              f"p90 (bar: within 0.5 ms at the median: {verdict})")
+    print()
+    print(f"{'other cases':<24}{'median':>11}{'p90':>9}{'p99':>9}")
+    for key, label in (("bare-dynamo", "bare Dynamo handler"),
+                       ("embedding", "direct, embedding type"),
+                       ("engine-status", "engine NS.B.status"),
+                       ("sync-client", "direct, blocking Client")):
+        samples = results[key]
+        print(f"{label:<24}{_ms(samples, 0.5):>11}{_ms(samples, 0.9):>9}{_ms(samples, 0.99):>9}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000, help="measured requests per case")
     parser.add_argument("--warmup", type=int, default=100, help="unmeasured requests first")
+    parser.add_argument("--round", type=int, default=50, dest="per_round",
+                        help="requests of one case before the next case's (default 50)")
     parser.add_argument("--bare-server", metavar="ENDPOINT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_server:
@@ -248,11 +320,12 @@ def main() -> None:
         workers.append(_start_engine(directory))
         with open(log_path, "wb") as log:
             os.dup2(log.fileno(), 2)
-        results = asyncio.run(_run(discovery, args.n, args.warmup))
-        results.append(_sync_client_case(discovery, args.n, args.warmup))
-        results.append(_control_socket_case(directory, args.n, args.warmup))
+        pids = {"direct": workers[1].pid, "engine": workers[3].pid}
+        results, cpu = asyncio.run(_run(directory, args.n, args.warmup, args.per_round, pids))
+    except BaseException:
+        os.dup2(saved_stderr, 2)  # the reason is shown; Dynamo's shutdown chatter is not
+        raise
     finally:
-        os.dup2(saved_stderr, 2)
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
         for proc in workers:
@@ -260,17 +333,8 @@ def main() -> None:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    print(f"Dynamo {_dynamo_version()} round trips, file discovery + TCP, one host, "
-          f"{args.n} sequential requests per case (logs: {directory})")
-    print(f"{'case':<24}{'items':>6}{'median ms':>11}{'p90 ms':>9}{'p99 ms':>9}{'req/s':>8}")
-    for name, items, samples in results:
-        median = statistics.median(samples)
-        print(
-            f"{name:<24}{items:>6}{median * 1e3:>11.3f}{_percentile(samples, 0.9) * 1e3:>9.3f}"
-            f"{_percentile(samples, 0.99) * 1e3:>9.3f}{len(samples) / sum(samples):>8.0f}"
-        )
-    leftover = list(Path(discovery).rglob("*"))
-    stale = [p for p in leftover if p.is_file()]
+    _report(results, cpu, args.n, args.per_round, directory)
+    stale = [p for p in Path(discovery).rglob("*") if p.is_file()]
     print(f"discovery entries left after SIGTERM: {len(stale)}")
 
 

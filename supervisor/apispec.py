@@ -111,6 +111,33 @@ def _any(value: Any) -> Any:
     return value
 
 
+# The values with an edge rule of their own are checked by supervisor.validate (its owner:
+# the engine applies the same checks, so every door refuses them in the same words);
+# imported on first use, so a command that sends none of them never loads it.
+def _priority(value: Any) -> int | None:
+    from .validate import check_priority
+
+    return check_priority(value)
+
+
+def _timeout(value: Any) -> float | None:
+    from .validate import check_seconds
+
+    return check_seconds(value, "timeout")
+
+
+def _wait_timeout(value: Any) -> float | None:
+    from .validate import check_seconds
+
+    return check_seconds(value, "wait timeout", allow_zero=True)
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    from .validate import check_metadata
+
+    return check_metadata(value)
+
+
 STR = Kind("str", _str, "str")
 BYTES = Kind("bytes", _bytes, "bytes")
 INT = Kind("int", _int, "int")
@@ -119,6 +146,10 @@ BOOL = Kind("bool", _bool, "bool")
 MAP = Kind("map", _map, "dict[str, Any]")
 STRS = Kind("list of str", _strs, "Sequence[str]")
 ANY = Kind("any", _any, "Any")  # local arguments only (a callback)
+PRIORITY = Kind("priority", _priority, "int")
+TIMEOUT = Kind("seconds", _timeout, "float")
+WAIT_TIMEOUT = Kind("seconds", _wait_timeout, "float")
+METADATA = Kind("metadata", _metadata, "dict[str, Any]")
 
 
 def between(low: float, high: float) -> Callable[[Any], str | None]:
@@ -286,10 +317,9 @@ _BACKEND = Arg("backend", STR, doc="a configured backend's name", positional=Tru
 _SUBMIT_ARGS = (
     Arg("backend", STR, doc="the backend to run the request on", positional=True),
     Arg("payload", BYTES, b"", "the request's bytes (text is sent as UTF-8)", positional=True),
-    Arg("priority", INT, None, "higher runs first (default: the backend's priority)"),
-    Arg("timeout", NUM, None, "seconds from submission until the job is timed out",
-        check=at_least(0.001)),
-    Arg("metadata", MAP, None, "plain data passed to the worker with the request"),
+    Arg("priority", PRIORITY, None, "higher runs first (default: the backend's priority)"),
+    Arg("timeout", TIMEOUT, None, "seconds from submission until the job is timed out"),
+    Arg("metadata", METADATA, None, "plain data passed to the worker with the request"),
     Arg("stream", BOOL, False, "collect the result as a stream of chunks"),
 )
 
@@ -299,13 +329,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        *_SUBMIT_ARGS,
        Arg("wait", BOOL, False, "reply only when the job has ended", side="wire",
            via="submit_wait"),
-       Arg("wait_timeout", NUM, None, "with wait: give up waiting after this many seconds",
+       Arg("wait_timeout", WAIT_TIMEOUT, None, "with wait: give up waiting after this many "
+           "seconds",
            side="wire", via="submit_wait"),
        Arg("follow", BOOL, False, "send the job's events on this connection", side="wire",
            via="submit_follow"),
        mutating=True),
     _m("wait", JobView, "Block until the job ends; its final view (JobTimeout after timeout).",
-       _JOB, Arg("timeout", NUM, None, "seconds to wait (the job itself goes on)",
+       _JOB, Arg("timeout", WAIT_TIMEOUT, None, "seconds to wait (the job itself goes on)",
                  positional=True),
        how="deferred"),
     _m("job", JobView, "The job now; ``position`` is its place in the queue while it waits.",
@@ -324,8 +355,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     _m("retry", str, "Run a finished job's request again as a new job; the new id.", _JOB,
        mutating=True),
     _m("set_priority", JobView, "Give a queued job another priority (higher runs first).",
-       _JOB, Arg("priority", INT, doc="the new priority", positional=True,
-                 check=between(-10**9, 10**9)),
+       _JOB, Arg("priority", PRIORITY, doc="the new priority", positional=True),
        mutating=True),
     # -- backends ------------------------------------------------------------------------------
     _m("evict", type(None), "Stop an idle backend's worker and free its memory.", _BACKEND,

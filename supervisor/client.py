@@ -26,6 +26,7 @@ from worker_sdk.protocol import DataType, Decoder, EventType, Message, MessageTy
 
 from .apispec import METHODS
 from .control import messages as m
+from .control import trust
 from .control.codec import DecodeError, event_from_wire, snapshot_from_wire
 from .control.errors import (
     AccessDenied,
@@ -34,7 +35,7 @@ from .control.errors import (
     RequestTooLarge,
     error_from_wire,
 )
-from .errors import VramtuiError
+from .errors import InvalidRequest, VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
 from .snapshot import EngineSnapshot
@@ -77,7 +78,10 @@ class _Conn:
         return self._ids
 
     def send(self, msg_type: int, msg_id: int, payload: Any) -> None:
-        frames = encode(msg_type, DataType.DEFAULT, msg_id, payload)
+        try:
+            frames = encode(msg_type, DataType.DEFAULT, msg_id, payload)
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int over 64 bits
+            raise InvalidRequest(f"an argument cannot be sent to the engine: {exc}") from None
         if len(frames) == 1:
             self.sock.sendall(frames[0])
             return
@@ -184,10 +188,15 @@ class _RemoteHub(EventHub):
 
 
 def _connect_socket(path: str, timeout: float) -> socket.socket:
+    """A connected socket to the engine at ``path`` once it is known to be the engine's user's
+    (see :mod:`supervisor.control.trust`); nothing has been sent on it yet."""
+    trusted = trust.trusted_uids()
+    trust.check_socket_path(path, trusted)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(path)
+        trust.check_peer(sock, path, trusted)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         why = "no socket there" if isinstance(exc, FileNotFoundError) else "nothing listens"
@@ -202,6 +211,9 @@ def _connect_socket(path: str, timeout: float) -> socket.socket:
         sock.close()
         raise EngineNotRunning(f"cannot reach the engine at {path}: "
                                f"{exc.strerror or exc}") from None
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -493,6 +505,9 @@ class Client:
 
 
 def _wait_timeout(timeout: float | None) -> float | None:
+    from .validate import check_seconds  # here: a CLI start does not pay for it
+
+    timeout = check_seconds(timeout, "wait timeout", allow_zero=True)  # NaN would never end
     return None if timeout is None else timeout + WAIT_MARGIN
 
 

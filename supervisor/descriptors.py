@@ -63,6 +63,16 @@ def spec_document(spec: Any) -> dict[str, Any]:
     t = spec.timeouts
     out["timeouts"] = {"start": f"{t.start_s:g}s", "request": "none" if t.request_s is None
                        else f"{t.request_s:g}s", "stop_grace": f"{t.stop_grace_s:g}s"}
+    if getattr(t, "ping_s", None) is not None:
+        out["timeouts"]["ping"] = f"{t.ping_s:g}s"
+    for key in ("on_overuse", "protocol"):
+        if hasattr(spec, key):
+            out[key] = getattr(spec, key)
+    if not getattr(spec, "unload_frees_vram", True):
+        out["unload_frees_vram"] = False
+    for key in ("api", "aliases"):
+        if getattr(spec, key, ()):
+            out[key] = list(getattr(spec, key))
     if spec.reload_cost_s is not None:
         out["reload_cost"] = f"{spec.reload_cost_s:g}s"
     if spec.calibration_request is not None:

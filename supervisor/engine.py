@@ -2,8 +2,13 @@
 
 All state (backends, workers, queue, jobs, GPU readings) lives here and is touched only on the
 engine loop — no locks around state.  Every event (submit, job end, worker state change, sample,
-timer) schedules one coalesced scheduler step: build the pure scheduler's snapshot, call
-``plan()``, then carry out its evictions and starts.  Other threads reach the engine through
+timer) schedules one coalesced scheduler step: ``admission.decide_inputs`` turns the state into
+the memory ledger's book and the pure scheduler's snapshot, ``plan()`` decides, and the step
+carries out its evictions and starts.  Each sample of the GPUs feeds the ledger what every
+worker's processes really hold: figures that proved too small are replaced by what was
+observed, a worker above its figures is handled by its backend's ``on_overuse`` policy, and one
+that over-commits a GPU is killed at once.  Every live worker is pinged; one that stops
+answering is killed as hung.  Other threads reach the engine through
 :class:`supervisor.facade.Supervisor`; state leaves as immutable snapshots and events.
 """
 
@@ -18,18 +23,17 @@ import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
+from . import admission, validate
 from .backends.schema import BackendSpec
+from .counters import Counters
 from .engine_commands import EngineCommands, KeptRequests
 from .errors import (
     BackendFailed,
     EngineStopped,
-    InvalidRequest,
     QueueFull,
     Refused,
     UnknownBackend,
@@ -41,13 +45,17 @@ from .gpu.sampler import History, Sample, Sampler
 from .jobqueue import JobQueue
 from .jobs import Job, JobState, JobView, advance_seq, wall_offset
 from .journal import JobRecord, Journal
+from .ledger import Book, Device, Learned, foreign_mib
 from .paths import Paths
 from .scheduler import model as sched
 from .scheduler.plan import plan as make_plan
 from .scheduler.submit import check_submit
 from .snapshot import EngineSnapshot, LogLine
 from .views import build_snapshot
+from .workers.base import Worker
 from .workers.handle import Outcome, WorkerHandle, WorkerObserver, WorkerState
+from .workers.lifeline import Lifeline, kill_leftovers
+from .workers.vramd import VramdWorkerHandle
 from .workers.wire import WireListener
 
 if TYPE_CHECKING:
@@ -58,30 +66,47 @@ log = logging.getLogger("supervisor")
 MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
 PRELOAD_PATIENCE_S = 30.0
+HISTORY_STEP_S = 0.25  # at most 4 points a second in the GPU history, whatever the sample rate
+MIN_OVERUSE_TOLERANCE_MIB = 64
+MIN_PEAK_SAMPLES = 3  # a job's peak is trusted to size a backend once sampled this often
 
 
 @dataclass
 class EngineConfig:
     reserve_mib: int = 256  # kept free on every GPU for the driver and foreign processes
     max_queue_depth: int = 512
-    affinity_limit: int = 3
+    patience_factor: float = 4.0  # see SchedulerConfig: batching against switch costs
+    max_patience_s: float = 300.0  # the hard bound on how long a job first in line is passed
     aging_interval_s: float = 60.0
     recent_jobs: int = 200
     cancel_grace_s: float = 5.0
     tick_s: float = 0.5
+    sample_hz: float = 10.0  # GPU devices and processes: the memory ledger's eyes
+    ping_interval_s: float = 1.0  # every live worker is pinged this often
     journal: bool = True  # jobs survive a crash of the engine (SQLite, WAL)
     keep_finished: int = 1000  # finished results kept in the journal…
     keep_age_s: float = 7 * 86400  # …for at most this long
+    # What one job may make the engine hold (see supervisor.validate and the README): its
+    # request, all queued requests together, and its result (data, or stream chunks in all);
+    # a result over max_result_bytes fails the job with a reason saying so.
+    max_payload_bytes: int = 64 * 1024 * 1024
+    max_queued_bytes: int = 1024 * 1024 * 1024
+    max_result_bytes: int = field(default_factory=validate.default_max_result_bytes)
+    # Results of finished jobs kept in memory, all together (the oldest go first; with the
+    # journal they stay retrievable from it).
+    max_recent_result_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass
 class Ghost:
-    """Memory of a stopped worker, still reserved until its processes leave the GPU."""
+    """A stopped worker whose memory is still held until its processes leave the GPU."""
 
+    name: str
     gpu: int
     mib: int
     pids: set[int]
     deadline: float
+    observed_mib: int | None = None
 
 
 @dataclass
@@ -89,7 +114,7 @@ class BackendRuntime:
     """The engine's live record of one backend."""
 
     spec: BackendSpec
-    worker: WorkerHandle | None = None
+    worker: Worker | None = None
     generation: int = 0
     exclusive: bool = False  # the worker holds a whole GPU (footprint unknown at spawn)
     admitted: list[str] = field(default_factory=list)  # jobs holding a slot on the worker
@@ -99,50 +124,42 @@ class BackendRuntime:
     jobs_served: int = 0
     last_used: float | None = None
     idle_since: float | None = None
-    learned_peak_mib: int | None = None
-    learned_resident_mib: int | None = None
+    learned: Learned = Learned()
+    distrusted: bool = False  # caught over-committing a GPU: runs alone until re-measured
+    accepting: bool = True  # the live worker takes new jobs (False: evicted once idle)
+    baseline: sched.BackendInfo | None = None  # the figures its live worker was admitted with
+    over_mib: int = 0  # how far the live worker was last seen above its baseline
+    over_noted: bool = False
+    kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
     observed_mib: int | None = None  # the worker's processes' memory at the last sample
     observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
-    ghost: Ghost | None = None
-    preload: bool = False  # start the worker without a job, like a top-priority job would
+    load_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    timed_worker: str | None = None  # the worker whose load time was last recorded
+    ghosts: list[Ghost] = field(default_factory=list)
+    preload: bool = False  # start the worker without a job, in room nobody waits for
     preload_deadline: float = 0.0
     _info: sched.BackendInfo | None = None
-    _info_key: tuple[int, int | None, int | None] | None = None
+    _info_key: tuple[Any, ...] | None = None
 
     @property
-    def peak(self) -> int | None:
-        return self.spec.peak if self.spec.peak is not None else self.learned_peak_mib
+    def reload_cost_s(self) -> float:
+        """What a (re)load costs, learned from measured start-to-ready times."""
+        return admission.reload_cost_s(self.spec.reload_cost_s, self.load_times)
 
-    def sched_info(self) -> sched.BackendInfo:
-        """What the scheduler knows of this backend (rebuilt only when the footprint moves)."""
-        key = (id(self.spec), self.learned_peak_mib, self.learned_resident_mib)
+    def info(self) -> sched.BackendInfo:
+        """What admission knows of this backend (rebuilt only when its figures move)."""
+        reload = round(self.reload_cost_s, 2)
+        key = (id(self.spec), self.learned, self.distrusted, reload)
         if self._info is None or self._info_key != key:
-            spec, peak, act = self.spec, self.peak, self.activation
-            if peak is not None and act is not None and act > peak:
-                act = peak
-            self._info = sched.BackendInfo(
-                name=spec.name, peak_mib=peak, activation_mib=act, safety_mib=spec.safety_mib,
-                priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
-                pinned=spec.pinned,
-                reload_cost_s=spec.reload_cost_s if spec.reload_cost_s is not None else 1.0,
-            )
+            self._info = admission.backend_info(self.spec, self.learned, reload,
+                                                distrusted=self.distrusted)
             self._info_key = key
         return self._info
 
     @property
-    def activation(self) -> int | None:
-        if self.spec.peak is not None:
-            return self.spec.vram.activation_mib
-        if self.learned_peak_mib is not None and self.learned_resident_mib is not None:
-            return max(0, self.learned_peak_mib - self.learned_resident_mib)
-        return None
-
-    @property
-    def resident(self) -> int:
-        peak, act = self.peak, self.activation
-        if peak is None:
-            return 0
-        return peak - (act if act is not None else peak)
+    def peak(self) -> int | None:
+        """The peak admission uses (declared, calibrated or learned; None: unknown)."""
+        return self.info().peak_mib
 
 
 class Engine(EngineCommands):
@@ -158,6 +175,7 @@ class Engine(EngineCommands):
         paths: Paths,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        descriptor_warnings: tuple[tuple[str | None, str], ...] = (),
         layers: Sequence[Path] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
@@ -168,13 +186,16 @@ class Engine(EngineCommands):
         self.paths = paths
         self.config = config or EngineConfig()
         self.sched_config = sched.SchedulerConfig(
-            affinity_limit=self.config.affinity_limit,
+            patience_factor=self.config.patience_factor,
+            max_patience_s=self.config.max_patience_s,
             aging_interval_s=self.config.aging_interval_s,
             max_queue_depth=self.config.max_queue_depth,
         )
         self.clock = clock
         self.backends = {name: BackendRuntime(spec) for name, spec in backends.items()}
         self.descriptor_errors = descriptor_errors
+        # (backend, line): keys that load but are not honoured, e.g. vramd's footprint_key
+        self.descriptor_warnings = descriptor_warnings
         self.jobs: dict[str, Job] = {}
         self.futures: dict[str, concurrent.futures.Future[JobView]] = {}
         self.queue = JobQueue()  # sorted by (-priority, seq): the scheduler's contract
@@ -184,6 +205,7 @@ class Engine(EngineCommands):
         self.history: History[int, int] = History()
         self.backend_history: History[str, int] = History()
         self.events = EventHub()
+        self.counters = Counters()  # what happened, for /metrics
         self.log_lines: deque[LogLine] = deque(maxlen=300)
         self.started_at = clock()
         self.wall_started = time.time()
@@ -197,42 +219,59 @@ class Engine(EngineCommands):
         self._stopped = asyncio.Event()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._gpu_totals: dict[int, int] = {}
         self._waiting: Mapping[str, str] = {}
         self.calibrations: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
         self.journal: Journal | None = None
+        self._disk_full_noted = False
+        self._recent_bytes: dict[str, int] = {}  # result bytes of each job in self.recent
         self._wall_offset = wall_offset(clock)
-        self.draining: set[int] = set()  # GPUs that admit nothing new (Engine.drain)
+        self.book = Book()  # the memory ledger's accounts, as of the last step
+        self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
+        self.draining: set[int] = set()
+        self.lifeline = Lifeline(paths.runtime_dir / "workers")
+        self._history_at: dict[int, float] = {}
         self.gpu_processes: tuple[ProcessReading, ...] = ()  # at the last process sample
         self.kept_requests = KeptRequests()  # for retry
 
     # ===================================================================== lifecycle ======
     async def main(self, started: Callable[[BaseException | None], None]) -> None:
         self.loop = asyncio.get_running_loop()
+        leftovers: list[str] = []
         try:
             if self.config.journal:
                 self.journal = Journal.open(self.paths.journal_path,
                                             keep_finished=self.config.keep_finished,
                                             keep_age_s=self.config.keep_age_s)
+            # Workers an earlier engine left behind die before anything is requeued: a job
+            # never executes twice at once.
+            leftovers = await self.loop.run_in_executor(None, kill_leftovers,
+                                                        self.lifeline.records_dir)
+            self.lifeline.start()
             await self.listener.start()
             devices = self.probe.devices()
             for reading in devices:
                 self.readings[reading.index] = reading
-                self._gpu_totals[reading.index] = reading.total_mib
-            self.sampler = Sampler(self.probe, self._sample_from_thread)
+            rate = self.config.sample_hz
+            self.sampler = Sampler(self.probe, self._sample_from_thread, device_hz=rate,
+                                   process_hz=rate)
             self.sampler.start()
         except BaseException as exc:
             started(exc)
             await self.listener.close()
+            self.lifeline.close()
             if self.journal is not None:
                 self.journal.close()
             return
+        for line in leftovers:
+            self._note("warning", line)
         self._recover()
         self._note("info", f"engine started: {self._gpu_summary()}")
         if self.notice:
             self._note("warning", self.notice)
         for err in self.descriptor_errors:
             self._note("error", err)
+        for backend, warning in self.descriptor_warnings:
+            self._note("warning", f"descriptor warning: {warning}", backend)
         started(None)
         ticker = self.loop.create_task(self._ticker())
         await self._stopped.wait()
@@ -255,11 +294,14 @@ class Engine(EngineCommands):
     async def _shutdown(self) -> None:
         now = self.clock()
         for job in self.queue.clear():
-            if self.journal is not None and job.kind == "job":
+            if self._journaled(job):
                 # Still queued in the journal: it runs when the engine starts again.
                 self._resolve(job, "the engine stopped before the job ran; it stays queued "
                               "and runs when the engine starts again")
             else:
+                # Whoever waits hears that the engine stopped (Dynamo's caller retries
+                # elsewhere), and the job ends: nothing keeps it.
+                self._resolve(job, "the engine stopped before the job ran")
                 self._finish(job, JobState.CANCELLED,
                              error="the engine stopped before the job ran")
         running = [rt for rt in self.backends.values() if rt.worker is not None]
@@ -274,16 +316,22 @@ class Engine(EngineCommands):
         if self.sampler is not None:
             self.sampler.stop()
         await self.listener.close()
+        self.lifeline.close()
         if self.journal is not None:
             self.journal.close()
         self._note("info", f"engine stopped after {self.clock() - now:.1f} s of shutdown")
         self.events.close()
 
     async def _ticker(self) -> None:
+        next_ping = 0.0
         while True:
-            await asyncio.sleep(self.config.tick_s)
+            await asyncio.sleep(min(self.config.tick_s, self.config.ping_interval_s))
             self._expire_ghosts()
             self._expire_keep_alive()
+            now = time.monotonic()
+            if now >= next_ping:
+                next_ping = now + self.config.ping_interval_s
+                self._check_liveness(now)
             self._schedule()
 
     def _spawn_task(self, coro: Any) -> None:
@@ -292,19 +340,24 @@ class Engine(EngineCommands):
         task.add_done_callback(self._tasks.discard)
 
     # ===================================================================== notes/events ===
-    def _note(self, level: str, text: str, backend: str | None = None) -> None:
+    def _note(self, level: str, text: str, backend: str | None = None, *,
+              quiet: bool = False) -> None:
+        """A line of the event log (the TUI's, the events' and Python logging's); ``quiet``
+        lines (one per job) go to Python logging at debug level only."""
         line = LogLine(time.time(), level, text, backend)
         self.log_lines.append(line)
-        getattr(log, "warning" if level == "warning" else level if level in (
-            "info", "error", "debug") else "info")(text)
+        if quiet:
+            log.debug(text)
+        else:
+            getattr(log, level if level in ("info", "error", "debug", "warning") else "info")(text)
         self.events.publish(EngineEvent("log", line.t, message=text, level=level,
                                         backend=backend))
 
     def _job_event(self, job: Job) -> None:
         if not self.events.active:
             return
-        self.events.publish(EngineEvent("job", time.time(), job=job.view(), backend=job.backend,
-                                        state=job.state.value))
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
+                                        backend=job.backend, state=job.state.value))
 
     def _worker_event(self, rt: BackendRuntime) -> None:
         state = rt.worker.state.value if rt.worker else ("failed" if rt.failed else "cold")
@@ -314,45 +367,55 @@ class Engine(EngineCommands):
     # ===================================================================== commands =======
     def submit(self, backend: str, payload: bytes, *, priority: int | None = None,
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
-               stream: bool = False) -> Job:
+               stream: bool = False, durable: bool = True) -> Job:
+        """Queue a job. ``durable`` ones are journaled before they are accepted and come back
+        after a crash; others (a request whose client goes with the engine) are not."""
         if self._stopping:
+            self.counters.refused("stopping")
             raise EngineStopped("the engine is stopping and takes no new jobs")
+        args = validate.check_submit(backend, payload, priority=priority, timeout=timeout,
+                                     metadata=metadata, stream=stream,
+                                     max_payload=self.config.max_payload_bytes)
+        backend, payload, priority, timeout = (args.backend, args.payload, args.priority,
+                                               args.timeout)
         rt = self.backends.get(backend)
         if rt is None:
             raise UnknownBackend(backend, self.backends)
         if rt.failed:
+            self.counters.refused("backend_failed")
             raise BackendFailed(
                 f"backend {backend!r} failed to initialise {MAX_INIT_FAILURES} times in a row "
                 f"({rt.last_error}); fix it, then respawn it (vramtui respawn {backend})"
             )
-        reason = check_submit(self._sched_snapshot(with_queue=False), backend, self.sched_config)
+        reason = check_submit(self._refusal_view(backend), backend, self.sched_config)
         if reason is None and len(self.queue) >= self.config.max_queue_depth:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
-        _check_metadata(metadata)
         if reason is not None:
+            self.counters.refused_because(reason)
             self._note("warning", f"refused a job for {backend}: {reason}", backend)
             if reason.startswith("queue full"):
                 raise QueueFull(reason)
             raise Refused(reason)
+        validate.check_queue_room(self.queue.payload_bytes, len(payload),
+                                  self.config.max_queued_bytes)
         job = Job(
             backend=backend,
             payload=payload,
             priority=rt.spec.priority if priority is None else priority,
             timeout=timeout if timeout is not None else rt.spec.timeouts.request_s,
-            metadata=dict(metadata or {}),
-            stream=stream or rt.spec.stream,
+            metadata=args.metadata,
+            stream=args.stream or rt.spec.stream,
+            durable=durable,
         )
         job.submitted_at = self.clock()
         job.mark(job.submitted_at, JobState.QUEUED)
-        if self.journal is not None:  # durable before the submitter hears "accepted"
-            self.journal.record_submit(self._record(job))
+        if self._journaled(job):  # durable before the submitter hears "accepted"
+            self.journal.record_submit(self._record(job))  # type: ignore[union-attr]
         self.jobs[job.id] = job
         self.futures[job.id] = concurrent.futures.Future()
         self.kept_requests.keep(job)
         self.queue.push(job)
-        if job.timeout is not None:
-            self._set_timer(job.id, job.timeout, lambda: self._time_out(job.id))
         self._job_event(job)
         self._schedule()
         return job
@@ -363,14 +426,14 @@ class Engine(EngineCommands):
         if self._stopping:
             raise EngineStopped("the engine is stopping and takes no new jobs")
         rt = self._runtime(backend)
-        if not 1 <= repeats <= 100:
-            raise Refused(f"repeats must be between 1 and 100, got {repeats}")
+        repeats, settle_s, request, priority = validate.check_calibrate(
+            repeats, settle_s, request, priority, self.config.max_payload_bytes)
         payload = request if request is not None else (rt.spec.calibration_request or b"")
         job = Job(backend=backend, payload=payload,
                   priority=rt.spec.priority if priority is None else priority,
                   metadata={"repeats": repeats, "settle_s": settle_s}, kind="calibration")
-        reason = check_submit(self._sched_snapshot(with_queue=False, calibrating={backend}),
-                              job.sched_backend, self.sched_config)
+        reason = check_submit(self._refusal_view(backend), backend, self.sched_config,
+                              kind="calibration")
         if reason is not None:
             raise Refused(reason)
         job.submitted_at = self.clock()
@@ -414,10 +477,16 @@ class Engine(EngineCommands):
             summary = task.result()
             job.data = report_json(summary)
             job.headers = {"Content-Type": "application/json"}
-            if summary.get("outcome") == "completed":
+            if summary.get("outcome") == "completed" and summary.get("overlay"):
                 self._note("info", f"calibrated {job.backend}: "
                            + str(summary.get("headline", "see the report")), job.backend)
                 self._finish(job, JobState.SUCCEEDED)
+            elif summary.get("outcome") == "completed":
+                why = f"nothing usable was measured: {summary.get('reason')}"
+                self._note("warning", f"calibration of {job.backend}: {why}; no overlay "
+                           "written", job.backend)
+                self._finish(job, JobState.FAILED,
+                             error=f"{why}; no overlay written; report {summary.get('report')}")
             else:
                 self._finish(job, JobState.FAILED, error=f"calibration {summary.get('outcome')}: "
                              f"{summary.get('error')}; report {summary.get('report')}")
@@ -462,6 +531,10 @@ class Engine(EngineCommands):
         job.error, job.chunks = rec.error, list(rec.chunks)
         return job
 
+    def _journaled(self, job: Job) -> bool:
+        """Whether ``job`` lives in the journal (and so survives an engine stop)."""
+        return self.journal is not None and job.kind == "job" and job.durable
+
     def _journal(self, what: str, *args: Any, **kwargs: Any) -> None:
         if self.journal is None:
             return
@@ -474,12 +547,13 @@ class Engine(EngineCommands):
         """Requeue what the journal held when the engine last stopped, ids and order kept."""
         if self.journal is None:
             return
+        if self.journal.damage is not None:
+            self._note("error", "journal: " + self.journal.damage.describe())
         recovery = self.journal.recover(time.time())
         advance_seq(recovery.max_seq)
         for rec in recovery.failed:
             self._note("error", f"job {rec.id} ({rec.backend}) was interrupted twice by an "
                        "engine stop; it was not run a third time", rec.backend)
-        now = self.clock()
         for rec in recovery.jobs:
             job = self._job_from_record(rec)
             job.state = JobState.QUEUED
@@ -490,9 +564,6 @@ class Engine(EngineCommands):
                              error=f"backend {job.backend!r} is no longer configured")
                 continue
             self.queue.push(job)
-            if job.timeout is not None:
-                left = job.timeout - (now - job.submitted_at)
-                self._set_timer(job.id, left, lambda j=job.id: self._time_out(j))
         if recovery.jobs:
             interrupted = len(recovery.interrupted)
             self._note("info", f"recovered {len(recovery.jobs)} job(s) from the journal"
@@ -560,6 +631,7 @@ class Engine(EngineCommands):
             raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
                           "then evict")
         self._note("info", f"evicting {backend} (asked)", backend)
+        self.counters.evicted(backend, "asked")
         self._evict_now(rt)
 
     def zero(self) -> list[str]:
@@ -612,73 +684,70 @@ class Engine(EngineCommands):
             self._step_scheduled = True
             self.loop.call_soon(self._step)
 
-    def _budget_totals(self) -> dict[int, int]:
-        return {i: r.total_mib for i, r in self.readings.items()}
+    def drain(self, gpu: int, on: bool = True) -> None:
+        """Drain ``gpu`` (finish what runs there, admit nothing new, evict its idle workers),
+        or stop draining it."""
+        if gpu not in self.readings:
+            present = ", ".join(f"GPU{i}" for i in sorted(self.readings)) or "none"
+            raise Refused(f"there is no GPU{gpu} (present: {present})")
+        if on and gpu not in self.draining:
+            self.draining.add(gpu)
+            self._note("info", f"draining GPU{gpu}: running jobs finish, nothing new starts "
+                       "there, idle workers are evicted")
+        elif not on and gpu in self.draining:
+            self.draining.discard(gpu)
+            self._note("info", f"GPU{gpu} takes jobs again")
+        self._schedule()
 
-    def reserved_mib(self, rt: BackendRuntime) -> int:
-        worker = rt.worker
-        if worker is None:
-            return 0
-        if rt.exclusive:
-            return max(0, self._gpu_totals.get(worker.gpu, 0) - self.config.reserve_mib)
-        act = rt.activation if rt.activation is not None else (rt.peak or 0)
-        return rt.resident + len(rt.admitted) * (act + rt.spec.safety_mib)
+    def _refusal_view(self, backend: str) -> sched.Snapshot:
+        """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
+        refusal at submit depends on sizes, never on what runs now)."""
+        gpus = [sched.GpuState(i, r.total_mib, None, self.config.reserve_mib)
+                for i, r in sorted(self.readings.items())]
+        return sched.Snapshot(gpus=gpus, backends={backend: self.backends[backend].info()})
 
-    def _sched_snapshot(self, with_queue: bool = True,
-                        extra: tuple[sched.QueuedJob, ...] = (),
-                        calibrating: set[str] | None = None) -> sched.Snapshot:
-        gpus = [
-            sched.GpuState(index, self._gpu_totals.get(index, reading.total_mib),
-                           reading.free_mib, self.config.reserve_mib)
-            for index, reading in sorted(self.readings.items())
-        ]
-        backends = {}
-        workers = {}
-        calibrating_now = {run.rt.spec.name for run, _task in self.calibrations.values()}
+    def _devices(self) -> list[Device]:
+        return [Device(i, r.total_mib, r.used_mib, r.free_mib)
+                for i, r in sorted(self.readings.items())]
+
+    def _inputs(self, extra: tuple[sched.QueuedJob, ...] = (), *, with_queue: bool = True,
+                ) -> tuple[sched.Snapshot, Book]:
+        """The scheduler's snapshot and the ledger's book of the engine now."""
+        calibrating = {run.rt.spec.name for run, _task in self.calibrations.values()}
+        backends: dict[str, sched.BackendInfo] = {}
+        workers: list[admission.WorkerFacts] = []
+        ghosts: list[admission.GhostFacts] = []
         for name, rt in self.backends.items():
-            backends[name] = rt.sched_info()
+            backends[name] = rt.info()
             w = rt.worker
             if w is not None and w.state not in (WorkerState.CRASHED, WorkerState.COLD,
                                                  WorkerState.FAILED):
                 # A backend being calibrated takes no new job on its old worker, which the
                 # run stops once its running jobs are done.
-                state = "stopping" if name in calibrating_now else w.state.value
-                workers[name] = sched.WorkerInfo(
-                    backend=name, gpu=w.gpu, state=state, active_jobs=len(rt.admitted),
-                    reserved_mib=self.reserved_mib(rt), idle_since=rt.idle_since,
-                )
-            elif rt.ghost is not None:
-                # A stopped worker whose memory has not left the GPU yet: still reserved, as a
-                # worker that is stopping, so the memory is counted once and not too early.
-                workers[name] = sched.WorkerInfo(
-                    backend=name, gpu=rt.ghost.gpu, state="stopping",
-                    reserved_mib=rt.ghost.mib,
-                )
-        # A calibration needs a GPU to itself: the scheduler sees it as an unmeasured backend.
-        wanted = set(calibrating or ())
-        wanted.update(key[len("calibrate:"):] for key in self.queue.per_backend
-                      if key.startswith("calibrate:"))
-        for run, _task in self.calibrations.values():
-            key = f"calibrate:{run.rt.spec.name}"
-            wanted.add(run.rt.spec.name)
-            workers[key] = sched.WorkerInfo(
-                backend=key, gpu=run.gpu, state="busy", active_jobs=1,
-                reserved_mib=max(0, self._gpu_totals.get(run.gpu, 0) - self.config.reserve_mib))
-        for name in wanted:
-            spec = self.backends[name].spec
-            backends[f"calibrate:{name}"] = sched.BackendInfo(
-                name=f"calibrate:{name}", peak_mib=None, safety_mib=0, priority=spec.priority,
-                allowed_gpus=spec.gpus)
-        queue: tuple[sched.QueuedJob, ...] = extra
-        counts = None
+                state = "stopping" if name in calibrating else w.state.value
+                workers.append(admission.WorkerFacts(
+                    name=w.name, backend=name, gpu=w.gpu, state=state, jobs=len(rt.admitted),
+                    exclusive=rt.exclusive, observed_mib=rt.observed_mib,
+                    idle_since=rt.idle_since, accepting=rt.accepting,
+                    over_declared=rt.over_mib > 0))
+            for gh in rt.ghosts:
+                ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
+                                                   gh.observed_mib))
+        runs = [admission.RunFacts(run.worker.name if run.worker else f"{job_id}/run",
+                                   run.rt.spec.name, run.gpu, run.observed_mib)
+                for job_id, (run, _task) in self.calibrations.items()]
+        queue: tuple[sched.QueuedJob, ...] = ()
+        counts: Mapping[tuple[str, str], int] | None = {}
         if with_queue:
             queue = self.queue.scheduler_view()
-            counts = self.queue.per_backend
+            counts = self.queue.counts
             if extra:
                 queue = queue + extra
-                counts = counts + Counter(q.backend for q in extra)
-        return sched.Snapshot(gpus=tuple(gpus), backends=backends, workers=workers, queue=queue,
-                              queued_per_backend=counts)
+                counts = counts + Counter((q.kind, q.backend) for q in extra)
+        return admission.decide_inputs(
+            self._devices(), backends, workers, queue, ghosts=ghosts, runs=runs,
+            queued_counts=counts, reserve_mib=self.config.reserve_mib, foreign=self.foreign,
+            draining=self.draining)
 
     def _step(self) -> None:
         self._step_scheduled = False
@@ -689,42 +758,48 @@ class Engine(EngineCommands):
         if preloads:
             # Last in the queue: a preload takes room nobody waits for, never a job's room.
             now = self.clock()
-            extra = tuple(sched.QueuedJob(f"preload:{n}", n, -(10**9), 10**15 + i, now, 0)
+            extra = tuple(sched.QueuedJob(f"preload-{n}", n, -(10**9), 10**15 + i, now, 0,
+                                          kind="preload")
                           for i, n in enumerate(preloads))
-        snap = self._sched_snapshot(extra=extra)
+        snap, self.book = self._inputs(extra)
         plan = make_plan(snap, self.clock(), self.sched_config)
         for ev in plan.evictions:
             rt = self.backends[ev.backend]
             if rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
                 self._note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
                            f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
+                self.counters.evicted(ev.backend, "room")
                 self._evict_now(rt)
         for job_id, passed in plan.passed.items():
             job = self.jobs.get(job_id)
             if job is not None:
                 self.queue.set_passed(job, passed)
+        for job_id, since in plan.blocked.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                self.queue.set_blocked(job, since)
         for start in plan.starts:
-            self._start(start)
+            self._start(start, snap)
         for rt_name in preloads:
             rt = self.backends[rt_name]
             if rt.worker is not None:
                 rt.preload = False
             elif self.clock() >= rt.preload_deadline:
                 rt.preload = False
-                reason = plan.waiting.get(f"preload:{rt_name}", "no room")
+                reason = plan.waiting.get(f"preload-{rt_name}", "no room")
                 self._note("warning", f"gave up preloading {rt_name} after "
                            f"{PRELOAD_PATIENCE_S:g} s: {reason}", rt_name)
         self._waiting = plan.waiting  # read lazily: only shown jobs need their reason
 
-    def _start(self, start: sched.Start) -> None:
-        if start.backend.startswith("calibrate:"):
+    def _start(self, start: sched.Start, snap: sched.Snapshot) -> None:
+        rt = self.backends[start.backend]
+        if start.kind == "calibration":
             job = self.jobs[start.job_id]
             self._remove_queued(job)
             job.waiting = ""
             self._start_calibration(job, start.gpu)
             return
-        rt = self.backends[start.backend]
-        if start.job_id.startswith("preload:"):
+        if start.kind == "preload":
             if rt.worker is None:
                 self._spawn_worker(rt, start.gpu)
             return
@@ -732,6 +807,15 @@ class Engine(EngineCommands):
         self._remove_queued(job)
         job.gpu = start.gpu
         job.waiting = ""
+        gpu = next((g for g in snap.gpus if g.index == start.gpu), None)
+        free = ""
+        if gpu is not None:
+            room = gpu.total_mib - gpu.foreign_mib - sum(
+                w.reserved_mib for w in snap.workers.values() if w.gpu == start.gpu)
+            free = f" ({max(0, room - gpu.reserve_mib)} MiB free before)"
+        how = "spawning its worker" if start.spawn or rt.worker is None else "on its worker"
+        self._note("info", f"admitted {job.id} ({job.backend}) on GPU{start.gpu}, {how}: "
+                   f"takes {start.reserve_mib} MiB{free}", job.backend, quiet=True)
         if start.spawn or rt.worker is None:
             self._spawn_worker(rt, start.gpu)
         rt.admitted.append(job.id)
@@ -742,7 +826,8 @@ class Engine(EngineCommands):
             self._dispatch(rt, job)
         else:
             job.mark(self.clock(), JobState.STARTING, f"starting {rt.spec.name} on GPU{job.gpu}")
-            self._journal("record_state", job.id, JobState.STARTING, time.time())
+            if self._journaled(job):
+                self._journal("record_state", job.id, JobState.STARTING, time.time())
             self._job_event(job)
 
     def _remove_queued(self, job: Job) -> None:
@@ -752,10 +837,14 @@ class Engine(EngineCommands):
         worker = rt.worker
         assert worker is not None
         job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.pid})")
-        self._journal("record_start", job.id, time.time(), f"on {worker.name}")
+        if self._journaled(job):
+            self._journal("record_start", job.id, time.time(), f"on {worker.name}")
         job.peak_mib = None
+        job.peak_samples = 0
         worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata,
                     deadline=None)
+        if job.timeout is not None:  # timeouts.request counts from dispatch
+            self._set_timer(job.id, job.timeout, lambda: self._time_out(job.id))
         self._job_event(job)
 
     # ===================================================================== workers ========
@@ -763,19 +852,31 @@ class Engine(EngineCommands):
         spec = rt.spec
         rt.generation += 1
         rt.exclusive = rt.peak is None
+        rt.baseline = None if rt.exclusive else rt.info()
+        rt.accepting, rt.over_mib, rt.over_noted, rt.kill_reason = True, 0, False, None
+        rt.observed_mib = None
         handle = self.make_worker(rt, gpu, f"{spec.name}#{rt.generation}", observer=self)
         rt.worker = handle
         self._note("info", f"starting {spec.name} on GPU{gpu}"
                    + (" (footprint unknown: it runs alone until measured)" if rt.exclusive
                       else ""), spec.name)
-        self._spawn_task(handle.start())
+        self._spawn_task(self.start_worker(handle))
         self._set_timer(f"start:{handle.name}", spec.timeouts.start_s,
                         lambda: self._start_timed_out(rt, handle))
         self._worker_event(rt)
 
+    async def start_worker(self, handle: Worker) -> None:
+        """Start ``handle``'s process, and put its process group on the lifeline."""
+        await handle.start()
+        if handle.pid is not None:
+            if handle.exited:
+                return
+            self.lifeline.add(handle.pid, handle.backend)
+
     def make_worker(self, rt: BackendRuntime, gpu: int, name: str,
-                    observer: WorkerObserver) -> WorkerHandle:
-        """A (not yet started) worker process of ``rt`` on ``gpu``."""
+                    observer: WorkerObserver) -> Worker:
+        """A (not yet started) worker process of ``rt`` on ``gpu``, with the handle that
+        speaks its protocol: ours (worker sockets) or vramd's (JSON lines on stdin/stdout)."""
         spec = rt.spec
         env = dict(os.environ)
         env.update(spec.env)
@@ -785,8 +886,18 @@ class Engine(EngineCommands):
             env["VRAMTUI_SIM_DIR"] = str(self.paths.sim_dir)
             env["VRAMTUI_SIM_GPU"] = str(gpu)
         else:
+            # NVML numbers GPUs in PCI bus order; CUDA's default order is fastest first, so
+            # without this the worker could land on another GPU than the one admitted.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu))
             env.pop("VRAMTUI_SIM_DIR", None)
+        if spec.protocol == "vramd":
+            return VramdWorkerHandle(
+                backend=spec.name, name=name, gpu=gpu, argv=spec.command, env=env,
+                cwd=str(spec.cwd) if spec.cwd else None,
+                log_path=self.paths.logs_dir / f"{spec.name}.log", observer=observer,
+                settings=spec.vramd, unload_frees_vram=spec.unload_frees_vram,
+            )
         argv = list(spec.command) + [
             "--control-socket", str(self.paths.worker_control_socket),
             "--data-socket", str(self.paths.worker_data_socket),
@@ -797,9 +908,10 @@ class Engine(EngineCommands):
             cwd=str(spec.cwd) if spec.cwd else None,
             log_path=self.paths.logs_dir / f"{spec.name}.log",
             listener=self.listener, observer=observer, plain_stream=spec.stream,
+            max_result=self.config.max_result_bytes,
         )
 
-    def _start_timed_out(self, rt: BackendRuntime, handle: WorkerHandle) -> None:
+    def _start_timed_out(self, rt: BackendRuntime, handle: Worker) -> None:
         if rt.worker is handle and not handle.hot and not handle.exited:
             handle.init_error = (f"not ready after {rt.spec.timeouts.start_s:g} s "
                                  "(timeouts.start)")
@@ -830,10 +942,18 @@ class Engine(EngineCommands):
         rt = self.backends.get(handle.backend)
         if rt is None or rt.worker is not handle:
             return
+        if handle.state == WorkerState.BUSY:
+            self._worker_event(rt)  # nothing for admission: a busy worker takes no new job
+            return
         if handle.state == WorkerState.READY:
             self._cancel_timer(f"start:{handle.name}")
             if handle.ready_at is not None and rt.init_failures:
                 rt.init_failures = 0
+            if handle.ready_at is not None and rt.timed_worker != handle.name:
+                rt.timed_worker = handle.name  # its first ready: one load, and its cost
+                loaded = max(0.0, handle.ready_at - handle.started_at)
+                rt.load_times.append(loaded)
+                self.counters.loaded(rt.spec.name, loaded)
             for job_id in list(rt.admitted):
                 job = self.jobs.get(job_id)
                 # While stopping, admitted jobs stay unstarted: they run after a restart.
@@ -846,20 +966,29 @@ class Engine(EngineCommands):
 
     def worker_exited(self, handle: WorkerHandle, code: int | None, reason: str) -> None:
         rt = self.backends.get(handle.backend)
+        if handle.pid is not None:
+            self.lifeline.remove(handle.pid)
         if rt is None or rt.worker is not handle:
             return
         self._cancel_timer(f"start:{handle.name}")
-        reserved = self.reserved_mib(rt)
+        held = self._holds(rt)
+        killed_for = rt.kill_reason
         rt.worker = None
         rt.idle_since = None
+        rt.observed_mib = None
+        rt.accepting, rt.over_mib, rt.over_noted, rt.kill_reason = True, 0, False, None
         pids = {handle.pid} if handle.pid is not None else set()
-        pids |= handle._descendants
-        rt.ghost = Ghost(handle.gpu, reserved, pids, self.clock() + EVICTION_CONFIRM_TIMEOUT_S)
-        self._spawn_task(self._confirm_ghost(rt))
-        expected = handle.state == WorkerState.COLD
+        pids |= handle.known_descendants()
+        rt.ghosts.append(Ghost(handle.name, handle.gpu, held, pids,
+                               self.clock() + EVICTION_CONFIRM_TIMEOUT_S))
+        self._spawn_task(self._confirm_ghosts(rt))
+        expected = handle.state == WorkerState.COLD and killed_for is None
         never_ready = handle.ready_at is None
+        self.counters.worker_exited(handle, expected=expected, never_ready=never_ready)
         log_hint = f"log: {handle.log_path}"
-        if expected:
+        if killed_for is not None:
+            rt.last_error = killed_for
+        elif expected:
             self._note("info", f"{rt.spec.name} stopped", rt.spec.name)
         elif never_ready:
             rt.init_failures += 1
@@ -880,12 +1009,15 @@ class Engine(EngineCommands):
                 self._stopped_during(job)
             elif job.cancel_requested:
                 self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
+            elif killed_for is not None:
+                self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not rt.failed:
                 job.state = JobState.QUEUED  # it never ran: try again with a fresh worker
                 job.history.append((self.clock(), "queued", "requeued: worker failed to start"))
                 job.gpu = None
-                self._journal("record_state", job.id, JobState.QUEUED, time.time(),
-                              "requeued: worker failed to start")
+                if self._journaled(job):
+                    self._journal("record_state", job.id, JobState.QUEUED, time.time(),
+                                  "requeued: worker failed to start")
                 self.queue.push(job)
                 self._job_event(job)
             else:
@@ -901,6 +1033,17 @@ class Engine(EngineCommands):
         self._worker_event(rt)
         self._schedule()
 
+    def _holds(self, rt: BackendRuntime) -> int:
+        """What the ledger says ``rt``'s live worker holds now."""
+        w = rt.worker
+        if w is None:
+            return 0
+        fact = admission.WorkerFacts(w.name, rt.spec.name, w.gpu, "ready", len(rt.admitted),
+                                     rt.exclusive, rt.observed_mib)
+        held = admission.holders(self._devices(), {rt.spec.name: rt.info()}, [fact],
+                                 reserve_mib=self.config.reserve_mib, foreign=self.foreign)
+        return held[0].holds_mib if held else 0
+
     def request_done(self, handle: WorkerHandle, job_id: str, outcome: Outcome) -> None:
         job = self.jobs.get(job_id)
         rt = self.backends.get(handle.backend)
@@ -912,7 +1055,7 @@ class Engine(EngineCommands):
         rt.last_used = time.time()
         if not rt.admitted:
             rt.idle_since = self.clock()
-        self._learn(rt, job)
+        self._learn(rt, job, outcome.ok)
         if job.cancel_requested:
             self._finish(job, job.cancel_state, error=job.error or "cancelled")
         elif outcome.ok:
@@ -922,8 +1065,16 @@ class Engine(EngineCommands):
             self._finish(job, JobState.SUCCEEDED)
         else:
             job.status_code = outcome.status_code
+            if outcome.too_large:
+                job.chunks = []  # the part of an oversized result that came: not kept
             state = JobState.CANCELLED if outcome.cancelled else JobState.FAILED
             self._finish(job, state, error=outcome.error)
+        if not rt.accepting and not rt.admitted and rt.worker is handle:
+            self._note("warning", f"evicting {rt.spec.name}: its job is done and it held "
+                       f"{rt.over_mib} MiB more than its figures (on_overuse: evict)",
+                       rt.spec.name)
+            self.counters.evicted(rt.spec.name, "overuse")
+            self._evict_now(rt)
         self._schedule()
 
     def request_progress(self, job_id: str, fraction: float | None, text: str) -> None:
@@ -943,52 +1094,119 @@ class Engine(EngineCommands):
             self.events.publish(EngineEvent("chunk", time.time(), backend=job.backend,
                                             job_id=job_id, data=chunk))
 
-    def _learn(self, rt: BackendRuntime, job: Job) -> None:
-        """Record the job's observed peak; size an unmeasured backend from it."""
-        if job.peak_mib is None:
+    def _learn(self, rt: BackendRuntime, job: Job, ok: bool) -> None:
+        """The job's observed peak becomes the backend's learned peak when it is larger."""
+        peak = job.peak_mib
+        if peak is None:
             return
-        rt.observed_peaks.append(job.peak_mib)
-        if rt.spec.peak is None:
-            # The peak comes from samples during jobs; what stays resident is read later,
-            # from a sample of the idle worker (see _learn_resident).
-            rt.learned_peak_mib = max(rt.learned_peak_mib or 0, job.peak_mib)
+        rt.observed_peaks.append(peak)
+        learned = rt.learned
+        if learned.peak_mib is None or peak > learned.peak_mib:
+            learned = replace(learned, peak_mib=peak)
+        measured = ok and job.peak_samples >= MIN_PEAK_SAMPLES
+        if measured and not learned.peak_confirmed:
+            learned = replace(learned, peak_confirmed=True)
+        rt.learned = learned
+        if rt.distrusted and measured and rt.exclusive:
+            rt.distrusted = False
+            self._note("info", f"{rt.spec.name} measured alone: peak {peak} MiB; it shares "
+                       "GPUs again, at what it was seen to use", rt.spec.name)
+        self._maybe_share(rt)
 
-    def _learn_resident(self, rt: BackendRuntime, mib: int) -> None:
-        """An unmeasured backend's idle worker holds ``mib``: with its peak, it is sized."""
-        first = rt.learned_resident_mib is None
-        rt.learned_resident_mib = min(mib, rt.learned_peak_mib or mib)
-        if first:
+    def _learn_idle(self, rt: BackendRuntime, mib: int) -> None:
+        """An idle, ready worker holds ``mib``: what the backend keeps resident at least."""
+        learned = rt.learned
+        if learned.resident_mib is not None and mib <= learned.resident_mib:
+            return
+        rt.learned = replace(learned, resident_mib=mib)
+        self._maybe_share(rt)
+
+    def _maybe_share(self, rt: BackendRuntime) -> None:
+        """A worker that held its GPU alone (its footprint was unknown) stops doing so once
+        production measured it."""
+        if rt.exclusive and not rt.distrusted and rt.learned.peak_confirmed:
+            rt.exclusive = False
+            resident = rt.learned.resident_mib
             self._note("info", f"{rt.spec.name} measured in production: peak "
-                       f"{rt.learned_peak_mib} MiB, resident {rt.learned_resident_mib} MiB; "
-                       "it no longer needs a GPU to itself", rt.spec.name)
-        rt.exclusive = False
-        self._schedule()
+                       f"{rt.learned.peak_mib} MiB"
+                       + (f", resident {resident} MiB" if resident is not None else "")
+                       + "; it no longer needs a GPU to itself", rt.spec.name)
+            self._schedule()
 
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
             return
+        if self._journaled(job):  # durable before anyone hears of it
+            state, error = self._record_finish(job, state, error)
         if error is not None:
             job.error = error
         job.mark(self.clock(), state, error or "")
+        self.counters.job_finished(job)
         self._cancel_timer(job.id)
         self._cancel_timer(f"kill:{job.id}")
         job.payload = b""
-        if job.kind == "job":
-            self._journal("record_finish", job.id, state, time.time(), note=error or "",
-                          data=job.data, headers=job.headers, status_code=job.status_code,
-                          error=job.error, chunks=job.chunks)
         view = job.view()
         self._resolve(job, view)
         self.recent.append(job.id)
-        while len(self.recent) > self.config.recent_jobs:
+        self._recent_bytes[job.id] = len(job.data or b"") + sum(map(len, job.chunks))
+        held = sum(self._recent_bytes.values())
+        while len(self.recent) > self.config.recent_jobs or (
+                len(self.recent) > 1 and held > self.config.max_recent_result_bytes):
             old = self.recent.popleft()
             self.jobs.pop(old, None)
-        self.events.publish(EngineEvent("job", time.time(), job=view, backend=job.backend,
-                                        state=state.value))
+            held -= self._recent_bytes.pop(old, 0)
+        if job.kind == "job":
+            self._note_end(job, state)
+        # Events carry no result: whoever wants it asks (wait, job).
+        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
+                                        backend=job.backend, state=state.value))
+
+    def _note_end(self, job: Job, state: JobState) -> None:
+        """The end of a job in the event log: the queue's story, told from admission to end."""
+        took = ""
+        if job.started_at is not None and job.finished_at is not None:
+            took = f" after {job.finished_at - job.started_at:.1f} s"
+        if state is JobState.SUCCEEDED:
+            self._note("info", f"{job.id} ({job.backend}) succeeded{took}", job.backend,
+                       quiet=True)
+        elif state is JobState.FAILED:
+            self._note("warning", f"{job.id} ({job.backend}) failed{took}: {job.error}",
+                       job.backend, quiet=True)
+        else:
+            self._note("info", f"{job.id} ({job.backend}) {state.value.replace('_', ' ')}"
+                       f"{took}: {job.error}", job.backend, quiet=True)
+
+    def _record_finish(self, job: Job, state: JobState,
+                       error: str | None) -> tuple[JobState, str | None]:
+        """Journal the finish; what was stored (a result the journal cannot hold fails the
+        job, with the reason, and that failure is what is stored and reported)."""
+        if self.journal is None:
+            return state, error
+        error = error if error is not None else job.error
+        try:
+            stored, why = self.journal.finish_durably(
+                job.id, state, time.time(), note=error or "", data=job.data,
+                headers=job.headers, status_code=job.status_code, error=error,
+                chunks=job.chunks)
+        except Exception as exc:  # noqa: BLE001 - not even a failure could be stored
+            stored, why = JobState.FAILED, (
+                f"the journal could not record how this job ended ({exc}); it still holds it "
+                "as unfinished, so it runs again when the engine restarts")
+        if stored is not state or why != error:
+            self._note("error", f"job {job.id} ({job.backend}) failed: {why}", job.backend)
+            job.data, job.chunks, job.headers, job.status_code = None, [], {}, None
+        if self.journal.reserve_spent and not self._disk_full_noted:
+            self._disk_full_noted = True
+            self._note("error", f"journal: the disk under {self.journal.path.parent} is full; "
+                       "its reserve was spent to record the jobs already accepted, and new "
+                       "jobs are refused until there is room again")
+        elif not self.journal.reserve_spent:
+            self._disk_full_noted = False
+        return stored, why
 
     def _stopped_during(self, job: Job) -> None:
         """The engine stops under a job: journaled jobs stay to run again, others fail."""
-        if self.journal is not None and job.kind == "job":
+        if self._journaled(job):
             # The journal still says queued/running: recovery requeues it (as interrupted).
             self._resolve(job, "the engine stopped while it ran; it runs again (marked "
                           "interrupted) when the engine starts again")
@@ -1015,58 +1233,185 @@ class Engine(EngineCommands):
     def _on_sample(self, sample: Sample) -> None:
         for reading in sample.devices:
             self.readings[reading.index] = reading
-            self._gpu_totals[reading.index] = reading.total_mib
-            if reading.used_mib is not None:
+            if reading.used_mib is not None and \
+                    sample.t - self._history_at.get(reading.index, -1e9) >= HISTORY_STEP_S:
+                self._history_at[reading.index] = sample.t
                 self.history.append(reading.index, sample.t, reading.used_mib)
         if sample.processes is not None:
             self.gpu_processes = sample.processes
-            self.proc_mib = {p.pid: p.used_mib or 0 for p in sample.processes}
-            on_gpu = set(self.proc_mib)
-            for rt in self.backends.values():
-                worker = rt.worker
-                if worker is not None and not worker.exited:
-                    pids = worker.pids()
-                    mib = sum(self.proc_mib.get(pid, 0) for pid in pids)
-                    rt.observed_mib = mib
-                    self.backend_history.append(rt.spec.name, sample.t, mib)
-                    if (rt.spec.peak is None and rt.learned_peak_mib is not None
-                            and not rt.admitted and worker.state == WorkerState.READY):
-                        self._learn_resident(rt, mib)
-                    for job_id in rt.admitted:
-                        job = self.jobs.get(job_id)
-                        if job is not None and job.state is JobState.RUNNING:
-                            job.peak_mib = max(job.peak_mib or 0, mib)
-                else:
-                    rt.observed_mib = None
-                if rt.ghost is not None and not (rt.ghost.pids & on_gpu):
-                    rt.ghost = None
+            self._observe(sample)
         for run, _task in self.calibrations.values():
             run.on_sample(sample)
         self.events.publish(EngineEvent("sample", time.time()))
         self._schedule()
 
-    async def _confirm_ghost(self, rt: BackendRuntime) -> None:
+    def _observe(self, sample: Sample) -> None:
+        """What every worker's processes hold now: learning, foreign memory, models that lie."""
+        assert sample.processes is not None
+        per_gpu: dict[int, dict[int, int]] = {}
+        for p in sample.processes:
+            mine = per_gpu.setdefault(p.gpu_index, {})
+            mine[p.pid] = mine.get(p.pid, 0) + (p.used_mib or 0)
+        self.proc_mib = {p.pid: p.used_mib or 0 for p in sample.processes}
+        on_gpu = set(self.proc_mib)
+        ours: dict[int, set[int]] = {}
+        for rt in self.backends.values():
+            worker = rt.worker
+            if worker is not None and not worker.exited:
+                pids = worker.pids()
+                ours.setdefault(worker.gpu, set()).update(pids)
+                mine = per_gpu.get(worker.gpu, {})
+                mib = sum(mine.get(pid, 0) for pid in pids)
+                seen = bool(pids & set(mine))
+                rt.observed_mib = mib if seen or worker.hot else None
+                self.backend_history.append(rt.spec.name, sample.t, mib)
+                if seen and rt.observed_mib is not None:
+                    if not rt.admitted and worker.state == WorkerState.READY:
+                        self._learn_idle(rt, mib)
+                    if len(rt.admitted) == 1:
+                        job = self.jobs.get(rt.admitted[0])
+                        if job is not None and job.state is JobState.RUNNING:
+                            job.peak_mib = max(job.peak_mib or 0, mib)
+                            job.peak_samples += 1
+            for gh in list(rt.ghosts):
+                mine = per_gpu.get(gh.gpu, {})
+                if not (gh.pids & on_gpu):
+                    rt.ghosts.remove(gh)
+                    continue
+                gh.observed_mib = sum(mine.get(pid, 0) for pid in gh.pids)
+                ours.setdefault(gh.gpu, set()).update(gh.pids)
+        for run, _task in self.calibrations.values():
+            pids = run.pids()
+            ours.setdefault(run.gpu, set()).update(pids)
+            run.observed_mib = sum(per_gpu.get(run.gpu, {}).get(pid, 0) for pid in pids)
+        for index, reading in self.readings.items():
+            self.foreign[index] = foreign_mib(reading.used_mib, per_gpu.get(index, {}),
+                                              ours.get(index, ()))
+        self._check_overuse()
+
+    def _check_overuse(self) -> None:
+        """Workers above the figures they were admitted with: the reservation follows what
+        they hold (the ledger does that, and learning sizes the next admissions), they are
+        reported, and their backend's ``on_overuse`` applies; one over-committing its GPU is
+        killed at once, whatever the policy."""
+        liars: dict[str, int] = {}
+        for rt in self.backends.values():
+            w = rt.worker
+            over = self._over_declared(rt)
+            rt.over_mib = over
+            if over <= 0 or w is None or w.state == WorkerState.STOPPING:
+                continue
+            liars[w.name] = over
+            policy = rt.spec.on_overuse
+            if not rt.over_noted:
+                rt.over_noted = True
+                figure = rt.observed_mib - over if rt.observed_mib is not None else 0
+                self._note("warning", f"{rt.spec.name} holds {rt.observed_mib} MiB on "
+                           f"GPU{w.gpu}, {over} MiB above what it was admitted with ({figure} "
+                           f"MiB for {len(rt.admitted)} job(s)): admission now counts what it "
+                           f"holds; on_overuse: {policy}", rt.spec.name)
+                self.events.publish(EngineEvent("overuse", time.time(), backend=rt.spec.name,
+                                                message=f"{over} MiB over its figures"))
+            tolerance = max(MIN_OVERUSE_TOLERANCE_MIB, rt.spec.safety_mib)
+            if over <= tolerance or policy == "warn":
+                continue
+            if policy == "kill":
+                self._kill_liar(rt, f"killed: it held {rt.observed_mib} MiB, {over} MiB "
+                                "above what it was admitted with (on_overuse: kill)")
+            elif rt.accepting:
+                rt.accepting = False
+                if rt.admitted:
+                    self._note("warning", f"{rt.spec.name} takes no new job and is evicted "
+                               "once its job ends (on_overuse: evict)", rt.spec.name)
+                else:
+                    self._note("warning", f"evicting {rt.spec.name}: idle and {over} MiB "
+                               "above what it was admitted with (on_overuse: evict)",
+                               rt.spec.name)
+                    self.counters.evicted(rt.spec.name, "overuse")
+                    self._evict_now(rt)
+        _snap, book = self._inputs(with_queue=False)
+        self.book = book
+        for gpu in book.gpus.values():
+            excess = gpu.overcommit_mib
+            if excess <= 0:
+                continue
+            culprits = sorted((h for h in gpu.holders if h.name in liars),
+                              key=lambda h: -liars[h.name])
+            for h in culprits:
+                rt = self.backends.get(h.backend)
+                if rt is None or rt.worker is None or rt.worker.name != h.name:
+                    continue
+                self._kill_liar(rt, f"killed: it held {h.observed_mib} MiB, {liars[h.name]} "
+                                f"MiB above what it was admitted with, and GPU{gpu.index} was "
+                                f"over-committed by {excess} MiB", distrust=True)
+                excess -= liars[h.name]
+                if excess <= 0:
+                    break
+
+    def _over_declared(self, rt: BackendRuntime) -> int:
+        """How far ``rt``'s live worker was last seen above the figures it was admitted with
+        (0 for a worker that holds its GPU whole, or was not seen yet)."""
+        w, baseline, observed = rt.worker, rt.baseline, rt.observed_mib
+        if w is None or w.exited or baseline is None or observed is None or rt.exclusive:
+            return 0
+        return max(0, observed - baseline.holds_mib(len(rt.admitted)))
+
+    def _kill_liar(self, rt: BackendRuntime, reason: str, *, distrust: bool = False) -> None:
+        w = rt.worker
+        if w is None or w.exited or rt.kill_reason is not None:
+            return
+        if distrust:
+            # Runs alone until measured again: an over-commit never recurs for this backend.
+            rt.distrusted = True
+        if rt.observed_mib is not None:
+            key = "peak_mib" if rt.admitted else "resident_mib"
+            old = getattr(rt.learned, key)
+            if old is None or rt.observed_mib > old:
+                rt.learned = replace(rt.learned, **{key: rt.observed_mib})
+        rt.kill_reason = f"{rt.spec.name} {reason}"
+        self._note("error", rt.kill_reason, rt.spec.name)
+        w.kill()
+
+    async def _confirm_ghosts(self, rt: BackendRuntime) -> None:
         """Look at the GPU's process list right after an exit, not at the next sample."""
         assert self.loop is not None
         try:
             procs = await self.loop.run_in_executor(None, self.probe.processes)
         except Exception:  # noqa: BLE001 - the periodic samples will confirm it instead
             return
-        ghost = rt.ghost
-        if ghost is not None and not (ghost.pids & {p.pid for p in procs}):
-            rt.ghost = None
+        on_gpu = {p.pid for p in procs}
+        before = len(rt.ghosts)
+        rt.ghosts = [gh for gh in rt.ghosts if gh.pids & on_gpu]
+        if len(rt.ghosts) != before:
             self._schedule()
 
     def _expire_ghosts(self) -> None:
         now = self.clock()
         for rt in self.backends.values():
-            ghost = rt.ghost
-            if ghost is not None and now >= ghost.deadline:
-                if ghost.pids & set(self.proc_mib):
-                    self._note("warning", f"{rt.spec.name}: processes {sorted(ghost.pids)} "
-                               "still hold GPU memory after exiting; counting it as foreign",
-                               rt.spec.name)
-                rt.ghost = None
+            for gh in list(rt.ghosts):
+                if now >= gh.deadline:
+                    if gh.pids & set(self.proc_mib):
+                        self._note("warning", f"{rt.spec.name}: processes {sorted(gh.pids)} "
+                                   "still hold GPU memory after exiting; counting it as "
+                                   "foreign", rt.spec.name)
+                    rt.ghosts.remove(gh)
+
+    def _check_liveness(self, now: float) -> None:
+        """Ping every ready or busy worker; kill one whose last ping went unanswered too long."""
+        for rt in self.backends.values():
+            w = rt.worker
+            if w is None or w.exited or not w.hot or rt.kill_reason is not None:
+                continue
+            overdue = w.ping_overdue(now)
+            limit = rt.spec.timeouts.ping_s
+            if overdue >= limit:
+                rt.kill_reason = (f"{rt.spec.name} hung: its worker (pid {w.pid}) answered no "
+                                  f"ping for {overdue:.1f} s (timeouts.ping {limit:g} s); "
+                                  "killed it, the backend restarts on its next job")
+                self._note("error", rt.kill_reason, rt.spec.name)
+                w.kill()
+            else:
+                w.ping()
 
     def _expire_keep_alive(self) -> None:
         now = self.clock()
@@ -1078,6 +1423,7 @@ class Engine(EngineCommands):
                     and now - rt.idle_since >= rt.spec.keep_alive_s):
                 self._note("info", f"{rt.spec.name} idle for {rt.spec.keep_alive_s:g} s "
                            "(keep_alive): unloading", rt.spec.name)
+                self.counters.evicted(rt.spec.name, "idle")
                 rt.idle_since = None
                 self._evict_now(rt)
 
@@ -1101,15 +1447,3 @@ class Engine(EngineCommands):
     def snapshot(self) -> EngineSnapshot:
         return build_snapshot(self)
 
-
-def _check_metadata(metadata: dict[str, Any] | None) -> None:
-    """Metadata travels to the worker and into the journal: it must be plain data."""
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict):
-        raise InvalidRequest(f"metadata must be a mapping, got {type(metadata).__name__}")
-    try:
-        msgpack.packb(metadata, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidRequest(f"metadata must be plain data (strings, numbers, lists, "
-                             f"mappings, bytes): {exc}") from None

@@ -1,5 +1,5 @@
 """The engine's commands beyond submit/cancel/evict: retry, priority, cancel several, kill,
-drain, and applying reloaded descriptors.
+and applying reloaded descriptors (drain is the engine's own: ``Engine.drain``).
 
 :class:`EngineCommands` is a base class of :class:`supervisor.engine.Engine` (kept apart so
 the admission code stays readable); its methods run on the engine loop like every engine
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidRequest, Refused, VramtuiError
+from .errors import Refused, VramtuiError
 from .jobs import Job, JobState, JobView
 from .results import BackendChange, CancelResult, JobRequest, ReloadResult
 
@@ -161,22 +161,6 @@ class EngineCommands:
                    + (f"; {len(jobs)} job(s) on it fail" if jobs else ""), backend)
         worker.kill()
 
-    def drain(self: Engine, gpu: int, on: bool = True) -> tuple[int, ...]:
-        """Flag a GPU draining (running work finishes, nothing new is admitted there), or
-        open it again; the GPUs draining now."""
-        if gpu not in self.readings:
-            known = ", ".join(f"GPU{i}" for i in sorted(self.readings)) or "none"
-            raise InvalidRequest(f"there is no GPU{gpu} here (GPUs: {known})")
-        if on and gpu not in self.draining:
-            self.draining.add(gpu)
-            self._note("info", f"GPU{gpu} draining (asked): running work finishes, nothing "
-                       "new is admitted there")
-        elif not on and gpu in self.draining:
-            self.draining.discard(gpu)
-            self._note("info", f"GPU{gpu} open again (asked): admitting new work")
-        self._schedule()
-        return tuple(sorted(self.draining))
-
     # -- descriptors -------------------------------------------------------------------------
     def apply_descriptors(self: Engine, loaded: LoadResult) -> ReloadResult:
         """Apply freshly loaded descriptors: new backends join, changed ones take their new
@@ -206,8 +190,7 @@ class EngineCommands:
             files = set(rt.spec.source.split(" + ")) if rt.spec.source else set()
             broken = [e for e in errors if e.backend == name
                       or (e.file is not None and display_path(e.file) in files)]
-            waiting = self.queue.per_backend.get(name, 0) + \
-                self.queue.per_backend.get(f"calibrate:{name}", 0)
+            waiting = sum(1 for j in self.queue if j.backend == name)
             if broken:
                 kept.append(f"{name}: kept its previous descriptor ({broken[0]})")
             elif rt.worker is not None or rt.admitted or waiting:

@@ -38,6 +38,7 @@ from .results import (
     ReportFile,
 )
 from .snapshot import EngineSnapshot
+from .validate import check_seconds
 
 T = TypeVar("T")
 _CALL_TIMEOUT = 30.0
@@ -72,7 +73,7 @@ class EngineLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -129,8 +130,6 @@ class Supervisor:
     ) -> Supervisor:
         """Read the configuration and build an engine (not started yet)."""
         limits = Limits.from_env(environ)
-        if config is None:
-            config = EngineConfig(max_queue_depth=limits.max_queue)
         paths = (paths or Paths.from_env(environ)).ensure()
         probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
@@ -147,6 +146,7 @@ class Supervisor:
             descriptor_errors=tuple(str(e) for e in loaded.errors),
             paths=paths,
             config=config,
+            descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
         sup = cls(engine, paths)
         sup.limits = limits
@@ -343,6 +343,7 @@ class Supervisor:
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
         METHODS["wait"].check({"job_id": job_id, "timeout": timeout})
+        timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
         fut = self.engine.futures.get(job_id)
         if fut is None:
             view = self.job(job_id)

@@ -1,7 +1,7 @@
 """The engine's queue of waiting jobs, kept in the order the scheduler wants it.
 
 Jobs stay sorted by ``(-priority, seq)`` (the scheduler's contract) and, alongside, the
-scheduler's own ``QueuedJob`` view of each one and a per-backend count, both maintained
+scheduler's own ``QueuedJob`` view of each one and a count per (kind, backend), both maintained
 incrementally so a scheduling step over 10,000 waiting jobs copies nothing it can reuse.
 """
 
@@ -20,8 +20,8 @@ def _key(job: Job) -> tuple[int, int]:
 
 
 def _view(job: Job) -> QueuedJob:
-    return QueuedJob(job.id, job.sched_backend, job.priority, job.seq, job.submitted_at,
-                     job.passed)
+    return QueuedJob(job.id, job.backend, job.priority, job.seq, job.submitted_at, job.passed,
+                     job.kind, job.blocked_since)
 
 
 class JobQueue:
@@ -29,7 +29,8 @@ class JobQueue:
         self._jobs: list[Job] = []
         self._views: list[QueuedJob] = []
         self._frozen: tuple[QueuedJob, ...] | None = ()
-        self.per_backend: Counter[str] = Counter()
+        self.counts: Counter[tuple[str, str]] = Counter()  # (kind, backend) -> queued
+        self.payload_bytes = 0  # what the queued jobs' payloads hold together
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -44,7 +45,8 @@ class JobQueue:
         i = bisect.bisect_right(self._jobs, _key(job), key=_key)
         self._jobs.insert(i, job)
         self._views.insert(i, _view(job))
-        self.per_backend[job.sched_backend] += 1
+        self.counts[(job.kind, job.backend)] += 1
+        self.payload_bytes += len(job.payload)
         self._frozen = None
 
     def _index(self, job: Job) -> int:
@@ -59,16 +61,26 @@ class JobQueue:
             return False
         del self._jobs[i]
         del self._views[i]
-        self.per_backend[job.sched_backend] -= 1
-        if not self.per_backend[job.sched_backend]:
-            del self.per_backend[job.sched_backend]
+        key = (job.kind, job.backend)
+        self.payload_bytes -= len(job.payload)
+        self.counts[key] -= 1
+        if not self.counts[key]:
+            del self.counts[key]
         self._frozen = None
         return True
 
     def set_passed(self, job: Job, passed: int) -> None:
-        if job.passed == passed:
-            return
-        job.passed = passed
+        if job.passed != passed:
+            job.passed = passed
+            self._refresh(job)
+
+    def set_blocked(self, job: Job, since: float) -> None:
+        """Record when ``job`` was first found first in line and blocked (``Plan.blocked``)."""
+        if job.blocked_since is None:
+            job.blocked_since = since
+            self._refresh(job)
+
+    def _refresh(self, job: Job) -> None:
         i = self._index(job)
         if i >= 0:
             self._views[i] = _view(job)
@@ -83,5 +95,6 @@ class JobQueue:
     def clear(self) -> list[Job]:
         jobs = self._jobs
         self._jobs, self._views, self._frozen = [], [], ()
-        self.per_backend.clear()
+        self.counts.clear()
+        self.payload_bytes = 0
         return jobs

@@ -1,7 +1,8 @@
 """Jobs: the engine's mutable record of each job, and the immutable views it hands out.
 
 A :class:`Job` lives on the engine loop and is changed only there; :class:`JobView` is the
-frozen copy that snapshots, events and ``wait`` results carry to other threads.
+frozen copy that snapshots, events and ``wait`` results carry to other threads (events carry
+a light one, without the result).
 
 The engine keeps time on its monotonic clock (immune to clock changes); every time a view
 carries is wall-clock (epoch seconds), converted here, at the view boundary, with the one
@@ -128,6 +129,7 @@ class Job:
     gpu: int | None = None
     waiting: str = ""
     passed: int = 0
+    blocked_since: float | None = None  # first found first in line and blocked for memory
     data: bytes | None = None
     headers: dict[str, Any] = field(default_factory=dict)
     status_code: int | None = None
@@ -135,14 +137,11 @@ class Job:
     error: str | None = None
     history: list[tuple[float, str, str]] = field(default_factory=list)
     peak_mib: int | None = None
+    peak_samples: int = 0  # samples of its worker's memory while it ran alone there
     cancel_requested: bool = False
     cancel_state: JobState = JobState.CANCELLED
     kind: str = "job"  # or "calibration": a run that needs a GPU to itself
-
-    @property
-    def sched_backend(self) -> str:
-        """The name the scheduler knows this job's needs by."""
-        return f"calibrate:{self.backend}" if self.kind == "calibration" else self.backend
+    durable: bool = True  # journaled (False: lost with the engine, e.g. Dynamo's requests)
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
         self.state = state
@@ -152,8 +151,10 @@ class Job:
         if state.finished:
             self.finished_at = now
 
-    def view(self, position: int | None = None) -> JobView:
-        """A frozen copy, its times as wall clock."""
+    def view(self, position: int | None = None, *, light: bool = False) -> JobView:
+        """The job now, its times as wall clock.  ``light`` leaves its result out (``data``
+        None, no ``chunks``): what events carry — results go to whoever asks for them
+        (``wait``, ``job``)."""
         w = _MONO_TO_WALL
         return JobView(
             id=self.id,
@@ -170,10 +171,10 @@ class Job:
             passed=self.passed,
             position=position,
             metadata=dict(self.metadata),
-            data=self.data,
+            data=None if light else self.data,
             headers=dict(self.headers),
             status_code=self.status_code,
-            chunks=tuple(self.chunks),
+            chunks=() if light else tuple(self.chunks),
             error=self.error,
             history=tuple((t + w, st, note) for t, st, note in self.history),
             peak_mib=self.peak_mib,

@@ -38,11 +38,15 @@ journal as it was before the call, so the caller can refuse the submit.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
+import shutil
 import sqlite3
+import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,12 +55,14 @@ import msgpack
 
 from supervisor.errors import VramtuiError
 from supervisor.jobs import JobState
+from supervisor.paths import open_private
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x76726A6C  # "vrjl"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FILE_MODE = 0o600
 PRUNE_EVERY = 256  # record_finish prunes after this many finishes
+RESERVE_BYTES = 8 * 1024 * 1024  # disk kept for the finishes of accepted jobs (see open)
 
 OnCorrupt = Literal["refuse", "move_aside_and_start_fresh"]
 Synchronous = Literal["NORMAL", "FULL"]
@@ -70,6 +76,16 @@ STARTING_NOTE = "the engine stopped before it started; requeued"
 
 class JournalError(VramtuiError):
     """The journal cannot be used; the message names the file and says what to do."""
+
+
+class JournalUnstorable(JournalError):
+    """A value the journal cannot hold (an integer over 64 bits, a result over SQLite's limit,
+    something msgpack cannot pack); nothing was written."""
+
+
+class JournalFull(JournalError):
+    """The disk under the journal is full (even after its reserve was spent); nothing was
+    written."""
 
 
 class JournalTooNew(JournalError):
@@ -328,6 +344,15 @@ def _move_aside(path: Path, *, main: bool = True) -> Path:
     raise JournalError(f"cannot find a free name to move the corrupt journal {path} aside")
 
 
+def _refuse_links(path: Path) -> None:
+    """The journal, its WAL and its reserve are ours: never reached through a link."""
+    for suffix in ("", "-wal", "-shm", ".reserve"):
+        name = f"{path}{suffix}"
+        if os.path.islink(name):
+            raise JournalError(f"{name} is a symbolic link (to {os.readlink(name)}); refusing "
+                               "to open the journal through it: remove the link")
+
+
 def _read_header(path: Path) -> bytes | None:
     try:
         with open(path, "rb") as f:
@@ -352,6 +377,157 @@ def _not_ours(path: Path, why: str) -> JournalError:
     )
 
 
+# -- a damaged WAL ---------------------------------------------------------------------------
+#
+# SQLite replays the WAL frame by frame and stops, silently, at the first frame whose checksum
+# or salt does not match: whatever was committed after it is dropped as if it never happened
+# (that is how a torn write at the tail is meant to be handled).  A frame damaged in the middle
+# therefore drops every later commit — acknowledged jobs among them — without a word.  So before
+# SQLite opens the journal, we walk the WAL ourselves, with SQLite's own checksum (see "The WAL
+# file format" in SQLite's documentation): frames of this WAL generation (same salts) found
+# after the break are commits that will be lost, and the job ids in their pages say which jobs.
+
+_WAL_MAGIC = 0x377F0682  # | 1: checksums in big-endian words
+_WAL_HEADER = struct.Struct(">IIIIIIII")
+_FRAME_HEADER = struct.Struct(">IIIIII")
+_JOB_ID = re.compile(rb"j-[0-9a-f]{10}")
+
+
+@dataclass(frozen=True, slots=True)
+class WalScan:
+    """What a walk of the WAL found (see :func:`scan_wal`)."""
+
+    frames: int  # whole frames in the file
+    replayed: int  # frames SQLite will replay (up to the last commit before any break)
+    lost_frames: int  # frames of this WAL generation after the break
+    lost_commits: int  # commits among them
+    ids: frozenset[str]  # job ids seen in the lost frames' pages
+
+    @property
+    def damaged(self) -> bool:
+        return self.lost_frames > 0
+
+
+def _checksum(data: bytes, big_endian: bool, s0: int, s1: int) -> tuple[int, int]:
+    words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
+    it = iter(words)
+    for a, b in zip(it, it, strict=True):
+        s0 = (s0 + a + s1) & 0xFFFFFFFF
+        s1 = (s1 + b + s0) & 0xFFFFFFFF
+    return s0, s1
+
+
+def scan_wal(wal: Path) -> WalScan | None:
+    """Walk ``wal`` as SQLite would; None when there is no WAL (or nothing in it)."""
+    try:
+        with open(wal, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    if len(raw) <= _WAL_HEADER.size:
+        return None
+    magic, _version, page_size, _ckpt, salt1, salt2, c1, c2 = _WAL_HEADER.unpack_from(raw)
+    frame_size = _FRAME_HEADER.size + page_size
+    valid_size = page_size >= 512 and page_size & (page_size - 1) == 0
+    frames = (len(raw) - _WAL_HEADER.size) // frame_size if valid_size else 0
+    big = bool(magic & 1)
+    header_ok = (magic & ~1) == _WAL_MAGIC and valid_size and _checksum(
+        raw[:24], big, 0, 0) == (c1, c2)
+    if not header_ok:
+        # SQLite ignores the whole file: every frame in it is lost.
+        return WalScan(frames, 0, frames, frames, frozenset(
+            m.decode() for m in _JOB_ID.findall(raw, _WAL_HEADER.size)))
+    s0, s1 = c1, c2
+    replayed = 0
+    at = _WAL_HEADER.size
+    index = 0
+    while index < frames:
+        pgno, commit, f1, f2, k1, k2 = _FRAME_HEADER.unpack_from(raw, at)
+        if (f1, f2) != (salt1, salt2) or pgno == 0:
+            break
+        s0, s1 = _checksum(raw[at : at + 8], big, s0, s1)
+        s0, s1 = _checksum(raw[at + 24 : at + frame_size], big, s0, s1)
+        if (s0, s1) != (k1, k2):
+            break
+        index += 1
+        at += frame_size
+        if commit:
+            replayed = index
+    def salted(i: int) -> bool:
+        return _FRAME_HEADER.unpack_from(raw, _WAL_HEADER.size + i * frame_size)[2:4] == (
+            salt1, salt2)
+
+    if not any(salted(i) for i in range(index, frames)):
+        # No break, or only stale frames of an earlier generation after it; frames after the
+        # last commit are a transaction the crash cut short, never acknowledged.
+        return WalScan(frames, replayed, 0, 0, frozenset())
+    lost_frames = lost_commits = 0
+    ids: set[str] = set()
+    for later in range(replayed, frames):  # the transaction the break cut in two is lost too
+        if not salted(later):
+            continue  # a frame of an earlier generation of the WAL: nothing lost there
+        start = _WAL_HEADER.size + later * frame_size
+        lost_frames += 1
+        lost_commits += bool(_FRAME_HEADER.unpack_from(raw, start)[1])
+        ids.update(m.decode() for m in _JOB_ID.findall(raw, start + 24, start + frame_size))
+    return WalScan(frames, replayed, lost_frames, lost_commits, frozenset(ids))
+
+
+@dataclass(frozen=True, slots=True)
+class WalDamage:
+    """Commits of the journal lost to a damaged WAL, and where the damaged files were kept."""
+
+    scan: WalScan
+    lost_jobs: tuple[str, ...]  # acknowledged jobs that are gone altogether
+    changed_jobs: tuple[str, ...]  # unfinished jobs whose later changes (a finish) may be gone
+    kept_at: Path | None
+    report: Path | None
+
+    def describe(self, show: int = 50) -> str:
+        """One line for the log: what was lost, which jobs, where the evidence is."""
+        scan = self.scan
+
+        def ids(values: tuple[str, ...]) -> str:
+            shown = ", ".join(values[:show])
+            more = f" and {len(values) - show} more" if len(values) > show else ""
+            return shown + more
+
+        parts = [f"the journal's write-ahead log was damaged: {scan.lost_commits} committed "
+                 f"transaction(s) after frame {scan.replayed} of {scan.frames} could not be "
+                 "replayed"]
+        if self.lost_jobs:
+            parts.append(f"{len(self.lost_jobs)} accepted job(s) were lost: "
+                         f"{ids(self.lost_jobs)}")
+        if self.changed_jobs:
+            parts.append(f"{len(self.changed_jobs)} job(s) still queued or running may have "
+                         f"changed in the lost part (one that had finished runs again): "
+                         f"{ids(self.changed_jobs)}")
+        if self.kept_at is not None:
+            parts.append(f"the damaged files were kept as {self.kept_at} (-wal)"
+                         + (f", the full list in {self.report}" if self.report else ""))
+        else:
+            parts.append("the damaged files could not be kept aside")
+        return "; ".join(parts)
+
+
+def _copy_aside(path: Path) -> Path:
+    """Copy ``path`` and its ``-wal`` to ``<path>.corrupt-<timestamp>[.N]`` (never overwriting)."""
+    base = f"{path}.corrupt-{_stamp()}"
+    for n in range(1000):
+        target = Path(base if n == 0 else f"{base}.{n}")
+        if any(os.path.lexists(f"{target}{s}") for s in ("", "-wal", "-shm")):
+            continue
+        for suffix in ("", "-wal"):
+            src = Path(f"{path}{suffix}")
+            if os.path.lexists(src):
+                fd = open_private(Path(f"{target}{suffix}"),
+                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+                    shutil.copyfileobj(inp, out, 1 << 20)
+        return target
+    raise OSError(errno.EEXIST, f"no free name to keep the damaged journal {path}")
+
+
 class Journal:
     """The job journal.  Open with :meth:`open`; one per engine; not thread-safe.
 
@@ -367,12 +543,16 @@ class Journal:
         keep_age_s: float,
         moved_aside: Path | None,
         notice: str | None,
+        reserve_bytes: int = 0,
     ) -> None:
         self.path = path
         self.keep_finished = keep_finished
         self.keep_age_s = keep_age_s
         self.moved_aside = moved_aside
         self.notice = notice
+        self.reserve_bytes = reserve_bytes
+        self.reserve_spent = False
+        self.damage: WalDamage | None = None
         self._db: sqlite3.Connection | None = db
         self._cur = db.cursor()
         self._finishes = 0
@@ -388,6 +568,7 @@ class Journal:
         on_corrupt: OnCorrupt = "refuse",
         synchronous: Synchronous = "NORMAL",
         now_wall: float | None = None,
+        reserve_bytes: int = RESERVE_BYTES,
     ) -> Journal:
         """Open the journal at ``path``, creating it (mode 0600) if it does not exist.
 
@@ -399,28 +580,71 @@ class Journal:
         way and a fresh one is started (see ``moved_aside`` and ``notice``).  Finished jobs
         beyond ``keep_finished`` or older than ``keep_age_s`` are pruned at open
         (``now_wall`` defaults to ``time.time()``).
+
+        A write-ahead log damaged in its middle (commits SQLite would silently drop) is found
+        before SQLite replays it: the journal and its WAL are copied aside for inspection,
+        SQLite keeps what it can, and ``damage`` says what was lost (see :class:`WalDamage`).
+        ``reserve_bytes`` of disk are set aside next to the journal (``<path>.reserve``) and
+        given up when the disk is full, so that the finishes of accepted jobs can still be
+        recorded; new submits are refused until the room is back.  The journal and its
+        companions are never opened through a symbolic link.
         """
         if keep_finished < 0 or keep_age_s < 0:
             raise ValueError("keep_finished and keep_age_s must not be negative")
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         path = Path(path)
+        _refuse_links(path)
         moved_aside: Path | None = None
         notice: str | None = None
+        scan = scan_wal(Path(f"{path}-wal")) if os.path.lexists(path) else None
+        kept: Path | None = None
+        if scan is not None and scan.damaged:
+            with contextlib.suppress(OSError):
+                kept = _copy_aside(path)
         try:
             db = cls._connect(path, synchronous)
         except JournalCorrupt as exc:
             if on_corrupt != "move_aside_and_start_fresh":
                 raise
             moved_aside, notice = exc.moved_to, str(exc)
+            scan = None
             db = cls._connect(path, synchronous)
-        journal = cls(path, db, keep_finished, keep_age_s, moved_aside, notice)
+        journal = cls(path, db, keep_finished, keep_age_s, moved_aside, notice, reserve_bytes)
         try:
+            if scan is not None and scan.damaged:
+                journal.damage = journal._account(scan, kept)
             journal.prune(time.time() if now_wall is None else now_wall)
+            if not journal._make_reserve():
+                journal.reserve_spent = True  # no room for it now: submits will say so
         except BaseException:
             journal.close()
             raise
         return journal
+
+    def _account(self, scan: WalScan, kept: Path | None) -> WalDamage:
+        """Which of the ids seen in the lost frames the journal still knows."""
+        ids = sorted(scan.ids)
+        present: dict[str, bool] = {}  # id -> finished
+        for at in range(0, len(ids), 500):
+            batch = ids[at : at + 500]
+            marks = ",".join("?" * len(batch))
+            present.update((row[0], row[1] is not None) for row in self._c.execute(
+                f"SELECT id, finished_wall FROM jobs WHERE id IN ({marks})", batch))
+        lost = tuple(i for i in ids if i not in present)
+        # A finished job cannot have lost a later change; an unfinished one may have finished.
+        changed = tuple(i for i in ids if present.get(i) is False)
+        report: Path | None = None
+        if kept is not None:
+            report = Path(f"{kept}.lost.txt")
+            with contextlib.suppress(OSError):
+                fd = open_private(report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                with os.fdopen(fd, "w") as out:
+                    out.write(f"# {scan.lost_commits} commit(s) in {scan.lost_frames} frame(s) "
+                              f"after frame {scan.replayed} of {scan.frames} were lost\n")
+                    out.writelines(f"lost {i}\n" for i in lost)
+                    out.writelines(f"changed {i}\n" for i in changed)
+        return WalDamage(scan, lost, changed, kept, report)
 
     @classmethod
     def _connect(cls, path: Path, synchronous: str) -> sqlite3.Connection:
@@ -560,38 +784,123 @@ class Journal:
         except BaseException as exc:
             raise self._abort(exc, what) from None
 
+    def _write(self, what: str, body: Callable[[sqlite3.Cursor], None]) -> None:
+        """Run ``body`` in one transaction, committed when this returns.  When the disk is
+        full, the reserve is given up and the transaction tried once more."""
+        for attempt in (1, 2):
+            cur = self._c
+            try:
+                cur.execute("BEGIN")
+                body(cur)
+                cur.execute("COMMIT")
+                return
+            except BaseException as exc:
+                err = self._abort(exc, what)
+                if attempt == 1 and isinstance(err, JournalFull) and self._spend_reserve():
+                    continue
+                raise err from None
+
     def _abort(self, exc: BaseException, what: str) -> BaseException:
         """Roll back the open transaction; return the exception to raise for ``exc``."""
         if self._db is not None and self._db.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
-        return self._error(what, exc) if isinstance(exc, sqlite3.Error) else exc
+        if isinstance(exc, sqlite3.Error):
+            return self._error(what, exc)
+        if isinstance(exc, OverflowError | TypeError | ValueError | msgpack.PackException):
+            # A value SQLite or msgpack cannot hold (an integer over 64 bits, an odd type).
+            return JournalUnstorable(f"journal {self.path}: cannot {what}: a value cannot be "
+                                     f"stored ({type(exc).__name__}: {exc})")
+        return exc
 
     def _error(self, what: str, exc: sqlite3.Error) -> JournalError:
+        name = getattr(exc, "sqlite_errorname", "")
         if isinstance(exc, sqlite3.IntegrityError):
             return JournalError(f"journal {self.path}: cannot {what}: already journaled ({exc})")
+        if name == "SQLITE_TOOBIG" or isinstance(exc, sqlite3.DataError):
+            return JournalUnstorable(f"journal {self.path}: cannot {what}: a value is too large "
+                                     f"for SQLite ({exc})")
+        if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):
+            return JournalFull(f"journal {self.path}: cannot {what}: {exc} (is the disk under "
+                               f"{self.path.parent} full?)")
         return JournalError(f"journal {self.path}: cannot {what}: {exc}")
 
     def _update(self, sql: str, params: tuple[Any, ...], what: str, job_id: str) -> None:
+        def body(cur: sqlite3.Cursor) -> None:
+            cur.execute(sql, params)
+            if cur.rowcount != 1:
+                raise JournalError(f"journal {self.path}: cannot {what}: job {job_id!r} is "
+                                   "unknown or already finished")
+
+        self._write(what, body)
+
+    # -- room on the disk ---------------------------------------------------------------------
+    @property
+    def reserve_path(self) -> Path:
+        return Path(f"{self.path}.reserve")
+
+    def _make_reserve(self) -> bool:
+        """Set ``reserve_bytes`` of disk aside (a file next to the journal); True when done."""
+        if not self.reserve_bytes:
+            return True
+        path = self.reserve_path
         try:
-            self._c.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise self._error(what, exc) from None
-        if self._cur.rowcount != 1:
-            raise JournalError(
-                f"journal {self.path}: cannot {what}: job {job_id!r} is unknown or already finished"
-            )
+            fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size >= self.reserve_bytes:
+                return True
+            try:
+                os.posix_fallocate(fd, 0, self.reserve_bytes)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.lseek(fd, 0, os.SEEK_SET)
+                block = bytes(1 << 20)
+                for at in range(0, self.reserve_bytes, len(block)):
+                    os.write(fd, block[: self.reserve_bytes - at])
+            return True
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return False
+        finally:
+            os.close(fd)
+
+    def _spend_reserve(self) -> bool:
+        """The disk is full: free the reserve so that accepted jobs can still be recorded."""
+        if self.reserve_spent or not self.reserve_bytes:
+            return False
+        try:
+            os.unlink(self.reserve_path)
+        except OSError:
+            return False
+        self.reserve_spent = True
+        return True
+
+    def _check_room(self, what: str) -> None:
+        """Refuse new work while the reserve is spent and cannot be set aside again."""
+        if self.reserve_spent:
+            if not self._make_reserve():
+                raise JournalFull(
+                    f"journal {self.path}: cannot {what}: the disk under {self.path.parent} is "
+                    "full; new jobs are refused so that the jobs already accepted can still be "
+                    "recorded; free some space")
+            self.reserve_spent = False
 
     # -- recording ----------------------------------------------------------------------------
     def record_submit(self, rec: JobRecord) -> None:
-        """Record a new job; it is committed (durable) when this returns."""
+        """Record a new job; it is committed (durable) when this returns.  Raises
+        :class:`JournalFull` while the disk is too full to keep room for finishes."""
         state = JobState(rec.state)
         if state.finished:
             raise ValueError(f"record_submit takes an unfinished job, not one {state.value}")
+        what = f"record job {rec.id}"
+        self._check_room(what)
         history = "".join(_entry(t, s, n) for t, s, n in rec.history)
-        cur = self._c
-        try:
-            cur.execute("BEGIN")
+
+        def body(cur: sqlite3.Cursor) -> None:
             cur.execute(
                 _INSERT_JOB,
                 (
@@ -610,9 +919,8 @@ class Journal:
                 ),
             )
             cur.execute(_INSERT_BLOB, (rec.seq, rec.payload))
-            cur.execute("COMMIT")
-        except BaseException as exc:
-            raise self._abort(exc, f"record job {rec.id}") from None
+
+        self._write(what, body)
 
     def record_start(self, job_id: str, t: float, note: str = "") -> None:
         """The job was dispatched to its worker: state running, one more attempt."""
@@ -649,13 +957,14 @@ class Journal:
         chunks: Sequence[bytes] = (),
     ) -> None:
         """The job ended: keep its result (data, headers, status, error, stream chunks, with
-        their boundaries) and drop its request payload."""
+        their boundaries) and drop its request payload.  Raises :class:`JournalUnstorable`
+        for a value the journal cannot hold, :class:`JournalFull` for a full disk (after the
+        reserve was spent), :class:`JournalError` otherwise; the journal is then unchanged."""
         state = JobState(state)
         if not state.finished:
             raise ValueError(f"record_finish takes a finished state, not {state.value}")
-        cur = self._c
-        try:
-            cur.execute("BEGIN")
+
+        def body(cur: sqlite3.Cursor) -> None:
             cur.execute(
                 _FINISH_JOB,
                 (
@@ -677,12 +986,43 @@ class Journal:
                 cur.execute(_FINISH_BLOB_EMPTY, (job_id,))
             else:
                 cur.execute(_FINISH_BLOB, (data, _pack(list(chunks)) if chunks else None, job_id))
-            cur.execute("COMMIT")
-        except BaseException as exc:
-            raise self._abort(exc, f"record finish of {job_id}") from None
+
+        self._write(f"record finish of {job_id}", body)
         self._finishes += 1
         if self._finishes >= PRUNE_EVERY:
-            self.prune(t)
+            with contextlib.suppress(JournalError):  # pruning can wait for the next finish
+                self.prune(t)
+
+    def finish_durably(
+        self,
+        job_id: str,
+        state: JobState,
+        t: float,
+        *,
+        note: str = "",
+        data: bytes | None = None,
+        headers: dict[str, Any] | None = None,
+        status_code: int | None = None,
+        error: str | None = None,
+        chunks: Sequence[bytes] = (),
+    ) -> tuple[JobState, str | None]:
+        """Record a finish so that it is durable before anyone hears of it.
+
+        The finish as given when it can be stored; else (a value the journal cannot hold, a
+        disk full even after the reserve was spent) the job as *failed*, with the reason —
+        stored too, so that it is never reported as succeeded nor run again after a restart.
+        Returns the ``(state, error)`` stored.  Raises :class:`JournalError` only when not
+        even the failure could be stored (the journal then still holds the job unfinished).
+        """
+        try:
+            self.record_finish(job_id, state, t, note=note, data=data, headers=headers,
+                               status_code=status_code, error=error, chunks=chunks)
+            return state, error
+        except (JournalUnstorable, JournalFull) as exc:
+            reason = str(exc).split(": ", 2)[-1]
+        failure = f"its result could not be recorded in the journal: {reason}"
+        self.record_finish(job_id, JobState.FAILED, t, note=failure, error=failure)
+        return JobState.FAILED, failure
 
     # -- reading ------------------------------------------------------------------------------
     def recover(self, now_wall: float) -> Recovery:

@@ -89,7 +89,8 @@ def kill(engine: Engine, backend: str) -> None:
 
 
 def drain(engine: Engine, gpu: int, on: bool) -> tuple[int, ...]:
-    return engine.drain(gpu, on)
+    engine.drain(gpu, on)
+    return tuple(sorted(engine.draining))
 
 
 def reload(engine: Engine) -> Blocking:

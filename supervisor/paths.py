@@ -7,25 +7,49 @@ Three roots, each overridable by an environment variable:
 - runtime: ``$VRAMTUI_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/vramtui``, else ``/tmp/vramtui-$UID``
 
 Everything else (sockets, lock, journal, logs, calibration reports) is derived from them.
-``Paths.ensure()`` creates the directories private (0700), refuses a runtime directory that
-belongs to someone else, and checks that the socket paths fit in ``sockaddr_un``.
+
+``Paths.ensure()`` creates the directories private (0700) and checks that the socket paths fit
+in ``sockaddr_un``.  Runtime and state paths are created and opened without following symbolic
+links (``O_NOFOLLOW``, then ``fstat``/``fchmod`` on the open directory, never on a name that
+could be swapped): a runtime directory that is a link, is not a directory, or belongs to
+another user is refused, and so is a state directory that is not ours.  Config directories may
+be links (dotfiles often are).
+
+Squatting.  ``/tmp`` is shared: another user can create ``/tmp/vramtui-$UID`` first.  When that
+implicit default is taken by someone else, the engine does not give up: it makes a private
+directory of its own with an unguessable name (``/tmp/vramtui-$UID.XXXXXXXX``) and records it
+in the state directory (``runtime-dir``, a file under our own home), where clients find it; an
+explicitly chosen runtime directory that is not ours is refused with a one-line message.
+Clients check the runtime directory and the server's peer credentials themselves before
+sending anything (:mod:`supervisor.control.trust`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import pwd
 import stat
 import sys
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 APP = "vramtui"
 PRIVATE_MODE = 0o700
+FILE_MODE = 0o600
+RUNTIME_POINTER = "runtime-dir"  # in the state directory: where a squatted runtime dir moved
 
 # sun_path holds this many bytes including the terminating NUL (Linux 108, BSD/macOS 104).
 SUN_PATH_SIZE = 104 if sys.platform == "darwin" or "bsd" in sys.platform else 108
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+log = logging.getLogger("supervisor")
 
 
 class PathsError(RuntimeError):
@@ -34,6 +58,10 @@ class PathsError(RuntimeError):
 
 class SocketPathTooLong(PathsError):
     """A Unix socket path would not fit in ``sockaddr_un``."""
+
+
+class NotOurs(PathsError):
+    """A path that must be ours belongs to someone else, or is a link, or is not a directory."""
 
 
 def _home(environ: Mapping[str, str]) -> Path:
@@ -61,13 +89,31 @@ def _xdg(environ: Mapping[str, str], name: str) -> Path | None:
     return Path(value) if value and os.path.isabs(value) else None
 
 
+def default_runtime_dir(uid: int | None = None) -> Path:
+    """``/tmp/vramtui-$UID``: the runtime directory when nothing says otherwise."""
+    return Path(f"/tmp/{APP}-{os.getuid() if uid is None else uid}")
+
+
+def user_name(uid: int) -> str:
+    """``uid 1001 (mallory)`` for messages."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 @dataclass(frozen=True)
 class Paths:
-    """The three roots; every other path is a property derived from them."""
+    """The three roots; every other path is a property derived from them.
+
+    ``implicit_runtime`` is true when the runtime directory is the ``/tmp`` default (no
+    variable chose it): only then may :meth:`ensure` move it away from a squatter.
+    """
 
     config_dir: Path
     state_dir: Path
     runtime_dir: Path
+    implicit_runtime: bool = field(default=False, compare=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Paths:
@@ -79,15 +125,27 @@ class Paths:
             (_xdg(environ, "XDG_STATE_HOME") or home / ".local" / "state") / APP
         )
         runtime = _override(environ, "VRAMTUI_RUNTIME_DIR", home)
+        implicit = False
         if runtime is None:
             xdg_runtime = _xdg(environ, "XDG_RUNTIME_DIR")
-            runtime = xdg_runtime / APP if xdg_runtime else Path(f"/tmp/{APP}-{os.getuid()}")
-        return cls(config_dir=config, state_dir=state, runtime_dir=runtime)
+            if xdg_runtime:
+                runtime = xdg_runtime / APP
+            else:
+                runtime, implicit = default_runtime_dir(), True
+                if not _is_our_dir(runtime):  # squatted (or gone): where the engine moved
+                    runtime = read_runtime_pointer(state / RUNTIME_POINTER) or runtime
+        return cls(config_dir=config, state_dir=state, runtime_dir=runtime,
+                   implicit_runtime=implicit)
 
     # -- config ------------------------------------------------------------------------------
     @property
     def backends_dir(self) -> Path:
         return self.config_dir / "backends.d"
+
+    @property
+    def settings_file(self) -> Path:
+        """The engine's settings (its ``http:`` section, for now)."""
+        return self.config_dir / "config.yaml"
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -101,6 +159,11 @@ class Paths:
     @property
     def calibration_dir(self) -> Path:
         return self.state_dir / "calibration"
+
+    @property
+    def runtime_pointer(self) -> Path:
+        """Where the engine records the runtime directory it moved to (see the module doc)."""
+        return self.state_dir / RUNTIME_POINTER
 
     def worker_log_path(self, backend: str) -> Path:
         """The stderr log of one backend's worker."""
@@ -145,26 +208,45 @@ class Paths:
                 )
 
     def ensure(self) -> Paths:
-        """Create every directory (0700) and check the runtime directory; return ``self``.
+        """Create every directory (0700) and check the runtime directory; return the paths to
+        use — ``self``, or a copy with a private runtime directory of our own when the
+        implicit ``/tmp`` one belongs to someone else (logged as a warning).
 
-        Raises ``PathsError`` (or its subclass ``SocketPathTooLong``) with a one-line message.
-        Nothing is created when the socket paths are too long.
+        Raises ``PathsError`` (or its subclasses) with a one-line message.  Nothing is created
+        when the socket paths are too long.
         """
         self.check_socket_paths()
-        for directory in (
-            self.config_dir,
-            self.backends_dir,
-            self.state_dir,
-            self.logs_dir,
-            self.calibration_dir,
-        ):
-            _make_private_dir(directory)
-        _secure_runtime_dir(self.runtime_dir)
-        _make_private_dir(self.sim_dir)
-        return self
+        for directory in (self.config_dir, self.backends_dir):
+            _make_dir(directory)
+        for directory in (self.state_dir, self.logs_dir, self.calibration_dir):
+            _make_private_dir(directory, what="state directory", links_of_ours=True)
+        paths = self
+        try:
+            _make_private_dir(self.runtime_dir, what="runtime directory")
+        except NotOurs as exc:
+            if not self.implicit_runtime:
+                raise
+            paths = replace(self, runtime_dir=_runtime_fallback(self))
+            paths.check_socket_paths()
+            log.warning("%s; using %s instead (recorded in %s for clients)", exc,
+                        paths.runtime_dir, self.runtime_pointer)
+        _make_private_dir(paths.sim_dir, what="runtime directory")
+        return paths
 
 
-def _make_private_dir(path: Path) -> None:
+# -- directories -------------------------------------------------------------------------------
+
+
+def _is_our_dir(path: Path) -> bool:
+    """True when ``path`` is a real directory (not a link) of ours."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _make_dir(path: Path) -> None:
     """Create ``path`` (and missing parents) with the leaf 0700; leave an existing one alone."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,26 +260,149 @@ def _make_private_dir(path: Path) -> None:
     os.chmod(path, PRIVATE_MODE)  # mkdir's mode is filtered by the umask
 
 
-def _secure_runtime_dir(path: Path) -> None:
-    """Create the runtime directory, or make sure an existing one is ours and private."""
-    _make_private_dir(path)
+def _make_private_dir(path: Path, *, what: str, links_of_ours: bool = False) -> None:
+    """Create ``path`` 0700, or check an existing one is a directory of ours and make it private.
+
+    Never follows a link at ``path`` itself (``links_of_ours`` allows a link that we own, to a
+    directory we own: a state directory moved to another disk).  Raises :class:`NotOurs`.
+    """
     try:
-        st = os.stat(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, PRIVATE_MODE)
+    except FileExistsError:
+        pass
     except OSError as exc:
-        raise PathsError(f"cannot inspect runtime directory {path}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise PathsError(f"runtime directory {path} is not a directory")
+        raise PathsError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
     uid = os.geteuid()
-    if st.st_uid != uid:
-        raise PathsError(
-            f"runtime directory {path} belongs to uid {st.st_uid}, not to you (uid {uid}); "
-            f"remove it or set VRAMTUI_RUNTIME_DIR to a directory of your own"
+    flags = os.O_RDONLY | _DIRECTORY | _CLOEXEC
+    try:
+        fd = os.open(path, flags | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise PathsError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+        fd = _open_own_link(path, flags, what=what, allowed=links_of_ours)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotOurs(f"{what} {path} is not a directory")
+        if st.st_uid != uid:
+            raise NotOurs(
+                f"{what} {path} belongs to {user_name(st.st_uid)}, not to you ({user_name(uid)})"
+                f"; remove it, or set {_variable(what)} to a directory of your own"
+            )
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            try:
+                os.fchmod(fd, PRIVATE_MODE)
+            except OSError as exc:
+                raise PathsError(f"{what} {path} is open to other users and cannot be made "
+                                 f"private: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _open_own_link(path: Path, flags: int, *, what: str, allowed: bool) -> int:
+    """``path`` is a link (or not a directory): open its target only if the link is ours."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise PathsError(f"cannot inspect {what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISLNK(st.st_mode):
+        raise NotOurs(f"{what} {path} is not a directory")
+    if not allowed or st.st_uid != os.geteuid():
+        raise NotOurs(
+            f"{what} {path} is a symbolic link (to {os.readlink(path)}, owned by "
+            f"{user_name(st.st_uid)}); refusing to follow it: remove it, or set "
+            f"{_variable(what)} to a directory of your own"
         )
-    if stat.S_IMODE(st.st_mode) & 0o077:
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        raise PathsError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+
+
+def _variable(what: str) -> str:
+    return "VRAMTUI_RUNTIME_DIR" if what.startswith("runtime") else "VRAMTUI_STATE_DIR"
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def open_private(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+    """``os.open`` for a file of ours in a private directory: never through a link, never
+    inheritable, new files 0600.  Raises ``OSError`` (``ELOOP`` for a link)."""
+    fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path} is not a regular file of ours")
+        if flags & os.O_CREAT and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)  # the umask filtered os.open's mode
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# -- the runtime directory's way out of a squatted /tmp ------------------------------------
+
+
+def read_runtime_pointer(pointer: Path) -> Path | None:
+    """The runtime directory recorded at ``pointer``, if the record and the directory are
+    both ours and private (else None: a stale or planted record is ignored)."""
+    try:
+        fd = open_private(pointer, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 4096).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+    target = Path(text)
+    base = default_runtime_dir()
+    if not (target.is_absolute() and target.parent == base.parent
+            and target.name.startswith(base.name + ".")):
+        return None
+    try:
+        st = os.lstat(target)
+    except OSError:
+        return None
+    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+            or stat.S_IMODE(st.st_mode) & 0o077):
+        return None
+    return target
+
+
+def _runtime_fallback(paths: Paths) -> Path:
+    """A private runtime directory of our own next to the squatted default, recorded in the
+    state directory so that clients find it; an existing valid record is reused."""
+    pointer = paths.runtime_pointer
+    existing = read_runtime_pointer(pointer)
+    if existing is not None:
+        return existing
+    base = default_runtime_dir()
+    created = Path(tempfile.mkdtemp(prefix=base.name + ".", dir=base.parent))  # 0700, ours
+    temp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+    try:
+        fd = open_private(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            os.chmod(path, PRIVATE_MODE)
-        except OSError as exc:
-            raise PathsError(
-                f"runtime directory {path} is open to other users and cannot be made "
-                f"private: {exc.strerror}"
-            ) from None
+            os.write(fd, f"{created}\n".encode())
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, pointer)  # never replaces a record another engine just made
+        except FileExistsError:
+            winner = read_runtime_pointer(pointer)
+            if winner is not None:
+                os.rmdir(created)
+                return winner
+            os.replace(temp, pointer)  # a stale record: ours replaces it
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(created)
+        raise PathsError(f"{base} belongs to another user and no private runtime directory "
+                         f"could be recorded in {pointer}: {exc.strerror or exc}; set "
+                         "VRAMTUI_RUNTIME_DIR to a directory of your own") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+    return created

@@ -32,8 +32,8 @@ class GpuView:
     total_mib: int
     used_mib: int | None  # what the device reports (None: not available)
     free_mib: int | None
-    reserved_mib: int  # held by admission for our workers (and stopped ones not yet gone)
-    ours_mib: int  # what our workers' processes really use
+    reserved_mib: int  # what the ledger says our workers hold (and stopped ones not yet gone)
+    ours_mib: int  # what our workers' processes were seen to use
     foreign_mib: int | None  # used by processes that are not ours
     util_pct: int | None
     temp_c: int | None
@@ -41,14 +41,15 @@ class GpuView:
     simulated: bool
     reserve_mib: int
     history: tuple[tuple[float, int], ...]  # (wall-clock t, used MiB)
-    draining: bool = False  # admits nothing new; running work finishes
+    draining: bool = False  # admits nothing new; its idle workers are evicted
     processes: tuple[GpuProcess, ...] = ()  # at the last process sample, largest first
 
     @property
     def budget_mib(self) -> int:
         """What admission may still hand out here."""
         free = self.free_mib if self.free_mib is not None else self.total_mib
-        return max(0, min(free, self.total_mib - self.reserved_mib) - self.reserve_mib)
+        room = self.total_mib - self.reserved_mib - (self.foreign_mib or 0)
+        return max(0, min(free, room) - self.reserve_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,13 @@ class BackendView:
     simulated: bool
     source: str
     features: tuple[str, ...]
+    learned_resident_mib: int | None = None
+    admission_peak_mib: int | None = None  # what admission sizes it by (declared or learned)
+    over_mib: int = 0  # how far its worker was last seen above its figures
+    accepting: bool = True  # False: its worker takes no new job and is evicted once idle
+    on_overuse: str = "evict"
+    reload_cost_s: float | None = None  # learned from measured start-to-ready times
+    distrusted: bool = False  # caught over-committing a GPU: runs alone until re-measured
 
     @property
     def peak_mib(self) -> int | None:

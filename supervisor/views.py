@@ -17,33 +17,31 @@ from .jobs import wall_offset
 from .snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import BackendRuntime, Engine
+
+
+def backend_state(rt: BackendRuntime) -> str:
+    """A backend's state as views show it: its worker's, else ``failed`` or ``cold``."""
+    w = rt.worker
+    return w.state.value if w is not None else ("failed" if rt.failed else "cold")
 
 
 def build_snapshot(engine: Engine) -> EngineSnapshot:
     """The whole engine at this instant."""
     now = engine.clock()
-    reserved_by_gpu: dict[int, int] = {}
-    ours_by_gpu: dict[int, int] = {}
-    for rt in engine.backends.values():
-        if rt.worker is not None:
-            g = rt.worker.gpu
-            reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + engine.reserved_mib(rt)
-            ours_by_gpu[g] = ours_by_gpu.get(g, 0) + (rt.observed_mib or 0)
-        if rt.ghost is not None:
-            g = rt.ghost.gpu
-            reserved_by_gpu[g] = reserved_by_gpu.get(g, 0) + rt.ghost.mib
+    book = engine.book
     gpus = []
     w = wall_offset(engine.clock)
     procs = gpu_processes(engine)
     draining = engine.draining
     for index, r in sorted(engine.readings.items()):
-        ours = ours_by_gpu.get(index, 0)
-        foreign = max(0, (r.used_mib or 0) - ours) if r.used_mib is not None else None
+        accounts = book.gpus.get(index)
+        ours = accounts.ours_observed_mib if accounts is not None else 0
+        foreign = engine.foreign.get(index) if r.used_mib is not None else None
         gpus.append(GpuView(
             index=index, name=r.name or f"GPU{index}", total_mib=r.total_mib,
             used_mib=r.used_mib, free_mib=r.free_mib,
-            reserved_mib=reserved_by_gpu.get(index, 0), ours_mib=ours,
+            reserved_mib=accounts.held_mib if accounts is not None else 0, ours_mib=ours,
             foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
             simulated=engine.probe.simulated, reserve_mib=engine.config.reserve_mib,
             history=tuple((t + w, v) for t, v in engine.history.points(index)),
@@ -55,18 +53,19 @@ def build_snapshot(engine: Engine) -> EngineSnapshot:
         queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
     for name, rt in sorted(engine.backends.items()):
         w = rt.worker
-        state = w.state.value if w is not None else ("failed" if rt.failed else "cold")
+        state = backend_state(rt)
         keep_left = None
         if (w is not None and rt.idle_since is not None and not rt.admitted
                 and math.isfinite(rt.spec.keep_alive_s)):
             keep_left = max(0.0, rt.spec.keep_alive_s - (now - rt.idle_since))
         peaks = sorted(rt.observed_peaks)
         p95 = peaks[min(len(peaks) - 1, int(0.95 * len(peaks)))] if peaks else None
+        info = rt.info()
         backends.append(BackendView(
             name=name, state=state, pid=w.pid if w is not None else None,
             gpu=w.gpu if w is not None else None, observed_mib=rt.observed_mib,
-            declared_peak_mib=rt.spec.peak, learned_peak_mib=rt.learned_peak_mib,
-            observed_p95_mib=p95, reserved_mib=engine.reserved_mib(rt),
+            declared_peak_mib=rt.spec.peak, learned_peak_mib=rt.learned.peak_mib,
+            observed_p95_mib=p95, reserved_mib=book.held_by(name),
             priority=rt.spec.priority, jobs_served=rt.jobs_served, last_used=rt.last_used,
             keep_alive_left_s=keep_left, last_error=rt.last_error,
             init_failures=rt.init_failures, queued=queued_by.get(name, 0),
@@ -74,6 +73,10 @@ def build_snapshot(engine: Engine) -> EngineSnapshot:
             log_path=str(engine.paths.logs_dir / f"{name}.log"), pinned=rt.spec.pinned,
             simulated=rt.spec.simulated, source=rt.spec.source,
             features=tuple(sorted(w.features)) if w is not None else (),
+            learned_resident_mib=rt.learned.resident_mib, admission_peak_mib=info.peak_mib,
+            over_mib=rt.over_mib if w is not None else 0,
+            accepting=rt.accepting, on_overuse=rt.spec.on_overuse,
+            reload_cost_s=info.reload_cost_s, distrusted=rt.distrusted,
         ))
     running = tuple(engine.jobs[j].view() for rt in engine.backends.values()
                     for j in rt.admitted if j in engine.jobs)

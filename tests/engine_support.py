@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,12 +26,15 @@ T = TypeVar("T")
 
 
 def sim_backend(name: str, weights: int, activation: int, *, load_s: float = 0.05,
-                steps: int = 2, step_s: float = 0.02, **extra: Any) -> dict[str, Any]:
-    """A descriptor for the simulated model holding ``weights`` + ``activation`` MiB."""
+                steps: int = 2, step_s: float = 0.02, context: int = 256,
+                **extra: Any) -> dict[str, Any]:
+    """An honest descriptor for the simulated model holding ``weights`` + ``activation`` MiB
+    (plus the simulated GPU's CUDA context of ``context`` MiB per process)."""
     spec: dict[str, Any] = {
         "name": name,
         "script": str(SIMMODEL),
-        "vram": {"weights": f"{weights}MiB", "activation": f"{activation}MiB"},
+        "vram": {"weights": f"{weights}MiB", "activation": f"{activation}MiB",
+                 "context": f"{context}MiB"},
         "safety": "128MiB",
         "env": {
             "SIM_WEIGHTS_MIB": str(weights),
@@ -78,8 +82,41 @@ def engine(backends: list[dict[str, Any]], gpus: str = "sim:8GiB",
         sup.stop(timeout=30)
 
 
+@dataclass
+class Episode:
+    """An interval during which a simulated GPU's real usage was over its total."""
+
+    gpu: int
+    start: float  # monotonic time of the first sample over the total
+    end: float | None = None  # of the first sample back under it (None: still over)
+    peak_mib: int = 0
+    total_mib: int = 0
+    backends: set[str] = field(default_factory=set)  # whose processes were on it, from /proc
+    workers: set[tuple[str, int]] = field(default_factory=set)  # (backend, pid)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end if self.end is not None else time.monotonic()) - self.start
+
+
+def backend_of(pid: int) -> str | None:
+    """The backend a worker process serves, read from its own environment in /proc."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in environ.split(b"\0"):
+        if item.startswith(b"VRAMTUI_BACKEND="):
+            return item.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
 class UsageWatcher:
-    """Reads the simulated GPU independently of the engine and records every over-commit."""
+    """Reads the simulated GPU independently of the engine and records every over-commit.
+
+    It reads the device's own per-process ledger (``SimulatedProbe`` on the engine's ledger
+    directory), never the engine's snapshot, on its own thread at ``hz``.
+    """
 
     def __init__(self, sup: Supervisor, spec: str, hz: float = 50.0) -> None:
         self.probe = SimulatedProbe(spec, sup.paths.sim_dir)
@@ -87,6 +124,8 @@ class UsageWatcher:
         self.samples = 0
         self.overcommits: list[tuple[int, int, int]] = []
         self.max_used: dict[int, int] = {}
+        self._episodes: list[Episode] = []
+        self._open: dict[int, Episode] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -98,14 +137,34 @@ class UsageWatcher:
         self._stop.set()
         self._thread.join(5)
 
+    def episodes(self) -> list[Episode]:
+        return list(self._episodes)
+
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            for reading in self.probe.devices():
+            now = time.monotonic()
+            procs = self.probe.processes()
+            used: dict[int, int] = {}
+            for p in procs:
+                used[p.gpu_index] = used.get(p.gpu_index, 0) + (p.used_mib or 0)
+            for i, total in enumerate(self.probe.sizes_mib):
                 self.samples += 1
-                used = reading.used_mib or 0
-                self.max_used[reading.index] = max(self.max_used.get(reading.index, 0), used)
-                if used > reading.total_mib:
-                    self.overcommits.append((reading.index, used, reading.total_mib))
+                mib = used.get(i, 0)
+                self.max_used[i] = max(self.max_used.get(i, 0), mib)
+                if mib > total:
+                    self.overcommits.append((i, mib, total))
+                    episode = self._open.get(i)
+                    if episode is None:
+                        episode = self._open[i] = Episode(i, now, total_mib=total)
+                        self._episodes.append(episode)
+                    episode.peak_mib = max(episode.peak_mib, mib)
+                    for p in procs:
+                        name = backend_of(p.pid)
+                        if p.gpu_index == i and name is not None:
+                            episode.backends.add(name)
+                            episode.workers.add((name, p.pid))
+                elif i in self._open:
+                    self._open.pop(i).end = now
 
 
 PYTHON = sys.executable

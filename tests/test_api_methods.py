@@ -111,7 +111,7 @@ def test_priority_cancel_many_kill_retry_and_drain() -> None:
         # drain: the flag is in the snapshot, both ways, and a bad GPU is a clear error
         assert c.drain(0) == (0,) and sup.snapshot().gpus[0].draining
         assert sup.drain(0, False) == () and not c.snapshot().gpus[0].draining
-        with pytest.raises(InvalidRequest, match="no GPU7"):
+        with pytest.raises(Refused, match="no GPU7"):
             c.drain(7)
         c.close()
 

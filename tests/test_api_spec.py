@@ -91,8 +91,11 @@ def test_the_server_answers_exactly_the_listed_wire_methods() -> None:
 
 def test_arguments_are_checked_by_the_list_alike_embedded_and_remote() -> None:
     spec = METHODS["submit"]
-    with pytest.raises(InvalidRequest, match="'priority' must be int"):
+    # a value with an edge rule of its own gets supervisor.validate's words, at every door
+    with pytest.raises(InvalidRequest, match="priority must be a whole number"):
         spec.check({"backend": "echo", "priority": "high"})
+    with pytest.raises(InvalidRequest, match="'backend' must be str"):
+        spec.check({"backend": 7})
     assert spec.check({"backend": "echo", "payload": "text"})["payload"] == b"text"
     with pytest.raises(InvalidRequest, match="between 1 and 100"):
         METHODS["calibrate"].check({"backend": "echo", "repeats": 0})
@@ -102,7 +105,7 @@ def test_arguments_are_checked_by_the_list_alike_embedded_and_remote() -> None:
             with pytest.raises(InvalidRequest) as err:
                 face.calibrate("echo", repeats=1000)
             assert "between 1 and 100" in str(err.value)
-            with pytest.raises(InvalidRequest, match="'timeout' must be a number"):
+            with pytest.raises(InvalidRequest, match="wait timeout must be a number"):
                 face.wait("j-x", timeout="soon")  # type: ignore[arg-type]
         # the server checks what a client that is not ours sends, with the same words
         raw = RawConn(sup.paths.control_socket)

@@ -141,7 +141,7 @@ def test_overlay_fields_are_valid_descriptor_fields(tmp_path: Path) -> None:
     path = write_calibrated_overlay(tmp_path / "zz-model-x.yaml", report)
     text = path.read_text()
     assert text.startswith("# calibrated by vramtui on ")
-    assert yaml.safe_load(text) == {"name": "model-x", **fields}
+    assert yaml.safe_load(text) == {"name": "model-x", "overlay": True, **fields}
 
 
 def test_context_is_the_floor_before_load_or_after_unload() -> None:

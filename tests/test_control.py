@@ -335,14 +335,11 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_engine() -> None:
 def test_a_flood_of_connections_is_bounded_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with in_process(max_connections=8) as (sup, server, _root):
         conns = [RawConn(sup.paths.control_socket) for _ in range(20)]
-        replies = [c.hello() for c in conns]
-        acks = [r for r in replies if r.type == MessageType.ACKNOWLEDGEMENT]
-        refused = [r for r in replies if r.type == MessageType.ERROR]
-        assert len(acks) == 8 and len(refused) == 12
-        assert refused[0].payload["type"] == "TooManyConnections"
-        assert "limit is 8" in refused[0].payload["error"]
-        assert server.stats()["over_limit"] == 12
-        assert any("already 8 connections" in r.message for r in caplog.records)
+        # Silent newcomers give way to the next ones: never more than 8 at once.
+        wait_for(lambda: server.stats()["accepted"] == 20, 10, "twenty connections seen")
+        assert server.stats()["connections"] <= 8
+        assert server.stats()["evicted"] >= 12
+        assert any("limit of 8 connections" in r.getMessage() for r in caplog.records)
         for c in conns:
             c.close()
         wait_for(lambda: server.stats()["connections"] == 0, 10, "connections closed")

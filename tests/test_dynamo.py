@@ -60,7 +60,10 @@ def test_raw_requests_become_predict_bytes() -> None:
         request_payload("embedding", {"prompt": "no input"})
     with pytest.raises(ShapeError):
         request_payload("image", b"not an object")
-    assert request_payload("image", {"prompt": "a cat"}, mapping=lambda r: r["prompt"]) == b"a cat"
+    # a typed request reaches a decorated predict as the JSON it came as, unknown fields kept
+    assert request_payload("image", {"prompt": "a cat", "x": 1}) == b'{"prompt":"a cat","x":1}'
+    with pytest.raises(ShapeError, match="'n'"):
+        request_payload("image", {"prompt": "a cat", "n": 99})
 
 
 def test_replies_take_each_type_shape() -> None:
@@ -100,12 +103,18 @@ def test_replies_take_each_type_shape() -> None:
 
 def test_config_validates() -> None:
     with pytest.raises(ValueError, match="NAMESPACE.COMPONENT.ENDPOINT"):
-        DynamoWorkerConfig(endpoint="two.parts")
+        DynamoWorkerConfig("raw", None, endpoint="two.parts")
     with pytest.raises(ValueError, match="type"):
-        DynamoWorkerConfig(type="audio")
+        DynamoWorkerConfig(type="audio", model_path="m")
+    with pytest.raises(ValueError, match="names namespace 'ns'"):
+        DynamoWorkerConfig("raw", None, namespace="other", endpoint="ns.comp.ep")
+    with pytest.raises(ValueError, match="component"):
+        DynamoWorkerConfig("raw", None, component="a.b")
     config = DynamoWorkerConfig(endpoint="dyn://ns.comp.ep", type="image", model_path="org/m")
+    assert (config.namespace, config.component, config.endpoint) == ("ns", "comp", "ep")
+    assert config.path == "ns.comp.ep"
     assert config.registers and config.served_model_name == "org/m"
-    assert not DynamoWorkerConfig().registers
+    assert not DynamoWorkerConfig("raw", None).registers
 
 
 def test_missing_dynamo_is_one_line_and_exit_2() -> None:
@@ -121,10 +130,26 @@ def test_missing_dynamo_is_one_line_and_exit_2() -> None:
     assert proc.stderr == MISSING_MESSAGE + "\n"
 
 
+def test_a_runtime_that_cannot_start_is_one_line_and_exit_4() -> None:
+    pytest.importorskip("dynamo.runtime", reason="needs ai-dynamo-runtime (the dynamo extra)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
+    env.update(DYN_DISCOVERY_BACKEND="no-such-backend", DYN_LOG="error",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker_sdk.dynamo", str(ECHO), "--endpoint", "a.b.c"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+    )
+    assert proc.returncode == 4, proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if "worker_sdk.dynamo" in x]
+    assert line.endswith("cannot start the Dynamo runtime (discovery no-such-backend): "
+                         "Unknown key-value store type 'no-such-backend'"), proc.stderr
+
+
 def test_nothing_imports_dynamo_until_it_is_used() -> None:
     code = (
         "import sys, worker_sdk, worker_sdk.dynamo, worker_sdk.dynamo.shapes, "
-        "worker_sdk.dynamo.client, worker_sdk.dynamo.server; "
+        "worker_sdk.dynamo.client, worker_sdk.dynamo.server, worker_sdk.dynamo.worker, "
+        "worker_sdk.dynamo.errors, worker_sdk.dynamo.config, worker_sdk.dynamo.loader; "
         "print(sorted(m for m in sys.modules if m == 'dynamo' or m.startswith('dynamo.')))"
     )
     out = subprocess.run(

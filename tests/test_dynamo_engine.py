@@ -27,7 +27,9 @@ from engine_support import ROOT, sim_backend, wait_for
 from serve_support import Served, cli, echo_backend, make_env, new_root, reap, start_serve
 
 from supervisor.client import Client as ControlClient
+from supervisor.errors import UnknownJob
 from supervisor.jobs import JobState, JobView
+from worker_sdk.dynamo.errors import RequestError
 from worker_sdk.dynamo.shapes import raw_bytes
 
 NS = "t"
@@ -64,6 +66,50 @@ def test_missing_dynamo_or_a_bad_namespace_is_one_line_and_exit_2() -> None:
         assert not Path(env["VRAMTUI_RUNTIME_DIR"], "control.sock").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_bad_queue_limit_is_one_line_and_exit_2() -> None:
+    root = new_root()
+    try:
+        env = make_env(root, backends())
+        for extra, flags, error in (
+                ({}, ["--max-queue", "0"],
+                 "vramtui: error: argument --max-queue: must be at least 1, got 0"),
+                ({"VRAMTUI_MAX_QUEUE": "lots"}, [],
+                 "vramtui --serve: VRAMTUI_MAX_QUEUE='lots' is not a number of jobs")):
+            done = cli(env | extra, "--serve", "--gpus", "sim:8GiB", *flags)
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.strip().splitlines()[-1] == error, done.stderr  # after usage
+            assert "Traceback" not in done.stderr
+        settings = Path(env["VRAMTUI_CONFIG_DIR"], "config.yaml")
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        for text, error in (("engine: {max_queue: 0}\n", "engine: max_queue must be at least 1"),
+                            ("engine: {max_queeu: 3}\n", "engine: unknown key 'max_queeu'")):
+            settings.write_text(text)
+            done = cli(env, "--serve", "--gpus", "sim:8GiB")
+            assert done.returncode == 2 and error in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not Path(env["VRAMTUI_RUNTIME_DIR"], "control.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_queue_limit_comes_from_the_flag_then_the_environment_then_config_yaml(
+        tmp_path: Path) -> None:
+    import argparse
+
+    from supervisor.paths import Paths
+    from vramtui.serve import engine_config
+
+    paths = Paths(config_dir=tmp_path, state_dir=tmp_path, runtime_dir=tmp_path)
+    (tmp_path / "config.yaml").write_text("http: {listen: 127.0.0.1:1}\nengine:\n  max_queue: 7\n")
+    args = argparse.Namespace(max_queue=None)
+    assert engine_config(args, paths, {}).max_queue_depth == 7
+    assert engine_config(args, paths, {"VRAMTUI_MAX_QUEUE": "9"}).max_queue_depth == 9
+    args.max_queue = 3
+    assert engine_config(args, paths, {"VRAMTUI_MAX_QUEUE": "9"}).max_queue_depth == 3
+    (tmp_path / "config.yaml").unlink()
+    assert engine_config(argparse.Namespace(), paths, {}).max_queue_depth == 512
 
 
 # -- real Dynamo ------------------------------------------------------------------------------
@@ -262,8 +308,12 @@ def test_failures_refusals_and_local_cancels_reach_the_dynamo_client(
     with pytest.raises(Exception, match=r'simulated failure half-way.*"code":500'):
         slow.call({"steps": 4, "fail": True}, request_id="fails")
     assert in_state(control, "fails", JobState.FAILED)
-    with pytest.raises(Exception, match=r'huge.*"code":507'):
+    with pytest.raises(RequestError, match=r'huge.*"code":507') as refused:
         client_for(f"{NS}.huge.generate").call(b"")
+    info = refused.value.info  # machine-readable: another box may have a larger GPU
+    assert (info.error_class, info.code, info.reason) == ("Unavailable", 507, "cannot_run_here")
+    assert info.try_another_instance and info.retry_after_s is None  # never here again
+    assert info.instance_id == status(client_for, "huge")["instance_id"] != 0
 
     stream = slow.stream(SLOW, request_id="cancelled-here")
     running = wait_for(lambda: in_state(control, "cancelled-here", JobState.RUNNING), 30,
@@ -273,6 +323,59 @@ def test_failures_refusals_and_local_cancels_reach_the_dynamo_client(
     with pytest.raises(Exception, match="cancelled"):
         list(stream)
     engine.note_workers(control)
+
+
+def test_a_full_queue_is_a_machine_readable_503_and_the_caller_retries_on_another_box(
+        discovery: Path, client_for: Callable[[str], Any]) -> None:
+    namespace = "rq"
+    roots = [new_root(), new_root()]
+    busy_env = dynamo_env(roots[0], discovery)  # its queue limit from config.yaml
+    Path(busy_env["VRAMTUI_CONFIG_DIR"]).mkdir(parents=True, exist_ok=True)
+    Path(busy_env["VRAMTUI_CONFIG_DIR"], "config.yaml").write_text("engine:\n  max_queue: 1\n")
+    busy = start_serve(busy_env, roots[0], "--dynamo", namespace)
+    free = start_serve(dynamo_env(roots[1], discovery), roots[1], "--dynamo", namespace)
+    controls = [busy.client(), free.client()]
+    try:
+        a, b = controls
+        client = client_for(f"{namespace}.slow.generate")
+        wait_for(lambda: len(client.instance_ids()) == 2, 30, "both engines as instances")
+        running = a.submit("slow", json.dumps(SLOW).encode())
+        wait_for(lambda: a.job(running).state is JobState.RUNNING, 30, "the busy box's job")
+        waiting = a.submit("slow", json.dumps(SLOW).encode())  # the queue (limit 1) is full
+        full = cli(busy.env, "submit", "slow", "--data", "{}")  # the CLI is refused too
+        assert full.returncode == 5 and "queue full" in full.stderr, full.stderr
+        probe = client_for(f"{namespace}.slow.status")
+        by_queue = {probe.call(None, instance_id=i)[0]["queued"]: i
+                    for i in client.instance_ids()}
+        a_id, b_id = by_queue[1], by_queue[0]
+        assert probe.call(None, instance_id=b_id)[0]["instance_id"] == b_id != a_id
+
+        with pytest.raises(RequestError) as refused:
+            client.call({"steps": 1}, instance_id=a_id, request_id="refused")
+        assert str(refused.value).startswith('Unavailable: {"message":"queue full')
+        info = refused.value.info
+        assert (info.error_class, info.code, info.reason) == ("Unavailable", 503, "queue_full")
+        assert info.try_another_instance and info.retry_after_s == 1.0
+        assert info.instance_id == a_id and info.extra == {"backend": "slow"}
+        assert dynamo_job(a, "refused") is None  # refused before it became a job
+
+        [reply] = client.call({"steps": 1}, instance_id=a_id, retries=1, request_id="retried")
+        assert json.loads(raw_bytes(reply))["metadata"]["dynamo"]["request_id"] == "retried"
+        assert in_state(b, "retried", JobState.SUCCEEDED) and dynamo_job(a, "retried") is None
+
+        # Dynamo's own router now leaves the refusing box out: plain calls land on the other.
+        for n in range(3):
+            client.call({"steps": 1}, request_id=f"routed-{n}")
+            assert in_state(b, f"routed-{n}", JobState.SUCCEEDED), n
+        for control, served in ((a, busy), (b, free)):
+            served.note_workers(control)
+        a.cancel(waiting)
+        a.cancel(running)
+    finally:
+        for control in controls:
+            control.close()
+        reap(busy)
+        reap(free)
 
 
 def test_sigterm_answers_waiting_requests_leaves_no_discovery_entry_and_no_orphan(
@@ -300,13 +403,14 @@ def test_sigterm_answers_waiting_requests_leaves_no_discovery_entry_and_no_orpha
         assert entries(discovery, namespace) == []  # no stale discovery entry
         wait_for(lambda: client.instance_ids() == [], 15, "the client to see no instance")
         err = served.stderr()  # Dynamo 1.6.1 prints the traceback of what a handler raises:
-        assert err.count("Traceback") == err.count("HttpError: HTTP 503: job "), err  # only 503
+        assert err.count("Traceback") == err.count('EngineUnavailable: {"message":"job '), err
 
-        # The journal still holds the answered request: the next engine does not run it.
+        # A Dynamo request is not journaled (its caller went with the engine): the next
+        # engine does not run it, while the local job it interrupted... had finished.
         again = start_serve(env, root, "--dynamo", namespace)
         control = again.client()
-        view = control.job(waiting.id)
-        assert view.state is JobState.CANCELLED and "Dynamo" in (view.error or ""), view
+        with pytest.raises(UnknownJob):
+            control.job(waiting.id)
         assert control.job(local).state is JobState.SUCCEEDED
         control.close()
     finally:

@@ -137,7 +137,7 @@ def test_a_backend_too_big_for_every_gpu_is_refused_with_both_numbers() -> None:
     with engine([sim_backend("huge", 100_000, 1000)]) as sup:
         with pytest.raises(Refused) as err:
             sup.submit("huge", b"")
-        assert "101000" in str(err.value) and "8192" in str(err.value)
+        assert "101256" in str(err.value) and "8192" in str(err.value)
         with pytest.raises(UnknownBackend) as unknown:
             sup.submit("nope", b"")
         assert "huge" in str(unknown.value)
@@ -280,21 +280,29 @@ def test_demo_backends_load_when_nothing_is_configured(tmp_path: Path) -> None:
     assert (ROOT / "examples" / "demo" / "backends.yaml").exists()
 
 
-def test_a_cold_job_never_overtakes_a_job_waiting_for_evictions() -> None:
-    # a and b are idle and hold the GPU; c needs both evicted; d (cold, small) came later and
-    # must not start in the room the first eviction frees while c still waits for the second.
+def test_a_cold_job_never_takes_the_room_a_job_waiting_for_evictions_needs() -> None:
+    # a and b are idle and hold the GPU (3256 MiB each with their context); c needs both
+    # evicted and then 7408 MiB, leaving 784 MiB it never needs. d (1112 MiB) came later and
+    # fits in the 1680 MiB free now, but not in those 784: it must wait until c is in; e
+    # (612 MiB) fits in them, so it starts at once, beside the switch (packing).
     backends = [sim_backend("a", 3000, 256), sim_backend("b", 3000, 256),
-                sim_backend("c", 6000, 1024), sim_backend("d", 256, 128)]
-    with engine(backends) as sup:
+                sim_backend("c", 6000, 1024), sim_backend("d", 600, 128),
+                sim_backend("e", 100, 128)]
+    with engine(backends) as sup, UsageWatcher(sup, "sim:8GiB") as watch:
         sup.preload("a")
         sup.preload("b")
         wait_for(lambda: all(sup.snapshot().backend(n).state == "ready" for n in "ab"),
                  what="a and b ready")
         big = sup.submit("c", req(steps=1))
-        small = sup.submit("d", req(steps=1))
-        r_big, r_small = sup.wait(big, 60), sup.wait(small, 60)
-        assert r_big.state is r_small.state is JobState.SUCCEEDED
-        assert admitted_at(r_big) <= admitted_at(r_small)
+        large = sup.submit("d", req(steps=1))
+        tiny = sup.submit("e", req(steps=20, step_s=0.05))
+        r_big, r_large, r_tiny = sup.wait(big, 60), sup.wait(large, 60), sup.wait(tiny, 60)
+        assert r_big.state is r_large.state is r_tiny.state is JobState.SUCCEEDED
+        assert admitted_at(r_big) <= admitted_at(r_large)
+        assert admitted_at(r_tiny) <= admitted_at(r_big)
+        assert r_tiny.started_at is not None and r_tiny.finished_at is not None
+        assert r_big.started_at is not None and r_big.started_at < r_tiny.finished_at
+    assert watch.overcommits == []
 
 
 def admitted_at(view: JobView) -> float:
@@ -375,8 +383,9 @@ def test_an_unmeasured_backend_learns_its_resident_footprint_while_idle() -> Non
     with engine([mystery]) as sup:
         assert sup.wait(sup.submit("mystery", req(steps=20, step_s=0.1)), 60).state \
             is JobState.SUCCEEDED
-        rt = sup.engine.backends["mystery"]
-        wait_for(lambda: rt.learned_resident_mib is not None, what="resident learned")
+        view = wait_for(lambda: (b := sup.snapshot().backend("mystery")).learned_resident_mib
+                        is not None and b, what="resident learned")
         # 256 MiB of simulated CUDA context + 2000 of weights; the 3000 of activation went.
-        assert rt.learned_resident_mib == 2256
-        assert rt.learned_peak_mib is not None and rt.learned_peak_mib >= 5000
+        assert view.learned_resident_mib == 2256
+        assert view.learned_peak_mib is not None and view.learned_peak_mib >= 5256
+        assert view.admission_peak_mib == view.learned_peak_mib

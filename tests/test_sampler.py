@@ -48,7 +48,7 @@ def test_samples_arrive_with_processes_on_some_ticks(probe: SimulatedProbe) -> N
     assert got[0].devices[0].used_mib == 1000
     polled = [s.processes for s in got if s.processes is not None]
     assert got[0].processes is not None and any(s.processes is None for s in got)
-    assert all(p == (ProcessReading(os.getpid(), 0, 1000),) for p in polled)
+    assert all(p == (ProcessReading(os.getpid(), 0, 1000, allocated=True),) for p in polled)
 
 
 def test_fast_mode_polls_processes_every_tick(probe: SimulatedProbe) -> None:

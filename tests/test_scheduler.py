@@ -71,12 +71,11 @@ def wk(
 
 def idle(info: BackendInfo, gpu_index: int = 0, idle_for: float = 0.0) -> WorkerInfo:
     """An idle worker holding its resident memory."""
-    return wk(info.name, gpu_index, "ready", 0, info.resident_mib, NOW - idle_for)
+    return wk(info.name, gpu_index, "ready", 0, info.idle_mib, NOW - idle_for)
 
 
 def busy(info: BackendInfo, gpu_index: int = 0, jobs: int = 1) -> WorkerInfo:
-    reserved = info.resident_mib + jobs * info.hot_need_mib
-    return wk(info.name, gpu_index, "busy", jobs, reserved, None)
+    return wk(info.name, gpu_index, "busy", jobs, info.holds_mib(jobs), None)
 
 
 _seq = iter(range(1, 1_000_000))
@@ -90,8 +89,10 @@ def job(
     seq: int | None = None,
     at: float = NOW,
     passed: int = 0,
+    blocked_since: float | None = None,
 ) -> QueuedJob:
-    return QueuedJob(job_id, backend, priority, next(_seq) if seq is None else seq, at, passed)
+    return QueuedJob(job_id, backend, priority, next(_seq) if seq is None else seq, at, passed,
+                     blocked_since=blocked_since)
 
 
 def snap(
@@ -121,11 +122,18 @@ def evicted(p: Plan) -> list[str]:
 
 def test_needs_from_backend_info() -> None:
     b = be("a", 10_000, 2_000, safety=500)
-    assert (b.resident_mib, b.cold_need_mib, b.hot_need_mib) == (8_000, 10_500, 2_500)
-    unknown_act = be("b", 10_000, None, safety=500)
-    assert (unknown_act.resident_mib, unknown_act.hot_need_mib) == (0, 10_500)
+    assert (b.idle_mib, b.cold_need_mib, b.need_mib(0), b.need_mib(1)) == (
+        8_000, 10_500, 2_500, 2_500)
+    assert [b.holds_mib(n) for n in range(3)] == [8_000, 10_500, 13_000]
+    # The split unknown: an idle worker holds the whole peak (never 0), the first job adds
+    # only its safety, each further concurrent job may need a whole peak more.
+    unknown = be("b", 10_000, None, safety=500)
+    assert [unknown.holds_mib(n) for n in range(3)] == [10_000, 10_500, 21_000]
+    assert (unknown.idle_mib, unknown.cold_need_mib, unknown.need_mib(0),
+            unknown.need_mib(1)) == (10_000, 10_500, 500, 10_500)
     unmeasured = be("c", None, None)
-    assert (unmeasured.cold_need_mib, unmeasured.hot_need_mib) == (None, 0)
+    assert (unmeasured.cold_need_mib, unmeasured.need_mib(0), unmeasured.idle_mib) == (
+        None, 0, 0)
 
 
 def test_model_validation() -> None:
@@ -160,12 +168,14 @@ def test_hot_job_needs_activation_plus_safety_only() -> None:
     assert plan(s, NOW).starts == (Start("j1", "a", 0, False, 2_512),)
 
 
-def test_hot_job_with_unknown_activation_needs_whole_peak() -> None:
-    a = be("a", 10_000, None, safety=0)
+def test_hot_job_with_unknown_activation_is_held_whole_and_a_second_one_needs_a_peak() -> None:
+    a = be("a", 10_000, None, safety=0, conc=2)
     s = snap([gpu(0, 19_999)], [a], [wk("a", 0, "ready", 0, 10_000)], [job("j1", "a")])
-    p = plan(s, NOW)
+    assert plan(s, NOW).starts == (Start("j1", "a", 0, False, 0),)  # the peak is held already
+    s2 = snap([gpu(0, 19_999)], [a], [wk("a", 0, "busy", 1, 10_000)], [job("j2", "a")])
+    p = plan(s2, NOW)
     assert p.starts == ()
-    assert p.waiting["j1"] == "needs 10000 MiB, 9999 free on GPU0"
+    assert p.waiting["j2"] == "needs 10000 MiB, 9999 free on GPU0"
 
 
 def test_hot_includes_starting_and_initializing_workers() -> None:
@@ -240,11 +250,11 @@ def test_unmeasured_waits_when_no_gpu_is_empty_and_evicts_idle_ones() -> None:
     p = plan(s, NOW)
     assert p.starts == ()
     assert evicted(p) == ["b"] and p.evictions[0].gpu == 1
-    assert p.waiting["j1"] == "waiting for 1 eviction on GPU1"
-    # Both GPUs busy: nothing to evict, it just waits.
+    assert p.waiting["j1"] == "runs alone: 1 worker leaves GPU1 for it"
+    # Both GPUs busy: nothing to evict now, it waits for one of them to finish.
     s2 = snap([gpu(0), gpu(1)], [u, a, b], [busy(a, 0), busy(b, 1)], [job("j1", "u")])
     p2 = plan(s2, NOW)
-    assert p2.evictions == () and "waiting for a GPU to empty" in p2.waiting["j1"]
+    assert p2.evictions == () and "1 worker leaves GPU0 for it" in p2.waiting["j1"]
 
 
 def test_nothing_else_is_admitted_beside_an_unmeasured_worker() -> None:
@@ -305,7 +315,7 @@ def test_cold_placement_without_room_picks_least_eviction_cost() -> None:
     p = plan(s, NOW)
     assert p.evictions == (Evict("cheap", 1, 15_000, p.evictions[0].reason),)
     assert "room for j1" in p.evictions[0].reason
-    assert p.waiting["j1"] == "waiting for 1 eviction on GPU1"
+    assert p.waiting["j1"] == "needs 20000 MiB: 1 worker leaves GPU1 for it"
 
 
 def test_placement_never_picks_a_gpu_too_small_for_the_job() -> None:
@@ -453,12 +463,12 @@ def test_stopping_workers_count_as_coming_back() -> None:
     s = snap([gpu(0, 32_000)], [a, gone, spare], workers, [job("j", "a")])
     p = plan(s, NOW)
     assert p.evictions == ()  # 10,000 free + 12,000 coming back >= 20,000
-    assert p.waiting["j"] == "waiting for 1 eviction on GPU0"
+    assert p.waiting["j"] == "waiting for 1 worker to stop on GPU0"
     # Not quite enough coming back: one more eviction, and only one.
     s2 = snap([gpu(0, 29_000)], [a, gone, spare], workers, [job("j", "a")])
     p2 = plan(s2, NOW)
     assert evicted(p2) == ["spare"]
-    assert p2.waiting["j"] == "waiting for 2 evictions on GPU0"
+    assert p2.waiting["j"] == "needs 20000 MiB: 1 worker leaves GPU0 for it"
 
 
 def test_a_job_whose_worker_is_stopping_waits() -> None:
@@ -471,8 +481,10 @@ def test_a_job_whose_worker_is_stopping_waits() -> None:
 def test_evicted_worker_takes_no_job_in_the_same_plan() -> None:
     a = be("a", 20_000, 2_000)
     x = be("x", 10_000, 100)
-    s = snap([gpu(0, 25_000)], [a, x], [idle(x, 0, 600)], [job("ja", "a"), job("jx", "x")])
-    p = plan(s, NOW)
+    # ja has waited past its patience: x leaves for it, and x's own job waits.
+    queue = [job("ja", "a", at=NOW - 1_000, blocked_since=NOW - 1_000), job("jx", "x")]
+    s = snap([gpu(0, 25_000)], [a, x], [idle(x, 0, 600)], queue)
+    p = plan(s, NOW, SchedulerConfig(aging_interval_s=math.inf))
     assert evicted(p) == ["x"] and p.starts == ()
     assert p.waiting["jx"] == "worker stopping"
 
@@ -549,53 +561,95 @@ def test_aging_bonus_edges() -> None:
     assert aging_bonus(0.0, 1e9, math.inf) == 0
 
 
-def _barrier_setup(passed: int, hot_jobs: int = 5, config_limit: int = 3):
-    """A cold job blocked for memory at the head, hot jobs that fit behind it."""
-    big = be("big", 30_000, 1_000)
-    hot = be("hot", 2_000, 1_000, conc=100)
-    queue = [job("barrier", "big", 5, passed=passed)]
+NO_AGING = SchedulerConfig(aging_interval_s=math.inf)
+
+
+def _barrier_setup(*, waited: float = 0.0, barrier_priority: int = 0, hot_jobs: int = 5,
+                   config: SchedulerConfig = NO_AGING) -> Plan:
+    """A cold job first in line, blocked by a busy worker whose backend has queued jobs (its
+    running jobs give back too little: only evicting it makes room)."""
+    big = be("big", 30_000, 1_000)  # reload 10 s; the switch also reloads "hot": 20 s
+    hot = be("hot", 12_000, 1_000, conc=100)
+    queue = [job("barrier", "big", barrier_priority, at=NOW - waited,
+                 blocked_since=NOW - waited)]
     queue += [job(f"h{i}", "hot", 0) for i in range(hot_jobs)]
     s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
-    return plan(s, NOW, SchedulerConfig(affinity_limit=config_limit))
+    return plan(s, NOW, config)
 
 
-@pytest.mark.parametrize(("already", "expect"), [(0, 3), (1, 2), (2, 1), (3, 0), (7, 0)])
-def test_affinity_bound_is_exact(already: int, expect: int) -> None:
-    p = _barrier_setup(already)
-    assert len(p.starts) == expect
-    assert started(p) == [f"h{i}" for i in range(expect)]
-    assert p.passed == ({"barrier": 3} if expect else {})
-    if expect < 5:
-        assert "now goes first" in p.waiting[f"h{expect}"]
+def test_a_patient_barrier_lets_the_hot_batch_of_its_priority_go_on() -> None:
+    p = _barrier_setup(waited=10.0)  # patience: 4 x 20 s of switching
+    assert started(p) == [f"h{i}" for i in range(5)]
+    assert p.passed == {"barrier": 5}
+    assert "goes on for up to 70 s more before the switch" in p.waiting["barrier"]
 
 
-def test_affinity_limit_is_configurable() -> None:
-    assert len(_barrier_setup(0, config_limit=1).starts) == 1
-    assert len(_barrier_setup(0, config_limit=0).starts) == 0
+def test_a_barrier_whose_patience_is_spent_stops_the_batch() -> None:
+    p = _barrier_setup(waited=80.0)
+    assert p.starts == () and p.evictions == ()  # the busy victim goes once its jobs end
+    assert p.waiting["h0"] == "its worker leaves GPU0 for barrier"
+    assert p.waiting["barrier"] == "needs 30000 MiB: 1 worker leaves GPU0 for it"
 
 
-def test_unforced_barrier_counts_each_pass() -> None:
-    p = _barrier_setup(0, hot_jobs=2)
-    assert started(p) == ["h0", "h1"] and p.passed == {"barrier": 2}
-    assert p.waiting["barrier"] == "needs 30000 MiB, 29000 free on GPU0"
+def test_patience_is_tied_to_switch_cost_and_capped_by_max_patience() -> None:
+    cfg = SchedulerConfig(patience_factor=1.0, aging_interval_s=math.inf)
+    assert len(_barrier_setup(waited=19.0, config=cfg).starts) == 5
+    assert len(_barrier_setup(waited=20.0, config=cfg).starts) == 0
+    capped = SchedulerConfig(max_patience_s=5.0, aging_interval_s=math.inf)
+    assert len(_barrier_setup(waited=4.9, config=capped).starts) == 5
+    assert len(_barrier_setup(waited=5.0, config=capped).starts) == 0
+    with pytest.raises(ValueError, match="patience_factor"):
+        SchedulerConfig(patience_factor=-1)
+    with pytest.raises(ValueError, match="max_patience_s"):
+        SchedulerConfig(max_patience_s=math.inf)
+
+
+def test_higher_priority_still_goes_first_lower_priority_work_waits_behind_it() -> None:
+    p = _barrier_setup(barrier_priority=5)
+    assert p.starts == () and p.passed == {}
+    assert p.waiting["h0"] == "behind barrier (waiting for memory on GPU0)"
+
+
+def test_aging_ends_patience_for_work_submitted_later() -> None:
+    # The barrier aged one level (it waited an interval); hot jobs submitted now did not.
+    p = _barrier_setup(waited=61.0, config=SchedulerConfig(patience_factor=100.0))
+    assert p.waiting["h0"] == "behind barrier (waiting for memory on GPU0)"
+    assert p.starts == ()
 
 
 def test_starts_ahead_of_the_barrier_do_not_count() -> None:
     big = be("big", 30_000, 1_000)
     hot = be("hot", 2_000, 1_000, conc=100)
-    queue = [job("h0", "hot", 9), job("barrier", "big", 5), job("h1", "hot", 0)]
+    queue = [job("h0", "hot", 9), job("barrier", "big", 5), job("h1", "hot", 5)]
     s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
     p = plan(s, NOW)
     assert started(p) == ["h0", "h1"] and p.passed == {"barrier": 1}
 
 
-def test_cold_jobs_never_pass_a_memory_barrier() -> None:
+def test_a_barrier_waits_for_running_jobs_to_give_memory_back_rather_than_evict() -> None:
     big = be("big", 30_000, 1_000)
-    small, other = be("small", 1_000, 100), be("other", 15_000, 0)
-    q = [job("b", "big", 1), job("s", "small", 0)]
-    s = snap([gpu(0, 40_000)], [big, small, other], [busy(other, 0)], q)
+    hot = be("hot", 2_000, 1_000, conc=100)  # ten jobs running: 10,000 MiB come back
+    queue = [job("barrier", "big", 5, blocked_since=NOW)]
+    s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
     p = plan(s, NOW)
-    assert p.starts == () and p.waiting["s"] == "behind b (waiting for memory)"
+    assert p.evictions == () and p.starts == ()
+    assert "give their memory back, rather than evict" in p.waiting["barrier"]
+    assert p.revisit_at == NOW + 4 * 10.0  # then the eviction's cost is no longer worth it
+    later = plan(snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)],
+                      [job("barrier", "big", 5, blocked_since=NOW - 40)]), NOW)
+    assert "1 worker leaves GPU0 for it" in later.waiting["barrier"]
+
+
+def test_cold_jobs_pass_a_barrier_only_in_room_it_does_not_need() -> None:
+    big = be("big", 30_000, 1_000)  # 15,000 held by other, 25,000 free: other must go
+    other = be("other", 15_000, 0)
+    q = [job("b", "big", 1), job("s", "small", 0), job("m", "medium", 0)]
+    small, medium = be("small", 10_000, 100), be("medium", 10_001, 100)
+    s = snap([gpu(0, 40_000)], [big, small, medium, other], [busy(other, 0)], q)
+    p = plan(s, NOW)
+    # Once other has left, big takes 30,000 of 40,000: 10,000 it never needs.
+    assert started(p) == ["s"]
+    assert p.waiting["m"] == "behind b (waiting for memory on GPU0)"
 
 
 def test_hot_jobs_that_do_not_fit_behind_the_barrier_wait() -> None:
@@ -607,25 +661,28 @@ def test_hot_jobs_that_do_not_fit_behind_the_barrier_wait() -> None:
     assert evicted(p) == ["hot"] and p.waiting["h"] == "worker stopping"
 
 
-def test_only_the_first_barrier_evicts() -> None:
-    a, b = be("a", 20_000, 1_000), be("b", 20_000, 1_000)
+def test_one_barrier_per_gpu() -> None:
+    a, b, c = be("a", 20_000, 1_000), be("b", 20_000, 1_000), be("c", 20_000, 1_000)
     x, y = be("x", 10_000, 0), be("y", 10_000, 0)
     s = snap(
         [gpu(0, 25_000), gpu(1, 25_000)],
-        [a, b, x, y],
+        [a, b, c, x, y],
         [idle(x, 0, 60), idle(y, 1, 60)],
-        [job("ja", "a", 2), job("jb", "b", 1)],
+        [job("ja", "a", 2), job("jb", "b", 1), job("jc", "c", 0)],
     )
     p = plan(s, NOW)
-    assert len(p.evictions) == 1
-    assert p.waiting["jb"] == "behind ja (waiting for memory)"
+    # Each GPU gets its first blocked job (the cheapest way to make it fit there); the third
+    # finds a barrier on every GPU and waits behind the first.
+    assert sorted((e.backend, e.gpu) for e in p.evictions) == [("x", 0), ("y", 1)]
+    assert p.waiting["jc"] == "behind ja (waiting for memory on GPU0)"
 
 
 def test_waiting_view_covers_every_unstarted_job() -> None:
     big = be("big", 30_000, 1_000)
-    hot = be("hot", 2_000, 1_000, conc=100)
+    hot = be("hot", 12_000, 1_000, conc=100)
     ghost_job = job("g", "ghost", 0)
-    queue = [job("barrier", "big", 5)] + [job(f"h{i}", "hot") for i in range(6)] + [ghost_job]
+    queue = [job("barrier", "big", 5)] + [job(f"h{i}", "hot", 5) for i in range(3)]
+    queue += [job(f"h{i}", "hot", 0) for i in range(3, 6)] + [ghost_job]
     s = snap([gpu(0, 40_000)], [big, hot], [busy(hot, 0, jobs=10)], queue)
     p = plan(s, NOW)
     assert len(p.waiting) == len(queue) - 3
@@ -669,7 +726,7 @@ backends = {
 }
 workers = {
     n: WorkerInfo(n, i % 3, "ready" if i % 2 else "busy", 0 if i % 2 else 1,
-                  backends[n].resident_mib + (0 if i % 2 else 1_256), 900.0 - 10 * i)
+                  backends[n].holds_mib(0 if i % 2 else 1), 900.0 - 10 * i)
     for i, n in enumerate(names[:8])
 }
 queue = sorted(

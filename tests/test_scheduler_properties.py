@@ -1,13 +1,16 @@
 """Property tests for the scheduler: random GPUs, backends and workloads, driven through a
 tiny deterministic simulation that applies each plan.
 
-The simulation follows the engine's contract: a start adds ``reserve_mib`` to its worker's
-reservation (a spawn creates the worker, "starting"); a spawned worker is ready on the next
-step; an eviction makes the worker "stopping" and it is gone on the next step; a job ends
-after its duration and gives back activation + safety. Checked on every step: reservations
-on a GPU never exceed total - reserve; no job is passed more than ``affinity_limit`` times;
-plans are deterministic (also with the snapshot's mappings in another order); every queued
-job has a waiting reason. At the end: every job ran, or was refused at submit with a reason.
+The simulation follows the engine's contract: a worker holds what the ledger says its figures
+imply for the jobs it runs (``BackendInfo.holds_mib``; the whole usable GPU for an unmeasured
+backend), and each start's ``reserve_mib`` is exactly what it adds (a spawn creates the
+worker, "starting"); a spawned worker is ready on the next step; an eviction makes the worker
+"stopping" and it is gone on the next step; a job ends after its duration. Checked on every
+step: reservations on a GPU never exceed total - reserve; plans are deterministic (also with
+the snapshot's mappings in another order); every queued job has a waiting reason; no GPU
+idles while work waits (with jobs queued and nothing running, starting or stopping, a plan
+starts or evicts something). At the end: every job ran, or was refused at submit with a
+reason.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from supervisor.scheduler import (
     validate_queue,
 )
 
-CONFIG = SchedulerConfig(affinity_limit=3, aging_interval_s=4.0, max_queue_depth=30)
+CONFIG = SchedulerConfig(patience_factor=4.0, max_patience_s=40.0, aging_interval_s=4.0,
+                         max_queue_depth=30)
 SETTINGS = settings(
     max_examples=200,
     deadline=None,
@@ -158,9 +162,17 @@ class Sim:
     last_free: dict[int, int] = field(default_factory=dict)
     seq: int = 0
     plans: int = 0
+    idle_steps: int = 0
 
     def reserved_on(self, g: int) -> int:
         return sum(w.reserved for w in self.workers.values() if w.gpu == g)
+
+    def holds(self, w: SimWorker) -> int:
+        """What the ledger says ``w`` holds (an unmeasured worker keeps its whole GPU)."""
+        b = self.world.backends[w.backend]
+        if b.peak_mib is None:
+            return w.reserved
+        return b.holds_mib(w.active)
 
     def snapshot(self, reverse: bool = False) -> Snapshot:
         gpus = []
@@ -209,8 +221,8 @@ class Sim:
                 still.append((end, job_id, name, mib))
                 continue
             w = self.workers[name]
-            w.reserved -= mib
             w.active -= 1
+            w.reserved = self.holds(w)
             self.finished.add(job_id)
             if w.active == 0 and w.state == "busy":
                 w.state = "ready"
@@ -237,6 +249,18 @@ class Sim:
         self.plans += 1
         self.remember_free()
         self.check_plan(snap, p)
+        if (self.queue and not self.running and not any(self.world.foreign)
+                and not any(b.pinned for b in info.values())
+                and all(w.state == "ready" for w in self.workers.values())):
+            # Work waits and nothing runs, starts or stops: the plan must act (no stall; a
+            # lagging free reading may hold it back for one step).
+            acted = bool(p.starts or p.evictions)
+            self.idle_steps = 0 if acted else self.idle_steps + 1
+            assert self.idle_steps < 2, (
+                "stall", [(j.job_id, j.backend, p.waiting[j.job_id]) for j in self.queue],
+                {w.backend: (w.state, w.gpu, w.reserved) for w in self.workers.values()})
+        else:
+            self.idle_steps = 0
         # Apply evictions.
         for ev in p.evictions:
             w = self.workers[ev.backend]
@@ -253,18 +277,23 @@ class Sim:
             w = self.workers.get(s.backend)
             if s.spawn:
                 assert w is None
-                self.workers[s.backend] = SimWorker(s.backend, s.gpu, "starting", 1, 0, None, step)
+                if b.peak_mib is not None:
+                    assert s.reserve_mib == b.holds_mib(1)
+                self.workers[s.backend] = SimWorker(s.backend, s.gpu, "starting", 1,
+                                                    s.reserve_mib, None, step)
                 w = self.workers[s.backend]
             else:
                 assert w is not None and w.state != "stopping" and w.gpu == s.gpu
+                if b.peak_mib is not None:
+                    assert s.reserve_mib == b.need_mib(w.active)
                 w.active += 1
                 if w.state == "ready":
                     w.state = "busy"
             assert w.active <= b.concurrency
             if b.allowed_gpus is not None:
                 assert s.gpu in b.allowed_gpus
-            w.reserved += s.reserve_mib
-            self.running.append((step + durations[s.job_id], s.job_id, s.backend, b.hot_need_mib))
+            w.reserved = self.holds(w)
+            self.running.append((step + durations[s.job_id], s.job_id, s.backend, 0))
             self.started.add(s.job_id)
         # Passed counts come back; the queue keeps its order.
         self.queue = [
@@ -274,8 +303,6 @@ class Sim:
             for j in by_id.values()
         ]
         self.queue.sort(key=queue_sort_key)
-        for j in self.queue:
-            assert j.passed <= self.config.affinity_limit
         # The invariant: admission never promises more than a GPU has.
         for g in self.world.gpus:
             assert self.reserved_on(g.index) <= g.usable_mib, (g, self.workers)
@@ -291,8 +318,6 @@ class Sim:
         for job_id in p.waiting:
             reason = p.waiting[job_id]
             assert isinstance(reason, str) and reason
-        for count in p.passed.values():
-            assert count <= self.config.affinity_limit
         assert len({e.backend for e in p.evictions}) == len(p.evictions)
 
 

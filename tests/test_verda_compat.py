@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from conftest import Gate, ServerFactory, SpawnWorker
 
-from worker_sdk.protocol import EXTENSIONS, DataType, EventType, Message, MessageType
+from worker_sdk.events import Event, Status
+from worker_sdk.protocol import EXTENSIONS, DataType, MessageType
 from worker_sdk.testing import Reply, WorkerLink
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,20 +88,20 @@ def test_verda_worker_answers_like_ours(
         assert (data_pong.type, data_pong.payload) == (MessageType.PONG, {"event": 0})
 
 
-def until_ready(link: WorkerLink) -> list[Message]:
+def until_ready(link: WorkerLink) -> list[Event]:
     """Consume control events up to and including the next "ready" status event."""
-    seen: list[Message] = []
+    seen: list[Event] = []
 
-    def match(m: Message) -> bool:
-        seen.append(m)
-        return m.payload.get("event") == EventType.STATUS and m.payload.get("status") == "ready"
+    def match(e: Event) -> bool:
+        seen.append(e)
+        return isinstance(e, Status) and e.status == "ready"
 
     link.wait_event(match)
     return seen
 
 
-def kinds(events: list[Message]) -> list[Any]:
-    return [e.payload.get("status", e.payload.get("event")) for e in events]
+def kinds(events: list[Event]) -> list[Any]:
+    return [e.status if isinstance(e, Status) else type(e).__name__ for e in events]
 
 
 def test_our_worker_falls_back_to_plain_verda(
@@ -118,7 +119,7 @@ def test_our_worker_falls_back_to_plain_verda(
     assert kinds(until_ready(link)) == ["busy", "ready"]
 
     # A stream: DATA/DEFAULT chunks ended by an empty bin; no progress events.
-    wire_id = link.send_request(json.dumps({"op": "stream", "n": 3}).encode())
+    wire_id = link.send_request(json.dumps({"op": "stream", "n": 3}).encode(), stream=True)
     frames = [link.read(wire_id) for _ in range(4)]
     assert [(f.type, f.data_type) for f in frames] == [(MessageType.DATA, DataType.DEFAULT)] * 4
     assert [f.payload for f in frames] == [b"chunk 0\n", b"chunk 1\n", b"chunk 2\n", b""]

@@ -22,12 +22,11 @@ import pytest
 from conftest import WORKERS, Gate, ServerFactory, SpawnWorker
 
 from worker_sdk.config import ConfigError, resolve
+from worker_sdk.events import Event, Progress, Status
 from worker_sdk.protocol import (
     EXTENSIONS,
     HEADER,
     DataType,
-    EventType,
-    Message,
     MessageType,
 )
 from worker_sdk.testing import WireServer, WorkerLink
@@ -39,14 +38,12 @@ def cmd(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
-def is_progress(wire_id: int, message: str | None = None) -> Callable[[Message], bool]:
-    def match(m: Message) -> bool:
-        p = m.payload
+def is_progress(wire_id: int, message: str | None = None) -> Callable[[Event], bool]:
+    def match(e: Event) -> bool:
         return (
-            isinstance(p, dict)
-            and p.get("event") == EventType.NOTIFY
-            and p.get("request") == wire_id
-            and (message is None or p.get("message") == message)
+            isinstance(e, Progress)
+            and e.request == wire_id
+            and (message is None or e.message == message)
         )
 
     return match
@@ -136,11 +133,10 @@ def test_progress_events(full: Any) -> None:
         cmd(op="progress", steps=steps, fractions=[0.25, 1.5, -1, None])
     )
     assert link.collect(wire_id).data == b"done"
-    got = [link.wait_event(is_progress(wire_id)).payload for _ in steps]
-    assert [(p["fraction"], p["message"]) for p in got] == [
+    got = [link.wait_event(is_progress(wire_id)) for _ in steps]
+    assert [(p.fraction, p.message) for p in got] == [  # type: ignore[attr-defined]
         (0.25, "load"), (1.0, "denoise"), (0.0, "decode"), (None, "unknown")
     ]
-    assert all(p["event"] == EventType.NOTIFY for p in got)
 
 
 # -- cancellation -----------------------------------------------------------------------------
@@ -276,8 +272,8 @@ def test_init_failure_reported(wire_server: ServerFactory, spawn_worker: SpawnWo
     proc = spawn_worker("init_fail.py", server, "broken")
     link = server.wait_worker("broken", ready=False)
     event = link.wait_status("failed")
-    assert event.payload["event"] == EventType.STATUS
-    assert event.payload["error"] == (
+    assert isinstance(event, Status)
+    assert event.error == (
         "RuntimeError: model weights missing at /nonexistent/weights.bin"
     )
     assert proc.wait(timeout=10) == 3

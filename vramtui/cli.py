@@ -42,6 +42,10 @@ examples:
 """
 
 
+IMPORT_VRAMD_HELP = ("print vramtui's spelling of a vramd descriptor file (version: 2), to "
+                     "move it over for good (vramd files also run as they are)")
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, minus its ``import shutil`` (and with it zlib, bz2 and lzma: a
     few ms of every command's start, paid only to learn the terminal's width)."""
@@ -75,6 +79,17 @@ class Exit:
     INTERRUPTED = 130
 
 
+def _queue_limit(text: str) -> int:
+    """``--max-queue N``: a whole number of jobs, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", default="auto", metavar="SPEC",
                         help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', or "
@@ -85,9 +100,13 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "retry", "priority",
             "events", "backends", "evict", "respawn", "preload", "kill", "zero", "drain",
-            "reload", "logs", "doctor", "calibrate", "recalibrate")
+            "reload", "logs", "doctor", "calibrate", "recalibrate", "import-vramd",
+            *("completion", "install-service", "web"))
+# Commands of the HTTP front door's side (vramtui/extra_commands.py runs them).
+EXTRA_COMMANDS = frozenset({"completion", "install-service", "web"})
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo", "--theme"})
+                            "--dynamo", "--http", "--http-token-file", "--max-queue",
+                            "--theme"})
 
 
 class _Skipped:
@@ -140,6 +159,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--dynamo", metavar="NAMESPACE",
                         help="with --serve: also serve each backend as the NVIDIA Dynamo "
                              "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
+    parser.add_argument("--max-queue", metavar="N", type=_queue_limit,
+                        help="with --serve: refuse new jobs (queue full) while N wait "
+                             "(default: $VRAMTUI_MAX_QUEUE, else config.yaml's engine: "
+                             "max_queue, else 512)")
+    parser.add_argument("--http", metavar="ADDR",
+                        help="with --serve: also serve the HTTP API on ADDR (127.0.0.1:8080, "
+                             "[::1]:8080, or unix:/PATH; anything but loopback needs a token); "
+                             "config.yaml's http: section does the same (needs vramtui[http])")
+    parser.add_argument("--http-token-file", metavar="FILE",
+                        help="with --http: the bearer token, in a file only you can read "
+                             "(or set VRAMTUI_HTTP_TOKEN)")
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
@@ -251,6 +281,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--write-overlay", action="store_true",
                    help="write the measured figures into the config's backends.d (when the "
                         "report justifies them)")
+    p = command("import-vramd", IMPORT_VRAMD_HELP)
+    if not isinstance(p, _Skipped):
+        from .import_vramd import add_arguments as import_vramd_arguments
+
+        import_vramd_arguments(p)
+    from .extra_commands import add_parsers
+
+    add_parsers(command, only)
     return parser
 
 
@@ -261,6 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve and args.command is not None:
         parser.error(f"--serve runs the engine; it does not go with {args.command!r}")
     try:
+        if args.command in EXTRA_COMMANDS:
+            from .extra_commands import run_extra
+
+            return run_extra(args)
         if args.command is not None:
             from .commands import run_command
 

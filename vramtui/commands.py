@@ -462,6 +462,12 @@ def cmd_recalibrate(args: argparse.Namespace) -> int:
     return recalibrate(args)
 
 
+def cmd_import_vramd(args: argparse.Namespace) -> int:
+    from .import_vramd import cmd_import_vramd as import_vramd
+
+    return import_vramd(args)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import run_doctor
 
@@ -490,4 +496,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "doctor": cmd_doctor,
     "calibrate": cmd_calibrate,
     "recalibrate": cmd_recalibrate,
+    "import-vramd": cmd_import_vramd,
 }

@@ -126,9 +126,14 @@ def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:
     from supervisor.limits import BadLimit
 
     try:
+        from .serve import engine_config  # the same settings as --serve: flags, env, file
+
         sup = Supervisor.from_config(gpus=getattr(args, "gpus", "auto"),
-                                     backends=getattr(args, "backends", None) or ())
+                                     backends=getattr(args, "backends", None) or (),
+                                     config=engine_config(args, paths))
     except (BadGpuSpec, PathsError, BadLimit) as exc:
+        raise EngineStartError(str(exc)) from None
+    except VramtuiError as exc:  # a bad --max-queue, VRAMTUI_MAX_QUEUE or config.yaml
         raise EngineStartError(str(exc)) from None
     except GpuUnavailable as exc:
         raise EngineStartError(str(exc), usage=False) from None

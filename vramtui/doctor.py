@@ -72,7 +72,7 @@ def check_runtime(r: Report, paths: Paths) -> None:
     except PathsError as exc:
         r.add(FAIL, "socket paths", str(exc), "set VRAMTUI_RUNTIME_DIR to a shorter directory")
     try:
-        st = os.stat(rd)
+        st = os.lstat(rd)
     except FileNotFoundError:
         r.add(OK, "runtime directory", f"{rd} does not exist yet (created 0700 on start)")
         return
@@ -81,7 +81,10 @@ def check_runtime(r: Report, paths: Paths) -> None:
               "set VRAMTUI_RUNTIME_DIR to a directory of your own")
         return
     mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid != os.geteuid():
+    if stat.S_ISLNK(st.st_mode):
+        r.add(FAIL, "runtime directory", f"{rd} is a symbolic link (to {os.readlink(rd)})",
+              "remove it, or set VRAMTUI_RUNTIME_DIR to a directory of your own")
+    elif st.st_uid != os.geteuid():
         r.add(FAIL, "runtime directory", f"{rd} belongs to uid {st.st_uid}, not to you",
               f"remove it, or set VRAMTUI_RUNTIME_DIR (e.g. /tmp/vramtui-{os.getuid()})")
     elif mode & 0o007 or mode & 0o060:
@@ -96,12 +99,16 @@ def check_runtime(r: Report, paths: Paths) -> None:
 
 def check_engine(r: Report, paths: Paths, socket_path: Path) -> int | None:
     """The running engine, checked over its socket; its pid (None: none runs)."""
+    from supervisor.control.errors import UntrustedEngine
     from supervisor.errors import VramtuiError
 
     from .connect import attach, lock_holder
 
     try:
         client = attach(socket_path, wait_starting=0)
+    except UntrustedEngine as exc:  # a socket someone else controls: say so, never "none"
+        r.add(FAIL, "engine", str(exc), "see the message")
+        return None
     except VramtuiError as exc:
         holder = lock_holder(paths)
         if holder is not None:
@@ -181,6 +188,8 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
     loaded = load_backends(layers)
     for problem in loaded.errors:
         r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
+    for warning in loaded.warnings:
+        r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd'")
     if loaded.demo:
         r.add(WARN, "backends", "none configured: the simulated demo backends are used",
               f"add descriptors to {paths.backends_dir}")

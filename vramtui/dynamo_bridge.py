@@ -1,9 +1,10 @@
 """``vramtui --serve --dynamo NS``: every backend of the engine as an NVIDIA Dynamo endpoint.
 
 :class:`DynamoBridge` is a facade service (:meth:`supervisor.facade.Supervisor.add_service`).
-Once the engine is up it runs a Dynamo runtime on a thread of its own, with its own event loop
-(Dynamo drives its handlers on the loop it was created with), and serves two endpoints per
-backend ``B``:
+Once the engine is up it starts a Dynamo runtime whose handlers run on the engine's own event
+loop (Dynamo drives its handlers on the loop it is created with), as the control socket's do:
+a request reaches the engine with no thread hop, and its events come back the same way.  It
+serves two endpoints per backend ``B``:
 
 ``NS.B.generate``
     A request becomes an engine job for ``B``, submitted through the :class:`Supervisor`
@@ -16,11 +17,16 @@ backend ``B``:
     ``{"data", "encoding"}`` item per streamed chunk, as they come.  Dynamo's stop or kill of
     the request (the client stopped or went away) cancels the job, queued or running.
 
-    Errors: a request that is not raw-shaped: HTTP 400; the engine refuses the job because it
-    is too large for every GPU here: 507; queue full, backend failed, engine stopping or
-    stopped (before or while the job ran): 503; the job failed: its status code (500 unless
-    the worker said otherwise); timed out: 504; cancelled here (``vramtui cancel``): Dynamo's
-    ``Cancelled``.  A 503 is the signal for a router to try another box.
+    Errors: a request that is not raw-shaped: HTTP 400; the job failed: its status code (500
+    unless the worker said otherwise); timed out: 504; cancelled here (``vramtui cancel``):
+    Dynamo's ``Cancelled``.  "Not here: try another box" is raised the way Dynamo 1.6.1 lets a
+    caller act on it (:mod:`worker_sdk.dynamo.errors`): as a ``WorkerUnavailable`` whose text
+    is one JSON object, so the client sees ``Unavailable: {"message", "code", "reason",
+    "retry": "another_instance", "instance_id", ["retry_after_s"], "backend"}`` and its
+    router leaves this instance out for about 5 s: code 507 (reason ``cannot_run_here``: too
+    large for every GPU here, or no allowed GPU), 503 (``queue_full``, with ``retry_after_s``;
+    ``backend_failed``; ``engine_stopping``; ``engine_stopped``: the engine stopped before or
+    while the job ran).
 
 ``NS.B.status``
     One item ``{"backend", "hot", "state", "queued", "running", "gpu", "stopping",
@@ -39,22 +45,22 @@ dot replaced by ``_``.  Discovery and transport come from Dynamo's environment
 (``DYN_DISCOVERY_BACKEND``, default ``etcd``; ``DYN_FILE_KV``; ``DYN_REQUEST_PLANE``, default
 ``tcp``; ...); Dynamo's own log level is ``DYN_LOG`` (default here: ``warn``, and ``error``
 for the endpoint target, whose every clean shutdown warns in 1.6.1).  The runtime connects on
-its thread once the engine is up; Dynamo 1.6.1 holds the GIL while it waits for etcd, so the
-wait is capped at 10 s unless ``ETCD_STARTUP_CONNECT_TIMEOUT_SECONDS`` says otherwise.  If the
-runtime cannot start, the engine stops and ``vramtui --serve`` exits 1 with the reason.
+a thread of its own once the engine is up; Dynamo 1.6.1 holds the GIL while it waits for etcd,
+so the wait is capped at 10 s unless ``ETCD_STARTUP_CONNECT_TIMEOUT_SECONDS`` says otherwise.
+If the runtime cannot start, the engine stops and ``vramtui --serve`` exits 1 with the reason.
 
 Shutdown: when the engine stops, queued Dynamo requests are answered 503 at once and running
 ones get their backend's stop grace; then :meth:`DynamoBridge.close` shuts the runtime down, so
-its discovery entries are gone before the process exits.  Dynamo requests the journal still
-holds when an engine starts (it was killed, or stopped with them queued) have had their answer
-already: they are cancelled instead of run for nobody.
+its discovery entries are gone before the process exits.  Dynamo requests are not journaled
+(``durable=False``): their caller goes with the engine, so a restarted engine never runs one
+for nobody, and they cost the journal's writes nothing.
 
 Streaming: chunk and job events reach the bridge through one facade subscription whose
 callback runs on the engine thread.  It recognises a request's job by the ``call`` token in the
 metadata of the job's first (``queued``) event, published inside ``submit`` before any chunk
-can exist, and hands each event to the request's queue on the Dynamo loop; nothing is lost and
-nothing arrives out of order.  The Dynamo loop never blocks: the facade's blocking calls
-(submit, cancel, snapshot) run on a small thread pool.
+can exist, and hands each event to the request's queue; nothing is lost and nothing arrives
+out of order.  Like the control server, the handlers call the engine directly (they run on its
+loop), and never block.
 
 Dynamo is imported lazily, through :func:`worker_sdk.dynamo.import_dynamo`, and only here.
 """
@@ -69,7 +75,7 @@ import os
 import re
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +90,10 @@ from supervisor.errors import (
 )
 from supervisor.events import EngineEvent, Subscription
 from supervisor.jobs import JobState, JobView
+from supervisor.views import backend_state
 from worker_sdk import Response
 from worker_sdk.dynamo import shapes
+from worker_sdk.dynamo.errors import unavailable
 from worker_sdk.dynamo.server import request_metadata
 
 if TYPE_CHECKING:
@@ -97,7 +105,11 @@ HOT_STATES = frozenset({"ready", "busy"})
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CLOSE_TIMEOUT_S = 30.0
 ETCD_PATIENCE_S = 10  # default ETCD_STARTUP_CONNECT_TIMEOUT_SECONDS (Dynamo's own: 120)
-_POOL = 4  # threads for the facade's blocking calls
+QUEUE_FULL_RETRY_S = 1.0  # the retry_after_s hint of a queue-full refusal
+# A request is watched for Dynamo's stop only once it has lasted this long: the watch (a Rust
+# future per request) costs more than a short job's whole engine round trip, and a stop sent
+# earlier is seen as soon as the watch begins.
+WATCH_AFTER_S = 0.02
 
 
 def check_dynamo(namespace: str) -> str | None:
@@ -129,22 +141,17 @@ def component_name(backend: str) -> str:
 
 
 class _Call:
-    """One Dynamo request in flight: what the engine thread hands to its handler."""
+    """One Dynamo request in flight: what the engine hands to its handler."""
 
-    __slots__ = ("loop", "queue", "token", "job_id", "stopped", "finished")
+    __slots__ = ("queue", "token", "job_id", "stopped", "finished", "watcher")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, token: str) -> None:
-        self.loop = loop
+    def __init__(self, token: str) -> None:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.token = token
+        self.watcher: asyncio.Handle | asyncio.Task[None] | None = None
         self.job_id: str | None = None
         self.stopped = False  # Dynamo's stop or kill: the client reads nothing more
         self.finished = False  # the job's final view (or why it will not come) arrived
-
-    def deliver(self, kind: str, value: Any) -> None:
-        """Queue ``(kind, value)`` for the handler; from any thread."""
-        with contextlib.suppress(RuntimeError):  # the Dynamo loop is closed: nobody listens
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
 
 
 class _Endpoints:
@@ -162,7 +169,7 @@ class _Endpoints:
                 yield item
 
     async def status(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        yield await self.bridge.status(self.backend)
+        yield self.bridge.status(self.backend)
 
 
 class DynamoBridge:
@@ -176,13 +183,14 @@ class DynamoBridge:
         self.dyn: SimpleNamespace | None = None
         self.instance_id: int | None = None
         self.endpoints: list[_Endpoints] = []
-        self._executor = ThreadPoolExecutor(_POOL, thread_name_prefix="dynamo-facade")
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.error: str | None = None  # why the Dynamo runtime could not start, or stopped
+        self._loop: asyncio.AbstractEventLoop | None = None  # the engine's
+        self._loop_thread: int | None = None
+        self._connecting: threading.Thread | None = None
         self._runtime: Any = None
-        self.error: str | None = None  # why the Dynamo runtime could not start
+        self._serving: asyncio.Future[None] | None = None
+        self._closing = False
         self._subscription: Subscription | None = None
-        self._lock = threading.Lock()
         self._calls: dict[str, _Call] = {}  # token -> call, until its job is known
         self._jobs: dict[str, _Call] = {}  # job id -> call, until the job ends
         self._tokens = itertools.count(1)
@@ -190,17 +198,19 @@ class DynamoBridge:
 
     # ======================================================================= lifecycle ======
     def start(self) -> None:
-        """On the engine loop, once the engine is up: start the Dynamo thread, and return.
+        """On the engine loop, once the engine is up: start connecting, and return at once.
 
-        The runtime connects on that thread (with etcd, Dynamo 1.6.1 holds the GIL while it
-        waits: see :data:`ETCD_PATIENCE_S`).  If it cannot start, :attr:`error` says why and
-        the engine is asked to stop (``vramtui --serve`` then exits 1).
+        The runtime is created on a thread of its own (with etcd, Dynamo 1.6.1 holds the GIL
+        while it waits: see :data:`ETCD_PATIENCE_S`), bound to this loop, and the endpoints
+        are served from here.  If it cannot start, :attr:`error` says why and the engine is
+        asked to stop (``vramtui --serve`` then exits 1).
         """
         from worker_sdk.dynamo import import_dynamo
 
         self.dyn = import_dynamo()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         engine = self.sup.engine
-        self._cancel_orphans()
         taken: dict[str, str] = {}
         for name in sorted(engine.backends):
             component = component_name(name)
@@ -211,71 +221,43 @@ class DynamoBridge:
             taken[component] = name
             self.endpoints.append(_Endpoints(self, name))
         self._subscription = self.sup.subscribe(kinds=("job", "chunk"), callback=self._on_event)
-        self._thread = threading.Thread(target=self._thread_main, name="dynamo", daemon=True)
-        self._thread.start()
+        self._connecting = threading.Thread(target=self._connect, name="dynamo-connect",
+                                            daemon=True)
+        self._connecting.start()
 
-    async def close(self) -> None:
-        """On the engine loop, after the engine stopped: shut Dynamo down (discovery too)."""
-        for call in self._pending():
-            call.deliver("closed", None)
-        loop, runtime = self._loop, self._runtime
-        if loop is not None and runtime is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(runtime.shutdown)
-        if self._thread is not None:
-            # Still connecting (no runtime yet): nothing is registered; the thread is a daemon.
-            wait = CLOSE_TIMEOUT_S if runtime is not None else 1.0
-            await asyncio.to_thread(self._thread.join, wait)
-            if self._thread.is_alive() and runtime is not None:
-                log.warning("the Dynamo runtime did not stop within %g s", CLOSE_TIMEOUT_S)
-        if self._subscription is not None:
-            self._subscription.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _cancel_orphans(self) -> None:
-        """Cancel the Dynamo jobs a previous engine left in the journal (already answered)."""
-        engine = self.sup.engine
-        for view in engine.snapshot().queued:
-            mark = view.metadata.get("dynamo")
-            if isinstance(mark, dict) and "call" in mark:
-                engine.cancel(view.id, note="its Dynamo caller was answered when the engine "
-                              "stopped; not run again")
-
-    def _thread_main(self) -> None:
+    def _connect(self) -> None:
+        """On the connect thread: create the runtime, then hand it to the engine loop."""
+        assert self.dyn is not None and self._loop is not None
+        backend = os.environ.get("DYN_DISCOVERY_BACKEND", "etcd")
         try:
-            import uvloop
-
-            loop = uvloop.new_event_loop()
-        except ImportError:  # a dependency of ai-dynamo-runtime, but not required
-            loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve())
+            runtime = self.dyn.DistributedRuntime(
+                self._loop, backend, os.environ.get("DYN_REQUEST_PLANE", "tcp"))
         except BaseException as exc:  # noqa: BLE001 - the engine is told, then stops
-            self.error = " ".join(f"{exc}".split()) or type(exc).__name__
-            log.error("Dynamo failed (%s discovery): %s; stopping the engine",
-                      os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"), self.error)
-            if self._runtime is not None:
-                self._runtime.shutdown()
-            self.sup.stop(timeout=0)  # asks the engine to stop; returns at once
-        finally:
-            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in tasks:
-                task.cancel()
-            with contextlib.suppress(BaseException):
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            with contextlib.suppress(RuntimeError):  # the engine loop is gone already
+                self._loop.call_soon_threadsafe(self._failed, exc)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._begin, runtime)
+        except RuntimeError:  # the engine loop closed while we connected
+            runtime.shutdown()
 
-    async def _serve(self) -> None:
-        assert self.dyn is not None
-        runtime = self.dyn.DistributedRuntime(
-            asyncio.get_running_loop(),
-            os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
-            os.environ.get("DYN_REQUEST_PLANE", "tcp"),
-        )
+    def _failed(self, exc: BaseException) -> None:
+        """On the engine loop: Dynamo could not start or stopped serving; stop the engine."""
+        if self._closing:
+            return
+        self.error = " ".join(f"{exc}".split()) or type(exc).__name__
+        log.error("Dynamo failed (%s discovery): %s; stopping the engine",
+                  os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"), self.error)
+        if self._runtime is not None:
+            self._runtime.shutdown()
+        self.sup.engine.request_stop()
+
+    def _begin(self, runtime: Any) -> None:
+        """On the engine loop: serve every backend's two endpoints on ``runtime``."""
         self._runtime = runtime
+        if self._closing:
+            runtime.shutdown()
+            return
         served = []
         for ep in self.endpoints:
             generate = runtime.endpoint(ep.path)
@@ -286,23 +268,53 @@ class DynamoBridge:
         log.info("serving %d backend(s) on Dynamo as %s.<backend>.generate and .status "
                  "(instance %x, discovery %s)", len(self.endpoints), self.namespace,
                  self.instance_id or 0, os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"))
+        self._serving = asyncio.ensure_future(self._serve(served))
+
+    async def _serve(self, served: list[Any]) -> None:
         for outcome in await asyncio.gather(*served, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 log.error("Dynamo stopped serving: %s: %s", type(outcome).__name__, outcome)
+                self._failed(outcome)
+
+    async def close(self) -> None:
+        """On the engine loop, after the engine stopped: shut Dynamo down (discovery too)."""
+        self._closing = True
+        for call in self._pending():
+            self._deliver(call, "closed", None)
+        if self._runtime is not None:
+            self._runtime.shutdown()
+        if self._serving is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._serving), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("the Dynamo runtime did not stop within %g s", CLOSE_TIMEOUT_S)
+        elif self._connecting is not None and self._connecting.is_alive():
+            # Still connecting: nothing is registered yet; the thread is a daemon.
+            await asyncio.to_thread(self._connecting.join, 1.0)
+        if self._subscription is not None:
+            self._subscription.close()
 
     # ======================================================================= engine events ==
+    def _deliver(self, call: _Call, kind: str, value: Any) -> None:
+        """Queue ``(kind, value)`` for the call's handler; from any thread."""
+        if threading.get_ident() == self._loop_thread:
+            call.queue.put_nowait((kind, value))
+        elif self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                self._loop.call_soon_threadsafe(call.queue.put_nowait, (kind, value))
+
     def _on_event(self, event: EngineEvent) -> None:
         """On the engine thread, for every job and chunk event: hand ours on.  Quick."""
         try:
             if event.kind == "chunk":
                 call = self._jobs.get(event.job_id or "")
                 if call is not None:
-                    call.deliver("chunk", event.data)
+                    self._deliver(call, "chunk", event.data)
             elif event.kind == "job" and event.job is not None:
                 self._on_job(event.job)
             elif event.kind == "closed":
                 for call in self._pending():
-                    call.deliver("closed", None)
+                    self._deliver(call, "closed", None)
         except Exception:  # noqa: BLE001 - never let the bridge break the engine's publish
             log.exception("the Dynamo bridge could not handle an engine event")
 
@@ -313,19 +325,18 @@ class DynamoBridge:
                 return
             mark = view.metadata.get("dynamo")
             token = mark.get("call") if isinstance(mark, dict) else None
-            with self._lock:
-                call = self._calls.pop(token, None) if isinstance(token, str) else None
-                if call is None:
-                    return
-                call.job_id = view.id
-                self._jobs[view.id] = call
+            call = self._calls.pop(token, None) if isinstance(token, str) else None
+            if call is None:
+                return
+            call.job_id = view.id
+            self._jobs[view.id] = call
             future = self.sup.engine.futures.get(view.id)  # on the engine thread: safe
             if future is not None:
                 future.add_done_callback(lambda f, c=call: self._on_future(c, f))
         if view.finished:
-            with self._lock:
-                self._jobs.pop(view.id, None)
-            call.deliver("end", view)
+            self._jobs.pop(view.id, None)
+            # Events carry no result (on the engine thread: the job's full view is safe here).
+            self._deliver(call, "end", self.sup.engine.job_view(view.id))
 
     def _on_future(self, call: _Call, future: Future[JobView]) -> None:
         """The job's future: an exception means the engine stopped before it could end."""
@@ -333,43 +344,39 @@ class DynamoBridge:
             return
         error = future.exception()
         if error is not None:
-            with self._lock:
-                if call.job_id is not None:
-                    self._jobs.pop(call.job_id, None)
-            call.deliver("gone", error)
+            if call.job_id is not None:
+                self._jobs.pop(call.job_id, None)
+            self._deliver(call, "gone", error)
 
     def _pending(self) -> list[_Call]:
-        with self._lock:
-            return [*self._calls.values(), *self._jobs.values()]
+        return [*self._calls.values(), *self._jobs.values()]
 
     # ======================================================================= handlers =======
     async def generate(self, ep: _Endpoints, request: Any, context: Any) -> AsyncIterator[Any]:
         """``NS.B.generate``: submit, stream the chunks or the reply, cancel on stop."""
         dyn = self.dyn
         assert dyn is not None
-        loop = asyncio.get_running_loop()
         try:
             payload = shapes.request_payload("raw", request)
         except shapes.ShapeError as exc:
             raise dyn.HttpError(400, str(exc)) from None
         request_id = str(context.id()) if context is not None else ""
         metadata = request_metadata(context)
-        call = _Call(loop, f"{self._prefix}-{next(self._tokens)}")
+        call = _Call(f"{self._prefix}-{next(self._tokens)}")
         metadata["dynamo"] = {"endpoint": ep.path, "request_id": request_id, "call": call.token}
-        with self._lock:
-            self._calls[call.token] = call
-        watcher = (asyncio.ensure_future(self._watch(context, call))
-                   if context is not None else None)
+        self._calls[call.token] = call
+        if context is not None:
+            call.watcher = asyncio.get_running_loop().call_later(
+                WATCH_AFTER_S, self._start_watch, context, call)
         shaper = shapes.Shaper("raw", model=ep.backend, request_id=request_id)
         streamed = 0
-        submitted: Future[str] | None = None
         try:
-            submitted = self._executor.submit(self.sup.submit, ep.backend, payload,
-                                              metadata=metadata)
             try:
-                job_id = await asyncio.wrap_future(submitted)
+                # Not journaled: its caller goes with the engine, so a restart must not run it.
+                job_id = self.sup.engine.submit(ep.backend, payload, metadata=metadata,
+                                                durable=False).id
             except VramtuiError as exc:
-                raise _http_error(dyn, exc) from None
+                raise self._http_error(exc, ep.backend) from None
             call.job_id = job_id
             while True:
                 if call.stopped:
@@ -392,24 +399,26 @@ class DynamoBridge:
                                                         status_code=view.status_code or 200))
                         return
                     raise _job_error(dyn, view)
-                elif kind == "gone":  # the engine stopped first (the journal keeps the job)
+                elif kind == "gone":  # the engine stopped first
                     call.finished = True
-                    raise dyn.HttpError(503, f"job {job_id}: the engine stopped before the "
-                                        "job ended; try another instance")
+                    raise self._unavailable(503, f"job {job_id}: the engine stopped before "
+                                            "the job ended; try another instance",
+                                            "engine_stopped", ep.backend)
                 elif kind == "closed":
-                    raise dyn.HttpError(503, "the engine stopped")
+                    raise self._unavailable(503, "the engine stopped", "engine_stopped",
+                                            ep.backend)
         finally:
-            if watcher is not None:
-                watcher.cancel()
-            with self._lock:
-                self._calls.pop(call.token, None)
-                if call.job_id is not None:
-                    self._jobs.pop(call.job_id, None)
-            if call.job_id is not None and not call.finished:
-                self._cancel_soon(call.job_id, "stopped" if call.stopped else "went away")
-            elif call.job_id is None and submitted is not None:
-                # Dropped while the submit was on its way: cancel the job it may yet create.
-                submitted.add_done_callback(self._cancel_submitted)
+            if call.watcher is not None:
+                call.watcher.cancel()
+            self._calls.pop(call.token, None)
+            if call.job_id is not None:
+                self._jobs.pop(call.job_id, None)
+                if not call.finished:
+                    self._cancel_soon(call.job_id, "stopped" if call.stopped else "went away")
+
+    def _start_watch(self, context: Any, call: _Call) -> None:
+        """A request still in flight after :data:`WATCH_AFTER_S`: watch it for Dynamo's stop."""
+        call.watcher = asyncio.ensure_future(self._watch(context, call))
 
     async def _watch(self, context: Any, call: _Call) -> None:
         """Turn Dynamo's stop or kill of the request into the end of its handler."""
@@ -422,56 +431,63 @@ class DynamoBridge:
         call.queue.put_nowait(("stop", None))
 
     def _cancel_soon(self, job_id: str, why: str) -> None:
-        """Cancel the job of a request nobody reads any more (fire and forget)."""
+        """Cancel the job of a request nobody reads any more (next turn of the engine loop)."""
         log.info("job %s: its Dynamo caller %s; cancelling it", job_id, why)
 
         def cancel() -> None:
             try:
-                self.sup.cancel(job_id)
+                self.sup.engine.cancel(job_id)
             except VramtuiError as exc:  # finished meanwhile, or the engine stopped
                 log.debug("cancelling job %s: %s", job_id, exc)
 
-        with contextlib.suppress(RuntimeError):  # the pool is shut down: the engine stopped
-            self._executor.submit(cancel)
+        if self._loop is not None:
+            self._loop.call_soon(cancel)
 
-    def _cancel_submitted(self, submitted: Future[str]) -> None:
-        if not submitted.cancelled() and submitted.exception() is None:
-            self._cancel_soon(submitted.result(), "went away before its job was queued")
+    def status(self, backend: str) -> dict[str, Any]:
+        """``NS.B.status``: whether ``backend`` is hot here, and its queue.
 
-    async def status(self, backend: str) -> dict[str, Any]:
-        """``NS.B.status``: whether ``backend`` is hot here, and its queue."""
-        loop = asyncio.get_running_loop()
-        try:
-            snap = await loop.run_in_executor(self._executor, self.sup.snapshot)
-        except VramtuiError as exc:
-            assert self.dyn is not None
-            raise _http_error(self.dyn, exc) from None
-        view = snap.backend(backend)
-        state = view.state if view is not None else "unknown"
+        Read from the engine's live state (we are on its loop), not a whole snapshot: that
+        copies every recent job, and a router asks this often.
+        """
+        engine = self.sup.engine
+        rt = engine.backends.get(backend)
+        state = backend_state(rt) if rt is not None else "unknown"
+        worker = rt.worker if rt is not None else None
         return {
             "backend": backend,
             "hot": state in HOT_STATES,
             "state": state,
-            "queued": view.queued if view is not None else 0,
-            "running": view.running if view is not None else 0,
-            "gpu": view.gpu if view is not None else None,
-            "stopping": snap.stopping,
+            "queued": sum(1 for job in engine.queue if job.backend == backend),
+            "running": len(rt.admitted) if rt is not None else 0,
+            "gpu": worker.gpu if worker is not None else None,
+            "stopping": engine.stopping,
             "instance_id": self.instance_id,
         }
 
+    # ======================================================================= errors =========
+    def _unavailable(self, code: int, message: str, reason: str, backend: str,
+                     retry_after_s: float | None = None) -> BaseException:
+        assert self.dyn is not None
+        return unavailable(self.dyn, code, message, reason=reason, instance_id=self.instance_id,
+                           retry_after_s=retry_after_s, backend=backend)
 
-def _http_error(dyn: SimpleNamespace, exc: VramtuiError) -> BaseException:
-    """The Dynamo error for a refused submit (or a status asked of a stopped engine)."""
-    code = 500
-    if isinstance(exc, InvalidRequest):
-        code = 400
-    elif isinstance(exc, UnknownBackend):
-        code = 404
-    elif isinstance(exc, Refused):
-        code = 507  # too large for every GPU of this box: another box may take it
-    elif isinstance(exc, QueueFull | BackendFailed | EngineStopped):
-        code = 503
-    return dyn.HttpError(code, str(exc))
+    def _http_error(self, exc: VramtuiError, backend: str) -> BaseException:
+        """The Dynamo error for a refused submit."""
+        assert self.dyn is not None
+        text = str(exc)
+        if isinstance(exc, Refused):  # too large for every GPU here: another box may take it
+            return self._unavailable(507, text, "cannot_run_here", backend)
+        if isinstance(exc, QueueFull):
+            return self._unavailable(503, text, "queue_full", backend, QUEUE_FULL_RETRY_S)
+        if isinstance(exc, BackendFailed):
+            return self._unavailable(503, text, "backend_failed", backend)
+        if isinstance(exc, EngineStopped):
+            return self._unavailable(503, text, "engine_stopping", backend)
+        if isinstance(exc, InvalidRequest):
+            return self.dyn.HttpError(400, text)
+        if isinstance(exc, UnknownBackend):
+            return self.dyn.HttpError(404, text)
+        return self.dyn.HttpError(500, text)
 
 
 def _job_error(dyn: SimpleNamespace, view: JobView) -> BaseException:

@@ -6,6 +6,9 @@ jobs, queued ones are cancelled, running ones get their backend's stop grace, wo
 stopped; then it exits 0.  A second ``--serve`` for the same runtime directory refuses at once,
 naming the running engine's pid and socket.  With ``--dynamo NS`` each backend is also served
 as the NVIDIA Dynamo endpoint ``NS.BACKEND.generate`` (see :mod:`vramtui.dynamo_bridge`).
+With ``--http ADDR`` (or an ``http:`` section in ``config.yaml``) the HTTP front door runs on
+the engine's loop too (see :mod:`vramtui.http_serve`), and prints one more line once it
+listens.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
+from supervisor.engine import EngineConfig
 from supervisor.errors import VramtuiError
 from supervisor.paths import Paths, PathsError
 
@@ -57,6 +62,12 @@ def run_serve(args: argparse.Namespace) -> int:
         if problem is not None:
             return _fail(problem, Exit.USAGE)
     paths = Paths.from_env()
+    from .http_serve import http_settings
+
+    try:
+        args.http_config = http_settings(args, paths)
+    except VramtuiError as exc:
+        return _fail(str(exc), Exit.USAGE)
     # Refuse at once when an engine already answers here (before touching anything).
     try:
         running = attach(paths.control_socket, wait_starting=0)
@@ -70,13 +81,62 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args, group)
 
 
+ENGINE_KEYS = frozenset({"max_queue"})
+
+
+def engine_config(args: argparse.Namespace, paths: Paths,
+                  environ: Mapping[str, str] | None = None) -> EngineConfig:
+    """The engine's settings: the flags, else the environment, else ``config.yaml``::
+
+        engine:
+          max_queue: 64     # jobs that may wait before new ones are refused (default 512)
+
+    (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``).  VramtuiError, one line, for a bad value.
+    """
+    from supervisor.http.config import read_section
+
+    env = os.environ if environ is None else environ
+    depth = getattr(args, "max_queue", None)
+    if depth is None and env.get("VRAMTUI_MAX_QUEUE", "").strip():
+        depth = _queue_depth(env["VRAMTUI_MAX_QUEUE"].strip(), "VRAMTUI_MAX_QUEUE")
+    if depth is None:
+        section = read_section(paths.settings_file, "engine", "max_queue: 64") or {}
+        unknown = sorted(set(section) - ENGINE_KEYS)
+        if unknown:
+            raise VramtuiError(f"{paths.settings_file}: engine: unknown key {unknown[0]!r} "
+                               f"(known: {', '.join(sorted(ENGINE_KEYS))})")
+        if "max_queue" in section:
+            depth = _queue_depth(section["max_queue"],
+                                 f"{paths.settings_file}: engine: max_queue")
+    config = EngineConfig()
+    if depth is not None:
+        config.max_queue_depth = depth
+    return config
+
+
+def _queue_depth(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise VramtuiError(f"{where}={value!r} is not a number of jobs")
+    try:
+        depth = int(value)
+    except ValueError:
+        raise VramtuiError(f"{where}={value!r} is not a number of jobs") from None
+    if depth < 1:
+        raise VramtuiError(f"{where} must be at least 1, got {depth}")
+    return depth
+
+
 def _serve(args: argparse.Namespace, group: int | None) -> int:
     from supervisor.facade import EngineRunning, Supervisor
     from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
     from supervisor.limits import BadLimit
 
     try:
-        sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends)
+        config = engine_config(args, Paths.from_env())
+    except VramtuiError as exc:
+        return _fail(str(exc), Exit.USAGE)
+    try:
+        sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends, config=config)
     except (BadGpuSpec, PathsError, BadLimit) as exc:
         return _fail(str(exc), Exit.USAGE)
     except GpuUnavailable as exc:
@@ -97,6 +157,10 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
 
         bridge = DynamoBridge(sup, args.dynamo)
         sup.add_service(bridge)
+    if getattr(args, "http_config", None) is not None:
+        from .http_serve import add_http
+
+        add_http(sup, args.http_config)
     try:
         sup.run()
     except EngineRunning as exc:

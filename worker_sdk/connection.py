@@ -1,20 +1,23 @@
-"""A blocking Unix-socket connection that speaks the codec: the worker side's only I/O.
+"""A blocking Unix-socket connection that carries one conversation: the worker side's only I/O.
 
 Sends are scatter/gather (``sendmsg``) under a lock, so large payloads leave uncopied and two
-threads never interleave frames; receives go straight into the decoder's buffer.
+threads never interleave frames; receives go straight into the conversation's buffer.  What the
+frames mean is the conversation's business (:mod:`worker_sdk.conversation`); this module only
+moves bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import socket
 import threading
-from typing import Any
 
-from .protocol import DEFAULT_MAX_FRAME, Decoder, Message, encode
+from .conversation import ServerConversation, WorkerConversation
+from .events import Event
 
 _SOCK_BUF = 4 * 1024 * 1024
+
+Conversation = WorkerConversation | ServerConversation
 
 
 class ConnectionLost(Exception):
@@ -23,6 +26,9 @@ class ConnectionLost(Exception):
 
 def send_buffers(sock: socket.socket, buffers: list[bytes | memoryview]) -> None:
     """Send every byte of ``buffers``, resuming after partial sends."""
+    if len(buffers) == 1:
+        sock.sendall(buffers[0])
+        return
     total = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
     sent = sock.sendmsg(buffers)
     if sent == total:
@@ -37,63 +43,80 @@ def send_buffers(sock: socket.socket, buffers: list[bytes | memoryview]) -> None
         sent = sock.sendmsg(views)
 
 
-class Connection:
-    """One connected socket: ``send`` from any thread, ``receive`` from one."""
+def connect_unix(path: str, timeout: float | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCK_BUF)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCK_BUF)
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+
+class Connection:
+    """One connected socket and its conversation: ``send`` from any thread, ``receive`` from one."""
+
+    def __init__(self, sock: socket.socket, conversation: Conversation, *,
+                 one_sender: bool = False) -> None:
+        """``one_sender``: only one thread ever sends here, so sends take no lock."""
         self.sock = sock
-        self.decoder = Decoder(max_frame_size)
-        self._send_lock = threading.Lock()
-        self._ids = itertools.count(1)  # next() is atomic: send() may run on two threads
+        self.conversation = conversation
+        self._send_lock: threading.Lock | contextlib.nullcontext[None] = \
+            contextlib.nullcontext() if one_sender else threading.Lock()
         self.closed = False
 
-    @classmethod
-    def connect(cls, path: str, timeout: float | None = None) -> Connection:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def send(self, event: Event) -> None:
+        """Send ``event`` (nothing when the conversation says it has no frame)."""
+        buffers = self.conversation.send(event)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCK_BUF)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCK_BUF)
-            sock.settimeout(timeout)
-            sock.connect(path)
-            sock.settimeout(None)
-        except OSError:
-            sock.close()
-            raise
-        return cls(sock)
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def send(self, msg_type: int, data_type: int, msg_id: int | None, payload: Any) -> int:
-        """Send one frame; ``msg_id`` None takes this connection's next counter value."""
-        if msg_id is None:
-            msg_id = self.next_id()
-        buffers = encode(msg_type, data_type, msg_id, payload)
-        try:
-            with self._send_lock:
-                send_buffers(self.sock, buffers)
+            if len(buffers) == 1:  # the usual case
+                with self._send_lock:
+                    self.sock.sendall(buffers[0])
+            elif buffers:
+                with self._send_lock:
+                    send_buffers(self.sock, buffers)
         except OSError as exc:
             self.closed = True
             raise ConnectionLost(str(exc)) from exc
-        return msg_id
 
-    def receive(self) -> Message:
-        """Block until the next message; raises ConnectionLost or ProtocolError."""
-        decoder = self.decoder
+    def send_raw(self, data: bytes) -> None:
+        """Write raw bytes (for tests that speak what the conversation never would)."""
+        try:
+            with self._send_lock:
+                self.sock.sendall(data)
+        except OSError as exc:
+            self.closed = True
+            raise ConnectionLost(str(exc)) from exc
+
+    def next_id(self) -> int:
+        return self.conversation.next_id()
+
+    def receive(self) -> Event:
+        """Block until the next event; raises ConnectionLost or ProtocolError."""
+        conv = self.conversation
         while True:
-            message = decoder.next()
-            if message is not None:
-                return message
-            with decoder.get_buffer() as view:
-                try:
-                    n = self.sock.recv_into(view)
-                except OSError as exc:
-                    self.closed = True
-                    raise ConnectionLost(str(exc)) from exc
-            if n == 0:
+            event = conv.next_event()
+            if event is not None:
+                return event
+            self.fill()
+
+    def fill(self) -> None:
+        """Block until some bytes arrive, into the conversation; ConnectionLost on EOF."""
+        conv = self.conversation
+        with conv.get_buffer() as view:
+            try:
+                n = self.sock.recv_into(view)
+            except OSError as exc:
                 self.closed = True
-                raise ConnectionLost("connection closed by peer")
-            decoder.buffer_updated(n)
+                raise ConnectionLost(str(exc)) from exc
+        if n == 0:
+            self.closed = True
+            raise ConnectionLost("connection closed by peer")
+        conv.buffer_updated(n)
 
     def close(self) -> None:
         self.closed = True

@@ -6,10 +6,12 @@ The engine runs simulated workers with two environment variables:
 - ``VRAMTUI_SIM_GPU``: the simulated GPU index this worker is on (default 0).
 
 Each declaring process keeps one file ``<dir>/<pid>.json`` holding
-``{"pid", "gpu", "mib", "start_time"}``, rewritten atomically (a temporary file in the same
-directory, then ``os.replace``). ``start_time`` is field 22 of ``/proc/<pid>/stat`` (clock
+``{"pid", "gpu", "mib", "start_time", "allocated"}``, rewritten atomically (a temporary file in
+the same directory, then ``os.replace``). ``start_time`` is field 22 of ``/proc/<pid>/stat`` (clock
 ticks after boot), or null where there is no /proc; the engine uses it to tell a live worker
-from a reused pid. The engine ignores and deletes the file of a dead process, so memory is
+from a reused pid; ``allocated`` says whether the process ever called ``allocate`` (a process
+that only attached holds just its simulated CUDA context, and calibration refuses to measure
+it). The engine ignores and deletes the file of a dead process, so memory is
 released however the worker ends, SIGKILL included.
 
 When ``VRAMTUI_SIM_DIR`` is unset (a real GPU) every function is a no-op and ``used()`` is 0,
@@ -28,7 +30,7 @@ ENV_DIR = "VRAMTUI_SIM_DIR"
 ENV_GPU = "VRAMTUI_SIM_GPU"
 
 _lock = threading.Lock()
-_state: dict[str, int | bool] = {"pid": 0, "mib": 0, "attached": False}
+_state: dict[str, int | bool] = {"pid": 0, "mib": 0, "attached": False, "allocated": False}
 
 
 def enabled() -> bool:
@@ -54,6 +56,7 @@ def allocate(mib: int) -> int:
             return 0
         _state["mib"] = int(_state["mib"]) + mib
         _state["attached"] = True
+        _state["allocated"] = True
         _write()
         return int(_state["mib"])
 
@@ -132,7 +135,7 @@ def _own_state() -> str | None:
     if not directory:
         return None
     if _state["pid"] != os.getpid():
-        _state.update(pid=os.getpid(), mib=0, attached=False)
+        _state.update(pid=os.getpid(), mib=0, attached=False, allocated=False)
     return directory
 
 
@@ -155,6 +158,7 @@ def _write() -> None:
         "gpu": _gpu_index(),
         "mib": int(_state["mib"]),
         "start_time": process_start_time(pid),
+        "allocated": bool(_state["allocated"]),
     }
     os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{pid}.", suffix=".tmp", dir=directory)

@@ -1,10 +1,15 @@
-"""A small blocking server built on the codec, for testing workers without an engine.
+"""A small blocking server built on the conversation layer, for testing workers without an engine.
 
 ``WireServer`` listens on a control and a data socket, acknowledges registrations (advertising
 our extensions, or none to behave like a plain verda-io server) and gives one
 :class:`WorkerLink` per worker: send requests and read replies, cancel, ping, ask health or
 status, shut down, and watch the worker's control events.  Model authors can use it to test a
 worker script; vramtui's own tests and ``bench/protocol.py`` use it against real processes.
+
+It speaks through :class:`worker_sdk.conversation.ServerConversation`, like the engine: what
+a worker sends is validated the same way, and a reply the conversation refuses makes
+:meth:`WorkerLink.collect` raise :class:`~worker_sdk.protocol.ProtocolError`.
+:meth:`WorkerLink.read` still returns each frame raw, for tests about the wire itself.
 """
 
 from __future__ import annotations
@@ -21,19 +26,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
-from .connection import Connection, ConnectionLost
+from .connection import Connection, ConnectionLost, send_buffers
+from .conversation import Channel, ServerConversation
+from .events import (
+    Cancel,
+    Chunk,
+    EndOfStream,
+    EnvelopeReply,
+    ErrorReply,
+    Event,
+    HealthReply,
+    HealthRequest,
+    Ping,
+    Pong,
+    Registration,
+    Request,
+    Shutdown,
+    Status,
+    StatusReply,
+    StatusRequest,
+)
+from .events import Reply as WholeReply
 from .protocol import (
-    ACK_FEATURES_KEY,
     EXTENSIONS,
     DataType,
-    EventType,
+    Decoder,
     Message,
     MessageType,
     ProtocolError,
-    features_from_registration,
-    format_features,
+    encode_bytes,
 )
 
 
@@ -58,19 +79,25 @@ class WorkerLink:
         self.features = worker_features & offered
         self.control: Connection | None = None
         self.data: Connection | None = None
-        self.events: queue.Queue[Message] = queue.Queue()
+        self.events: queue.Queue[Event] = queue.Queue()  # the worker's control events, typed
         self.statuses: list[str] = []
-        self._responses: dict[int, queue.Queue[Message]] = defaultdict(queue.Queue)
-        self._pending: dict[int, list[Message]] = defaultdict(list)
+        self._responses: dict[int, queue.Queue[tuple[Event, Message | None]]] = \
+            defaultdict(queue.Queue)
+        # Data frames read for another request than the one being waited for.
+        self._pending: dict[int, list[tuple[Message | None, Event | ProtocolError]]] = \
+            defaultdict(list)
         self._read_lock = threading.Lock()
         self._poller: select.poll | None = None  # polls self.data; made on the first read
         self._polled: Connection | None = None
         self._ids = 0
         self._ids_lock = threading.Lock()
+        self.refused: list[ProtocolError] = []  # control frames the conversation refused
         self.ready = threading.Event()
         self.closed = threading.Event()
 
     def _next_id(self) -> int:
+        """One counter for both sockets (ids need only be unique per connection; this is
+        simpler to read in a test)."""
         with self._ids_lock:
             self._ids += 1
             return self._ids
@@ -84,141 +111,176 @@ class WorkerLink:
         metadata: dict[str, Any] | None = None,
         deadline: float | None = None,
         envelope: bool | None = None,
+        stream: bool = False,
     ) -> int:
-        """Send one request without waiting; returns its wire id."""
-        assert self.data is not None
+        """Send one request without waiting; returns its wire id.
+
+        ``stream`` says a plain worker's reply will be a stream; ``envelope=False`` sends a
+        plain DATA frame even to a worker that takes envelopes.
+        """
+        data = self.data
+        assert data is not None
         wire_id = self._next_id()
-        use_envelope = ("envelope" in self.features) if envelope is None else envelope
-        if use_envelope:
-            body = {
-                "request_id": request_id if request_id is not None else str(wire_id),
-                "metadata": metadata or {},
-                "deadline": deadline,
-                "payload": payload,
-            }
-            self.data.send(MessageType.DATA, DataType.ENVELOPE, wire_id, body)
-        else:
-            self.data.send(MessageType.DATA, DataType.DEFAULT, wire_id, payload)
+        if envelope is False and "envelope" in self.features:
+            data.conversation.track(wire_id, stream=stream)
+            data.send_raw(encode_bytes(MessageType.DATA, DataType.DEFAULT, wire_id, payload))
+            return wire_id
+        data.send(Request(wire_id, payload,
+                          request_id if request_id is not None else str(wire_id),
+                          metadata, deadline, stream))
         return wire_id
 
     def send_raw(self, frame: bytes) -> None:
-        """Write raw bytes to the data socket (for hostile-input tests)."""
+        """Write raw bytes to the data socket (for hostile-input tests).
+
+        A DATA frame's reply is expected, whatever else is wrong with the frame.
+        """
         assert self.data is not None
-        self.data.sock.sendall(frame)
+        probe = Decoder()
+        probe.feed(frame)
+        try:
+            message = probe.next()
+            wire_id = message.id if message is not None and message.type == MessageType.DATA \
+                else None
+        except ProtocolError as exc:
+            wire_id = exc.message_id
+        if wire_id is not None:
+            self.data.conversation.track(wire_id)
+        self.data.send_raw(frame)
 
     def read(self, wire_id: int, timeout: float = 10.0) -> Message:
-        """The next data-socket message for ``wire_id`` (one frame; raw, not collected)."""
-        return self._read_for(wire_id, time.monotonic() + timeout)
+        """The next data-socket frame for ``wire_id`` (raw, as the worker sent it)."""
+        message, _event = self._read_for(wire_id, time.monotonic() + timeout)
+        assert message is not None
+        return message
 
-    def _read_for(self, wire_id: int, deadline: float) -> Message:
-        """The next data message for ``wire_id``, reading the data socket in this thread."""
+    def _read_for(self, wire_id: int, deadline: float,
+                  ) -> tuple[Message | None, Event | ProtocolError]:
+        """The next data frame for ``wire_id`` and what it means, reading in this thread."""
         conn = self.data
         assert conn is not None
         with self._read_lock:
             stash = self._pending.get(wire_id)
             if stash:
                 return stash.pop(0)
-            decoder = conn.decoder
+            conv = conn.conversation
             poller = self._poller
             if poller is None or self._polled is not conn:
                 poller = self._poller = select.poll()
                 poller.register(conn.sock.fileno(), select.POLLIN)
                 self._polled = conn
             while True:
-                message = decoder.next()
-                if message is None:
+                try:
+                    event: Event | ProtocolError | None = conv.next_event()
+                except ProtocolError as exc:
+                    if exc.fatal:
+                        raise
+                    event = exc
+                if event is None:
                     # Wait for more bytes (also when part of a frame is already buffered).
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not poller.poll(remaining * 1000):
                         raise TimeoutError(f"no reply from {self.name} for request {wire_id}")
-                    with decoder.get_buffer() as view:
-                        try:
-                            n = conn.sock.recv_into(view)
-                        except OSError as exc:
-                            raise ConnectionLost(str(exc)) from exc
-                    if n == 0:
-                        raise ConnectionLost(f"{self.name} closed the data socket")
-                    decoder.buffer_updated(n)
-                elif message.id == wire_id:
-                    return message
-                else:
-                    self._pending[message.id].append(message)
+                    try:
+                        conn.fill()
+                    except ConnectionLost as exc:
+                        raise ConnectionLost(f"{self.name} closed the data socket: {exc}") \
+                            from None
+                    continue
+                frame_id = event.message_id if isinstance(event, ProtocolError) else event.id
+                found = (conv.last_message, event)
+                if frame_id == wire_id:
+                    return found
+                if frame_id is not None:
+                    self._pending[frame_id].append(found)
 
-    def collect(self, wire_id: int, *, stream: bool = False, timeout: float = 10.0) -> Reply:
-        """Read the whole reply to ``wire_id``; ``stream`` tells a plain worker's stream apart."""
+    def collect(self, wire_id: int, *, timeout: float = 10.0, stream: bool = False) -> Reply:
+        """Read the whole reply to ``wire_id``; a malformed one raises ProtocolError.
+
+        (``stream`` is accepted for older callers; say it to :meth:`send_request` instead.)
+        """
+        del stream
         deadline = time.monotonic() + timeout
         chunks: list[bytes] = []
         while True:
-            message = self._read_for(wire_id, deadline)
-            if message.type == MessageType.ERROR:
-                payload = message.payload
-                err = payload if isinstance(payload, dict) else {"error": str(payload)}
-                return Reply("error", chunks=chunks, error=err,
-                             status_code=int(err.get("status_code", 500)))
-            if message.type != MessageType.DATA:
-                continue
-            if message.data_type == DataType.STREAM:
-                if message.payload is None:
-                    return Reply("stream", data=b"".join(chunks), chunks=chunks)
-                chunks.append(message.payload)
-            elif message.data_type == DataType.ENVELOPE:
-                env = msgpack.unpackb(message.payload, raw=False)
-                return Reply(
-                    "envelope",
-                    data=env.get("payload", b""),
-                    headers=env.get("headers") or {},
-                    status_code=int(env.get("status_code", 200)),
-                )
-            elif stream:
-                if message.payload == b"":
-                    return Reply("stream", data=b"".join(chunks), chunks=chunks)
-                chunks.append(message.payload)
-            else:
-                return Reply("bytes", data=message.payload)
+            _message, event = self._read_for(wire_id, deadline)
+            if isinstance(event, ProtocolError):
+                raise event
+            cls = type(event)
+            if cls is WholeReply:
+                return Reply("bytes", data=bytes(event.data))  # type: ignore[attr-defined]
+            if cls is Chunk:
+                chunks.append(bytes(event.data))  # type: ignore[attr-defined]
+            elif cls is EndOfStream:
+                return Reply("stream", data=b"".join(chunks), chunks=chunks)
+            elif cls is EnvelopeReply:
+                assert isinstance(event, EnvelopeReply)
+                return Reply("envelope", data=bytes(event.data), headers=event.headers,
+                              status_code=event.status_code)
+            elif cls is ErrorReply:
+                assert isinstance(event, ErrorReply)
+                message = _message
+                raw = message.payload if message is not None else None
+                return Reply("error", chunks=chunks, status_code=event.status_code,
+                              error=raw if isinstance(raw, dict) else
+                              {"error": event.error, "type": event.kind})
 
     def request(self, payload: bytes, *, stream: bool = False, timeout: float = 10.0,
                 **kw: Any) -> Reply:
-        return self.collect(self.send_request(payload, **kw), stream=stream, timeout=timeout)
+        return self.collect(self.send_request(payload, stream=stream, **kw), timeout=timeout)
 
     # -- control ------------------------------------------------------------------------------
-    def _control_call(self, msg_type: int, payload: Any, timeout: float) -> Message:
+    def _control_call(self, event: Event, timeout: float) -> tuple[Event, Message | None]:
         assert self.control is not None
-        msg_id = self._next_id()
-        box = self._responses[msg_id]
-        self.control.send(msg_type, DataType.DEFAULT, msg_id, payload)
+        box = self._responses[event.id]
+        self.control.send(event)
         try:
             return box.get(timeout=timeout)
         except queue.Empty:
-            raise TimeoutError(f"{self.name} did not answer control message {msg_id}") from None
+            raise TimeoutError(f"{self.name} did not answer control message {event.id}") \
+                from None
         finally:
-            self._responses.pop(msg_id, None)
+            self._responses.pop(event.id, None)
 
     def ping(self, timeout: float = 5.0) -> Message:
-        return self._control_call(MessageType.PING, {"event": 0}, timeout)
+        """PING on the control socket; the PONG frame as the worker sent it."""
+        assert self.control is not None
+        _pong, message = self._control_call(Ping(self._next_id()), timeout)
+        assert message is not None
+        return message
 
     def ping_data(self, timeout: float = 5.0) -> Message:
+        """PING on the data socket; the PONG frame as the worker sent it."""
         assert self.data is not None
         wire_id = self._next_id()
-        self.data.send(MessageType.PING, DataType.DEFAULT, wire_id, {"event": 0})
-        return self._read_for(wire_id, time.monotonic() + timeout)
+        self.data.send(Ping(wire_id))
+        message, event = self._read_for(wire_id, time.monotonic() + timeout)
+        if isinstance(event, ProtocolError):
+            raise event
+        assert message is not None
+        return message
 
     def health(self, timeout: float = 5.0) -> Any:
-        return self._control_call(MessageType.REQUEST, {"type": "hardware_health"}, timeout).payload
+        assert self.control is not None
+        reply, _ = self._control_call(HealthRequest(self._next_id()), timeout)
+        return reply.payload  # type: ignore[attr-defined]
 
-    def status(self, timeout: float = 5.0) -> Any:
-        return self._control_call(MessageType.REQUEST, {"type": "status"}, timeout).payload
+    def status(self, timeout: float = 5.0) -> dict[str, str]:
+        assert self.control is not None
+        reply, _ = self._control_call(StatusRequest(self._next_id()), timeout)
+        return {"status": reply.status}  # type: ignore[attr-defined]
 
     def cancel(self, wire_id: int) -> None:
+        """Cancel a request (silently nothing when the worker did not negotiate ``cancel``)."""
         assert self.control is not None
-        self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
-                          {"event": int(EventType.CANCEL), "request": wire_id})
+        if "cancel" in self.control.conversation.features:
+            self.control.send(Cancel(self._next_id(), wire_id))
 
     def shutdown(self) -> None:
         assert self.control is not None
-        self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
-                          {"event": int(EventType.SHUTDOWN)})
+        self.control.send(Shutdown(self._next_id()))
 
-    def wait_event(self, predicate: Callable[[Message], bool], timeout: float = 10.0) -> Message:
+    def wait_event(self, predicate: Callable[[Event], bool], timeout: float = 10.0) -> Event:
         """The next control event matching ``predicate`` (others are dropped)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -226,30 +288,26 @@ class WorkerLink:
             if remaining <= 0:
                 raise TimeoutError(f"{self.name}: no matching control event")
             try:
-                message = self.events.get(timeout=remaining)
+                event = self.events.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if predicate(message):
-                return message
+            if predicate(event):
+                return event
 
-    def wait_status(self, status: str, timeout: float = 10.0) -> Message:
-        return self.wait_event(
-            lambda m: isinstance(m.payload, dict) and m.payload.get("status") == status, timeout
-        )
+    def wait_status(self, status: str, timeout: float = 10.0) -> Event:
+        return self.wait_event(lambda e: isinstance(e, Status) and e.status == status, timeout)
 
-    def _on_control(self, message: Message) -> None:
-        if message.type in (MessageType.RESPONSE, MessageType.PONG):
-            box = self._responses.get(message.id)
+    def _on_control(self, event: Event, message: Message | None) -> None:
+        if isinstance(event, Pong | StatusReply | HealthReply):
+            box = self._responses.get(event.id)
             if box is not None:
-                box.put(message)
-                return
-        if message.type == MessageType.EVENT and isinstance(message.payload, dict):
-            status = message.payload.get("status")
-            if message.payload.get("event") == EventType.STATUS and isinstance(status, str):
-                self.statuses.append(status)
-                if status == "ready":
-                    self.ready.set()
-        self.events.put(message)
+                box.put((event, message))
+            return
+        if isinstance(event, Status):
+            self.statuses.append(event.status)
+            if event.status == "ready":
+                self.ready.set()
+        self.events.put(event)
 
 
 class WireServer:
@@ -322,29 +380,25 @@ class WireServer:
                 sock, _ = listener.accept()
             except OSError:
                 return
-            conn = Connection(sock)
+            conv = ServerConversation(Channel.CONTROL if is_control else Channel.DATA,
+                                      offered=self.features)
+            conn = Connection(sock, conv)
             with self._links_changed:
                 self._conns.append(conn)
             self._spawn(self._register, conn, is_control)
 
     def _register(self, conn: Connection, is_control: bool) -> None:
         try:
-            first = conn.receive()
+            registration = conn.receive()
         except (ConnectionLost, ProtocolError):
             conn.close()
             return
-        if first.type != MessageType.REGISTRATION or not isinstance(first.payload, dict):
-            conn.close()
-            return
-        name = str(first.payload.get("identifier"))
-        worker_features = features_from_registration(first.payload)
+        assert isinstance(registration, Registration)  # the conversation allows nothing else
+        name = registration.name
         if self.send_ack:
-            ack: dict[str, Any] = {"identifier": name}
-            if self.features:
-                ack[ACK_FEATURES_KEY] = format_features(self.features)
             # The worker may already be gone (an init failure); still record what it sent.
-            with contextlib.suppress(ConnectionLost):
-                conn.send(MessageType.ACKNOWLEDGEMENT, DataType.DEFAULT, first.id, ack)
+            with contextlib.suppress(OSError):
+                send_buffers(conn.sock, conn.conversation.acknowledge())
         with self._links_changed:
             link = self.links.get(name)
             # A second registration for a socket the link already has is a new session (the
@@ -353,7 +407,7 @@ class WireServer:
             # registration may be read after a short-lived worker's control EOF.
             taken = link is not None and (link.control if is_control else link.data) is not None
             if link is None or taken:
-                link = WorkerLink(name, worker_features, self.features)
+                link = WorkerLink(name, registration.features, self.features)
                 self.links[name] = link
             if is_control:
                 link.control = conn
@@ -366,10 +420,15 @@ class WireServer:
     def _control_reader(self, link: WorkerLink, conn: Connection) -> None:
         while True:
             try:
-                message = conn.receive()
-            except (ConnectionLost, ProtocolError):
+                event = conn.receive()
+            except ConnectionLost:
                 break
-            link._on_control(message)
+            except ProtocolError as exc:
+                link.refused.append(exc)
+                if exc.fatal:
+                    break
+                continue
+            link._on_control(event, conn.conversation.last_message)
         link.closed.set()
 
     def wait_worker(self, name: str | None = None, timeout: float = 15.0,

@@ -6,6 +6,11 @@ cancellations and shutdown while ``predict`` runs.  Extensions (explicit streams
 progress, request envelopes, error status codes, init-failure reports, quiet status) are used
 only when the server's acknowledgement advertised them; otherwise the worker behaves exactly
 like a verda-io 0.4.4 worker.
+
+What frames mean is :mod:`worker_sdk.conversation`'s; this module does the I/O and runs the
+author's functions.  The data loop blocks in ``recv`` (no poll): a stop request or a lost
+control socket wakes it by shutting the data socket's read side (only while it waits there),
+so the plain request path is one receive, one decode, predict, one encode and one send.
 """
 
 from __future__ import annotations
@@ -14,9 +19,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import os
-import select
 import signal
+import socket
 import threading
 import traceback
 from collections import deque
@@ -26,24 +30,38 @@ from typing import Any
 
 from . import context as ctxmod
 from .asyncpredict import iterate_async, run_async
-from .connection import Connection, ConnectionLost
+from .connection import Connection, ConnectionLost, connect_unix
 from .context import Cancelled, RequestContext
-from .protocol import (
-    EXTENSIONS,
-    DataType,
-    EventType,
-    Message,
-    MessageType,
-    Packed,
-    ProtocolError,
-    event_type,
-    features_from_ack,
-    registration_payload,
+from .conversation import Channel, LocalProtocolError, WorkerConversation
+from .events import (
+    Acknowledgement,
+    Cancel,
+    Chunk,
+    EndOfStream,
+    EnvelopeReply,
+    ErrorReply,
+    Event,
+    HealthReply,
+    HealthRequest,
+    Notice,
+    Ping,
+    Pong,
+    Progress,
+    Reply,
+    Request,
+    ServerError,
+    Shutdown,
+    Status,
+    StatusQuery,
+    StatusReply,
+    StatusRequest,
 )
+from .protocol import EXTENSIONS, SMALL_BIN, EventType, ProtocolError, encode_small_bin
 from .registry import Registry
 from .response import Response
 
 log = logging.getLogger("worker_sdk")
+_activate, _deactivate = ctxmod.activate, ctxmod.deactivate
 
 
 class ExitCode(IntEnum):
@@ -56,7 +74,6 @@ class ExitCode(IntEnum):
 
 _CANCELLED_STATUS = 499
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-_NUMBER = (int, float)
 
 
 class _Lost(Exception):
@@ -95,26 +112,33 @@ class Worker:
         self._stop = threading.Event()
         self._acked = threading.Event()
         self._lost = threading.Event()
-        self._lock = threading.Lock()
         self._current: RequestContext | None = None
         self._early_cancels: deque[int] = deque(maxlen=256)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        # True while the main thread waits for the data socket (or is about to): then a stop
+        # or a lost control socket wakes it by shutting the data socket's read side.
+        self._idle = False
+        self._halt = False  # stop requested or control lost: the data loop must look up
+        self._loud = True  # busy/ready status around each request (no "quiet-status")
+        self._predict_takes_context = registry.predict_takes_context
+        self._progress_sink = self._send_progress  # (one bound method, not one per request)
+        self._data_sendall: Callable[[bytes], None] = _not_connected
         self._loop: asyncio.AbstractEventLoop | None = None
         self._control_thread: threading.Thread | None = None
-        self._poller: select.poll | None = None
-        self._polled: Connection | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def request_stop(self, why: str) -> None:
         if not self._stop.is_set():
             log.info("stopping: %s", why)
         self._stop.set()
+        self._halt = True
         self._wake()
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"x")
+        """Wake the main thread if it waits on the data socket (it reads EOF, then looks)."""
+        data = self.data
+        if self._idle and data is not None:
+            with contextlib.suppress(OSError):
+                data.sock.shutdown(socket.SHUT_RD)
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: object) -> None:
@@ -149,8 +173,6 @@ class Worker:
             self._close_connections()
             if self._loop is not None:
                 self._loop.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
 
     def _initialize(self) -> str | None:
         for fn in self.registry.ordered_initializers():
@@ -167,12 +189,7 @@ class Worker:
         log.error("initialize failed: %s", error)
         if "init-failure" in self.features and self.control is not None:
             with contextlib.suppress(ConnectionLost):
-                self.control.send(
-                    MessageType.EVENT,
-                    DataType.DEFAULT,
-                    None,
-                    {"event": int(EventType.STATUS), "status": "failed", "error": error},
-                )
+                self.control.send(Status(self.control.next_id(), "failed", error))
 
     def _graceful_exit(self) -> ExitCode:
         for fn in self.registry.unload:
@@ -191,11 +208,11 @@ class Worker:
         deadline = time.monotonic() + timeout
         while not self._stop.is_set():
             try:
-                self.control = Connection.connect(self.control_path, timeout=5.0)
+                control_sock = connect_unix(self.control_path, timeout=5.0)
                 try:
-                    self.data = Connection.connect(self.data_path, timeout=5.0)
+                    data_sock = connect_unix(self.data_path, timeout=5.0)
                 except OSError:
-                    self.control.close()
+                    control_sock.close()
                     raise
                 break
             except OSError:
@@ -205,21 +222,28 @@ class Worker:
                 interval = min(interval * 2, 1.0)
         else:
             return False
-        assert self.control is not None and self.data is not None
+        self.features = frozenset()
+        self._loud = True
+        control = Connection(control_sock, WorkerConversation(Channel.CONTROL,
+                                                              offered=self.offered))
+        # Only the main thread sends on the data socket.
+        data = Connection(data_sock, WorkerConversation(Channel.DATA, offered=self.offered),
+                          one_sender=True)
+        self.control, self.data = control, data
+        self._data_sendall = data_sock.sendall  # (only the main thread sends there)
         self._acked.clear()
         self._lost.clear()
-        with self._lock:
-            # Wire ids are per connection: a new server session may reuse an old cancelled id.
-            self._early_cancels.clear()
-        reg = registration_payload(self.name, self.offered)
+        self._halt = self._stop.is_set()
+        # Wire ids are per connection: a new server session may reuse an old cancelled id.
+        self._early_cancels.clear()
         try:
-            self.control.send(MessageType.REGISTRATION, DataType.DEFAULT, None, reg)
-            self.data.send(MessageType.REGISTRATION, DataType.DEFAULT, None, reg)
+            control.send(control.conversation.registration(self.name))
+            data.send(data.conversation.registration(self.name))
         except ConnectionLost:
             self._close_connections()
             return False
         self._control_thread = threading.Thread(
-            target=self._control_loop, args=(self.control,), name="worker-control", daemon=True
+            target=self._control_loop, args=(control,), name="worker-control", daemon=True
         )
         self._control_thread.start()
         if not self._acked.wait(self.ack_timeout):
@@ -254,7 +278,7 @@ class Worker:
     def _control_loop(self, conn: Connection) -> None:
         while not conn.closed:
             try:
-                message = conn.receive()
+                event = conn.receive()
             except ConnectionLost:
                 break
             except ProtocolError as exc:
@@ -264,97 +288,84 @@ class Worker:
                     break
                 continue
             try:
-                self._handle_control(conn, message)
+                self._handle_control(conn, event)
             except ConnectionLost:
                 break
         if not self._stop.is_set():
             self._lost.set()
+            self._halt = True
             self._wake()
 
-    def _handle_control(self, conn: Connection, message: Message) -> None:
-        kind = message.type
-        if kind == MessageType.ACKNOWLEDGEMENT:
-            self.features = self.offered & features_from_ack(message.payload)
+    def _handle_control(self, conn: Connection, event: Event) -> None:
+        cls = type(event)
+        if cls is Ping:
+            conn.send(Pong(event.id))
+        elif cls is StatusRequest:
+            conn.send(StatusReply(event.id, self.state))
+        elif cls is StatusQuery:
+            self._send_status(self.state)
+        elif cls is Shutdown:
+            self.request_stop("SHUTDOWN from the server")
+        elif cls is Cancel:
+            self._cancel(event.request)  # type: ignore[attr-defined]
+        elif cls is HealthRequest:
+            self._send_health(conn, event.id)
+        elif cls is Acknowledgement:
+            features = conn.conversation.features
+            if self.data is not None:
+                self.data.conversation.adopt(features)
+            self.features = features
+            self._loud = "quiet-status" not in features
             self._acked.set()
-        elif kind == MessageType.PING:
-            conn.send(MessageType.PONG, DataType.DEFAULT, message.id, {"event": 0})
-        elif kind == MessageType.EVENT:
-            code = event_type(message.payload)
-            if code == EventType.SHUTDOWN:
-                self.request_stop("SHUTDOWN from the server")
-            elif code == EventType.STATUS:
-                self._send_status(self.state)
-            elif code == EventType.CANCEL and "cancel" in self.features:
-                self._cancel(message.payload.get("request"))
-        elif kind == MessageType.REQUEST:
-            payload = message.payload if isinstance(message.payload, dict) else {}
-            if payload.get("type") == "hardware_health":
-                conn.send(MessageType.RESPONSE, DataType.DEFAULT, message.id, self._health())
-            else:
-                status = {"status": self.state}
-                conn.send(MessageType.RESPONSE, DataType.DEFAULT, message.id, status)
+        elif cls is Notice:
+            log.info("event %s from the server", EventType(event.code).name)  # type: ignore
 
-    def _health(self) -> Any:
+    def _send_health(self, conn: Connection, msg_id: int) -> None:
         fn = self.registry.hardware_health
         if fn is None:
-            return {"status": "not enabled"}
+            conn.send(HealthReply(msg_id, {"status": "not enabled"}))
+            return
         try:
             result = fn()
-            from .protocol import encode_bytes
+            conn.send(HealthReply(msg_id, result))
+        except ConnectionLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failing (or unencodable) check is reported
+            conn.send(HealthReply(msg_id, {"status": "error",
+                                           "error": f"{type(exc).__name__}: {exc}"}))
 
-            encode_bytes(MessageType.RESPONSE, DataType.DEFAULT, 0, result)  # serialisable?
-            return result
-        except Exception as exc:  # noqa: BLE001 - a failing health check is reported, not raised
-            return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
-
-    def _cancel(self, wire_id: object) -> None:
-        if not isinstance(wire_id, int):
-            return
-        with self._lock:
-            ctx = self._current if (self._current and self._current.wire_id == wire_id) else None
-            if ctx is None:
-                self._early_cancels.append(wire_id)
-        if ctx is not None:
+    def _cancel(self, wire_id: int) -> None:
+        # No lock, and no request missed: the main thread sets _current, then looks at the
+        # early cancels; this thread adds to them, then looks at _current.  (Under the GIL one
+        # of the two sees the other's write; cancelling twice is harmless.)
+        self._early_cancels.append(wire_id)
+        ctx = self._current
+        if ctx is not None and ctx.wire_id == wire_id:
             ctx.cancel()
 
     def _set_state(self, state: str, *, force: bool = False) -> None:
         self.state = state
-        if force or "quiet-status" not in self.features:
+        if force or self._loud:
             self._send_status(state)
 
     def _send_status(self, state: str) -> None:
-        if self.control is not None:
+        control = self.control
+        if control is not None:
             with contextlib.suppress(ConnectionLost):
-                self.control.send(
-                    MessageType.EVENT,
-                    DataType.DEFAULT,
-                    None,
-                    {"event": int(EventType.STATUS), "status": state},
-                )
+                control.send(Status(control.next_id(), state))
 
     def _send_progress(self, wire_id: int, fraction: float | None, text: str) -> None:
-        if "progress" in self.features and self.control is not None:
+        control = self.control
+        if "progress" in self.features and control is not None:
             with contextlib.suppress(ConnectionLost):
-                self.control.send(
-                    MessageType.EVENT,
-                    DataType.DEFAULT,
-                    None,
-                    {
-                        "event": int(EventType.NOTIFY),
-                        "request": wire_id,
-                        "fraction": fraction,
-                        "message": text,
-                    },
-                )
+                control.send(Progress(control.next_id(), wire_id, fraction, text))
 
     # -- data socket --------------------------------------------------------------------------
     def _serve(self) -> ExitCode:
         while True:
             try:
-                message = self._next_data_message()
-                if message is None:  # stop requested
-                    return self._graceful_exit()
-                self._handle_data(message)
+                self._serve_data()  # returns once a stop was requested
+                return self._graceful_exit()
             except _Lost:
                 if self._stop.is_set():
                     return self._graceful_exit()
@@ -365,41 +376,42 @@ class Worker:
                               self.max_reconnect_count)
                     return ExitCode.SERVER_LOST
 
-    def _next_data_message(self) -> Message | None:
+    def _serve_data(self) -> None:
+        """The hot loop: one blocking receive, decode, predict, encode, one send."""
         conn = self.data
         assert conn is not None
-        if self._poller is None or self._polled is not conn:
-            self._poller = select.poll()
-            self._poller.register(conn.sock.fileno(), select.POLLIN)
-            self._poller.register(self._wake_r, select.POLLIN)
-            self._polled = conn
-        poller = self._poller
+        conv = conn.conversation
+        next_event, get_buffer, updated = conv.next_event, conv.get_buffer, conv.buffer_updated
+        recv_into = conn.sock.recv_into
         while True:
-            if self._stop.is_set():
-                return None
-            if self._lost.is_set():
-                raise _Lost
             try:
-                message = conn.decoder.next()
+                event = next_event()
             except ProtocolError as exc:
                 self._on_data_protocol_error(conn, exc)
                 continue
-            if message is not None:
-                return message
-            events = poller.poll()
-            for fd, _ev in events:
-                if fd == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 512)
-            if any(fd != self._wake_r for fd, _ev in events):
-                with conn.decoder.get_buffer() as view:
-                    try:
-                        n = conn.sock.recv_into(view)
-                    except OSError:
-                        n = 0
-                if n == 0:
+            if event is None:
+                self._idle = True  # before looking at the flag: see _wake
+                if self._halt:
+                    self._idle = False
+                    if self._stop.is_set():
+                        return
                     raise _Lost
-                conn.decoder.buffer_updated(n)
+                try:
+                    n = recv_into(get_buffer())
+                except OSError:
+                    n = 0
+                self._idle = False
+                if n == 0:
+                    if self._stop.is_set():
+                        return
+                    raise _Lost
+                updated(n)
+            elif type(event) is Request:
+                self._serve_request(event)
+            elif type(event) is Ping:
+                self._send_data(Pong(event.id))
+            elif type(event) is ServerError:
+                log.error("ERROR from the server: %s", event.error)  # type: ignore[attr-defined]
 
     def _on_data_protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
         log.error("data socket: %s", exc)
@@ -407,129 +419,101 @@ class Worker:
             conn.close()
             raise _Lost from exc
         if exc.message_id is not None:
-            self._send_error(exc.message_id, f"ProtocolError: {exc}", "bad_request", 400)
+            self._send_data(ErrorReply(exc.message_id, f"ProtocolError: {exc}", "bad_request",
+                                       400))
 
-    def _handle_data(self, message: Message) -> None:
-        kind = message.type
-        if kind == MessageType.DATA:
-            self._serve_request(message)
-        elif kind == MessageType.PING:
-            self._send_data(MessageType.PONG, DataType.DEFAULT, message.id, {"event": 0})
-        elif kind == MessageType.ACKNOWLEDGEMENT:
-            pass
-        else:
-            log.debug("data socket: ignoring %s", MessageType(kind).name)
-
-    def _send_data(self, msg_type: int, data_type: int, msg_id: int, payload: Any) -> None:
-        assert self.data is not None
+    def _send_data(self, event: Event) -> None:
         try:
-            self.data.send(msg_type, data_type, msg_id, payload)
+            self.data.send(event)  # type: ignore[union-attr]
         except ConnectionLost as exc:
             raise _Lost from exc
 
-    def _send_error(self, msg_id: int, error: str, kind: str, status: int) -> None:
-        payload: dict[str, Any] = {"error": error, "type": kind}
-        if "error-status" in self.features:
-            payload["status_code"] = status
-        else:
-            payload["type"] = "prediction_error"
-        self._send_data(MessageType.ERROR, DataType.DEFAULT, msg_id, payload)
-
-    def _serve_request(self, message: Message) -> None:
-        payload = message.payload
-        request_id = None
-        metadata: dict[str, Any] | None = None
-        deadline = None
-        if isinstance(payload, dict):  # our request envelope
-            request_id = payload.get("request_id")
-            meta = payload.get("metadata")
-            metadata = meta if isinstance(meta, dict) else None
-            deadline = payload.get("deadline")
-            payload = payload["payload"]
-        ctx = RequestContext(
-            message.id,
-            request_id=str(request_id) if request_id is not None else None,
-            metadata=metadata,
-            deadline=deadline if isinstance(deadline, _NUMBER) else None,
-            progress_sink=self._send_progress,
-        )
-        with self._lock:
-            self._current = ctx
-            cancelled_early = message.id in self._early_cancels
-        if cancelled_early:
+    def _serve_request(self, request: Request) -> None:
+        """Run predict for one request and send its reply (the hot path: keep it lean)."""
+        msg_id = request.id
+        ctx = RequestContext(msg_id, request_id=request.request_id, metadata=request.metadata,
+                             deadline=request.deadline, progress_sink=self._progress_sink)
+        self._current = ctx  # (then the early cancels: see _cancel)
+        if self._early_cancels and msg_id in self._early_cancels:
             ctx.cancel()
-        self._set_state("busy")
-        token = ctxmod.activate(ctx)
+        self.state = "busy"
+        if self._loud:
+            self._send_status("busy")
+        token = _activate(ctx)
         try:
-            self._reply(message.id, ctx, payload)
-        finally:
-            ctxmod.deactivate(token)
-            with self._lock:
-                self._current = None
-            self._set_state("ready")
-
-    def _reply(self, msg_id: int, ctx: RequestContext, payload: bytes) -> None:
-        try:
-            ctx.check_cancelled()
-            args = (payload, ctx) if self.registry.predict_takes_context else (payload,)
-            result = self.predict(*args)
-            if type(result) is bytes:  # the common case first: skip the inspect checks
-                self._send_data(MessageType.DATA, DataType.DEFAULT, msg_id, result)
-                return
-            if inspect.isawaitable(result):
-                result = run_async(self._event_loop(), result, ctx)
-            if inspect.isgenerator(result):
-                self._stream(msg_id, ctx, result)
-            elif inspect.isasyncgen(result):
-                self._stream(msg_id, ctx, iterate_async(self._event_loop, result, ctx))
-            elif isinstance(result, Response):
-                envelope = {
-                    "headers": dict(result.headers),
-                    "status_code": int(result.status_code),
-                    "payload": _as_bytes(result.data),
-                }
-                self._send_data(MessageType.DATA, DataType.ENVELOPE, msg_id, Packed(envelope))
-            elif isinstance(result, _BYTES_LIKE):
-                self._send_data(MessageType.DATA, DataType.DEFAULT, msg_id, result)
+            if ctx.cancelled:
+                raise Cancelled(f"request {ctx.id} was cancelled")
+            if self._predict_takes_context:
+                result = self.predict(request.payload, ctx)
             else:
-                raise TypeError(
-                    "predict() must return bytes, worker_sdk.Response or a generator of bytes, "
-                    f"got {type(result).__name__}"
-                )
+                result = self.predict(request.payload)
+            if type(result) is bytes and len(result) < SMALL_BIN:  # the common case, first
+                try:
+                    self._data_sendall(encode_small_bin(7, 0, msg_id, result))
+                except OSError as exc:
+                    raise _Lost from exc
+            else:
+                self._reply(msg_id, ctx, result)
         except _Lost:
             raise
         except (Cancelled, asyncio.CancelledError):
-            self._send_error(msg_id, f"Cancelled: request {ctx.id} was cancelled", "cancelled",
-                             _CANCELLED_STATUS)
+            self._send_data(ErrorReply(msg_id, f"Cancelled: request {ctx.id} was cancelled",
+                                       "cancelled", _CANCELLED_STATUS))
         except Exception as exc:  # noqa: BLE001 - any predict failure becomes an error reply
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("predict failed", exc_info=True)
-            else:
+            elif not isinstance(exc, LocalProtocolError):
                 traceback.print_exc()
-            self._send_error(msg_id, f"{type(exc).__name__}: {exc}", "prediction_error", 500)
+            name = "ValueError" if isinstance(exc, LocalProtocolError) else type(exc).__name__
+            self._send_data(ErrorReply(msg_id, f"{name}: {exc}", "prediction_error", 500))
+        finally:
+            _deactivate(token)
+            self._current = None
+            self.state = "ready"
+            if self._loud:
+                self._send_status("ready")
+
+    def _reply(self, msg_id: int, ctx: RequestContext, result: Any) -> None:
+        """Send what predict returned, whatever it is (the rarer kinds)."""
+        if inspect.isawaitable(result):
+            result = run_async(self._event_loop(), result, ctx)
+        if inspect.isgenerator(result):
+            self._stream(msg_id, ctx, result)
+        elif inspect.isasyncgen(result):
+            self._stream(msg_id, ctx, iterate_async(self._event_loop, result, ctx))
+        elif isinstance(result, Response):
+            self._send_data(EnvelopeReply(msg_id, _as_bytes(result.data),
+                                          dict(result.headers), result.status_code))
+        elif isinstance(result, _BYTES_LIKE):
+            self._send_data(Reply(msg_id, result))
+        else:
+            raise TypeError(
+                "predict() must return bytes, worker_sdk.Response or a generator of bytes, "
+                f"got {type(result).__name__}"
+            )
 
     def _stream(self, msg_id: int, ctx: RequestContext, chunks: Any) -> None:
-        explicit = "stream" in self.features
-        dtype = DataType.STREAM if explicit else DataType.DEFAULT
         try:
             for chunk in chunks:
                 if ctx.cancelled:
                     raise Cancelled(f"request {ctx.id} was cancelled")
-                data = _as_chunk(chunk)
-                if not data and not explicit:
-                    continue  # a plain verda-io server reads an empty chunk as end of stream
-                self._send_data(MessageType.DATA, dtype, msg_id, data)
+                self._send_data(Chunk(msg_id, _as_chunk(chunk)))
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
-        self._send_data(MessageType.DATA, dtype, msg_id, None if explicit else b"")
+        self._send_data(EndOfStream(msg_id))
 
     # -- async predicts -----------------------------------------------------------------------
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         return self._loop
+
+
+def _not_connected(_frame: bytes) -> None:
+    raise OSError("not connected")
+
 
 def _as_bytes(data: Any) -> bytes | bytearray | memoryview:
     if isinstance(data, _BYTES_LIKE):

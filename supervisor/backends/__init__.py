@@ -4,15 +4,17 @@
 - ``units``   — sizes (MiB) and durations (seconds) as written in YAML
 - ``yamlio``  — YAML reading that keeps line numbers
 - ``raw``     — unvalidated entries, per-key layering and origins
-- ``vramd``   — reading vramd's ``version: 2`` files
+- ``vramd``   — reading vramd's ``version: 2`` files (``vramd_tools``: its interpolations
+  and ``tool:``; ``vramd_import``: those files in our spelling, for ``vramtui import-vramd``)
 - ``loader``  — layers, ``extends``, ``load_backends`` → ``LoadResult``
 - ``overlay`` — ``write_overlay`` for calibration results
-- ``errors``  — ``DescriptorError``, one line with file:line, backend and field
+- ``errors``  — ``DescriptorError`` (and ``DescriptorWarning``), one line with file:line,
+  backend and field
 """
 
 from __future__ import annotations
 
-from .errors import DescriptorError
+from .errors import DescriptorError, DescriptorWarning
 from .loader import (
     BACKENDS_ENV,
     LoadResult,
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_SAFETY_MIB",
     "BackendSpec",
     "DescriptorError",
+    "DescriptorWarning",
     "LoadResult",
     "Timeouts",
     "VramSpec",

@@ -1,6 +1,7 @@
 """Descriptor errors: one line each, with the file, the line, the backend and the field.
 
-``DescriptorError`` is what callers see (kept in ``LoadResult.errors``, never a traceback).
+``DescriptorError`` is what callers see (kept in ``LoadResult.errors``, never a traceback);
+``DescriptorWarning`` is its kind for what loads but is not honoured (``LoadResult.warnings``).
 ``FieldError`` is raised inside validation, before the loader knows where the field came from.
 """
 
@@ -82,6 +83,11 @@ class DescriptorError(Exception):
 
     def __hash__(self) -> int:
         return hash(self.args)
+
+
+class DescriptorWarning(DescriptorError):
+    """Something in a descriptor that loads but is not (fully) honoured, e.g. a vramd key
+    vramtui has no use for. One line like an error; kept in ``LoadResult.warnings``."""
 
 
 class FieldError(ValueError):

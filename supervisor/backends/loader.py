@@ -2,7 +2,10 @@
 
 A layer is a file or a directory (its ``*.yaml``/``*.yml`` in name order). Later layers override
 single keys of earlier ones; ``extends: other`` inherits from another backend once all layers
-are merged. Every problem becomes a ``DescriptorError`` in ``LoadResult.errors`` (the faulty
+are merged. An entry marked ``overlay: true`` (what calibration writes) only changes a backend
+that another entry defines: it never counts as configuration of its own, so it layers over
+the demo backends as over any others, and one whose backend is gone is reported, not run.
+Every problem becomes a ``DescriptorError`` in ``LoadResult.errors`` (the faulty
 backend is left out, the others load); nothing here raises for bad configuration.
 """
 
@@ -14,24 +17,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DescriptorError, brief, display_path
+from .errors import DescriptorError, DescriptorWarning, brief, display_path
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
+from .vramd import VramdContext
 from .yamlio import load_documents
 
 BACKENDS_ENV = "VRAMTUI_BACKENDS"
 YAML_SUFFIXES = (".yaml", ".yml")
-_LOADER_KEYS = ("extends", "abstract", "enabled")  # read here, never inherited nor validated there
+# Read here, never inherited nor validated there.
+_LOADER_KEYS = ("extends", "abstract", "enabled", "overlay")
 
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The backends that loaded, every error met, and the files read (in order)."""
+    """The backends that loaded, every error met, the files read (in order), and warnings:
+    what loaded but is not honoured (vramd keys vramtui has no use for, a path found only in
+    the file's folder)."""
 
     backends: dict[str, BackendSpec] = field(default_factory=dict)
     errors: tuple[DescriptorError, ...] = ()
     layers: tuple[Path, ...] = ()
     demo: bool = False  # the configuration was empty and the demo backends were loaded instead
+    warnings: tuple[DescriptorWarning, ...] = ()
 
 
 def packaged_defaults_dir() -> Path:
@@ -82,26 +90,39 @@ def default_layers(
     return layers
 
 
+def working_directory() -> Path | None:
+    """The process's working directory (where vramd resolves relative paths), None if gone."""
+    try:
+        return Path(os.getcwd())
+    except OSError:
+        return None
+
+
 def load_backends(
     paths: Sequence[str | Path],
     *,
     environ: Mapping[str, str] = os.environ,
     demo_fallback: bool = True,
+    workdir: Path | None = None,
 ) -> LoadResult:
     """Load and validate the backends of ``paths`` (layers, lowest first).
 
     When nothing at all was found (no backend entry, no error) and ``demo_fallback`` is set,
     the demo backends of ``demo_backends_dir()`` are loaded instead and ``demo`` is true.
+    ``workdir`` is where relative paths of vramd files resolve (default: the working directory).
     """
-    collector = _Collector(environ)
+    vramd = VramdContext(environ=environ, workdir=workdir or working_directory())
+    collector = _Collector(environ, vramd)
     for path in paths:
         collector.add_path(path)
     if demo_fallback and collector.entries == 0 and not collector.errors:
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
-            demo = _Collector(environ)
-            demo.files = list(collector.files)
+            # The demo is the base layer; overlays (calibrations of demo backends) go on it.
+            demo = _Collector(environ, vramd)
             demo.add_path(demo_dir)
+            for path in paths:
+                demo.add_path(path)
             return demo.finish(demo=True)
     return collector.finish()
 
@@ -109,12 +130,16 @@ def load_backends(
 class _Collector:
     """Reads layers into raw backends, then resolves ``extends`` and validates."""
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], vramd: VramdContext | None = None) -> None:
         self.environ = environ
+        self.vramd = vramd or VramdContext(environ=environ, workdir=working_directory())
         self.raws: dict[str, RawBackend] = {}
         self.errors: list[DescriptorError] = []
+        self.warnings: list[DescriptorWarning] = []
+        self.resolved: dict[str, RawBackend] = {}  # after finish(): each backend's mapping
         self.files: list[Path] = []
-        self.entries = 0
+        self.entries = 0  # entries that define a backend (overlays do not count)
+        self.defined: set[str] = set()
 
     # -- reading -----------------------------------------------------------------------------
     def add_path(self, path: str | Path) -> None:
@@ -150,16 +175,22 @@ class _Collector:
             return
         first_line: dict[str, int | None] = {}
         for document in documents:
-            for item in entries_of(document, file):
+            for item in entries_of(document, file, self.vramd):
+                if isinstance(item, DescriptorWarning):
+                    self.warnings.append(item)
+                    continue
                 if isinstance(item, DescriptorError):
                     self.errors.append(item)
                     continue
                 entry, line = item
-                self.entries += 1
                 name = entry_name(entry, file, line)
                 if isinstance(name, DescriptorError):
+                    self.entries += 1
                     self.errors.append(name)
                     continue
+                if entry.get("overlay") is not True:
+                    self.entries += 1
+                    self.defined.add(name)
                 if name in first_line:
                     self.errors.append(
                         DescriptorError(
@@ -183,15 +214,22 @@ class _Collector:
         failed: set[str] = set()
         for name in self.raws:
             self._resolve(name, [], resolved, failed)
+        self.resolved = resolved
         backends: dict[str, BackendSpec] = {}
         for name in self.raws:
             raw = resolved.get(name)
             if raw is None:
                 continue
+            if name not in self.defined:
+                self._error(raw, "overlay", "only an overlay mentions this backend: the backend "
+                            "it changes is not configured (any more); remove the file or "
+                            "configure the backend")
+                continue
             spec = self._build(raw)
             if spec is not None:
                 backends[name] = spec
-        return LoadResult(backends, tuple(self.errors), tuple(self.files), demo)
+        return LoadResult(backends, tuple(self.errors), tuple(self.files), demo,
+                          tuple(self.warnings))
 
     def _error(self, raw: RawBackend, key: str, message: str) -> None:
         origin = raw.origin_of(key)

@@ -1,7 +1,8 @@
 """Writing a one-backend overlay file (e.g. calibrated VRAM figures), atomically.
 
-The file holds ``name:`` and the given fields in descriptor spelling; put it in a layer after
-the backend's own file (``backends.d/``) and it overrides just those keys.
+The file holds ``name:``, ``overlay: true`` and the given fields in descriptor spelling; put it
+in a layer after the backend's own file (``backends.d/``) and it overrides just those keys.
+Being an overlay, it never defines a backend on its own (see ``loader``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def write_overlay(
         if key not in TOP_KEYS or key == "name":
             raise ValueError(unknown_key_message(key, TOP_KEYS - {"name"}))
     target = Path(path)
-    document = {"name": name, **_plain(dict(fields))}
+    document = {"name": name, "overlay": True, **_plain(dict(fields))}
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False)
     if comment:
         text = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines()) + text

@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import DescriptorError, brief, unknown_key_message
 from .schema import MERGED_MAPPINGS, NAME_RE
-from .vramd import VRAMD_VERSION, from_vramd
+from .vramd import VRAMD_VERSION, VramdContext, from_vramd
 from .yamlio import LinedDict, LinedList, Origin
 
 _FILE_KEYS = frozenset({"backends"})
@@ -118,9 +118,13 @@ def _line_of(node: Any, fallback: int | None) -> int | None:
 
 
 def entries_of(
-    document: Any, file: Path
+    document: Any, file: Path, vramd_context: VramdContext | None = None
 ) -> Iterator[tuple[Mapping[Any, Any], int | None] | DescriptorError]:
-    """Each backend entry of one YAML document (vramd ones already translated), or errors."""
+    """Each backend entry of one YAML document (vramd ones already translated), or errors.
+
+    The entries of a vramd file are translated with ``vramd_context`` (the environment and the
+    working directory), and each warning about them comes as a ``DescriptorWarning``.
+    """
     if document is None:
         return
     vramd = False
@@ -200,7 +204,12 @@ def entries_of(
                 f"a backend must be a mapping with 'name:', not {brief(item)}",
             )
             continue
-        yield (from_vramd(item) if vramd else item), _line_of(item, item_line)
+        if vramd:
+            translated, warnings = from_vramd(item, file, vramd_context or VramdContext())
+            yield from warnings
+            yield translated, _line_of(item, item_line)
+        else:
+            yield item, _line_of(item, item_line)
 
 
 def _named(name: Any, body: Any, parent: Mapping[Any, Any]) -> Any:

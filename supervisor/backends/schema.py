@@ -26,6 +26,11 @@ DEFAULT_SAFETY_MIB = 512
 DEFAULT_KEEP_ALIVE_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_STOP_GRACE_S = 10.0
+DEFAULT_PING_TIMEOUT_S = 5.0
+#: What the engine does when a worker holds more than its figures (see ``on_overuse``).
+OVERUSE_POLICIES = ("warn", "evict", "kill")
+DEFAULT_ON_OVERUSE = "evict"
+DEFAULT_VRAMD_EVENT_TIMEOUT_S = 600.0  # vramd's own default (VRAMD_EVENT_TIMEOUT_SEC)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -51,16 +56,28 @@ TOP_KEYS = frozenset(
         "calibration",
         "reload_cost",
         "simulated",
+        "on_overuse",
+        "protocol",
+        "unload_frees_vram",
+        "vramd",
         "extends",
         "abstract",
         "enabled",
+        "api",
+        "aliases",
     }
 )
+# What an ``api:`` backend speaks over the HTTP front door's OpenAI-compatible routes.
+API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions")
+ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
-TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace"})
+TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping"})
 CALIBRATION_KEYS = frozenset({"request"})
+VRAMD_SETTING_KEYS = frozenset({"load_keys", "shape_keys", "load_kwargs", "event_timeout"})
+# How the engine talks to a backend's worker: our wire protocol, or vramd's JSON lines.
+PROTOCOLS = ("vramtui", "vramd")
 # Mappings that a later layer (or a child through ``extends``) merges key by key.
-MERGED_MAPPINGS = frozenset({"vram", "env", "timeouts", "calibration"})
+MERGED_MAPPINGS = frozenset({"vram", "env", "timeouts", "calibration", "vramd"})
 
 # vramd's names, met in a file without ``version: 2``.
 VRAMD_KEY_HINTS = {
@@ -71,6 +88,22 @@ VRAMD_KEY_HINTS = {
     "'version: 2'",
     "gpu_ids": "vramd's name: here it is 'gpus', or mark the file 'version: 2'",
 }
+
+
+class Unusable:
+    """A value that a translation (a vramd file) could not make sense of, with the reason.
+
+    It stands in the mapping where the value was, so that ``build_spec`` reports it as an error
+    of that field, at the line that wrote it, and a later layer can still replace it.
+    """
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"Unusable({self.message!r})"
 
 
 class InvalidBackend(Exception):
@@ -116,8 +149,31 @@ class VramSpec:
 @dataclass(frozen=True)
 class Timeouts:
     start_s: float = DEFAULT_START_TIMEOUT_S
-    request_s: float | None = None  # None: no limit
+    request_s: float | None = None  # None: no limit; counted from dispatch to the worker
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    ping_s: float = DEFAULT_PING_TIMEOUT_S  # a worker that answers no ping for this is hung
+
+
+@dataclass(frozen=True)
+class VramdSettings:
+    """How the engine drives a worker that speaks vramd's JSON lines (``protocol: vramd``).
+
+    ``load_kwargs`` go with the ``load`` command when the worker starts. A request's keys named
+    in ``load_keys`` are load kwargs too: when they differ from those the worker loaded with
+    (compared on ``shape_keys`` when given, else on ``load_keys``), the worker is loaded again
+    with them before the request runs. ``event_timeout_s``: a running request that sends no
+    event for that long is taken as hung and its worker is killed (``None``: never).
+    """
+
+    load_keys: tuple[str, ...] = ()
+    shape_keys: tuple[str, ...] | None = None
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
+    event_timeout_s: float | None = DEFAULT_VRAMD_EVENT_TIMEOUT_S
+
+    @property
+    def reload_keys(self) -> tuple[str, ...]:
+        """The request keys whose change means loading again."""
+        return self.shape_keys if self.shape_keys is not None else self.load_keys
 
 
 @dataclass(frozen=True)
@@ -142,6 +198,14 @@ class BackendSpec:
     description: str = ""
     source: str = ""
     simulated: bool = False
+    on_overuse: str = DEFAULT_ON_OVERUSE
+    protocol: str = "vramtui"  # one of PROTOCOLS
+    # False: the worker's unload gives no memory back (vramd's peak_profile.unload_frees_vram);
+    # only the end of its process does.
+    unload_frees_vram: bool = True
+    vramd: VramdSettings = VramdSettings()
+    api: tuple[str, ...] = ()  # OpenAI-compatible APIs it speaks (``API_KINDS``)
+    aliases: tuple[str, ...] = ()  # other model names it answers to over HTTP
 
     @property
     def peak(self) -> int | None:
@@ -291,13 +355,14 @@ def _gpus(value: object) -> tuple[int, ...] | None:
 
 
 def _timeouts(value: object) -> Timeouts:
-    mapping = _mapping(value, "timeouts (start, request, stop_grace)")
+    mapping = _mapping(value, "timeouts (start, request, stop_grace, ping)")
     for key in mapping:
         if key not in TIMEOUT_KEYS:
             raise FieldError(f"timeouts.{key}", unknown_key_message(key, TIMEOUT_KEYS))
     start = mapping.get("start")
     request = mapping.get("request")
     grace = mapping.get("stop_grace")
+    ping = mapping.get("ping")
     start_s = (
         DEFAULT_START_TIMEOUT_S
         if start is None
@@ -319,7 +384,19 @@ def _timeouts(value: object) -> Timeouts:
         if grace is None
         else _field("timeouts.stop_grace", parse_duration, grace)
     )
-    return Timeouts(start_s=start_s, request_s=request_s, stop_grace_s=stop_grace_s)
+    ping_s = (
+        DEFAULT_PING_TIMEOUT_S if ping is None else _field("timeouts.ping", parse_duration, ping)
+    )
+    if ping_s <= 0:
+        raise FieldError("timeouts.ping", f"{brief(ping)} must be more than 0")
+    return Timeouts(start_s=start_s, request_s=request_s, stop_grace_s=stop_grace_s,
+                    ping_s=ping_s)
+
+
+def _overuse(value: object) -> str:
+    if value not in OVERUSE_POLICIES:
+        raise ValueError(f"{brief(value)} is not one of {', '.join(OVERUSE_POLICIES)}")
+    return str(value)
 
 
 def _infinite_duration(value: object) -> float:
@@ -344,6 +421,84 @@ def _calibration(value: object) -> bytes | None:
         raise FieldError("calibration.request", f"cannot be sent as JSON: {exc}") from None
 
 
+def _protocol(value: object) -> str:
+    if not isinstance(value, str) or value not in PROTOCOLS:
+        known = ", ".join(PROTOCOLS)
+        raise ValueError(f"{brief(value)} is not a worker protocol (one of: {known})")
+    return value
+
+
+def _names(value: object, key: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        raise FieldError(key, f"{brief(value)} is not a list of request keys")
+    names: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise FieldError(key, f"{brief(item)} is not a request key")
+        if item not in names:
+            names.append(item)
+    return tuple(names)
+
+
+def _vramd_settings(value: object) -> VramdSettings:
+    known = ", ".join(sorted(VRAMD_SETTING_KEYS))
+    mapping = _mapping(value, f"vramd worker settings ({known})")
+    for key in mapping:
+        if key not in VRAMD_SETTING_KEYS:
+            raise FieldError(f"vramd.{key}", unknown_key_message(key, VRAMD_SETTING_KEYS))
+    values: dict[str, Any] = {}
+    if mapping.get("load_keys") is not None:
+        values["load_keys"] = _names(mapping["load_keys"], "vramd.load_keys")
+    if mapping.get("shape_keys") is not None:
+        values["shape_keys"] = _names(mapping["shape_keys"], "vramd.shape_keys")
+    kwargs = mapping.get("load_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise FieldError("vramd.load_kwargs", f"{brief(kwargs)} is not a mapping of names "
+                             "to values")
+        try:
+            values["load_kwargs"] = json.loads(json.dumps(dict(kwargs)))
+        except (TypeError, ValueError) as exc:
+            raise FieldError("vramd.load_kwargs", f"cannot be sent as JSON: {exc}") from None
+    timeout = mapping.get("event_timeout")
+    if timeout is not None:
+        seconds = _field("vramd.event_timeout", _infinite_duration, timeout)
+        if seconds <= 0:
+            raise FieldError("vramd.event_timeout", f"{brief(timeout)} must be more than 0 "
+                             "(or 'never')")
+        values["event_timeout_s"] = None if math.isinf(seconds) else seconds
+    return VramdSettings(**values)
+
+
+def _api(value: object) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list | tuple) or not words:
+        raise ValueError(f"{brief(value)} is not one of {', '.join(API_KINDS)} (or a list)")
+    kinds: list[str] = []
+    for word in words:
+        if word not in API_KINDS:
+            raise ValueError(f"{brief(word)} is not an API; use one of {', '.join(API_KINDS)}")
+        if word not in kinds:
+            kinds.append(word)
+    return tuple(kinds)
+
+
+def _aliases(value: object) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        raise ValueError(f"{brief(value)} is not a list of model names")
+    names: list[str] = []
+    for word in words:
+        if not isinstance(word, str) or not ALIAS_RE.match(word):
+            raise ValueError(f"{brief(word)} is not a model name (letters, digits, . _ : / @ + "
+                             "-; up to 128)")
+        if word not in names:
+            names.append(word)
+    return tuple(names)
+
+
 def _env(value: object, environ: Mapping[str, str]) -> dict[str, str]:
     mapping = _mapping(value, "variable names to values")
     env: dict[str, str] = {}
@@ -352,6 +507,8 @@ def _env(value: object, environ: Mapping[str, str]) -> dict[str, str]:
             raise FieldError(f"env.{key}", f"{key!r} is not an environment variable name")
         if item is None:
             continue
+        if isinstance(item, Unusable):
+            raise FieldError(f"env.{key}", item.message)
         if isinstance(item, bool) or not isinstance(item, str | int | float):
             raise FieldError(f"env.{key}", f"{brief(item)} is not text (quote it, e.g. '1')")
         env[key] = _field(f"env.{key}", expand, str(item), environ)
@@ -386,16 +543,18 @@ def build_spec(
 
     def take(key: str, attr: str, convert: Callable[..., Any], *args: Any) -> None:
         value = data.get(key)
-        if value is None:
+        if value is None or isinstance(value, Unusable):
             return
         try:
             values[attr] = _field(key, convert, value, *args)
         except FieldError as exc:
             errors.append(exc)
 
-    for key in data:
+    for key, value in data.items():
         if key not in TOP_KEYS:
             errors.append(FieldError(str(key), unknown_key_message(key, TOP_KEYS, VRAMD_KEY_HINTS)))
+        elif isinstance(value, Unusable):
+            errors.append(FieldError(str(key), value.message))
 
     if not NAME_RE.match(name):
         errors.append(
@@ -412,6 +571,8 @@ def build_spec(
                 "with 'command: null' or 'script: null')",
             )
         )
+    elif isinstance(command, Unusable):
+        pass  # reported above
     elif command is not None:
         take("command", "command", _command, base_dir("command"), environ)
         if python is not None:
@@ -434,7 +595,9 @@ def build_spec(
 
     run_key = "script" if script is not None else "command"
     cwd = data.get("cwd")
-    if cwd is None:
+    if isinstance(cwd, Unusable):
+        pass  # reported above
+    elif cwd is None:
         values["cwd"] = base_dir(run_key)
     else:
         try:
@@ -459,6 +622,23 @@ def build_spec(
     take("reload_cost", "reload_cost_s", parse_duration)
     take("description", "description", _str)
     take("simulated", "simulated", _bool)
+    take("on_overuse", "on_overuse", _overuse)
+    take("protocol", "protocol", _protocol)
+    take("unload_frees_vram", "unload_frees_vram", _bool)
+    take("vramd", "vramd", _vramd_settings)
+    if values.get("protocol", "vramtui") == "vramd":
+        # vramd's worker loop runs one generate at a time and has no stream of chunks.
+        if values.get("concurrency", 1) > 1:
+            errors.append(FieldError("concurrency", "a vramd worker runs one request at a "
+                                     "time: leave 'concurrency' out (or 1)"))
+        if values.get("stream"):
+            errors.append(FieldError("stream", "a vramd worker does not stream: its result "
+                                     "comes whole, at the end (leave 'stream' out)"))
+    elif data.get("vramd") is not None:
+        errors.append(FieldError("vramd", "settings for a vramd worker: they go with "
+                                 "'protocol: vramd'"))
+    take("api", "api", _api)
+    take("aliases", "aliases", _aliases)
 
     if errors:
         raise InvalidBackend(errors)

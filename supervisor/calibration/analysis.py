@@ -448,6 +448,14 @@ def analyze(record: CalibrationRecord) -> Report:
             "worker's memory cannot be measured",
             {"source": record.source},
         ))
+    if record.allocated is False:
+        return _empty_report(record, samples, Finding(
+            "never-allocated",
+            "no per-process memory seen: the worker never allocated memory of its own on the "
+            f"{record.source} GPU (only its context) — a simulated worker must allocate "
+            "through worker_sdk.sim (worker_sdk.sim.allocate) to be measured",
+            {"source": record.source},
+        ))
     visible = [s for s in samples if s.visible]
     if not visible:
         return _empty_report(record, samples, Finding(

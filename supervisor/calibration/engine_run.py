@@ -54,6 +54,8 @@ class CalibrationRun:
         self.outcome = "failed"
         self.error: str | None = None
         self.saw_numbers = False
+        self.allocated: bool | None = None  # False: the source saw only a context, never more
+        self.observed_mib: int | None = None  # for the engine's memory ledger
 
     # -- marks and samples ------------------------------------------------------------------
     def mark(self, phase: str, wall: float | None = None) -> None:
@@ -62,17 +64,30 @@ class CalibrationRun:
         fraction = min(0.99, len(self.marks) / (2 * self.repeats + 6))
         self.engine.request_progress(self.job.id, fraction, phase)
 
+    def pids(self) -> set[int]:
+        """The run's worker and its descendants (empty before it started or once it exited)."""
+        worker = self.worker
+        if worker is None:
+            return set()
+        return worker.pids() | worker.known_descendants() | (
+            {worker.pid} if worker.pid and not worker.exited else set())
+
     def on_sample(self, sample: Sample) -> None:
         worker = self.worker
         if worker is None or sample.processes is None:
             return
-        pids = worker.pids() | worker._descendants | ({worker.pid} if worker.pid else set())
+        pids = self.pids()
         # A process whose memory the driver would not tell is left out (never counted as 0);
         # a run in which no reading ever had a number is recorded as not per-process.
-        procs = {p.pid: p.used_mib for p in sample.processes
-                 if p.pid in pids and p.gpu_index == self.gpu and p.used_mib is not None}
-        if any(p.pid in pids and p.used_mib is not None for p in sample.processes):
+        mine = [p for p in sample.processes if p.pid in pids and p.gpu_index == self.gpu]
+        procs = {p.pid: p.used_mib for p in mine if p.used_mib is not None}
+        if procs:
             self.saw_numbers = True
+        for p in mine:
+            if p.allocated is True:
+                self.allocated = True
+            elif p.allocated is False and self.allocated is None:
+                self.allocated = False
         device = next((d.used_mib for d in sample.devices if d.index == self.gpu), None)
         self.samples.append(CalSample(sample.t - self.t0, procs, device))
 
@@ -81,6 +96,8 @@ class CalibrationRun:
         self._state_changed.set()
 
     def worker_exited(self, handle: WorkerHandle, code: int | None, reason: str) -> None:
+        if handle.pid is not None:
+            self.engine.lifeline.remove(handle.pid)
         self._state_changed.set()
         if self._reply is not None and not self._reply.done():
             self._reply.set_result(Outcome(ok=False, error=reason))
@@ -139,7 +156,7 @@ class CalibrationRun:
         worker = engine.make_worker(self.rt, self.gpu, name, observer=self)
         self.worker = worker
         self.mark("start")
-        await worker.start()
+        await engine.start_worker(worker)
         if worker.exited:
             self.outcome, self.error = "crashed", worker.init_error or "could not start"
             return
@@ -181,14 +198,15 @@ class CalibrationRun:
     def _finish(self) -> dict[str, Any]:
         engine, spec = self.engine, self.rt.spec
         probe = engine.probe
-        total = engine._gpu_totals.get(self.gpu, 0)
+        reading = engine.readings.get(self.gpu)
+        total = reading.total_mib if reading is not None else 0
         record = CalibrationRecord(
             backend=spec.name, gpu=self.gpu, source=probe.source,
             per_process=self.saw_numbers or not self.samples, sample_hz=SAMPLE_HZ,
             repeats=self.repeats,
             request=self.job.payload, started_wall=self.wall0,
             samples=tuple(self.samples), marks=tuple(self.marks), device_total_mib=total,
-            outcome=self.outcome, error=self.error,
+            outcome=self.outcome, error=self.error, allocated=self.allocated,
         )
         report = analyze(record)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.wall0))

@@ -34,7 +34,8 @@ import worker_sdk
 from supervisor.gpu.sampler import FAST_HZ, Sample, Sampler
 from supervisor.gpu.sim import DEFAULT_CONTEXT_MIB, SimulatedProbe
 from worker_sdk.connection import ConnectionLost
-from worker_sdk.protocol import EventType
+from worker_sdk.events import Status
+from worker_sdk.protocol import ProtocolError
 from worker_sdk.testing import WireServer, WorkerLink
 from worker_sdk.worker import ExitCode
 
@@ -185,12 +186,11 @@ def _await_status(run: _Run, link: WorkerLink, wanted: str, deadline: float) -> 
             gone = True
             link.closed.wait(_GRACE_S)
             continue
-        payload = message.payload
-        if not isinstance(payload, dict) or payload.get("event") != EventType.STATUS:
+        if not isinstance(message, Status):
             continue
-        if payload.get("status") == "failed":
-            raise _Stop("failed", f"initialize failed: {payload.get('error')}")
-        if payload.get("status") == wanted:
+        if message.status == "failed":
+            raise _Stop("failed", f"initialize failed: {message.error}")
+        if message.status == wanted:
             return
 
 
@@ -222,6 +222,8 @@ def _phases(
             if run.exited.wait(1.0):
                 raise _Stop("crashed", f"the worker died during request {i}") from None
             raise _Stop("failed", f"request {i}: {exc}") from None
+        except ProtocolError as exc:
+            raise _Stop("failed", f"request {i}: the worker broke the protocol: {exc}") from None
         run.mark(settle_phase(i))
         if reply.kind == "error":
             raise _Stop("failed", f"request {i} failed: {(reply.error or {}).get('error')}")

@@ -88,8 +88,11 @@ class CalibrationRecord:
     """Everything one run observed; the input of ``analysis.analyze``.
 
     ``per_process`` is False when the GPU source cannot attribute memory to processes (then
-    nothing can be measured).  ``outcome`` is ``completed``, ``cancelled``, ``crashed`` (the
-    worker died) or ``failed`` (an error reply, a timeout, an init failure); ``error`` says why.
+    nothing can be measured). ``allocated`` is False when the source could tell that the
+    worker never allocated memory of its own (a simulated worker that does not use
+    ``worker_sdk.sim``): then nothing was measured either; None when the source cannot tell.
+    ``outcome`` is ``completed``, ``cancelled``, ``crashed`` (the worker died) or ``failed``
+    (an error reply, a timeout, an init failure); ``error`` says why.
     """
 
     backend: str
@@ -105,6 +108,7 @@ class CalibrationRecord:
     device_total_mib: int
     outcome: str
     error: str | None = None
+    allocated: bool | None = None
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

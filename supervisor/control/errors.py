@@ -38,6 +38,15 @@ class AccessDenied(VramtuiError):
     """The control socket refused this user (SO_PEERCRED: not the owner, root or the group)."""
 
 
+class UntrustedEngine(AccessDenied):
+    """The control socket is not the engine's user's (its directory, its file or the process
+    serving it belongs to someone else): the client refused it before sending anything."""
+
+
+class EngineBusy(VramtuiError):
+    """The engine refused a request for now (it is receiving other large requests); retry."""
+
+
 class ProtocolMismatch(VramtuiError):
     """The other end speaks another version of the control protocol."""
 
@@ -54,7 +63,7 @@ _ATTRS = ("name", "job_id", "length", "limit")
 _LOCAL: dict[str, type[VramtuiError]] = {
     cls.__name__: cls
     for cls in (EngineNotRunning, ConnectionLost, RequestTooLarge, AccessDenied,
-                ProtocolMismatch, BadRequest, TooManyConnections)
+                UntrustedEngine, EngineBusy, ProtocolMismatch, BadRequest, TooManyConnections)
 }
 
 

@@ -16,7 +16,7 @@ MAX_READ = 1024 * 1024
 def read_log(path: Path, lines: int = 50, offset: int | None = None) -> dict[str, Any]:
     """``{path, data, offset}``: ``offset`` is where the next call should continue from."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # never through a link
     except FileNotFoundError:
         return {"path": str(path), "data": b"", "offset": 0, "missing": True}
     try:

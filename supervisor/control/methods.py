@@ -23,6 +23,7 @@ from worker_sdk.protocol import Message
 from .. import operations
 from ..apispec import METHODS, WIRE_METHODS
 from ..errors import JobTimeout, VramtuiError
+from ..validate import check_seconds
 from . import messages as m
 from .codec import job_to_wire, snapshot_to_wire, to_wire
 from .errors import BadRequest
@@ -138,7 +139,12 @@ class Methods:
 
     def _do_submit(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
         wait, wait_timeout, follow = a.pop("wait"), a.pop("wait_timeout"), a.pop("follow")
-        job_id = operations.submit(self.engine, **a)
+        # Over a connection limit: refused before the job is accepted, never after.
+        if wait:
+            conn.check_wait()
+        elif follow:
+            conn.check_subscribe()
+        job_id = operations.submit(self.engine, **a)  # its values: supervisor.validate too
         if wait:
             return self._wait(conn, msg_id, job_id, wait_timeout)
         if follow:  # the job's events from now on, on this connection
@@ -149,9 +155,11 @@ class Methods:
         return self._wait(conn, msg_id, a["job_id"], a["timeout"])
 
     def _wait(self, conn: Connection, msg_id: int, job_id: str, timeout: float | None) -> Any:
+        timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
         fut = self.engine.futures.get(job_id)
         if fut is None:
             return job_to_wire(self.engine.job_view(job_id))
+        conn.check_wait()
         Waiter(self.server, conn, msg_id, job_id, fut, timeout)
         return _DEFERRED
 

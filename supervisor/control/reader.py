@@ -1,12 +1,22 @@
-"""A frame reader for the control server that survives an oversized request.
+"""A frame reader for the control server that decides about a frame before holding it.
 
-:class:`worker_sdk.protocol.Decoder` treats a frame over its limit as fatal (it cannot know
-where the next frame starts without reading the body).  A control client that sends too much
-deserves an answer, not a broken pipe, so this reader takes over at that point: it reads the
-frame's length from the 12-byte header itself, skips exactly that many bytes as they arrive
-(into a small scratch buffer, never holding them), reports :class:`Oversized` with the
-request's id when it can read it, and carries on with a fresh Decoder.
+:class:`worker_sdk.protocol.Decoder` grows its buffer to a frame's announced length as soon as
+it has read the 12-byte header, so a client that announces 64 MiB and then sends nothing more
+makes the engine hold 64 MiB.  This reader receives into a small scratch buffer of its own,
+follows the frame boundaries itself, and hands the decoder only the frames it decided to take,
+so it knows each frame's length before the decoder makes room for it.  Then:
 
+- a frame over ``max_frame_size`` is skipped as it arrives (into a small scratch buffer, never
+  held) and reported as :class:`Oversized` with the request's id when it can be read — the
+  client deserves an answer, not a broken pipe; a length beyond any sense ends the connection;
+- a frame over ``BIG_FRAME`` bytes is held only if ``admit(length)`` says so (the server's
+  budget for request bytes being received, all connections together); refused, it is skipped
+  the same way and reported as :class:`Busy`.  ``release(length)`` gives the bytes back when
+  the frame is complete, skipped, or the reader is closed;
+- after a big frame the decoder is replaced, so its grown buffer is not kept for the life of
+  the connection.
+
+``partial`` tells whether a frame is half received (for the server's per-frame deadline).
 Sans-I/O, in the asyncio ``BufferedProtocol`` shape: ``get_buffer`` / ``buffer_updated``
 (which returns what was decoded).
 """
@@ -14,14 +24,17 @@ Sans-I/O, in the asyncio ``BufferedProtocol`` shape: ``get_buffer`` / ``buffer_u
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker_sdk.protocol import HEADER_SIZE, Decoder, FrameTooLarge, Message, ProtocolError
+from worker_sdk.protocol import HEADER_SIZE, Decoder, Message, ProtocolError
 
 # A header announcing more than this is not a request at all: answer and hang up.
 ABSURD_FRAME = 1 << 36
-_SCRATCH = 256 * 1024
-_PROBE = 24  # bytes of an oversized body kept to read its id
+BIG_FRAME = 64 * 1024  # frames larger than this need the server's budget
+_SCRATCH = 64 * 1024
+_PROBE = 24  # bytes of a skipped body kept to read its id
+_LENGTH = struct.Struct(">Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +47,15 @@ class Oversized:
     fatal: bool = False
 
 
-Item = Message | Oversized | ProtocolError
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """A big request frame skipped because the server's budget for them was spent."""
+
+    msg_id: int
+    length: int
+
+
+Item = Message | Oversized | Busy | ProtocolError
 
 
 def _probe_id(body: bytes) -> int:
@@ -58,73 +79,153 @@ def _probe_id(body: bytes) -> int:
 
 
 class RequestReader:
-    """Frames in, :class:`Message` / :class:`Oversized` / :class:`ProtocolError` out."""
+    """Frames in, :class:`Message` / :class:`Oversized` / :class:`Busy` / errors out."""
 
-    def __init__(self, max_frame_size: int) -> None:
+    def __init__(self, max_frame_size: int, *, admit: Callable[[int], bool] | None = None,
+                 release: Callable[[int], None] | None = None) -> None:
         self.max_frame_size = max_frame_size
         self.dead = False  # a fatal error: the connection must be closed
+        self._admit = admit
+        self._release = release
         self._decoder = Decoder(max_frame_size)
-        self._view: memoryview | None = None
-        self._tail = b""  # the last (< 12) undecoded bytes from earlier chunks
-        self._skip = 0  # bytes of an oversized frame still to skip
-        self._skip_frame: tuple[int, int] = (0, 0)  # (length, fatal)
-        self._probe = b""
         self._scratch = bytearray(_SCRATCH)
+        # The frame being received: its header bytes so far, then its body length and how
+        # much of the body is still to come.
+        self._hdr = bytearray()
+        self._length = -1  # -1 while the header is incomplete
+        self._left = 0
+        self._probe = bytearray()
+        self._held = 0  # budget bytes the current frame holds
+        self._skipping: Oversized | Busy | None = None  # the frame being skipped
+        self._big_done = False  # a big frame was decoded: replace the decoder when idle
+        self.frames_begun = 0  # headers read so far (tells one partial frame from the next)
 
+    @property
+    def partial(self) -> bool:
+        """A frame has begun and is not complete yet."""
+        return bool(self._hdr) or self._length >= 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of the server's budget the frame being received holds."""
+        return self._held
+
+    # -- the BufferedProtocol shape -----------------------------------------------------------
     def get_buffer(self, sizehint: int = 64 * 1024) -> memoryview:
-        if self._skip:
-            self._view = memoryview(self._scratch)
-        else:
-            self._view = self._decoder.get_buffer(sizehint)
-        return self._view[:]  # the caller may release its view; ours stays valid
+        return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> list[Item]:
-        view = self._view
-        assert view is not None
-        self._view = None
-        if not self._skip:
-            chunk = view[:nbytes]
-            self._decoder.buffer_updated(nbytes)
-            return self._drain(chunk)
-        data = view[:nbytes]
-        if len(self._probe) < _PROBE:
-            self._probe += bytes(data[: _PROBE - len(self._probe)])
-        if nbytes < self._skip:
-            self._skip -= nbytes
-            return []
-        leftover = bytes(data[self._skip :])
-        self._skip = 0
-        out: list[Item] = [self._skipped()]
-        if leftover:
-            self._decoder.feed(leftover)
-            out += self._drain(memoryview(leftover))
-        return out
+        with memoryview(self._scratch) as whole:
+            return self._consume(whole[:nbytes])
 
     def feed(self, data: bytes) -> list[Item]:
         """Everything in ``data`` (tests; the server uses get_buffer/buffer_updated)."""
         out: list[Item] = []
         view = memoryview(data)
-        while view.nbytes:
-            buf = self.get_buffer(view.nbytes)
-            n = min(len(buf), view.nbytes)
-            buf[:n] = view[:n]
-            buf.release()
+        while view.nbytes and not self.dead:
+            n = min(len(self._scratch), view.nbytes)
+            self._scratch[:n] = view[:n]
             out += self.buffer_updated(n)
             view = view[n:]
         return out
 
-    def _skipped(self) -> Oversized:
-        length, fatal = self._skip_frame
-        return Oversized(_probe_id(self._probe), length, self.max_frame_size, bool(fatal))
+    def close(self) -> None:
+        """Give back any budget held (the connection is gone)."""
+        self._give_back()
+        self.dead = True
 
-    def _drain(self, chunk: memoryview) -> list[Item]:
+    # -- inside -------------------------------------------------------------------------------
+    def _consume(self, chunk: memoryview) -> list[Item]:
+        out: list[Item] = []
+        n = chunk.nbytes
+        at = 0
+        span = 0  # start of the bytes of this chunk still to hand to the decoder
+        while at < n and not self.dead:
+            if self._length < 0:  # in a header
+                started = at - len(self._hdr)  # < 0: it began in an earlier chunk
+                take = min(HEADER_SIZE - len(self._hdr), n - at)
+                self._hdr += chunk[at : at + take]
+                at += take
+                if len(self._hdr) < HEADER_SIZE:
+                    break
+                (length,) = _LENGTH.unpack_from(self._hdr)
+                self.frames_begun += 1
+                verdict = self._begin(length)
+                if verdict is None:
+                    if started < 0:  # its first bytes were held back: hand them over now
+                        self._decoder.feed(self._hdr)
+                        span = at
+                else:
+                    out += self._hand_over(chunk[span : max(span, started)])
+                    if isinstance(verdict, Oversized) and verdict.fatal:
+                        self.dead = True
+                        return [*out, verdict]
+                    self._skipping = verdict
+                    self._probe.clear()
+                self._length = self._left = length
+            take = min(self._left, n - at)
+            if self._skipping is not None and len(self._probe) < _PROBE:
+                self._probe += chunk[at : at + min(take, _PROBE - len(self._probe))]
+            self._left -= take
+            at += take
+            if self._left == 0:
+                if self._skipping is not None:
+                    out.append(self._skipped())
+                    span = at
+                else:
+                    self._end_frame()
+        if self._skipping is None and not self.dead:
+            end = at - len(self._hdr) if self._length < 0 else at  # hold back a partial header
+            out += self._hand_over(chunk[span : max(span, end)])
+        if self._big_done and not self.partial and self._decoder.buffered == 0:
+            self._decoder = Decoder(self.max_frame_size)  # let its grown buffer go
+            self._big_done = False
+        return out
+
+    def _hand_over(self, data: memoryview) -> list[Item]:
+        """Give ``data`` (whole frames, or the start of one) to the decoder; what it decoded."""
+        if data.nbytes:
+            self._decoder.feed(data)
+        return self._drain()
+
+    def _begin(self, length: int) -> Oversized | Busy | None:
+        if length > self.max_frame_size:
+            return Oversized(0, length, self.max_frame_size, fatal=length > ABSURD_FRAME)
+        if length > BIG_FRAME and self._admit is not None:
+            if not self._admit(length):
+                return Busy(0, length)
+            self._held = length
+        return None
+
+    def _end_frame(self) -> None:
+        if self._length > BIG_FRAME:
+            self._big_done = True
+        self._give_back()
+        self._hdr.clear()
+        self._length = -1
+
+    def _give_back(self) -> None:
+        if self._held and self._release is not None:
+            self._release(self._held)
+        self._held = 0
+
+    def _skipped(self) -> Oversized | Busy:
+        """The frame being skipped is over: what to report about it."""
+        what = self._skipping
+        assert what is not None
+        self._skipping = None
+        self._hdr.clear()
+        self._length = -1
+        msg_id = _probe_id(bytes(self._probe))
+        if isinstance(what, Oversized):
+            return Oversized(msg_id, what.length, what.limit, what.fatal)
+        return Busy(msg_id, what.length)
+
+    def _drain(self) -> list[Item]:
         out: list[Item] = []
         while not self.dead:
             try:
                 message = self._decoder.next()
-            except FrameTooLarge as exc:
-                unread = (self._tail + bytes(chunk))[-self._decoder.buffered :]
-                return out + self._oversized(exc, unread)
             except ProtocolError as exc:
                 out.append(exc)
                 if exc.fatal:
@@ -133,31 +234,4 @@ class RequestReader:
             if message is None:
                 break
             out.append(message)
-        pending = self._decoder.buffered
-        if 0 < pending < HEADER_SIZE:
-            self._tail = (self._tail + bytes(chunk[-HEADER_SIZE:]))[-pending:]
-        else:
-            self._tail = b""
-        return out
-
-    def _oversized(self, exc: FrameTooLarge, unread: bytes) -> list[Item]:
-        (length,) = struct.unpack_from(">Q", unread)
-        assert length == exc.length
-        self._decoder = Decoder(self.max_frame_size)
-        self._tail = b""
-        fatal = length > ABSURD_FRAME
-        self._skip_frame = (length, int(fatal))
-        total = HEADER_SIZE + length
-        self._probe = unread[HEADER_SIZE : HEADER_SIZE + _PROBE]
-        if fatal:
-            self.dead = True
-            return [self._skipped()]
-        if len(unread) < total:
-            self._skip = total - len(unread)
-            return []
-        out: list[Item] = [self._skipped()]
-        leftover = unread[total:]
-        if leftover:
-            self._decoder.feed(leftover)
-            out += self._drain(memoryview(leftover))
         return out

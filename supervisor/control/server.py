@@ -11,17 +11,27 @@ group, and the runtime directory 0710 with that group — members may reach the 
 but not list or create anything there; every directory above must be searchable by them (we
 log which one is not).  The directory goes back to 0700 when the server closes.
 
-Limits: a request frame over ``max_request`` bytes is read and thrown away and answered with
-an error naming the limit; a subscriber that does not read stops receiving events once its
-write buffer is over ``subscriber_buffer`` bytes and is sent the latest snapshot (and the number
-of events it missed) when it catches up; at most ``max_connections`` clients at a time, more are
-told so and closed (logged, at most once every few seconds).
+The directory the socket is bound in must be a real directory of ours that nobody else can
+write (the engine's runtime directory, see :mod:`supervisor.paths`): only then can nobody swap
+the name between ``bind`` and ``chmod``.
+
+Limits (every figure in :class:`.limits.ControlLimits`): a request frame over ``max_request``
+bytes is read and thrown away and answered with an error naming the limit; large frames being
+received share one budget, beyond which they are skipped and answered "busy"; a client that
+does not read gets nothing new (requests wait, events are dropped and counted, and it is sent
+the latest snapshot with the count of missed events when it catches up) and is cut off when it
+stays so too long; half frames, silent and idle clients are cut off past their deadlines; at
+most ``max_connections`` clients at a time — when all are taken, the one idle the longest
+gives way, a few slots are kept for the engine's own user, and subscriptions and waits may
+never take the last ones.  Every cut-off is logged (at most once every few seconds per kind)
+and counted in ``stats()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -32,8 +42,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import VramtuiError
-from . import messages as m
+from ..paths import user_name
 from .connection import Connection
+from .errors import TooManyConnections
+from .limits import ControlLimits
 from .methods import Methods
 from .peer import PeerCred, is_allowed, refusal
 
@@ -42,7 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("supervisor.control")
 
-SUBSCRIBER_BUFFER = 256 * 1024
+SUBSCRIBER_BUFFER = ControlLimits.write_high
 
 
 class _RateLog:
@@ -54,42 +66,60 @@ class _RateLog:
         self._suppressed: dict[str, int] = {}
 
     def warning(self, key: str, text: str) -> None:
+        self._log(logging.WARNING, key, text)
+
+    def info(self, key: str, text: str) -> None:
+        self._log(logging.INFO, key, text)
+
+    def _log(self, level: int, key: str, text: str) -> None:
         now = time.monotonic()
         if now - self._last.get(key, -1e9) < self.period:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
             return
         extra = self._suppressed.pop(key, 0)
         self._last[key] = now
-        log.warning("%s%s", text, f" (and {extra} more like it)" if extra else "")
+        log.log(level, "%s%s", text, f" (and {extra} more like it)" if extra else "")
+
 
 class ControlServer:
     """Serves one engine on ``socket_path``; a facade service (``start`` / ``close``)."""
 
     def __init__(self, engine: Engine, socket_path: str | os.PathLike[str], *,
                  mode: str = "serve", version: str = "", allow_group: int | None = None,
-                 max_request: int = m.DEFAULT_MAX_REQUEST,
-                 max_connections: int = m.DEFAULT_MAX_CONNECTIONS,
-                 subscriber_buffer: int = SUBSCRIBER_BUFFER,
+                 max_request: int | None = None, max_connections: int | None = None,
+                 subscriber_buffer: int | None = None, limits: ControlLimits | None = None,
                  on_ready: Callable[[ControlServer], None] | None = None) -> None:
+        limits = limits or ControlLimits()
+        overrides = {name: value for name, value in (
+            ("max_request", max_request), ("max_connections", max_connections),
+            ("write_high", subscriber_buffer)) if value is not None}
+        if overrides:
+            limits = dataclasses.replace(limits, **overrides)
+        self.limits = limits
         self.engine = engine
         self.path = Path(socket_path)
         self.mode = mode
         self.version = version
         self.allow_group = allow_group
-        self.max_request = max_request
-        self.max_connections = max_connections
-        self.subscriber_buffer = subscriber_buffer
+        self.max_request = limits.max_request
+        self.max_connections = limits.max_connections
+        self.subscriber_buffer = limits.write_high
+        # Slots kept for the engine's own user: never more than a quarter of them all.
+        self.reserve = min(limits.owner_reserve, limits.max_connections // 4)
         self.on_ready = on_ready
         self.owner_uid = os.geteuid()
         self.connections: set[Connection] = set()
+        self.receiving = 0  # bytes of large request frames being received (all connections)
         self.counters = {"accepted": 0, "refused": 0, "over_limit": 0, "oversized": 0,
-                         "dropped_events": 0, "requests": 0}
+                         "dropped_events": 0, "requests": 0, "evicted": 0, "cut_off": 0,
+                         "idle_closed": 0, "busy": 0, "replies_too_large": 0}
         self.ratelog = _RateLog()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._sock: socket.socket | None = None
         self._inode: int | None = None
         self._server: asyncio.AbstractServer | None = None
         self._serving: asyncio.Task[asyncio.AbstractServer] | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
         self.methods = Methods(self)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -98,6 +128,7 @@ class ControlServer:
         iteration.  Raises OSError / VramtuiError with a one-line message."""
         self.loop = asyncio.get_running_loop()
         path = str(self.path)
+        _check_private_dir(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a stale socket: the engine lock says it is ours to replace
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -119,6 +150,7 @@ class ControlServer:
             lambda: Connection(self), sock=sock, backlog=128))
         log.info("control socket %s (%s, mode %o)", path, self.mode,
                  0o660 if self.allow_group is not None else 0o600)
+        self._sweeper = self.loop.call_later(self.limits.sweep_s, self._sweep)
         if self.on_ready is not None:
             self.on_ready(self)
 
@@ -146,6 +178,9 @@ class ControlServer:
 
     async def close(self) -> None:
         """Stop accepting, close every connection, remove the socket (if still ours)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._serving is not None:
             with contextlib.suppress(BaseException):
                 self._server = await self._serving
@@ -167,16 +202,51 @@ class ControlServer:
     def stats(self) -> dict[str, Any]:
         conns = []
         for c in self.connections:
-            transport = c.transport
             conns.append({
                 "pid": c.peer.pid if c.peer else None, "uid": c.peer.uid if c.peer else None,
-                "subscriptions": len(c.subs), "write_buffer": (
-                    transport.get_write_buffer_size() if transport is not None else 0),
-                "lagged": sum(c.lag.values()), "paused": c.paused,
+                "subscriptions": len(c.subs), "waits": len(c.waiters),
+                "write_buffer": c.unsent, "lagged": sum(c.lag.values()), "paused": c.paused,
+                "receiving": c.reader.held,
             })
+        lim = self.limits
         return {**self.counters, "connections": len(self.connections),
                 "max_connections": self.max_connections, "max_request": self.max_request,
-                "subscriber_buffer": self.subscriber_buffer, "clients": conns}
+                "subscriber_buffer": self.subscriber_buffer, "receiving": self.receiving,
+                "max_receiving": lim.max_receiving, "owner_reserve": self.reserve,
+                "idle_timeout_s": lim.idle_timeout_s, "frame_timeout_s": lim.frame_timeout_s,
+                "stall_timeout_s": lim.stall_timeout_s, "max_reply": lim.max_reply,
+                "clients": conns}
+
+    # -- budgets and deadlines ----------------------------------------------------------------
+    def reserve_receiving(self, length: int) -> bool:
+        """May one more large request frame of ``length`` bytes be received now?"""
+        if self.receiving + length > self.limits.max_receiving:
+            return False
+        self.receiving += length
+        return True
+
+    def release_receiving(self, length: int) -> None:
+        self.receiving = max(0, self.receiving - length)
+
+    def check_long_lived(self, conn: Connection) -> None:
+        """Raise unless ``conn`` may hold a subscription or a wait: those may never take the
+        slots kept for short requests."""
+        if conn.long_lived:
+            return
+        cap = self.max_connections - self.reserve
+        held = sum(1 for c in self.connections if c.long_lived)
+        if held >= cap:
+            raise TooManyConnections(
+                f"{held} connections already hold subscriptions or waits (the limit is {cap}; "
+                f"the last {self.reserve} connections are kept for short requests); close "
+                "some clients and try again")
+
+    def _sweep(self) -> None:
+        assert self.loop is not None
+        now = time.monotonic()
+        for conn in list(self.connections):
+            conn.check_deadlines(now)
+        self._sweeper = self.loop.call_later(self.limits.sweep_s, self._sweep)
 
     # -- connections --------------------------------------------------------------------------
     def admit(self, conn: Connection, peer: PeerCred | None) -> str | None:
@@ -191,12 +261,56 @@ class ControlServer:
             self.ratelog.warning(f"uid{peer.uid}", f"refused a control connection from uid "
                                  f"{peer.uid} pid {peer.pid}: not allowed")
             return why
-        if len(self.connections) >= self.max_connections:
+        conn.owner = peer.uid in (self.owner_uid, 0)
+        if not conn.owner:
+            others = sum(1 for c in self.connections if not c.owner)
+            if others >= self.max_connections - self.reserve:
+                self.counters["over_limit"] += 1
+                self.ratelog.warning("flood-others", f"refused a control connection from "
+                                     f"{user_name(peer.uid)} pid {peer.pid}: other users "
+                                     f"already hold {others} connections (the last "
+                                     f"{self.reserve} are kept for the engine's own user)")
+                return (f"too many connections to the engine from other users (the limit is "
+                        f"{self.max_connections - self.reserve}); close some clients and try "
+                        "again")
+        if len(self.connections) >= self.max_connections and not self._evict_one():
             self.counters["over_limit"] += 1
             self.ratelog.warning("flood", f"refused a control connection from pid {peer.pid}: "
-                                 f"already {len(self.connections)} connections (the limit)")
+                                 f"already {len(self.connections)} connections (the limit), "
+                                 "all of them busy")
             return (f"too many connections to the engine (the limit is "
                     f"{self.max_connections}); close some clients and try again")
         self.connections.add(conn)
         self.counters["accepted"] += 1
         return None
+
+    def _evict_one(self) -> bool:
+        """Close the connection idle the longest (nothing in flight) to make room; False when
+        every connection is busy."""
+        idle = [c for c in self.connections if not c.busy]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: (c.hello, c.last_active))  # silent newcomers first
+        victim.cut(f"the engine is at its limit of {self.max_connections} connections and "
+                   "this one was idle the longest; it gave way to a new one", abort=False,
+                   counter="evicted")
+        return True
+
+
+def _check_private_dir(directory: Path) -> None:
+    """The socket's directory must be ours and writable by nobody else (see the module doc)."""
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise VramtuiError(f"cannot serve in {directory}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise VramtuiError(f"cannot serve in {directory}: it is not a directory (a link?); "
+                           "set VRAMTUI_RUNTIME_DIR to a private directory")
+    if st.st_uid != os.geteuid():
+        raise VramtuiError(f"cannot serve in {directory}: it belongs to "
+                           f"{user_name(st.st_uid)}, not to you; set VRAMTUI_RUNTIME_DIR to a "
+                           "private directory")
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise VramtuiError(f"cannot serve in {directory}: other users may write in it (mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}); chmod 700 it or set "
+                           "VRAMTUI_RUNTIME_DIR to a private directory")

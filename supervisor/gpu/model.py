@@ -31,11 +31,17 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class ProcessReading:
-    """One process holding memory on one GPU (``used_mib`` None when the driver won't say)."""
+    """One process holding memory on one GPU (``used_mib`` None when the driver won't say).
+
+    ``allocated`` is False when the source knows the process holds nothing but its (simulated)
+    CUDA context — it never allocated memory of its own —, and None when the source cannot
+    tell (NVML).
+    """
 
     pid: int
     gpu_index: int
     used_mib: int | None
+    allocated: bool | None = None
 
 
 @runtime_checkable

@@ -1,7 +1,15 @@
 """The simulated GPU: devices of any size whose memory is what simulated workers declare.
 
-Workers declare through ``worker_sdk.sim`` into a ledger directory, one JSON file per process
-(``<pid>.json`` with pid, gpu, mib, start_time). Reading the ledger:
+This is the simulated *hardware*: checkers outside the engine read the same ledger to know
+what the device really holds, independently of the engine's own accounts.
+
+The ledger is a directory (``$VRAMTUI_RUNTIME_DIR/simgpu`` for an engine: ``Paths.sim_dir``;
+workers find it in ``VRAMTUI_SIM_DIR`` and their GPU index in ``VRAMTUI_SIM_GPU``), holding one
+JSON file per process that declared memory through ``worker_sdk.sim``: ``<pid>.json`` =
+``{"pid": int, "gpu": int, "mib": int, "start_time": int | null, "allocated": bool}``, written
+atomically (a temporary file, then rename). ``mib`` excludes the CUDA context; ``start_time``
+is field 22 of ``/proc/<pid>/stat``; ``allocated`` is false for a process that only attached
+(its context alone). Reading the ledger:
 
 - a file whose process is dead, a zombie, or whose pid now belongs to another process (the
   start time differs) is ignored and deleted, so memory is released whenever a worker ends,
@@ -83,14 +91,16 @@ def _alive(pid: int, start_time: Any) -> bool:
         return False
 
 
-def _parse(path: Path) -> tuple[int, int, int, Any, int] | None:
-    """(pid, gpu, mib, start_time, inode) or None when the file is not a valid ledger record."""
+def _parse(path: Path) -> tuple[int, int, int, Any, int, bool] | None:
+    """(pid, gpu, mib, start_time, inode, allocated) or None when the file is not a valid
+    ledger record."""
     try:
         with path.open("rb") as f:
             inode = os.fstat(f.fileno()).st_ino
             record = json.loads(f.read())
         pid, gpu, mib = record["pid"], record["gpu"], record["mib"]
         start_time = record.get("start_time")
+        allocated = record.get("allocated")
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     if any(isinstance(v, bool) or not isinstance(v, int) for v in (pid, gpu, mib)):
@@ -99,7 +109,9 @@ def _parse(path: Path) -> tuple[int, int, int, Any, int] | None:
         return None
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         return None
-    return pid, gpu, mib, start_time, inode
+    if not isinstance(allocated, bool):
+        allocated = mib > 0  # a record written before the flag existed
+    return pid, gpu, mib, start_time, inode, allocated
 
 
 class SimulatedProbe:
@@ -162,13 +174,13 @@ class SimulatedProbe:
             record = _parse(path)
             if record is None:
                 continue
-            pid, gpu, mib, start_time, inode = record
+            pid, gpu, mib, start_time, inode, allocated = record
             if not _alive(pid, start_time):
                 self._remove_stale(path, inode)
                 continue
             if gpu >= len(self.sizes_mib):
                 continue  # declared on a GPU this spec doesn't have
-            out.append(ProcessReading(pid, gpu, mib + self.context_mib))
+            out.append(ProcessReading(pid, gpu, mib + self.context_mib, allocated))
         return out
 
     def close(self) -> None:

@@ -1,11 +1,13 @@
-"""Eviction choice: what an idle worker costs to evict, and the cheapest sufficient set.
+"""Eviction choice: what a worker costs to evict, and the cheapest sufficient set.
 
 Cost of evicting a worker = ``reload_cost_s * recency`` with
 ``recency = 1 / (1 + idle_seconds / 60)``: a worker used a moment ago is likely to be needed
-again, so it is dearer; one idle for an hour costs a fraction of its reload time. Candidates
-are taken cheapest first (ties: the one that frees more, then lower backend priority, then
-name, so the choice is deterministic), only until the need is met, and any candidate the
-final set can do without is dropped again (most expensive first).
+again, so it is dearer; one idle for an hour costs a fraction of its reload time. A worker
+that used more than it declared costs nothing: it is the first to go. Candidates are taken
+idle before busy (a busy one leaves only once its jobs end), then cheapest first (ties: the
+one that frees more — what the ledger says it holds, not what it declared —, then lower
+backend priority, then name, so the choice is deterministic), only until the need is met,
+and any candidate the final set can do without is dropped again (most expensive first).
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ class Candidate:
         return self.worker.reserved_mib
 
     @property
-    def order(self) -> tuple[float, int, int, str]:
-        """Sort key: cheapest first, then larger frees, lower priority, name."""
-        return (self.cost, -self.worker.reserved_mib, self.priority, self.worker.backend)
+    def order(self) -> tuple[bool, float, int, int, str]:
+        """Sort key: idle first, cheapest first, then larger frees, lower priority, name."""
+        return (self.worker.active_jobs > 0, self.cost, -self.worker.reserved_mib,
+                self.priority, self.worker.backend)
 
 
 def eviction_cost(worker: WorkerInfo, info: BackendInfo | None, now: float) -> float:
-    """``reload_cost_s * 1 / (1 + idle_seconds / 60)``; a worker with no descriptor costs 0."""
-    if info is None:
+    """``reload_cost_s * 1 / (1 + idle_seconds / 60)``; 0 for a worker with no descriptor or
+    one that used more than it declared."""
+    if info is None or worker.over_declared:
         return 0.0
     idle = 0.0 if worker.idle_since is None else max(0.0, now - worker.idle_since)
     return info.reload_cost_s / (1.0 + idle / 60.0)

@@ -21,6 +21,8 @@ from typing import Final
 HOT_STATES: Final = frozenset({"starting", "initializing", "ready", "busy"})
 #: Every state a worker may report to the scheduler.
 WORKER_STATES: Final = HOT_STATES | {"stopping"}
+#: What a queued entry may ask for.
+JOB_KINDS: Final = frozenset({"job", "preload", "calibration"})
 
 
 def _nonneg(owner: str, name: str, value: int) -> None:
@@ -34,18 +36,27 @@ class GpuState:
 
     ``measured_free_mib`` is the latest driver reading, or None when it is not available; it is
     never trusted alone (it lags behind allocations), see ``plan``. ``reserve_mib`` is kept
-    free for the driver and foreign processes and is never handed out.
+    free for the driver and foreign processes and is never handed out. ``foreign_mib`` is what
+    processes that are not ours hold (orphans of an earlier engine included), from the
+    memory ledger. ``leaving_mib`` is what exited workers still hold until their processes
+    have left the GPU (it comes back, like a stopping worker's). A ``draining`` GPU finishes
+    what runs and admits nothing new; its idle workers are evicted.
     """
 
     index: int
     total_mib: int
     measured_free_mib: int | None
     reserve_mib: int = 0
+    foreign_mib: int = 0
+    draining: bool = False
+    leaving_mib: int = 0
 
     def __post_init__(self) -> None:
         owner = f"GPU{self.index}"
         _nonneg(owner, "total_mib", self.total_mib)
         _nonneg(owner, "reserve_mib", self.reserve_mib)
+        _nonneg(owner, "foreign_mib", self.foreign_mib)
+        _nonneg(owner, "leaving_mib", self.leaving_mib)
         if self.measured_free_mib is not None:
             _nonneg(owner, "measured_free_mib", self.measured_free_mib)
 
@@ -57,14 +68,18 @@ class GpuState:
 
 @dataclass(frozen=True, slots=True)
 class BackendInfo:
-    """What the scheduler needs to know about one backend (model).
+    """What the scheduler needs to know about one backend (model): its admission footprint.
 
-    ``peak_mib`` None means the footprint is unknown (not calibrated): such a backend runs
-    alone on a GPU. ``activation_mib`` is the part of the peak that exists only while a job
-    runs; None means "unknown", treated as the whole peak (resident 0), which is the
-    conservative reading for a hot job. ``allowed_gpus`` None means every GPU. ``priority``
-    is informational here (the engine uses it as a job's default priority; the queue orders
-    by ``QueuedJob.priority``); it only breaks ties between equally cheap evictions.
+    The figures come from the memory ledger (``supervisor.ledger``), which merges what the
+    descriptor declares with what was measured. ``peak_mib`` None means the footprint is
+    unknown: such a backend runs alone on a GPU. ``activation_mib`` is the part of the peak
+    that exists only while a job runs; None means the split is unknown, and then the whole
+    peak counts as resident (an idle worker holds ``peak``), and each job beyond the first
+    may need a whole peak more (see ``holds_mib``). ``safety_mib`` is added per running job.
+    ``allowed_gpus`` None means every GPU. ``priority`` is informational here (the engine
+    uses it as a job's default priority; the queue orders by ``QueuedJob.priority``); it only
+    breaks ties between equally cheap evictions. ``reload_cost_s`` is what a (re)load costs,
+    learned from measured start-to-ready times.
     """
 
     name: str
@@ -101,39 +116,49 @@ class BackendInfo:
         """Whether the peak footprint is known."""
         return self.peak_mib is not None
 
-    @property
-    def resident_mib(self) -> int:
-        """Memory held while idle: peak - activation (0 when either is unknown)."""
-        if self.peak_mib is None or self.activation_mib is None:
+    def holds_mib(self, jobs: int) -> int:
+        """What a worker of this backend holds with ``jobs`` running, safety included.
+
+        Known split: ``resident + jobs * (activation + safety)``. Unknown split: the whole
+        peak while idle, and ``jobs * (peak + safety)`` with jobs running (with R unknown in
+        [0, peak], R + n * (peak - R) is largest at R = 0 for n >= 1). 0 when unmeasured (the
+        engine reserves the whole GPU for such a worker).
+        """
+        peak = self.peak_mib
+        if peak is None:
             return 0
-        return self.peak_mib - self.activation_mib
+        if jobs <= 0:
+            return peak - (self.activation_mib or 0)
+        if self.activation_mib is None:
+            return jobs * (peak + self.safety_mib)
+        return peak - self.activation_mib + jobs * (self.activation_mib + self.safety_mib)
+
+    @property
+    def idle_mib(self) -> int:
+        """What an idle worker holds: resident memory (the whole peak if the split is unknown)."""
+        return self.holds_mib(0)
+
+    def need_mib(self, active: int) -> int:
+        """What one more job needs on a live worker that runs ``active`` jobs."""
+        return self.holds_mib(active + 1) - self.holds_mib(active)
 
     @property
     def cold_need_mib(self) -> int | None:
         """A job that must spawn the worker: peak + safety (None when peak is unknown)."""
-        return None if self.peak_mib is None else self.peak_mib + self.safety_mib
-
-    @property
-    def hot_need_mib(self) -> int:
-        """A job on a live worker: activation + safety (activation unknown: peak).
-
-        0 for an unmeasured backend: its worker already holds the whole GPU.
-        """
-        if self.peak_mib is None:
-            return 0
-        act = self.peak_mib if self.activation_mib is None else self.activation_mib
-        return act + self.safety_mib
+        return None if self.peak_mib is None else self.holds_mib(1)
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """The one worker process of a backend.
 
-    ``reserved_mib`` is what admission holds for it right now, kept by the engine: resident
-    while idle, plus activation + safety per running job (``Start.reserve_mib`` says how much
-    to add), the whole GPU (total - reserve) for an unmeasured backend, and all of it while
-    ``stopping`` until the engine confirms the process left the GPU. ``idle_since`` is when
-    its last job ended (None: unknown, treated as "just now").
+    ``reserved_mib`` is what the memory ledger says it holds right now: the larger of what its
+    figures imply (``BackendInfo.holds_mib`` for its jobs, or the whole GPU for an unmeasured
+    backend) and what was last observed of its processes; a ``stopping`` worker keeps it until
+    its processes have left the GPU. ``idle_since`` is when its last job ended (None: unknown,
+    treated as "just now"). A worker that does not ``accept`` new jobs (it used more than it
+    declared, and is evicted once its job ends) gets none; ``over_declared`` marks such a
+    worker, and makes it the first to evict when room is needed.
     """
 
     backend: str
@@ -142,6 +167,8 @@ class WorkerInfo:
     active_jobs: int = 0
     reserved_mib: int = 0
     idle_since: float | None = None
+    accepting: bool = True
+    over_declared: bool = False
 
     def __post_init__(self) -> None:
         owner = f"worker {self.backend!r}"
@@ -159,7 +186,12 @@ class QueuedJob:
 
     ``seq`` is the submission order (unique, increasing); ``passed`` is how many times jobs
     behind it were started past it while it waited for memory (the engine stores the value
-    ``Plan.passed`` returns).
+    ``Plan.passed`` returns); ``blocked_since`` is when it was first found first in line for
+    a GPU and blocked for memory (``Plan.blocked``): its patience counts from there, not from
+    its submission, so a job that waited in a backlog is not forced at once. ``kind`` is what
+    it asks for: ``job`` (a request for the backend's worker), ``preload`` (start the worker
+    without a job, in room nobody waits for) or ``calibration`` (a measuring run of the
+    backend that needs a GPU to itself).
     """
 
     job_id: str
@@ -168,19 +200,37 @@ class QueuedJob:
     seq: int = 0
     submitted_at: float = 0.0
     passed: int = 0
+    kind: str = "job"
+    blocked_since: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in JOB_KINDS:
+            raise ValueError(f"job {self.job_id!r}: kind must be one of {sorted(JOB_KINDS)}")
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Tunables. ``aging_interval_s`` may be ``math.inf`` to disable aging."""
+    """Tunables.
 
-    affinity_limit: int = 3
+    ``patience_factor`` and ``max_patience_s`` bound how long a job first in line for a GPU
+    lets hot work of its own priority go on before the switch it needs: ``patience_factor``
+    times the switch's cost (its own load plus the reloads of the evicted backends that still
+    have queued jobs), at most ``max_patience_s`` (the hard bound against starvation).
+    ``aging_interval_s`` may be ``math.inf`` to disable aging.
+    """
+
+    patience_factor: float = 4.0
+    max_patience_s: float = 300.0
     aging_interval_s: float = 60.0
     max_queue_depth: int = 512
 
     def __post_init__(self) -> None:
-        if self.affinity_limit < 0:
-            raise ValueError(f"affinity_limit must be >= 0, got {self.affinity_limit}")
+        if not (self.patience_factor >= 0 and math.isfinite(self.patience_factor)):
+            raise ValueError(f"patience_factor must be finite and >= 0, got "
+                             f"{self.patience_factor}")
+        if not (self.max_patience_s >= 0 and math.isfinite(self.max_patience_s)):
+            raise ValueError(f"max_patience_s must be finite and >= 0, got "
+                             f"{self.max_patience_s}")
         if not self.aging_interval_s > 0:
             raise ValueError(f"aging_interval_s must be > 0, got {self.aging_interval_s}")
         if self.max_queue_depth < 1:
@@ -194,19 +244,22 @@ class Snapshot:
     Contract (see ``supervisor.scheduler.order``): ``queue`` is sorted by
     ``(-priority, seq)``; inside one priority, ``submitted_at`` does not decrease as ``seq``
     grows; job ids are unique. ``workers`` holds at most one worker per backend (it is
-    re-keyed by ``WorkerInfo.backend``). ``queued_per_backend`` is the number of queued jobs
-    of each backend: the engine should keep it incrementally (O(1) per enqueue/dequeue) and
-    pass it, since counting 10,000 jobs here costs about half a millisecond; when omitted it
-    is counted. It lets ``plan`` stop walking once no backend that could still start has a
-    job left. Containers are copied into immutable ones (the plan's ``waiting`` view reads
-    ``queue`` lazily, so it must not change underneath; a tuple is kept as is).
+    re-keyed by ``WorkerInfo.backend``). ``queued_counts`` is the number of queued entries
+    of each ``(kind, backend)``: the engine should keep it incrementally (O(1) per enqueue
+    or dequeue) and pass it, since counting 10,000 jobs here costs about half a
+    millisecond; when omitted it is counted. It lets ``plan`` stop walking once nothing
+    that could still start has a job left, and tells which backends still have work
+    waiting (a switch away from them costs a reload). Containers are copied into immutable
+    ones (the plan's ``waiting`` view reads ``queue`` lazily, so it must not change
+    underneath; a tuple is kept as is).
     """
 
     gpus: Sequence[GpuState]
     backends: Mapping[str, BackendInfo]
     workers: Mapping[str, WorkerInfo] = field(default_factory=dict)
     queue: Sequence[QueuedJob] = ()
-    queued_per_backend: Mapping[str, int] | None = None
+    queued_counts: Mapping[tuple[str, str], int] | None = None
+    held: Mapping[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         gpus = tuple(self.gpus)
@@ -226,9 +279,11 @@ class Snapshot:
         object.__setattr__(self, "workers", MappingProxyType(workers))
         queue = tuple(self.queue)
         object.__setattr__(self, "queue", queue)
-        counts = self.queued_per_backend
-        counts = Counter(job.backend for job in queue) if counts is None else dict(counts)
-        object.__setattr__(self, "queued_per_backend", MappingProxyType(counts))
+        counts = self.queued_counts
+        if counts is None:
+            counts = Counter((job.kind, job.backend) for job in queue)
+        object.__setattr__(self, "queued_counts", MappingProxyType(dict(counts)))
+        object.__setattr__(self, "held", MappingProxyType(dict(self.held)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,9 +291,11 @@ class Start:
     """Start ``job_id`` on ``backend``'s worker on ``gpu``.
 
     ``spawn`` is True when the worker does not exist yet (the engine spawns it there).
-    ``reserve_mib`` is what the engine adds to that worker's reservation now: peak + safety
-    for a spawn, activation + safety for a job on a live worker, the GPU's whole usable
-    memory for an unmeasured spawn (0 for later jobs on it).
+    ``reserve_mib`` is what the start takes from the GPU's budget: ``holds_mib(1)`` for a
+    spawn, ``need_mib(active)`` for a job on a live worker, the GPU's whole usable memory for
+    an unmeasured spawn or a calibration (0 for later jobs on it), ``idle_mib`` for a preload.
+    ``kind`` is the queued entry's kind (a preload starts the worker only; a calibration
+    starts the engine's measuring run on ``gpu``).
     """
 
     job_id: str
@@ -246,6 +303,7 @@ class Start:
     gpu: int
     spawn: bool
     reserve_mib: int
+    kind: str = "job"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +323,15 @@ class Plan:
     ``starts`` in queue order; ``evictions`` cheapest first; ``passed`` maps job id -> new
     passed count, only for jobs whose count changed; ``waiting`` maps every queued job that is
     not started to a short human reason (a lazy, read-only view: cheap to build even with a
-    10,000-job queue).
+    10,000-job queue). ``revisit_at`` is the earliest time at which the same snapshot would
+    give another plan (a barrier's patience runs out), None when time alone changes nothing
+    but aging. ``blocked`` maps each job first found blocked at the head in this plan to
+    now (the engine stores it as the job's ``blocked_since``).
     """
 
     starts: tuple[Start, ...]
     evictions: tuple[Evict, ...]
     passed: Mapping[str, int]
     waiting: Mapping[str, str]
+    revisit_at: float | None = None
+    blocked: Mapping[str, float] = field(default_factory=dict)

@@ -3,34 +3,52 @@
 Pure: no I/O, no clock reads, no threads, no randomness; the same snapshot and time give the
 same plan. What it decides, in the order of the (aged) queue:
 
-Memory. Per GPU, ``budget = min(measured free, total - reservations) - reserve``; with no
-reading, ``total - reservations - reserve``. The driver's free figure lags, so it is never
-trusted alone, and a missing reading can never mean "everything fits". A job on a live
-worker ("hot": starting, initializing, ready or busy, with a free slot) needs activation +
-safety on that worker's GPU; a job that must spawn its worker ("cold") needs peak + safety.
-A backend whose peak is unknown runs alone: it spawns only on a GPU with no reservations and
-no workers and reserves all of it (total - reserve); nothing else is admitted there meanwhile.
+Memory. Per GPU, ``budget = min(total - reservations - foreign, measured free) - reserve``;
+with no reading, ``total - reservations - foreign - reserve``. Reservations are what the memory
+ledger says each worker holds (never less than what was observed of it); the driver's free
+figure lags, so it is never trusted alone, and a missing reading can never mean "everything
+fits". A job on a live worker ("hot": starting, initializing, ready or busy, with a free
+slot) needs what one more job adds to that worker (``BackendInfo.need_mib``); a job that must
+spawn its worker ("cold") needs ``holds_mib(1)`` (peak + safety). A backend whose peak is
+unknown runs alone: it spawns only on an empty GPU and reserves all of it.
 
 Placement (cold): among allowed GPUs, the one that fits now with the most room left; else the
-job is blocked for memory and, if it is the first such job, it picks the GPU it can have for
-the least eviction cost (idle workers only; memory of workers already stopping counts as
-coming back, so if that suffices nothing more is evicted).
+job is blocked for memory and, on the GPU it can have for the least cost, it becomes that
+GPU's *barrier*: the first job waiting there, with the set of workers (idle or busy) whose
+leaving makes it fit (memory of workers already stopping counts as coming back).
 
-Walk. Started jobs take memory and worker slots as the walk goes. A job whose worker is busy
-(no slot) or stopping waits without blocking anyone. The first job blocked for memory is the
-barrier: it alone may evict; behind it only hot jobs that fit may start, each one adding to
-its ``passed``; when that reaches ``affinity_limit`` nothing more starts behind it. A job that
-could not fit even on an empty allowed GPU (beside pinned workers) is never a barrier.
+Patience, not thrash. A barrier weighs the switch it needs against waiting: the switch costs
+its own load plus the reload of every evicted backend that still has queued jobs
+(``reload_cost_s``, learned from measured loads). While it has waited — since it was first
+found blocked there — less than ``patience_factor`` times that cost (at most
+``max_patience_s``), hot work of at least its own (aged) priority goes on beside it, so that
+interleaved submissions are served in batches; once its patience is spent it is *forced*:
+its victims take no new job and leave as soon as they are idle. An idle victim is evicted at
+once unless a patient barrier keeps its batch (it has queued jobs, and the next one fits
+once the jobs running there end) — no GPU idles while a job waits. Before evicting anyone, a
+barrier that would fit once the jobs running on its GPU give their memory back waits for
+that instead, up to ``patience_factor`` times what the eviction would cost. Work that fits
+in the room the barrier does not need (other GPUs, or beside it) always starts: jobs of
+models that fit beside each other run at once. Lower-priority work never takes the room a
+barrier waits for. No job starves: aging lifts a waiting job one level per
+``aging_interval_s`` until it is first in line, and then it waits at most ``max_patience_s``
+plus the running jobs of its victims.
 
-Speed. The walk stops as soon as no later job could start (a forced barrier, or every backend
-settled), keeps a per-backend verdict so a skipped job costs one dict lookup, reads the queue
-through ``order.ordered_runs`` (no sort), and builds ``Plan.waiting`` as a lazy view.
+Kinds. A ``preload`` starts a worker without a job, only in room nobody waits for, never
+evicting; a ``calibration`` needs an empty GPU, like an unmeasured backend, and closes it for
+the rest of the plan. A draining GPU, or one ``held`` by a calibration run, admits nothing,
+and a draining GPU's idle workers are evicted.
+
+Speed. The walk stops as soon as no later job could start (every backend settled), keeps a
+per-backend verdict so a skipped job costs one dict lookup, reads the queue through
+``order.ordered_runs`` (no sort), and builds ``Plan.waiting`` as a lazy view.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from supervisor.scheduler import evict
@@ -45,17 +63,24 @@ from supervisor.scheduler.model import (
     Start,
     WorkerInfo,
 )
-from supervisor.scheduler.order import ordered_runs
+from supervisor.scheduler.order import aging_bonus, ordered_runs
 
 DEFAULT_CONFIG = SchedulerConfig()
 #: After walking this many queue positions across several runs (aging interleaves the
 #: priority bands), filter the rest down to the backends that can still start.
 _NARROW_AFTER = 512
 
+Key = tuple[str, str]  # (kind, backend): what one verdict covers
+
 
 def plan(snapshot: Snapshot, now: float, config: SchedulerConfig = DEFAULT_CONFIG) -> Plan:
     """Decide which queued jobs start where, and which idle workers to evict first."""
     return _Planner(snapshot, now, config).run()
+
+
+def key_of(job: QueuedJob) -> Key:
+    """What a job's verdict is shared with: the jobs of the same kind and backend."""
+    return (job.kind, job.backend)
 
 
 def _plural(n: int, word: str) -> str:
@@ -65,19 +90,12 @@ def _plural(n: int, word: str) -> str:
 class _Waiting(Mapping[str, str]):
     """Read-only job id -> reason for every queued job that was not started.
 
-    Jobs the walk looked at carry their own reason or their backend's verdict; jobs it never
-    reached (it stopped early) get their backend's verdict or the reason it stopped.
+    Jobs the walk looked at carry their own reason or their key's verdict; jobs it never
+    reached (it stopped early) get their key's verdict or the default reason.
     """
 
-    __slots__ = (
-        "_queue",
-        "_backends",
-        "_started",
-        "_explicit",
-        "_verdicts",
-        "_default",
-        "_index",
-    )
+    __slots__ = ("_queue", "_backends", "_started", "_explicit", "_verdicts", "_default",
+                 "_index")
 
     def __init__(
         self,
@@ -85,7 +103,7 @@ class _Waiting(Mapping[str, str]):
         backends: Mapping[str, BackendInfo],
         started: set[str],
         explicit: dict[str, str],
-        verdicts: dict[str, str],
+        verdicts: dict[Key, str],
         default: str,
     ) -> None:
         self._queue = queue
@@ -105,7 +123,7 @@ class _Waiting(Mapping[str, str]):
         if self._index is None:
             self._index = {job.job_id: job for job in self._queue}
         job = self._index[job_id]  # KeyError when not queued
-        reason = self._verdicts.get(job.backend)
+        reason = self._verdicts.get(key_of(job))
         if reason is not None:
             return reason
         if job.backend not in self._backends:
@@ -127,9 +145,19 @@ class _Waiting(Mapping[str, str]):
 
 @dataclass(slots=True)
 class _Barrier:
+    """The first job waiting for memory on one GPU, and what it waits for."""
+
     job: QueuedJob
-    passed: int
-    forced: bool
+    gpu: int
+    effective: int  # its aged priority
+    victims: list[WorkerInfo] = field(default_factory=list)
+    slack: int = 0  # room beyond its need once its victims are gone
+    forced: bool = False
+    passed: int = 0
+
+    @property
+    def victim_names(self) -> set[str]:
+        return {v.backend for v in self.victims}
 
 
 class _Planner:
@@ -155,25 +183,37 @@ class _Planner:
         self.exclusive: dict[int, str | None] = {}
         self.worker_gpu: dict[str, int] = {}  # hot backends (existing or spawned here)
         self.slots: dict[str, int] = {}
+        self.active: dict[str, int] = {}
         self.spawned: set[str] = set()
-        self.verdicts: dict[str, str] = {}  # backend -> why none of its jobs starts now
+        self.verdicts: dict[Key, str] = {}  # why no job of that key starts now
         self.used: set[str] = set()  # backends that got a start (not evictable)
         self.evicted: set[str] = set()
+        self.stopping: set[str] = set()  # backends whose worker is on its way out
+        # GPU -> why nothing new starts there (draining, held by a calibration run).
+        self.closed: dict[int, str] = {}
+        for g, holder in snapshot.held.items():
+            if g in self.gpus:
+                self.closed[g] = f"GPU{g} is held by {holder}"
+        for gpu in snapshot.gpus:
+            if gpu.draining:
+                self.closed.setdefault(gpu.index, f"GPU{gpu.index} is draining")
 
         for w in snapshot.workers.values():
             name, g = w.backend, w.gpu
             info = backends.get(name)
+            job_key = ("job", name)
             if g not in reserved:
-                self.verdicts[name] = f"its worker is on GPU{g}, which is not present"
+                self.verdicts[job_key] = f"its worker is on GPU{g}, which is not present"
                 continue
             reserved[g] += w.reserved_mib
             unmeasured = info is not None and info.peak_mib is None
             if w.state == "stopping":
+                self.stopping.add(name)
                 self.stopping_mib[g] += w.reserved_mib
                 self.stopping_count[g] += 1
                 if unmeasured:
                     self.exclusive.setdefault(g, None)
-                self.verdicts[name] = "worker stopping"
+                self.verdicts[job_key] = "worker stopping"
                 continue
             self.live_on[g].append(w)
             if unmeasured:
@@ -181,66 +221,83 @@ class _Planner:
             if info is not None and info.pinned:
                 if unmeasured:
                     self.pinned_alone.add(g)
-                self.pinned_floor[g] += info.resident_mib
+                self.pinned_floor[g] += info.idle_mib
             if info is None:
                 continue
             self.worker_gpu[name] = g
+            self.active[name] = w.active_jobs
+            if not w.accepting:
+                self.verdicts[job_key] = (
+                    "its worker takes no new job (it used more than it declared; it is "
+                    "evicted once idle)"
+                )
+                continue
             free = info.concurrency - w.active_jobs
             self.slots[name] = free
             if free <= 0:
-                self.verdicts[name] = (
+                self.verdicts[job_key] = (
                     "worker busy" if w.state in ("ready", "busy") else "worker starting"
                 )
 
+        for gpu in snapshot.gpus:
+            if gpu.leaving_mib:
+                reserved[gpu.index] += gpu.leaving_mib
+                self.stopping_mib[gpu.index] += gpu.leaving_mib
+                self.stopping_count[gpu.index] += 1
         self.budget: dict[int, int] = {}
         for g in gpu_ids:
             gpu = self.gpus[g]
-            room = gpu.total_mib - reserved[g]
+            room = gpu.total_mib - reserved[g] - gpu.foreign_mib
             free = gpu.measured_free_mib
             if free is not None and free < room:
                 room = free
             self.budget[g] = room - gpu.reserve_mib
         self.reserved = reserved
 
-        # Backends that could still start a job and still have jobs ahead in the walk.
-        self.remaining: dict[str, int] = dict(snapshot.queued_per_backend)
-        self.alive: set[str] = {
-            n for n in backends if n not in self.verdicts and self.remaining.get(n, 0) > 0
+        # Keys that could still start a job and still have jobs ahead in the walk.
+        counts = snapshot.queued_counts
+        self.queued_jobs: dict[str, int] = {
+            b: n for (kind, b), n in counts.items() if kind == "job" and n > 0
         }
-        self.barrier: _Barrier | None = None
-        self.stopped = False
+        self.remaining: dict[Key, int] = dict(counts)
+        self.alive: set[Key] = {
+            k for k, n in counts.items() if n > 0 and k not in self.verdicts
+        }
+        self.barriers: dict[int, _Barrier] = {}
+        self.first_barrier: _Barrier | None = None
         self.starts: list[Start] = []
         self.started: set[str] = set()
         self.explicit: dict[str, str] = {}
         self.evictions: list[Evict] = []
+        self.revisit_at: float | None = None
+        self.blocked: dict[str, float] = {}
+        # Victims whose next job could pass a patient barrier but waits for memory.
+        self.waiting_victims: set[str] = set()
 
     # ----------------------------------------------------------------- the walk
 
     def run(self) -> Plan:
-        verdicts = self.verdicts
         queue = self.snapshot.queue
         if self.alive and not self._walk(queue, _NARROW_AFTER):
-            # A long walk through jobs that all wait: go on over the jobs of the backends that
-            # can still start only. Every job already considered either started or settled
-            # its backend, so the filter drops exactly what was walked.
+            # A long walk through jobs that all wait: go on over the jobs that can still
+            # start only. Every job already considered either started or settled its key,
+            # so the filter drops exactly what was walked.
             alive, started = self.alive, self.started
-            rest = [j for j in queue if j.backend in alive and j.job_id not in started]
+            rest = [j for j in queue if key_of(j) in alive and j.job_id not in started]
             self._walk(rest, None)
-        barrier = self.barrier
+        self._resolve()
         passed: dict[str, int] = {}
         default = "waiting"
-        if barrier is not None:
+        for barrier in self.barriers.values():
             if barrier.passed != barrier.job.passed:
                 passed[barrier.job.job_id] = barrier.passed
-            if barrier.forced:
-                default = (
-                    f"behind {barrier.job.job_id}, which was passed "
-                    f"{_plural(barrier.passed, 'time')} and now goes first"
-                )
-            else:
-                default = f"behind {barrier.job.job_id} (waiting for memory)"
-        waiting = _Waiting(queue, self.backends, self.started, self.explicit, verdicts, default)
-        return Plan(tuple(self.starts), tuple(self.evictions), MappingProxyType(passed), waiting)
+        first = self.first_barrier
+        if first is not None:
+            default = f"behind {first.job.job_id} (waiting for memory)"
+        waiting = _Waiting(queue, self.backends, self.started, self.explicit, self.verdicts,
+                           default)
+        return Plan(tuple(self.starts), tuple(self.evictions), MappingProxyType(passed), waiting,
+                    self.revisit_at, MappingProxyType(self.blocked))
 
     def _walk(self, queue: Sequence[QueuedJob], narrow_after: int | None) -> bool:
         """Walk ``queue`` in effective order; False when it left off to narrow the queue."""
@@ -248,148 +305,247 @@ class _Planner:
         walked = 0
         for run in ordered_runs(queue, self.now, self.config.aging_interval_s):
             for job in run:
-                if job.backend in verdicts:
+                if key_of(job) in verdicts:
                     continue
                 self._consider(job)
-                if self.stopped or not self.alive:
+                if not self.alive:
                     return True
             walked += len(run)
             if narrow_after is not None and walked >= narrow_after:
                 return False
         return True
 
-    def _settle(self, name: str, reason: str) -> None:
-        """No further job of ``name`` can start in this plan."""
-        self.verdicts[name] = reason
-        self.alive.discard(name)
+    def _settle(self, key: Key, reason: str) -> None:
+        """No further job of ``key`` can start in this plan."""
+        self.verdicts[key] = reason
+        self.alive.discard(key)
 
     def _consider(self, job: QueuedJob) -> None:
+        key = key_of(job)
         name = job.backend
         info = self.backends.get(name)
         if info is None:
-            self._settle(name, f"unknown backend {name!r}")
+            self._settle(key, f"unknown backend {name!r}")
             return
-        g = self.worker_gpu.get(name)
-        if g is None:
-            self._cold(job, info)
+        if job.kind == "calibration":
+            self._calibration(job, info)
+        elif job.kind == "preload":
+            self._preload(job, info)
         else:
-            self._hot(job, info, g)
-        left = self.remaining.get(name, 0) - 1
-        self.remaining[name] = left
+            g = self.worker_gpu.get(name)
+            if g is None:
+                self._cold(job, info)
+            else:
+                self._hot(job, info, g)
+        left = self.remaining.get(key, 0) - 1
+        self.remaining[key] = left
         if left <= 0:
-            self.alive.discard(name)  # no job of it further down: nothing to wait for
+            self.alive.discard(key)  # no job of it further down: nothing to wait for
 
-    def _fits(self, name: str, g: int, need: int) -> bool:
-        owner = self.exclusive.get(g, name)
-        return owner == name and (need <= 0 or self.budget[g] >= need)
+    def _effective(self, job: QueuedJob) -> int:
+        return job.priority + aging_bonus(job.submitted_at, self.now,
+                                          self.config.aging_interval_s)
+
+    def _may_pass(self, barrier: _Barrier, job: QueuedJob, name: str, need: int,
+                  *, hot: bool) -> bool:
+        """May ``job`` (of backend ``name``, needing ``need``) start beside ``barrier``?
+
+        Hot work of at least the barrier's priority goes on while the barrier is patient;
+        other work only in the room the barrier does not need. A victim's work is never in
+        that room: it keeps the victim there.
+        """
+        patient = hot and not barrier.forced and self._effective(job) >= barrier.effective
+        if name in barrier.victim_names:
+            return patient
+        return patient or need <= barrier.slack
 
     def _hot(self, job: QueuedJob, info: BackendInfo, g: int) -> None:
-        need = info.hot_need_mib
-        if self._fits(info.name, g, need):
+        name = info.name
+        key = key_of(job)
+        if g in self.closed:
+            self._settle(key, self.closed[g])
+            return
+        owner = self.exclusive.get(g, name)
+        if owner != name:
+            self._settle(key, f"GPU{g} is held alone by {owner or 'a stopping worker'}")
+            return
+        need = info.need_mib(self.active[name]) if info.measured else 0
+        barrier = self.barriers.get(g)
+        if barrier is not None and not self._may_pass(barrier, job, name, need, hot=True):
+            self._settle(key, self._behind(barrier))
+            return
+        if need <= 0 or self.budget[g] >= need:
             self._start(job, info, g, spawn=False, reserve=need)
             return
-        if self.barrier is not None:
-            self._settle(info.name, self._short(need, g))
+        if barrier is not None:
+            if name in barrier.victim_names:
+                self.waiting_victims.add(name)  # its batch may go on once memory comes back
+            self._settle(key, self._short(need, g))
             return
         self._barrier_hot(job, info, g, need)
 
     def _cold(self, job: QueuedJob, info: BackendInfo) -> None:
         name = info.name
-        if self.barrier is not None:
-            self._settle(name, f"behind {self.barrier.job.job_id} (waiting for memory)")
-            return
+        key = key_of(job)
         allowed = self._allowed(info)
         if not allowed:
-            self._settle(name, f"{name} allows no GPU that is present")
+            self._settle(key, self._no_gpu(info))
             return
         if info.peak_mib is None:
-            self._cold_alone(job, info, allowed)
+            self._cold_alone(job, info, allowed, kind="job")
             return
-        need = info.peak_mib + info.safety_mib
+        need = info.holds_mib(1)
         best: int | None = None
         best_room = -1
         for g in allowed:
+            if g in self.exclusive or self.budget[g] < need:
+                continue
+            barrier = self.barriers.get(g)
+            if barrier is not None and not self._may_pass(barrier, job, name, need, hot=False):
+                continue
             room = self.budget[g] - need
-            if room > best_room and g not in self.exclusive:
+            if room > best_room:
                 best, best_room = g, room
         if best is not None:
             self._start(job, info, best, spawn=True, reserve=need)
             return
         feasible = [g for g in allowed if self._ever_fits(g, need)]
         if not feasible:
-            self._settle(name, self._never(info, need, allowed))
+            self._settle(key, self._never(info, need, allowed))
             return
-        self._make_barrier(job, info, feasible, need, alone=False, own=None)
+        free = [g for g in feasible if g not in self.barriers]
+        if not free:
+            self._settle(key, self._behind(self.barriers[feasible[0]]))
+            return
+        self._make_barrier(job, info, free, need, alone=False, own=None)
 
-    def _cold_alone(self, job: QueuedJob, info: BackendInfo, allowed: list[int]) -> None:
+    def _cold_alone(
+        self, job: QueuedJob, info: BackendInfo, allowed: list[int], *, kind: str
+    ) -> None:
+        """An unmeasured spawn, or a calibration: an empty GPU, all of it."""
         best: int | None = None
         for g in allowed:
             if (
                 self._empty(g)
+                and g not in self.barriers
                 and self.budget[g] > 0
                 and (best is None or self.budget[g] > self.budget[best])
             ):
                 best = g
         if best is not None:
-            self._start(job, info, best, spawn=True, reserve=self.gpus[best].usable_mib)
+            self._start(job, info, best, spawn=kind == "job", reserve=self.budget[best],
+                        kind=kind)
             return
         feasible = [g for g in allowed if g not in self.pinned_alone and not self._pinned_on(g)]
+        what = "runs alone (footprint unknown)" if kind == "job" else "is calibrated alone"
         if not feasible:
-            self._settle(
-                info.name,
-                f"{info.name} runs alone (footprint unknown) but every allowed GPU "
-                "holds a pinned worker",
-            )
+            self._settle(key_of(job),
+                         f"{info.name} {what} but every allowed GPU holds a pinned worker")
             return
-        self._make_barrier(job, info, feasible, 0, alone=True, own=None)
+        free = [g for g in feasible if g not in self.barriers]
+        if not free:
+            self._settle(key_of(job), self._behind(self.barriers[feasible[0]]))
+            return
+        self._make_barrier(job, info, free, 0, alone=True, own=None)
+
+    def _calibration(self, job: QueuedJob, info: BackendInfo) -> None:
+        allowed = self._allowed(info)
+        if not allowed:
+            self._settle(key_of(job), self._no_gpu(info))
+            return
+        self._cold_alone(job, info, allowed, kind="calibration")
+
+    def _preload(self, job: QueuedJob, info: BackendInfo) -> None:
+        """Start a worker without a job, in room that nobody waits for; never evict."""
+        name = info.name
+        key = key_of(job)
+        if name in self.worker_gpu or name in self.stopping:
+            self._settle(key, "its worker already runs")
+            return
+        allowed = self._allowed(info)
+        if info.peak_mib is None:
+            empty = [g for g in allowed if self._empty(g) and g not in self.barriers
+                     and self.budget[g] > 0]
+            if empty:
+                g = max(empty, key=lambda i: (self.budget[i], -i))
+                self._start(job, info, g, spawn=True, reserve=self.budget[g], kind="preload")
+            else:
+                self._settle(key, "no empty GPU for a worker whose footprint is unknown")
+            return
+        need = info.idle_mib
+        fits = [
+            g for g in allowed
+            if g not in self.exclusive and self.budget[g] >= need
+            and (g not in self.barriers or need <= self.barriers[g].slack)
+        ]
+        if not fits:
+            self._settle(key, f"no room for a preload ({need} MiB) that nobody waits for")
+            return
+        g = max(fits, key=lambda i: (self.budget[i] - need, -i))
+        self._start(job, info, g, spawn=True, reserve=need, kind="preload")
 
     def _start(
-        self, job: QueuedJob, info: BackendInfo, g: int, *, spawn: bool, reserve: int
+        self, job: QueuedJob, info: BackendInfo, g: int, *, spawn: bool, reserve: int,
+        kind: str = "job",
     ) -> None:
         name = info.name
         self.budget[g] -= reserve
-        self.starts.append(Start(job.job_id, name, g, spawn, reserve))
+        self.starts.append(Start(job.job_id, name, g, spawn, reserve, kind))
         self.started.add(job.job_id)
+        barrier = self.barriers.get(g)
+        if barrier is not None:
+            barrier.slack -= reserve
+            barrier.passed += 1
+        if kind == "calibration":
+            self.closed[g] = f"GPU{g} is held by the calibration of {name}"
+            self._settle(("job", name), f"{name} is being calibrated")
+            self._settle(key_of(job), f"{name} is being calibrated")
+            self._sweep()
+            return
         self.used.add(name)
         if spawn:
             self.worker_gpu[name] = g
-            self.slots[name] = info.concurrency - 1
+            jobs = 1 if kind == "job" else 0
+            self.active[name] = jobs
+            self.slots[name] = info.concurrency - jobs
             self.spawned.add(name)
             self.planned_on[g] += 1
             if info.peak_mib is None:
                 self.exclusive[g] = name
+            if kind == "preload":
+                self._settle(key_of(job), "its worker is starting")
         else:
             self.slots[name] -= 1
+            self.active[name] += 1
         if self.slots[name] <= 0:
-            self._settle(name, "worker starting" if name in self.spawned else "worker busy")
-        barrier = self.barrier
-        if barrier is not None:
-            barrier.passed += 1
-            if barrier.passed >= self.config.affinity_limit:
-                barrier.forced = True
-                self.stopped = True
-            else:
-                self._sweep()
+            self._settle(("job", name),
+                         "worker starting" if name in self.spawned else "worker busy")
+        if self.barriers:
+            self._sweep()
 
-    # ----------------------------------------------------------------- barrier
+    # ----------------------------------------------------------------- barriers
 
     def _barrier_hot(self, job: QueuedJob, info: BackendInfo, g: int, need: int) -> None:
         name = info.name
         gpu = self.gpus[g]
-        own_floor = info.resident_mib
-        floor = self.pinned_floor[g] - (own_floor if info.pinned else 0)
-        if need + own_floor > gpu.usable_mib - floor:
-            # Pinned neighbours leave too little beside its own resident memory: relocate it.
+        floor = self.pinned_floor[g] - (info.idle_mib if info.pinned else 0)
+        room = gpu.usable_mib - floor - gpu.foreign_mib
+        if info.holds_mib(self.active[name] + 1) > room and info.holds_mib(1) <= room:
+            # It fits once its worker's running jobs are done, not beside them.
+            self._settle(key_of(job), self._short(need, g))
+            return
+        if info.holds_mib(1) > room:
+            # Pinned neighbours (or foreign memory) leave too little beside its own resident
+            # memory: relocate it.
             own = next((w for w in self.live_on[g] if w.backend == name), None)
             if own is not None and self._evictable(own):
-                self.barrier = _Barrier(job, job.passed, job.passed >= self.config.affinity_limit)
-                self._evict([own], g, f"relocate: {name} needs {need} MiB beside pinned workers")
+                self._evict([own], g, f"relocate: {name} needs {need} MiB beside pinned "
+                            "workers")
                 self.explicit[job.job_id] = f"worker relocating off GPU{g} (pinned neighbours)"
-                self._after_barrier()
+                self._settle(key_of(job), "worker stopping")
                 return
-            self._settle(
-                name, f"needs {need} MiB on GPU{g} but pinned workers there leave too little"
-            )
+            self._settle(key_of(job), f"needs {need} MiB on GPU{g} but pinned workers there "
+                         "leave too little")
             return
         self._make_barrier(job, info, [g], need, alone=False, own=name)
 
@@ -403,56 +559,141 @@ class _Planner:
         alone: bool,
         own: str | None,
     ) -> None:
-        """``job`` is the first blocked for memory: choose a GPU and evict for it."""
-        self.barrier = _Barrier(job, job.passed, job.passed >= self.config.affinity_limit)
-        best: tuple[tuple[float, int, int, int], int, list[evict.Candidate]] | None = None
+        """``job`` is the first blocked for memory on the GPU it can have most cheaply."""
+        best: tuple[tuple[int, float, int, int, int], int, list[evict.Candidate], int] | None
+        best = None
         for g in candidates:
             option = self._option(g, need, alone=alone, own=own)
             if option is None:
                 continue
             cost, chosen, room = option
-            key = (cost, len(chosen), -room, g)
-            if best is None or key < best[0]:
-                best = (key, g, chosen)
+            busy = sum(1 for c in chosen if c.worker.active_jobs)
+            rank = (busy, cost, len(chosen), -room, g)
+            if best is None or rank < best[0]:
+                best = (rank, g, chosen, room)
+        barrier_key = key_of(job)
+        # Patience counts from when it was first found blocked here, not from submission.
+        since = job.blocked_since
+        if since is None:
+            since = self.blocked[job.job_id] = self.now
+        waited = self.now - since
+        if not alone and (best is None or best[2]):
+            # Before evicting: the memory running jobs give back when they end may suffice.
+            # Waiting for it costs time, evicting costs reloads: wait up to patience_factor
+            # times what the eviction would cost (recently used workers are dear).
+            evict_cost = best[0][1] if best is not None else math.inf
+            patience = min(self.config.patience_factor * evict_cost,
+                           self.config.max_patience_s)
+            returning = [(self.budget[g] + self.stopping_mib[g] + self._returning(g, own), g)
+                         for g in candidates if g not in self.closed
+                         and not (self.exclusive.get(g, own) not in (own, None))]
+            fit = [(room - need, g) for room, g in returning if room >= need]
+            if fit and waited < patience:
+                room, g = max(fit)
+                barrier = _Barrier(job, g, self._effective(job), [], room, False, job.passed)
+                if math.isfinite(patience):
+                    due = since + patience
+                    if self.revisit_at is None or due < self.revisit_at:
+                        self.revisit_at = due
+                self._add_barrier(barrier)
+                reason = (f"needs {need} MiB: waiting for the jobs running on GPU{g} to give "
+                          "their memory back, rather than evict"
+                          + (f" (at most {patience - waited:.0f} s more)"
+                             if math.isfinite(patience) else ""))
+                self.explicit[job.job_id] = reason
+                self._settle(barrier_key, reason)
+                return
         if best is None:
+            # Nothing that may leave suffices now (starting workers, pinned ones...): wait on
+            # the GPU with the most coming back, taking nothing from anyone.
             g = max(candidates, key=lambda i: (self.budget[i] + self.stopping_mib[i], -i))
-            if alone:
-                reason = "runs alone (footprint unknown): waiting for a GPU to empty"
-            else:
-                reason = self._short(need, g)
+            # What it leaves to others: the room it will never need, even once everything
+            # that may leave has left.
+            gpu = self.gpus[g]
+            ever = gpu.usable_mib - gpu.foreign_mib - self.pinned_floor[g]
+            slack = 0 if alone else max(0, ever - need)
+            self._add_barrier(_Barrier(job, g, self._effective(job), [], slack, False,
+                                       job.passed))
+            reason = (f"runs alone (footprint unknown): waiting for GPU{g} to empty" if alone
+                      else self._short(need, g))
+            self.explicit[job.job_id] = reason
+            self._settle(barrier_key, reason)
+            return
+        _, g, chosen, room = best
+        victims = [c.worker for c in chosen]
+        barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed)
+        switch = info.reload_cost_s + sum(
+            self.backends[v.backend].reload_cost_s
+            for v in victims
+            if v.backend in self.backends and self.queued_jobs.get(v.backend, 0) > 0
+        )
+        patience = min(self.config.patience_factor * switch, self.config.max_patience_s)
+        barrier.forced = waited >= patience or not any(
+            self.queued_jobs.get(v.backend, 0) for v in victims
+        )
+        if not barrier.forced:
+            due = since + patience
+            if self.revisit_at is None or due < self.revisit_at:
+                self.revisit_at = due
+        self._add_barrier(barrier)
+        for v in victims:
+            if barrier.forced:
+                self._settle(("job", v.backend), f"its worker leaves GPU{g} for {job.job_id}")
+        pending = self.stopping_count[g] + len(victims)
+        what = "runs alone" if alone else f"needs {need} MiB"
+        if not victims:
+            reason = f"waiting for {_plural(pending, 'worker')} to stop on GPU{g}"
+        elif barrier.forced:
+            leave = "leaves" if len(victims) == 1 else "leave"
+            reason = f"{what}: {_plural(len(victims), 'worker')} {leave} GPU{g} for it"
         else:
-            _, g, chosen = best
-            what = f"{info.name} needs {need} MiB" if not alone else f"{info.name} runs alone"
-            self._evict([c.worker for c in chosen], g, f"room for {job.job_id}: {what} on GPU{g}")
-            pending = self.stopping_count[g]  # already counts the evictions just made
-            if pending:
-                reason = f"waiting for {_plural(pending, 'eviction')} on GPU{g}"
-            elif alone:
-                reason = f"runs alone (footprint unknown): waiting for GPU{g} to empty"
-            else:
-                reason = self._short(need, g)
+            reason = (f"{what}: hot work on GPU{g} goes on for up to {patience - waited:.0f} s "
+                      "more before the switch")
         self.explicit[job.job_id] = reason
-        self._after_barrier()
+        self._settle(barrier_key, reason)
 
-    def _after_barrier(self) -> None:
-        if self.barrier is not None and self.barrier.forced:
-            self.stopped = True
-        else:
-            self._sweep()
+    def _batch_waits(self, w: WorkerInfo, g: int) -> bool:
+        """An idle victim's batch goes on soon: its next job may pass the barrier and only
+        waits for memory, which comes back once the jobs running on its GPU end (a patient
+        barrier keeps it)."""
+        info = self.backends.get(w.backend)
+        if info is None or w.backend not in self.waiting_victims:
+            return False
+        return info.need_mib(0) <= self.budget[g] + self._returning(g, None)
+
+    def _returning(self, g: int, own: str | None) -> int:
+        """What the jobs running on ``g`` give back when they end (their activation and
+        safety; what a worker holds beyond its figures too)."""
+        back = 0
+        for w in self.live_on[g]:
+            info = self.backends.get(w.backend)
+            if w.active_jobs and w.backend != own and info is not None and info.measured:
+                back += max(0, w.reserved_mib - info.idle_mib)
+        return back
+
+    def _add_barrier(self, barrier: _Barrier) -> None:
+        self.barriers[barrier.gpu] = barrier
+        if self.first_barrier is None:
+            self.first_barrier = barrier
+        self._sweep()
 
     def _option(
         self, g: int, need: int, *, alone: bool, own: str | None
     ) -> tuple[float, list[evict.Candidate], int] | None:
-        """Cheapest way to make ``need`` fit on ``g`` now: (cost, evictions, room after)."""
+        """Cheapest way to make ``need`` fit on ``g``: (cost, victims, room after).
+
+        Victims are live workers that may leave: idle ones now, busy ones once their jobs
+        end (idle first, then the cheapest).
+        """
         gpu = self.gpus[g]
-        if self.planned_on[g] and (alone or g in self.exclusive):
+        if g in self.closed or (self.planned_on[g] and (alone or g in self.exclusive)):
             return None
         cands = [
-            c for c in self._candidates(g) if c.worker.backend != own and self._evictable(c.worker)
+            c for c in self._candidates(g) if c.worker.backend != own and self._may_leave(c.worker)
         ]
         if alone:
             if len(cands) != len(self.live_on[g]):
-                return None  # something there cannot be evicted now
+                return None  # something there cannot leave
             return (sum(c.cost for c in cands), cands, gpu.usable_mib)
         have = self.budget[g] + self.stopping_mib[g]
         mandatory: list[evict.Candidate] = []
@@ -472,33 +713,75 @@ class _Planner:
         room = have + sum(c.frees_mib for c in rest) - need
         return (sum(c.cost for c in chosen), chosen, room)
 
+    def _resolve(self) -> None:
+        """After the walk: evict the idle victims whose batch did not go on, and the idle
+        workers of draining GPUs."""
+        for g, barrier in self.barriers.items():
+            idle = [v for v in barrier.victims if self._evictable(v)
+                    and not (not barrier.forced and self._batch_waits(v, g))]
+            if idle:
+                self._evict(idle, g, f"room for {barrier.job.job_id} on GPU{g}")
+        for g in self.gpu_ids:
+            gpu = self.gpus[g]
+            if gpu.draining:
+                idle = [w for w in self.live_on[g] if self._evictable(w)]
+                if idle:
+                    self._evict(idle, g, f"GPU{g} is draining")
+
     def _evict(self, workers: list[WorkerInfo], g: int, reason: str) -> None:
         for w in workers:
             self.evictions.append(Evict(w.backend, g, w.reserved_mib, reason))
             self.evicted.add(w.backend)
             self.stopping_mib[g] += w.reserved_mib
             self.stopping_count[g] += 1
-            self._settle(w.backend, "worker stopping")
+            self._settle(("job", w.backend), "worker stopping")
 
     def _sweep(self) -> None:
-        """With a barrier standing, settle every backend that cannot start behind it."""
-        barrier = self.barrier
-        assert barrier is not None
-        for name in list(self.alive):
-            g = self.worker_gpu.get(name)
-            if g is None:
-                self._settle(name, f"behind {barrier.job.job_id} (waiting for memory)")
+        """Settle every key whose next job cannot start any more, whatever its priority.
+
+        Budgets only shrink and barriers only appear during a walk, so a verdict stays true
+        for the rest of it; this only ends the walk early.
+        """
+        for key in list(self.alive):
+            kind, name = key
+            info = self.backends.get(name)
+            if info is None or kind != "job":
                 continue
-            need = self.backends[name].hot_need_mib
-            if not self._fits(name, g, need):
-                self._settle(name, self._short(need, g))
+            g = self.worker_gpu.get(name)
+            if g is not None:
+                need = info.need_mib(self.active[name]) if info.measured else 0
+                if g in self.closed:
+                    self._settle(key, self.closed[g])
+                elif need > 0 and self.budget[g] < need:
+                    barrier = self.barriers.get(g)
+                    if barrier is not None:
+                        self._settle(key, self._short(need, g))
+                continue
+            if info.peak_mib is None:
+                continue
+            need = info.holds_mib(1)
+            allowed = self._allowed(info)
+            if any(self.budget[i] >= need and i not in self.exclusive for i in allowed):
+                continue
+            feasible = [i for i in allowed if self._ever_fits(i, need)]
+            if feasible and all(i in self.barriers for i in feasible):
+                self._settle(key, self._behind(self.barriers[feasible[0]]))
 
     # ----------------------------------------------------------------- helpers
 
     def _allowed(self, info: BackendInfo) -> list[int]:
-        if info.allowed_gpus is None:
-            return self.gpu_ids
-        return sorted(g for g in set(info.allowed_gpus) if g in self.gpus)
+        ids = self.gpu_ids if info.allowed_gpus is None else sorted(
+            g for g in set(info.allowed_gpus) if g in self.gpus
+        )
+        return [g for g in ids if g not in self.closed]
+
+    def _no_gpu(self, info: BackendInfo) -> str:
+        ids = self.gpu_ids if info.allowed_gpus is None else sorted(
+            g for g in set(info.allowed_gpus) if g in self.gpus
+        )
+        if ids:
+            return "; ".join(self.closed[g] for g in ids)
+        return f"{info.name} allows no GPU that is present"
 
     def _empty(self, g: int) -> bool:
         return (
@@ -516,18 +799,25 @@ class _Planner:
         return False
 
     def _ever_fits(self, g: int, need: int) -> bool:
-        """Could ``need`` (a measured cold job) fit on ``g`` once every evictable worker left?"""
+        """Could ``need`` (a measured cold job) fit on ``g`` once every worker that may leave
+        has left?"""
         if g in self.pinned_alone:
             return False
-        return need <= self.gpus[g].usable_mib - self.pinned_floor[g]
+        gpu = self.gpus[g]
+        return need <= gpu.usable_mib - self.pinned_floor[g] - gpu.foreign_mib
 
-    def _evictable(self, w: WorkerInfo) -> bool:
-        if w.state != "ready" or w.active_jobs:
+    def _may_leave(self, w: WorkerInfo) -> bool:
+        """A worker that a barrier may wait for: idle, running or starting, not pinned, not
+        given a job in this plan."""
+        if w.state == "stopping":
             return False
         if w.backend in self.used or w.backend in self.evicted:
             return False
         info = self.backends.get(w.backend)
         return info is None or not info.pinned
+
+    def _evictable(self, w: WorkerInfo) -> bool:
+        return w.active_jobs == 0 and w.state == "ready" and self._may_leave(w)
 
     def _candidates(self, g: int) -> list[evict.Candidate]:
         out = []
@@ -541,17 +831,21 @@ class _Planner:
         out.sort(key=lambda c: c.order)
         return out
 
+    def _behind(self, barrier: _Barrier) -> str:
+        return f"behind {barrier.job.job_id} (waiting for memory on GPU{barrier.gpu})"
+
     def _short(self, need: int, g: int) -> str:
         return f"needs {need} MiB, {max(self.budget[g], 0)} free on GPU{g}"
 
     def _never(self, info: BackendInfo, need: int, allowed: list[int]) -> str:
         largest = max(allowed, key=lambda i: (self.gpus[i].usable_mib, -i))
-        usable = self.gpus[largest].usable_mib
+        gpu = self.gpus[largest]
+        usable = gpu.usable_mib
         if need <= usable:
-            return (
-                f"{info.name} needs {need} MiB but pinned workers leave too little on every "
+            what = "pinned workers and foreign processes" if gpu.foreign_mib else \
+                "pinned workers"
+            return f"{info.name} needs {need} MiB but {what} leave too little on every " \
                 "allowed GPU"
-            )
         return (
             f"{info.name} needs {need} MiB but the largest allowed GPU (GPU{largest}) has "
             f"{usable} MiB usable"

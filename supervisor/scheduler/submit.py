@@ -13,13 +13,14 @@ _DEFAULT = SchedulerConfig()
 
 
 def check_submit(
-    snapshot: Snapshot, backend: str, config: SchedulerConfig = _DEFAULT
+    snapshot: Snapshot, backend: str, config: SchedulerConfig = _DEFAULT, *, kind: str = "job"
 ) -> str | None:
     """Why a new job for ``backend`` must be refused now, or None to accept it.
 
     Usable memory of a GPU is total - reserve (the reserve is never handed out), so a
     backend whose peak + safety exceeds that on every allowed GPU is refused: the scheduler
-    could never start it. An unmeasured backend (peak unknown) only needs an allowed GPU.
+    could never start it. An unmeasured backend (peak unknown), and a ``calibration`` (it
+    runs alone and measures), only need an allowed GPU.
     """
     info = snapshot.backends.get(backend)
     if info is None:
@@ -37,8 +38,8 @@ def check_submit(
             else ", ".join(f"GPU{i}" for i in info.allowed_gpus) or "no GPU"
         )
         return f"{backend} allows {wanted} but none of them is present (present: {present})"
-    if info.peak_mib is not None:
-        need = info.peak_mib + info.safety_mib
+    if info.peak_mib is not None and kind == "job":
+        need = info.holds_mib(1)
         largest = max(gpus, key=lambda g: (g.usable_mib, -g.index))
         if need > largest.usable_mib:
             detail = (

@@ -20,10 +20,22 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-import msgpack
 import psutil
 
-from worker_sdk.protocol import DataType, EventType, Message, MessageType, event_type
+from worker_sdk.events import (
+    Cancel,
+    Chunk,
+    EndOfStream,
+    EnvelopeReply,
+    ErrorReply,
+    Event,
+    Progress,
+    Reply,
+    Request,
+    Shutdown,
+    Status,
+)
+from worker_sdk.protocol import ProtocolError
 
 from . import process
 from .wire import WireConnection, WireListener
@@ -52,6 +64,7 @@ class Outcome:
     status_code: int = 200
     error: str | None = None
     cancelled: bool = False
+    too_large: bool = False  # the result went over the limit: what came of it is dropped
 
 
 @dataclass(slots=True)
@@ -60,6 +73,11 @@ class Pending:
     job_id: str
     stream: bool
     chunks: list[bytes] = field(default_factory=list)
+    size: int = 0  # bytes of result received so far (data, or the chunks in all)
+    overflowed: bool = False  # over the result limit: failed; what still comes is dropped
+
+
+OVERFLOW_GRACE_S = 5.0  # a worker that goes on past the result limit this long is killed
 
 
 class WorkerObserver(Protocol):
@@ -90,6 +108,7 @@ class WorkerHandle:
         listener: WireListener,
         observer: WorkerObserver,
         plain_stream: bool = False,
+        max_result: int | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -101,6 +120,7 @@ class WorkerHandle:
         self.listener = listener
         self.observer = observer
         self.plain_stream = plain_stream
+        self.max_result = max_result  # bytes of one request's result (None: no limit)
         self.state = WorkerState.STARTING
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
@@ -117,6 +137,7 @@ class WorkerHandle:
         self._stopping = False
         self._descendants: set[int] = set()
         self._said_ready = False  # the worker said "ready" (maybe before its data socket came)
+        self._lost_reason: str | None = None  # why the engine killed it (not an init failure)
         # (wall time, status) of each status event, stamped by the worker itself when it can.
         self.status_marks: list[tuple[float, str]] = []
 
@@ -153,6 +174,8 @@ class WorkerHandle:
             reason = "stopped"
         elif self.init_error:
             reason = f"initialize failed: {self.init_error}"
+        elif self._lost_reason:
+            reason = self._lost_reason
         else:
             reason = f"worker exited with code {code}"
         self._set_state(WorkerState.COLD if expected else WorkerState.CRASHED)
@@ -173,18 +196,27 @@ class WorkerHandle:
         return False
 
     def attach(self, conn: WireConnection, is_control: bool) -> None:
-        conn.on_lost = lambda why: self._connection_lost(why)
+        old = self.control if is_control else self.data
+        if old is not None and old is not conn:  # a new session supersedes the old socket
+            old.on_lost = None
+            old.close("superseded by a new registration")
+        conn.on_lost = lambda why: self._connection_lost(why, conn.closed_by_engine)
         if is_control:
             self.control = conn
-            conn.on_message = self._on_control
+            conn.on_event = self._on_control
         else:
             self.data = conn
-            conn.on_message = self._on_data
+            conn.on_event = self._on_data
+            conn.on_refused = self._on_refused
         self.features = conn.features
         if self.control is not None and self.data is not None and \
                 self.state == WorkerState.STARTING:
             self._set_state(WorkerState.INITIALIZING)
         self._maybe_ready()
+
+    def registration_refused(self, why: str) -> None:
+        """The worker's registration broke the protocol: it will never be ready."""
+        self._connection_lost(f"its registration was refused: {why}", by_engine=True)
 
     def _maybe_ready(self) -> None:
         """READY once the worker said so AND both of its connections are attached."""
@@ -193,9 +225,11 @@ class WorkerHandle:
                                                           WorkerState.INITIALIZING)):
             self._set_state(WorkerState.READY)
 
-    def _connection_lost(self, why: str) -> None:
+    def _connection_lost(self, why: str, by_engine: bool = False) -> None:
         if self._stopping or self._exited.is_set():
             return
+        if by_engine:  # (a protocol error, or a worker that does not read its socket)
+            self._lost_reason = f"the engine cut the worker off: {why}"
         # A worker without its sockets is useless.  It usually died (its exit follows at
         # once); if it is still there after a moment, it is killed: either way it is a crash.
         asyncio.get_running_loop().create_task(self._reap_lost(why))
@@ -204,7 +238,7 @@ class WorkerHandle:
         if await self._wait_exit(1.0):
             return
         log.warning("worker %s: %s but the process lives on; killing it", self.name, why)
-        self.init_error = self.init_error or why
+        self._lost_reason = f"{self._lost_reason or why}; killed by the engine"
         self.kill()
 
     # -- state ------------------------------------------------------------------------------
@@ -220,18 +254,32 @@ class WorkerHandle:
     def hot(self) -> bool:
         return self.state in (WorkerState.READY, WorkerState.BUSY)
 
-    def _on_control(self, message: Message) -> None:
-        if message.type != MessageType.EVENT or not isinstance(message.payload, dict):
+    # -- liveness ---------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Send a PING on the control socket unless one is still unanswered.
+
+        Every worker answers PING with PONG from its control thread, busy in predict or not
+        (verda-io's workers too), so a ping left unanswered means a hung or stopped process.
+        """
+        control = self.control
+        if control is None or control.closed or control.oldest_unanswered_ping_s() is not None:
             return
-        payload = message.payload
-        code = event_type(payload)
-        if code == EventType.STATUS:
-            status = payload.get("status")
-            if isinstance(status, str):
-                stamp = message.timestamp
-                self.status_marks.append((stamp if stamp is not None else time.time(), status))
+        control.ping()
+
+    def ping_overdue(self, now: float) -> float:
+        """Seconds the oldest unanswered ping has waited for its PONG (0: none outstanding)."""
+        control = self.control
+        waited = control.oldest_unanswered_ping_s(now) if control is not None else None
+        return 0.0 if waited is None else max(0.0, waited)
+
+    def _on_control(self, event: Event) -> None:
+        """A typed control event (the conversation validated it)."""
+        if isinstance(event, Status):
+            status = event.status
+            stamp = event.timestamp
+            self.status_marks.append((stamp if stamp is not None else time.time(), status))
             if status == "failed":
-                self.init_error = str(payload.get("error", "initialize failed"))
+                self.init_error = event.error or "initialize failed"
             elif status == "ready" and not self._stopping:
                 self._said_ready = True
                 if self.state in (WorkerState.STARTING, WorkerState.INITIALIZING):
@@ -240,27 +288,17 @@ class WorkerHandle:
                     self._set_state(WorkerState.BUSY if self.inflight else WorkerState.READY)
             elif status == "initializing" and self.state == WorkerState.STARTING:
                 self._set_state(WorkerState.INITIALIZING)
-        elif code == EventType.NOTIFY:
-            pending = self.inflight.get(payload.get("request"))  # type: ignore[arg-type]
+        elif isinstance(event, Progress):
+            pending = self.inflight.get(event.request)
             if pending is not None:
-                fraction = payload.get("fraction")
-                self.observer.request_progress(
-                    pending.job_id,
-                    float(fraction) if isinstance(fraction, int | float) else None,
-                    str(payload.get("message", "")),
-                )
+                self.observer.request_progress(pending.job_id, event.fraction, event.message)
 
     # -- requests ---------------------------------------------------------------------------
     def send(self, job_id: str, payload: bytes, *, stream: bool,
              metadata: dict[str, Any] | None = None, deadline: float | None = None) -> int:
         assert self.data is not None
         wire_id = self.data.next_id()
-        if "envelope" in self.features:
-            body = {"request_id": job_id, "metadata": metadata or {}, "deadline": deadline,
-                    "payload": payload}
-            self.data.send(MessageType.DATA, DataType.ENVELOPE, wire_id, body)
-        else:
-            self.data.send(MessageType.DATA, DataType.DEFAULT, wire_id, payload)
+        self.data.send(Request(wire_id, payload, job_id, metadata or {}, deadline, stream))
         self.inflight[wire_id] = Pending(wire_id, job_id, stream)
         self.by_job[job_id] = wire_id
         if self.state == WorkerState.READY:
@@ -270,10 +308,10 @@ class WorkerHandle:
     def cancel(self, job_id: str) -> bool:
         """Ask the worker to cancel; False when the worker cannot be asked (no extension)."""
         wire_id = self.by_job.get(job_id)
-        if wire_id is None or self.control is None or "cancel" not in self.features:
+        control = self.control
+        if wire_id is None or control is None or "cancel" not in control.features:
             return False
-        self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
-                          {"event": int(EventType.CANCEL), "request": wire_id})
+        control.send(Cancel(control.next_id(), wire_id))
         return True
 
     def _finish(self, wire_id: int, outcome: Outcome) -> None:
@@ -285,52 +323,79 @@ class WorkerHandle:
             self._set_state(WorkerState.READY)
         self.observer.request_done(self, pending.job_id, outcome)
 
-    def _on_data(self, message: Message) -> None:
-        pending = self.inflight.get(message.id)
+    def _on_data(self, event: Event) -> None:
+        """A typed reply (the conversation matched it to an open request and validated it)."""
+        pending = self.inflight.get(event.id)
         if pending is None:
             return
-        if message.type == MessageType.ERROR:
-            payload = message.payload if isinstance(message.payload, dict) else {}
-            kind = payload.get("type")
-            status = payload.get("status_code", 500)
-            self._finish(message.id, Outcome(
-                ok=False,
-                error=str(payload.get("error", message.payload)),
-                status_code=int(status) if isinstance(status, int) else 500,
-                cancelled=kind == "cancelled",
-            ))
-        elif message.type == MessageType.DATA:
-            self._on_data_reply(pending, message)
+        cls = type(event)
+        final = cls is not Chunk
+        if pending.overflowed:  # failed already: drop the rest, forget it when it ends
+            if final:
+                self._end_overflowed(pending)
+            return
+        data = getattr(event, "data", None)
+        if self._over_limit(pending, len(data) if data is not None else 0, final):
+            return
+        if cls is Reply:
+            self._finish(event.id, Outcome(ok=True, data=bytes(event.data)))  # type: ignore
+        elif cls is Chunk:
+            chunk = bytes(event.data)  # type: ignore[attr-defined]
+            pending.chunks.append(chunk)
+            self.observer.request_chunk(pending.job_id, chunk)
+        elif cls is EndOfStream:
+            self._finish(event.id, Outcome(ok=True, data=b"".join(pending.chunks)))
+        elif isinstance(event, EnvelopeReply):
+            self._finish(event.id, Outcome(ok=True, data=bytes(event.data),
+                                           headers=dict(event.headers),
+                                           status_code=event.status_code))
+        elif isinstance(event, ErrorReply):
+            self._finish(event.id, Outcome(ok=False, error=event.error,
+                                           status_code=event.status_code,
+                                           cancelled=event.kind == "cancelled"))
 
-    def _on_data_reply(self, pending: Pending, message: Message) -> None:
-        dtype = message.data_type
-        if dtype == DataType.STREAM:
-            if message.payload is None:
-                self._finish(pending.wire_id, Outcome(ok=True, data=b"".join(pending.chunks)))
-            else:
-                pending.chunks.append(message.payload)
-                self.observer.request_chunk(pending.job_id, message.payload)
-        elif dtype == DataType.ENVELOPE:
-            try:
-                env = msgpack.unpackb(message.payload, raw=False)
-                outcome = Outcome(
-                    ok=True,
-                    data=bytes(env.get("payload", b"")),
-                    headers=dict(env.get("headers") or {}),
-                    status_code=int(env.get("status_code", 200)),
-                )
-            except Exception as exc:  # noqa: BLE001 - a malformed envelope fails that job
-                outcome = Outcome(ok=False, error=f"malformed envelope reply: {exc}")
-            self._finish(pending.wire_id, outcome)
-        elif pending.stream and "stream" not in self.features:
-            # A plain verda-io worker that streams: chunks until an empty bin.
-            if message.payload == b"":
-                self._finish(pending.wire_id, Outcome(ok=True, data=b"".join(pending.chunks)))
-            else:
-                pending.chunks.append(message.payload)
-                self.observer.request_chunk(pending.job_id, message.payload)
+    def _over_limit(self, pending: Pending, nbytes: int, final: bool) -> bool:
+        """Count ``nbytes`` more of ``pending``'s result.  Past the limit the job fails at
+        once; a request still going is cancelled (and its worker killed if it goes on)."""
+        pending.size += nbytes
+        limit = self.max_result
+        if limit is None or pending.size <= limit:
+            return False
+        pending.overflowed = True
+        pending.chunks.clear()
+        asked = False if final else self.cancel(pending.job_id)
+        self.observer.request_done(self, pending.job_id, Outcome(
+            ok=False, status_code=507, too_large=True,
+            error=(f"the result is over the engine's limit of {limit / 1048576:g} MiB for one "
+                   f"job ({pending.size} bytes so far; EngineConfig.max_result_bytes, "
+                   "VRAMTUI_MAX_RESULT_MIB)"
+                   + ("" if final else "; the request was cancelled" if asked
+                      else "; the rest of it is dropped"))))
+        if final:
+            self._end_overflowed(pending)
         else:
-            self._finish(pending.wire_id, Outcome(ok=True, data=message.payload))
+            asyncio.get_running_loop().call_later(OVERFLOW_GRACE_S, self._overflow_expired,
+                                                  pending)
+        return True
+
+    def _overflow_expired(self, pending: Pending) -> None:
+        if self.inflight.get(pending.wire_id) is pending and not self.exited:
+            log.warning("worker %s goes on past the result limit of job %s; killing it",
+                        self.name, pending.job_id)
+            self.kill()
+
+    def _end_overflowed(self, pending: Pending) -> None:
+        """A request that already failed for its size has ended: forget it quietly."""
+        self.inflight.pop(pending.wire_id, None)
+        self.by_job.pop(pending.job_id, None)
+        if not self.inflight and self.state == WorkerState.BUSY:
+            self._set_state(WorkerState.READY)
+
+    def _on_refused(self, exc: ProtocolError) -> None:
+        """A reply the conversation refused fails its request (the worker keeps serving)."""
+        if exc.message_id is not None and exc.message_id in self.inflight:
+            self._finish(exc.message_id, Outcome(
+                ok=False, status_code=502, error=f"the worker sent a malformed reply: {exc}"))
 
     # -- stop -------------------------------------------------------------------------------
     def begin_stop(self) -> None:
@@ -339,9 +404,9 @@ class WorkerHandle:
             return
         self._stopping = True
         self._set_state(WorkerState.STOPPING)
-        if self.control is not None and not self.control.closed:
-            self.control.send(MessageType.EVENT, DataType.DEFAULT, None,
-                              {"event": int(EventType.SHUTDOWN)})
+        control = self.control
+        if control is not None and not control.closed:
+            control.send(Shutdown(control.next_id()))
         elif self.pid is not None:
             process.signal_group(self.pid, signal.SIGTERM)
 
@@ -376,6 +441,10 @@ class WorkerHandle:
     @property
     def exited(self) -> bool:
         return self._exited.is_set()
+
+    def known_descendants(self) -> set[int]:
+        """The worker's children that connected to the engine or were seen on the GPU."""
+        return set(self._descendants)
 
     def pids(self) -> set[int]:
         """The worker's process and its descendants (for per-process GPU memory)."""

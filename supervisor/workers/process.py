@@ -2,19 +2,34 @@
 
 Every worker runs in its own session (so its own process group); signals go to that group, so
 a worker's children die with it.  The engine only ever signals process groups it created.
+
+Logs.  A worker's stdout and stderr go to a pipe that the engine copies into the backend's log
+file (:class:`LogSink`), never straight to the file: so the file is rotated *while* the worker
+runs (over ``LOG_MAX_BYTES`` it becomes ``.1``, ``.1`` becomes ``.2`` …, ``LOG_KEEP`` old files
+kept), and a worker that floods its output is slowed to ``LOG_RATE`` bytes a second (its
+writes block) instead of filling the disk — one backend's logs never take more than
+``(LOG_KEEP + 1) * LOG_MAX_BYTES`` of it.  The files are opened without following links.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..paths import open_private
+
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_KEEP = 3
+LOG_RATE = 8 * 1024 * 1024  # bytes a second a worker may log, over a burst of as much
+
+log = logging.getLogger(__name__)
 
 
 def rotate_log(path: Path, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_KEEP) -> None:
@@ -31,25 +46,121 @@ def rotate_log(path: Path, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_KEEP)
     path.replace(path.with_name(f"{path.name}.1"))
 
 
+def _open_log(path: Path) -> int:
+    return open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+
+class LogSink(asyncio.Protocol):
+    """Copies one worker's output pipe into its log file: rotated by size, slowed by rate."""
+
+    def __init__(self, path: Path, *, max_bytes: int, keep: int, rate: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.rate = rate
+        self.fd: int | None = _open_log(path)
+        self.size = os.fstat(self.fd).st_size
+        self.dropped = 0  # bytes that could not be written (disk full…)
+        self.transport: asyncio.ReadTransport | None = None
+        self._tokens = float(rate)
+        self._stamp = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.ReadTransport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._write(data)
+        now = time.monotonic()
+        self._tokens = min(float(self.rate), self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._tokens -= len(data)
+        if self._tokens < 0 and self.transport is not None:
+            # Over the rate: stop reading until it is paid back; the worker's writes block.
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_later(-self._tokens / self.rate, self._resume)
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        if self.fd is None:
+            self.dropped += len(data)
+            return
+        if self.size + len(data) > self.max_bytes and self.size:
+            self._rotate()
+        view = memoryview(data)
+        try:
+            while view.nbytes and self.fd is not None:
+                n = os.write(self.fd, view)
+                self.size += n
+                view = view[n:]
+        except OSError as exc:
+            first = not self.dropped
+            self.dropped += view.nbytes
+            if first:
+                log.warning("worker log %s: %s; the worker's output is dropped until it can "
+                            "be written", self.path, exc.strerror or exc)
+
+    def _rotate(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        try:
+            rotate_log(self.path, 0, self.keep)
+            self.fd = _open_log(self.path)
+            self.size = 0
+        except OSError as exc:
+            log.warning("worker log %s cannot be rotated (%s); its output is dropped",
+                        self.path, exc.strerror or exc)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.transport = None
+
+
 async def spawn(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log_path: Path
 ) -> asyncio.subprocess.Process:
-    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``."""
+    """Start ``argv`` in a new session, its stdout and stderr copied to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     rotate_log(log_path)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        return await asyncio.create_subprocess_exec(
+        sink = LogSink(log_path, max_bytes=LOG_MAX_BYTES, keep=LOG_KEEP, rate=LOG_RATE)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise OSError(exc.errno, f"cannot open its log {log_path}: {why}") from None
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=fd,
+            stdout=write_fd,
             stderr=asyncio.subprocess.STDOUT,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
         )
+    except BaseException:
+        os.close(read_fd)
+        sink.connection_lost(None)
+        raise
     finally:
-        os.close(fd)
+        os.close(write_fd)
+    pipe = os.fdopen(read_fd, "rb", buffering=0)
+    try:
+        await asyncio.get_running_loop().connect_read_pipe(lambda: sink, pipe)
+    except BaseException:
+        pipe.close()
+        sink.connection_lost(None)
+        raise
+    return proc
 
 
 def signal_group(pid: int, sig: signal.Signals) -> bool:

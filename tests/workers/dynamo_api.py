@@ -1,8 +1,9 @@
 """Test worker: served through the Python API, ``dynamo_worker(fn, DynamoWorkerConfig(...))``.
 
 Run as ``python dynamo_api.py ENDPOINT DISCOVERY_DIR``: a plain function (not decorated) is
-the predict, with the decorated ``@initialize`` and ``@unload`` of this script, and a
-``mapping`` that picks the request's ``text`` field.
+served with the decorated ``@initialize`` and ``@unload`` of this script, on a ``raw`` endpoint
+given as the combined ``NS.COMPONENT.ENDPOINT`` path, with a ``mapping`` whose dict becomes the
+function's keyword arguments.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ def teardown() -> None:
     mark("unload", "unload")
 
 
-def shout(payload: bytes) -> bytes:
-    return payload.upper() + b"!" + worker_sdk.current().id.encode()
+def shout(text: str, suffix: str) -> bytes:
+    return (text.upper() + suffix + worker_sdk.current().id).encode()
 
 
 if __name__ == "__main__":
     config = DynamoWorkerConfig(
+        "raw",
+        None,
         endpoint=sys.argv[1],
         discovery_dir=sys.argv[2],
-        mapping=lambda request: request["text"],
+        mapping=lambda request: {"text": request["text"], "suffix": "!"},
     )
-    sys.exit(dynamo_worker(shout, config))
+    dynamo_worker(shout, config)

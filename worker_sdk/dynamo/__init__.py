@@ -1,255 +1,149 @@
-"""Serve a decorated worker as an NVIDIA Dynamo endpoint (the optional ``dynamo`` extra).
+"""Serve a model, a function or a decorated worker as an NVIDIA Dynamo endpoint (``dynamo`` extra).
 
-The same script that ``python -m worker_sdk`` serves to a vramtui engine (``@initialize``,
-``@predict``, ``@hardware_health``, ``@unload``) becomes a Dynamo endpoint with
-``python -m worker_sdk.dynamo main.py --endpoint NS.COMPONENT.ENDPOINT`` or, from Python, in the
-spirit of NVIDIA AITune's ``DynamoWorkerConfig`` / ``dynamo_worker(fn, config)``::
+The Python API is NVIDIA AITune's ``aitune.dynamo.worker``: code written for it runs unchanged
+with ``from worker_sdk.dynamo import ...`` instead::
 
     from worker_sdk.dynamo import DynamoWorkerConfig, dynamo_worker
 
-    config = DynamoWorkerConfig(endpoint="demo.embedder.generate", type="embedding",
-                                model_name="toy-embedder")
-    raise SystemExit(dynamo_worker(config=config))   # the functions decorated in this script
+    def embed(texts, dims):                       # a model, a function, any callable
+        return [[0.0] * dims for _ in texts]
 
-What happens: the ``@initialize`` functions run once, in order, on the predict thread; with a
-``type`` other than ``raw`` the model is advertised with ``register_model`` (a minimal card:
-no Hugging Face download); the endpoint serves until SIGTERM or SIGINT, which shut the Dynamo
-runtime down (so its discovery entries are removed), let the requests in flight finish for up
-to ``drain_timeout`` seconds, cancel the rest, and run the ``@unload`` functions.  ``predict``
-runs off the event loop; sync and async functions, generators and async generators behave as
-under the socket worker; a generator's chunks become streamed responses; Dynamo's stop or kill
-of a request cancels its :class:`~worker_sdk.RequestContext`.  Request and response shapes per
-``type`` are in :mod:`worker_sdk.dynamo.shapes`.  ``@hardware_health`` answers
-``GET /engine/hardware_health`` on Dynamo's system server when ``DYN_SYSTEM_PORT`` is set.
+    config = DynamoWorkerConfig(
+        type="embedding",                         # "image", "video", "embedding" (ours: "raw")
+        model_path="org/my-embedder",
+        mapping=lambda request: {"texts": request.texts, "dims": request.dimensions or 8},
+        namespace="demo", component="embedder",   # endpoint="generate" by default
+    )
+    dynamo_worker(embed, config)                  # blocks until SIGTERM or SIGINT
+
+``mapping(request) -> dict`` receives the typed request of the type (:mod:`.requests`:
+``request.input``, ``request.prompt``, ...), and its dict is unpacked as ``**kwargs``; without
+a mapping a plain function gets the typed request as its one argument; a ``torch.nn.Module``
+needs a mapping (a ``ValueError`` before anything starts).  What the function returns is packed
+per type (:mod:`.shapes`: a dict as it is; for ``embedding`` a vector, a list of vectors, a numpy
+array or a tensor; for ``image`` / ``video`` the bytes).  :class:`DynamoWorker` is AITune's
+power-user base class (``setup``, ``serve`` as an async generator, ``on_ready``, ``run``).
+
+The other entry, ``python -m worker_sdk.dynamo main.py --endpoint NS.COMPONENT.ENDPOINT``, serves
+the same decorated worker script (``@initialize``, ``@predict``, ``@hardware_health``,
+``@unload``) that ``python -m worker_sdk`` serves to a vramtui engine; ``predict`` then gets the
+request's bytes, as under the engine.  Both entries run on one implementation
+(:class:`.server.FunctionWorker`, a :class:`DynamoWorker`): ``@initialize`` functions run once,
+in order, on the predict thread, before the runtime starts; typed endpoints are advertised with
+``register_model`` (a minimal card: no Hugging Face download); SIGTERM or SIGINT shut the
+runtime down (its discovery entries go with it), let the requests in flight finish for up to
+``drain_timeout`` seconds, cancel the rest, and run the ``@unload`` functions.  Dynamo's stop or
+kill of a request cancels its :class:`~worker_sdk.RequestContext` (``worker_sdk.current()``).
+``@hardware_health`` answers ``GET /engine/hardware_health`` on Dynamo's system server when
+``DYN_SYSTEM_PORT`` is set.
 
 Discovery and transport come from Dynamo's environment (``DYN_DISCOVERY_BACKEND``,
 ``ETCD_ENDPOINTS``, ``DYN_REQUEST_PLANE``, ...); ``discovery_dir`` (``--discovery-dir``) is the
-shortcut for file discovery and the TCP request plane, with no etcd and no NATS.
+shortcut for file discovery and the TCP request plane, with no etcd and no NATS.  Errors a caller
+can act on (try another instance) are described in :mod:`.errors`.
 
-Dynamo is imported lazily, here only: without it, :func:`dynamo_worker` raises
-:class:`DynamoMissing` and the CLI prints one line and exits 2.
+Dynamo is imported lazily (:mod:`.loader`): without it, :func:`dynamo_worker` and
+:meth:`DynamoWorker.run` raise :class:`DynamoMissing`, an ``ImportError``, and the CLI prints
+one line and exits 2.
 """
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from ..registry import REGISTRY, Registry
-from .shapes import KINDS, TYPED_KINDS
+from .config import DynamoWorkerConfig, split_endpoint
+from .errors import ErrorInfo, RequestError, error_info
+from .loader import MISSING_MESSAGE, DynamoMissing, apply_discovery_dir, import_dynamo
+from .shapes import KINDS
+from .worker import DynamoFailed, DynamoWorker
 
 log = logging.getLogger("worker_sdk.dynamo")
-
-MISSING_MESSAGE = "worker_sdk.dynamo needs NVIDIA Dynamo: pip install 'vramtui[dynamo]'"
 
 __all__ = [
     "KINDS",
     "MISSING_MESSAGE",
+    "DynamoFailed",
     "DynamoMissing",
+    "DynamoWorker",
     "DynamoWorkerConfig",
+    "ErrorInfo",
+    "RequestError",
     "apply_discovery_dir",
     "dynamo_worker",
+    "error_info",
     "import_dynamo",
     "serve_async",
+    "split_endpoint",
 ]
 
 
-class DynamoMissing(ImportError):
-    """``ai-dynamo-runtime`` is not installed, or does not import; the message is one line."""
+def _worker_for(model_or_fn: Any, config: DynamoWorkerConfig, script: str) -> Any:
+    """Validate (before anything starts) and build the worker that serves ``model_or_fn``."""
+    from .server import FunctionWorker, is_torch_module
 
-    def __init__(self, message: str = MISSING_MESSAGE) -> None:
-        super().__init__(message)
-
-
-def import_dynamo() -> SimpleNamespace:
-    """The Dynamo names this package uses; :class:`DynamoMissing` when Dynamo is absent."""
-    try:
-        from dynamo.llm import HttpError, ModelInput, ModelType, WorkerType, register_model
-        from dynamo.llm.exceptions import Cancelled
-        from dynamo.runtime import Context, DistributedRuntime
-    except ImportError as exc:
-        try:
-            spec = importlib.util.find_spec("dynamo")
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            raise DynamoMissing() from exc
-        where = spec.origin or ", ".join(spec.submodule_search_locations or []) or "?"
-        detail = " ".join(str(exc).split())
-        raise DynamoMissing(
-            f"worker_sdk.dynamo cannot import NVIDIA Dynamo (the 'dynamo' at {where}: "
-            f"{detail}); reinstall: pip install 'vramtui[dynamo]'"
-        ) from exc
-    return SimpleNamespace(
-        Cancelled=Cancelled,
-        Context=Context,
-        DistributedRuntime=DistributedRuntime,
-        HttpError=HttpError,
-        ModelInput=ModelInput,
-        ModelType=ModelType,
-        WorkerType=WorkerType,
-        register_model=register_model,
-    )
+    if not isinstance(config, DynamoWorkerConfig):
+        raise TypeError(f"config must be a DynamoWorkerConfig, got {type(config).__name__}")
+    if is_torch_module(model_or_fn) and config.mapping is None:
+        raise ValueError("A mapping function is required when passing a torch.nn.Module. "
+                         "Provide config.mapping=fn(request) -> dict.")
+    if model_or_fn is None or model_or_fn is REGISTRY.predict:
+        target: Callable[..., Any] | Registry = REGISTRY
+    elif isinstance(model_or_fn, Registry) or callable(model_or_fn):
+        target = model_or_fn
+    else:
+        raise TypeError(f"dynamo_worker() serves a function, a torch.nn.Module or a callable, "
+                        f"got {type(model_or_fn).__name__}")
+    if isinstance(target, Registry):
+        target.require_predict(script)
+    return FunctionWorker(target, config, script=script)
 
 
-def apply_discovery_dir(directory: str) -> None:
-    """Point Dynamo (this process) at file discovery in ``directory``, TCP, ZMQ: no etcd/NATS."""
-    os.makedirs(directory, exist_ok=True)
-    os.environ["DYN_DISCOVERY_BACKEND"] = "file"
-    os.environ["DYN_FILE_KV"] = os.path.abspath(directory)
-    os.environ.setdefault("DYN_REQUEST_PLANE", "tcp")
-    os.environ.setdefault("DYN_EVENT_PLANE", "zmq")
+def dynamo_worker(
+    model_or_fn: Callable[..., Any] | Registry | None = None,
+    config: DynamoWorkerConfig | None = None,
+    *,
+    script: str = "worker script",
+) -> None:
+    """Serve ``model_or_fn`` as a Dynamo worker endpoint; blocks until SIGTERM/SIGINT.
 
+    ``model_or_fn``: a ``torch.nn.Module`` (requires ``config.mapping``) or any callable, served
+    with AITune's convention (see the module docstring); or None (or the decorated ``@predict``
+    itself, or a :class:`~worker_sdk.registry.Registry`): the script's decorated functions,
+    ``predict`` getting bytes.
 
-def split_endpoint(path: str) -> tuple[str, str, str]:
-    """``"ns.component.endpoint"`` (or ``dyn://...``) -> its three parts; ValueError if not."""
-    bare = path.removeprefix("dyn://")
-    parts = bare.split(".")
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"endpoint must be NAMESPACE.COMPONENT.ENDPOINT, got {path!r}")
-    return parts[0], parts[1], parts[2]
-
-
-@dataclass
-class DynamoWorkerConfig:
-    """How to serve a worker on Dynamo (AITune's ``DynamoWorkerConfig``, for our workers).
-
-    ``endpoint`` is ``NAMESPACE.COMPONENT.ENDPOINT`` (AITune's namespace, component and
-    endpoint in one string).  ``type`` is ``raw`` (our bytes protocol, no model registration)
-    or ``image``, ``video``, ``embedding`` (OpenAI-style shapes; registered with
-    ``register_model``).  ``model_name`` is the name a frontend serves (default: ``model_path``,
-    else the component); ``model_path`` is what the model card records (default: the name).
-    ``mapping`` (like AITune's) turns a Dynamo request into ``predict``'s payload (bytes, str
-    or a JSON-able object) instead of the default conversion.  ``concurrency`` is the number of
-    predict threads (1: one request at a time, on one thread).  ``progress`` streams
-    ``ctx.progress`` calls as items on ``raw`` and ``video`` endpoints.  ``drain_timeout`` is
-    how long a shutdown waits for requests in flight before cancelling them.
-    ``discovery_dir`` selects file discovery in that directory (see
-    :func:`apply_discovery_dir`).
+    Raises (before any runtime starts): ``ValueError`` for an unknown ``type`` or a
+    ``torch.nn.Module`` without a mapping; :class:`DynamoMissing` (``ImportError``) without
+    ``ai-dynamo-runtime``.  Later: what an ``@initialize`` function raised
+    (:class:`~worker_sdk.dynamo.server.InitializeFailed`), and :class:`DynamoFailed` when the
+    runtime cannot start or stops serving.
     """
-
-    endpoint: str = "vramtui.worker.generate"
-    type: str = "raw"
-    model_name: str | None = None
-    model_path: str | None = None
-    mapping: Callable[[Any], Any] | None = None
-    concurrency: int = 1
-    progress: bool = False
-    drain_timeout: float = 30.0
-    discovery_dir: str | None = None
-    handle_signals: bool = True
-    _parts: tuple[str, str, str] = field(default=("", "", ""), init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._parts = split_endpoint(self.endpoint)
-        if self.type not in KINDS:
-            raise ValueError(f"type must be one of {', '.join(KINDS)}, got {self.type!r}")
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.drain_timeout < 0:
-            raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
-
-    @property
-    def registers(self) -> bool:
-        """Whether the model is advertised with ``register_model`` (every type but raw)."""
-        return self.type in TYPED_KINDS
-
-    @property
-    def served_model_name(self) -> str:
-        return self.model_name or self.model_path or self._parts[1]
-
-    @property
-    def registered_model_path(self) -> str:
-        return self.model_path or self.served_model_name
-
-
-def _registry_for(predict: Callable[..., Any] | Registry | None) -> Registry:
-    """The registry to serve: the decorated one, or it with ``predict`` swapped in."""
-    if predict is None or predict is REGISTRY.predict:
-        return REGISTRY
-    if isinstance(predict, Registry):
-        return predict
-    if not callable(predict):
-        raise TypeError(f"dynamo_worker() serves a callable or a Registry, got {predict!r}")
-    from ..registry import takes_context
-
-    return Registry(
-        initializers=list(REGISTRY.initializers),
-        predict=predict,
-        predict_takes_context=takes_context(predict),
-        hardware_health=REGISTRY.hardware_health,
-        unload=list(REGISTRY.unload),
-    )
+    if config is None:
+        raise TypeError("dynamo_worker() needs a DynamoWorkerConfig(type, model_path, ...)")
+    worker = _worker_for(model_or_fn, config, script)
+    import_dynamo()  # the ImportError before the discovery directory is made
+    if config.discovery_dir:
+        apply_discovery_dir(config.discovery_dir)
+    worker.run(enable_nats=config.enable_nats)
 
 
 async def serve_async(
     runtime: Any,
     config: DynamoWorkerConfig,
-    predict: Callable[..., Any] | Registry | None = None,
+    model_or_fn: Callable[..., Any] | Registry | None = None,
     *,
     script: str = "worker script",
-) -> int:
+) -> None:
     """Serve on an existing ``DistributedRuntime`` (inside Dynamo's own ``@dynamo_worker``).
 
-    Returns when the runtime shuts down; the exit code (0, or 3 when an @initialize failed,
-    4 when Dynamo failed).  Signal handlers are installed only when ``config.handle_signals``.
+    Runs the setup on a thread, then serves until the runtime shuts down.  Signal handlers are
+    installed only when ``config.handle_signals`` (and on the main thread).
     """
-    from .server import DynamoServer
+    import asyncio
 
-    dyn = import_dynamo()
-    server = DynamoServer(_registry_for(predict), config, dyn, script=script)
-    return int(await server.run(runtime, handle_signals=config.handle_signals))
-
-
-def dynamo_worker(
-    predict: Callable[..., Any] | Registry | None = None,
-    config: DynamoWorkerConfig | None = None,
-    *,
-    script: str = "worker script",
-) -> int:
-    """Serve ``predict`` (default: the decorated functions) as a Dynamo endpoint; blocks.
-
-    ``predict`` may be None (serve the ``@worker_sdk`` decorated functions), a function (served
-    as the predict, with the decorated initialize / health / unload functions), or a
-    :class:`~worker_sdk.registry.Registry`.  Returns the exit code once SIGTERM or SIGINT has
-    shut the endpoint down (0), or 3 if an ``@initialize`` function raised, 4 if Dynamo failed
-    (no discovery backend, ...).  Raises :class:`DynamoMissing` without Dynamo and
-    ``WorkerScriptError`` when there is no predict.
-    """
-    config = config or DynamoWorkerConfig()
-    registry = _registry_for(predict)
-    registry.require_predict(script)
-    if config.discovery_dir:
-        apply_discovery_dir(config.discovery_dir)
-    dyn = import_dynamo()
-
-    async def main() -> int:
-        from .server import DynamoServer
-
-        loop = asyncio.get_running_loop()
-        backend = os.environ.get("DYN_DISCOVERY_BACKEND", "etcd")
-        try:
-            runtime = dyn.DistributedRuntime(
-                loop, backend, os.environ.get("DYN_REQUEST_PLANE", "tcp")
-            )
-        except Exception as exc:  # noqa: BLE001 - e.g. etcd unreachable
-            log.error("cannot start the Dynamo runtime (discovery %s): %s", backend, exc)
-            return 4
-        server = DynamoServer(registry, config, dyn, script=script)
-        try:
-            return int(await server.run(runtime, handle_signals=config.handle_signals))
-        finally:
-            runtime.shutdown()
-
-    try:
-        import uvloop
-    except ImportError:  # a dependency of ai-dynamo-runtime, but not required
-        return asyncio.run(main())
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
+    worker = _worker_for(model_or_fn, config, script)
+    import_dynamo()
+    await asyncio.to_thread(worker.setup)
+    await worker.serve_on(runtime, handle_signals=config.handle_signals)

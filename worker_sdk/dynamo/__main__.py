@@ -11,8 +11,9 @@ import threading
 from ..registry import REGISTRY, WorkerScriptError
 from ..runner import ScriptLoadError, load_script
 from ..worker import ExitCode, configure_logging
-from . import DynamoMissing, DynamoWorkerConfig, apply_discovery_dir
+from . import DynamoFailed, DynamoMissing, DynamoWorkerConfig, apply_discovery_dir, import_dynamo
 from .shapes import KINDS
+from .worker import stop_on_signal
 
 log = logging.getLogger("worker_sdk.dynamo")
 
@@ -82,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = DynamoWorkerConfig(
+            args.type,
+            args.model_path,
             endpoint=args.endpoint,
-            type=args.type,
             model_name=args.model_name,
-            model_path=args.model_path,
             concurrency=args.concurrency,
             progress=args.progress,
             drain_timeout=args.drain_timeout,
@@ -94,16 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
-    if args.discovery_dir:
-        apply_discovery_dir(args.discovery_dir)
     os.environ.setdefault("DYN_LOG", "info" if args.debug else "warn")
-    from . import dynamo_worker, import_dynamo
-
     try:
         import_dynamo()  # before loading the script, which may take long (torch, weights)
     except DynamoMissing as exc:
         print(exc, file=sys.stderr)
         return ExitCode.USAGE
+    if args.discovery_dir:
+        apply_discovery_dir(args.discovery_dir)
     configure_logging(args.debug)
     try:
         load_script(args.script)
@@ -115,7 +114,22 @@ def main(argv: list[str] | None = None) -> int:
         from .. import sim
 
         sim.attach()
-    return dynamo_worker(config=config, script=args.script)
+    from .server import FunctionWorker, InitializeFailed
+    from .worker import run_worker
+
+    worker = FunctionWorker(REGISTRY, config, script=args.script)
+    try:
+        with stop_on_signal(worker):
+            worker.setup()
+    except InitializeFailed as exc:
+        log.error("initialize failed: %s", exc)
+        return ExitCode.INIT_FAILED
+    try:
+        run_worker(worker, setup=False)
+    except DynamoFailed as exc:
+        log.error("%s", exc)
+        return ExitCode.SERVER_LOST
+    return ExitCode.OK
 
 
 def _exit(code: int) -> None:

@@ -13,6 +13,11 @@ It runs its own Dynamo runtime on a background event-loop thread::
         first = next(stream)
         stream.cancel()             # Dynamo's stop: the worker's request context is cancelled
 
+A failed request raises :class:`~worker_sdk.dynamo.errors.RequestError` (its ``info``: Dynamo's
+class, the code, and our retry hint); ``client.call(request, retries=2)`` sends a request that
+an instance refused with "try another instance" (a 503 or 507 of ``vramtui --serve --dynamo``)
+to the other instances, one by one, as long as nothing was answered yet.
+
 Importing this module does not import Dynamo; creating a :class:`Client` does.
 """
 
@@ -27,7 +32,8 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
-from . import apply_discovery_dir, import_dynamo
+from .errors import RequestError, error_info
+from .loader import apply_discovery_dir, import_dynamo
 
 _ENV_LOCK = threading.Lock()
 _END = object()
@@ -43,20 +49,26 @@ class Stream:
         timeout: float | None,
         request_id: str | None = None,
         metadata: dict[str, str] | None = None,
+        instance_id: int | None = None,
     ) -> None:
         self._client = client
         self._timeout = timeout
         self._items: queue.Queue[Any] = queue.Queue()
+        self.received = 0  # items handed to the reader so far
         self.context = client.dyn.Context(id=request_id, metadata=metadata)
         self._future: Future[None] = asyncio.run_coroutine_threadsafe(
-            self._pump(request), client.loop
+            self._pump(request, instance_id), client.loop
         )
 
-    async def _pump(self, request: Any) -> None:
+    async def _pump(self, request: Any, instance_id: int | None) -> None:
+        endpoint = self._client.endpoint_client
         try:
-            responses = await self._client.endpoint_client.generate(
-                request, annotated=False, context=self.context
-            )
+            if instance_id is None:
+                responses = await endpoint.generate(request, annotated=False,
+                                                    context=self.context)
+            else:
+                responses = await endpoint.direct(request, instance_id, annotated=False,
+                                                  context=self.context)
             async for item in responses:
                 self._items.put(item)
         except BaseException as exc:  # noqa: BLE001 - handed to the reading thread
@@ -78,7 +90,11 @@ class Stream:
             self._items.put(_END)  # stay exhausted
             raise StopIteration
         if isinstance(item, _Failure):
+            info = error_info(item.error) if isinstance(item.error, Exception) else None
+            if info is not None:
+                raise RequestError(str(item.error), info) from item.error
             raise item.error
+        self.received += 1
         return item
 
     def cancel(self) -> None:
@@ -150,13 +166,15 @@ class Client:
         timeout: float | None = 30.0,
         request_id: str | None = None,
         metadata: dict[str, str] | None = None,
+        instance_id: int | None = None,
     ) -> Stream:
         """Send ``request``; iterate the response items (``timeout`` per item).
 
         ``request_id`` and ``metadata`` travel in Dynamo's request context: the worker sees
-        them as ``worker_sdk.current().id`` and ``.metadata``.
+        them as ``worker_sdk.current().id`` and ``.metadata``.  ``instance_id`` sends it to that
+        instance (Dynamo's ``direct``) instead of the next one in Dynamo's rotation.
         """
-        return Stream(self, request, timeout, request_id, metadata)
+        return Stream(self, request, timeout, request_id, metadata, instance_id)
 
     def call(
         self,
@@ -165,11 +183,33 @@ class Client:
         timeout: float | None = 30.0,
         request_id: str | None = None,
         metadata: dict[str, str] | None = None,
+        instance_id: int | None = None,
+        retries: int = 0,
     ) -> list[Any]:
-        """Send ``request`` and return all its response items."""
-        return list(
-            self.stream(request, timeout=timeout, request_id=request_id, metadata=metadata)
-        )
+        """Send ``request`` and return all its response items.
+
+        With ``retries``, a request refused before any answer with the hint "try another
+        instance" goes to an instance that has not refused it yet (Dynamo's ``direct``), up to
+        ``retries`` more times; the last refusal is raised when none is left.
+        """
+        refused: set[int] = set()
+        target = instance_id
+        attempt = 0
+        while True:
+            stream = self.stream(request, timeout=timeout, request_id=request_id,
+                                 metadata=metadata, instance_id=target)
+            try:
+                return list(stream)
+            except RequestError as exc:
+                if attempt >= retries or stream.received or not exc.info.try_another_instance:
+                    raise
+                refused.add(exc.info.instance_id if exc.info.instance_id is not None
+                            else target if target is not None else -1)
+                others = [i for i in self.instance_ids() if i not in refused]
+                if not others:
+                    raise
+                target = others[0]
+                attempt += 1
 
     def close(self) -> None:
         if self.runtime is not None:

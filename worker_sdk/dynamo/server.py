@@ -1,16 +1,26 @@
-"""The bridge between Dynamo's request handler and a worker's decorated functions.
+"""``FunctionWorker``: a function, a model or a decorated worker script served on Dynamo.
 
-One :class:`DynamoServer` serves one :class:`~worker_sdk.registry.Registry` on one Dynamo
-endpoint.  ``predict`` runs off the event loop, on a thread pool of ``concurrency`` threads
-(one by default, so a model's CUDA work stays on the thread that ran its ``@initialize``
-functions, as in the socket worker).  Each request gets a :class:`~worker_sdk.RequestContext`
-(``worker_sdk.current()`` works) whose id and metadata are Dynamo's; the thread hands shaped
-items to the handler through an asyncio queue, with a small window of credits so a fast
-generator cannot outrun a slow client.  A Dynamo stop or kill of the request (the client
-stopped, or dropped the stream) cancels the context; so does a shutdown whose in-flight
-requests outlive the drain timeout.
+The :class:`~worker_sdk.dynamo.worker.DynamoWorker` behind both entries:
+``dynamo_worker(fn, config)`` (AITune's calling convention) and ``python -m worker_sdk.dynamo
+main.py`` (our decorated functions).  What ``serve`` hands the served function:
 
-Dynamo itself is never imported here: :mod:`worker_sdk.dynamo` passes the pieces in.
+- AITune's convention (a function, a ``torch.nn.Module``, any callable given to
+  ``dynamo_worker``): the typed request of the endpoint type
+  (:mod:`worker_sdk.dynamo.requests`; for ``raw``, the request as Dynamo delivered it) as its
+  one argument, or, with ``config.mapping``, ``fn(**mapping(request))``;
+- a decorated ``@predict`` (the script's registry): the request's bytes, exactly as under
+  ``python -m worker_sdk`` (:func:`worker_sdk.dynamo.shapes.request_payload`), and the request
+  context as a second argument when it takes one.
+
+Either way the call runs off the event loop, on a pool of ``concurrency`` threads (one by
+default, so a model's CUDA work stays on the thread that ran its ``@initialize`` functions, as in
+the socket worker); sync and async functions, generators and async generators all work, and
+their results are shaped by :class:`~worker_sdk.dynamo.shapes.Shaper`.  Each request gets a
+:class:`~worker_sdk.RequestContext` (``worker_sdk.current()`` works) whose id and metadata are
+Dynamo's; the thread hands shaped items to the handler through an asyncio queue, with a small
+window of credits so a fast generator cannot outrun a slow client.  A Dynamo stop or kill of
+the request (the client stopped, or dropped the stream) cancels the context; so does a shutdown
+whose in-flight requests outlive the drain timeout.
 """
 
 from __future__ import annotations
@@ -21,44 +31,48 @@ import inspect
 import itertools
 import json
 import logging
-import signal
+import sys
 import threading
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import context as ctxmod
 from ..asyncpredict import iterate_async, run_async
 from ..context import Cancelled, RequestContext
-from ..registry import Registry
-from ..worker import ExitCode
+from ..registry import REGISTRY, Registry, takes_context
 from . import shapes
-
-if TYPE_CHECKING:
-    from . import DynamoWorkerConfig
+from .config import DynamoWorkerConfig
+from .worker import DynamoFailed, DynamoWorker
 
 log = logging.getLogger("worker_sdk.dynamo")
 
 _WINDOW = 8  # stream items a predict thread may run ahead of the client
+# A request is watched for Dynamo's stop only once it has lasted this long: the watch (a Rust
+# future per request) costs as much as a short request's own work, and a stop sent earlier is
+# seen as soon as the watch begins.
+WATCH_AFTER_S = 0.02
 
 
 class _Call:
     """One request in flight: its context, its shaper and the queue the thread fills."""
 
-    __slots__ = ("ctx", "payload", "shaper", "queue", "loop", "credits", "closed", "cancelled_by")
+    __slots__ = ("ctx", "argument", "shaper", "queue", "loop", "credits", "closed",
+                 "cancelled_by", "watch")
 
     def __init__(
-        self, payload: bytes, shaper: shapes.Shaper, loop: asyncio.AbstractEventLoop
+        self, argument: Any, shaper: shapes.Shaper, loop: asyncio.AbstractEventLoop
     ) -> None:
-        self.payload = payload
+        self.argument = argument
         self.shaper = shaper
         self.loop = loop
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.credits = threading.Semaphore(_WINDOW)
         self.closed = False
         self.cancelled_by: str | None = None
+        self.watch: asyncio.Task[None] | None = None
         self.ctx: RequestContext  # set right after construction
 
     # -- predict thread side ------------------------------------------------------------------
@@ -94,29 +108,67 @@ class _Call:
         self.credits.release(_WINDOW)
 
 
-class DynamoServer:
-    """Serve one registry's functions as a Dynamo endpoint handler."""
+class InitializeFailed(RuntimeError):
+    """An ``@initialize`` function raised (its traceback was printed); the message is one line."""
 
-    def __init__(self, registry: Registry, config: DynamoWorkerConfig, dyn: SimpleNamespace,
-                 *, script: str = "worker script") -> None:
-        self.registry = registry
-        self.predict = registry.require_predict(script)
-        self.takes_context = registry.predict_takes_context
+
+def is_torch_module(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.nn.Module`` (never imports torch: one exists only if it is)."""
+    torch = sys.modules.get("torch")
+    module_cls = getattr(getattr(torch, "nn", None), "Module", None)
+    return isinstance(module_cls, type) and isinstance(obj, module_cls)
+
+
+class FunctionWorker(DynamoWorker):
+    """Serve a function, a model or a decorated worker script as one Dynamo endpoint.
+
+    ``target`` is a callable (AITune's convention: ``fn(request)`` or ``fn(**mapping(request))``)
+    or a :class:`~worker_sdk.registry.Registry` (the decorated ``@predict`` gets bytes).  A
+    callable is served with the script's decorated ``@initialize``, ``@hardware_health`` and
+    ``@unload`` functions, if it has any.
+    """
+
+    def __init__(self, target: Callable[..., Any] | Registry, config: DynamoWorkerConfig, *,
+                 script: str = "worker script") -> None:
+        if isinstance(target, Registry):
+            self.registry = target
+            self.predict = target.require_predict(script)
+            self.aitune_call = config.mapping is not None
+        elif callable(target):
+            self.registry = REGISTRY
+            self.predict = target
+            self.aitune_call = True
+        else:
+            raise TypeError(f"dynamo_worker() serves a function, a model or a Registry, "
+                            f"got {target!r}")
+        self.takes_context = (self.registry.predict_takes_context
+                              if self.predict is self.registry.predict
+                              else takes_context(self.predict))
         self.config = config
-        self.dyn = dyn
+        self.namespace, self.component = config.namespace, config.component
+        self.endpoint_name = config.endpoint
+        self.drain_timeout = config.drain_timeout
+        self.dyn: SimpleNamespace | None = None
         self.executor = ThreadPoolExecutor(
             max_workers=config.concurrency, thread_name_prefix="worker-predict"
         )
-        self.stopping = False
         self._seq = itertools.count(1)
         self._inflight: set[_Call] = set()
         self._local = threading.local()
         self._thread_loops: list[asyncio.AbstractEventLoop] = []
-        self._runtime: Any = None
 
-    # -- lifecycle (predict threads) ----------------------------------------------------------
-    def initialize(self) -> str | None:
-        """Run the @initialize functions in order; the failure text, or None."""
+    def handles_signals(self) -> bool:
+        return self.config.handle_signals
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Run the ``@initialize`` functions in order, on the predict thread."""
+        failure = self.executor.submit(self._initialize).result()
+        if failure is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            raise InitializeFailed(failure)
+
+    def _initialize(self) -> str | None:
         for fn in self.registry.ordered_initializers():
             if self.stopping:
                 return None
@@ -126,6 +178,64 @@ class DynamoServer:
                 traceback.print_exc()
                 return f"{type(exc).__name__}: {exc}"
         return None
+
+    async def on_ready(self, runtime: Any, endpoint: Any) -> None:
+        """The health route, ``register_model`` for a typed endpoint, then healthy."""
+        from .loader import import_dynamo
+
+        self.dyn = import_dynamo()
+        runtime.register_engine_route("hardware_health", self.health_route)
+        if self.config.registers:
+            try:
+                await self._register(endpoint)
+            except Exception as exc:  # noqa: BLE001 - the worker cannot be found without it
+                raise DynamoFailed(f"register_model failed for {self.endpoint_path}: "
+                                   f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                                   ) from exc
+        runtime.set_health_status(True)
+        log.info("serving %s as a Dynamo endpoint (type %s%s)", self.endpoint_path,
+                 self.config.type,
+                 f", model {self.config.served_model_name!r}" if self.config.registers else "")
+
+    async def _register(self, endpoint: Any) -> None:
+        dyn = self.dyn
+        assert dyn is not None
+        model_type = {
+            "image": dyn.ModelType.Images,
+            "video": dyn.ModelType.Videos,
+            "embedding": dyn.ModelType.Embedding,
+        }[self.config.type]
+        await dyn.register_model(
+            dyn.ModelInput.Text,
+            model_type,
+            endpoint,
+            self.config.registered_model_path,
+            model_name=self.config.served_model_name,
+            worker_type=dyn.WorkerType.Aggregated,
+            # a worker is not a Hugging Face LLM: register a minimal card, fetch nothing
+            skip_model_assets=True,
+        )
+
+    def cancel_inflight(self, why: str) -> None:
+        for call in list(self._inflight):
+            log.info("cancelling request %s (%s)", call.ctx.id, why)
+            call.cancel(why)
+
+    def request_stop(self, why: str) -> None:
+        if not self.stopping and getattr(self, "_runtime", None) is not None:
+            log.info("%d request(s) in flight", len(self._inflight))
+        super().request_stop(why)
+
+    async def on_stopped(self) -> None:
+        """Run the ``@unload`` functions on a predict thread, after the requests still running."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.executor, self.unload)
+        try:
+            await asyncio.wait_for(future, timeout=max(self.config.drain_timeout, 1.0))
+        except TimeoutError:
+            log.warning("a predict call is still running; exiting without waiting for @unload")
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        log.info("stopped")
 
     def unload(self) -> None:
         for fn in self.registry.unload:
@@ -153,51 +263,34 @@ class DynamoServer:
         """``/engine/hardware_health`` on Dynamo's system server (``DYN_SYSTEM_PORT``)."""
         return await asyncio.to_thread(self.health)
 
-    # -- shutdown (event loop) ----------------------------------------------------------------
-    def begin_shutdown(self, why: str) -> None:
-        """Stop taking requests, drain the ones in flight, cancel them after the timeout."""
-        if self.stopping:
-            log.info("%s: already stopping", why)
-            return
-        self.stopping = True
-        log.info("stopping (%s); %d request(s) in flight", why, len(self._inflight))
-        if self._runtime is not None:
-            self._runtime.shutdown()
-        if self._inflight:
-            asyncio.get_running_loop().call_later(
-                self.config.drain_timeout, self.cancel_all, "shutdown"
-            )
-
-    def cancel_all(self, why: str) -> None:
-        for call in list(self._inflight):
-            log.info("cancelling request %s (%s)", call.ctx.id, why)
-            call.cancel(why)
-
-    def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.begin_shutdown, f"signal {sig.name}")
-
     # -- requests (event loop) ----------------------------------------------------------------
-    async def handle(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def serve(self, request: Any, context: Any = None) -> AsyncIterator[Any]:
         """Dynamo's handler: ``request`` in, shaped response items out.
 
         Dynamo passes its per-request context only to a parameter named ``context``.
         """
+        dyn = self.dyn
+        assert dyn is not None
         loop = asyncio.get_running_loop()
         request_id = str(context.id()) if context is not None else ""
+        kind = self.config.type
         try:
-            payload = shapes.request_payload(self.config.type, request, self.config.mapping)
+            if self.aitune_call:
+                from .requests import parse_request
+
+                argument: Any = parse_request(kind, request)
+            else:
+                argument = shapes.request_payload(kind, request)
         except shapes.ShapeError as exc:
-            raise self.dyn.HttpError(400, str(exc)) from None
+            raise dyn.HttpError(400, str(exc)) from None
         shaper = shapes.Shaper(
-            self.config.type,
+            kind,
             model=self.config.served_model_name,
             request=request,
             request_id=request_id,
             stream_progress=self.config.progress,
         )
-        call = _Call(payload, shaper, loop)
+        call = _Call(argument, shaper, loop)
         call.ctx = RequestContext(
             next(self._seq),
             request_id=request_id or None,
@@ -205,19 +298,19 @@ class DynamoServer:
             progress_sink=call.progress,
         )
         self._inflight.add(call)
-        watcher = (
-            asyncio.ensure_future(self._watch(context, call)) if context is not None else None
-        )
+        watcher: asyncio.TimerHandle | None = None
+        if context is not None:
+            watcher = loop.call_later(WATCH_AFTER_S, self._start_watch, context, call)
         future = loop.run_in_executor(self.executor, self._run, call)
         try:
             while True:
-                kind, value = await call.queue.get()
+                item_kind, value = await call.queue.get()
                 if call.cancelled_by is not None:
-                    kind, value = "error", Cancelled(f"request {call.ctx.id} was cancelled")
-                if kind == "item":
+                    item_kind, value = "error", Cancelled(f"request {call.ctx.id} was cancelled")
+                if item_kind == "item":
                     yield value
                     call.credits.release()
-                elif kind == "end":
+                elif item_kind == "end":
                     return
                 else:
                     error = self._error(value, call)
@@ -230,7 +323,13 @@ class DynamoServer:
             call.close()
             if watcher is not None:
                 watcher.cancel()
+            if call.watch is not None:
+                call.watch.cancel()
             self._inflight.discard(call)
+
+    def _start_watch(self, context: Any, call: _Call) -> None:
+        """A request still in flight after :data:`WATCH_AFTER_S`: watch it for Dynamo's stop."""
+        call.watch = asyncio.ensure_future(self._watch(context, call))
 
     async def _watch(self, context: Any, call: _Call) -> None:
         """Turn Dynamo's stop or kill of the request into a cancellation of its context."""
@@ -243,25 +342,41 @@ class DynamoServer:
 
     def _error(self, exc: BaseException, call: _Call) -> BaseException | None:
         """The exception to raise to Dynamo for ``exc``; None to end the stream quietly."""
+        dyn = self.dyn
+        assert dyn is not None
         if isinstance(exc, Cancelled | asyncio.CancelledError):
             if call.cancelled_by == "client":
                 return None  # the client stopped or went away: it reads nothing more
-            return self.dyn.Cancelled(f"request {call.ctx.id} was cancelled")
+            return dyn.Cancelled(f"request {call.ctx.id} was cancelled")
         if isinstance(exc, shapes.ReplyStatus):
-            return self.dyn.HttpError(exc.status_code, exc.message)
-        error = self.dyn.HttpError(500, f"{type(exc).__name__}: {exc}")
+            return dyn.HttpError(exc.status_code, exc.message)
+        error = dyn.HttpError(500, f"{type(exc).__name__}: {exc}")
         # Dynamo prints the traceback of what a handler raises; chained, it shows predict's.
         error.__cause__ = exc
         return error
 
     # -- requests (predict threads) -----------------------------------------------------------
+    def _invoke(self, call: _Call) -> Any:
+        """Call the served function as its convention says (see the module docstring)."""
+        if self.aitune_call:
+            mapping = self.config.mapping
+            if mapping is None:
+                return self.predict(call.argument)
+            kwargs = mapping(call.argument)
+            if not isinstance(kwargs, dict):
+                raise TypeError(f"DynamoWorkerConfig.mapping must return a dict, "
+                                f"got {type(kwargs).__name__}")
+            return self.predict(**kwargs)
+        if self.takes_context:
+            return self.predict(call.argument, call.ctx)
+        return self.predict(call.argument)
+
     def _run(self, call: _Call) -> None:
         ctx = call.ctx
         token = ctxmod.activate(ctx)
         try:
             ctx.check_cancelled()
-            args = (call.payload, ctx) if self.takes_context else (call.payload,)
-            result = self.predict(*args)
+            result = self._invoke(call)
             if inspect.isawaitable(result):
                 result = run_async(self._thread_loop(), result, ctx)
             if inspect.isgenerator(result):
@@ -295,80 +410,6 @@ class DynamoServer:
             loop = self._local.loop = asyncio.new_event_loop()
             self._thread_loops.append(loop)
         return loop
-
-    # -- the whole life -----------------------------------------------------------------------
-    async def run(self, runtime: Any, *, handle_signals: bool = True) -> ExitCode:
-        """Initialise, register, serve until shutdown, unload; returns the exit code."""
-        self._runtime = runtime
-        loop = asyncio.get_running_loop()
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            self.install_signal_handlers()
-        try:
-            failure = await loop.run_in_executor(self.executor, self.initialize)
-            if failure is not None:
-                log.error("initialize failed: %s", failure)
-                runtime.shutdown()
-                return ExitCode.INIT_FAILED
-            if not self.stopping:
-                code = await self._serve(runtime)
-                if code != ExitCode.OK:
-                    return code
-            await self._unload(loop)
-            log.info("stopped")
-            return ExitCode.OK
-        finally:
-            if handle_signals and threading.current_thread() is threading.main_thread():
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
-            self.executor.shutdown(wait=False, cancel_futures=True)
-
-    async def _serve(self, runtime: Any) -> ExitCode:
-        config = self.config
-        try:
-            endpoint = runtime.endpoint(config.endpoint)
-            runtime.register_engine_route("hardware_health", self.health_route)
-            if config.registers:
-                await self._register(endpoint)
-            runtime.set_health_status(True)
-            log.info(
-                "serving %s as a Dynamo endpoint (type %s%s)",
-                config.endpoint,
-                config.type,
-                f", model {config.served_model_name!r}" if config.registers else "",
-            )
-            await endpoint.serve_endpoint(self.handle, graceful_shutdown=True)
-        except Exception as exc:  # noqa: BLE001 - any Dynamo failure ends the worker
-            log.error("Dynamo: %s: %s", type(exc).__name__, exc)
-            runtime.shutdown()
-            self.cancel_all("Dynamo failure")
-            return ExitCode.SERVER_LOST
-        return ExitCode.OK
-
-    async def _register(self, endpoint: Any) -> None:
-        dyn = self.dyn
-        model_type = {
-            "image": dyn.ModelType.Images,
-            "video": dyn.ModelType.Videos,
-            "embedding": dyn.ModelType.Embedding,
-        }[self.config.type]
-        await dyn.register_model(
-            dyn.ModelInput.Text,
-            model_type,
-            endpoint,
-            self.config.registered_model_path,
-            model_name=self.config.served_model_name,
-            worker_type=dyn.WorkerType.Aggregated,
-            # a worker is not a Hugging Face LLM: register a minimal card, fetch nothing
-            skip_model_assets=True,
-        )
-
-    async def _unload(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Run the @unload functions on a predict thread, after the requests still running."""
-        future = loop.run_in_executor(self.executor, self.unload)
-        try:
-            await asyncio.wait_for(future, timeout=max(self.config.drain_timeout, 1.0))
-        except TimeoutError:
-            log.warning("a predict call is still running; exiting without waiting for @unload")
 
 
 def request_metadata(context: Any) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Modality shaping: Dynamo requests into predict payloads, predict replies into Dynamo responses.
 
-A worker's ``predict`` takes bytes and returns bytes, a :class:`~worker_sdk.Response`, or a
+A decorated ``predict`` takes bytes and returns bytes, a :class:`~worker_sdk.Response`, or a
 (async) generator of chunks, exactly as under ``python -m worker_sdk``.  This module turns a
 Dynamo request (a JSON-like object) into those bytes and each reply or streamed chunk into one
-JSON-like Dynamo response item, per type:
+JSON-like Dynamo response item, per type.  A function served through the Python API
+(``dynamo_worker(fn, config)``) gets the typed request instead (:mod:`.requests`), and its
+results are shaped by the same rules:
 
 ``raw`` (the default; no ``register_model``)
     Request: ``bytes`` as they are (Dynamo's msgpack request plane carries Python bytes); a
@@ -17,12 +19,13 @@ JSON-like Dynamo response item, per type:
     Stream: one ``{"data", "encoding"}`` item per chunk, in order; :func:`raw_bytes` turns any
     of these items back into bytes.  With ``progress=True`` (``--progress``) a
     ``ctx.progress(f, m)`` call streams ``{"progress": f, "message": m}`` (f may be null)
-    between the chunks.
+    between the chunks.  A ``dict`` returned through the Python API is taken as the item.
 
 ``image`` (``ModelType.Images``), ``video`` (``ModelType.Videos``), ``embedding``
 (``ModelType.Embedding``): the OpenAI-style shapes a Dynamo frontend exchanges.
     Request: a JSON object (``/v1/images/generations``: ``prompt`` required;
-    ``/v1/videos``: ``prompt`` required; ``/v1/embeddings``: ``input`` required), handed to
+    ``/v1/videos``: ``prompt`` required; ``/v1/embeddings``: ``input`` required), validated by
+    its request class (:mod:`.requests`; a mismatch is a 400 naming the field) and handed to
     ``predict`` as its compact JSON text.
     Reply: ``image``: image bytes -> ``{"created", "data": [{"b64_json"}]}``;
     ``video``: video bytes -> ``{"id", "object": "video", "model", "status": "completed",
@@ -41,7 +44,7 @@ JSON-like Dynamo response item, per type:
     non-streamed reply keeping the first item's ``status`` and ``progress``.
 
 Images and videos are always returned as ``b64_json`` (a worker has no place to host URLs).
-Nothing here imports Dynamo.
+Nothing here imports Dynamo (typed requests import pydantic, when validated).
 """
 
 from __future__ import annotations
@@ -104,36 +107,21 @@ def raw_payload(request: Any) -> bytes:
     return _json_bytes(request)
 
 
-_REQUIRED = {"image": "prompt", "video": "prompt", "embedding": "input"}
+def request_payload(kind: str, request: Any) -> bytes:
+    """Validate ``request`` for ``kind`` and return the bytes a decorated ``predict`` receives.
 
-
-def request_payload(
-    kind: str, request: Any, mapping: Callable[[Any], Any] | None = None
-) -> bytes:
-    """Validate ``request`` for ``kind`` and return the bytes ``predict`` receives.
-
-    ``mapping`` (Python API) replaces the default conversion: its result (bytes, str or a
-    JSON-able object) goes through the ``raw`` rules.
+    Typed requests are validated by their request class (:mod:`worker_sdk.dynamo.requests`)
+    and handed on as the compact JSON text of the object as it came (unknown fields kept).
     """
     if kind in TYPED_KINDS:
-        if not isinstance(request, dict):
-            raise ShapeError(
-                f"{'an' if kind == 'image' or kind == 'embedding' else 'a'} {kind} request is "
-                f"a JSON object, got {type(request).__name__}"
-            )
-        field = _REQUIRED[kind]
-        value = request.get(field)
-        if kind == "embedding":
-            if not isinstance(value, str | list) or (isinstance(value, list) and not value):
-                raise ShapeError("an embedding request needs 'input': a string or a list")
-        elif not isinstance(value, str):
-            raise ShapeError(f"a {kind} request needs '{field}': a string")
-        if mapping is None:
-            return _json_bytes(request)
-    elif kind != "raw":
+        from .requests import parse_request
+
+        parse_request(kind, request)
+        if not isinstance(request, dict):  # a typed request object, from the Python API
+            return _json_bytes(request.model_dump(exclude_none=True))
+        return _json_bytes(request)
+    if kind != "raw":
         raise ValueError(f"unknown endpoint type {kind!r}; one of {', '.join(KINDS)}")
-    if mapping is not None:
-        return raw_payload(mapping(request))
     return raw_payload(request)
 
 
@@ -182,6 +170,13 @@ def _number_list(row: Any) -> list[float]:
     return [float(x) for x in row]
 
 
+def _field(request: Any, name: str) -> Any:
+    """A field of a request: a JSON object, or a typed request from the Python API."""
+    if isinstance(request, dict):
+        return request.get(name)
+    return getattr(request, name, None)
+
+
 class Shaper:
     """Shapes one request's replies, stream chunks and progress for its endpoint type.
 
@@ -209,11 +204,11 @@ class Shaper:
         self._progress_pct = 0
         self._video_id = f"video-{request_id}" if request_id else f"video-{int(self._started)}"
         self._output_format = "mp4"
-        if isinstance(request, dict):
-            if isinstance(request.get("model"), str) and request["model"]:
-                self.model = request["model"]
-            if isinstance(request.get("output_format"), str) and request["output_format"]:
-                self._output_format = request["output_format"]
+        model, output_format = _field(request, "model"), _field(request, "output_format")
+        if isinstance(model, str) and model:
+            self.model = model
+        if isinstance(output_format, str) and output_format:
+            self._output_format = output_format
 
     # -- public -------------------------------------------------------------------------------
     def reply(self, value: Any) -> dict[str, Any]:
@@ -241,6 +236,8 @@ class Shaper:
 
     # -- raw ----------------------------------------------------------------------------------
     def _raw(self, value: Any, *, chunk: bool) -> dict[str, Any]:
+        if isinstance(value, dict):  # the Python API: an item shaped by the function itself
+            return value
         if isinstance(value, Response):
             item: dict[str, Any] = encode_data(_bytes_of(value.data, "Response.data"))
             if not chunk:

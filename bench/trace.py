@@ -1,0 +1,370 @@
+"""Scheduling policies on traces: makespan, loads, GPU busy fraction, waits per priority.
+
+Not a test. Run: ``.venv/bin/python bench/trace.py [--engine] [--seed N]``. Each trace is
+replayed by ``supervisor.tracesim`` (the real ``plan()`` and the engine's admission inputs,
+on simulated time) under four policies, and a lower bound:
+
+- ``vramtui``: the real scheduler (patience against switch cost, packing);
+- ``fifo-1``: one job at a time, in submission order, the needed model loaded and idle ones
+  evicted (least recently used first) when it does not fit;
+- ``vramd``: vramd's rule: one job at a time, priority bands then FIFO, a cold head may be
+  passed 3 times by jobs whose model is hot, then it goes; only GPU0 is used;
+- ``bound``: a lower bound no policy can beat (see ``lower_bound``).
+
+Traces: the interleaved case of issue 11 (A and B cannot be resident together, C and D fit
+beside either; 40 jobs at once), a vramd-like card (6 GiB, ten models, a batch of 100 jobs
+with loads up to 60 s), a 4-GPU box with 50 backends and bursts, interactive jobs arriving
+over a batch, and a stream of jobs arriving faster than a small card can serve them.
+``--engine`` also runs the interleaved trace through the real engine with simulated workers
+(loads 1 s, jobs 0.3 s) and prints its makespan and loads beside the simulator's, with the
+engine's measured load times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import MappingProxyType
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from supervisor.scheduler.model import (  # noqa: E402
+    Evict,
+    Plan,
+    QueuedJob,
+    SchedulerConfig,
+    Snapshot,
+    Start,
+)
+from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob, simulate  # noqa: E402
+
+GIB = 1024
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def _plan(starts: Sequence[Start] = (), evictions: Sequence[Evict] = (),
+          passed: dict[str, int] | None = None) -> Plan:
+    return Plan(tuple(starts), tuple(evictions), MappingProxyType(passed or {}),
+                MappingProxyType({}))
+
+
+def _busy(snap: Snapshot) -> bool:
+    return any(w.active_jobs or w.state in ("starting", "initializing", "stopping")
+               for w in snap.workers.values()) or any(g.leaving_mib for g in snap.gpus)
+
+
+def _one(snap: Snapshot, job: QueuedJob, gpus: Sequence[int]) -> Plan:
+    """Start ``job`` alone: on its hot worker or spawned where it fits; else evict idle
+    workers (least recently used first) on the GPU with the most room, for the next step."""
+    info = snap.backends[job.backend]
+    w = snap.workers.get(job.backend)
+    held = {g.index: sum(x.reserved_mib for x in snap.workers.values() if x.gpu == g.index)
+            for g in snap.gpus}
+    room = {g.index: g.total_mib - held[g.index] for g in snap.gpus if g.index in gpus}
+    if w is not None:
+        need, candidates = info.need_mib(0), [w.gpu]
+    else:
+        need, candidates = info.holds_mib(1), list(room)
+    fits = [g for g in candidates if room.get(g, -1) >= need]
+    if fits:
+        g = max(fits, key=lambda i: room[i])
+        return _plan([Start(job.job_id, job.backend, g, w is None, need)])
+    g = max((c for c in candidates if c in room), key=lambda i: room[i])
+    idle = sorted((x for x in snap.workers.values()
+                   if x.gpu == g and x.state == "ready" and x.backend != job.backend),
+                  key=lambda x: x.idle_since or 0.0)  # least recently used first
+    evictions, freed = [], room[g]
+    for x in idle:
+        if freed >= need:
+            break
+        evictions.append(Evict(x.backend, g, x.reserved_mib, "lru"))
+        freed += x.reserved_mib
+    return _plan(evictions=evictions)
+
+
+def fifo_one_at_a_time(snap: Snapshot, now: float, config: SchedulerConfig) -> Plan:
+    if _busy(snap) or not snap.queue:
+        return _plan()
+    job = min(snap.queue, key=lambda j: j.seq)
+    return _one(snap, job, [g.index for g in snap.gpus])
+
+
+def vramd_rule(snap: Snapshot, now: float, config: SchedulerConfig, limit: int = 3) -> Plan:
+    if _busy(snap) or not snap.queue:
+        return _plan()
+    order = sorted(snap.queue, key=lambda j: (-j.priority, j.seq))
+    head = order[0]
+    hot = {name for name, w in snap.workers.items() if w.state == "ready"}
+    if head.backend not in hot and head.passed < limit:
+        other = next((j for j in order[1:] if j.backend in hot), None)
+        if other is not None:
+            p = _one(snap, other, [0])
+            return _plan(p.starts, p.evictions, {head.job_id: head.passed + 1})
+    return _one(snap, head, [0])
+
+
+# --------------------------------------------------------------------------- lower bound
+
+
+def lower_bound(trace: Trace) -> float:
+    """The largest of bounds that no policy can beat (seconds from the first arrival):
+
+    - each job: its arrival, plus its backend's load unless a load could have finished
+      before it arrived, plus its duration;
+    - each backend: its first arrival, one load, then its jobs back to back (one worker runs
+      ``concurrency`` jobs at once);
+    - memory-time: every job holds its backend's peak for its duration, every backend its
+      resident for at least one load; all of it must fit in the GPUs' total over the span;
+    - on a one-GPU trace, backends that cannot be resident together (pairwise) each need a
+      load and their work, one after another; and from any arrival time on, the jobs of those
+      backends arriving then or later, one after another, with a load for every backend
+      among them but one.
+    """
+    first = min(j.at for j in trace.jobs)
+    by = {b.name: b for b in trace.backends}
+    work: dict[str, float] = {}
+    for j in trace.jobs:
+        work[j.backend] = work.get(j.backend, 0.0) + j.duration_s
+    bounds = []
+    for j in trace.jobs:
+        b = by[j.backend]
+        load = max(0.0, b.load_s - (j.at - first))
+        bounds.append(j.at + load + j.duration_s - first)
+    for name, total in work.items():
+        b = by[name]
+        start = min(j.at for j in trace.jobs if j.backend == name)
+        bounds.append(start - first + b.load_s + total / b.concurrency)
+    area = 0.0
+    for name, total in work.items():
+        b = by[name]
+        area += b.resident_mib * b.load_s + (b.resident_mib + b.activation_mib) * total
+    bounds.append(area / sum(trace.gpus))
+    if len(trace.gpus) == 1:
+        size = trace.gpus[0]
+        clique = _heaviest_clique(sorted(work), by, work, size)
+        bounds.append(sum(by[n].load_s + work[n] for n in clique))
+        # With release dates: from any arrival time t on, the clique's jobs arriving then or
+        # later run one after another, and all but one of their backends (at most one can
+        # be resident at t) must be loaded after t.
+        members = set(clique)
+        later = sorted((j for j in trace.jobs if j.backend in members), key=lambda j: j.at)
+        for i, j in enumerate(later):
+            rest = later[i:]
+            names_after = {x.backend for x in rest}
+            loads = [by[n].load_s for n in names_after]
+            bounds.append(j.at - first + sum(x.duration_s for x in rest)
+                          + sum(loads) - max(loads))
+    return max(bounds)
+
+
+def _exclusive(a: TraceBackend, b: TraceBackend, size: int) -> bool:
+    """Neither can run a job while the other is resident."""
+    def peak(x: TraceBackend) -> int:
+        return x.resident_mib + x.activation_mib + x.safety_mib
+
+    return peak(a) + b.resident_mib > size and peak(b) + a.resident_mib > size
+
+
+def _heaviest_clique(names: list[str], by: dict[str, TraceBackend], work: dict[str, float],
+                     size: int) -> list[str]:
+    """The pairwise exclusive backends with the most load + work between them (exact for up
+    to 20 backends, greedy beyond)."""
+    weight = {n: by[n].load_s + work[n] for n in names}
+    if len(names) > 20:
+        clique: list[str] = []
+        for n in sorted(names, key=lambda n: -weight[n]):
+            if all(_exclusive(by[n], by[m], size) for m in clique):
+                clique.append(n)
+        return clique
+    best: list[str] = []
+    best_w = -1.0
+
+    def grow(chosen: list[str], rest: list[str], w: float) -> None:
+        nonlocal best, best_w
+        if w + sum(weight[n] for n in rest) <= best_w:
+            return
+        if not rest:
+            best, best_w = list(chosen), w
+            return
+        head, tail = rest[0], rest[1:]
+        if all(_exclusive(by[head], by[m], size) for m in chosen):
+            grow([*chosen, head], tail, w + weight[head])
+        grow(chosen, tail, w)
+
+    grow([], sorted(names, key=lambda n: -weight[n]), 0.0)
+    return best
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def interleaved() -> Trace:
+    backends = (TraceBackend("A", 1.0, 12 * GIB, 512), TraceBackend("B", 1.0, 12 * GIB, 512),
+                TraceBackend("C", 1.0, 4 * GIB + 512, 256),
+                TraceBackend("D", 1.0, 4 * GIB + 512, 256))
+    jobs = tuple(TraceJob(f"{n}{i}", 0.0, n, 0.3) for i in range(10) for n in "ABCD")
+    return Trace("interleaved (issue 11)", (24 * GIB,), backends, jobs)
+
+
+def vramd_card(rng: random.Random) -> Trace:
+    """vramd's headline case: a batch for ten models on a 6 GiB card, loads up to 60 s,
+    submitted interleaved (each job for a model other than the one before)."""
+    backends = tuple(
+        TraceBackend(f"m{i}", rng.uniform(10.0, 60.0), rng.randint(1_800, 4_200),
+                     rng.randint(300, 1_000), safety_mib=384)
+        for i in range(10))
+    jobs = []
+    last = None
+    for k in range(100):
+        b = rng.choice([x for x in backends if x is not last])
+        last = b
+        jobs.append(TraceJob(f"j{k}", 0.0, b.name, rng.uniform(2.0, 10.0)))
+    return Trace("vramd-like card: 6 GiB, ten models, a batch", (6 * GIB,), backends,
+                 tuple(jobs))
+
+
+def small_card_stream(rng: random.Random) -> Trace:
+    """Jobs for ten models arriving faster than a 6 GiB card can serve them."""
+    backends = tuple(
+        TraceBackend(f"m{i}", rng.uniform(2.0, 8.0), rng.randint(800, 3_500),
+                     rng.randint(200, 1_000), safety_mib=384)
+        for i in range(10))
+    jobs = []
+    t = 0.0
+    for k in range(60):
+        t += rng.expovariate(0.5)
+        b = rng.choice(backends[:4] if rng.random() < 0.6 else backends)
+        jobs.append(TraceJob(f"j{k}", round(t, 3), b.name, rng.uniform(1.0, 6.0)))
+    return Trace("6 GiB card, a stream beyond its capacity", (6 * GIB,), backends,
+                 tuple(jobs))
+
+
+def box_bursts(rng: random.Random) -> Trace:
+    backends = tuple(
+        TraceBackend(f"b{i:02d}", rng.uniform(5.0, 30.0), rng.randint(2, 30) * GIB,
+                     rng.randint(1, 6) * GIB, safety_mib=512, concurrency=rng.choice((1, 1, 2)))
+        for i in range(50))
+    jobs = []
+    k = 0
+    for burst in range(6):
+        at = burst * 60.0
+        for b in rng.sample(backends, 6):
+            for _ in range(rng.randint(4, 10)):
+                jobs.append(TraceJob(f"j{k}", round(at + rng.uniform(0, 2.0), 3), b.name,
+                                     rng.uniform(0.5, 5.0)))
+                k += 1
+    return Trace("4-GPU box: 50 backends, bursts", (80 * GIB,) * 4, backends, tuple(jobs))
+
+
+def interactive_and_batch(rng: random.Random) -> Trace:
+    """A batch for three big models (never two resident together) at priority 0, and
+    interactive jobs for three small ones at priority 10 arriving all along."""
+    batch = tuple(TraceBackend(f"batch{i}", rng.uniform(20.0, 40.0), 13 * GIB, 2 * GIB,
+                               safety_mib=512) for i in range(3))
+    chat = tuple(TraceBackend(f"chat{i}", rng.uniform(3.0, 5.0), rng.randint(2, 3) * GIB,
+                              GIB // 2, safety_mib=512, priority=10) for i in range(3))
+    jobs = [TraceJob(f"b{k}", 0.0, batch[k % 3].name, rng.uniform(10.0, 30.0), 0)
+            for k in range(24)]
+    t = 0.0
+    for k in range(80):
+        t += rng.expovariate(0.15)
+        jobs.append(TraceJob(f"i{k}", round(t, 3), rng.choice(chat).name,
+                             rng.uniform(0.5, 2.0), 10))
+    return Trace("interactive (priority 10) over a batch (0)", (24 * GIB,), batch + chat,
+                 tuple(jobs))
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def engine_interleaved() -> tuple[Result, dict[str, float]]:
+    """The interleaved trace through the real engine with simulated workers."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from engine_support import engine, sim_backend
+
+    specs = []
+    for b in interleaved().backends:
+        spec = sim_backend(b.name, b.resident_mib - 256, b.activation_mib, load_s=1.0,
+                           steps=3, step_s=0.1)
+        spec.update(safety="0MiB", keep_alive="10m")
+        specs.append(spec)
+    with engine(specs, gpus="sim:24GiB") as sup:
+        t0 = time.monotonic()
+        ids = [sup.submit(j.backend, b'{"steps": 3, "step_s": 0.1}')
+               for j in interleaved().jobs]
+        views = [sup.wait(i, 300) for i in ids]
+        makespan = time.monotonic() - t0
+        log = [line.text for line in sup.snapshot().log]
+    loads: dict[str, float] = {}
+    for v in views:
+        marks = {state: t for t, state, _ in v.history}
+        if "starting" in marks and "running" in marks and v.backend not in loads:
+            loads[v.backend] = marks["running"] - marks["starting"]
+    n_loads = sum(1 for text in log if text.startswith("starting "))
+    waits = {0: [v.started_at - v.submitted_at for v in views if v.started_at is not None]}
+    result = Result("interleaved", "engine", makespan, n_loads, math.nan, waits, [], False)
+    return result, loads
+
+
+# --------------------------------------------------------------------------- the table
+
+
+POLICIES = (("vramtui", None), ("fifo-1", fifo_one_at_a_time), ("vramd", vramd_rule))
+
+
+def row(r: Result, bound: float) -> str:
+    prios = sorted(r.waits)
+    waits = "  ".join(f"p{p}: {r.wait_p(p, 0.5):7.1f} / {r.wait_p(p, 0.95):7.1f}" for p in prios)
+    busy = "      -" if math.isnan(r.busy_fraction) else f"{r.busy_fraction:7.2f}"
+    return (f"  {r.policy:8} {r.makespan_s:9.1f} {r.makespan_s / bound:7.2f}x {r.loads:6d} "
+            f"{busy}  {waits}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=11, help="for the random traces")
+    parser.add_argument("--engine", action="store_true",
+                        help="also run the interleaved trace through the real engine")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    traces = [interleaved(), vramd_card(rng), box_bursts(rng), interactive_and_batch(rng),
+              small_card_stream(rng)]
+    print(f"  {'policy':8} {'makespan s':>9} {'/bound':>8} {'loads':>6} {'busy':>7}  "
+          "wait p50 / p95 s, per priority")
+    for trace in traces:
+        bound = lower_bound(trace)
+        print(f"{trace.name}: {len(trace.jobs)} jobs, {len(trace.backends)} backends, "
+              f"{len(trace.gpus)} GPU(s); lower bound {bound:.1f} s")
+        for name, policy in POLICIES:
+            started = time.perf_counter()
+            r = simulate(trace, name=name) if policy is None else \
+                simulate(trace, policy=policy, name=name)
+            took = (time.perf_counter() - started) * 1000
+            problems = (" OVERCOMMIT" if r.overcommitted else "") + \
+                (f" {len(r.unfinished)} UNFINISHED" if r.unfinished else "")
+            print(row(r, bound) + f"   ({took:.0f} ms simulated){problems}")
+    if args.engine:
+        trace = interleaved()
+        real, loads = engine_interleaved()
+        mean_load = sum(loads.values()) / len(loads) if loads else 1.0
+        backends = tuple(TraceBackend(b.name, loads.get(b.name, mean_load), b.resident_mib,
+                                      b.activation_mib) for b in trace.backends)
+        sim = simulate(Trace(trace.name, trace.gpus, backends, trace.jobs), name="sim")
+        print("interleaved through the real engine (loads measured there: "
+              + ", ".join(f"{n} {s:.2f} s" for n, s in sorted(loads.items())) + ")")
+        bound = lower_bound(Trace(trace.name, trace.gpus, backends, trace.jobs))
+        print(row(real, bound))
+        print(row(sim, bound) + "   (the simulator, with the engine's load times)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

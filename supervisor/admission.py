@@ -1,0 +1,185 @@
+"""How a job's fit is decided: from what the engine knows to the scheduler's snapshot.
+
+This is the one place that turns the engine's state into the inputs of the pure decision:
+
+1. each backend's admission figures (``ledger.figures``: declared, calibrated and learned
+   figures merged) become a ``BackendInfo``;
+2. each live worker, ghost of a stopped worker and calibration run becomes a ledger
+   ``Holder``, and ``ledger.book`` adds them up per GPU beside the foreign memory;
+3. the ``Book`` gives every ``WorkerInfo.reserved_mib`` and every GPU's foreign and leaving
+   memory: the scheduler's ``Snapshot``.
+
+``decide_inputs`` is pure (plain facts in, ``(Snapshot, Book)`` out), so the engine, the
+trace simulator (``supervisor.tracesim``) and tests build the very same snapshot from their
+own state, and ``plan(snapshot, now)`` decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .backends.schema import BackendSpec, VramSpec
+from .ledger import Book, Declared, Device, Holder, Learned, book, figures
+from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerInfo
+
+#: What a reload costs before any load was measured, when the descriptor does not say.
+DEFAULT_RELOAD_COST_S = 1.0
+
+
+def reload_cost_s(prior_s: float | None, loads_s: Iterable[float]) -> float:
+    """What a (re)load costs: the mean of the measured start-to-ready times; before any was
+    measured, the descriptor's ``reload_cost`` (else ``DEFAULT_RELOAD_COST_S``), the prior."""
+    loads = list(loads_s)
+    if loads:
+        return sum(loads) / len(loads)
+    return prior_s if prior_s is not None else DEFAULT_RELOAD_COST_S
+
+
+def declared(vram: VramSpec) -> Declared:
+    """The figures a descriptor gives: the peak, and the resident part when the split is known."""
+    peak = vram.peak
+    resident: int | None = None
+    if vram.weights_mib is not None:
+        resident = vram.weights_mib + (vram.context_mib or 0)
+    elif peak is not None and vram.activation_mib is not None:
+        resident = max(0, peak - vram.activation_mib)
+    return Declared(peak, resident)
+
+
+def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | None = None,
+                 *, distrusted: bool = False) -> BackendInfo:
+    """``spec`` as admission sizes it. A ``distrusted`` backend (it was caught above its
+    figures) runs alone until it has been measured again."""
+    peak, activation = figures(declared(spec.vram), learned)
+    if distrusted:
+        peak, activation = None, None
+    if reload_cost_s is None:
+        reload_cost_s = (spec.reload_cost_s if spec.reload_cost_s is not None
+                         else DEFAULT_RELOAD_COST_S)
+    return BackendInfo(
+        name=spec.name, peak_mib=peak, activation_mib=activation, safety_mib=spec.safety_mib,
+        priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
+        pinned=spec.pinned, reload_cost_s=reload_cost_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFacts:
+    """One live worker process of a backend. ``state`` is the scheduler's word for it
+    (starting, initializing, ready, busy, stopping); ``exclusive``: it was spawned with an
+    unknown footprint and holds its GPU whole."""
+
+    name: str
+    backend: str
+    gpu: int
+    state: str
+    jobs: int = 0
+    exclusive: bool = False
+    observed_mib: int | None = None
+    idle_since: float | None = None
+    accepting: bool = True
+    over_declared: bool = False  # seen above the figures it was admitted with
+    pids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class GhostFacts:
+    """A worker that exited, whose processes have not been seen to leave the GPU yet."""
+
+    name: str
+    backend: str
+    gpu: int
+    mib: int  # what it held when it exited
+    observed_mib: int | None = None
+    pids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """A calibration run: a fresh worker alone on ``gpu``."""
+
+    name: str
+    backend: str
+    gpu: int
+    observed_mib: int | None = None
+    pids: frozenset[int] = frozenset()
+
+
+def holders(
+    devices: Sequence[Device],
+    backends: Mapping[str, BackendInfo],
+    workers: Iterable[WorkerFacts],
+    ghosts: Iterable[GhostFacts] = (),
+    runs: Iterable[RunFacts] = (),
+    *,
+    reserve_mib: int = 0,
+    foreign: Mapping[int, int] | None = None,
+) -> list[Holder]:
+    """Every ledger holder: live workers by their figures, ghosts by what they held, runs by
+    their whole GPU."""
+    foreign = foreign or {}
+    whole = {d.index: max(0, d.total_mib - reserve_mib - int(foreign.get(d.index, 0)))
+             for d in devices}
+    out: list[Holder] = []
+    for w in workers:
+        info = backends.get(w.backend)
+        if w.exclusive or info is None or info.peak_mib is None:
+            figure = whole.get(w.gpu, 0)
+        else:
+            figure = info.holds_mib(w.jobs)
+        out.append(Holder(w.name, w.backend, w.gpu, "worker", figure, w.observed_mib, w.jobs,
+                          w.pids))
+    for gh in ghosts:
+        out.append(Holder(gh.name, gh.backend, gh.gpu, "ghost", gh.mib, gh.observed_mib, 0,
+                          gh.pids))
+    for r in runs:
+        out.append(Holder(r.name, r.backend, r.gpu, "calibration", whole.get(r.gpu, 0),
+                          r.observed_mib, 1, r.pids))
+    return out
+
+
+def decide_inputs(
+    devices: Sequence[Device],
+    backends: Mapping[str, BackendInfo],
+    workers: Sequence[WorkerFacts],
+    queue: Sequence[QueuedJob],
+    *,
+    ghosts: Sequence[GhostFacts] = (),
+    runs: Sequence[RunFacts] = (),
+    queued_counts: Mapping[tuple[str, str], int] | None = None,
+    reserve_mib: int = 0,
+    foreign: Mapping[int, int] | None = None,
+    draining: Iterable[int] = (),
+) -> tuple[Snapshot, Book]:
+    """The scheduler's snapshot and the ledger's book, from the same facts."""
+    accounts = book(
+        devices,
+        holders(devices, backends, workers, ghosts, runs, reserve_mib=reserve_mib,
+                foreign=foreign),
+        reserve_mib=reserve_mib, foreign=foreign,
+    )
+    draining = set(draining)
+    leaving: dict[int, int] = {}
+    for gpu in accounts.gpus.values():
+        leaving[gpu.index] = sum(h.holds_mib for h in gpu.holders if h.kind == "ghost")
+    gpus = tuple(
+        GpuState(d.index, d.total_mib, d.free_mib, reserve_mib,
+                 foreign_mib=accounts.gpus[d.index].foreign_mib,
+                 draining=d.index in draining, leaving_mib=leaving.get(d.index, 0))
+        for d in sorted(devices, key=lambda d: d.index)
+    )
+    held_by = {h.name: h for g in accounts.gpus.values() for h in g.holders}
+    infos: dict[str, WorkerInfo] = {}
+    for w in workers:
+        h = held_by.get(w.name)
+        reserved = h.holds_mib if h is not None else 0  # 0: on a GPU that is not present
+        infos[w.backend] = WorkerInfo(
+            backend=w.backend, gpu=w.gpu, state=w.state, active_jobs=w.jobs,
+            reserved_mib=reserved, idle_since=w.idle_since, accepting=w.accepting,
+            over_declared=w.over_declared or (h is not None and h.over_mib > 0),
+        )
+    held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
+    snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
+                        queued_counts=queued_counts, held=held)
+    return snapshot, accounts

@@ -1,0 +1,101 @@
+"""One error shape for every route: ``{"error": {"message", "type", "code"}}`` and a status.
+
+OpenAI's clients read the same shape, so their exceptions carry our message.  The engine's
+exceptions map to statuses here and nowhere else:
+
+====================  ======  =========================================================
+QueueFull             503     + ``Retry-After``: try again soon
+EngineStopped         503     + ``Retry-After``: the engine is stopping (or restarting)
+BackendFailed         503     + ``Retry-After``: it waits for a respawn
+Refused (submit)      507     too large for every GPU here (another box may take it)
+Refused (other)       409     e.g. evict while busy
+UnknownBackend/Job    404
+InvalidRequest        400
+====================  ======  =========================================================
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import (
+    BackendFailed,
+    EngineStopped,
+    InvalidRequest,
+    QueueFull,
+    Refused,
+    UnknownBackend,
+    UnknownJob,
+    VramtuiError,
+)
+
+RETRY_AFTER_S = 2
+
+
+class HttpError(Exception):
+    """An error answer: raise it from a route (or build one with :func:`from_engine`)."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str | None = None,
+                 headers: dict[str, str] | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code or type_
+        self.headers = dict(headers or {})
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
+        if self.param is not None:
+            err["param"] = self.param
+        return {"error": err}
+
+    def response(self) -> web.Response:
+        return web.Response(status=self.status, body=json.dumps(self.body()).encode(),
+                            content_type="application/json", headers=self.headers)
+
+
+def bad_request(message: str, code: str = "invalid_request", param: str | None = None
+                ) -> HttpError:
+    return HttpError(400, message, "invalid_request_error", code, param=param)
+
+
+def not_found(message: str, code: str = "not_found") -> HttpError:
+    return HttpError(404, message, "not_found_error", code)
+
+
+def conflict(message: str, code: str) -> HttpError:
+    return HttpError(409, message, "conflict_error", code)
+
+
+def unavailable(message: str, code: str, retry_after: int = RETRY_AFTER_S) -> HttpError:
+    return HttpError(503, message, "unavailable_error", code,
+                     headers={"Retry-After": str(retry_after)})
+
+
+def from_engine(exc: BaseException, *, submitting: bool = False) -> HttpError:
+    """The answer for an exception the engine raised (``submitting``: from a submit)."""
+    text = str(exc)
+    if isinstance(exc, QueueFull):
+        return unavailable(text, "queue_full")
+    if isinstance(exc, EngineStopped):
+        return unavailable(text, "engine_stopping", retry_after=10)
+    if isinstance(exc, BackendFailed):
+        return unavailable(text, "backend_failed", retry_after=30)
+    if isinstance(exc, Refused):
+        if submitting:
+            return HttpError(507, text, "insufficient_storage_error", "too_large")
+        return conflict(text, "refused")
+    if isinstance(exc, UnknownBackend):
+        return not_found(text, "unknown_backend")
+    if isinstance(exc, UnknownJob):
+        return not_found(text, "unknown_job")
+    if isinstance(exc, InvalidRequest):
+        return bad_request(text)
+    if isinstance(exc, VramtuiError):
+        return HttpError(500, text, "engine_error")
+    return HttpError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")

@@ -1,0 +1,193 @@
+"""A job's life over HTTP, shared by the native and the OpenAI-compatible routes.
+
+- :func:`wait_done`: await a job's end on the loop without touching the engine's own future
+  (other waiters share it), and cancel the job if the client goes away first;
+- :func:`result_response`: a finished job as the worker answered it — its body, Content-Type,
+  headers and status — or the error shape when it did not succeed;
+- :class:`JobStream`: the SSE encoding of one job's events.  A job stream never loses a chunk:
+  when its client falls behind, the chunks it missed are read back from the job itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..errors import EngineStopped, UnknownJob
+from ..jobs import JobState, JobView
+from .errors import HttpError, conflict, from_engine
+from .sse import Encoded, Item, frame
+from .views import chunk_json, job_json
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+# Hop-by-hop, framing, or ours: a worker cannot set these.
+_RESERVED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                       "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+                       "content-length", "content-encoding", "set-cookie", "date", "server",
+                       "x-vramtui-job"})
+MAX_HEADERS = 64
+MAX_HEADER_VALUE = 8192
+
+
+def worker_headers(headers: dict[str, Any]) -> dict[str, str]:
+    """The worker's headers that may go out on HTTP (names checked, no CR/LF, bounded)."""
+    out: dict[str, str] = {}
+    for key, value in headers.items():
+        if len(out) >= MAX_HEADERS:
+            break
+        if not isinstance(key, str) or not _TOKEN.match(key) or key.lower() in _RESERVED:
+            continue
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("latin-1")
+            except UnicodeDecodeError:
+                continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            continue
+        text = str(value)
+        if len(text) > MAX_HEADER_VALUE or any(c in text for c in "\r\n\0"):
+            continue
+        out[key] = text
+    return out
+
+
+def outcome_error(view: JobView) -> HttpError:
+    """Why a finished job has no result to give."""
+    text = view.error or view.state.value
+    if view.state is JobState.TIMED_OUT:
+        return HttpError(504, f"job {view.id}: {text}", "timeout_error", "job_timed_out")
+    if view.state is JobState.CANCELLED:
+        return conflict(f"job {view.id} was cancelled: {text}", "job_cancelled")
+    return HttpError(502, f"job {view.id} failed: {text}", "job_failed_error", "job_failed")
+
+
+def finished_view(server: HttpServer, job_id: str, fallback: JobView | None = None) -> JobView:
+    """The job as the engine holds it now (its result included), or ``fallback``."""
+    try:
+        return server.engine.job_view(job_id)
+    except UnknownJob:
+        if fallback is not None:
+            return fallback
+        raise
+
+
+def result_response(server: HttpServer, view: JobView) -> web.Response:
+    """A finished job's answer: the worker's own body, headers and status, or an error."""
+    if not view.finished:
+        raise HttpError(409, f"job {view.id} has not finished ({view.state.value}); wait for "
+                        "it (GET /v1/jobs/{id}/events) and ask again", "conflict_error",
+                        "job_not_finished", headers={"Retry-After": "1"})
+    if view.state is not JobState.SUCCEEDED:
+        raise outcome_error(view)
+    data = view.data if view.data is not None else b"".join(view.chunks)
+    status = view.status_code or 200
+    if not 200 <= status <= 599:
+        raise HttpError(502, f"job {view.id}: the worker answered status {status}, which HTTP "
+                        "cannot carry", "job_failed_error", "bad_worker_status")
+    headers = worker_headers(view.headers)
+    ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
+    headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    headers["X-Vramtui-Job"] = view.id
+    resp = web.Response(status=status, body=data, headers=headers)
+    resp.content_type = (ctype or "application/octet-stream").split(";")[0].strip()
+    if ctype and "charset=" in ctype:
+        resp.charset = ctype.split("charset=", 1)[1].split(";")[0].strip() or None
+    return resp
+
+
+async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bool = True
+                    ) -> JobView:
+    """The job's final view once it ends; cancels the job if this request is cancelled (the
+    client went away) before that."""
+    engine = server.engine
+    fut = engine.futures.get(job_id)
+    if fut is None:
+        return engine.job_view(job_id)
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[JobView] = loop.create_future()
+
+    def settle(f: Any) -> None:
+        if waiter.done():
+            return
+        if f.cancelled():
+            waiter.set_exception(EngineStopped(f"job {job_id}: nobody will finish it"))
+        elif f.exception() is not None:
+            waiter.set_exception(f.exception())
+        else:
+            waiter.set_result(f.result())
+
+    fut.add_done_callback(lambda f: loop.call_soon_threadsafe(settle, f))
+    try:
+        return await waiter
+    except asyncio.CancelledError:
+        if cancel_on_disconnect:
+            cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
+        raise
+    except EngineStopped as exc:
+        raise from_engine(exc) from None
+
+
+def cancel_quietly(server: HttpServer, job_id: str, note: str) -> None:
+    job = server.engine.jobs.get(job_id)
+    if job is not None and not job.state.finished:
+        # the engine may be stopping: there is nothing to answer anyway
+        with contextlib.suppress(Exception):
+            server.engine.cancel(job_id, note=note)
+
+
+class JobStream:
+    """The native SSE encoding of one job: ``state``, ``progress`` and ``chunk`` events."""
+
+    def __init__(self, server: HttpServer, job_id: str, state: str | None = None) -> None:
+        self.server = server
+        self.job_id = job_id
+        self.last_state = state
+        self.sent_chunks = 0
+
+    def wants(self, item: Item) -> bool:
+        ev = item.event
+        return ev.job_id == self.job_id if ev.kind == "chunk" else (
+            ev.kind == "job" and ev.job is not None and ev.job.id == self.job_id)
+
+    def encode(self, item: Item) -> Encoded | None:
+        ev = item.event
+        if ev.kind == "chunk":
+            self.sent_chunks += 1
+            return frame("chunk", {"job_id": self.job_id, "index": self.sent_chunks - 1,
+                                   **chunk_json(ev.data or b"")}, item.id), False
+        view = ev.job
+        assert view is not None
+        if view.state.value != self.last_state:
+            self.last_state = view.state.value
+            return frame("state", job_json(view, self.server.clock, history=False),
+                         item.id), view.finished
+        return frame("progress", {"job_id": view.id, "state": view.state.value,
+                                  "progress": view.progress, "text": view.progress_text},
+                     item.id), view.finished
+
+    def resync(self, lagged: int, seq: int) -> Encoded:
+        """The job as it is now (a fresh snapshot), with every chunk this client missed."""
+        try:
+            view = self.server.engine.job_view(self.job_id)
+        except UnknownJob:
+            return frame("state", {"job_id": self.job_id, "state": "unknown",
+                                   "error": "the job is no longer known"}, seq), True
+        out = bytearray()
+        body = job_json(view, self.server.clock, history=False)
+        if lagged:
+            body["lagged"] = lagged
+        out += frame("state", body, seq)
+        self.last_state = view.state.value
+        job = self.server.engine.jobs.get(self.job_id)
+        chunks = job.chunks if job is not None else list(view.chunks)
+        for i in range(self.sent_chunks, len(chunks)):
+            out += frame("chunk", {"job_id": self.job_id, "index": i, **chunk_json(chunks[i])})
+        self.sent_chunks = max(self.sent_chunks, len(chunks))
+        return bytes(out), view.finished

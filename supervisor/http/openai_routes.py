@@ -1,0 +1,262 @@
+"""OpenAI-compatible routes for the backends that declare which API they speak (``api:``).
+
+``model`` names a backend, or one of its ``aliases``.  Each request is an ordinary job —
+admitted by peak, queued, visible in the TUI and the CLI — and is cancelled when its client
+disconnects.  The contract with the worker:
+
+- its payload is the request's JSON body exactly as the client sent it (``stream``
+  included); for ``/v1/audio/transcriptions`` (multipart) it is a JSON object of the form's
+  fields, the file as ``{"filename", "content_type", "b64"}``;
+- a non-streaming reply is the response itself (e.g. a ``chat.completion`` JSON, or the audio
+  bytes of ``/v1/audio/speech`` with their Content-Type), passed on with its status;
+- a streaming reply yields one JSON object per chunk (e.g. a ``chat.completion.chunk``),
+  framed here as ``data: …`` and ended with ``data: [DONE]``.
+
+Headers are sent when the first chunk arrives, so a job that fails before it streams anything
+still answers with a proper error status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..errors import EngineStopped, VramtuiError
+from .errors import HttpError, bad_request, from_engine, not_found
+from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
+from .routes import json_response, read_json
+from .sse import Item, Stream, open_response
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+log = logging.getLogger("supervisor.http")
+
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/images/generations": "images",
+    "/v1/audio/speech": "speech",
+    "/v1/audio/transcriptions": "transcriptions",
+}
+STREAMABLE = frozenset({"chat", "completions"})
+DONE = b"data: [DONE]\n\n"
+
+
+def add_routes(app: web.Application, server: HttpServer) -> None:
+    r = _OpenAI(server)
+    app.add_routes([web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
+                    *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items())])
+
+
+class ModelTable:
+    """Model names (backend names first, then aliases) -> backend, for ``api:`` backends."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.names: dict[str, str] = {}
+        specs = {name: rt.spec for name, rt in server.engine.backends.items()}
+        for name, spec in specs.items():
+            if spec.api:
+                self.names[name] = name
+        for name, spec in specs.items():
+            if not spec.api:
+                continue
+            for alias in spec.aliases:
+                owner = self.names.get(alias)
+                if owner is not None and owner != name:
+                    log.warning("model alias %r of %s is already %s's name or alias; %s keeps "
+                                "it", alias, name, owner, owner)
+                    continue
+                self.names[alias] = name
+
+    def resolve(self, model: str) -> str | None:
+        return self.names.get(model)
+
+
+class _OpenAI:
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.table = ModelTable(server)
+
+    # -- models -------------------------------------------------------------------------------
+    def _model_json(self, name: str, states: dict[str, str]) -> dict[str, Any]:
+        spec = self.engine.backends[name].spec
+        return {"id": name, "object": "model", "created": int(self.engine.wall_started),
+                "owned_by": "vramtui", "api": list(spec.api), "aliases": list(spec.aliases),
+                "state": states.get(name, "cold"), "description": spec.description}
+
+    async def models(self, request: web.Request) -> web.Response:
+        states = {b.name: b.state for b in self.engine.snapshot().backends}
+        names = sorted({b for b in self.table.names.values()})
+        return json_response({"object": "list",
+                              "data": [self._model_json(n, states) for n in names]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = self.table.resolve(request.match_info["model"])
+        if name is None:
+            raise self._unknown(request.match_info["model"])
+        states = {b.name: b.state for b in self.engine.snapshot().backends}
+        return json_response(self._model_json(name, states))
+
+    def _unknown(self, model: str) -> HttpError:
+        hint = ""
+        if model in self.engine.backends:
+            hint = (f"; backend {model!r} exists but declares no api (add e.g. 'api: chat' to "
+                    "its descriptor)")
+        known = ", ".join(sorted(self.table.names)) or "none declare an api"
+        return not_found(f"the model {model!r} does not exist{hint} (models: {known})",
+                         "model_not_found")
+
+    # -- the endpoints ----------------------------------------------------------------------
+    def handler(self, kind: str) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._handle(request, kind)
+
+        handle.__name__ = f"openai_{kind}"
+        return handle
+
+    async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if kind == "transcriptions":
+            body, payload = await self._form_body(request)
+        else:
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise bad_request("the body must be a JSON object")
+            payload = await request.read()
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise bad_request("model: the name of a model (GET /v1/models lists them)",
+                              param="model")
+        backend = self.table.resolve(model)
+        if backend is None:
+            raise self._unknown(model)
+        spec = self.engine.backends[backend].spec
+        if kind not in spec.api:
+            raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
+                              "wrong_api", param="model")
+        stream = body.get("stream") is True and kind in STREAMABLE
+        try:
+            job = self.engine.submit(backend, payload, stream=stream,
+                                     metadata={"api": kind, "model": model})
+        except VramtuiError as exc:
+            raise from_engine(exc, submitting=True) from None
+        if not stream:
+            view = await wait_done(self.server, job.id)
+            return result_response(self.server, finished_view(self.server, job.id, view))
+        return await self._stream(request, job.id)
+
+    async def _form_body(self, request: web.Request) -> tuple[dict[str, Any], bytes]:
+        ctype = request.headers.get("Content-Type", "")
+        if not ctype.startswith("multipart/form-data"):
+            raise bad_request("send the audio as multipart/form-data (file, model, …)")
+        try:
+            form = await request.post()
+        except ValueError as exc:
+            raise bad_request(f"malformed form: {exc}") from None
+        body: dict[str, Any] = {}
+        for key, value in form.items():
+            if isinstance(value, web.FileField):
+                data = value.file.read()
+                body[key] = {"filename": value.filename, "content_type": value.content_type,
+                             "b64": base64.b64encode(data).decode("ascii")}
+            else:
+                body[key] = value
+        if "file" not in body:
+            raise bad_request("file: the audio to transcribe", param="file")
+        if body.get("stream") in ("true", "True", "1"):
+            body["stream"] = True
+        return body, json.dumps(body, separators=(",", ":")).encode()
+
+    async def _stream(self, request: web.Request, job_id: str) -> web.StreamResponse:
+        srv = self.server
+        enc = _ChunkEncoder(srv, job_id)
+        stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
+                        on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
+                        buffer_limit=srv.config.subscriber_buffer)
+        srv.hub.streams.add(stream)  # right after submit: no chunk is missed
+        response: web.StreamResponse | None = None
+        try:
+            while not stream.pending and not stream.lagged and not srv.hub.closed:
+                stream.wake.clear()
+                await stream.wake.wait()
+            first = stream.pending[0] if stream.pending else None
+            if first is None and not stream.lagged:
+                raise from_engine(EngineStopped("the engine stopped before the job streamed"))
+            if first is not None and first.event.kind == "job" and first.event.job is not None \
+                    and first.event.job.finished:
+                view = finished_view(srv, job_id, first.event.job)
+                return result_response(srv, view) if view.state.value == "succeeded" \
+                    else outcome_error(view).response()
+            response = await open_response(request, headers={"X-Vramtui-Job": job_id})
+            await stream.run(response)
+        except asyncio.CancelledError:
+            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+            raise
+        finally:
+            srv.hub.streams.discard(stream)
+        if stream.client_gone and not stream.finished:
+            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+        return response
+
+
+class _ChunkEncoder:
+    """One job's chunks as ``data: {json}`` lines, then ``data: [DONE]`` (or an error)."""
+
+    def __init__(self, server: HttpServer, job_id: str) -> None:
+        self.server = server
+        self.job_id = job_id
+        self.sent = 0
+
+    def wants(self, item: Item) -> bool:
+        ev = item.event
+        if ev.kind == "chunk":
+            return ev.job_id == self.job_id
+        return ev.kind == "job" and ev.job is not None and ev.job.id == self.job_id \
+            and ev.job.finished
+
+    def encode(self, item: Item) -> tuple[bytes, bool] | None:
+        ev = item.event
+        if ev.kind == "chunk":
+            self.sent += 1
+            return data_lines(ev.data or b""), False
+        assert ev.job is not None
+        return self._end(ev.job.state.value, ev.job), True
+
+    def _end(self, state: str, view: Any) -> bytes:
+        if state == "succeeded":
+            return DONE
+        err = outcome_error(view)
+        return data_lines(json.dumps(err.body()).encode())
+
+    def resync(self, lagged: int, seq: int) -> tuple[bytes, bool]:
+        """Fell behind: the chunks it missed, read back from the job, then the end if due."""
+        job = self.server.engine.jobs.get(self.job_id)
+        if job is None:
+            return data_lines(json.dumps({"error": {"message": "the job is gone",
+                                                    "type": "job_failed_error"}}).encode()), True
+        out = bytearray()
+        for chunk in job.chunks[self.sent:]:
+            out += data_lines(chunk)
+        self.sent = max(self.sent, len(job.chunks))
+        if job.state.finished:
+            out += self._end(job.state.value, job.view())
+            return bytes(out), True
+        return bytes(out), False
+
+
+def data_lines(chunk: bytes) -> bytes:
+    """A chunk as one SSE message: compact JSON on one line when it is JSON, else each of its
+    lines as a ``data:`` line (the client joins them back with newlines)."""
+    text = chunk.decode("utf-8", errors="replace").strip()
+    with contextlib.suppress(ValueError):
+        text = json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+    return b"".join(b"data: " + line.encode() + b"\n" for line in text.split("\n")) + b"\n"
+

@@ -1,0 +1,460 @@
+"""The native routes: jobs, backends, GPUs, logs, events, health, version and metrics.
+
+Each handler runs on the engine loop and calls the engine's own synchronous methods.  The
+route table is :data:`ROUTES`; ``GET /v1`` lists it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..control.logtail import read_log
+from ..errors import UnknownBackend, VramtuiError
+from ..jobquery import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
+from .errors import HttpError, bad_request, from_engine, not_found
+from .jobflow import JobStream, cancel_quietly, finished_view, result_response, wait_done
+from .server import streaming
+from .sse import Stream, frame, last_event_id, open_response
+from .views import backend_json, event_json, gpu_json, job_json
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+JOB_FIELDS = frozenset({"backend", "input", "input_b64", "priority", "timeout", "metadata",
+                        "stream"})
+LOG_POLL_S = 0.5
+MAX_LOG_LINES = 10_000
+
+ROUTES = (
+    ("POST", "/v1/jobs", "submit a job: waits; Prefer: respond-async -> 202; "
+                         "Accept: text/event-stream -> SSE"),
+    ("GET", "/v1/jobs", "jobs (?state=&backend=&limit=)"),
+    ("GET", "/v1/jobs/{id}", "a job: state, queue position, why it waits"),
+    ("GET", "/v1/jobs/{id}/result", "a finished job's result, as the worker answered"),
+    ("GET", "/v1/jobs/{id}/events", "a job's events (SSE)"),
+    ("POST", "/v1/jobs/{id}/cancel", "cancel a job"),
+    ("GET", "/v1/backends", "backends: state, memory, keep-alive, peaks"),
+    ("GET", "/v1/backends/{b}", "one backend"),
+    ("POST", "/v1/backends/{b}/load", "start its worker now"),
+    ("POST", "/v1/backends/{b}/unload", "stop its idle worker"),
+    ("POST", "/v1/backends/{b}/respawn", "restart its worker"),
+    ("POST", "/v1/backends/unload", "unload every idle backend"),
+    ("GET", "/v1/backends/{b}/logs", "its worker's log (?lines=&follow=1)"),
+    ("GET", "/v1/gpus", "GPUs and their memory"),
+    ("GET", "/v1/events", "every engine event (SSE)"),
+    ("GET", "/v1/models", "OpenAI: the backends that declare an api"),
+    ("POST", "/v1/chat/completions", "OpenAI chat (stream: true for SSE)"),
+    ("POST", "/v1/completions", "OpenAI completions"),
+    ("POST", "/v1/embeddings", "OpenAI embeddings"),
+    ("POST", "/v1/images/generations", "OpenAI images"),
+    ("POST", "/v1/audio/speech", "OpenAI text to speech"),
+    ("POST", "/v1/audio/transcriptions", "OpenAI speech to text (multipart)"),
+    ("GET", "/api/ps", "Ollama: loaded models"),
+    ("GET", "/api/version", "Ollama: version"),
+    ("GET", "/api/tags", "Ollama: models"),
+    ("GET", "/metrics", "Prometheus metrics"),
+    ("GET", "/healthz", "alive"),
+    ("GET", "/readyz", "ready for jobs (503 while stopping)"),
+    ("GET", "/v1/version", "versions"),
+)
+
+
+def add_routes(app: web.Application, server: HttpServer) -> None:
+    r = _Routes(server)
+    app.add_routes([
+        web.get("/v1", r.index),
+        web.post("/v1/jobs", r.submit),
+        web.get("/v1/jobs", r.jobs),
+        web.get("/v1/jobs/{id}", r.job),
+        web.get("/v1/jobs/{id}/result", r.result),
+        web.get("/v1/jobs/{id}/events", r.job_events),
+        web.post("/v1/jobs/{id}/cancel", r.cancel),
+        web.get("/v1/backends", r.backends),
+        web.post("/v1/backends/unload", r.unload_all),
+        web.get("/v1/backends/{b}", r.backend),
+        web.post("/v1/backends/{b}/{action:load|unload|respawn}", r.backend_action),
+        web.get("/v1/backends/{b}/logs", r.logs),
+        web.get("/v1/gpus", r.gpus),
+        web.get("/v1/events", r.events),
+        web.get("/healthz", r.healthz),
+        web.get("/readyz", r.readyz),
+        web.get("/v1/version", r.version),
+        web.get("/metrics", r.metrics),
+    ])
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> web.Response:
+    return web.Response(status=status, body=json.dumps(data, separators=(",", ":")).encode(),
+                        content_type="application/json", headers=headers)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body (400 when it is not JSON, 413 past the size limit)."""
+    raw = await request.read()
+    if not raw:
+        raise bad_request("the request has no body; send JSON")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+
+
+def wants_sse(request: web.Request) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
+def respond_async(request: web.Request) -> bool:
+    prefer = request.headers.get("Prefer", "")
+    return any(p.strip().lower() == "respond-async" for p in prefer.split(","))
+
+
+class _Routes:
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.engine = server.engine
+
+    # -- jobs -------------------------------------------------------------------------------
+    async def index(self, request: web.Request) -> web.Response:
+        return json_response({"object": "list", "data": [
+            {"method": m, "path": p, "what": w} for m, p, w in ROUTES]})
+
+    async def submit(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json(request)
+        backend, payload, kw = _job_request(body)
+        try:
+            job = self.engine.submit(backend, payload, **kw)
+        except VramtuiError as exc:
+            raise from_engine(exc, submitting=True) from None
+        location = {"Location": f"/v1/jobs/{job.id}", "X-Vramtui-Job": job.id}
+        if respond_async(request):
+            return json_response(job_json(job.view(), self.server.clock), 202,
+                                 {**location, "Preference-Applied": "respond-async"})
+        if wants_sse(request):
+            return await self._stream_job(request, job.id, cancel_on_disconnect=True,
+                                          status=200, headers=location)
+        view = await wait_done(self.server, job.id)
+        return result_response(self.server, finished_view(self.server, job.id, view))
+
+    async def jobs(self, request: web.Request) -> web.Response:
+        q = request.query
+        try:
+            states = parse_states(q.get("state"))
+        except ValueError as exc:
+            raise bad_request(str(exc), param="state") from None
+        backend = q.get("backend") or None
+        if backend is not None and backend not in self.engine.backends:
+            raise from_engine(UnknownBackend(backend, self.engine.backends))
+        limit = _int_query(q.get("limit"), "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
+        views = list_jobs(self.engine, states=states, backend=backend, limit=limit)
+        return json_response({"object": "list", "data": [
+            job_json(v, self.server.clock, history=False) for v in views]})
+
+    async def job(self, request: web.Request) -> web.Response:
+        try:
+            view = job_detail(self.engine, request.match_info["id"])
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return json_response(job_json(view, self.server.clock))
+
+    async def result(self, request: web.Request) -> web.Response:
+        try:
+            view = self.engine.job_view(request.match_info["id"])
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return result_response(self.server, view)
+
+    @streaming
+    async def job_events(self, request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["id"]
+        try:
+            self.engine.job_view(job_id)
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return await self._stream_job(request, job_id, cancel_on_disconnect=False)
+
+    async def _stream_job(self, request: web.Request, job_id: str, *,
+                          cancel_on_disconnect: bool, status: int = 200,
+                          headers: dict[str, str] | None = None) -> web.StreamResponse:
+        srv = self.server
+        enc = JobStream(srv, job_id)
+        stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
+                        on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
+                        buffer_limit=srv.config.subscriber_buffer)
+        last = last_event_id(request)
+        replay = srv.hub.since(last) if last is not None else None
+        if replay is None:
+            stream.lagged = 0
+            first, done = enc.resync(0, srv.hub.seq)  # the job as it is now, chunks so far
+        else:
+            stream.replay(replay)
+            first, done = b"", False
+        first = f"retry: {3000}\n\n".encode() + first
+        if done:
+            stream.ended = stream.finished = True
+        srv.hub.streams.add(stream)  # before any await: no event is missed
+        try:
+            response = await open_response(request, status, headers)
+            await stream.run(response, first)
+        except asyncio.CancelledError:
+            if cancel_on_disconnect:
+                cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+            raise
+        finally:
+            srv.hub.streams.discard(stream)
+        if cancel_on_disconnect and stream.client_gone and not stream.finished:
+            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+        return response
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        try:
+            view = self.engine.cancel(request.match_info["id"])
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return json_response(job_json(view, self.server.clock))
+
+    # -- backends -----------------------------------------------------------------------------
+    def _backend_extra(self, name: str) -> dict[str, Any]:
+        spec = self.engine.backends[name].spec
+        keep = spec.keep_alive_s
+        return {"api": list(spec.api), "aliases": list(spec.aliases),
+                "keep_alive_s": keep if math.isfinite(keep) else None,
+                "concurrency": spec.concurrency, "stream": spec.stream,
+                "links": {"self": f"/v1/backends/{name}", "logs": f"/v1/backends/{name}/logs"}}
+
+    async def backends(self, request: web.Request) -> web.Response:
+        snap = self.engine.snapshot()
+        return json_response({"object": "list", "data": [
+            backend_json(b, snap, self._backend_extra(b.name)) for b in snap.backends]})
+
+    async def backend(self, request: web.Request) -> web.Response:
+        name = self._known(request.match_info["b"])
+        snap = self.engine.snapshot()
+        b = snap.backend(name)
+        if b is None:
+            raise not_found(f"unknown backend {name!r}", "unknown_backend")
+        return json_response(backend_json(b, snap, self._backend_extra(name)))
+
+    def _known(self, name: str) -> str:
+        if name not in self.engine.backends:
+            raise from_engine(UnknownBackend(name, self.engine.backends))
+        return name
+
+    async def backend_action(self, request: web.Request) -> web.Response:
+        name = self._known(request.match_info["b"])
+        action = request.match_info["action"]
+        try:
+            if action == "load":
+                self.engine.preload(name)
+            elif action == "unload":
+                self.engine.evict(name)
+            else:
+                self.engine.respawn(name)
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return json_response({"backend": name, "action": action, "accepted": True,
+                              "links": {"backend": f"/v1/backends/{name}"}}, 202)
+
+    async def unload_all(self, request: web.Request) -> web.Response:
+        try:
+            evicted = self.engine.zero()
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return json_response({"unloaded": evicted}, 202)
+
+    @streaming
+    async def logs(self, request: web.Request) -> web.StreamResponse:
+        name = self._known(request.match_info["b"])
+        lines = _int_query(request.query.get("lines"), "lines", 50, 0, MAX_LOG_LINES)
+        follow = request.query.get("follow", "").lower() in ("1", "true", "yes")
+        path = self.engine.paths.worker_log_path(name)
+        loop = asyncio.get_running_loop()
+        got = await loop.run_in_executor(None, read_log, path, lines, None)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                   "Content-Type": "text/plain; charset=utf-8"}
+        if not follow:
+            return web.Response(body=got["data"], headers=headers)
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        offset = got["offset"]
+        try:
+            if got["data"]:
+                await response.write(got["data"])
+            quiet = 0.0
+            while not self.server.hub.closed:
+                await asyncio.sleep(LOG_POLL_S)
+                got = await loop.run_in_executor(None, read_log, path, 0, offset)
+                offset = got["offset"]
+                if got["data"]:
+                    await response.write(got["data"])
+                    quiet = 0.0
+                else:
+                    quiet += LOG_POLL_S
+                    if quiet >= self.server.config.heartbeat_s:
+                        transport = request.transport
+                        if transport is None or transport.is_closing():
+                            break
+                        quiet = 0.0
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+    async def gpus(self, request: web.Request) -> web.Response:
+        snap = self.engine.snapshot()
+        return json_response({"object": "list", "simulated": snap.simulated,
+                              "source": snap.source, "data": [
+                                  gpu_json(g, self.server.uuids.get(g.index)) for g in snap.gpus]})
+
+    @streaming
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        srv = self.server
+        kinds = request.query.get("kinds")
+        wanted = frozenset(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
+        if wanted is not None and not wanted <= {"job", "chunk", "worker", "log"}:
+            raise bad_request("kinds: a comma-separated list of job, chunk, worker, log",
+                              param="kinds")
+        backend = request.query.get("backend") or None
+
+        def wants(item: Any) -> bool:
+            ev = item.event
+            return (wanted is None or ev.kind in wanted) and (
+                backend is None or ev.backend == backend)
+
+        def build(item: Any) -> bytes:
+            return frame(item.event.kind, event_json(item.event, srv.clock), item.id)
+
+        def encode(item: Any) -> tuple[bytes, bool]:
+            return item.encoded("events", build), False
+
+        def on_lag(n: int, seq: int) -> tuple[bytes, bool]:
+            return frame("snapshot", self._light_snapshot(n), seq), False
+
+        stream = Stream(srv.hub, request, wants=wants, encode=encode, on_lag=on_lag,
+                        heartbeat_s=srv.config.heartbeat_s,
+                        buffer_limit=srv.config.subscriber_buffer)
+        last = last_event_id(request)
+        first = b"retry: 3000\n\n"
+        if last is not None:
+            replay = srv.hub.since(last)
+            if replay is None:
+                first += frame("snapshot", self._light_snapshot(0, resumed_from=last),
+                               srv.hub.seq)
+            else:
+                stream.replay(replay)
+        else:
+            first += frame("snapshot", self._light_snapshot(0), srv.hub.seq)
+        srv.hub.streams.add(stream)
+        try:
+            response = await open_response(request)
+            await stream.run(response, first)
+        finally:
+            srv.hub.streams.discard(stream)
+        return response
+
+    def _light_snapshot(self, lagged: int, resumed_from: int | None = None) -> dict[str, Any]:
+        snap = self.engine.snapshot()
+        clock = self.server.clock
+        out: dict[str, Any] = {
+            "stopping": snap.stopping, "simulated": snap.simulated,
+            "gpus": [gpu_json(g, self.server.uuids.get(g.index)) for g in snap.gpus],
+            "backends": [backend_json(b, snap, {}) for b in snap.backends],
+            "running": [job_json(v, clock, history=False) for v in snap.running],
+            "queued": [job_json(v, clock, history=False) for v in snap.queued[:100]],
+            "queued_total": len(snap.queued),
+        }
+        if lagged:
+            out["lagged"] = lagged
+        if resumed_from is not None:
+            out["missed_since"] = resumed_from
+        return out
+
+    # -- health -----------------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.engine.stopping:
+            raise HttpError(503, "the engine is stopping", "unavailable_error",
+                            "engine_stopping", headers={"Retry-After": "10"})
+        return json_response({"status": "ready"})
+
+    async def version(self, request: web.Request) -> web.Response:
+        snap = self.engine.snapshot()
+        return json_response({"version": self.server.version, "api": "1",
+                              "python": snap.python, "gpu_source": snap.source,
+                              "simulated": snap.simulated, "pid": os.getpid()})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        from .metrics import CONTENT_TYPE
+
+        body = self.server.exporter.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _int_query(raw: str | None, name: str, default: int, low: int, high: int) -> int:
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise bad_request(f"{name} must be a whole number from {low} to {high}", param=name)
+    return int(raw)
+
+
+def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
+    """``{backend, input | input_b64, priority, timeout, metadata, stream}`` checked."""
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object {\"backend\": …, \"input\": …}")
+    unknown = sorted(set(body) - JOB_FIELDS)
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(JOB_FIELDS))}", param=unknown[0])
+    backend = body.get("backend")
+    if not isinstance(backend, str) or not backend:
+        raise bad_request("backend: the name of a backend (GET /v1/backends lists them)",
+                          param="backend")
+    if "input" in body and "input_b64" in body:
+        raise bad_request("give input (JSON) or input_b64 (bytes), not both", param="input")
+    payload = b""
+    if "input_b64" in body:
+        raw = body["input_b64"]
+        if not isinstance(raw, str):
+            raise bad_request("input_b64: base64 text", param="input_b64")
+        try:
+            payload = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request("input_b64 is not valid base64", param="input_b64") from None
+    elif "input" in body:
+        payload = json.dumps(body["input"], ensure_ascii=False,
+                             separators=(",", ":")).encode()
+    kw: dict[str, Any] = {}
+    priority = body.get("priority")
+    if priority is not None:
+        if isinstance(priority, bool) or not isinstance(priority, int) or \
+                abs(priority) > 1_000_000:
+            raise bad_request("priority: a whole number (higher runs first)", param="priority")
+        kw["priority"] = priority
+    timeout = body.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
+                not math.isfinite(timeout) or timeout <= 0 or timeout > 30 * 86400:
+            raise bad_request("timeout: seconds, more than 0", param="timeout")
+        kw["timeout"] = float(timeout)
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise bad_request("metadata: a JSON object", param="metadata")
+        kw["metadata"] = metadata
+    stream = body.get("stream")
+    if stream is not None:
+        if not isinstance(stream, bool):
+            raise bad_request("stream: true or false", param="stream")
+        kw["stream"] = stream
+    return backend, payload, kw

@@ -1,0 +1,245 @@
+"""The HTTP front door: aiohttp on the engine's own loop, a facade service like the control server.
+
+``start`` (on the engine loop, once the engine is up) binds the socket at once — so a port in
+use fails the start with a one-line error — and sets aiohttp's ``AppRunner`` going; ``close``
+(after the engine stopped) ends every stream and closes the runner.  Routes call the engine's
+synchronous, loop-only methods directly, as the control server's methods do; nothing blocks
+the loop but for the microseconds those calls take (log files are read in a thread).
+
+Every request passes three middlewares, outermost first: errors (everything leaves in the one
+JSON error shape), the guard (:mod:`.auth`: host, origin, token, peer uid), and limits
+(requests in flight, like the control socket's connection limit).  Request bodies are bounded
+by ``max_body`` (413 past it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..errors import VramtuiError
+from .auth import DECISION, Guard
+from .config import HttpConfig, bind_socket
+from .errors import HttpError
+from .gpu_ids import read_uuids
+from .sse import Hub
+from .views import Clock
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+log = logging.getLogger("supervisor.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SHUTDOWN_TIMEOUT_S = 3.0
+KEEPALIVE_TIMEOUT_S = 15.0
+
+
+def streaming(handler: Handler) -> Handler:
+    """Mark a route that holds its response open (SSE, log follow): it takes a stream slot,
+    not a request slot."""
+    handler.streaming = True  # type: ignore[attr-defined]
+    return handler
+
+
+class HttpServer:
+    """Serves one engine over HTTP on ``config.listen``; a facade service."""
+
+    def __init__(self, engine: Engine, config: HttpConfig, *, version: str = "",
+                 subapps: dict[str, web.Application] | None = None,
+                 on_ready: Callable[[HttpServer], None] | None = None) -> None:
+        self.engine = engine
+        self.config = config
+        self.version = version
+        self.subapps = dict(subapps or {})
+        self.on_ready = on_ready
+        self.guard = Guard(config)
+        self.hub = Hub(engine)
+        self.clock = Clock(engine.wall_started - engine.started_at)
+        self.uuids: dict[int, str] = {}
+        self.in_flight = 0
+        self.streams = 0
+        self.counters = {"requests": 0, "refused": 0, "over_limit": 0}
+        self.address: str = config.listen.url()
+        self.app: web.Application | None = None
+        self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ready: asyncio.Event | None = None  # set once serving (made in start)
+        self._exporter: Any = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind now (raises OSError with the reason) and start serving from the loop."""
+        loop = asyncio.get_running_loop()
+        self.ready = asyncio.Event()
+        try:
+            sock = bind_socket(self.config.listen)
+        except OSError as exc:
+            raise VramtuiError(f"the HTTP front door cannot listen on "
+                               f"{self.config.listen.url()}: {exc.strerror or exc}") from None
+        self._sock = sock
+        if self.config.listen.path is None:
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            self.address = f"http://{shown}:{port}"
+        self.hub.start()
+        self.app = self._make_app()
+        self._starting = loop.create_task(self._serve(sock))
+        log.info("HTTP front door on %s%s", self.address,
+                 f" (bearer token from {self.config.token_source})" if self.config.token
+                 else " (no token: this user only, over loopback)")
+
+    async def _serve(self, sock: socket.socket) -> None:
+        assert self.app is not None
+        loop = asyncio.get_running_loop()
+        try:
+            self.uuids = await loop.run_in_executor(
+                None, lambda: read_uuids(sorted(self.engine.readings),
+                                         simulated=self.engine.probe.simulated))
+        except Exception:  # noqa: BLE001 - the UUID label stays empty
+            log.exception("cannot read the GPUs' UUIDs")
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                               handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                               keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+        await runner.setup()
+        self._runner = runner
+        await web.SockSite(runner, sock).start()
+        assert self.ready is not None
+        self.ready.set()
+        if self.on_ready is not None:
+            self.on_ready(self)
+
+    async def close(self) -> None:
+        self.hub.close()
+        if self._starting is not None:
+            with contextlib.suppress(BaseException):
+                await self._starting
+        for task in list(self._tasks):
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        path = self.config.listen.path
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the application ----------------------------------------------------------------------
+    def _make_app(self) -> web.Application:
+        from . import ollama_routes, openai_routes, routes
+
+        app = web.Application(client_max_size=self.config.max_body,
+                              middlewares=[self._errors, self._guard, self._limits])
+        routes.add_routes(app, self)
+        openai_routes.add_routes(app, self)
+        ollama_routes.add_routes(app, self)
+        for prefix, sub in self.subapps.items():
+            app.add_subapp(prefix, sub)
+        return app
+
+    @property
+    def exporter(self) -> Any:
+        if self._exporter is None:
+            from .metrics import Exporter
+
+            self._exporter = Exporter(self.engine, self.version, self.uuids)
+        self._exporter.collector.uuids = self.uuids
+        return self._exporter
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except HttpError as exc:
+            return exc.response()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.config.max_body
+            return HttpError(413, f"request body too large: the limit is {_size(limit)} "
+                             f"({limit} bytes); raise http.max_body if you must",
+                             "invalid_request_error", "body_too_large").response()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
+                exc.status, "invalid_request_error")
+            text = exc.text if exc.text and not exc.text.startswith(str(exc.status)) \
+                else exc.reason
+            if exc.status == 404:
+                text = f"no route {request.method} {request.path}; see GET /v1 for the list"
+            elif exc.status == 405:
+                allowed = exc.headers.get("Allow", "")
+                text = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
+            return HttpError(exc.status, text, kind, code=exc.reason.lower().replace(" ", "_"),
+                             headers={k: v for k, v in exc.headers.items()
+                                      if k.lower() == "allow"}).response()
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return HttpError(500, f"internal error: {type(exc).__name__}: {exc}",
+                             "internal_error").response()
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            request[DECISION] = self.guard.check(request)
+        except HttpError:
+            self.counters["refused"] += 1
+            raise
+        return await handler(request)
+
+    @web.middleware
+    async def _limits(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.counters["requests"] += 1
+        route_handler = getattr(request.match_info, "handler", None)
+        is_stream = bool(getattr(route_handler, "streaming", False))
+        if is_stream:
+            if self.streams >= self.config.max_streams:
+                self.counters["over_limit"] += 1
+                raise HttpError(503, f"too many open streams ({self.streams}, the limit); "
+                                "close some and try again", "unavailable_error",
+                                "too_many_streams", headers={"Retry-After": "5"})
+            self.streams += 1
+        else:
+            if self.in_flight >= self.config.max_connections:
+                self.counters["over_limit"] += 1
+                raise HttpError(503, f"too many requests in flight ({self.in_flight}, the "
+                                "limit); try again shortly", "unavailable_error",
+                                "too_many_requests", headers={"Retry-After": "1"})
+            self.in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            if is_stream:
+                self.streams -= 1
+            else:
+                self.in_flight -= 1
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counters, "in_flight": self.in_flight, "streams": self.streams,
+                "sse_dropped": self.hub.dropped, "event_seq": self.hub.seq,
+                "address": self.address, "at": time.time()}
+
+
+def _size(n: int) -> str:
+    from ..control.messages import format_size
+
+    return format_size(n)

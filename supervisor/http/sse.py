@@ -1,0 +1,239 @@
+"""Server-sent events that never slow the engine: one hub, numbered events, bounded streams.
+
+:class:`Hub` holds the front door's one subscription to the engine's events.  Each event gets
+the next number (the SSE ``id:``, monotonic for the life of the server) and goes into a
+bounded ring, so a client that reconnects with ``Last-Event-ID`` is replayed what it missed —
+or, when that has left the ring, sent a fresh snapshot instead.
+
+:class:`Stream` is one client's response.  The engine's callback only appends to the stream's
+pending queue (O(1), never blocks); the stream's own task writes.  A client that does not
+read falls behind: once its unsent bytes pass the limit, or its queue is full, its pending
+events are dropped, counted, and replaced by one fresh snapshot when it catches up.  A quiet
+stream gets a comment every ``heartbeat_s`` so proxies and clients know it is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..events import EngineEvent, Subscription
+
+HUB_KINDS = frozenset({"job", "chunk", "worker", "log"})
+RING_EVENTS = 4096
+RING_BYTES = 16 * 1024 * 1024
+MAX_PENDING = 2048
+RETRY_MS = 3000
+HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+Encoded = tuple[bytes, bool]  # what to write, and whether the stream ends after it
+
+
+@dataclass(slots=True)
+class Item:
+    """One engine event with its number; encodings shared by every stream are cached."""
+
+    id: int
+    event: EngineEvent
+    size: int
+    cache: dict[str, bytes] = field(default_factory=dict)
+
+    def encoded(self, key: str, build: Callable[[Item], bytes]) -> bytes:
+        data = self.cache.get(key)
+        if data is None:
+            data = self.cache[key] = build(self)
+        return data
+
+
+def frame(name: str | None, data: Any, event_id: int | None = None) -> bytes:
+    """One SSE message: ``id:``, ``event:`` and a one-line JSON ``data:``."""
+    head = (f"id: {event_id}\n" if event_id is not None else "") + (
+        f"event: {name}\n" if name else "")
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"{head}data: {text}\n\n".encode()
+
+
+class Hub:
+    """The front door's subscription to the engine, numbering events into a replay ring."""
+
+    def __init__(self, engine: Engine, *, ring_events: int = RING_EVENTS,
+                 ring_bytes: int = RING_BYTES) -> None:
+        self.engine = engine
+        self.seq = 0
+        self.ring: deque[Item] = deque()
+        self.ring_events = ring_events
+        self.ring_bytes = ring_bytes
+        self._bytes = 0
+        self.streams: set[Stream] = set()
+        self.closed = False
+        self.dropped = 0  # events dropped for slow streams (all streams together)
+        self._sub: Subscription | None = None
+
+    def start(self) -> None:
+        self._sub = self.engine.events.subscribe(maxsize=1, kinds=HUB_KINDS | {"closed"},
+                                                 callback=self._on_event)
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+        self._closed()
+
+    def _closed(self) -> None:
+        self.closed = True
+        for stream in list(self.streams):
+            stream.wake.set()
+
+    def _on_event(self, event: EngineEvent) -> None:  # on the engine loop, inside publish
+        if event.kind == "closed":
+            self._closed()
+            return
+        self.seq += 1
+        size = 256 + len(event.data or b"")
+        item = Item(self.seq, event, size)
+        self.ring.append(item)
+        self._bytes += size
+        while self.ring and (len(self.ring) > self.ring_events or self._bytes > self.ring_bytes):
+            self._bytes -= self.ring.popleft().size
+        for stream in self.streams:
+            stream.offer(item)
+
+    def since(self, last_id: int) -> list[Item] | None:
+        """The events after ``last_id``, or None when some of them have left the ring."""
+        if last_id >= self.seq:
+            return []
+        if not self.ring or self.ring[0].id > last_id + 1:
+            return None
+        return [item for item in self.ring if item.id > last_id]
+
+
+class Stream:
+    """One SSE response fed by the hub.
+
+    ``wants(item)``: cheap, at offer time; ``encode(item)``: the bytes to write (or None to
+    skip) and whether to end; ``on_lag(n, seq)``: what to send instead of ``n`` dropped
+    events (a fresh snapshot as of event ``seq``).
+    """
+
+    def __init__(self, hub: Hub, request: web.Request, *, wants: Callable[[Item], bool],
+                 encode: Callable[[Item], Encoded | None],
+                 on_lag: Callable[[int, int], Encoded], heartbeat_s: float,
+                 buffer_limit: int, max_pending: int = MAX_PENDING) -> None:
+        self.hub = hub
+        self.request = request
+        self.wants = wants
+        self.encode = encode
+        self.on_lag = on_lag
+        self.heartbeat_s = heartbeat_s
+        self.buffer_limit = buffer_limit
+        self.max_pending = max_pending
+        self.pending: deque[Item] = deque()
+        self.wake = asyncio.Event()
+        self.lagged = 0
+        self.lags = 0  # times this stream fell behind
+        self.ended = False
+        self.finished = False  # it ended because what it streams ended (not the client)
+        self.client_gone = False
+
+    # -- the engine side (sync, never blocks) ---------------------------------------------
+    def offer(self, item: Item) -> None:
+        if self.ended or not self.wants(item):
+            return
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            self.ended = self.client_gone = True
+            self.wake.set()
+            return
+        if self.lagged or len(self.pending) >= self.max_pending or \
+                transport.get_write_buffer_size() > self.buffer_limit:
+            if not self.lagged:
+                self.lags += 1
+            self.lagged += 1 + len(self.pending)
+            self.hub.dropped += 1 + len(self.pending)
+            self.pending.clear()
+        else:
+            self.pending.append(item)
+        self.wake.set()
+
+    def replay(self, items: list[Item]) -> None:
+        for item in items:
+            if self.wants(item):
+                self.pending.append(item)
+        if len(self.pending) > self.max_pending:
+            self.lagged += len(self.pending)
+            self.pending.clear()
+
+    # -- the writing side ------------------------------------------------------------------
+    async def run(self, response: web.StreamResponse, first: bytes = b"") -> None:
+        """Write until the stream ends, the client goes, or the hub closes."""
+        self.hub.streams.add(self)
+        try:
+            if first:
+                await response.write(first)
+            while not self.ended:
+                if self.lagged:
+                    n, self.lagged = self.lagged, 0
+                    self.pending.clear()
+                    data, end = self.on_lag(n, self.hub.seq)
+                    await response.write(data)
+                    if end:
+                        self.finished = True
+                        break
+                    continue
+                if not self.pending:
+                    if self.hub.closed:
+                        break
+                    self.wake.clear()
+                    try:
+                        await asyncio.wait_for(self.wake.wait(), self.heartbeat_s)
+                    except TimeoutError:
+                        await response.write(b": heartbeat\n\n")
+                    continue
+                batch = bytearray()
+                end = False
+                while self.pending and not end:
+                    enc = self.encode(self.pending.popleft())
+                    if enc is not None:
+                        batch += enc[0]
+                        end = enc[1]
+                if batch:
+                    await response.write(bytes(batch))
+                if end:
+                    self.finished = True
+                    break
+        except (ConnectionError, RuntimeError):
+            self.client_gone = True  # aiohttp raises these on a closed transport
+        finally:
+            self.ended = True
+            self.hub.streams.discard(self)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await response.write_eof()
+
+
+def last_event_id(request: web.Request) -> int | None:
+    """The ``Last-Event-ID`` a reconnecting client sent (header, or ``?last_event_id=``)."""
+    raw = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+
+
+async def open_response(request: web.Request, status: int = 200,
+                        headers: dict[str, str] | None = None) -> web.StreamResponse:
+    response = web.StreamResponse(status=status, headers={**HEADERS, **(headers or {})})
+    await response.prepare(request)
+    return response

@@ -1,0 +1,86 @@
+"""Questions about jobs that the faces ask: which jobs, where one stands in the queue, and why.
+
+Runs on the engine loop and reads the engine only through what it offers publicly (its jobs,
+its queue in run order, ``job_view`` / ``view_of``); returns frozen :class:`JobView` objects.
+A job the engine no longer holds in memory is looked up in the journal by ``job_view``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .jobs import JobState, JobView
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
+FINISHED = frozenset(s for s in JobState if s.finished)
+STATE_GROUPS = {"active": ACTIVE, "finished": FINISHED}
+
+
+def parse_states(text: str | None) -> frozenset[JobState] | None:
+    """``"queued,running"`` / ``"active"`` / ``"finished"`` -> states; None or "" -> all.
+
+    Raises ValueError naming the accepted words for anything else.
+    """
+    if not text:
+        return None
+    states: set[JobState] = set()
+    for word in (w.strip().lower() for w in text.split(",")):
+        if not word:
+            continue
+        if word in STATE_GROUPS:
+            states |= STATE_GROUPS[word]
+            continue
+        try:
+            states.add(JobState(word))
+        except ValueError:
+            known = ", ".join([*(s.value for s in JobState), *STATE_GROUPS])
+            raise ValueError(f"unknown job state {word!r}; use one or more of: {known}") \
+                from None
+    return frozenset(states) if states else None
+
+
+def queue_positions(engine: Engine) -> dict[str, int]:
+    """Each queued job's place in the run order (1 runs next)."""
+    return {job.id: i for i, job in enumerate(engine.queue, 1)}
+
+
+def job_detail(engine: Engine, job_id: str) -> JobView:
+    """A job's view with its queue position and, while it waits, why (UnknownJob if none)."""
+    view = engine.job_view(job_id)
+    if view.state is JobState.QUEUED:
+        job = engine.jobs.get(job_id)
+        if job is not None:
+            position = queue_positions(engine).get(job_id)
+            view = engine.view_of(job, position)
+    return view
+
+
+def list_jobs(engine: Engine, *, states: Iterable[JobState] | None = None,
+              backend: str | None = None, limit: int = DEFAULT_LIMIT,
+              kinds: frozenset[str] = frozenset({"job"})) -> list[JobView]:
+    """The jobs the engine holds (queued, running, and the recent finished ones), newest
+    first, filtered by state and backend, at most ``limit`` (capped at ``MAX_LIMIT``)."""
+    wanted = frozenset(states) if states is not None else None
+    limit = max(0, min(limit, MAX_LIMIT))
+    positions: dict[str, int] | None = None
+    picked = []
+    for job in sorted(engine.jobs.values(), key=lambda j: j.seq, reverse=True):
+        if len(picked) >= limit:
+            break
+        if job.kind not in kinds or (backend is not None and job.backend != backend):
+            continue
+        if wanted is not None and job.state not in wanted:
+            continue
+        if job.state is JobState.QUEUED:
+            if positions is None:
+                positions = queue_positions(engine)
+            picked.append(engine.view_of(job, positions.get(job.id)))
+        else:
+            picked.append(job.view())
+    return picked

@@ -1,0 +1,219 @@
+"""No orphans: worker process groups die with the engine, and a restarted engine kills leftovers.
+
+Two mechanisms, because either alone has a hole:
+
+- The *lifeline*: a tiny watcher process (this file run as a script; standard library only)
+  that the engine starts before any worker and tells of every worker process group it
+  creates. Its stdin is a pipe whose only writer is the engine, so when the engine dies —
+  ``kill -9`` included — the pipe closes and the watcher SIGKILLs every group it was told of,
+  within milliseconds. Unlike ``PR_SET_PDEATHSIG`` this reaches the workers' own children too
+  (a worker runs in its own session, and its children share its process group). The watcher
+  lives in a session of its own and ignores SIGINT, SIGTERM and SIGHUP: only the pipe ends it.
+- The *records*: one file per worker group in the runtime directory (``<pid>.json``: pid,
+  start time, backend, engine pid). A restarted engine kills every group whose record
+  survived (the watcher itself may have been killed) before it requeues the jobs the old one
+  was running, so a job never executes twice at once. It touches only processes of its own
+  uid whose session and group are the recorded worker's and that started no earlier than it,
+  so a reused pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks after boot), or None."""
+    stat = _stat(pid)
+    return stat[3] if stat is not None else None
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, process group, session, start ticks) of ``pid``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return fields[0].decode(), int(fields[2]), int(fields[3]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Lifeline:
+    """The engine's end: the watcher process and the records of live worker groups."""
+
+    def __init__(self, records_dir: Path) -> None:
+        self.records_dir = records_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._broken = False
+
+    def start(self) -> None:
+        self.records_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-S", os.path.abspath(__file__)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )
+
+    @property
+    def watching(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None and not self._broken
+
+    def add(self, pid: int, backend: str) -> None:
+        """A worker group led by ``pid`` was created: record it, and tell the watcher."""
+        record = {"pid": pid, "start_time": start_ticks(pid), "backend": backend,
+                  "engine_pid": os.getpid()}
+        path = self.records_dir / f"{pid}.json"
+        tmp = path.with_suffix(".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)
+        self._tell(f"+{pid}\n")
+
+    def remove(self, pid: int) -> None:
+        """The group led by ``pid`` is gone."""
+        with contextlib.suppress(OSError):
+            (self.records_dir / f"{pid}.json").unlink()
+        self._tell(f"-{pid}\n")
+
+    def _tell(self, line: str) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or self._broken:
+            return
+        try:
+            proc.stdin.write(line.encode())
+            proc.stdin.flush()
+        except OSError:
+            self._broken = True  # the records still let the next engine clean up
+
+    def close(self) -> None:
+        """Stop watching: the watcher kills what is left of the groups it knows, and exits."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5.0)
+
+
+def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
+    """Kill the worker groups an earlier engine recorded and left behind; say what was done.
+
+    Returns one line per group that still had processes. Records are deleted once their group
+    is gone. Only processes of our own uid, in the recorded session and group, started no
+    earlier than the recorded worker, are signalled.
+    """
+    try:
+        paths = sorted(records_dir.glob("*.json"))
+    except OSError:
+        return []
+    groups: dict[int, tuple[int | None, str, Path]] = {}
+    for path in paths:
+        try:
+            record = json.loads(path.read_text())
+            pid = int(record["pid"])
+            start = record.get("start_time")
+            groups[pid] = (int(start) if start is not None else None,
+                           str(record.get("backend", "?")), path)
+        except (OSError, ValueError, KeyError, TypeError):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    if not groups:
+        return []
+    notes: list[str] = []
+    members = _members(groups)
+    for pgid, pids in members.items():
+        _start, backend, _path = groups[pgid]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        notes.append(f"killed {len(pids)} leftover process(es) of {backend} (group {pgid}) "
+                     "from an engine that did not stop cleanly")
+    deadline = time.monotonic() + timeout
+    while members and time.monotonic() < deadline:
+        members = {g: [p for p in pids if _alive(p)] for g, pids in members.items()}
+        members = {g: pids for g, pids in members.items() if pids}
+        if members:
+            time.sleep(0.02)
+    for pgid, pids in members.items():
+        notes.append(f"processes {pids} of group {pgid} did not die within {timeout:g} s")
+    for pgid, (_start, _backend, path) in groups.items():
+        if pgid not in members:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return notes
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X", "x")
+
+
+def _members(groups: dict[int, tuple[int | None, str, Path]]) -> dict[int, list[int]]:
+    """pgid -> our live processes in that recorded worker session and group."""
+    uid = os.getuid()
+    found: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        stat = _stat(pid)
+        if stat is None or stat[0] in ("Z", "X", "x"):
+            continue
+        state, pgrp, session, started = stat
+        group = groups.get(pgrp)
+        if group is None or session != pgrp:
+            continue
+        leader_start = group[0]
+        if leader_start is not None and started < leader_start:
+            continue  # older than the recorded worker: not one of its processes
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        found.setdefault(pgrp, []).append(pid)
+    return found
+
+
+def _watch() -> None:
+    """The watcher: remember the groups named on stdin; when stdin ends, SIGKILL them."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    groups: set[int] = set()
+    stdin = sys.stdin.buffer
+    while True:
+        line = stdin.readline()
+        if not line:
+            break
+        text = line.strip()
+        if len(text) < 2 or not text[1:].isdigit():
+            continue
+        pid = int(text[1:])
+        if text[:1] == b"+":
+            groups.add(pid)
+        elif text[:1] == b"-":
+            groups.discard(pid)
+    for pid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    _watch()

@@ -1,0 +1,227 @@
+"""Who may use the HTTP front door: tokens, other local users, other machines, browsers.
+
+Attacks are made for real where this machine allows: a request from another uid (a child that
+drops to ``nobody`` before connecting; needs root), a forged Host header (DNS rebinding), a
+cross-site Origin, a Unix socket peer; "another machine" is a request whose transport says so.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+from http_support import Front, serve_http
+from serve_support import echo_backend
+
+from supervisor.http.auth import UI_COOKIE, Guard
+from supervisor.http.config import (
+    TOKEN_ENV,
+    HttpConfig,
+    HttpConfigError,
+    Listen,
+    load_http_config,
+    parse_listen,
+)
+from supervisor.http.errors import HttpError
+from supervisor.http.peer import Peer
+
+pytestmark = pytest.mark.timeout(90)
+TOKEN = "s3cret-token-for-tests-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def front() -> Iterator[Front]:
+    with serve_http([echo_backend()], token=TOKEN, token_source="test", ui=True) as f:
+        yield f
+
+
+def test_reads_are_open_to_the_owner_mutations_need_the_token(front: Front) -> None:
+    assert front.get("/v1/backends").status == 200
+    r = front.post("/v1/jobs", {"backend": "echo", "input": 1})
+    assert r.status == 401 and r.error["code"] == "unauthorized"
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    assert front.post("/v1/backends/unload").status == 401
+    assert front.post("/v1/chat/completions", {"model": "x"}).status == 401
+    ok = front.post("/v1/jobs", {"backend": "echo", "input": 1}, headers=AUTH)
+    assert ok.status == 200 and ok.body == b"1"
+
+
+def test_a_wrong_token_is_refused_everywhere_but_health(front: Front) -> None:
+    bad = {"Authorization": "Bearer not-the-token-at-all-xxxxxxxx"}
+    assert front.get("/v1/backends", headers=bad).status == 401
+    assert front.get("/metrics", headers=bad).status == 401
+    assert front.get("/healthz", headers=bad).status == 200
+    assert front.get("/readyz").status == 200
+
+
+def _as_nobody(port: int, request: bytes) -> bytes:
+    """Send ``request`` from a child process running as uid 65534; its raw answer."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges, then connect
+        try:
+            os.close(rfd)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(request)
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            os.write(wfd, data[:65536])
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    out = b""
+    while chunk := os.read(rfd, 65536):
+        out += chunk
+    os.close(rfd)
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_local_user_is_refused_without_the_token(front: Front) -> None:
+    plain = (b"GET /v1/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    answer = _as_nobody(front.port, plain)
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+    assert b"uid 65534" in answer and b"not the engine's user" in answer
+    with_token = (b"GET /v1/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                  b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
+    assert _as_nobody(front.port, with_token).startswith(b"HTTP/1.1 200")
+
+
+def test_dns_rebinding_and_cross_site_requests_are_refused(front: Front) -> None:
+    r = front.get("/v1/backends", headers={"Host": "evil.example:8080"})
+    assert r.status == 403 and r.error["code"] == "bad_host"
+    r = front.post("/v1/jobs", {"backend": "echo"},
+                   headers={**AUTH, "Origin": "http://evil.example"})
+    assert r.status == 403 and r.error["code"] == "bad_origin"
+    r = front.get("/v1/backends", headers={"Origin": "null"})
+    assert r.status == 403
+    same = front.get("/v1/backends", headers={"Origin": f"http://127.0.0.1:{front.port}"})
+    assert same.status == 200
+
+
+def test_another_machine_needs_the_token_even_to_read() -> None:
+    cfg = HttpConfig(listen=Listen("0.0.0.0", 8080), token=TOKEN)
+    guard = Guard(cfg)
+
+    class Transport:
+        def get_extra_info(self, name: str) -> object:
+            return {"peername": ("192.0.2.7", 40000), "sockname": ("0.0.0.0", 8080),
+                    "socket": None}.get(name)
+
+        def is_closing(self) -> bool:
+            return False
+
+    def request(headers: dict[str, str], path: str = "/v1/backends") -> object:
+        return make_mocked_request("GET", path, headers={"Host": "gpu-box:8080", **headers},
+                                   transport=Transport())
+
+    guard = Guard(HttpConfig(listen=Listen("0.0.0.0", 8080), token=TOKEN,
+                             allowed_hosts=("gpu-box",)))
+    with pytest.raises(HttpError) as err:
+        guard.check(request({}))
+    assert err.value.status == 401
+    decision = guard.check(request(AUTH))
+    assert decision.token_ok and decision.peer == Peer(False, None, "192.0.2.7")
+    assert guard.check(request({}, "/healthz")).token_ok is False
+    with pytest.raises(HttpError) as err:
+        Guard(cfg).check(request(AUTH))  # gpu-box is not an allowed host there
+    assert err.value.code == "bad_host"
+
+
+def test_the_browser_dashboard_needs_the_token_then_a_cookie(front: Front) -> None:
+    assert front.get("/ui/").status == 401
+    r = front.get(f"/ui/?token={TOKEN}")
+    assert r.status == 200 and b"textual" in r.body.lower()
+    cookie = r.headers["set-cookie"]
+    assert f"{UI_COOKIE}={TOKEN}" in cookie and "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie and "Path=/ui" in cookie
+    again = front.get("/ui/", headers={"Cookie": f"{UI_COOKIE}={TOKEN}"})
+    assert again.status == 200
+    assert front.get("/v1/backends", headers={"Cookie": f"{UI_COOKIE}=wrong-token-xx"}).status \
+        == 200  # the cookie counts for /ui only: elsewhere it is ignored, not an identity
+    ws = front.get("/ui/ws", headers={"Cookie": f"{UI_COOKIE}={TOKEN}",
+                                      "Origin": "http://evil.example", "Upgrade": "websocket",
+                                      "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                                      "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert ws.status == 403  # WebSocket hijacking from another site
+
+
+def test_unix_socket_listener_is_private_and_checks_the_peer(tmp_path: Path) -> None:
+    path = Path(f"/tmp/vt-http-{os.getpid()}.sock")
+    try:
+        with serve_http([echo_backend()], listen=Listen(path=path)) as front:
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            conn = http.client.HTTPConnection("localhost", timeout=10)
+            conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.sock.connect(str(path))
+            conn.request("POST", "/v1/jobs", body=b'{"backend": "echo", "input": 7}',
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.read() == b"7"
+            conn.close()
+            assert front.server.address == f"unix:{path}"
+        assert not path.exists()  # removed when the server closed
+    finally:
+        if path.exists():
+            path.unlink()
+
+
+# -- settings -----------------------------------------------------------------------------
+
+def test_listen_addresses() -> None:
+    assert parse_listen("8080") == Listen("127.0.0.1", 8080)
+    assert parse_listen("[::1]:9") == Listen("::1", 9)
+    assert parse_listen("0.0.0.0:80").loopback is False
+    assert parse_listen("localhost:80").loopback is True
+    assert parse_listen("unix:/tmp/x.sock").path == Path("/tmp/x.sock")
+    for bad in (":8080", "host:port", "1.2.3.4:99999", "", "[::1]8080"):
+        with pytest.raises(HttpConfigError):
+            parse_listen(bad)
+
+
+def test_no_token_no_other_machines(tmp_path: Path) -> None:
+    with pytest.raises(HttpConfigError, match="set a token"):
+        load_http_config(listen="0.0.0.0:8080", environ={})
+    cfg = load_http_config(listen="0.0.0.0:8080", environ={TOKEN_ENV: TOKEN})
+    assert cfg is not None and cfg.token == TOKEN and TOKEN not in repr(cfg)
+    with pytest.raises(HttpConfigError, match="too short"):
+        load_http_config(listen="127.0.0.1:1", environ={TOKEN_ENV: "short"})
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    os.chmod(token_file, 0o644)
+    with pytest.raises(HttpConfigError, match="chmod 600"):
+        load_http_config(listen="0.0.0.0:1", token_file=str(token_file), environ={})
+    os.chmod(token_file, 0o600)
+    cfg = load_http_config(listen="0.0.0.0:1", token_file=str(token_file), environ={})
+    assert cfg is not None and cfg.token == TOKEN
+
+
+def test_the_config_files_http_section(tmp_path: Path) -> None:
+    conf = tmp_path / "config.yaml"
+    assert load_http_config(config_file=conf, environ={}) is None  # no file: off
+    conf.write_text("http:\n  listen: 127.0.0.1:9999\n  max_body: 1MiB\n  heartbeat: 2s\n")
+    cfg = load_http_config(config_file=conf, environ={})
+    assert cfg is not None and cfg.listen == Listen("127.0.0.1", 9999)
+    assert cfg.max_body == 1024 * 1024 and cfg.heartbeat_s == 2.0
+    cfg = load_http_config(listen="127.0.0.1:1", config_file=conf, environ={})
+    assert cfg is not None and cfg.listen.port == 1  # the flag beats the file
+    conf.write_text("http:\n  enabled: false\n")
+    assert load_http_config(config_file=conf, environ={}) is None
+    conf.write_text("http:\n  lisen: 1\n")
+    with pytest.raises(HttpConfigError, match="lisen: unknown setting"):
+        load_http_config(config_file=conf, environ={})
+    conf.write_text("http: [\n")
+    with pytest.raises(HttpConfigError, match="not valid YAML"):
+        load_http_config(config_file=conf, environ={})

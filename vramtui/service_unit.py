@@ -1,0 +1,114 @@
+"""``vramtui install-service``: a systemd *user* unit that runs ``vramtui --serve``.
+
+- ``KillMode=mixed``: on stop, systemd sends SIGTERM to the engine alone, which stops its own
+  workers gracefully (their stop grace, then their process groups); whatever is left when
+  ``TimeoutStopSec`` runs out is killed, so no worker outlives the service.
+- ``TimeoutStopSec``: the longest stop grace of the configured backends, plus room for the
+  engine's own shutdown — long enough for every unload.
+- ``Restart=on-failure``: an engine that dies is started again (its journal requeues jobs).
+
+On a headless box a user's services stop when their last session ends; ``loginctl
+enable-linger USER`` keeps them running from boot without anyone logged in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from supervisor.atomicfile import write_atomic
+
+UNIT_NAME = "vramtui.service"
+MIN_STOP_TIMEOUT_S = 60
+
+
+def unit_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".config")
+    return Path(base) / "systemd" / "user"
+
+
+def stop_timeout(backends: list[str]) -> int:
+    """Seconds systemd should wait for a clean stop: the longest stop grace + margins."""
+    graces = [10.0]
+    try:
+        from supervisor.backends.loader import default_layers, load_backends
+        from supervisor.paths import Paths
+
+        layers = default_layers(Paths.from_env().config_dir, [Path(b) for b in backends])
+        loaded = load_backends(layers, demo_fallback=False)
+        graces += [spec.timeouts.stop_grace_s for spec in loaded.backends.values()]
+    except Exception:  # noqa: BLE001 - a default timeout is still a good unit
+        pass
+    return max(MIN_STOP_TIMEOUT_S, int(max(graces)) + 30)
+
+
+def render(args: argparse.Namespace) -> str:
+    argv = [sys.executable, "-m", "vramtui", "--serve"]
+    if args.gpus and args.gpus != "auto":
+        argv += ["--gpus", args.gpus]
+    for path in args.backends or ():
+        argv += ["--backends", os.path.abspath(path)]
+    if args.http:
+        argv += ["--http", args.http]
+    if args.http_token_file:
+        argv += ["--http-token-file", os.path.abspath(os.path.expanduser(args.http_token_file))]
+    env_lines = "".join(f"Environment={shlex.quote(f'{k}={v}')}\n"
+                        for k, v in sorted(os.environ.items())
+                        if k.startswith("VRAMTUI_") and k != "VRAMTUI_HTTP_TOKEN")
+    return f"""\
+# Written by `vramtui install-service`; rerun it to change the flags.
+[Unit]
+Description=vramtui engine: many models sharing the GPUs
+Documentation=https://pypi.org/project/vramtui/
+
+[Service]
+Type=simple
+ExecStart={shlex.join(argv)}
+Environment=PYTHONUNBUFFERED=1
+{env_lines}# SIGTERM to the engine only: it stops its own workers, each within its stop grace.
+KillMode=mixed
+KillSignal=SIGTERM
+TimeoutStopSec={stop_timeout(list(args.backends or ()))}
+Restart=on-failure
+RestartSec=5
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def run_install_service(args: argparse.Namespace) -> int:
+    from .cli import Exit
+
+    text = render(args)
+    if args.print:
+        sys.stdout.write(text)
+        return Exit.OK
+    path = unit_dir() / UNIT_NAME
+    if path.exists() and not args.force:
+        old = path.read_text(errors="replace")
+        if old == text:
+            print(f"{path} is already up to date")
+            return Exit.OK
+        print(f"vramtui install-service: {path} exists; --force replaces it (or --print to "
+              "see the new one)", file=sys.stderr)
+        return Exit.REFUSED
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text.encode())
+    except OSError as exc:
+        print(f"vramtui install-service: cannot write {path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return Exit.FAILED
+    user = os.environ.get("USER") or "$USER"
+    print(f"wrote {path}\n"
+          "start it now and at every login:\n"
+          "  systemctl --user daemon-reload && systemctl --user enable --now vramtui\n"
+          "follow its log:  journalctl --user -u vramtui -f\n"
+          "on a headless box, keep it running without a login session (from boot):\n"
+          f"  loginctl enable-linger {user}")
+    return Exit.OK

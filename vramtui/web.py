@@ -1,0 +1,171 @@
+"""The dashboard in a browser: the Textual app served over HTTP with textual-serve.
+
+Each browser session runs ``vramtui --attach SOCKET`` in a process of its own, attached to
+the engine over its control socket (so it is the same app, seeing the same engine, as in a
+terminal).  It is mounted at ``/ui`` of the HTTP front door (``vramtui --serve --http``), or
+served alone by ``vramtui web``.
+
+Guarded like every route (see :mod:`supervisor.http.auth`): the engine's user only, or the
+bearer token — which a browser cannot send as a header, so ``/ui?token=…`` sets it as a
+same-site, HTTP-only cookie for ``/ui``.  The WebSocket must come from a page of ours (its
+``Origin`` is checked), and at most ``sessions`` browsers run at once, each a TUI process.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from supervisor.http.auth import DECISION, UI_COOKIE
+
+UI_PREFIX = "/ui"
+
+
+def ui_command(socket: Path, *, readonly: bool = False) -> str:
+    """The shell command each browser session runs (textual-serve runs it with a shell)."""
+    argv = [sys.executable, "-m", "vramtui", "--attach", str(socket)]
+    if readonly:
+        argv.append("--readonly")
+    return shlex.join(argv)
+
+
+def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> web.Application:
+    """An aiohttp application serving the TUI; mount it with ``add_subapp(UI_PREFIX, …)``."""
+    import aiohttp_jinja2
+    import jinja2
+    from textual_serve.server import Server
+
+    server = Server(command, title=title)
+    state: dict[str, int] = {"sessions": 0}
+
+    async def index(request: web.Request) -> web.StreamResponse:
+        router = request.app.router
+        scheme = "wss" if request.secure else "ws"
+        ws_path = router["websocket"].url_for()
+        static = str(router["static"].url_for(filename="/")).rstrip("/") + "/"
+        context: dict[str, Any] = {
+            "font_size": _int(request.query.get("fontsize"), 16),
+            "app_websocket_url": f"{scheme}://{request.host}{ws_path}",
+            "config": {"static": {"url": static}},
+            "application": {"name": title},
+            "ping_url": "",
+        }
+        response = aiohttp_jinja2.render_template("app_index.html", request, context)
+        token = request.query.get("token")
+        decision = request.get(DECISION)
+        if token and decision is not None and decision.token_ok:
+            response.set_cookie(UI_COOKIE, token, httponly=True, samesite="Strict",
+                                path=UI_PREFIX, secure=request.secure)
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    async def websocket(request: web.Request) -> web.StreamResponse:
+        if state["sessions"] >= sessions:
+            raise web.HTTPServiceUnavailable(
+                text=f"already {sessions} dashboards open in browsers (the limit)")
+        state["sessions"] += 1
+        try:
+            return await server.handle_websocket(request)
+        finally:
+            state["sessions"] -= 1
+
+    app = web.Application()
+    aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(server.templates_path))
+    app.add_routes([
+        web.get("", index, name="index"),
+        web.get("/", index),
+        web.get("/ws", websocket, name="websocket"),
+        web.get("/download/{key}", server.handle_download, name="download"),
+        web.static("/static", server.statics_path, name="static"),
+    ])
+    return app
+
+
+def available() -> str | None:
+    """None when the browser dashboard can be served, else what to install."""
+    try:
+        import textual_serve  # noqa: F401
+    except ImportError:
+        return "the browser dashboard needs textual-serve: pip install 'vramtui[http]'"
+    return None
+
+
+def _int(raw: str | None, default: int) -> int:
+    return int(raw) if raw and raw.isdigit() and 6 <= int(raw) <= 64 else default
+
+
+def run_web(args: Any) -> int:
+    """``vramtui web``: the dashboard alone on ``--listen``, attached to the running engine."""
+    import asyncio
+
+    from supervisor.http import available as http_missing
+    from supervisor.http.auth import Guard
+    from supervisor.http.config import HttpConfigError, bind_socket, load_http_config
+    from supervisor.http.errors import HttpError
+
+    from .cli import Exit
+    from .connect import control_socket
+
+    missing = http_missing() or available()
+    if missing is not None:
+        print(f"vramtui web: {missing}", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        config = load_http_config(listen=args.listen, token_file=args.token_file)
+    except HttpConfigError as exc:
+        print(f"vramtui web: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    assert config is not None
+    socket = control_socket(args)
+    if not socket.exists():
+        print(f"vramtui web: no engine answers at {socket}; start one (vramtui --serve), or "
+              "give --attach", file=sys.stderr)
+        return Exit.NO_ENGINE
+    guard = Guard(config)
+
+    @web.middleware
+    async def guarded(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            request[DECISION] = guard.check(request)
+        except HttpError as exc:
+            return exc.response()
+        return await handler(request)
+
+    async def main() -> None:
+        app = web.Application(middlewares=[guarded])
+
+        async def root(request: web.Request) -> web.StreamResponse:
+            raise web.HTTPFound(UI_PREFIX + "/" + (f"?{request.query_string}"
+                                                   if request.query_string else ""))
+
+        app.router.add_get("/", root)
+        app.add_subapp(UI_PREFIX, make_ui_app(ui_command(socket, readonly=args.readonly),
+                                              sessions=config.ui_sessions))
+        sock = bind_socket(config.listen)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        where = config.listen.url() if config.listen.path else \
+            f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+        print(f"vramtui web: the dashboard on {where}{UI_PREFIX}/ (attached to {socket}); "
+              "Ctrl-C stops it", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        print(f"vramtui web: cannot listen on {config.listen.url()}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return Exit.FAILED
+    except KeyboardInterrupt:
+        pass
+    return Exit.OK
+
