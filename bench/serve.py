@@ -38,7 +38,8 @@ from supervisor.client import Client  # noqa: E402
 from supervisor.control.errors import EngineNotRunning  # noqa: E402
 
 ECHO = {"name": "echo", "script": str(ROOT / "examples" / "echo" / "main.py"),
-        "vram": {"weights": "0MiB", "activation": "16MiB"}, "keep_alive": "forever"}
+        "vram": {"weights": "0MiB", "activation": "16MiB", "context": "256MiB"},
+        "keep_alive": "forever"}  # the simulated device gives each process a 256 MiB context
 PAYLOAD = b'{"prompt": "hello"}'
 
 
