@@ -20,14 +20,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker_sdk.protocol import DataType, Decoder, EventType, Message, MessageType, encode
 
+from .apispec import METHODS
 from .control import messages as m
 from .control import trust
-from .control.codec import DecodeError, event_from_wire, job_from_wire, snapshot_from_wire
+from .control.codec import DecodeError, event_from_wire, snapshot_from_wire
 from .control.errors import (
     AccessDenied,
     ConnectionLost,
@@ -39,21 +39,30 @@ from .errors import InvalidRequest, VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
 from .snapshot import EngineSnapshot
-from .validate import check_seconds
+
+if TYPE_CHECKING:
+    from .results import (
+        CancelResult,
+        DescriptorInfo,
+        JobRequest,
+        LogChunk,
+        ReloadResult,
+        ReportFile,
+    )
 
 __all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
+
+
+def __getattr__(name: str) -> Any:  # LogChunk used to live here
+    if name == "LogChunk":
+        from .results import LogChunk
+
+        return LogChunk
+    raise AttributeError(name)
 
 CALL_TIMEOUT = 30.0
 WAIT_MARGIN = 30.0
 POOL_SIZE = 4
-
-
-@dataclass(frozen=True, slots=True)
-class LogChunk:
-    path: str
-    data: bytes
-    offset: int  # pass it back to read what comes next
-    missing: bool = False
 
 
 class _Conn:
@@ -296,68 +305,123 @@ class Client:
             raise VramtuiError(f"malformed reply to {method}: {payload!r:.200}")
         return payload.get("r")
 
-    # -- the engine API -----------------------------------------------------------------------
+    def _invoke(self, name: str, given: dict[str, Any], *, waits: str | None = None,
+                as_: str | None = None) -> Any:
+        """Call API method ``name``: arguments checked and named by its entry in
+        :data:`supervisor.apispec.METHODS`, the reply rebuilt as the result type of ``as_``
+        (default: ``name``'s).  ``waits``: the argument holding how long the engine may take
+        to answer (the call's own timeout is that plus a margin; None: no limit)."""
+        spec = METHODS[name]
+        args = spec.to_wire(given)
+        timeout: float | None = CALL_TIMEOUT
+        if waits is not None:
+            timeout = _wait_timeout(args.get(spec.arg(waits).wire_name))
+        reply = self._call(name, args, timeout=timeout, retry=spec.safe)
+        try:
+            return METHODS[as_ or name].decode(reply)
+        except DecodeError as exc:
+            raise VramtuiError(f"malformed reply to {name}: {exc}") from None
+
+    # -- the engine API (each method's arguments and result: supervisor.apispec) ---------------
     def submit(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
                stream: bool = False) -> str:
         """Queue a job; returns its id once the engine accepted it."""
-        result = self._call("submit", _submit_args(backend, payload, priority, timeout,
-                                                   metadata, stream))
-        return str(result)
+        return self._invoke("submit", {"backend": backend, "payload": payload,
+                                       "priority": priority, "timeout": timeout,
+                                       "metadata": metadata, "stream": stream})
 
     def submit_wait(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
                     timeout: float | None = None, metadata: dict[str, Any] | None = None,
                     stream: bool = False, wait_timeout: float | None = None) -> JobView:
         """Submit and wait in one round trip; the job's final view."""
-        args = _submit_args(backend, payload, priority, timeout, metadata, stream)
-        args["wait"] = True
-        args["wait_timeout"] = wait_timeout
-        return job_from_wire(self._call("submit", args, timeout=_wait_timeout(wait_timeout)))
+        return self._invoke("submit", {
+            "backend": backend, "payload": payload, "priority": priority, "timeout": timeout,
+            "metadata": metadata, "stream": stream, "wait": True,
+            "wait_timeout": wait_timeout}, waits="wait_timeout", as_="wait")
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ends; its final view (raises JobTimeout after ``timeout``)."""
-        return job_from_wire(self._call("wait", {"job": job_id, "timeout": timeout},
-                                        timeout=_wait_timeout(timeout)))
+        return self._invoke("wait", {"job_id": job_id, "timeout": timeout}, waits="timeout")
 
     def job(self, job_id: str) -> JobView:
         """The job now (``position`` is its place in the queue while it waits)."""
-        return job_from_wire(self._call("job", {"job": job_id}, retry=True))
+        return self._invoke("job", {"job_id": job_id})
+
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
+        """The request the job was submitted with (its first ``limit`` bytes), while kept."""
+        return self._invoke("job_request", {"job_id": job_id, "limit": limit})
 
     def cancel(self, job_id: str) -> JobView:
-        return job_from_wire(self._call("cancel", {"job": job_id}))
+        return self._invoke("cancel", {"job_id": job_id})
+
+    def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
+        """Cancel several jobs; one result each (an unknown job's says so)."""
+        return list(self._invoke("cancel_many", {"job_ids": job_ids}) or ())
+
+    def retry(self, job_id: str) -> str:
+        """Run a finished job's request again as a new job; the new job's id."""
+        return self._invoke("retry", {"job_id": job_id})
+
+    def set_priority(self, job_id: str, priority: int) -> JobView:
+        """Give a queued job another priority (higher runs first)."""
+        return self._invoke("set_priority", {"job_id": job_id, "priority": priority})
 
     def evict(self, backend: str) -> None:
-        self._call("evict", {"backend": backend})
+        self._invoke("evict", {"backend": backend})
 
     def respawn(self, backend: str) -> None:
-        self._call("respawn", {"backend": backend})
+        self._invoke("respawn", {"backend": backend})
 
     def preload(self, backend: str) -> None:
-        self._call("preload", {"backend": backend})
+        self._invoke("preload", {"backend": backend})
+
+    def kill(self, backend: str) -> None:
+        """SIGKILL a (stuck) backend's worker now; its jobs fail, saying so."""
+        self._invoke("kill", {"backend": backend})
 
     def zero(self) -> list[str]:
-        return [str(b) for b in self._call("zero") or []]
+        return list(self._invoke("zero", {}) or ())
+
+    def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
+        """Drain a GPU (running work finishes, nothing new admitted there), or reopen it."""
+        return tuple(self._invoke("drain", {"gpu": gpu, "on": on}) or ())
+
+    def reload(self) -> ReloadResult:
+        """Read the backend descriptors again and apply what changed."""
+        return self._invoke("reload", {})
+
+    def descriptor(self, backend: str) -> DescriptorInfo:
+        """A backend's layers (each file's entry for it) and its effective descriptor."""
+        return self._invoke("descriptor", {"backend": backend})
+
+    def calibration_report(self, backend: str, *, name: str | None = None) -> ReportFile:
+        """A backend's latest calibration report (or the one named), as JSON bytes."""
+        return self._invoke("calibration_report", {"backend": backend, "name": name})
 
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str:
         """Queue a calibration run of ``backend``; its job id (the result is the summary)."""
-        return str(self._call("calibrate", {"backend": backend, "repeats": repeats,
-                                            "request": request, "settle_s": settle_s}))
+        return self._invoke("calibrate", {"backend": backend, "repeats": repeats,
+                                          "request": request, "settle_s": settle_s})
 
-    def snapshot(self, *, data_limit: int = m.SNAPSHOT_JOB_DATA_LIMIT,
-                 light: bool = False) -> EngineSnapshot:
-        """The engine now.  Job data and chunks over ``data_limit`` bytes are left out (use
-        :meth:`job` or :meth:`wait` for them); -1 keeps everything.  ``light`` leaves out
-        the GPUs' history, the recent jobs and the log (a quick look: ``vramtui status``)."""
-        return snapshot_from_wire(self._call(
-            "snapshot", {"data_limit": data_limit, "light": light}, retry=True))
+    def snapshot(self, *, light: bool = False, data_limit: int | None = None) -> EngineSnapshot:
+        """The engine now.  Job data and chunks over ``data_limit`` bytes (default 64 KiB)
+        are left out (use :meth:`job` or :meth:`wait` for them); -1 keeps everything.
+        ``light`` leaves out the GPUs' history, the recent jobs and the log (a quick look:
+        ``vramtui status``)."""
+        return self._invoke("snapshot", {"light": light, "data_limit": data_limit})
+
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        """The last ``lines`` of a backend's worker log, or what follows ``offset``."""
+        return self._invoke("logs", {"backend": backend, "lines": lines, "offset": offset})
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
                   callback: Callable[[EngineEvent], Any] | None = None,
                   job_id: str | None = None) -> RemoteSubscription:
         """Events as they happen, on a connection of their own (``job_id``: one job's only)."""
-        _, sub = self._subscribe("subscribe", {"kinds": list(kinds) if kinds else None,
-                                               "job": job_id}, kinds, maxsize, callback)
+        args = METHODS["subscribe"].to_wire({"kinds": kinds, "job_id": job_id})
+        _, sub = self._subscribe("subscribe", args, kinds, maxsize, callback)
         return sub
 
     def submit_follow(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
@@ -365,8 +429,9 @@ class Client:
                       stream: bool = False, maxsize: int = 1000,
                       ) -> tuple[str, RemoteSubscription]:
         """Submit, and receive that job's events (``job``, ``chunk``) from its first moment."""
-        args = _submit_args(backend, payload, priority, timeout, metadata, stream)
-        args["follow"] = True
+        args = METHODS["submit"].to_wire({
+            "backend": backend, "payload": payload, "priority": priority, "timeout": timeout,
+            "metadata": metadata, "stream": stream, "follow": True})
         result, sub = self._subscribe("submit", args, ("job", "chunk"), maxsize, None)
         return str(result["id"]), sub
 
@@ -406,26 +471,20 @@ class Client:
         """Close this client (the engine itself keeps running; see :meth:`shutdown_engine`)."""
         self.close()
 
-    # -- more than the facade -----------------------------------------------------------------
-    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
-        """The last ``lines`` of a backend's worker log, or what follows ``offset``."""
-        r = self._call("logs", {"backend": backend, "lines": lines, "offset": offset})
-        return LogChunk(str(r.get("path", "")), bytes(r.get("data") or b""),
-                        int(r.get("offset") or 0), bool(r.get("missing", False)))
-
+    # -- the wire only ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """The control server's counters and connections."""
-        return dict(self._call("stats") or {})
+        return dict(self._invoke("stats", {}) or {})
 
     def ping(self) -> float:
         """Seconds for one round trip."""
         t0 = time.perf_counter()
-        self._call("ping")
+        self._invoke("ping", {})
         return time.perf_counter() - t0
 
     def shutdown_engine(self) -> None:
         """Ask the engine to stop, as SIGTERM does (running jobs get their stop grace)."""
-        self._call("shutdown")
+        self._invoke("shutdown", {})
 
     def close(self) -> None:
         with self._lock:
@@ -445,16 +504,9 @@ class Client:
         self.close()
 
 
-def _submit_args(backend: str, payload: bytes | str, priority: int | None,
-                 timeout: float | None, metadata: dict[str, Any] | None,
-                 stream: bool) -> dict[str, Any]:
-    if isinstance(payload, str):
-        payload = payload.encode()
-    return {"backend": backend, "payload": payload, "priority": priority, "timeout": timeout,
-            "metadata": metadata, "stream": stream}
-
-
 def _wait_timeout(timeout: float | None) -> float | None:
+    from .validate import check_seconds  # here: a CLI start does not pay for it
+
     timeout = check_seconds(timeout, "wait timeout", allow_zero=True)  # NaN would never end
     return None if timeout is None else timeout + WAIT_MARGIN
 

@@ -22,13 +22,15 @@ import math
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import admission, validate
 from .backends.schema import BackendSpec
 from .counters import Counters
+from .engine_commands import EngineCommands, KeptRequests
 from .errors import (
     BackendFailed,
     EngineStopped,
@@ -38,10 +40,10 @@ from .errors import (
     UnknownJob,
 )
 from .events import EngineEvent, EventHub
-from .gpu.model import GpuReading, Probe
+from .gpu.model import GpuReading, Probe, ProcessReading
 from .gpu.sampler import History, Sample, Sampler
 from .jobqueue import JobQueue
-from .jobs import Job, JobState, JobView, advance_seq
+from .jobs import Job, JobState, JobView, advance_seq, wall_offset
 from .journal import JobRecord, Journal
 from .ledger import Book, Device, Learned, foreign_mib
 from .paths import Paths
@@ -160,7 +162,7 @@ class BackendRuntime:
         return self.info().peak_mib
 
 
-class Engine:
+class Engine(EngineCommands):
     """Everything the engine knows and does; run ``main()`` on its own event loop."""
 
     def __init__(
@@ -174,8 +176,12 @@ class Engine:
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         descriptor_warnings: tuple[tuple[str | None, str], ...] = (),
+        layers: Sequence[Path] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.probe = probe
+        self.layers = tuple(layers) if layers is not None else None  # for reload (None: none)
+        self.environ = environ if environ is not None else os.environ
         self.notice = probe_notice
         self.paths = paths
         self.config = config or EngineConfig()
@@ -218,11 +224,13 @@ class Engine:
         self.journal: Journal | None = None
         self._disk_full_noted = False
         self._recent_bytes: dict[str, int] = {}  # result bytes of each job in self.recent
-        self._wall_offset = time.time() - clock()
+        self._wall_offset = wall_offset(clock)
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
         self.draining: set[int] = set()
         self.lifeline = Lifeline(paths.runtime_dir / "workers")
         self._history_at: dict[int, float] = {}
+        self.gpu_processes: tuple[ProcessReading, ...] = ()  # at the last process sample
+        self.kept_requests = KeptRequests()  # for retry
 
     # ===================================================================== lifecycle ======
     async def main(self, started: Callable[[BaseException | None], None]) -> None:
@@ -405,6 +413,7 @@ class Engine:
             self.journal.record_submit(self._record(job))  # type: ignore[union-attr]
         self.jobs[job.id] = job
         self.futures[job.id] = concurrent.futures.Future()
+        self.kept_requests.keep(job)
         self.queue.push(job)
         self._job_event(job)
         self._schedule()
@@ -1234,6 +1243,7 @@ class Engine:
                 self._history_at[reading.index] = sample.t
                 self.history.append(reading.index, sample.t, reading.used_mib)
         if sample.processes is not None:
+            self.gpu_processes = sample.processes
             self._observe(sample)
         for run, _task in self.calibrations.values():
             run.on_sample(sample)

@@ -45,3 +45,7 @@ class JobTimeout(VramtuiError):
 
 class InvalidRequest(VramtuiError):
     """A request the engine cannot take as given (e.g. metadata that cannot be serialised)."""
+
+
+class NoReport(VramtuiError):
+    """A backend has no calibration report (or not the one asked for)."""

@@ -19,13 +19,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from . import operations
+from .apispec import METHODS
 from .backends.loader import default_layers, load_backends
 from .engine import Engine, EngineConfig
 from .errors import EngineStopped, JobTimeout, VramtuiError
 from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
+from .limits import Limits
 from .paths import Paths
+from .results import (
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
 from .snapshot import EngineSnapshot
 from .validate import check_seconds
 
@@ -105,6 +116,7 @@ class Supervisor:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._done = threading.Event()
+        self.limits = Limits()  # what from_config read from the environment
 
     @classmethod
     def from_config(
@@ -117,6 +129,7 @@ class Supervisor:
         environ: Mapping[str, str] = os.environ,
     ) -> Supervisor:
         """Read the configuration and build an engine (not started yet)."""
+        limits = Limits.from_env(environ)
         paths = (paths or Paths.from_env(environ)).ensure()
         probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
@@ -125,6 +138,8 @@ class Supervisor:
             demo_note = "no backends configured: loaded the simulated demo backends"
             notice = f"{notice}; {demo_note}" if notice else demo_note
         engine = Engine(
+            layers=layers,
+            environ=environ,
             probe=probe,
             probe_notice=notice,
             backends=loaded.backends,
@@ -133,7 +148,9 @@ class Supervisor:
             config=config,
             descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
-        return cls(engine, paths)
+        sup = cls(engine, paths)
+        sup.limits = limits
+        return sup
 
     # -- running --------------------------------------------------------------------------
     def add_service(self, service: Service) -> None:
@@ -163,6 +180,26 @@ class Supervisor:
         log.info("%s: stopping — no new jobs, running jobs get their stop grace", name)
         self.engine.request_stop()
 
+    def _on_reload_signal(self) -> None:
+        """SIGHUP: read the descriptors again (the engine logs what changed)."""
+        log.info("SIGHUP: reloading the backend descriptors")
+        try:
+            job = operations.reload(self.engine)
+        except VramtuiError as exc:
+            log.warning("SIGHUP: %s", exc)
+            return
+        assert isinstance(job, operations.Blocking) and job.then is not None
+        then = job.then
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            try:
+                then(fut.result())
+            except Exception:  # noqa: BLE001 - a bad reload must not stop the engine
+                log.exception("SIGHUP: reloading the descriptors failed")
+
+        assert self._loop is not None
+        self._loop.run_in_executor(None, job.work).add_done_callback(done)
+
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         handled: list[int] = []
@@ -170,6 +207,8 @@ class Supervisor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._on_signal, signum)
                 handled.append(signum)
+            self._loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+            handled.append(signal.SIGHUP)
         try:
             await self.engine.main(self._engine_started)
         finally:
@@ -282,19 +321,28 @@ class Supervisor:
             raise EngineStopped("the engine stopped") from None
         return fut.result(_CALL_TIMEOUT)
 
-    # -- commands -------------------------------------------------------------------------
+    def _op(self, method: str, /, **given: Any) -> Any:
+        """Call API method ``method`` on the engine loop: the arguments checked by its entry in
+        :data:`supervisor.apispec.METHODS`, the work done by :mod:`supervisor.operations`
+        (what the control server does too); file reads happen here, off the loop."""
+        kwargs = METHODS[method].check(given)
+        result = self._call(getattr(operations, method), self.engine, **kwargs)
+        if isinstance(result, operations.Blocking):
+            value = result.work()
+            return value if result.then is None else self._call(result.then, value)
+        return result
+
+    # -- commands (each method's arguments and result: supervisor.apispec) ---------------------
     def submit(self, backend: str, payload: bytes = b"", *, priority: int | None = None,
                timeout: float | None = None, metadata: dict[str, Any] | None = None,
                stream: bool = False) -> str:
         """Queue a job; returns its id once the engine accepted it."""
-        if isinstance(payload, str):
-            payload = payload.encode()
-        job = self._call(self.engine.submit, backend, bytes(payload), priority=priority,
-                         timeout=timeout, metadata=metadata, stream=stream)
-        return job.id
+        return self._op("submit", backend=backend, payload=payload, priority=priority,
+                        timeout=timeout, metadata=metadata, stream=stream)
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
+        METHODS["wait"].check({"job_id": job_id, "timeout": timeout})
         timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
         fut = self.engine.futures.get(job_id)
         if fut is None:
@@ -311,36 +359,78 @@ class Supervisor:
                              "(it goes on; wait again or cancel it)") from None
 
     def job(self, job_id: str) -> JobView:
-        return self._call(self.engine.job_view, job_id)
+        """The job now (``position`` is its place in the queue while it waits)."""
+        return self._op("job", job_id=job_id)
+
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
+        """The request the job was submitted with (its first ``limit`` bytes), while kept."""
+        return self._op("job_request", job_id=job_id, limit=limit)
 
     def cancel(self, job_id: str) -> JobView:
-        return self._call(self.engine.cancel, job_id)
+        return self._op("cancel", job_id=job_id)
+
+    def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
+        """Cancel several jobs; one result each (an unknown job's says so)."""
+        return list(self._op("cancel_many", job_ids=job_ids))
+
+    def retry(self, job_id: str) -> str:
+        """Run a finished job's request again as a new job; the new job's id."""
+        return self._op("retry", job_id=job_id)
+
+    def set_priority(self, job_id: str, priority: int) -> JobView:
+        """Give a queued job another priority (higher runs first)."""
+        return self._op("set_priority", job_id=job_id, priority=priority)
 
     def evict(self, backend: str) -> None:
-        self._call(self.engine.evict, backend)
+        self._op("evict", backend=backend)
 
     def respawn(self, backend: str) -> None:
-        self._call(self.engine.respawn, backend)
+        self._op("respawn", backend=backend)
 
     def preload(self, backend: str) -> None:
-        self._call(self.engine.preload, backend)
+        self._op("preload", backend=backend)
+
+    def kill(self, backend: str) -> None:
+        """SIGKILL a (stuck) backend's worker now; its jobs fail, saying so."""
+        self._op("kill", backend=backend)
 
     def zero(self) -> list[str]:
-        return self._call(self.engine.zero)
+        return list(self._op("zero"))
+
+    def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
+        """Drain a GPU (running work finishes, nothing new admitted there), or reopen it."""
+        return self._op("drain", gpu=gpu, on=on)
+
+    def reload(self) -> ReloadResult:
+        """Read the backend descriptors again and apply what changed."""
+        return self._op("reload")
+
+    def descriptor(self, backend: str) -> DescriptorInfo:
+        """A backend's layers (each file's entry for it) and its effective descriptor."""
+        return self._op("descriptor", backend=backend)
+
+    def calibration_report(self, backend: str, *, name: str | None = None) -> ReportFile:
+        """A backend's latest calibration report (or the one named), as JSON bytes."""
+        return self._op("calibration_report", backend=backend, name=name)
 
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str:
         """Queue a calibration run of ``backend``; its job id (the result is the summary)."""
-        job = self._call(self.engine.calibrate, backend, repeats=repeats, request=request,
-                         settle_s=settle_s)
-        return job.id
+        return self._op("calibrate", backend=backend, repeats=repeats, request=request,
+                        settle_s=settle_s)
 
-    def snapshot(self) -> EngineSnapshot:
-        return self._call(self.engine.snapshot)
+    def snapshot(self, *, light: bool = False) -> EngineSnapshot:
+        """The engine now (``light``: without the GPUs' history, recent jobs and the log)."""
+        return self._op("snapshot", light=light)
+
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        """The last ``lines`` of a backend's worker log, or what follows ``offset``."""
+        return self._op("logs", backend=backend, lines=lines, offset=offset)
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
         """Events as they happen (bounded; ``lagged`` says when some were dropped)."""
+        METHODS["subscribe"].check({"kinds": kinds, "maxsize": maxsize, "callback": callback})
         return self.engine.events.subscribe(
             maxsize=maxsize, kinds=frozenset(kinds) if kinds else None, callback=callback
         )

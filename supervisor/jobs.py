@@ -3,12 +3,18 @@
 A :class:`Job` lives on the engine loop and is changed only there; :class:`JobView` is the
 frozen copy that snapshots, events and ``wait`` results carry to other threads (events carry
 a light one, without the result).
+
+The engine keeps time on its monotonic clock (immune to clock changes); every time a view
+carries is wall-clock (epoch seconds), converted here, at the view boundary, with the one
+offset of :func:`wall_offset` (the journal uses it too).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -47,6 +53,15 @@ def advance_seq(past: int) -> None:
         _seq = itertools.count(past + 1)
 
 
+_MONO_TO_WALL = time.time() - time.monotonic()
+
+
+def wall_offset(clock: Callable[[], float] = time.monotonic) -> float:
+    """What to add to a time of ``clock`` to get wall-clock seconds (fixed per process for
+    the monotonic clock, so that every view and the journal agree to the microsecond)."""
+    return _MONO_TO_WALL if clock is time.monotonic else time.time() - clock()
+
+
 def new_job_id() -> str:
     return "j-" + os.urandom(5).hex()
 
@@ -81,6 +96,16 @@ class JobView:
     @property
     def finished(self) -> bool:
         return self.state.finished
+
+    @property
+    def ran_s(self) -> float | None:
+        """Seconds of its last run, the one that ended it (an engine restart in between
+        requeues a job: the time it was down is not counted); None until it has ended."""
+        if self.finished_at is None or self.started_at is None:
+            return None
+        start = next((t for t, state, _ in reversed(self.history) if state == "running"),
+                     self.started_at)
+        return max(0.0, self.finished_at - start)
 
 
 @dataclass(eq=False, slots=True)
@@ -127,16 +152,18 @@ class Job:
             self.finished_at = now
 
     def view(self, position: int | None = None, *, light: bool = False) -> JobView:
-        """The job now.  ``light`` leaves its result out (``data`` None, no ``chunks``): what
-        events carry — results go to whoever asks for them (``wait``, ``job``)."""
+        """The job now, its times as wall clock.  ``light`` leaves its result out (``data``
+        None, no ``chunks``): what events carry — results go to whoever asks for them
+        (``wait``, ``job``)."""
+        w = _MONO_TO_WALL
         return JobView(
             id=self.id,
             backend=self.backend,
             state=self.state,
             priority=self.priority,
-            submitted_at=self.submitted_at,
-            started_at=self.started_at,
-            finished_at=self.finished_at,
+            submitted_at=self.submitted_at + w,
+            started_at=None if self.started_at is None else self.started_at + w,
+            finished_at=None if self.finished_at is None else self.finished_at + w,
             progress=self.progress,
             progress_text=self.progress_text,
             gpu=self.gpu,
@@ -149,7 +176,7 @@ class Job:
             status_code=self.status_code,
             chunks=() if light else tuple(self.chunks),
             error=self.error,
-            history=tuple(self.history),
+            history=tuple((t + w, st, note) for t, st, note in self.history),
             peak_mib=self.peak_mib,
             kind=self.kind,
         )

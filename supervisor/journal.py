@@ -191,6 +191,8 @@ _START = (
     "UPDATE jobs SET state = 'running', attempts = attempts + 1, history = history || ?, "
     "started_wall = coalesce(started_wall, ?) WHERE id = ? AND finished_wall IS NULL"
 )
+_PRIORITY = ("UPDATE jobs SET priority = ?, history = history || ? "
+             "WHERE id = ? AND finished_wall IS NULL")
 _STATE = "UPDATE jobs SET state = ?, history = history || ? WHERE id = ? AND finished_wall IS NULL"
 _FINISH_JOB = (
     "UPDATE jobs SET state = ?, history = history || ?, finished_wall = ?, status_code = ?, "
@@ -935,6 +937,11 @@ class Journal:
             f"record state {state.value}",
             job_id,
         )
+
+    def record_priority(self, job_id: str, priority: int, t: float, note: str = "") -> None:
+        """A waiting job's new priority (it keeps its place among equals: its seq)."""
+        self._update(_PRIORITY, (priority, _entry(t, "queued", note), job_id),
+                     "record priority", job_id)
 
     def record_finish(
         self,

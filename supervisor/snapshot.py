@@ -16,6 +16,16 @@ class LogLine:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU: one of our workers (``backend``) or foreign."""
+
+    pid: int
+    used_mib: int | None  # None: the driver would not say
+    user: str  # "?" when it cannot be read
+    backend: str | None  # None: not ours ("foreign")
+
+
+@dataclass(frozen=True, slots=True)
 class GpuView:
     index: int
     name: str
@@ -30,8 +40,9 @@ class GpuView:
     power_w: float | None
     simulated: bool
     reserve_mib: int
-    history: tuple[tuple[float, int], ...]  # (monotonic t, used MiB)
+    history: tuple[tuple[float, int], ...]  # (wall-clock t, used MiB)
     draining: bool = False  # admits nothing new; its idle workers are evicted
+    processes: tuple[GpuProcess, ...] = ()  # at the last process sample, largest first
 
     @property
     def budget_mib(self) -> int:

@@ -1,7 +1,8 @@
 """Building the immutable :class:`EngineSnapshot` from the engine's live state.
 
 Runs on the engine loop (it reads state only there); everything it returns is frozen and
-safe to hand to any thread.
+safe to hand to any thread.  Times leave as wall clock (the engine's own clock is monotonic):
+jobs convert themselves (:meth:`Job.view`), the GPU history is converted here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .snapshot import BackendView, EngineSnapshot, GpuView
+from .jobs import wall_offset
+from .snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView
 
 if TYPE_CHECKING:
     from .engine import BackendRuntime, Engine
@@ -29,6 +31,9 @@ def build_snapshot(engine: Engine) -> EngineSnapshot:
     now = engine.clock()
     book = engine.book()
     gpus = []
+    w = wall_offset(engine.clock)
+    procs = gpu_processes(engine)
+    draining = engine.draining
     for index, r in sorted(engine.readings.items()):
         accounts = book.gpus.get(index)
         ours = accounts.ours_observed_mib if accounts is not None else 0
@@ -39,7 +44,8 @@ def build_snapshot(engine: Engine) -> EngineSnapshot:
             reserved_mib=accounts.held_mib if accounts is not None else 0, ours_mib=ours,
             foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
             simulated=engine.probe.simulated, reserve_mib=engine.config.reserve_mib,
-            history=tuple(engine.history.points(index)), draining=index in engine.draining,
+            history=tuple((t + w, v) for t, v in engine.history.points(index)),
+            draining=index in draining, processes=procs.get(index, ()),
         ))
     backends = []
     queued_by: dict[str, int] = {}
@@ -85,3 +91,40 @@ def build_snapshot(engine: Engine) -> EngineSnapshot:
         log=tuple(engine.log_lines), stopping=engine.stopping, pid=os.getpid(),
         python=sys.version.split()[0],
     )
+
+
+_USERS: dict[int, tuple[float, str]] = {}  # pid -> (create time, user name)
+
+
+def _user(pid: int) -> str:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        created = proc.create_time()
+        known = _USERS.get(pid)
+        if known is not None and known[0] == created:
+            return known[1]
+        name = proc.username()
+    except (psutil.Error, KeyError, OSError):
+        return "?"
+    if len(_USERS) > 4096:
+        _USERS.clear()
+    _USERS[pid] = (created, name)
+    return name
+
+
+def gpu_processes(engine: Engine) -> dict[int, tuple[GpuProcess, ...]]:
+    """The processes on each GPU at the last process sample, largest first, each named by
+    the backend whose worker (or a child of it) it is, else foreign."""
+    workers = [(rt.spec.name, rt.worker) for rt in engine.backends.values()
+               if rt.worker is not None and not rt.worker.exited]
+    workers += [(run.rt.spec.name, run.worker) for run, _task in engine.calibrations.values()
+                if run.worker is not None and not run.worker.exited]
+    out: dict[int, list[GpuProcess]] = {}
+    for p in engine.gpu_processes:
+        owner = next((name for name, w in workers if w.accepts_pid(p.pid)), None)
+        out.setdefault(p.gpu_index, []).append(GpuProcess(p.pid, p.used_mib, _user(p.pid),
+                                                          owner))
+    return {gpu: tuple(sorted(ps, key=lambda x: -(x.used_mib or 0)))
+            for gpu, ps in out.items()}

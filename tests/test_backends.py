@@ -809,3 +809,19 @@ def test_write_overlay_round_trip(tmp_path: Path) -> None:
     assert sorted(p.name for p in overlay.parent.iterdir()) == ["a.calibrated.yaml"]
     with pytest.raises(ValueError, match="did you mean 'priority'"):
         write_overlay(overlay, "a", {"priorty": 1})
+
+
+@pytest.mark.parametrize(("text", "line", "hint"), [
+    ("backends:\n  - name: a\n\tscript: x.py\n", 3, "a tab at column 1"),
+    ("name: a\ndescription: a: b\n", 2, "put the value in quotes"),
+    ("name: a\nscript: x.py\n  priority: 3\n", 3, "indented deeper than the one above"),
+    ('name: "a\n', 2, "not closed"),
+])
+def test_a_yaml_syntax_error_says_what_is_probably_wrong(tmp_path: Path, text: str, line: int,
+                                                        hint: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    result = load_backends([f], demo_fallback=False)
+    (error,) = result.errors
+    assert error.line == line and hint in str(error) and "bad.yaml" in str(error)
+    assert "YAML error: " in str(error) and "(" in str(error)  # PyYAML's words stay too

@@ -168,12 +168,18 @@ def test_doctor_checks_and_says_what_to_fix(served: Served) -> None:
     assert checks["runtime directory"]["status"] == "ok"
     assert checks["backend echo"]["status"] == "ok"
     assert "NVML" in checks
+    # the engine holds the journal: doctor checks it through the engine, never "locked"
+    assert checks["journal"]["status"] == "ok", checks["journal"]
+    assert f"in use by engine pid {served.proc.pid}" in checks["journal"]["detail"]
+    assert checks["engine state"]["status"] == "ok"
     assert done.returncode == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
 
 
 def test_the_cli_imports_no_textual_and_documents_exit_codes(served: Served) -> None:
-    code = ("import sys; from vramtui.cli import main; rc = main(['status', '--json']); "
-            "bad = [m for m in sys.modules if m.startswith('textual')]; "
+    # status imports only what it prints with: no Textual, no rich, no engine
+    code = ("import sys; from vramtui.cli import main; rc = main(['status']); "
+            "bad = [m for m in sys.modules if m.startswith(('textual', 'rich', "
+            "'supervisor.engine', 'supervisor.facade', 'yaml'))]; "
             "print(rc, bad, file=sys.stderr)")
     done = subprocess.run([PYTHON, "-c", code], env=served.env, capture_output=True, text=True,
                           timeout=60)
@@ -204,3 +210,150 @@ def test_the_one_command_parser_knows_every_command() -> None:
     assert command_named(["--help", "status"]) is None  # the whole help, every command
     args = build_parser("submit").parse_args(["submit", "echo", "--data", "{}", "--wait"])
     assert (args.command, args.backend, args.wait) == ("submit", "echo", True)
+
+
+def test_submit_stream_on_a_terminal_leaves_only_the_data(served: Served) -> None:
+    """stdout and stderr on one terminal (a pty): what the screen shows at the end is the
+    chunks, line by line, and a final newline; the status line has left no trace."""
+    import os
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on the pty
+        os.execve(PYTHON, [PYTHON, "-m", "vramtui", "submit", "echo", "--data",
+                           '{"stream": 6}', "--stream"], served.env)
+    raw = b""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        raw += data
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, raw
+    # the last line is complete: nothing is left after the final newline but erasures
+    assert screen_lines(raw) == [f"chunk {i}" for i in range(6)]
+
+
+def screen_lines(raw: bytes) -> list[str]:
+    """The lines a terminal would show for ``raw``: CR, erase-line and newlines applied."""
+    lines, line = [], ""
+    text = raw.decode(errors="replace").replace("\r\n", "\n")
+    i = 0
+    while i < len(text):
+        if text.startswith("\x1b[2K", i):
+            line, i = "", i + 4
+            continue
+        ch = text[i]
+        if ch == "\n":
+            lines.append(line)
+            line = ""
+        elif ch == "\r":
+            line = ""  # our writer always erases after a CR
+        else:
+            line += ch
+        i += 1
+    if line:
+        lines.append(line)
+    return lines
+
+
+def test_jobs_filters_status_json_size_and_wall_clock_times(served: Served) -> None:
+    import time
+
+    before = time.time()
+    fine = run(served, "submit", "echo", "--data", '{"f": 1}', "--wait")
+    assert fine.returncode == 0
+    failed = run(served, "submit", "slow", "--data", '{"steps": 2, "fail": true}', "--wait")
+    assert failed.returncode == 1
+    jobs = json.loads(run(served, "jobs", "--state", "failed", "--json").stdout)
+    assert jobs["recent"] and all(j["state"] == "failed" for j in jobs["recent"])
+    assert not jobs["running"] and not jobs["queued"]
+    only = json.loads(run(served, "jobs", "--backend", "echo", "--limit", "2", "--json").stdout)
+    listed = only["running"] + only["queued"] + only["recent"]
+    assert 1 <= len(listed) <= 2 and {j["backend"] for j in listed} == {"echo"}
+    newest = only["recent"][0]
+    # epoch seconds, like taken_at, never the engine's monotonic clock
+    assert before - 1 < newest["submitted_at"] <= newest["finished_at"] < time.time() + 1
+    assert all(before - 1 < h[0] < time.time() + 1 for h in newest["history"])
+    light = run(served, "status", "--json").stdout
+    full = json.loads(run(served, "status", "--json", "--history").stdout)
+    assert json.loads(light)["gpus"][0]["history"] == [] and full["gpus"][0]["history"]
+    assert len(light) < len(json.dumps(full))
+    assert abs(full["gpus"][0]["history"][-1][0] - full["taken_at"]) < 10
+    text = run(served, "jobs", "--state", "failed").stdout
+    assert "simulated failure" in text and "step 2/2" not in text  # no stale progress
+    assert run(served, "jobs", "--limit", "0").returncode == 2
+
+
+def test_cancel_several_priority_retry_kill_drain_reload(served: Served) -> None:
+    busy = run(served, "submit", "slow", "--data", '{"steps": 400, "step_s": 0.02}')
+    busy_id = busy.stdout.strip()
+    wait_for(lambda: json.loads(run(served, "result", busy_id, "--json").stdout)["state"]
+             == "running", 30, "the job to run")
+    a = run(served, "submit", "slow", "--data", "{}").stdout.strip()
+    b = run(served, "submit", "slow", "--data", "{}").stdout.strip()
+    moved = run(served, "priority", b, "9")
+    assert moved.returncode == 0 and "position 1" in moved.stdout, moved.stdout
+    assert run(served, "priority", busy_id, "1").returncode == 5  # running: refused
+    both = run(served, "cancel", a, b, "j-nope")
+    assert both.returncode == 4 and f"job {a} cancelled" in both.stdout
+    assert f"job {b} cancelled" in both.stdout and "unknown job" in both.stderr
+    killed = run(served, "kill", "slow")
+    assert killed.returncode == 0
+    result = run(served, "result", busy_id, "--wait", "--json")
+    assert "killed on request" in json.loads(result.stdout)["error"]
+    again = run(served, "retry", a, "--json")
+    new = json.loads(again.stdout)["id"]
+    assert new != a and json.loads(run(served, "result", new, "--json").stdout)["backend"] \
+        == "slow"
+    run(served, "cancel", new)
+    drained = run(served, "drain", "0")
+    assert drained.returncode == 0 and "draining" in drained.stdout
+    snap = json.loads(run(served, "status", "--json").stdout)
+    assert snap["gpus"][0]["draining"] is True
+    assert run(served, "drain", "0", "--off").returncode == 0
+    assert run(served, "drain", "9").returncode == 5  # refused: no such GPU
+    reload = run(served, "reload")
+    assert reload.returncode == 0 and "nothing changed" in reload.stdout
+
+
+def test_events_follows_the_engine(served: Served) -> None:
+    import signal
+
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "events", "--json"], env=served.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: json.loads(run(served, "status", "--json").stdout) and
+                 run(served, "submit", "echo", "--data", '{"ev": 1}', "--wait").returncode
+                 == 0, 30, "a job")
+        seen = []
+        assert proc.stdout is not None
+        while True:
+            event = json.loads(proc.stdout.readline())
+            seen.append(event)
+            if event["kind"] == "job" and event["state"] == "succeeded":
+                break
+        assert {e["kind"] for e in seen} >= {"job"}
+        assert all(abs(e["t"] - seen[-1]["t"]) < 60 for e in seen)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+
+
+def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
+    import signal
+
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "status", "-n", "0.2", "--json"],
+                            env=served.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        first, second = json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
+        assert second["taken_at"] > first["taken_at"]  # one compact document per refresh
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    assert run(served, "status", "-n", "0").returncode == 2

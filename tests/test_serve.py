@@ -32,7 +32,8 @@ from serve_support import (
 )
 
 from supervisor.control import messages as m
-from supervisor.control.errors import EngineNotRunning
+from supervisor.control.errors import EngineNotRunning, RequestTooLarge
+from supervisor.errors import QueueFull
 from supervisor.jobs import JobState
 from worker_sdk.protocol import DataType, MessageType, encode_bytes
 
@@ -171,7 +172,7 @@ def test_the_tui_embedded_engine_serves_cli_commands(monkeypatch: pytest.MonkeyP
         done = cli(env, "submit", "echo", "--data", '{"from": "cli"}', "--wait")
         assert done.returncode == 0 and json.loads(done.stdout) == {"echo": {"from": "cli"}}
         second, second_mode = open_engine(args, allow_embedded=True)  # attaches, no new engine
-        assert second_mode.startswith("attached to embedded") and str(os.getpid()) in second_mode
+        assert second_mode.startswith("attached") and "embedded in another TUI" in second_mode
         assert second.snapshot().pid == os.getpid()
         second.stop()
     finally:
@@ -265,6 +266,18 @@ def test_serve_refuses_bad_options_in_one_line() -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> None:
+    root = new_root()
+    env = make_env(root)
+    blocker = root / "not-a-dir"
+    blocker.write_text("")
+    env["VRAMTUI_RUNTIME_DIR"] = str(blocker / "run")
+    served, tui = cli(env, "--serve"), cli(env, "--gpus", "sim:8GiB")
+    assert served.returncode == tui.returncode == 2, (served.stderr, tui.stderr)
+    for done in (served, tui):
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_a_client_outlives_an_engine_restart(serve: StartServe) -> None:
     s = serve()
     c = s.client()
@@ -275,3 +288,55 @@ def test_a_client_outlives_an_engine_restart(serve: StartServe) -> None:
         c.submit("echo", b"while down")
     serve(root=s.root)
     assert c.submit_wait("echo", b"after").data == b"after"  # a fresh connection, no error
+
+
+def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> None:
+    root = new_root()
+    env = make_env(root)
+    env.update(VRAMTUI_MAX_QUEUE="2", VRAMTUI_MAX_REQUEST="1MiB")
+    served = start_serve(env, root)
+    try:
+        c = served.client()
+        assert c.info["max_request"] == 1024 * 1024
+        with pytest.raises(RequestTooLarge):
+            c.submit("echo", b"x" * (2 * 1024 * 1024))
+        first = c.submit("slow", b'{"steps": 200, "step_s": 0.02}')
+        wait_for(lambda: c.job(first).state is not JobState.QUEUED, 30, "the first admitted")
+        jobs = [first] + [c.submit("slow", b"") for _ in range(2)]
+        with pytest.raises(QueueFull):  # one runs, two wait: the third waiter is refused
+            c.submit("slow", b"")
+        for j in jobs:
+            c.cancel(j)
+        c.close()
+    finally:
+        reap(served)
+    bad = make_env(new_root())
+    bad["VRAMTUI_MAX_QUEUE"] = "lots"
+    for args in (["--serve"], ["--gpus", "sim:8GiB"]):
+        done = cli(bad, *args)
+        assert done.returncode == 2 and "VRAMTUI_MAX_QUEUE" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_sighup_reloads_the_descriptors_without_a_restart() -> None:
+    import yaml
+
+    root = new_root()
+    env = make_env(root)
+    served = start_serve(env, root)
+    try:
+        desc = Path(env["VRAMTUI_TEST_BACKENDS"])
+        doc = yaml.safe_load(desc.read_text())
+        doc["backends"].append(dict(doc["backends"][0], name="echo2"))
+        desc.write_text(yaml.safe_dump(doc))
+        c = served.client()
+        pid = c.snapshot().pid
+        served.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: c.snapshot().backend("echo2") is not None, 20, "echo2 loaded")
+        assert c.snapshot().pid == pid  # the same engine, not a restart
+        assert c.submit_wait("echo2", b"hup").data == b"hup"
+        assert any("descriptors reloaded: 1 added (echo2)" in line.text
+                   for line in c.snapshot().log)
+        c.close()
+    finally:
+        reap(served)

@@ -25,9 +25,9 @@ from textual.pilot import Pilot
 from textual.widgets import Input, TextArea
 
 from supervisor import JobState, Supervisor
-from vramtui.app import VramApp, fmt
+from vramtui.app import VramApp
 from vramtui.app.app import DEMO_WORKLOAD
-from vramtui.app.calibration import CalibrationScreen, PhaseChart, SaveReportDialog
+from vramtui.app.calibration import CalibrationScreen, PhaseChart
 from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
 from vramtui.app.screens import (
     DASHBOARD_BINDINGS,
@@ -38,8 +38,9 @@ from vramtui.app.screens import (
     JobDetail,
     SubmitDialog,
 )
+from vramtui.app.screens import SaveDataDialog as SaveReportDialog
 from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
-from vramtui.commands import suggested_peak_mib
+from vramtui.peaks import over_declared_line, size_to_declare, suggested_peak_mib
 
 
 def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -276,7 +277,7 @@ async def test_readonly_changes_nothing() -> None:
             job = sup.submit("alpha", req(steps=400, step_s=0.02))
             await until(pilot, lambda: sup.job(job).state is JobState.RUNNING, "running")
             await select_backend(pilot, "alpha")
-            for key in ("e", "r", "z", "s", "k"):
+            for key in ("e", "r", "z", "s", "m", "X", "L", "D", "R"):
                 await pilot.press(key)
                 assert isinstance(app.screen, Dashboard), key
             await select_backend(pilot, "beta")
@@ -409,14 +410,15 @@ async def test_help_lists_every_key_and_graph_and_calibrate_keys() -> None:
             assert isinstance(app.screen, Dashboard)
 
             graph = app.screen.query_one(GpuPanel).graph
-            await pilot.press("g")
+            await pilot.press("t")
             await rendered(pilot)
-            assert app.graph_window == 600 and graph._window == 600
-            await pilot.press("g")
+            # at 80x24 the graph gives its rows to the events; it follows once shown
+            assert app.graph_window == 600 and not graph.display
+            await pilot.press("t")
             assert app.graph_window == 60
             assert app.screen.check_action("demo", ()) is False  # not the demo backends
             await select_backend(pilot, "alpha")
-            await pilot.press("k")
+            await pilot.press("m")
             assert isinstance(app.screen, ConfirmDialog)
             assert "Calibrate alpha?" in str(app.screen.title_text)
             await pilot.press("n")
@@ -477,7 +479,7 @@ def calibration_backend(name: str, predict_s: float = 0.2) -> dict[str, object]:
 async def calibration_screen(pilot: Pilot[int], name: str) -> CalibrationScreen:
     app: VramApp = pilot.app  # type: ignore[assignment]
     await select_backend(pilot, name)
-    await pilot.press("k")
+    await pilot.press("m")
     assert isinstance(app.screen, ConfirmDialog)
     await pilot.press("y")
     screen = await until(pilot, lambda: isinstance(app.screen, CalibrationScreen)
@@ -591,7 +593,11 @@ async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_pe
             assert suggested is not None and suggested % 64 == 0
             assert suggested >= b.observed_p95_mib * 1.05  # type: ignore[union-attr]
             table = app.screen.query_one(BackendsTable)
-            await until(pilot, lambda: f"set peak {fmt.mib(suggested, compact=True)}"
+            # one figure everywhere: the table, the details and `vramtui backends` agree
+            said = size_to_declare(suggested)
+            assert said in (over_declared_line(b) or "")  # type: ignore[arg-type]
+            short = said.replace(" GiB", "G").replace(" MiB", "M")
+            await until(pilot, lambda: f"set peak {short}"
                         in str(table.get_cell("greedy", "error")), "the flag in the table")
             assert str(table.get_cell("greedy", "peak")).endswith("!")
             await select_backend(pilot, "greedy")
@@ -600,7 +606,7 @@ async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_pe
             await until(pilot, lambda: "vram.peak" in text_of(app.screen.query_one("#fp-text")),
                         "the suggestion in the details")
             footprint = text_of(app.screen.query_one("#fp-text"))
-            assert f"vram.peak: {fmt.mib(suggested)}" in footprint
+            assert f"vram.peak: {said}" in footprint
             assert "more than the declared peak" in footprint and "declared" in footprint
 
 
@@ -637,9 +643,11 @@ async def test_d_submits_the_demo_workload_when_the_demo_backends_are_loaded() -
         app = VramApp(sup, "embedded", readonly=True)
         async with app.run_test(size=NARROW) as pilot:
             await rendered(pilot)
-            assert app.demo_mode and app.screen.check_action("demo", ()) is None
+            # read-only: not offered in the footer, and pressing it says why
+            assert app.demo_mode and app.screen.check_action("demo", ()) is False
             await pilot.press("d")
             await rendered(pilot)
+            assert "Read-only" in notes(app)
             assert len([j for j in sup.snapshot().recent if "demo" in j.metadata]) == 12
 
 
@@ -657,7 +665,7 @@ async def test_engine_gone_is_shown_and_the_app_keeps_working() -> None:
             await pilot.pause()
             assert "ENGINE GONE" in app.screen.query_one(EngineHeader).render().plain
             assert app.screen.query_one("#banner").display
-            await pilot.press("g")  # still responsive
+            await pilot.press("t")  # still responsive
             assert app.graph_window == 600
             await pilot.press("e")  # a command fails with a notice, nothing hangs
             if isinstance(app.screen, ConfirmDialog):

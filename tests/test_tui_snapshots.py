@@ -1,4 +1,4 @@
-"""Snapshot tests of every screen at 80x24 and 160x48, fed by the deterministic snapshot source.
+"""Snapshot tests of every screen at 80x24, 120x40 and 160x48, fed by the fixed source.
 
 The data (clock, GPUs, backends, jobs, log) is fixed, so a changed SVG means the UI changed.
 Update the baselines in tests/__snapshots__/ with ``pytest tests/test_tui_snapshots.py
@@ -15,7 +15,8 @@ import pytest
 from vramtui.app.scenes import SCENES, SIZES, make_app
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit", "calibration")
+SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit", "calibration",
+                   "processes", "reload")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -7,6 +7,7 @@ never imports Textual and starts fast.  Handlers return an exit code (see ``EXIT
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,22 @@ IMPORT_VRAMD_HELP = ("print vramtui's spelling of a vramd descriptor file (versi
                      "move it over for good (vramd files also run as they are)")
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, minus its ``import shutil`` (and with it zlib, bz2 and lzma: a
+    few ms of every command's start, paid only to learn the terminal's width)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            env = os.environ.get("COLUMNS", "")
+            try:
+                columns = int(env) if env.isdigit() else os.get_terminal_size(1).columns
+            except OSError:
+                columns = 80
+            width = max(11, columns - 2)
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 class UsageError(Exception):
     """Bad input caught before talking to the engine (exit 2, one line)."""
 
@@ -81,13 +98,15 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="a backend descriptor file or directory (repeatable)")
 
 
-COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "backends", "evict",
-            "respawn", "preload", "zero", "logs", "doctor", "calibrate", "recalibrate",
-            "import-vramd", *("completion", "install-service", "web"))
+COMMANDS = ("submit", "status", "queue", "jobs", "result", "cancel", "retry", "priority",
+            "events", "backends", "evict", "respawn", "preload", "kill", "zero", "drain",
+            "reload", "logs", "doctor", "calibrate", "recalibrate", "import-vramd",
+            *("completion", "install-service", "web"))
 # Commands of the HTTP front door's side (vramtui/extra_commands.py runs them).
 EXTRA_COMMANDS = frozenset({"completion", "install-service", "web"})
 _VALUE_OPTIONS = frozenset({"--gpus", "--backends", "--attach", "--log-file", "--allow-group",
-                            "--dynamo", "--http", "--http-token-file", "--max-queue"})
+                            "--dynamo", "--http", "--http-token-file", "--max-queue",
+                            "--theme"})
 
 
 class _Skipped:
@@ -123,7 +142,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     "admission by real peak VRAM, a priority queue, eviction, one process "
                     "per model.",
         epilog=EXAMPLES + "\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"vramtui {__version__}")
     _engine_options(parser)
@@ -154,14 +173,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--readonly", action="store_true",
                         help="TUI: show everything, change nothing")
     parser.add_argument("--no-confirm", action="store_true",
-                        help="TUI: do not ask before evict/cancel/zero")
+                        help="TUI: do not ask before evict/cancel/zero/kill/drain")
+    parser.add_argument("--theme", metavar="NAME",
+                        help="TUI: the colour theme (e.g. textual-dark, nord, gruvbox, "
+                             "textual-light; ctrl+p lists them all; default: $VRAMTUI_THEME, "
+                             "else textual-dark).  NO_COLOR=1 turns colour off")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help_text: str) -> Any:
         if only is not None and name != only:
             return _Skipped()
         p = sub.add_parser(name, help=help_text, description=help_text,
-                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=EXIT_CODES, formatter_class=_Formatter)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--attach", metavar="SOCKET", default=argparse.SUPPRESS,
                        help="the control socket of the engine (default: the runtime "
@@ -180,22 +203,58 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="print streamed chunks as they come")
     p.add_argument("--metadata", metavar="JSON", help="metadata passed to the worker (JSON)")
 
-    command("status", "the engine, its GPUs and backends at a glance")
-    command("queue", "jobs waiting, in the order they will run")
-    command("jobs", "running and recent jobs")
+    def watch(p: Any) -> None:
+        p.add_argument("--watch", "-w", action="store_true",
+                       help="keep showing it, refreshed every -n seconds (ctrl+c stops)")
+        p.add_argument("-n", "--interval", type=float, metavar="SECONDS", default=None,
+                       help="with --watch: seconds between refreshes (default 2; alone, "
+                            "implies --watch)")
+
+    p = command("status", "the engine, its GPUs and backends at a glance")
+    watch(p)
+    p.add_argument("--history", action="store_true",
+                   help="with --json: also the GPUs' memory history, the recent jobs and "
+                        "the event log (left out by default: they are large)")
+    p = command("queue", "jobs waiting, in the order they will run")
+    watch(p)
+    p = command("jobs", "running, queued and recent jobs (newest first)")
+    p.add_argument("--state", action="append", metavar="STATE",
+                   choices=("queued", "starting", "running", "succeeded", "failed",
+                            "cancelled", "timed_out"),
+                   help="only jobs in this state (repeatable)")
+    p.add_argument("--backend", action="append", metavar="B", help="only this backend's "
+                   "jobs (repeatable)")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs")
+    watch(p)
     p = command("result", "the result of a job")
     p.add_argument("job")
     p.add_argument("--wait", action="store_true", help="wait for it to finish")
     p.add_argument("--output", "-o", metavar="FILE", help="write the result data to FILE")
-    p = command("cancel", "cancel a queued or running job")
+    p = command("cancel", "cancel queued or running jobs")
+    p.add_argument("jobs", nargs="+", metavar="JOB")
+    p = command("retry", "run a finished job's request again, as a new job")
     p.add_argument("job")
+    p.add_argument("--wait", action="store_true", help="wait for the new job's result")
+    p = command("priority", "change a queued job's priority (higher runs first)")
+    p.add_argument("job")
+    p.add_argument("priority", type=int)
+    p = command("events", "follow the engine's events as they happen (ctrl+c stops)")
+    p.add_argument("--kind", action="append", metavar="KIND",
+                   choices=("log", "job", "worker", "chunk", "sample"),
+                   help="only these kinds (repeatable; default: log, job, worker)")
     command("backends", "configured backends with their footprints and state")
     for name, text in (("evict", "stop an idle backend's worker to free its memory"),
                        ("respawn", "restart a backend's worker (new code, or after failures)"),
-                       ("preload", "start a backend's worker now, before any job")):
+                       ("preload", "start a backend's worker now, before any job"),
+                       ("kill", "SIGKILL a stuck backend's worker now (its jobs fail)")):
         p = command(name, text)
         p.add_argument("backend")
     command("zero", "evict every idle backend")
+    p = command("drain", "drain a GPU: running work finishes, nothing new is admitted there")
+    p.add_argument("gpu", type=int, metavar="GPU", help="the GPU's index")
+    p.add_argument("--off", action="store_true", help="admit work on it again")
+    command("reload", "read the backend descriptors again and apply what changed (as "
+                      "SIGHUP to --serve does)")
     p = command("logs", "a backend's worker log")
     p.add_argument("backend")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")

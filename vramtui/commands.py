@@ -9,20 +9,23 @@ error is also printed on stdout as ``{"error": ..., "type": ...}``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor import errors as E
 from supervisor.control import errors as CE
 from supervisor.jobs import JobState
-from supervisor.snapshot import BackendView
 
 from .cli import Exit, UsageError
 from .connect import open_client
+from .peaks import over_declared_line, suggested_peak_mib
+
+if TYPE_CHECKING:
+    from supervisor.client import Client
 
 # -- errors and exit codes ------------------------------------------------------------------------
 
@@ -41,6 +44,7 @@ _EXIT_FOR: tuple[tuple[type[BaseException], int], ...] = (
     (E.InvalidRequest, Exit.USAGE),
     (CE.ProtocolMismatch, Exit.USAGE),
     (E.JobTimeout, Exit.JOB_FAILED),
+    (E.NoReport, Exit.NOT_FOUND),
 )
 
 
@@ -88,66 +92,120 @@ def _report(text: str, kind: str, as_json: bool) -> None:
 # -- looking ---------------------------------------------------------------------------------
 
 
+def _watching(args: argparse.Namespace, show: Callable[[], None]) -> int:
+    """``show()`` once, or (``--watch``, ``-n``) again every interval until ctrl+c."""
+    interval = getattr(args, "interval", None)
+    if not getattr(args, "watch", False) and interval is None:
+        show()
+        return Exit.OK
+    interval = 2.0 if interval is None else interval
+    if not 0.1 <= interval <= 86400:
+        raise UsageError("-n takes between 0.1 and 86400 seconds")
+    from . import plain
+
+    try:
+        while True:
+            if sys.stdout.isatty() and not args.json:
+                sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, cursor home
+                plain.show((f"every {interval:g} s · {time.strftime('%H:%M:%S')} · ctrl+c "
+                            "stops", "dim"))
+            show()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return Exit.OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     client = open_client(args)
-    snap = client.snapshot(data_limit=0, light=not args.json)
+    if args.history and not args.json:
+        raise UsageError("--history goes with --json (the tables never show it)")
+    return _watching(args, lambda: _status(client, args))
+
+
+def _status(client: Client, args: argparse.Namespace) -> None:
+    snap = client.snapshot(data_limit=0, light=not args.history)
     if args.json:
         from .output import print_json
 
-        print_json(snap)
-        return Exit.OK
-    from .output import backend_table, gpu_table, mib, out, seconds
+        print_json(snap, compact=bool(args.watch or args.interval))
+        return
+    from .output import backend_table, gpu_table, mib, process_table, seconds
+    from .plain import show
 
     kind = "SIMULATED" if snap.simulated else (snap.source or "GPU")
-    head = (f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
-            f"{seconds(snap.uptime_s)}, GPU {kind}"
-            + (f", driver {snap.driver_version}" if snap.driver_version else "")
-            + ("  [bold yellow]stopping[/]" if snap.stopping else ""))
-    out.print(head)
-    out.print(f"socket {client.path}")
+    show(f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
+         f"{seconds(snap.uptime_s)}, GPU {kind}"
+         + (f", driver {snap.driver_version}" if snap.driver_version else ""),
+         ("  stopping" if snap.stopping else "", "bold yellow"))
+    show(f"socket {client.path}")
     if snap.notice:
-        out.print(f"[yellow]note:[/] {snap.notice}")
+        show(("note: ", "yellow"), snap.notice)
     for problem in snap.descriptor_errors:
-        out.print(f"[red]descriptor error:[/] {problem}")
-    out.print(gpu_table(snap))
-    out.print(backend_table(snap))
-    free = sum(g.budget_mib for g in snap.gpus)
-    out.print(f"jobs: {len(snap.running)} running, {len(snap.queued)} queued; admission "
-              f"budget left {mib(free)}")
-    return Exit.OK
+        show(("descriptor error: ", "red"), problem)
+    show(gpu_table(snap))
+    show(backend_table(snap))
+    procs = process_table(snap)
+    if procs is not None:
+        show(procs)
+    free = sum(g.budget_mib for g in snap.gpus if not g.draining)
+    show(f"jobs: {len(snap.running)} running, {len(snap.queued)} queued; admission "
+         f"budget left {mib(free)}")
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    snap = open_client(args).snapshot(data_limit=0, light=True)
-    if args.json:
-        from .output import print_json
+    client = open_client(args)
 
-        print_json(snap.queued)
-        return Exit.OK
-    from .output import out, queue_table
+    def show() -> None:
+        snap = client.snapshot(data_limit=0, light=True)
+        if args.json:
+            from .output import print_json
 
-    if not snap.queued:
-        out.print("the queue is empty")
-    else:
-        out.print(queue_table(snap.queued))
-    return Exit.OK
+            print_json(snap.queued, compact=bool(args.watch or args.interval))
+            return
+        from .output import queue_table
+        from .plain import show
+
+        if not snap.queued:
+            show("the queue is empty")
+        else:
+            show(queue_table(snap.queued))
+
+    return _watching(args, show)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    snap = open_client(args).snapshot(data_limit=0)
-    if args.json:
-        from .output import print_json
+    client = open_client(args)
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit takes a number of jobs, 1 or more")
 
-        print_json({"running": snap.running, "queued": snap.queued, "recent": snap.recent})
-        return Exit.OK
-    from .output import jobs_table, out
+    def show() -> None:
+        snap = client.snapshot(data_limit=0)
+        wanted = {"running": snap.running, "queued": snap.queued, "recent": snap.recent}
+        if args.state or args.backend:
+            for key, jobs in wanted.items():
+                wanted[key] = tuple(j for j in jobs
+                                    if (not args.state or j.state.value in args.state)
+                                    and (not args.backend or j.backend in args.backend))
+        if args.limit is not None:
+            left = args.limit
+            for key, jobs in wanted.items():
+                wanted[key] = jobs[:left]
+                left -= len(wanted[key])
+        if args.json:
+            from .output import print_json
 
-    jobs = snap.running + snap.queued + snap.recent
-    if not jobs:
-        out.print("no jobs yet")
-    else:
-        out.print(jobs_table(jobs))
-    return Exit.OK
+            print_json(wanted, compact=bool(args.watch or args.interval))
+            return
+        from .output import jobs_table
+        from .plain import show
+
+        jobs = wanted["running"] + wanted["queued"] + wanted["recent"]
+        if not jobs:
+            show("no jobs" + (" like that" if args.state or args.backend else " yet"))
+        else:
+            show(jobs_table(jobs))
+
+    return _watching(args, show)
 
 
 def cmd_result(args: argparse.Namespace) -> int:
@@ -179,7 +237,25 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    view = open_client(args).cancel(args.job)
+    client = open_client(args)
+    if len(args.jobs) > 1:
+        results = client.cancel_many(args.jobs)
+        if args.json:
+            from .output import print_json
+
+            print_json(results)
+        else:
+            for r in results:
+                if r.error is not None:
+                    print(f"job {r.job_id}: {r.error}", file=sys.stderr)
+                elif r.state == JobState.CANCELLED.value:
+                    print(f"job {r.job_id} cancelled")
+                elif r.state in (JobState.RUNNING.value, JobState.STARTING.value):
+                    print(f"job {r.job_id} is being cancelled (it was running)")
+                else:
+                    print(f"job {r.job_id} had already {r.state.replace('_', ' ')}")
+        return Exit.NOT_FOUND if any(r.error for r in results) else Exit.OK
+    view = client.cancel(args.jobs[0])
     if args.json:
         from .output import print_json
 
@@ -193,36 +269,109 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-SUGGESTED_MARGIN = 1.05  # a suggested peak: the observed p95 plus 5 % ...
-SUGGESTED_STEP_MIB = 64  # ... rounded up to this
+def cmd_retry(args: argparse.Namespace) -> int:
+    client = open_client(args)
+    job_id = client.retry(args.job)
+    if args.wait:
+        from .submit import finish
+
+        return finish(client.wait(job_id), args, printed=0)
+    if args.json:
+        from .output import print_json
+
+        print_json({"id": job_id, "retry_of": args.job})
+    else:
+        print(job_id)
+    return Exit.OK
 
 
-def suggested_peak_mib(backend: BackendView) -> int | None:
-    """For a backend whose observed p95 peak exceeds its declared peak, the peak to declare
-    instead (observed p95 + 5 %, rounded up to 64 MiB); None when the declaration holds."""
-    if not backend.over_declared or backend.observed_p95_mib is None:
-        return None
-    wanted = math.ceil(backend.observed_p95_mib * SUGGESTED_MARGIN)
-    return -(-wanted // SUGGESTED_STEP_MIB) * SUGGESTED_STEP_MIB
+def cmd_priority(args: argparse.Namespace) -> int:
+    view = open_client(args).set_priority(args.job, args.priority)
+    if args.json:
+        from .output import print_json
+
+        print_json(view)
+    else:
+        where = f", position {view.position} in the queue" if view.position else ""
+        print(f"job {view.id}: priority {view.priority}{where}")
+    return Exit.OK
 
 
-def _size_up(n: int) -> str:
-    """A size to declare, never below ``n``: whole MiB, or GiB rounded up to 0.1."""
-    if n < 1024:
-        return f"{n} MiB"
-    return f"{math.ceil(n * 10 / 1024) / 10:.1f} GiB"
+def cmd_events(args: argparse.Namespace) -> int:
+    client = open_client(args)
+    kinds = args.kind or ["log", "job", "worker"]
+    sub = client.subscribe(kinds=kinds, maxsize=10_000)
+    from .output import event_line, jsonable
+
+    lagged = 0
+    try:
+        for event in sub:
+            if sub.dropped > lagged:
+                print(f"vramtui: {sub.dropped - lagged} events dropped (this terminal fell "
+                      "behind)", file=sys.stderr)
+                lagged = sub.dropped
+            if args.json:
+                import json
+
+                sys.stdout.write(json.dumps(jsonable(event), default=str) + "\n")
+            else:
+                sys.stdout.write(event_line(event) + "\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return Exit.OK
+    finally:
+        sub.close()
+    print("vramtui: the engine stopped", file=sys.stderr)
+    return Exit.NO_ENGINE
 
 
-def over_declared_line(backend: BackendView) -> str | None:
-    """"observed p95 9.8 GiB > declared 9.0 GiB: set vram.peak to 10.3 GiB or run ..."."""
-    suggested = suggested_peak_mib(backend)
-    if suggested is None:
-        return None
-    from .output import mib
+def cmd_drain(args: argparse.Namespace) -> int:
+    draining = open_client(args).drain(args.gpu, not args.off)
+    if args.json:
+        from .output import print_json
 
-    return (f"{backend.name}: observed p95 {mib(backend.observed_p95_mib)} > declared "
-            f"{mib(backend.declared_peak_mib)}: set vram.peak to {_size_up(suggested)} or run "
-            f"`vramtui calibrate {backend.name}`")
+        print_json({"gpu": args.gpu, "draining": list(draining)})
+    elif args.off:
+        print(f"GPU{args.gpu} admits work again"
+              + (f" (still draining: {', '.join(f'GPU{g}' for g in draining)})"
+                 if draining else ""))
+    else:
+        print(f"GPU{args.gpu} is draining: its running work finishes, nothing new is "
+              f"admitted there (vramtui drain {args.gpu} --off opens it again)")
+    return Exit.OK
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    result = open_client(args).reload()
+    if args.json:
+        from .output import print_json
+
+        print_json({**jsonable_result(result), "unchanged": result.unchanged})
+        return Exit.FAILED if result.errors else Exit.OK
+    from supervisor.engine_commands import reload_summary
+
+    print(f"reloaded {len(result.files)} file(s): {reload_summary(result)}")
+    for name in result.added:
+        print(f"  + {name}")
+    for name in result.removed:
+        print(f"  - {name}")
+    for change in result.changed:
+        print(f"  ~ {change.backend}: {'; '.join(change.changes)}")
+        for note in change.notes:
+            print(f"      {note}")
+    for line in result.kept:
+        print(f"  = {line}")
+    for line in result.errors:
+        print(f"vramtui: descriptor error: {line}", file=sys.stderr)
+    return Exit.FAILED if result.errors else Exit.OK
+
+
+def jsonable_result(value: object) -> dict[str, object]:
+    from .output import jsonable
+
+    out = jsonable(value)
+    assert isinstance(out, dict)
+    return out
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -233,15 +382,14 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print_json([{**jsonable(b), "over_declared": b.over_declared,
                      "suggested_peak_mib": suggested_peak_mib(b)} for b in snap.backends])
         return Exit.OK
-    from rich.markup import escape
+    from .output import backend_table
+    from .plain import show
 
-    from .output import backend_table, out
-
-    out.print(backend_table(snap, wide=True))
+    show(backend_table(snap, wide=True))
     for backend in snap.backends:
         line = over_declared_line(backend)
         if line is not None:
-            out.print(f"[bold red]over peak![/] {escape(line)}")
+            show(("over peak! ", "bold red"), line)
     return Exit.OK
 
 
@@ -333,6 +481,12 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "jobs": cmd_jobs,
     "result": cmd_result,
     "cancel": cmd_cancel,
+    "retry": cmd_retry,
+    "priority": cmd_priority,
+    "events": cmd_events,
+    "drain": cmd_drain,
+    "reload": cmd_reload,
+    "kill": _backend_action("kill", "killed its worker (its jobs fail)"),
     "backends": cmd_backends,
     "evict": _backend_action("evict", "evicting (its worker stops once idle)"),
     "respawn": _backend_action("respawn", "respawning"),

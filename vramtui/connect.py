@@ -34,7 +34,14 @@ STARTING_WAIT_S = 15.0
 
 
 class EngineStartError(VramtuiError):
-    """The embedded engine could not be built (bad --gpus, no NVML with --gpus nvml, paths)."""
+    """The embedded engine could not be built (bad --gpus, no NVML with --gpus nvml, paths).
+
+    ``usage``: the user's input is at fault (a bad --gpus or directory: exit 2, as --serve
+    says), else the machine is (no NVML: exit 1)."""
+
+    def __init__(self, message: str, *, usage: bool = True) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 def control_socket(args: argparse.Namespace | None = None) -> Path:
@@ -81,10 +88,10 @@ def attach(path: Path, *, wait_starting: float = STARTING_WAIT_S,
 
 
 def describe(client: Client) -> str:
-    pid = client.info.get("pid", "?")
-    mode = client.info.get("mode", "")
-    kind = "embedded in a TUI, " if mode == "embedded" else ""
-    return f"attached to {kind}pid {pid} at {client.path}"
+    """"attached to the engine at PATH" (its pid changes when it restarts: the TUI reads it
+    from each snapshot)."""
+    kind = " (embedded in another TUI)" if client.info.get("mode") == "embedded" else ""
+    return f"attached to the engine at {client.path}{kind}"
 
 
 def open_engine(args: argparse.Namespace, *, allow_embedded: bool) -> tuple[EngineAPI, str]:
@@ -116,12 +123,20 @@ def open_client(args: argparse.Namespace) -> Client:
 def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:
     from supervisor.facade import EngineRunning, Supervisor
     from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
+    from supervisor.limits import BadLimit
 
     try:
+        from .serve import engine_config  # the same settings as --serve: flags, env, file
+
         sup = Supervisor.from_config(gpus=getattr(args, "gpus", "auto"),
-                                     backends=getattr(args, "backends", None) or ())
-    except (BadGpuSpec, GpuUnavailable, PathsError) as exc:
+                                     backends=getattr(args, "backends", None) or (),
+                                     config=engine_config(args, paths))
+    except (BadGpuSpec, PathsError, BadLimit) as exc:
         raise EngineStartError(str(exc)) from None
+    except VramtuiError as exc:  # a bad --max-queue, VRAMTUI_MAX_QUEUE or config.yaml
+        raise EngineStartError(str(exc)) from None
+    except GpuUnavailable as exc:
+        raise EngineStartError(str(exc), usage=False) from None
     serve_control(sup, mode="embedded")
     try:
         sup.start_in_thread()
@@ -139,6 +154,6 @@ def serve_control(sup: Supervisor, *, mode: str, allow_group: int | None = None,
 
     server = ControlServer(sup.engine, sup.paths.control_socket, mode=mode,
                            version=__version__, allow_group=allow_group,
-                           on_ready=on_ready)
+                           on_ready=on_ready, max_request=sup.limits.max_request)
     sup.add_service(server)
     return server

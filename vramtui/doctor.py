@@ -97,7 +97,8 @@ def check_runtime(r: Report, paths: Paths) -> None:
         r.add(OK, "runtime directory", f"{rd} mode {mode:04o}, yours")
 
 
-def check_engine(r: Report, paths: Paths, socket_path: Path) -> None:
+def check_engine(r: Report, paths: Paths, socket_path: Path) -> int | None:
+    """The running engine, checked over its socket; its pid (None: none runs)."""
     from supervisor.control.errors import UntrustedEngine
     from supervisor.errors import VramtuiError
 
@@ -107,28 +108,42 @@ def check_engine(r: Report, paths: Paths, socket_path: Path) -> None:
         client = attach(socket_path, wait_starting=0)
     except UntrustedEngine as exc:  # a socket someone else controls: say so, never "none"
         r.add(FAIL, "engine", str(exc), "see the message")
-        return
+        return None
     except VramtuiError as exc:
         holder = lock_holder(paths)
         if holder is not None:
             r.add(FAIL, "engine", f"pid {holder} holds {paths.lock_path} but its socket does "
                   f"not answer: {exc}", f"stop it (kill {holder}) and start again")
-        else:
-            r.add(OK, "engine", "none running (start one with `vramtui --serve`, or `vramtui`)")
-        return
+            return holder
+        r.add(OK, "engine", "none running (start one with `vramtui --serve`, or `vramtui`)")
+        return None
     try:
         rtt = client.ping()
         info = client.info
-        r.add(OK, "engine", f"pid {info.get('pid')} ({info.get('mode')}) answers on "
+        pid = info.get("pid")
+        r.add(OK, "engine", f"pid {pid} ({info.get('mode')}) answers on "
               f"{socket_path} in {rtt * 1000:.2f} ms")
         smode = stat.S_IMODE(os.stat(socket_path).st_mode)
         r.add(OK if smode & 0o007 == 0 else FAIL, "control socket", f"mode {smode:04o}",
               "" if smode & 0o007 == 0 else f"chmod 600 {socket_path}")
+        snap = client.snapshot(light=True, data_limit=0)
+        kind = "SIMULATED" if snap.simulated else (snap.source or "GPU")
+        r.add(OK, "engine state", f"{kind}: {len(snap.gpus)} GPU(s), {len(snap.backends)} "
+              f"backend(s), {len(snap.running)} job(s) running, {len(snap.queued)} queued"
+              + (", stopping" if snap.stopping else ""))
+        for problem in snap.descriptor_errors:
+            r.add(FAIL, "engine descriptor", problem,
+                  "fix the file at the line shown, then `vramtui reload`")
+        failed = [b.name for b in snap.backends if b.state == "failed"]
+        if failed:
+            r.add(FAIL, "engine backends", f"failed to start: {', '.join(failed)}",
+                  "see `vramtui logs NAME`, fix it, then `vramtui respawn NAME`")
+        return int(pid) if isinstance(pid, int) or str(pid).isdigit() else -1
     finally:
         client.close()
 
 
-def check_state(r: Report, paths: Paths) -> None:
+def check_state(r: Report, paths: Paths, engine_pid: int | None = None) -> None:
     sd = paths.state_dir
     if sd.exists() and not os.access(sd, os.W_OK | os.X_OK):
         r.add(FAIL, "state directory", f"{sd} is not writable",
@@ -139,6 +154,12 @@ def check_state(r: Report, paths: Paths) -> None:
     if not journal.exists():
         r.add(OK, "journal", f"{journal} not created yet")
         return
+    if engine_pid is not None:
+        # The engine holds it (SQLite locks it): never open it under a running engine.
+        who = f"engine pid {engine_pid}" if engine_pid > 0 else "the running engine"
+        r.add(OK, "journal", f"{journal}: in use by {who} (checked through the engine "
+              "instead)")
+        return
     try:
         con = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=2)
         try:
@@ -146,12 +167,18 @@ def check_state(r: Report, paths: Paths) -> None:
         finally:
             con.close()
     except sqlite3.Error as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            r.add(WARN, "journal", f"{journal}: in use by another process ({exc})",
+                  "is an engine starting or stopping? run doctor again in a moment")
+            return
         r.add(FAIL, "journal", f"{journal}: {exc}",
-              "move it aside (queued jobs in it are lost) and restart the engine")
+              "the engine moves a damaged journal aside (to <journal>.corrupt-<time>, never "
+              "deleted) when it starts and says so; start it twice")
         return
     ok = result is not None and result[0] == "ok"
     r.add(OK if ok else FAIL, "journal", f"{journal}: {'intact' if ok else result}",
-          "" if ok else "move it aside and restart the engine")
+          "" if ok else "the engine moves a damaged journal aside (never deleted) when it "
+          "starts and says so; start it twice")
 
 
 def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
@@ -212,8 +239,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     report = Report()
     check_nvml(report)
     check_runtime(report, paths)
-    check_engine(report, paths, control_socket(args))
-    check_state(report, paths)
+    engine_pid = check_engine(report, paths, control_socket(args))
+    check_state(report, paths, engine_pid)
     check_backends(report, paths, list(getattr(args, "backends", None) or []))
     if args.json:
         from .output import print_json

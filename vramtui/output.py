@@ -1,27 +1,22 @@
-"""How the CLI prints: rich tables for people, JSON for scripts, one-line errors on stderr.
+"""How the CLI prints: plain aligned tables for people, JSON for scripts, one-line errors.
 
-Imports rich only (never Textual).  ``jsonable`` turns any engine view into JSON values: bytes
-become text when they are UTF-8, else ``{"base64": ...}``.
+The tables are :mod:`vramtui.plain` (fast to import: ``vramtui status`` must start in well
+under 100 ms); rich is imported only by the commands that print rich reports, through
+``out`` and ``err`` (created on first use).  ``jsonable`` turns any engine view into JSON
+values: bytes become text when they are UTF-8, else ``{"base64": ...}``.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import sys
 import time
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
 
-# Piped output is not cut to 80 columns: tables take the width they need, up to 160.
-out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+from .plain import Cell, Table
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow", JobState.STARTING: "cyan", JobState.RUNNING: "bold cyan",
@@ -29,7 +24,24 @@ STATE_STYLE = {
     JobState.TIMED_OUT: "red",
 }
 WORKER_STYLE = {"ready": "green", "busy": "bold cyan", "starting": "cyan", "stopping": "yellow",
-                "failed": "bold red", "cold": "dim"}
+                "failed": "bold red", "cold": "dim", "crashed": "bold red",
+                "initializing": "cyan"}
+
+
+def __getattr__(name: str) -> Any:
+    """``out`` / ``err``: rich consoles for the rich reports, made on first use."""
+    if name in ("out", "err"):
+        from rich.console import Console
+
+        if name == "out":
+            # Piped output is not cut to 80 columns: up to 160.
+            value = Console(highlight=False, soft_wrap=False,
+                            width=None if sys.stdout.isatty() else 160)
+        else:
+            value = Console(stderr=True, highlight=False)
+        globals()[name] = value
+        return value
+    raise AttributeError(name)
 
 
 def jsonable(value: Any) -> Any:
@@ -40,6 +52,8 @@ def jsonable(value: Any) -> Any:
         try:
             return raw.decode()
         except UnicodeDecodeError:
+            import base64
+
             return {"base64": base64.b64encode(raw).decode()}
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
@@ -50,10 +64,14 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def print_json(value: Any) -> None:
+def print_json(value: Any, *, compact: bool = False) -> None:
+    """``value`` as JSON on stdout (``compact``: one line, for a stream of documents).
+    Times are epoch seconds (wall clock), like the snapshot's ``taken_at``."""
     import json
 
-    sys.stdout.write(json.dumps(jsonable(value), indent=2, default=str) + "\n")
+    text = json.dumps(jsonable(value), indent=None if compact else 2, default=str,
+                      separators=(",", ":") if compact else None)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
@@ -82,50 +100,87 @@ def seconds(s: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def state_text(state: JobState) -> Text:
-    return Text(state.value, style=STATE_STYLE.get(state, ""))
+def state_text(state: JobState) -> Cell:
+    return (state.value, STATE_STYLE.get(state, ""))
 
 
 def job_duration(job: JobView) -> float | None:
-    if job.started_at is None:
-        return None
-    end = job.finished_at
-    return None if end is None else end - job.started_at
+    """How long its (last) run took; None until it has ended."""
+    return job.ran_s
+
+
+def clock(t: float) -> str:
+    """A wall-clock time for a person: local ``HH:MM:SS``."""
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def event_line(event: Any) -> str:
+    """One engine event as one line of text (``vramtui events``)."""
+    head = f"{clock(event.t)} {event.kind:<6}"
+    if event.kind == "log":
+        mark = {"error": "error: ", "warning": "warning: "}.get(event.level, "")
+        return f"{head} {mark}{event.message}"
+    if event.kind == "job" and event.job is not None:
+        j = event.job
+        text = f"{head} {j.id} {j.backend} {j.state.value}"
+        if j.state.finished:
+            took = j.ran_s
+            if took is not None:
+                text += f" in {seconds(took)}"
+            if j.error:
+                text += f": {j.error}"
+        elif j.progress is not None:
+            text += f" {j.progress * 100:.0f} % {j.progress_text}".rstrip()
+        elif j.waiting:
+            text += f": {j.waiting}"
+        return text
+    if event.kind == "chunk":
+        return f"{head} {event.job_id} {len(event.data or b'')} bytes"
+    return f"{head} {event.backend or ''} {event.state or ''}".rstrip()
 
 
 # -- tables -------------------------------------------------------------------------------------
 
 def gpu_table(snap: EngineSnapshot) -> Table:
-    table = Table(title="GPUs", title_justify="left", expand=False)
-    for col in ("GPU", "name", "used / total", "reserved", "ours", "foreign", "budget", "util",
-                "temp"):
-        table.add_column(col, justify="right" if col not in ("name",) else "left")
+    table = Table("GPUs", [(c, "l" if c == "name" else "r") for c in (
+        "GPU", "name", "used / total", "reserved", "ours", "foreign", "budget", "util",
+        "temp")])
     for g in snap.gpus:
         used = f"{mib(g.used_mib)} / {mib(g.total_mib)}"
-        table.add_row(str(g.index), g.name, used,
+        name: Cell = (f"{g.name} (draining)", "bold yellow") if g.draining else g.name
+        table.add_row(str(g.index), name, used,
                       mib(g.reserved_mib), mib(g.ours_mib), mib(g.foreign_mib),
                       mib(g.budget_mib), "–" if g.util_pct is None else f"{g.util_pct} %",
                       "–" if g.temp_c is None else f"{g.temp_c} °C")
     return table
 
 
+def process_table(snap: EngineSnapshot) -> Table | None:
+    """Each GPU's processes: ours by backend, the others foreign (None: there are none)."""
+    table = Table("Processes on the GPUs", [("GPU", "r"), ("pid", "r"), ("user", "l"),
+                                             ("memory", "r"), ("backend", "l")])
+    for g in snap.gpus:
+        for p in g.processes:
+            table.add_row(str(g.index), str(p.pid), p.user, mib(p.used_mib),
+                          p.backend if p.backend else ("foreign", "magenta"))
+    return table if table.rows else None
+
+
 def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
-    table = Table(title="Backends", title_justify="left")
     cols = ["backend", "state", "pid", "GPU", "peak", "observed", "queued", "running",
             "served"]
     if wide:
         cols += ["p95", "priority", "keep-alive", "description"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("backend", "state", "description")
-                         else "right")
+    table = Table("Backends", [(c, "l" if c in ("backend", "state", "description") else "r")
+                               for c in cols])
     for b in snap.backends:
         peak = mib(b.peak_mib) + ("" if b.declared_peak_mib is not None or b.peak_mib is None
                                   else " (learned)")
-        state = Text(b.state, style=WORKER_STYLE.get(b.state, ""))
-        if b.over_declared:
-            state.append(" over peak!", style="bold red")
-        row = [b.name, state, str(b.pid or "–"), "–" if b.gpu is None else str(b.gpu), peak,
-               mib(b.observed_mib), str(b.queued), str(b.running), str(b.jobs_served)]
+        state: Cell = (b.state + (" over peak!" if b.over_declared else ""),
+                       "bold red" if b.over_declared else WORKER_STYLE.get(b.state, ""))
+        row: list[Cell] = [b.name, state, str(b.pid or "–"),
+                           "–" if b.gpu is None else str(b.gpu), peak, mib(b.observed_mib),
+                           str(b.queued), str(b.running), str(b.jobs_served)]
         if wide:
             keep = "pinned" if b.pinned else seconds(b.keep_alive_left_s)
             row += [mib(b.observed_p95_mib), str(b.priority), keep, b.description]
@@ -134,11 +189,10 @@ def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
 
 
 def queue_table(jobs: tuple[JobView, ...]) -> Table:
-    table = Table(title="Queue", title_justify="left")
-    for col in ("#", "job", "backend", "priority", "waiting", "passed", "age"):
-        table.add_column(col, justify="right" if col in ("#", "priority", "passed", "age")
-                         else "left")
-    now = time.monotonic()
+    table = Table("Queue", [(c, "r" if c in ("#", "priority", "passed", "age") else "l")
+                            for c in ("#", "job", "backend", "priority", "waiting", "passed",
+                                      "age")])
+    now = time.time()
     for j in jobs:
         table.add_row(str(j.position or "–"), j.id, j.backend, str(j.priority),
                       j.waiting or "–", str(j.passed), seconds(max(0.0, now - j.submitted_at)))
@@ -146,12 +200,16 @@ def queue_table(jobs: tuple[JobView, ...]) -> Table:
 
 
 def jobs_table(jobs: tuple[JobView, ...], title: str = "Jobs") -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("job", "backend", "state", "progress", "GPU", "peak", "took", "note"):
-        table.add_column(col, justify="right" if col in ("GPU", "peak", "took") else "left")
+    table = Table(title, [(c, "r" if c in ("GPU", "peak", "took") else "l")
+                          for c in ("job", "backend", "state", "progress", "GPU", "peak",
+                                    "took", "note")])
     for j in jobs:
-        progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
-        note = j.error or j.progress_text or j.waiting or ""
+        if j.finished:  # its last progress text is history, not its state
+            progress = "–"
+            note = j.error or ""
+        else:
+            progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
+            note = j.progress_text or j.waiting or ""
         table.add_row(j.id, j.backend, state_text(j.state), progress,
                       "–" if j.gpu is None else str(j.gpu), mib(j.peak_mib),
                       seconds(job_duration(j)), note)

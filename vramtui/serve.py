@@ -129,6 +129,7 @@ def _queue_depth(value: object, where: str) -> int:
 def _serve(args: argparse.Namespace, group: int | None) -> int:
     from supervisor.facade import EngineRunning, Supervisor
     from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
+    from supervisor.limits import BadLimit
 
     try:
         config = engine_config(args, Paths.from_env())
@@ -136,7 +137,7 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
         return _fail(str(exc), Exit.USAGE)
     try:
         sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends, config=config)
-    except (BadGpuSpec, PathsError) as exc:
+    except (BadGpuSpec, PathsError, BadLimit) as exc:
         return _fail(str(exc), Exit.USAGE)
     except GpuUnavailable as exc:
         return _fail(str(exc), Exit.FAILED)

@@ -1,15 +1,17 @@
 """``vramtui submit``: read the request, submit it, and (with --wait/--stream) follow the job.
 
-While it waits, a progress bar on stderr (when stderr is a terminal) shows the job's queue
-position, then the worker's progress events; ``--stream`` prints chunks to stdout as they come,
-in order.  Without a terminal, ``--wait`` is one round trip (``submit_wait``).  Ctrl-C leaves
-the job running and says how to cancel it or fetch its result.
+While it waits, a status line on stderr (only when stderr is a terminal) shows the job's
+queue position, then the worker's progress; ``--stream`` prints chunks to stdout as they come,
+in order, and the status line never mixes into them.  Without a terminal, ``--wait`` is one
+round trip (``submit_wait``).  Ctrl-C leaves the job running and says how to cancel it or
+fetch its result.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -116,7 +118,7 @@ def _follow(client: Client, job_id: str, sub: RemoteSubscription,
                 break
             if event.kind == "chunk" and event.job_id == job_id:
                 if args.stream and not sub.lagged and event.data is not None:
-                    write_out(event.data)
+                    progress.write(event.data)
                     printed += 1
             elif event.kind == "job" and event.job is not None and event.job.id == job_id:
                 view = event.job
@@ -125,43 +127,81 @@ def _follow(client: Client, job_id: str, sub: RemoteSubscription,
 
 
 class _ProgressView:
-    """A rich progress bar on stderr fed by the job's events (nothing when not a terminal)."""
+    """One status line on stderr, fed by the job's events — only when stderr is a terminal.
+
+    Data goes to stdout untouched.  When stdout is the same terminal, the status line is
+    wiped before each chunk is written and drawn again after it (only when the output ends a
+    line, so it never lands in the middle of one): the output holds no trace of it.
+    """
+
+    BAR = 20
 
     def __init__(self, job_id: str, enabled: bool) -> None:
         self.job_id = job_id
         self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
+        self.shared = enabled and sys.stdout.isatty()  # stdout is the same terminal
+        self.started = time.monotonic()
+        self.text = "submitted"
+        self.fraction: float | None = None
+        self.drawn = False
+        self.at_line_start = True  # the output so far ends a line (or is empty)
 
     def __enter__(self) -> _ProgressView:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(TextColumn("[bold]{task.fields[job]}"), BarColumn(),
-                                      TextColumn("{task.description}"), TimeElapsedColumn(),
-                                      console=Console(stderr=True), transient=True)
-            self._progress.__enter__()
-            self._task = self._progress.add_task("submitted", total=None, job=self.job_id)
+        self._draw()
         return self
 
     def update(self, view: JobView) -> None:
-        if self._progress is None:
-            return
         if view.state is JobState.QUEUED:
             where = f" (position {view.position})" if view.position else ""
-            text = f"queued{where}" + (f": {view.waiting}" if view.waiting else "")
+            self.text = f"queued{where}" + (f": {view.waiting}" if view.waiting else "")
         elif view.state is JobState.STARTING:
-            text = f"starting {view.backend}"
+            self.text = f"starting {view.backend}"
         else:
-            text = view.progress_text or view.state.value
-        total = 1.0 if view.progress is not None else None
-        self._progress.update(self._task, description=text, total=total,
-                              completed=view.progress or 0.0)
+            self.text = view.progress_text or view.state.value
+        self.fraction = view.progress
+        self._draw()
+
+    def write(self, data: bytes) -> None:
+        """Write output data to stdout, keeping the status line out of it."""
+        if not data:
+            return
+        if self.shared:
+            self._wipe()
+        write_out(data)
+        self.at_line_start = data.endswith(b"\n")
+        self._draw()
+
+    def _line(self) -> str:
+        width = shutil.get_terminal_size((80, 24)).columns
+        if self.fraction is None:
+            bar = ""
+        else:
+            f = min(1.0, max(0.0, self.fraction))
+            full = round(f * self.BAR)
+            bar = "█" * full + "░" * (self.BAR - full) + f" {f * 100:3.0f}% "
+        elapsed = f" {time.monotonic() - self.started:.1f}s"
+        line = f"{self.job_id} {bar}{self.text}"
+        room = max(10, width - len(elapsed) - 1)
+        if len(line) > room:
+            line = line[: room - 1] + "…"
+        return line + elapsed
+
+    def _draw(self) -> None:
+        if not self.enabled or (self.shared and not self.at_line_start):
+            return
+        sys.stderr.write("\r\x1b[2K" + self._line())
+        sys.stderr.flush()
+        self.drawn = True
+
+    def _wipe(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self.drawn = False
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(None, None, None)
+        if self.enabled:
+            self._wipe()
 
 
 def write_out(data: bytes) -> None:
@@ -170,19 +210,26 @@ def write_out(data: bytes) -> None:
 
 
 def finish(view: JobView, args: argparse.Namespace, printed: int) -> int:
-    """Print a finished job's result; its exit code."""
+    """Print a finished job's result (the chunks not printed yet when streamed); its exit code.
+
+    The data goes to stdout as it is; on a terminal, a result that does not end its last
+    line gets a newline, so that the prompt comes back on a line of its own.
+    """
     if args.json:
         from .output import print_json
 
         print_json(view)
     elif view.state is JobState.SUCCEEDED:
+        last = b""
         if getattr(args, "stream", False) or (view.data is None and view.chunks):
             for chunk in view.chunks[printed:]:
                 write_out(chunk)
+            last = next((c for c in reversed(view.chunks) if c), b"")
         elif view.data:
             write_out(view.data)
-            if sys.stdout.isatty() and not view.data.endswith(b"\n"):
-                write_out(b"\n")
+            last = view.data
+        if last and not last.endswith(b"\n") and sys.stdout.isatty():
+            write_out(b"\n")
     if view.state is JobState.SUCCEEDED:
         return Exit.OK
     if not args.json:

@@ -126,7 +126,13 @@ def load_documents(path: Path) -> list[Any]:
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or "invalid YAML"
         context = f" ({exc.context})" if exc.context and exc.problem else ""
-        raise DescriptorError(path, line, None, None, f"YAML error: {problem}{context}") from None
+        from .yamlhint import explain
+
+        hint = explain(problem, text.splitlines(), line,
+                       mark.column if mark is not None else None)
+        message = f"YAML error: {hint} ({problem}{context})" if hint else \
+            f"YAML error: {problem}{context}"
+        raise DescriptorError(path, line, None, None, message) from None
     except yaml.YAMLError as exc:
         message = " ".join(str(exc).split())
         raise DescriptorError(path, None, None, None, f"YAML error: {message}") from None

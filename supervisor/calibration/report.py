@@ -34,6 +34,7 @@ VERSION = 1
 __all__ = [
     "CalibrationError",
     "load_report",
+    "parse_report",
     "recalibrate",
     "report_from_json",
     "report_to_json",
@@ -218,9 +219,20 @@ def load_report(path: str | os.PathLike[str]) -> tuple[CalibrationRecord, Report
     Raises ``CalibrationError`` naming the file for anything unreadable or malformed.
     """
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read the calibration report: {exc}") from exc
+    return parse_report(data, path)
+
+
+def parse_report(data: bytes, path: str | os.PathLike[str] = "report"
+                 ) -> tuple[CalibrationRecord, Report]:
+    """A report's record and stored analysis from its JSON bytes (``path`` names it in
+    errors): what a face gets through the API (``calibration_report``) reads the same way."""
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"{path}: cannot read the calibration report: {exc}") from exc
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise CalibrationError(f"{path}: not a vramtui calibration report")

@@ -149,6 +149,26 @@ def _dataclass_converter(cls: type[T]) -> Convert:
     return convert
 
 
+def decoder(hint: Any) -> Convert:
+    """A function that rebuilds a value of type ``hint`` (a view dataclass, a tuple of them,
+    or a plain type) from its wire form; raises DecodeError when it is malformed."""
+    conv = _converter(hint)
+    if conv is None:
+        return _identity
+
+    def decode(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return conv(value)
+        except DecodeError:
+            raise
+        except (TypeError, ValueError, KeyError) as exc:
+            raise DecodeError(f"malformed {getattr(hint, '__name__', hint)}: {exc}") from None
+
+    return decode
+
+
 def from_wire(cls: type[T], value: Any) -> T:
     """Rebuild a ``cls`` (a view dataclass) from its wire form; raises DecodeError."""
     conv = _converter(cls)

@@ -7,7 +7,8 @@ max_request}`` or ERROR (wrong version, access denied, too many connections) and
 
 Then requests and replies, matched by frame id, any number in flight:
 
-- REQUEST  ``{m: method, a: {keyword arguments}}``
+- REQUEST  ``{m: method, a: {keyword arguments}}`` (the methods, their arguments and results:
+  :data:`supervisor.apispec.METHODS`, the one list)
 - RESPONSE ``{r: result}``
 - ERROR    ``{type: exception class name, error: message, attrs: {...}}``
 
@@ -31,11 +32,6 @@ MAX_REPLY = 1024 * 1024 * 1024  # what a client accepts in one reply frame
 DEFAULT_MAX_CONNECTIONS = 128
 SNAPSHOT_JOB_DATA_LIMIT = 64 * 1024  # job data/chunks larger than this stay out of snapshots
 
-METHODS = frozenset({
-    "ping", "submit", "wait", "job", "cancel", "evict", "respawn", "preload", "zero",
-    "calibrate",
-    "snapshot", "subscribe", "unsubscribe", "logs", "stats", "shutdown",
-})
 
 
 def hello(version: str) -> dict[str, Any]:
@@ -51,3 +47,12 @@ def format_size(n: int) -> str:
             value = n / size
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n} bytes"
+
+
+def __getattr__(name: str) -> Any:
+    """``METHODS`` (the wire's method names) lives in :mod:`supervisor.apispec` now."""
+    if name == "METHODS":
+        from ..apispec import WIRE_METHODS
+
+        return WIRE_METHODS
+    raise AttributeError(name)

@@ -1,15 +1,18 @@
 """The control server's methods: each request calls the engine directly, on its loop.
 
-:class:`Methods` turns a REQUEST ``{m, a}`` into a call of the engine's synchronous, loop-only
-methods and answers it; ``wait`` (and ``submit`` with ``wait``) is answered later, from the
-job's future callback, so the loop never blocks.
+:class:`Methods` answers every wire method of :mod:`supervisor.apispec` and no other: a
+request ``{m, a}`` is validated by its entry there (:meth:`Method.from_wire`), then handled by
+its function in :mod:`supervisor.operations` (shared with the in-process facade) and the result
+encoded for the wire; the few methods the wire handles itself (``submit`` with ``wait`` or
+``follow``, ``wait``, ``snapshot``'s data limit, subscriptions, ``stats``, ``shutdown``) have a
+``_do_<name>`` here.  ``wait`` is answered later, from the job's future callback, so the loop
+never blocks; an operation that reads files runs in the loop's executor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -17,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from worker_sdk.protocol import Message
 
-from ..errors import JobTimeout, UnknownBackend, VramtuiError
-from ..jobs import JobState
+from .. import operations
+from ..apispec import METHODS, WIRE_METHODS
+from ..errors import JobTimeout, VramtuiError
 from ..validate import check_seconds
 from . import messages as m
-from .codec import job_to_wire, snapshot_to_wire
+from .codec import job_to_wire, snapshot_to_wire, to_wire
 from .errors import BadRequest
-from .logtail import read_log
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -31,6 +34,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("supervisor.control")
 _DEFERRED = object()
+Handler = Callable[["Connection", int, dict[str, Any]], Any]
+
+
+def handler_names(cls: type) -> dict[str, str]:
+    """For each wire method, how ``cls`` answers it: ``_do_<name>`` or ``operations``.
+
+    Raises ``TypeError`` when the two disagree with the spec (a handler for a method that is
+    not listed, or a listed method with neither), so a drift fails at once.
+    """
+    own = {name[4:] for name in vars(cls) if name.startswith("_do_")}
+    stray = own - WIRE_METHODS
+    if stray:
+        raise TypeError(f"handlers for methods the API does not list: {sorted(stray)}")
+    found = {}
+    for name in WIRE_METHODS:
+        if name in own:
+            found[name] = f"_do_{name}"
+        elif callable(getattr(operations, name, None)):
+            found[name] = "operations"
+        else:
+            raise TypeError(f"the API lists {name!r} but nothing answers it")
+    return found
 
 
 class Methods:
@@ -39,9 +64,10 @@ class Methods:
     def __init__(self, server: ControlServer) -> None:
         self.server = server
         self.engine = server.engine
-        self._handlers: dict[str, Callable[[Connection, int, dict[str, Any]], Any]] = {
-            name: getattr(self, f"_do_{name}") for name in m.METHODS
-        }
+        self._handlers: dict[str, Handler] = {}
+        for name, how in handler_names(type(self)).items():
+            self._handlers[name] = getattr(self, how) if how != "operations" else \
+                self._operation(name)
 
     def dispatch(self, conn: Connection, msg: Message) -> None:
         payload = msg.payload
@@ -52,7 +78,7 @@ class Methods:
         handler = self._handlers.get(method)
         if handler is None:
             conn.error(msg.id, BadRequest(f"unknown method {method!r}; known: "
-                                          f"{', '.join(sorted(m.METHODS))}"))
+                                          f"{', '.join(sorted(self._handlers))}"))
             return
         args = payload.get("a") or {}
         if not isinstance(args, dict):
@@ -60,7 +86,7 @@ class Methods:
             return
         self.server.counters["requests"] += 1
         try:
-            result = handler(conn, msg.id, args)
+            result = handler(conn, msg.id, METHODS[method].from_wire(args))
         except VramtuiError as exc:
             conn.error(msg.id, exc)
             return
@@ -72,31 +98,61 @@ class Methods:
         if result is not _DEFERRED:
             conn.reply(msg.id, result)
 
-    # -- methods (each runs on the engine loop) -----------------------------------------------
+    # -- the shared operations ----------------------------------------------------------------
+    def _operation(self, name: str) -> Handler:
+        fn = getattr(operations, name)
+
+        def handle(conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
+            result = fn(self.engine, **a)
+            if isinstance(result, operations.Blocking):
+                return self._blocking(conn, msg_id, name, result)
+            return to_wire(result)
+
+        return handle
+
+    def _blocking(self, conn: Connection, msg_id: int, name: str,
+                  job: operations.Blocking) -> Any:
+        """Run ``job.work`` in the loop's executor and answer when it is done."""
+        loop = self.server.loop
+        assert loop is not None
+        fut = loop.run_in_executor(None, job.work)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            try:
+                value = f.result()
+                if job.then is not None:
+                    value = job.then(value)
+                conn.reply(msg_id, to_wire(value))
+            except VramtuiError as exc:
+                conn.error(msg_id, exc)
+            except Exception as exc:  # noqa: BLE001 - reported to the client
+                log.exception("control request %s failed", name)
+                conn.error(msg_id, VramtuiError(f"{name} failed in the engine: "
+                                                f"{type(exc).__name__}: {exc}"))
+
+        fut.add_done_callback(done)
+        return _DEFERRED
+
+    # -- what the wire does itself (each runs on the engine loop) ------------------------------
     def _do_ping(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
         return "pong"
 
     def _do_submit(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        payload = _arg(a, "payload", bytes, b"")
-        metadata = a.get("metadata")
+        wait, wait_timeout, follow = a.pop("wait"), a.pop("wait_timeout"), a.pop("follow")
         # Over a connection limit: refused before the job is accepted, never after.
-        if _arg(a, "wait", bool, False):
+        if wait:
             conn.check_wait()
-        elif _arg(a, "follow", bool, False):
+        elif follow:
             conn.check_subscribe()
-        # priority, timeout, metadata and stream are checked by the engine (supervisor.validate)
-        job = self.engine.submit(
-            _arg(a, "backend", str), payload, priority=a.get("priority"),
-            timeout=a.get("timeout"), metadata=metadata,
-            stream=False if a.get("stream") is None else a.get("stream"))
-        if _arg(a, "wait", bool, False):
-            return self._wait(conn, msg_id, job.id, _num(a, "wait_timeout"))
-        if _arg(a, "follow", bool, False):  # the job's events from now on, on this connection
-            return {"id": job.id, "sub": conn.subscribe(frozenset({"job", "chunk"}), job.id)}
-        return job.id
+        job_id = operations.submit(self.engine, **a)  # its values: supervisor.validate too
+        if wait:
+            return self._wait(conn, msg_id, job_id, wait_timeout)
+        if follow:  # the job's events from now on, on this connection
+            return {"id": job_id, "sub": conn.subscribe(frozenset({"job", "chunk"}), job_id)}
+        return job_id
 
     def _do_wait(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        return self._wait(conn, msg_id, _arg(a, "job", str), _num(a, "timeout"))
+        return self._wait(conn, msg_id, a["job_id"], a["timeout"])
 
     def _wait(self, conn: Connection, msg_id: int, job_id: str, timeout: float | None) -> Any:
         timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
@@ -107,75 +163,19 @@ class Methods:
         Waiter(self.server, conn, msg_id, job_id, fut, timeout)
         return _DEFERRED
 
-    def _do_job(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        view = self.engine.job_view(_arg(a, "job", str))
-        if view.state is JobState.QUEUED:
-            position = next((i for i, j in enumerate(self.engine.queue, 1) if j.id == view.id),
-                            None)
-            view = dataclasses.replace(view, position=position)
-        return job_to_wire(view)
-
-    def _do_cancel(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        return job_to_wire(self.engine.cancel(_arg(a, "job", str)))
-
-    def _do_evict(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        self.engine.evict(_arg(a, "backend", str))
-
-    def _do_respawn(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        self.engine.respawn(_arg(a, "backend", str))
-
-    def _do_preload(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        self.engine.preload(_arg(a, "backend", str))
-
-    def _do_zero(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        return self.engine.zero()
-
-    def _do_calibrate(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        job = self.engine.calibrate(  # the values are checked by the engine
-            _arg(a, "backend", str), repeats=a.get("repeats", 3),
-            request=_arg(a, "request", bytes, None),
-            settle_s=1.0 if a.get("settle_s") is None else a.get("settle_s"),
-            priority=a.get("priority"))
-        return job.id
-
     def _do_snapshot(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        limit = _arg(a, "data_limit", int, m.SNAPSHOT_JOB_DATA_LIMIT)
-        snap = self.engine.snapshot()
-        if _arg(a, "light", bool, False):  # no history, recent jobs nor log lines
-            snap = dataclasses.replace(
-                snap, recent=(), log=(),
-                gpus=tuple(dataclasses.replace(g, history=()) for g in snap.gpus))
+        limit = a["data_limit"]
+        if limit is None:
+            limit = m.SNAPSHOT_JOB_DATA_LIMIT
+        snap = operations.snapshot(self.engine, a["light"])
         return snapshot_to_wire(snap, limit if limit >= 0 else None)
 
     def _do_subscribe(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        kinds = _arg(a, "kinds", list, None)
-        if kinds is not None and not all(isinstance(k, str) for k in kinds):
-            raise BadRequest("subscribe: kinds must be a list of strings")
-        return {"sub": conn.subscribe(frozenset(kinds) if kinds else None,
-                                      _arg(a, "job", str, None))}
+        kinds = a["kinds"]
+        return {"sub": conn.subscribe(frozenset(kinds) if kinds else None, a["job_id"])}
 
     def _do_unsubscribe(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        conn.unsubscribe(_arg(a, "sub", int))
-
-    def _do_logs(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        backend = _arg(a, "backend", str)
-        if backend not in self.engine.backends:
-            raise UnknownBackend(backend, self.engine.backends)
-        path = self.engine.paths.worker_log_path(backend)
-        lines = _arg(a, "lines", int, 50)
-        offset = _arg(a, "offset", int, None)
-        loop = self.server.loop
-        assert loop is not None
-        fut = loop.run_in_executor(None, read_log, path, lines, offset)
-
-        def done(f: asyncio.Future[dict[str, Any]]) -> None:
-            try:
-                conn.reply(msg_id, f.result())
-            except Exception as exc:  # noqa: BLE001 - reported to the client
-                conn.error(msg_id, VramtuiError(f"cannot read {path}: {exc}"))
-
-        fut.add_done_callback(done)
-        return _DEFERRED
+        conn.unsubscribe(a["sub"])
 
     def _do_stats(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
         return self.server.stats()
@@ -184,27 +184,6 @@ class Methods:
         log.info("stop requested over the control socket by pid %s",
                  conn.peer.pid if conn.peer else "?")
         self.engine.request_stop()
-
-
-def _arg(args: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
-    value = args.get(name)
-    if value is None:
-        if default is ...:
-            raise BadRequest(f"missing argument {name!r}")
-        return default
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BadRequest(f"argument {name!r} must be {kind.__name__}, "
-                         f"not {type(value).__name__}")
-    return value
-
-
-def _num(args: dict[str, Any], name: str) -> float | None:
-    value = args.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"argument {name!r} must be a number")
-    return float(value)
 
 
 class Waiter:

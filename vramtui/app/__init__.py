@@ -21,23 +21,29 @@ __all__ = ["VramApp", "run_app"]
 
 
 def _open(args: argparse.Namespace) -> tuple[EngineAPI, str, Callable[[], EngineAPI] | None]:
-    try:
-        from vramtui.connect import open_engine  # written alongside; may not exist yet
-    except ImportError:
-        open_engine = None
-    if open_engine is not None:
-        api, mode = open_engine(args, allow_embedded=True)
-        reconnect = None
-        if mode != "embedded":
-            def reconnect() -> EngineAPI:
-                return open_engine(args, allow_embedded=False)[0]
-        return api, mode, reconnect
-    if getattr(args, "attach", None):
-        raise SystemExit("vramtui: --attach needs vramtui.connect, which is not here yet")
-    from supervisor import Supervisor
+    from vramtui.connect import open_engine
 
-    sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends).start_in_thread()
-    return sup, "embedded", None
+    api, mode = open_engine(args, allow_embedded=True)
+    reconnect = None
+    if mode != "embedded":
+        def reconnect() -> EngineAPI:
+            return open_engine(args, allow_embedded=False)[0]
+    return api, mode, reconnect
+
+
+def _start_failed(exc: BaseException) -> int:
+    """One line, and the exit code the CLI and --serve give for the same cause."""
+    from vramtui.cli import Exit
+    from vramtui.commands import exit_code
+    from vramtui.connect import EngineStartError
+    from vramtui.output import error
+
+    error(str(exc))
+    if isinstance(exc, EngineStartError):
+        return Exit.USAGE if exc.usage else Exit.FAILED
+    from supervisor.facade import EngineRunning
+
+    return Exit.REFUSED if isinstance(exc, EngineRunning) else exit_code(exc)
 
 
 def run_app(args: argparse.Namespace) -> int:
@@ -47,13 +53,24 @@ def run_app(args: argparse.Namespace) -> int:
     # The engine logs through `logging`; with no handler, warnings would be printed on
     # stderr over the screen.  The TUI shows the engine's log itself.
     logging.getLogger("supervisor").addHandler(logging.NullHandler())
+    import os
+
+    theme = getattr(args, "theme", None) or os.environ.get("VRAMTUI_THEME") or None
+    if theme is not None:
+        from textual.theme import BUILTIN_THEMES
+
+        if theme not in BUILTIN_THEMES:
+            from vramtui.output import error
+
+            error(f"unknown theme {theme!r}; themes: {', '.join(sorted(BUILTIN_THEMES))}")
+            return 2
     try:
         api, mode, reconnect = _open(args)
     except VramtuiError as exc:
-        print(f"vramtui: {exc}", file=sys.stderr)
-        return 3
+        return _start_failed(exc)
     app = VramApp(api, mode, readonly=bool(getattr(args, "readonly", False)),
-                  confirm=not getattr(args, "no_confirm", False), reconnect=reconnect)
+                  confirm=not getattr(args, "no_confirm", False), reconnect=reconnect,
+                  theme=theme)
     try:
         code = app.run()
     finally:

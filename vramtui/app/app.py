@@ -5,7 +5,7 @@ while a snapshot is still on its way is skipped, so polls never overlap.  Events
 one coalescing message.  Commands go through the facade in thread workers, after a
 confirmation for destructive ones (unless --no-confirm), and never in --readonly.
 
-``k`` queues a calibration (``api.calibrate``) and opens its screen (``calibration.py``); with
+``m`` queues a calibration (``api.calibrate``) and opens its screen (``calibration.py``); with
 the simulated demo backends loaded (the snapshot's notice says so), ``d`` submits a demo
 workload to them.
 """
@@ -29,6 +29,7 @@ from textual.worker import get_current_worker
 
 from supervisor.api import EngineAPI
 from supervisor.events import EngineEvent, Subscription
+from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
 
 from . import fmt
@@ -39,8 +40,11 @@ from .screens import (
     BackendDetail,
     ConfirmDialog,
     Dashboard,
+    DrainDialog,
     HelpScreen,
     JobDetail,
+    ReloadScreen,
+    SaveDataDialog,
     SnapshotScreen,
     SubmitDialog,
     SubmitRequest,
@@ -107,8 +111,14 @@ class VramApp(App[int]):
                  confirm: bool = True, clocks: Clocks | None = None,
                  refresh_hz: float = MAX_HZ, retry_s: float = 2.0,
                  reconnect: Callable[[], EngineAPI] | None = None,
-                 embedded: bool | None = None, calibration_settle_s: float = 1.0) -> None:
+                 embedded: bool | None = None, calibration_settle_s: float = 1.0,
+                 theme: str | None = None) -> None:
         super().__init__()
+        if theme is not None:
+            if theme not in self.available_themes:
+                raise ValueError(f"unknown theme {theme!r}; themes: "
+                                 + ", ".join(sorted(self.available_themes)))
+            self.theme = theme
         self.api = api
         self.mode = mode
         self.readonly = readonly
@@ -353,6 +363,141 @@ class VramApp(App[int]):
                             lambda v: f"Job {job_id}: {v.state.value}"
                             + (" (stopping)" if not v.finished else "") + "."))
 
+    def _view(self, job_id: str) -> JobView | None:
+        snap = self.snap
+        if snap is None:
+            return None
+        return next((j for j in (*snap.running, *snap.queued, *snap.recent) if j.id == job_id),
+                    None)
+
+    def request_cancel_many(self, job_ids: list[str], done: Callable[[], None]) -> None:
+        if self._refuse_readonly("cancel"):
+            return
+        listing = ", ".join(job_ids[:6]) + (f" and {len(job_ids) - 6} more"
+                                            if len(job_ids) > 6 else "")
+
+        def summary(results: list[Any]) -> str:
+            self.ui(done)
+            gone = sum(1 for r in results if r.state == "cancelled")
+            stopping = sum(1 for r in results if r.state in ("running", "starting"))
+            other = len(results) - gone - stopping
+            return (f"Cancelled {gone} job(s)" + (f", {stopping} stopping" if stopping else "")
+                    + (f"; {other} had already ended or are unknown" if other else "") + ".")
+
+        self._confirmed(f"Cancel {len(job_ids)} jobs?",
+                        f"{listing}.\nQueued ones are dropped; running ones are asked to stop "
+                        "(killed after the grace).",
+                        lambda: self.run_command(f"cancel {len(job_ids)} jobs",
+                                                 lambda api: api.cancel_many(job_ids), summary))
+
+    def request_retry(self, job_id: str) -> None:
+        if self._refuse_readonly("retry"):
+            return
+        view = self._view(job_id)
+        if view is not None and not view.finished:
+            self.notify(f"Job {job_id} is {view.state.value}: only a finished job can be "
+                        "retried.", severity="warning")
+            return
+        self.run_command(f"retry {job_id}", lambda api: api.retry(job_id),
+                         lambda new: f"Retrying {job_id} as {new}.")
+
+    def request_priority_step(self, job_id: str, delta: int) -> None:
+        if self._refuse_readonly("changing a priority"):
+            return
+        view = self._view(job_id)
+        if view is None or view.state is not JobState.QUEUED:
+            what = view.state.value if view is not None else "not waiting"
+            self.notify(f"Job {job_id} is {what}: only a queued job's priority can change.",
+                        severity="warning")
+            return
+        new = view.priority + delta
+        self.run_command(f"priority of {job_id}", lambda api: api.set_priority(job_id, new),
+                         lambda v: f"Job {job_id}: priority {v.priority}"
+                         + (f", position {v.position} in the queue." if v.position else "."))
+
+    def request_kill(self, name: str) -> None:
+        if self._refuse_readonly("kill"):
+            return
+        b = self.snap.backend(name) if self.snap is not None else None
+        if b is None or b.pid is None:
+            self.notify(f"{name} has no worker process to kill.", severity="warning")
+            return
+        jobs = f"; its {b.running} running job(s) fail" if b.running else ""
+        self._confirmed(f"Kill {name}'s worker?",
+                        f"{self._backend_line(name)}.\nSIGKILL now, no grace{jobs}.  For a "
+                        "worker that is stuck; evict (e) stops one that answers.",
+                        lambda: self.run_command(f"kill {name}", lambda api: api.kill(name),
+                                                 lambda _: f"Killed {name}'s worker."))
+
+    def request_drain(self) -> None:
+        if self._refuse_readonly("drain"):
+            return
+        snap = self.snap
+        if snap is None or not snap.gpus:
+            return
+
+        def go(choice: tuple[int, bool] | None) -> None:
+            if choice is None:
+                return
+            gpu, on = choice
+            self.run_command(f"drain GPU{gpu}", lambda api: api.drain(gpu, on),
+                             lambda _: f"GPU{gpu} " + ("draining: running work finishes, "
+                                                       "nothing new is admitted there."
+                                                       if on else "admits work again."))
+
+        if len(snap.gpus) == 1:
+            g = snap.gpus[0]
+            if g.draining:
+                self._confirmed(f"Open GPU{g.index} again?", "It admits new work again.",
+                                lambda: go((g.index, False)))
+            else:
+                self._confirmed(f"Drain GPU{g.index}?", "Its running work finishes; nothing "
+                                "new is admitted there (queued jobs wait).  D again opens it.",
+                                lambda: go((g.index, True)))
+            return
+        self.push_screen(DrainDialog([(g.index, g.name, g.draining) for g in snap.gpus]), go)
+
+    def request_reload(self) -> None:
+        if self._refuse_readonly("reload"):
+            return
+
+        def reload_thread() -> None:
+            try:
+                result = self.api.reload()
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                self.ui(self.notify, f"reload: {exc}", severity="error", timeout=8,
+                        title="failed")
+                return
+            self.ui(self.push_screen, ReloadScreen(result))
+
+        self.run_worker(reload_thread, thread=True, group="command", exit_on_error=False,
+                        name="reload")
+
+    def request_save_result(self, job_id: str) -> None:
+        def fetch() -> None:
+            try:
+                view = self.api.job(job_id)
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                self.ui(self.notify, f"save: {exc}", severity="error")
+                return
+            data = view.data if view.data is not None else b"".join(view.chunks)
+            if view.state is not JobState.SUCCEEDED:
+                self.ui(self.notify, f"Job {job_id} is {view.state.value}: no result to save.",
+                        severity="warning")
+                return
+            kind = str(view.headers.get("Content-Type", ""))
+            ext = ".json" if "json" in kind else ".png" if "png" in kind else ".bin"
+            self.ui(self.push_screen, SaveDataDialog(
+                f"Save the result of {job_id}", f"{view.backend}'s result"
+                + (f" ({kind})" if kind else ""), f"{job_id}{ext}", data), saved)
+
+        def saved(path: object) -> None:
+            if path is not None:
+                self.notify(f"Saved the result to {fmt.short_path(str(path))}.")
+
+        self.run_worker(fetch, thread=True, group="command", exit_on_error=False,
+                        name="save result")
+
     def request_zero(self) -> None:
         if self._refuse_readonly("evict all idle"):
             return
@@ -521,7 +666,9 @@ class VramApp(App[int]):
 
             self.push_screen(ConfirmDialog(
                 "Quit vramtui?",
-                f"{busy} jobs are running or queued in this embedded engine; quitting stops "
-                "the engine: running jobs get their grace, queued ones are cancelled."), answer)
+                f"{busy} jobs are running or queued in this embedded engine, and quitting "
+                "stops it.\nRunning jobs get their backend's stop grace to finish; queued "
+                "ones stay in the journal and run when vramtui starts again, as does a job "
+                "the stop cut short (marked interrupted)."), answer)
             return
         self.exit(0)

@@ -1,11 +1,12 @@
 """The calibration view: a run's memory live with its phases, then the results and findings.
 
-``k`` queues a calibration of a backend (``api.calibrate``: a fresh worker alone on a GPU,
+``m`` queues a calibration of a backend (``api.calibrate``: a fresh worker alone on a GPU,
 sampled at 20 Hz through start, load, requests and unload) and opens `CalibrationScreen` for
 that job.  While the run goes on, the chart shows the memory used on its GPU (the device
 figure from each snapshot: the run has that GPU to itself) under coloured phase bands whose
 names come from the job's progress text as the engine's events report it.  When the run
-ends, the screen reads the JSON report the engine wrote and redraws the chart from the
+ends, the screen asks the engine for the JSON report it wrote (``calibration_report``: an
+attached TUI may not be able to read the engine's files) and redraws the chart from the
 worker's own 20 Hz samples and phase marks, then shows the measured footprint, the findings,
 where the overlay went (or why none was written), and offers to save a copy of the report.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,25 +28,23 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
-from textual import on, work
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.geometry import Size
-from textual.screen import ModalScreen
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Static
 
-from supervisor.atomicfile import write_atomic
-from supervisor.calibration.record import CalibrationError, CalibrationRecord, run_of
-from supervisor.calibration.report import load_report
+from supervisor.calibration.record import CalibrationRecord, run_of
+from supervisor.calibration.report import parse_report
 from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
 
 from . import fmt
-from .screens import KeyFooter, SnapshotScreen, _b
+from .screens import KeyFooter, SaveDataDialog, SnapshotScreen, _b
 from .widgets import Line, titles
 
 # ----------------------------------------------------------------------------- phases ---
@@ -403,18 +401,6 @@ def findings_text(findings: Sequence[Finding]) -> Text:
     return t
 
 
-def copy_atomic(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
-    """Copy ``source`` to ``target`` (a directory: same name in it) through a temporary file
-    in the target's directory, fsync and ``os.replace``: never half a file."""
-    dest = Path(os.path.expanduser(os.fspath(target)))
-    if dest.is_dir():
-        dest = dest / Path(source).name
-    dest = dest.absolute()
-    if not dest.parent.is_dir():
-        raise FileNotFoundError(f"no directory {dest.parent}")
-    return write_atomic(dest, Path(source).read_bytes(), mode=0o644)
-
-
 # ----------------------------------------------------------------------------- screen ---
 
 
@@ -440,6 +426,7 @@ class CalibrationScreen(SnapshotScreen):
         self.problem: str | None = None  # why there are no results (cancelled, no report)
         self.saved_to: Path | None = None
         self.live: list[tuple[float, int]] = []
+        self.report_data: bytes | None = None  # the JSON report, as the engine sent it
         self._live_until = -math.inf
 
     def compose(self) -> ComposeResult:
@@ -491,7 +478,7 @@ class CalibrationScreen(SnapshotScreen):
 
     def action_save(self) -> None:
         path = (self.summary or {}).get("report")
-        if not path or self.report is None:
+        if not path or self.report is None or self.report_data is None:
             self.notify("No report to save yet.", severity="warning")
             return
 
@@ -501,7 +488,11 @@ class CalibrationScreen(SnapshotScreen):
                 self.notify(f"Saved the report to {fmt.short_path(target)}.", title="calibration")
                 self._show_save()
 
-        self.app.push_screen(SaveReportDialog(str(path)), saved)
+        self.app.push_screen(SaveDataDialog(
+            "Save the calibration report as…",
+            Text.assemble(("The JSON report: every raw sample and phase mark, and the "
+                           "analysis, from ", ""), fmt.short_path(str(path))),
+            Path(str(path)).name, self.report_data), saved)
 
     # -- data ----------------------------------------------------------------------------
     def show_snapshot(self, snap: EngineSnapshot | None) -> None:
@@ -569,12 +560,10 @@ class CalibrationScreen(SnapshotScreen):
         """(seconds since the run started, phase) from the job's progress events."""
         if view.started_at is None:
             return []
-        clocks = self.vapp.clocks
-        offset = clocks.wall() - clocks.mono()  # event times are wall clock
-        bands: list[tuple[float, str]] = []
+        bands: list[tuple[float, str]] = []  # event times and the view's are wall clock
         for t, _fraction, text in self.vapp.progress.get(self.job_id, ()):
             if text and (not bands or bands[-1][1] != text):
-                bands.append((max(0.0, t - offset - view.started_at), text))
+                bands.append((max(0.0, t - view.started_at), text))
         if not bands and view.progress_text:
             bands.append((0.0, view.progress_text))
         return bands
@@ -582,7 +571,7 @@ class CalibrationScreen(SnapshotScreen):
     def elapsed(self, view: JobView) -> float | None:
         if view.started_at is None:
             return None
-        end = view.finished_at if view.finished_at is not None else self.vapp.clocks.mono()
+        end = view.finished_at if view.finished_at is not None else self.vapp.clocks.wall()
         return max(0.0, end - view.started_at)
 
     # -- rendering -------------------------------------------------------------------------
@@ -681,10 +670,12 @@ class CalibrationScreen(SnapshotScreen):
     @work(thread=True, exclusive=True, group="calibration-report")
     def _load(self, path: str) -> None:
         try:
-            record, report = load_report(path)
-        except CalibrationError as exc:
+            found = self.vapp.api.calibration_report(self.backend, name=Path(path).name)
+            record, report = parse_report(found.data, found.path)
+        except Exception as exc:  # noqa: BLE001 - shown on the screen
             self.vapp.ui(self._loaded, None, None, str(exc))
             return
+        self.report_data = found.data
         self.vapp.ui(self._loaded, record, report, None)
 
     def _loaded(self, record: CalibrationRecord | None, report: Report | None,
@@ -779,74 +770,3 @@ class CalibrationScreen(SnapshotScreen):
             t.append("no report was written", style="dim")
         t.rstrip()
         self.query_one("#cal-save", Static).update(t)
-
-
-# ----------------------------------------------------------------------------- saving ---
-
-
-class SaveReportDialog(ModalScreen[Path | None]):
-    """A path for a copy of the JSON report (written atomically); esc closes."""
-
-    BINDINGS = [
-        Binding("escape", "cancel", "Cancel", id="save_cancel", tooltip="Close the dialog"),
-    ]
-
-    def __init__(self, source: str) -> None:
-        super().__init__()
-        self.source = source
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog", classes="save"):
-            yield Label("Save the calibration report as…", id="dialog-title")
-            yield Static(Text.assemble(
-                ("The JSON report: every raw sample and phase mark, and the analysis.\n",
-                 ""), ("from ", "dim"), fmt.short_path(self.source),
-                ("\nA relative path is taken from ", "dim"), fmt.short_path(os.getcwd()),
-                ("; a directory keeps the name.", "dim")), id="dialog-body")
-            yield Input(value=Path(self.source).name, id="save-path", compact=True)
-            yield Static("", id="dialog-error")
-            with Horizontal(id="dialog-buttons"):
-                yield Button("Save (enter)", variant="primary", id="ok", compact=True)
-                yield Button("Cancel (esc)", id="cancel", compact=True)
-
-    def on_mount(self) -> None:
-        self.query_one("#save-path", Input).focus()
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    @on(Input.Submitted, "#save-path")
-    def _entered(self) -> None:
-        self._save()
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "ok":
-            self._save()
-        else:
-            self.dismiss(None)
-
-    def _save(self) -> None:
-        target = self.query_one("#save-path", Input).value.strip()
-        if not target:
-            self.query_one("#dialog-error", Static).update("type a path")
-            return
-        self._copy(target)
-
-    @work(thread=True, exclusive=True, group="save-report")
-    def _copy(self, target: str) -> None:
-        try:
-            path = copy_atomic(self.source, target)
-        except OSError as exc:
-            self.app.call_from_thread(self._failed, exc)
-            return
-        self.app.call_from_thread(self._done, path)
-
-    def _done(self, path: Path) -> None:
-        self.dismiss(path)  # not awaited: this runs in the dialog's own handler
-
-    def _failed(self, exc: OSError) -> None:
-        if self.is_mounted:
-            self.query_one("#dialog-error", Static).update(
-                f"cannot save there: {exc.strerror or exc}"
-                + (f" ({exc.filename})" if getattr(exc, "filename", None) else ""))

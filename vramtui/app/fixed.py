@@ -18,15 +18,24 @@ from typing import Any
 
 from supervisor.calibration import CalibrationRecord, CalSample, PhaseMark, analyze
 from supervisor.calibration.report import write_report
-from supervisor.errors import EngineStopped, UnknownJob
+from supervisor.errors import EngineStopped, NoReport, UnknownBackend, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
-from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
+from supervisor.results import (
+    BackendChange,
+    CancelResult,
+    DescriptorInfo,
+    JobRequest,
+    LogChunk,
+    ReloadResult,
+    ReportFile,
+)
+from supervisor.snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView, LogLine
 
 from .fmt import Clocks
 
-MONO0 = 50_000.0  # the fixed engine monotonic clock
-WALL0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC
+WALL0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: the fixed "now"
+MONO0 = WALL0  # views carry wall-clock times: jobs, GPU history and log alike
 LOG_DIR = "/nonexistent/vramtui/state/logs"
 DEMO_SOURCE = "examples/demo/backends.yaml"
 
@@ -117,10 +126,11 @@ class FixedSource:
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     advance: Callable[[EngineSnapshot], EngineSnapshot] | None = None
     jobs: dict[str, JobView] = field(default_factory=dict)  # jobs not in the snapshot
+    reports: dict[str, Path] = field(default_factory=dict)  # backend -> its report file
     _hub: EventHub = field(default_factory=EventHub)
 
     # -- EngineAPI ----------------------------------------------------------------------
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self, *, light: bool = False) -> EngineSnapshot:
         if self.fail:
             raise EngineStopped("the engine is not running (connection refused)")
         if self.advance is not None:
@@ -159,6 +169,24 @@ class FixedSource:
         self._record("cancel", job_id)
         return self.job(job_id)
 
+    def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
+        self._record("job_request", job_id)
+        view = self.job(job_id)
+        data = json.dumps({"steps": 20, "prompt": view.metadata.get("prompt", "")}).encode()
+        return JobRequest(job_id, len(data), data[:limit])
+
+    def cancel_many(self, job_ids: Sequence[str]) -> list[CancelResult]:
+        self._record("cancel_many", tuple(job_ids))
+        return [CancelResult(j, self.job(j).state.value) for j in job_ids]
+
+    def retry(self, job_id: str) -> str:
+        self._record("retry", job_id)
+        return "j-00000retry"
+
+    def set_priority(self, job_id: str, priority: int) -> JobView:
+        self._record("set_priority", job_id, priority)
+        return replace(self.job(job_id), priority=priority)
+
     def evict(self, backend: str) -> None:
         self._record("evict", backend)
 
@@ -168,16 +196,72 @@ class FixedSource:
     def preload(self, backend: str) -> None:
         self._record("preload", backend)
 
+    def kill(self, backend: str) -> None:
+        self._record("kill", backend)
+
     def zero(self) -> list[str]:
         self._record("zero")
         return []
+
+    def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
+        self._record("drain", gpu, on)
+        return (gpu,) if on else ()
+
+    def reload(self) -> ReloadResult:
+        """A reload that found one file changed and one broken (what the screen shows)."""
+        self._record("reload")
+        return ReloadResult(
+            added=("whisper-large-sim",), removed=(),
+            changed=(BackendChange("sdxl-sim", ("priority: 10 → 20", "keep_alive: 300 → 600"),
+                                   ()),
+                     BackendChange("llm-8b-sim", ("vram.peak: 12288 → 13312 MiB",
+                                                  "env: MODEL_PATH changed"),
+                                   ("its busy worker runs the old env until it is respawned "
+                                    "(vramtui respawn llm-8b-sim)",))),
+            kept=("flux-sim: kept its previous descriptor (~/.config/vramtui/backends.d/"
+                  "flux.yaml:7: YAML error: a tab at column 1)",),
+            errors=("~/.config/vramtui/backends.d/flux.yaml:7: YAML error: a tab at column 1: "
+                    "YAML indents with spaces only; replace it with spaces (found a tab "
+                    "character that violates indentation)",),
+            files=(DEMO_SOURCE, "~/.config/vramtui/backends.d/flux.yaml",
+                   "~/.config/vramtui/backends.d/zz-calibrated-sdxl-sim.yaml"))
+
+    def descriptor(self, backend: str) -> DescriptorInfo:
+        """The demo descriptor file's entry, as the engine would describe it."""
+        self._record("descriptor", backend)
+        from supervisor.backends.loader import load_backends
+        from supervisor.descriptors import describe
+
+        layers = [Path(DEMO_SOURCE)]
+        spec = load_backends(layers).backends.get(backend)
+        if spec is None:
+            raise UnknownBackend(backend, ())
+        return describe(backend, spec, layers, {})
+
+    def calibration_report(self, backend: str, *, name: str | None = None) -> ReportFile:
+        self._record("calibration_report", backend)
+        from supervisor.descriptors import read_report
+
+        path = self.reports.get(backend)
+        if path is None:
+            raise NoReport(f"{backend} has not been calibrated yet; `vramtui calibrate "
+                           f"{backend}` measures it")
+        return read_report(path.parent, backend, name)
 
     def subscribe(self, *, kinds: Sequence[str] | None = None, maxsize: int = 1000,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
         return self._hub.subscribe(maxsize=maxsize,
                                    kinds=frozenset(kinds) if kinds else None, callback=callback)
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def logs(self, backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        self._record("logs", backend)
+        path = f"{LOG_DIR}/{backend}.log"
+        if offset is not None:
+            return LogChunk(path, b"", offset)
+        data = DEMO_LOG.replace("sdxl-sim", backend).encode()
+        return LogChunk(path, data, len(data))
+
+    def stop(self, timeout: float | None = None) -> None:
         self._hub.close()
 
 
@@ -189,12 +273,18 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
         gpu = GpuView(index=0, name="Simulated GPU (24 GiB)", total_mib=total,
                       used_mib=19020, free_mib=total - 19020, reserved_mib=20480,
                       ours_mib=19020, foreign_mib=0, util_pct=None, temp_c=None,
-                      power_w=None, simulated=True, reserve_mib=256, history=hist)
+                      power_w=None, simulated=True, reserve_mib=256, history=hist,
+                      processes=(GpuProcess(41027, 10342, "ada", "llm-8b-sim"),
+                                 GpuProcess(41021, 8678, "ada", "sdxl-sim"),
+                                 GpuProcess(41022, 538, "ada", "sdxl-sim")))
     else:
         gpu = GpuView(index=0, name="NVIDIA L4", total_mib=total, used_mib=19788,
                       free_mib=total - 19788, reserved_mib=20480, ours_mib=19020,
                       foreign_mib=768, util_pct=87, temp_c=64, power_w=61.4,
-                      simulated=False, reserve_mib=256, history=hist)
+                      simulated=False, reserve_mib=256, history=hist,
+                      processes=(GpuProcess(41027, 10342, "ada", "llm-8b-sim"),
+                                 GpuProcess(41021, 8678, "ada", "sdxl-sim"),
+                                 GpuProcess(7311, 768, "grace", None)))
     backends = (
         _backend("echo", "ready", pid=41033, gpu=0, observed=0, declared=16, reserved=16,
                  served=12, last_used=95, keep=205, p95=0,
@@ -256,8 +346,8 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                 "backends"),
         LogLine(t - 560.0, "info", "starting sdxl-sim on GPU0", "sdxl-sim"),
         LogLine(t - 420.0, "info", "starting llm-8b-sim on GPU0", "llm-8b-sim"),
-        LogLine(t - 230.0, "info", "evicting llm-8b-sim (idle, to make room for flux-sim)",
-                "llm-8b-sim"),
+        LogLine(t - 230.0, "info", "evicting llm-8b-sim from GPU0 (frees 10240 MiB): idle, "
+                "its room is needed by j-1c0ffee5a0 (flux-sim)", "llm-8b-sim"),
         LogLine(t - 229.0, "info", "starting flux-sim on GPU0", "flux-sim"),
         LogLine(t - 150.0, "info", "flux-sim idle for 60 s (keep_alive): unloading",
                 "flux-sim"),
@@ -266,7 +356,6 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                 "~/.local/state/vramtui/logs/whisper-sim.log", "whisper-sim"),
         LogLine(t - 61.0, "warning", "refused a job for giant-sim: needs 96.0 GiB at peak; "
                 "the largest GPU has 24.0 GiB", "giant-sim"),
-        LogLine(t - 14.0, "info", "admitted j-7f3a91c2d4 on sdxl-sim (GPU0)", "sdxl-sim"),
     )
     return EngineSnapshot(
         taken_at=WALL0, uptime_s=3723.0, source="simulated" if simulated else "nvml",

@@ -4,9 +4,10 @@ Each scene builds a `VramApp` over the fixed snapshot source (fixed clock and da
 brings it to one screen; ``settle`` waits (with a deadline, never a bare sleep) until the
 snapshot is rendered and background reads are done.
 
-``make_app(home)`` writes the files the screens read (worker logs, a calibration report) under
-``home`` laid out as vramtui lays out a home directory; with ``HOME`` set to it, the paths on
-screen read ``~/.local/state/vramtui/...`` whatever the temporary directory was.
+``make_app(home)`` writes the fixed calibration report under ``home`` laid out as vramtui lays
+out a home directory (the fixed source hands it over through the API, as the engine would;
+the app reads no file itself); with ``HOME`` set to it, the paths on screen read
+``~/.local/state/vramtui/...`` whatever the temporary directory was.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import TextArea
 
+from supervisor.jobs import JobView
+
 from .app import VramApp
 from .calibration import CalibrationScreen
 from .fixed import (
@@ -31,7 +34,6 @@ from .fixed import (
     calibration_running,
     demo_snapshot,
     fixed_clocks,
-    write_demo_logs,
     write_fixed_calibration,
 )
 from .widgets import RewrapLog
@@ -44,15 +46,22 @@ def make_app(home: Path, *, simulated: bool = True, readonly: bool = False,
              gpus: int = 1, calibrating: bool = False) -> VramApp:
     state = home / ".local" / "state" / "vramtui"
     log_dir = state / "logs"
-    write_demo_logs(log_dir)
-    calibration = write_fixed_calibration(state, home / ".config" / "vramtui")
+    done = write_fixed_calibration(state, home / ".config" / "vramtui")
+    calibration = done
     snap = demo_snapshot(simulated=simulated, log_dir=str(log_dir)) if gpus == 1 else \
         big_snapshot(gpus=gpus, jobs=30)
     if calibrating:
         snap = calibrating_snapshot(snap)
         calibration = calibration_running(calibration)
-    source = FixedSource(snap, jobs={calibration.id: calibration})
+    source = FixedSource(snap, jobs={calibration.id: calibration},
+                         reports={"sdxl-sim": Path(_report_of(done))})
     return VramApp(source, "embedded", clocks=fixed_clocks(), readonly=readonly)
+
+
+def _report_of(view: JobView) -> str:
+    import json
+
+    return str(json.loads(view.data or b"{}")["report"]) if view.data else ""
 
 
 async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0,
@@ -71,7 +80,8 @@ async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0,
 def _logs_loaded(app: VramApp) -> bool:
     """Every worker log on screen has its lines, wrapped at its width, scrolled to the end
     (and the boxes filled from files, which change the layout, are there)."""
-    if not getattr(app.screen, "static_shown", True):
+    if not getattr(app.screen, "static_shown", True) or \
+            not getattr(app.screen, "request_shown", True):
         return False
     for w in app.screen.query("#worker-log"):
         if not isinstance(w, RewrapLog) or not w.lines:
@@ -113,6 +123,19 @@ async def submit_dialog(pilot: Pilot[int]) -> None:
     for area in pilot.app.screen.query(TextArea):
         area.cursor_blink = False  # a blinking cursor would make the snapshot flaky
     await settle(pilot)
+
+
+async def processes(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    await pilot.press("v")  # the GPUs' processes in place of the events
+    await settle(pilot)
+
+
+async def reload_diff(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    app.request_reload()
+    await settle(pilot, until=lambda: type(app.screen).__name__ == "ReloadScreen")
 
 
 async def confirm_evict(pilot: Pilot[int]) -> None:
@@ -168,9 +191,11 @@ SCENES = (
     SceneSpec("job", job_detail),
     SceneSpec("backend", backend_detail),
     SceneSpec("help", help_screen),
+    SceneSpec("processes", processes),
+    SceneSpec("reload", reload_diff),
     SceneSpec("submit", submit_dialog),
     SceneSpec("confirm", confirm_evict),
     SceneSpec("calibration", calibration_result),
     SceneSpec("calibrating", calibration_live, calibrating=True),
 )
-SIZES = ((80, 24), (160, 48))
+SIZES = ((80, 24), (120, 40), (160, 48))

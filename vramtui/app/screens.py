@@ -11,7 +11,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -43,7 +41,7 @@ from textual.widgets._footer import FooterKey
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import BackendView, EngineSnapshot
-from vramtui.commands import suggested_peak_mib
+from vramtui.peaks import size_to_declare, suggested_peak_mib
 
 from . import fmt
 from .table import RowTable
@@ -54,6 +52,7 @@ from .widgets import (
     GpuPanel,
     JobsTable,
     MemBar,
+    ProcessTable,
     RewrapLog,
     job_time,
     titles,
@@ -64,19 +63,45 @@ if TYPE_CHECKING:
 
 
 class KeyFooter(Footer):
-    """The footer, with the less common keys marked ``-minor`` (hidden when narrow)."""
+    """The footer, showing the keys that fit its width, most wanted first.
 
-    MINOR = frozenset({"zero", "calibrate", "details", "graph_window", "follow", "backend"})
+    Each key has a rank (``RANK``; unlisted: 5); keys are kept in rank order while their
+    total width fits, and the rest are hidden (they stay in the help and the palette), so the
+    footer never runs off the edge at 60, 80 or 120 columns.
+    """
 
-    def __init__(self, *, minor: frozenset[str] = MINOR, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.minor = minor
+    RANK = {"help": 0, "quit": 0, "back": 0, "details": 1, "evict": 2, "cancel_job": 1,
+            "submit": 2, "filter": 3, "respawn": 3, "cancel_this": 1, "follow": 3,
+            "demo": 2, "cancel_run": 1, "save": 2, "retry": 3, "kill": 4, "preload": 4,
+            "calibrate": 4, "reload": 5, "drain": 6, "zero": 6, "priority_up": 6,
+            "priority_down": 7, "graph_window": 7, "processes": 5, "backend": 4,
+            "save_result": 4}
+    PALETTE = 12  # the command palette's key on the right
 
     def compose(self) -> ComposeResult:
-        for widget in super().compose():
-            if isinstance(widget, FooterKey) and widget.action in self.minor:
-                widget.add_class("-minor")
-            yield widget
+        widgets = list(super().compose())
+        self._fit(widgets)
+        yield from widgets
+
+    def on_resize(self) -> None:
+        self._fit(list(self.query(FooterKey)))
+
+    def _fit(self, widgets: list[Any]) -> None:
+        width = self.size.width
+        keys = [w for w in widgets if isinstance(w, FooterKey)
+                and not w.has_class("-command-palette")]
+        if width <= 0:
+            return
+        room = width - self.PALETTE
+        order = sorted(keys, key=lambda w: (self.RANK.get(w.action, 5), keys.index(w)))
+        used, shown = 0, set()
+        for w in order:
+            need = len(w.key_display or w.key) + len(w.description) + 3
+            if used + need <= room:
+                used += need
+                shown.add(id(w))
+        for w in keys:
+            w.display = id(w) in shown
 
 
 class SnapshotScreen(Screen[None]):
@@ -104,6 +129,23 @@ class SnapshotScreen(Screen[None]):
             self.show_snapshot(self.vapp.snap)
 
 
+class ReadonlyKeys:
+    """A screen mixin: in --readonly, the keys that would change something are not in the
+    footer, and pressing one says why nothing happens instead of doing nothing silently."""
+
+    def readonly_key(self, event: events.Key) -> None:
+        app: VramApp = self.app  # type: ignore[attr-defined]
+        if not app.readonly:
+            return
+        for binding in type(self).BINDINGS:  # type: ignore[attr-defined]
+            if isinstance(binding, Binding) and binding.action in MUTATING and \
+                    event.key in binding.key.split(","):
+                event.stop()
+                app.notify(f"Read-only: {binding.description.lower()} is off (vramtui was "
+                           "started with --readonly).", severity="warning", timeout=4)
+                return
+
+
 # =============================================================================== dashboard
 
 
@@ -112,25 +154,38 @@ def _b(key: str, action: str, description: str, tooltip: str, **kw: Any) -> Bind
 
 
 DASHBOARD_BINDINGS = [
+    _b("enter", "details", "Details", "Details of the selected backend or job"),
     _b("e", "evict", "Evict", "Stop the selected backend's worker and free its memory"),
     _b("r", "respawn", "Respawn", "Restart the selected backend's worker (a new process)"),
-    _b("c", "cancel_job", "Cancel", "Cancel the selected job (queued or running)"),
-    _b("p", "preload", "Preload", "Start the selected backend's worker now, before any job"),
-    _b("z", "zero", "Evict idle", "Evict every idle backend (frees all memory not in use)"),
-    _b("k", "calibrate", "Calibrate", "Measure the selected backend's real peak memory"),
+    _b("c", "cancel_job", "Cancel", "Cancel the selected job, or every marked one "
+       "(space marks jobs)"),
     _b("s", "submit", "Submit", "Submit a job: backend, payload, priority"),
     _b("d", "demo", "Demo", "Submit a demo workload to the simulated demo backends"),
-    _b("enter", "details", "Details", "Details of the selected backend or job"),
+    _b("R", "retry", "Retry", "Run the selected finished job's request again, as a new job"),
+    _b("plus", "priority_up", "Pri+", "Raise the selected queued job's priority by 1",
+       key_display="+"),
+    _b("minus", "priority_down", "Pri-", "Lower the selected queued job's priority by 1",
+       key_display="-"),
+    _b("p", "preload", "Preload", "Start the selected backend's worker now, before any job"),
+    _b("m", "calibrate", "Calibrate", "Measure the selected backend's real peak memory "
+       "(a calibration run alone on a GPU)"),
+    _b("X", "kill", "Kill", "SIGKILL the selected backend's (stuck) worker; its jobs fail"),
+    _b("z", "zero", "Evict idle", "Evict every idle backend (frees all memory not in use)"),
+    _b("D", "drain", "Drain", "Drain a GPU (running work finishes, nothing new is admitted "
+       "there), or open it again"),
+    _b("L", "reload", "Reload", "Read the backend descriptors again and show what changed"),
+    _b("v", "processes", "Processes", "Show each GPU's processes (pid, user, memory, backend "
+       "or foreign) in place of the events, and back"),
     _b("slash", "filter", "Filter", "Filter backends, jobs and events by text",
        key_display="/"),
-    _b("g", "graph_window", "1m/10m", "Switch the memory graphs between 1 and 10 minutes"),
+    _b("t", "graph_window", "1m/10m", "Switch the memory graphs between 1 and 10 minutes"),
     Binding("escape", "clear_filter", "Clear filter", show=False, id="clear_filter",
-            tooltip="Clear the filter"),
+            tooltip="Clear the filter (and the marks)"),
 ]
 
 
-class Dashboard(SnapshotScreen):
-    """GPUs, backends, jobs and the event log at a glance."""
+class Dashboard(ReadonlyKeys, SnapshotScreen):
+    """GPUs, backends, jobs and the event log (or the GPUs' processes) at a glance."""
 
     BINDINGS = DASHBOARD_BINDINGS
 
@@ -148,9 +203,9 @@ class Dashboard(SnapshotScreen):
         with Horizontal(id="lower"):
             yield JobsTable(id="jobs")
             yield EventLog(self.vapp.clocks, id="log")
+            yield ProcessTable(id="procs")
         yield Input(placeholder="filter: backend, job id or state (esc clears)", id="filter")
-        # narrow, "d Demo" takes the place of "p Preload" (also in the palette and help)
-        yield KeyFooter(compact=True, minor=KeyFooter.MINOR | {"preload"})
+        yield KeyFooter(compact=True)
 
     def on_mount(self) -> None:
         backends = self.query_one(BackendsTable)
@@ -158,8 +213,14 @@ class Dashboard(SnapshotScreen):
         jobs = self.query_one(JobsTable)
         jobs.border_title = "Jobs"
         self.query_one(EventLog).border_title = "Events"
+        procs = self.query_one(ProcessTable)
+        procs.border_title = "Processes"
+        procs.display = False
         self.query_one("#filter", Input).display = False
         backends.focus()
+
+    def on_key(self, event: events.Key) -> None:
+        self.readonly_key(event)
 
     # -- rendering ------------------------------------------------------------------------
     @property
@@ -186,7 +247,7 @@ class Dashboard(SnapshotScreen):
         sim = snap.simulated
         labels = {"res": "Res SIM" if narrow else "Resident SIM",
                   "peak": "Peak SIM"} if sim else {}
-        backends.set_columns(narrow, labels)
+        backends.set_columns(narrow or backends.size.width < 118, labels)
         backends.sync(backends.rows_for(snap, query, app.clocks))
         sub = f"{len(snap.backends)} configured"
         if sim:
@@ -195,13 +256,21 @@ class Dashboard(SnapshotScreen):
             sub += " · demo: [b]d[/] runs a demo workload"
         titles(backends, subtitle=sub)
         jobs = self.query_one(JobsTable)
-        jobs.set_columns(narrow)
+        jobs.set_columns(narrow or jobs.size.width < 110)
         jobs.sync(jobs.rows_for(snap, query, app.clocks, recent=8 if narrow else 20))
+        marked = f" · {len(jobs.marked)} marked (c cancels them)" if jobs.marked else ""
         titles(jobs, subtitle=f"{len(snap.running)} running · {len(snap.queued)} queued · "
-                                f"{len(snap.recent)} finished")
+                                f"{len(snap.recent)} finished{marked}")
+        procs = self.query_one(ProcessTable)
+        if procs.display:
+            procs.set_columns(True)
+            procs.sync(procs.rows_for(snap, query))
+            n = sum(len(g.processes) for g in snap.gpus)
+            titles(procs, subtitle=f"{n} on {len(snap.gpus)} GPU(s)"
+                   + (" · SIMULATED" if snap.simulated else ""))
         log = self.query_one(EventLog)
         if log.display:
-            log.show(snap.log, query, wrap=not narrow)
+            log.show(snap.log, query, wrap=True)
             if app.demo_mode and not app.readonly and not self._demo_hinted:
                 self._demo_hinted = True  # once, on the first start in demo mode
                 log.add(Text.assemble((app.clocks.hms(app.clocks.wall()) + " ", "dim"),
@@ -228,14 +297,15 @@ class Dashboard(SnapshotScreen):
             cols = 1 if narrow or n == 1 else 2
             box.set_class(cols == 2, "-grid")
             grid_rows = math.ceil(n / cols) if n else 1
-            share = h * (0.25 if narrow and h < 36 else 0.3 if h < 36 else 0.4)
+            share = h * (0.25 if narrow and h < 36 else 0.3)
             per = int(share / grid_rows)
             graph_h = per - 4  # border(s), bar, legend
             for panel in box.query(GpuPanel):
-                panel.graph.display = graph_h >= 2
+                # a graph of 2 rows says little: at 80x24 its rows go to the event log
+                panel.graph.display = graph_h >= 3
                 panel.legend.display = per >= 3 or not narrow
-                if graph_h >= 2:
-                    panel.graph.styles.height = min(graph_h, 12)
+                if graph_h >= 3:
+                    panel.graph.styles.height = min(graph_h, 10)
         short = narrow
         for panel, g in zip(box.query(GpuPanel), snap.gpus, strict=False):
             panel.show(g, self.vapp.graph_window, short)
@@ -247,6 +317,10 @@ class Dashboard(SnapshotScreen):
     def selected_job(self) -> str | None:
         return self.query_one(JobsTable).selected_key()
 
+    def marked_jobs(self) -> list[str]:
+        table = self.query_one(JobsTable)
+        return [k for k in table.keys() if k in table.marked]  # noqa: SIM118 - not a dict
+
     def _need(self, value: str | None, what: str) -> str | None:
         if value is None:
             self.notify(f"Select a {what} first (arrow keys or click; tab switches tables)",
@@ -257,9 +331,8 @@ class Dashboard(SnapshotScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "demo" and not self.vapp.demo_mode:
             return False  # only with the simulated demo backends: not shown
-        if self.vapp.readonly and action in MUTATING:
-            return None  # shown disabled in the footer
-        return True
+        # read-only: not offered (pressing it says why: ReadonlyKeys)
+        return not (self.vapp.readonly and action in MUTATING)
 
     def action_demo(self) -> None:
         self.vapp.request_demo_workload()
@@ -277,8 +350,40 @@ class Dashboard(SnapshotScreen):
             self.vapp.request_preload(name)
 
     def action_cancel_job(self) -> None:
-        if job := self._need(self.selected_job(), "job"):
+        marked = self.marked_jobs()
+        if marked:
+            self.vapp.request_cancel_many(marked, self.query_one(JobsTable).marked.clear)
+        elif job := self._need(self.selected_job(), "job"):
             self.vapp.request_cancel(job)
+
+    def action_retry(self) -> None:
+        if job := self._need(self.selected_job(), "job"):
+            self.vapp.request_retry(job)
+
+    def action_priority_up(self) -> None:
+        if job := self._need(self.selected_job(), "job"):
+            self.vapp.request_priority_step(job, +1)
+
+    def action_priority_down(self) -> None:
+        if job := self._need(self.selected_job(), "job"):
+            self.vapp.request_priority_step(job, -1)
+
+    def action_kill(self) -> None:
+        if name := self._need(self.selected_backend(), "backend"):
+            self.vapp.request_kill(name)
+
+    def action_drain(self) -> None:
+        self.vapp.request_drain()
+
+    def action_reload(self) -> None:
+        self.vapp.request_reload()
+
+    def action_processes(self) -> None:
+        procs, log = self.query_one(ProcessTable), self.query_one(EventLog)
+        procs.display = not procs.display
+        log.display = not procs.display
+        self.refresh_bindings()
+        self.refresh_snapshot()
 
     def action_zero(self) -> None:
         self.vapp.request_zero()
@@ -305,8 +410,16 @@ class Dashboard(SnapshotScreen):
         key = event.key
         if isinstance(event.table, JobsTable):
             self.vapp.open_job(key)
+        elif isinstance(event.table, ProcessTable):
+            owner = event.table.owner(key)
+            if owner is not None:
+                self.vapp.open_backend(owner)
         else:
             self.vapp.open_backend(key)
+
+    @on(RowTable.Resorted)
+    def _resorted(self, event: RowTable.Resorted) -> None:
+        self.refresh_snapshot()
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -314,6 +427,11 @@ class Dashboard(SnapshotScreen):
         box.focus()
 
     def action_clear_filter(self) -> None:
+        jobs = self.query_one(JobsTable)
+        if jobs.marked:
+            jobs.marked.clear()
+            jobs.refresh()
+            self.refresh_snapshot()
         box = self.query_one("#filter", Input)
         if box.value or box.display:
             box.value = ""
@@ -337,48 +455,51 @@ class Dashboard(SnapshotScreen):
 
 
 MUTATING = frozenset({"evict", "respawn", "cancel_job", "preload", "zero", "submit",
-                      "calibrate", "cancel_this", "demo", "cancel_run"})
+                      "calibrate", "cancel_this", "demo", "cancel_run", "retry", "kill",
+                      "drain", "reload", "priority_up", "priority_down", "retry_this"})
 
 
 # =============================================================================== log tail
 
 
 class LogTail:
-    """The tail of a worker's log file, read incrementally (call from a thread)."""
+    """The tail of a backend's worker log, read incrementally through the API (``logs``):
+    the engine reads its own file, so an attached TUI needs no access to it.  Call from a
+    thread."""
 
-    def __init__(self, path: str, first_bytes: int = 32768) -> None:
-        self.path = path
+    FIRST_LINES = 300
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.path = f"{backend}.log"
         self.offset: int | None = None
-        self.first_bytes = first_bytes
         self._partial = b""
         # Two reads may overlap (a worker thread per snapshot; an "exclusive" worker's thread
         # is not stopped): one at a time, or both would hand over the same lines.
         self._lock = threading.Lock()
 
-    def read(self) -> tuple[list[str], str | None]:
-        """New complete lines since the last call, and a note when the file is missing."""
+    def read(self, api: Any) -> tuple[list[str], str | None]:
+        """New complete lines since the last call, and a note when there is no log (yet)."""
         with self._lock:
-            return self._read()
+            return self._read(api)
 
-    def _read(self) -> tuple[list[str], str | None]:
+    def _read(self, api: Any) -> tuple[list[str], str | None]:
         try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            return [], f"(no log yet: {self.path})"
-        if self.offset is not None and size == self.offset:
-            return [], None
-        first = self.offset is None or size < self.offset
-        start = max(0, size - self.first_bytes) if first else self.offset or 0
+            if self.offset is None:
+                chunk = api.logs(self.backend, lines=self.FIRST_LINES)
+            else:
+                chunk = api.logs(self.backend, offset=self.offset)
+        except Exception as exc:  # noqa: BLE001 - shown in the log box
+            return [], f"(cannot read the log: {exc})"
+        self.path = chunk.path or self.path
+        if chunk.missing:
+            return [], f"(no log yet: {fmt.short_path(chunk.path)})"
+        first = self.offset is None or chunk.offset < (self.offset or 0)
         if first:
             self._partial = b""
-        with open(self.path, "rb") as f:
-            f.seek(start)
-            data = f.read(size - start)
-        self.offset = start + len(data)
-        lines = (self._partial + data).split(b"\n")
+        self.offset = chunk.offset
+        lines = (self._partial + chunk.data).split(b"\n")
         self._partial = lines.pop()
-        if first and start > 0 and lines:
-            lines = lines[1:]  # the first line was cut in the middle
         return [ln.decode(errors="replace") for ln in lines], None
 
 
@@ -407,6 +528,7 @@ class DetailScreen(SnapshotScreen):
         super().__init__()
         self.tail: LogTail | None = None
         self.follow = True
+        self.logs_read = False  # the first answer about the log has come
 
     def action_back(self) -> None:
         self.app.pop_screen()
@@ -426,9 +548,9 @@ class DetailScreen(SnapshotScreen):
         titles(log, f"Worker log · {name}",
                "following (f)" if self.follow else "paused (f to follow)")
 
-    def read_log(self, path: str) -> None:
-        if self.tail is None or self.tail.path != path:
-            self.tail = LogTail(path)
+    def read_log(self, backend: str) -> None:
+        if self.tail is None or self.tail.backend != backend:
+            self.tail = LogTail(backend)
             self.query_one("#worker-log", RewrapLog).reset()
             self._log_title()
         if self.follow or self.tail.offset is None:
@@ -436,14 +558,18 @@ class DetailScreen(SnapshotScreen):
 
     @work(thread=True, exclusive=True, group="tail")
     def _read_tail(self, tail: LogTail) -> None:
-        lines, note = tail.read()
-        if lines or note:
-            self.vapp.ui(self._append_log, lines, note)
+        lines, note = tail.read(self.vapp.api)
+        self.vapp.ui(self._append_log, lines, note, tail)
 
-    def _append_log(self, lines: list[str], note: str | None) -> None:
+    def _append_log(self, lines: list[str], note: str | None, tail: LogTail) -> None:
         if not self.is_mounted:
             return
-        log = self.query_one("#worker-log", RewrapLog)
+        try:  # the screen may be on its way out (popped while the read was under way)
+            self._log_title()
+            log = self.query_one("#worker-log", RewrapLog)
+        except NoMatches:
+            return
+        self.logs_read = True
         if note is not None:
             if not getattr(self, "_noted", False):
                 log.add(Text(note, style="dim"))
@@ -453,18 +579,27 @@ class DetailScreen(SnapshotScreen):
             log.add(Text(line))
 
 
-class JobDetail(DetailScreen):
-    """One job: metadata, progress history, result or error, the worker's log tail."""
+class JobDetail(ReadonlyKeys, DetailScreen):
+    """One job: metadata, progress history, its request, its result or error, the worker's
+    log tail."""
 
     BINDINGS = [
         _b("c", "cancel_this", "Cancel job", "Cancel this job"),
+        _b("R", "retry_this", "Retry", "Run this job's request again, as a new job"),
+        _b("plus", "priority_up", "Pri+", "Raise this queued job's priority by 1",
+           key_display="+"),
+        _b("minus", "priority_down", "Pri-", "Lower this queued job's priority by 1",
+           key_display="-"),
+        _b("w", "save_result", "Save result", "Write the job's result data to a file"),
         _b("b", "backend", "Backend", "Details of this job's backend"),
     ]
+    REQUEST_SHOWN = 4096  # bytes of the request asked for and shown
 
     def __init__(self, job_id: str) -> None:
         super().__init__()
         self.job_id = job_id
         self.view: JobView | None = None
+        self.request_shown = False
 
     def compose(self) -> ComposeResult:
         yield self.header()
@@ -472,25 +607,76 @@ class JobDetail(DetailScreen):
             with Horizontal(classes="cols"):
                 yield Static(id="meta", classes="box")
                 yield Static(id="timeline", classes="box")
-            yield Static(id="result", classes="box")
+            with Horizontal(classes="cols"):
+                yield Static(id="request", classes="box")
+                yield Static(id="result", classes="box")
         yield RewrapLog(id="worker-log", max_lines=1000, classes="box")
         yield KeyFooter(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#meta").border_title = f"Job {self.job_id}"
         self.query_one("#timeline").border_title = "Progress"
+        self.query_one("#request").border_title = "Request"
+        self.query_one("#request", Static).update(Text("asking the engine…", style="dim"))
         self.query_one("#result").border_title = "Result"
+        self._fetch_request()
         self.query_one("#worker-log", RichLog).border_title = "Worker log"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        view = self.view
+        if self.vapp.readonly and action in MUTATING:
+            return False
         if action == "cancel_this":
-            if self.vapp.readonly:
-                return None
-            return None if self.view is not None and self.view.finished else True
+            return not (view is not None and view.finished)
+        if action == "retry_this":
+            return bool(view is not None and view.finished and view.kind == "job")
+        if action in ("priority_up", "priority_down"):
+            return bool(view is not None and view.state is JobState.QUEUED)
+        if action == "save_result":
+            return bool(view is not None and view.state is JobState.SUCCEEDED)
         return True
+
+    def on_key(self, event: events.Key) -> None:
+        self.readonly_key(event)
 
     def action_cancel_this(self) -> None:
         self.vapp.request_cancel(self.job_id)
+
+    def action_retry_this(self) -> None:
+        self.vapp.request_retry(self.job_id)
+
+    def action_priority_up(self) -> None:
+        self.vapp.request_priority_step(self.job_id, +1)
+
+    def action_priority_down(self) -> None:
+        self.vapp.request_priority_step(self.job_id, -1)
+
+    def action_save_result(self) -> None:
+        self.vapp.request_save_result(self.job_id)
+
+    @work(thread=True, exclusive=True, group="request")
+    def _fetch_request(self) -> None:
+        try:
+            asked = self.vapp.api.job_request(self.job_id, limit=self.REQUEST_SHOWN)
+        except Exception as exc:  # noqa: BLE001 - shown in the box
+            self.vapp.ui(self._show_request, Text(f"cannot get it: {exc}", style="red"))
+            return
+        if not asked.kept:
+            text = Text("no longer kept by the engine (it keeps the requests of its last "
+                        "jobs)", style="dim")
+        else:
+            text = Text(fmt.payload_preview(asked.data, limit=1500))
+            if asked.size > len(asked.data):
+                text.append(f"\n… the first {len(asked.data)} of {asked.size} bytes",
+                            style="dim")
+            else:
+                text.append(f"\n{asked.size} bytes", style="dim")
+        self.vapp.ui(self._show_request, text)
+
+    def _show_request(self, text: Text) -> None:
+        if self.is_mounted:
+            self.query_one("#request", Static).update(text)
+            self.request_shown = True
 
     def action_backend(self) -> None:
         if self.view is not None:
@@ -526,11 +712,12 @@ class JobDetail(DetailScreen):
             return
         first = self.view is None
         changed = first or j != self.view
+        self._old_state = self.view.state if self.view is not None else None
         self.view = j
-        if first:
-            self.refresh_bindings()
         clocks = self.vapp.clocks
-        now = clocks.mono()
+        now = clocks.wall()
+        if first or (self.view_state_changed(j)):
+            self.refresh_bindings()
         if changed or not j.finished:
             rows: list[tuple[str, Any]] = [
                 ("id", j.id),
@@ -538,11 +725,15 @@ class JobDetail(DetailScreen):
                 ("state", fmt.state_text(j.state.value, fmt.JOB_STATE_STYLE)),
                 ("priority", j.priority),
                 ("GPU", "–" if j.gpu is None else f"GPU{j.gpu}"),
-                ("submitted", f"{fmt.dur(now - j.submitted_at)} ago"),
+                ("submitted", f"{clocks.hms(j.submitted_at)} "
+                              f"({fmt.dur(now - j.submitted_at)} ago)"),
             ]
             if j.started_at is not None:
-                rows.append(("started", f"after {fmt.dur(j.started_at - j.submitted_at)} "
-                                        "in the queue"))
+                rows.append(("started", f"{clocks.hms(j.started_at)}, after "
+                                        f"{fmt.dur(j.started_at - j.submitted_at)} in the "
+                                        "queue"))
+            if j.finished_at is not None:
+                rows.append(("finished", clocks.hms(j.finished_at)))
             rows.append(("time", job_time(j, now)))
             if j.state is JobState.QUEUED:
                 rows += [("position", j.position), ("waiting", j.waiting or "–"),
@@ -557,14 +748,18 @@ class JobDetail(DetailScreen):
             self.query_one("#meta", Static).update(kv(rows))
             self.query_one("#timeline", Static).update(self._timeline(j))
             self.query_one("#result", Static).update(self._result(j))
-        if snap is not None:
-            b = snap.backend(j.backend)
-            if b is not None:
-                self.read_log(b.log_path)
+        if snap is not None and snap.backend(j.backend) is not None:
+            self.read_log(j.backend)
+
+    def view_state_changed(self, j: JobView) -> bool:
+        return getattr(self, "_old_state", None) is not j.state
 
     def _timeline(self, j: JobView) -> Group:
         bar = fmt.progress_bar(j.progress, 24)
-        bar.append(f"  {j.progress_text}", style="")
+        if j.finished and j.progress_text:
+            bar.append(f"  last: {j.progress_text}", style="dim")
+        else:
+            bar.append(f"  {j.progress_text}", style="")
         lines = Table.grid(padding=(0, 1))
         lines.add_column(style="dim", justify="right")
         lines.add_column()
@@ -605,15 +800,18 @@ class JobDetail(DetailScreen):
         return Group(*parts)
 
 
-class BackendDetail(DetailScreen):
-    """One backend: descriptor, footprint, calibration report, its worker's log (follow)."""
+class BackendDetail(ReadonlyKeys, DetailScreen):
+    """One backend: descriptor layers, footprint, calibration report, its worker's log
+    (follow); everything read through the API, never from the engine's files."""
 
     BINDINGS = [
         _b("e", "evict", "Evict", "Stop this backend's worker"),
         _b("r", "respawn", "Respawn", "Restart this backend's worker"),
         _b("p", "preload", "Preload", "Start this backend's worker now"),
-        _b("k", "calibrate", "Calibrate", "Measure this backend's real peak memory"),
+        _b("m", "calibrate", "Calibrate", "Measure this backend's real peak memory"),
         _b("s", "submit", "Submit", "Submit a job to this backend"),
+        _b("X", "kill", "Kill", "SIGKILL this backend's (stuck) worker; its jobs fail"),
+        _b("L", "reload", "Reload", "Read the backend descriptors again and show what changed"),
     ]
 
     def __init__(self, name: str) -> None:
@@ -646,8 +844,17 @@ class BackendDetail(DetailScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if self.vapp.readonly and action in MUTATING:
-            return None
-        return True
+            return False
+        return not (action == "kill" and (self.view is None or self.view.pid is None))
+
+    def on_key(self, event: events.Key) -> None:
+        self.readonly_key(event)
+
+    def action_kill(self) -> None:
+        self.vapp.request_kill(self.backend_name)
+
+    def action_reload(self) -> None:
+        self.vapp.request_reload()
 
     def action_evict(self) -> None:
         self.vapp.request_evict(self.backend_name)
@@ -677,6 +884,8 @@ class BackendDetail(DetailScreen):
             self.query_one("#about", Static).update(
                 Text(f"no backend named {self.backend_name!r}", style="red"))
             return
+        if self.view is None or (self.view.pid is None) != (b.pid is None):
+            self.refresh_bindings()
         self.view = b
         clocks = self.vapp.clocks
         sim = snap.simulated
@@ -704,7 +913,7 @@ class BackendDetail(DetailScreen):
         if not self._static_loaded:
             self._static_loaded = True
             self._load_static(b)
-        self.read_log(b.log_path)
+        self.read_log(b.name)
 
     def _footprint(self, b: BackendView, snap: EngineSnapshot, sim: bool) -> None:
         tag = " (SIMULATED)" if sim else ""
@@ -733,8 +942,9 @@ class BackendDetail(DetailScreen):
 
     @work(thread=True, exclusive=True, group="static")
     def _load_static(self, b: BackendView) -> None:
-        descriptor = read_descriptor(b.source, b.name)
-        calibration = read_calibration(b.log_path, b.name, self.vapp.clocks.localtime)
+        api = self.vapp.api
+        descriptor = describe_layers(api, b.name)
+        calibration = calibration_text(api, b.name, self.vapp.clocks.localtime)
         self.vapp.ui(self._show_static, descriptor, calibration)
 
     def _show_static(self, descriptor: Text, calibration: Text) -> None:
@@ -745,24 +955,28 @@ class BackendDetail(DetailScreen):
         self.static_shown = True
 
 
-def read_descriptor(source: str, name: str) -> Text:
-    """This backend's entry in its descriptor file, as YAML (best effort)."""
-    if not source:
-        return Text("(built in)", style="dim")
-    path = Path(source.split(":")[0]) if not os.path.exists(source) else Path(source)
+def describe_layers(api: Any, name: str) -> Text:
+    """The backend's descriptor as the engine reads it: each file's entry (lowest layer
+    first, later ones override single keys), then what it runs with now."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        return Text(f"{source}\n(cannot read it here: {exc.__class__.__name__})", style="dim")
-    entries = doc.get("backends", []) if isinstance(doc, dict) else doc
-    entry = next((e for e in entries or [] if isinstance(e, dict) and e.get("name") == name),
-                 None)
-    if entry is None:
-        return Text(f"{path}\n(no entry named {name!r}: it may come from an overlay)",
-                    style="dim")
-    text = Text(f"# {path}\n", style="dim")
-    text.append(yaml.safe_dump(entry, sort_keys=False, allow_unicode=True).rstrip())
-    return text
+        info = api.descriptor(name)
+    except Exception as exc:  # noqa: BLE001 - shown in the box
+        return Text(f"cannot get the descriptor: {exc}", style="red")
+    text = Text()
+    if not info.layers:
+        text.append("(not from a file)\n", style="dim")
+    for i, layer in enumerate(info.layers):
+        where = fmt.short_path(layer.file) + (f":{layer.line}" if layer.line else "")
+        label = "# " + where + ("  (overrides the keys it sets)" if i else "")
+        text.append(label + "\n", style="dim")
+        text.append(layer.text + "\n")
+    for problem in info.errors:
+        text.append(problem + "\n", style="red")
+    if len(info.layers) > 1 or not info.layers:
+        text.append("# in effect now\n", style="dim")
+        text.append(info.effective, style="cyan")
+    text.rstrip()
+    return text if text.plain else Text("–")
 
 
 def learned_rows(b: BackendView) -> list[tuple[str, Any]]:
@@ -780,49 +994,38 @@ def learned_rows(b: BackendView) -> list[tuple[str, Any]]:
     return [
         ("vs declared", Text(f"jobs use {fmt.mib(over)} ({over / declared * 100:.0f} %) more "
                              "than the declared peak", style="bold red")),
-        ("suggested", Text.assemble((f"vram.peak: {fmt.mib(suggested)}", "bold yellow"),
-                                    (" (p95 + 5 %, rounded up to 64 MiB), or k to calibrate",
+        ("suggested", Text.assemble((f"vram.peak: {size_to_declare(suggested)}",
+                                     "bold yellow"),
+                                    (" (p95 + 5 %, rounded up), or m to calibrate",
                                      "dim"))),
     ]
 
 
-REPORT_NAME = re.compile(r"^(?P<backend>.+)-(?P<stamp>\d{8}-\d{6})\.json$")
-
-
-def latest_report(directory: Path, name: str) -> tuple[Path | None, int]:
-    """The newest ``<name>-<YYYYmmdd-HHMMSS>.json`` the engine wrote, and how many there are."""
-    found: list[tuple[str, Path]] = []
-    with contextlib.suppress(OSError):
-        for path in directory.iterdir():
-            m = REPORT_NAME.match(path.name)
-            if m is not None and m.group("backend") == name:
-                found.append((m.group("stamp"), path))
-    if not found:
-        return None, 0
-    return max(found)[1], len(found)
-
-
-def read_calibration(log_path: str, name: str,
+def calibration_text(api: Any, name: str,
                      localtime: Callable[[float], time.struct_time] = time.localtime) -> Text:
-    """The headline of the backend's latest calibration report in the state directory."""
-    directory = Path(log_path).parent.parent / "calibration"
-    path, count = latest_report(directory, name)
-    if path is None:
+    """The headline of the backend's latest calibration report (asked of the engine)."""
+    from supervisor.errors import NoReport
+
+    try:
+        found = api.calibration_report(name)
+    except NoReport:
         return Text.assemble(
             ("not calibrated yet.\n", "bold"),
             ("The peak comes from the descriptor (declared) or from jobs measured in "
-             "production (learned). ", "dim"), ("k", "bold cyan"),
+             "production (learned). ", "dim"), ("m", "bold cyan"),
             (" measures it: a fresh worker alone on a GPU, sampled at 20 Hz.", "dim"))
+    except Exception as exc:  # noqa: BLE001 - shown in the box
+        return Text(f"cannot get the calibration report: {exc}", style="red")
     from supervisor.calibration.record import CalibrationError
-    from supervisor.calibration.report import load_report
+    from supervisor.calibration.report import parse_report
 
     text = Text()
-    text.append(fmt.short_path(path), style="dim")
-    if count > 1:
-        text.append(f"  (latest of {count})", style="dim")
+    text.append(fmt.short_path(found.path), style="dim")
+    if found.count > 1:
+        text.append(f"  (latest of {found.count})", style="dim")
     text.append("\n")
     try:
-        record, report = load_report(path)
+        record, report = parse_report(found.data, found.path)
     except CalibrationError as exc:
         text.append(str(exc), style="red")
         return text
@@ -838,7 +1041,7 @@ def read_calibration(log_path: str, name: str,
         text.append("no overlay: ", style="dim")
         text.append(refusal, style="yellow")
     text.append("\n")
-    text.append("k", style="bold cyan")
+    text.append("m", style="bold cyan")
     text.append(" calibrates again", style="dim")
     return text
 
@@ -885,6 +1088,20 @@ class SubmitRequest:
     priority: int | None
 
 
+def priority_problem(raw: str) -> str | None:
+    """Why ``raw`` is not a priority (empty: the backend's default), or None."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return f"priority must be a whole number, like 10 or -5 (not {raw[:20]!r})"
+    if not -10**9 <= value <= 10**9:
+        return "priority must be between -1000000000 and 1000000000"
+    return None
+
+
 class SubmitDialog(ModalScreen[SubmitRequest | None]):
     """Submit a job: backend, payload (sent as UTF-8 bytes), priority."""
 
@@ -912,7 +1129,7 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
                            soft_wrap=True, show_line_numbers=False)
             yield Label("Priority (empty: the backend's)", classes="field")
             yield Input(placeholder=self._default_priority(value), id="priority",
-                        type="integer", compact=True)
+                        compact=True)
             yield Static("", id="dialog-error")
             with Horizontal(id="dialog-buttons"):
                 yield Button("Submit (ctrl+s)", variant="primary", id="ok", compact=True)
@@ -924,6 +1141,11 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
 
     def on_mount(self) -> None:
         self.query_one("#payload", TextArea).focus()
+
+    @on(Input.Changed, "#priority")
+    def _priority_typed(self, event: Input.Changed) -> None:
+        problem = priority_problem(event.value)
+        self.query_one("#dialog-error", Static).update(problem or "")
 
     @on(Select.Changed, "#backend")
     def _backend_changed(self, event: Select.Changed) -> None:
@@ -939,11 +1161,12 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
             self.query_one("#dialog-error", Static).update("choose a backend")
             return
         raw = self.query_one("#priority", Input).value.strip()
-        try:
-            priority = int(raw) if raw else None
-        except ValueError:
-            self.query_one("#dialog-error", Static).update("priority must be a whole number")
+        problem = priority_problem(raw)
+        if problem is not None:
+            self.query_one("#dialog-error", Static).update(problem)
+            self.query_one("#priority", Input).focus()
             return
+        priority = int(raw) if raw else None
         payload = self.query_one("#payload", TextArea).text.encode()
         self.dismiss(SubmitRequest(backend, payload, priority))
 
@@ -957,6 +1180,167 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
             self.action_ok()
         else:
             self.dismiss(None)
+
+
+class SaveDataDialog(ModalScreen[Path | None]):
+    """A path for bytes the API handed over (a job's result, a calibration report): written
+    here, atomically (a temporary file in the target's directory, then a rename)."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="save_cancel", tooltip="Close the dialog"),
+    ]
+
+    def __init__(self, title: str, what: Text | str, name: str, data: bytes) -> None:
+        super().__init__()
+        self.title_text = title
+        self.what = what
+        self.name_default = name
+        self.data = data
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="save"):
+            yield Label(self.title_text, id="dialog-title")
+            yield Static(Text.assemble(
+                self.what if isinstance(self.what, Text) else Text(self.what),
+                (f"\n{len(self.data)} bytes.  A relative path is taken from ", "dim"),
+                fmt.short_path(os.getcwd()), ("; a directory keeps the name.", "dim")),
+                id="dialog-body")
+            yield Input(value=self.name_default, id="save-path", compact=True)
+            yield Static("", id="dialog-error")
+            with Horizontal(id="dialog-buttons"):
+                yield Button("Save (enter)", variant="primary", id="ok", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#save-path", Input).focus()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Input.Submitted, "#save-path")
+    def _entered(self) -> None:
+        self._save()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "ok":
+            self._save()
+        else:
+            self.dismiss(None)
+
+    def _save(self) -> None:
+        target = self.query_one("#save-path", Input).value.strip()
+        if not target:
+            self.query_one("#dialog-error", Static).update("type a path")
+            return
+        self._write(target)
+
+    @work(thread=True, exclusive=True, group="save-data")
+    def _write(self, target: str) -> None:
+        try:
+            path = write_copy(self.data, target, self.name_default)
+        except OSError as exc:
+            self.app.call_from_thread(self._failed, exc)
+            return
+        self.app.call_from_thread(self.dismiss, path)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.is_mounted:
+            self.query_one("#dialog-error", Static).update(
+                f"cannot save there: {exc.strerror or exc}"
+                + (f" ({exc.filename})" if getattr(exc, "filename", None) else ""))
+
+
+def write_copy(data: bytes, target: str | os.PathLike[str], name: str) -> Path:
+    """Write ``data`` to ``target`` (a directory: ``name`` in it) atomically: never half a
+    file, and an existing one is replaced only once the new one is complete."""
+    from supervisor.atomicfile import write_atomic
+
+    dest = Path(os.path.expanduser(os.fspath(target)))
+    if dest.is_dir():
+        dest = dest / name
+    dest = dest.absolute()
+    if not dest.parent.is_dir():
+        raise FileNotFoundError(2, "no such directory", str(dest.parent))
+    return write_atomic(dest, data, mode=0o644)
+
+
+class DrainDialog(ModalScreen[tuple[int, bool] | None]):
+    """Drain a GPU or open it again: one line per GPU; its number (or enter on it) toggles."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="drain_cancel", tooltip="Close")]
+
+    def __init__(self, gpus: list[tuple[int, str, bool]]) -> None:
+        super().__init__()
+        self.gpus = gpus  # (index, name, draining)
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import OptionList
+
+        with Vertical(id="dialog", classes="drain"):
+            yield Label("Drain a GPU", id="dialog-title")
+            yield Static("A draining GPU finishes its running work and admits nothing new; "
+                         "queued work goes to the other GPUs or waits.  Choose one to drain "
+                         "(or to open again):", id="dialog-body")
+            yield OptionList(*[f"GPU{i} · {name} · " + ("DRAINING: open it again" if d
+                                                         else "admitting: drain it")
+                               for i, name, d in self.gpus], id="drain-gpus")
+
+    def on_key(self, event: events.Key) -> None:
+        if event.character and event.character.isdigit():
+            for i, _name, d in self.gpus:
+                if str(i) == event.character:
+                    event.stop()
+                    self.dismiss((i, not d))
+
+    def on_option_list_option_selected(self, event: Any) -> None:
+        i, _name, draining = self.gpus[event.option_index]
+        self.dismiss((i, not draining))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ReloadScreen(ModalScreen[None]):
+    """What ``reload`` changed: added, removed, changed (key by key), kept, and the errors
+    of each file (those backends kept their previous descriptor)."""
+
+    BINDINGS = [Binding("escape,enter,q", "close", "Close", id="reload_close",
+                        tooltip="Close")]
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result
+
+    def compose(self) -> ComposeResult:
+        from supervisor.engine_commands import reload_summary
+
+        r = self.result
+        t = Text()
+        t.append(f"{len(r.files)} file(s) read: {reload_summary(r)}\n", style="bold")
+        for name in r.added:
+            t.append(f"+ {name}\n", style="green")
+        for name in r.removed:
+            t.append(f"- {name}\n", style="#c678dd")
+        for change in r.changed:
+            t.append(f"~ {change.backend}\n", style="yellow")
+            for line in change.changes:
+                t.append(f"    {line}\n")
+            for note in change.notes:
+                t.append(f"    {note}\n", style="dim")
+        for line in r.kept:
+            t.append(f"= {line}\n", style="yellow")
+        if r.errors:
+            t.append("\nerrors (fix the file, then reload again):\n", style="bold red")
+            for line in r.errors:
+                t.append(f"  {line}\n", style="red")
+        t.append("\nesc closes", style="dim")
+        with VerticalScroll(id="dialog", classes="reload"):
+            yield Label("Descriptors reloaded", id="dialog-title")
+            yield Static(t, id="dialog-body")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -987,20 +1371,39 @@ class HelpScreen(ModalScreen[None]):
                 note = "asks first"
             keys.add_row(b.key_display or b.key, b.tooltip, note)
         for key, does in (("?", "this help"), ("ctrl+p", "command palette: every action, "
-                          "and each backend and job to act on"),
-                          ("tab", "switch between the backends and jobs tables"),
+                          "each backend and job to act on, and the theme"),
+                          ("tab", "the next table (backends, jobs, events or processes)"),
                           ("q", "quit (an embedded engine stops its workers)")):
             keys.add_row(key, does, "")
+        nav = Table(box=None, padding=(0, 1), show_header=False)
+        nav.add_column(style="bold cyan", no_wrap=True)
+        nav.add_column()
+        for key, does in (
+                ("↑ ↓  k j", "move the selection in the focused table"),
+                ("PgUp PgDn", "a page up or down (also ctrl+b, ctrl+f)"),
+                ("Home End  g G", "the first or the last row"),
+                ("o  O", "sort by the next column; reverse the order (again: back to none)"),
+                ("space", "mark a job (c then cancels every marked one; esc clears marks)"),
+                ("enter", "open the selected backend, job or process's backend"),
+                ("mouse", "click a row to select it, click it again to open it; click a "
+                          "column header to sort by it (again: reverse); the wheel scrolls; "
+                          "the keys in the footer can be clicked")):
+            nav.add_row(key, does)
         detail = Text.assemble(
-            ("In details: ", "bold"), "esc back · f follow the log · c cancel the job · "
-            "b its backend · e r p k s act on the backend\n",
+            ("In a job: ", "bold"), "esc back · c cancel · R retry · + - priority (queued) · "
+            "w save the result to a file · b its backend · f follow the log\n",
+            ("In a backend: ", "bold"), "esc back · e evict · r respawn · p preload · "
+            "m calibrate · s submit · X kill its worker · L reload descriptors · f follow "
+            "the log\n",
             ("In a calibration: ", "bold"), "the live chart with its phase bands, then the "
-            "results · c cancel the run · w save the report as…")
+            "results · c cancel the run · w save the report as…\n",
+            ("Look: ", "bold"), "ctrl+p → theme, or --theme NAME; NO_COLOR=1 for no colour "
+            "(the bars keep distinct characters)")
         bars = Text()
         for char, style, what in (("█", fmt.SEG_OURS, "used by our workers' processes"),
                                   ("▒", fmt.SEG_RESERVED, "reserved by admission, not used"),
-                                  ("█", fmt.SEG_OVER, "used beyond the reservation"),
-                                  ("█", fmt.SEG_FOREIGN, "used by processes not ours"),
+                                  ("▓", fmt.SEG_OVER, "used beyond the reservation"),
+                                  ("▞", fmt.SEG_FOREIGN, "used by processes not ours"),
                                   ("░", fmt.SEG_FREE, "free"),
                                   ("╌", "yellow", "graph: the budget line (total - reserve)")):
             bars.append(f" {char} ", style=style)
@@ -1020,7 +1423,8 @@ class HelpScreen(ModalScreen[None]):
         sim = Text.assemble((" SIMULATED ", fmt.SIM_BADGE),
                             " marks a simulated GPU: its memory figures come from simulated "
                             "workers, not from a driver.")
-        return Group(Text("vramtui — keys", style="bold"), keys, detail, Text(""),
+        return Group(Text("vramtui — keys", style="bold"), keys, Text(""),
+                     Text("Tables", style="bold"), nav, Text(""), detail, Text(""),
                      Text("Memory bars", style="bold"), bars,
                      Text("States", style="bold"), states, Text(""), sim, Text(""), mode,
                      Text("esc closes", style="dim"))
@@ -1033,4 +1437,5 @@ class HelpScreen(ModalScreen[None]):
             self.dismiss(None)
 
 
-CONFIRMED = frozenset({"evict", "respawn", "cancel_job", "zero", "calibrate"})
+CONFIRMED = frozenset({"evict", "respawn", "cancel_job", "zero", "calibrate", "kill", "drain",
+                       "cancel_this"})

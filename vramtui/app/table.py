@@ -5,11 +5,15 @@ keyed on a global update count); at 4 snapshots a second that was most of the da
 This table renders each row once into a Strip, caches it by the row's cells, and repaints only
 the lines that changed.  It keeps what the dashboard needs: a fixed header, a row cursor that
 stays on its key when rows move, keyboard and mouse (click to select, click again or enter to
-open), and vertical scrolling.
+open), and vertical scrolling.  Also what users of htop and k9s reach for: ``j``/``k`` and
+the arrows, ``g``/``G`` and Home/End, PgUp/PgDn; ``o`` sorts by the next column (``O``
+reverses; a click on a column's header sorts by it); marks (``space``) for acting on several
+rows at once.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,14 +47,18 @@ class RowTable(ScrollView, can_focus=True):
 
     COMPONENT_CLASSES = {"rowtable--header", "rowtable--cursor", "rowtable--cursor-blurred"}
     BINDINGS = [
-        Binding("up", "cursor(-1)", "Up", show=False),
-        Binding("down", "cursor(1)", "Down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "edge(0)", "First", show=False),
-        Binding("end", "edge(1)", "Last", show=False),
+        Binding("up,k", "cursor(-1)", "Up", show=False),
+        Binding("down,j", "cursor(1)", "Down", show=False),
+        Binding("pageup,ctrl+b", "page(-1)", "Page up", show=False),
+        Binding("pagedown,ctrl+f", "page(1)", "Page down", show=False),
+        Binding("home,g", "edge(0)", "First", show=False),
+        Binding("end,G", "edge(1)", "Last", show=False),
         Binding("enter", "select", "Details", show=False),
+        Binding("o", "sort(1)", "Sort", show=False, id="sort",
+                tooltip="Sort by the next column (again: the one after; O reverses)"),
+        Binding("O", "sort(0)", "Reverse sort", show=False, id="sort_reverse"),
     ]
+    MARKS = False  # rows can be marked with space (the jobs table)
     COLUMNS: tuple[Col, ...] = ()
     PADDING = 1
 
@@ -81,6 +89,9 @@ class RowTable(ScrollView, can_focus=True):
         self._memo: dict[str, tuple[object, dict[str, object]]] = {}
         self._given: dict[str, dict[str, object]] = {}
         self.renders = 0
+        self.sort_by: str | None = None  # a column key (None: the order given)
+        self.sort_reverse = False
+        self.marked: set[str] = set()
 
     def memo(self, key: str, sig: object, build: Callable[[], dict[str, object]]
              ) -> dict[str, object]:
@@ -128,6 +139,13 @@ class RowTable(ScrollView, can_focus=True):
             return None
         return self._order[min(self.cursor_row, len(self._order) - 1)]
 
+    def column_width(self, key: str) -> int:
+        """The cells a column has now (0 when it is not shown)."""
+        col = next((c for c in self._cols if c.key == key), None)
+        if col is None:
+            return 0
+        return col.width_for(self.narrow) or self.last_width()
+
     def last_width(self) -> int:
         """Room for the last (free-width) column, so that rows never overflow."""
         fixed = sum((c.width_for(self.narrow) or 0) + 2 * self.PADDING for c in self._cols[:-1])
@@ -136,6 +154,11 @@ class RowTable(ScrollView, can_focus=True):
     def sync(self, rows: list[tuple[str, dict[str, object]]]) -> None:
         """Show exactly ``rows`` (key, {column: cell}) in this order; repaint what changed."""
         keep = self.selected_key()
+        if self.sort_by is not None and any(c.key == self.sort_by for c in self._cols):
+            col = self.sort_by
+            rows = sorted(rows, key=lambda r: natural_key(r[1].get(col, "")),
+                          reverse=self.sort_reverse)
+        self.marked &= {k for k, _ in rows}
         order = [k for k, _ in rows]
         given = self._given
         cells = {k: self._cells[k] if given.get(k) is v and k in self._cells
@@ -189,6 +212,46 @@ class RowTable(ScrollView, can_focus=True):
     def action_edge(self, end: int) -> None:
         self.move_cursor(len(self._order) - 1 if end else 0)
 
+    def action_sort(self, step: int) -> None:
+        """``o``: sort by the next column (from none, the first); ``O``: reverse the order."""
+        keys = [c.key for c in self._cols]
+        if not step:
+            if self.sort_by is None and keys:
+                self.sort_by = keys[0]
+            self.sort_reverse = not self.sort_reverse
+        elif self.sort_by is None or self.sort_by not in keys:
+            self.sort_by, self.sort_reverse = (keys[0] if keys else None), False
+        else:
+            i = keys.index(self.sort_by) + 1
+            self.sort_by, self.sort_reverse = (keys[i] if i < len(keys) else None), False
+        self._resorted()
+
+    def sort_on(self, key: str | None, reverse: bool = False) -> None:
+        self.sort_by, self.sort_reverse = key, reverse
+        self._resorted()
+
+    def _resorted(self) -> None:
+        self._header = None
+        self._order = []  # the next sync reorders and repaints
+        self.post_message(self.Resorted(self))
+        self.refresh()
+
+    class Resorted(Message):
+        """The sort order changed: the screen should hand the rows again."""
+
+        def __init__(self, table: RowTable) -> None:
+            super().__init__()
+            self.table = table
+
+    def action_toggle_mark(self) -> None:
+        key = self.selected_key()
+        if key is None or not self.MARKS:
+            return
+        self.marked.symmetric_difference_update({key})
+        self._strips.pop(key, None)
+        self._refresh_row(self.cursor_row)
+        self.move_cursor(self.cursor_row + 1)
+
     def action_select(self) -> None:
         key = self.selected_key()
         if key is not None:
@@ -196,7 +259,19 @@ class RowTable(ScrollView, can_focus=True):
 
     def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
-        if offset is None or offset.y < 1:  # the border, or the header row
+        if offset is None or offset.y < 0:  # the border
+            return
+        if offset.y == 0:  # the header: sort by the column clicked (again: reverse)
+            x = 0
+            for col, w in zip(self._cols, self._widths(self.size.width), strict=False):
+                x += w + 2 * self.PADDING
+                if offset.x < x:
+                    event.stop()
+                    if self.sort_by == col.key:
+                        self.sort_on(col.key, not self.sort_reverse)
+                    else:
+                        self.sort_on(col.key)
+                    return
             return
         y = offset.y
         index = int(self.scroll_y) + y - 1
@@ -258,10 +333,13 @@ class RowTable(ScrollView, can_focus=True):
         width = self.size.width
         base = self.rich_style
         if y == 0:
-            sig = (width, base)
+            sig = (width, base, self.sort_by, self.sort_reverse)
             if self._header is None or self._header[0] != sig:
                 header_style = base + self.get_component_rich_style("rowtable--header")
-                labels = tuple(Text(self._labels.get(c.key, c.label)) for c in self._cols)
+                arrow = " ▼" if self.sort_reverse else " ▲"
+                labels = tuple(Text(self._labels.get(c.key, c.label)
+                                    + (arrow if c.key == self.sort_by else ""))
+                               for c in self._cols)
                 line = self._line(labels, width, header_style)
                 self._header = (sig, Strip(line).crop_extend(0, width, header_style))
             return self._header[1]
@@ -271,7 +349,8 @@ class RowTable(ScrollView, can_focus=True):
         key = self._order[index]
         cells = self._cells[key]
         cursor = index == self.cursor_row
-        sig = (cells, width, cursor, self.has_focus, base)
+        marked = key in self.marked
+        sig = (cells, width, cursor, self.has_focus, base, marked)
         cached = self._strips.get(key)
         if cached is not None and cached[0] == sig:
             return cached[1]
@@ -281,10 +360,35 @@ class RowTable(ScrollView, can_focus=True):
             name = "rowtable--cursor" if self.has_focus else "rowtable--cursor-blurred"
             cursor_style = self.get_component_rich_style(name)
             style = base + Style(bgcolor=cursor_style.bgcolor, bold=cursor_style.bold)
-        segments = self._line(cells, width, base)
+        if marked:
+            mark = Text("●", style="bold yellow")
+            first = cells[0] if isinstance(cells[0], Text) else Text(str(cells[0]))
+            cells = (Text.assemble(mark, first[: max(0, len(first) - 1)]), *cells[1:])
+            style = style + Style(bgcolor="#3a3a1a") if not cursor else style
+        segments = self._line(cells, width, style if marked and not cursor else base)
         if cursor:
             segments = list(Segment.apply_style(segments, post_style=Style(
                 bgcolor=style.bgcolor, bold=style.bold)))
         strip = Strip(segments).crop_extend(0, width, style)
         self._strips[key] = (sig, strip)
         return strip
+
+
+_UNITS = {"G": 1024.0, "M": 1.0, "GiB": 1024.0, "MiB": 1.0}
+_NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*(GiB|MiB|G|M|%|s)?")
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def natural_key(cell: Cell) -> tuple[int, float, str]:
+    """How a cell sorts: numbers (sizes in MiB, durations in s) before text, empty last."""
+    text = (cell.plain if isinstance(cell, Text) else str(cell)).strip()
+    if not text or text in ("–", "-"):
+        return (2, 0.0, "")
+    m = _DURATION.match(text)
+    if m and any(m.groups()):
+        d, h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+        return (0, ((d * 24 + h) * 60 + mi) * 60 + sec, text)
+    m = _NUMBER.match(text)
+    if m:
+        return (0, float(m.group(1)) * _UNITS.get(m.group(2) or "", 1.0), text)
+    return (1, 0.0, text.lower())

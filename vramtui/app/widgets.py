@@ -8,6 +8,7 @@ re-scales to its data and costs ~13 ms a frame.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.geometry import Size
 from textual.strip import Strip
@@ -23,7 +25,7 @@ from textual.widgets import RichLog
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuView, LogLine
-from vramtui.commands import suggested_peak_mib
+from vramtui.peaks import size_to_declare, suggested_peak_mib
 
 from . import fmt
 from .fmt import Clocks
@@ -76,11 +78,14 @@ class EngineHeader(Widget):
     def _text(self) -> Text:
         width = self.size.width
         snap = self.snap
+        short = 0 < width < 100  # 80 columns: the same facts, in fewer cells
         t = Text(no_wrap=True, overflow="ellipsis")
-        sep = ("  │  ", "dim")
+        sep = (" │ " if short else "  │  ", "dim")
         t.append(" vramtui ", style="bold reverse")
         t.append("  ")
-        t.append(self.mode, style="bold")
+        t.append("embedded" if self.mode == "embedded" else "attached", style="bold")
+        if snap is not None:  # from each snapshot: an engine that restarted has a new pid
+            t.append(f" pid {snap.pid}", style="dim")
         if self.readonly:
             t.append("  ")
             t.append(" READ-ONLY ", style="bold reverse blue")
@@ -88,7 +93,7 @@ class EngineHeader(Widget):
         if snap is None:
             t.append("connecting…", style="dim")
         elif snap.simulated:
-            t.append(" SIMULATED GPU ", style=fmt.SIM_BADGE)
+            t.append(" SIM GPU " if short else " SIMULATED GPU ", style=fmt.SIM_BADGE)
         else:
             drv = f" driver {snap.driver_version}" if snap.driver_version else ""
             t.append(f"{(snap.source or 'GPU').upper()}{drv}", style="bold green")
@@ -97,14 +102,21 @@ class EngineHeader(Widget):
             t.append(f" ENGINE GONE: {self.gone} ", style="bold reverse red")
         if snap is not None:
             t.append(*sep)
-            t.append(f"up {fmt.dur(snap.uptime_s)}", style="")
+            t.append(f"{'' if short else 'up '}{fmt.dur(snap.uptime_s)}", style="")
+            draining = [g.index for g in snap.gpus if g.draining]
+            if draining:
+                t.append("  ")
+                t.append(" DRAINING " + ",".join(f"GPU{i}" for i in draining) + " ",
+                         style="bold reverse yellow")
             running = len(snap.running)
-            t.append("  queue ", style="dim")
+            t.append("  queue " if not short else "  queued ", style="dim")
             t.append(str(len(snap.queued)), style="bold yellow" if snap.queued else "bold")
-            t.append("  running ", style="dim")
+            t.append("  running " if not short else " running ", style="dim")
             t.append(str(running), style="bold cyan" if running else "bold")
             if snap.descriptor_errors:
-                t.append(f"  ⚠ {len(snap.descriptor_errors)} descriptor errors",
+                n = len(snap.descriptor_errors)
+                t.append(f"  ⚠ {n}" + ("" if short else
+                                       f" descriptor error{'s' if n > 1 else ''}"),
                          style="bold red")
             if snap.stopping:
                 t.append("  stopping…", style="bold #c678dd")
@@ -127,8 +139,8 @@ def bar_segments(g: GpuView) -> list[tuple[str, str, int, str]]:
     parts = [
         ("ours", "█", min(ours, reserved) if reserved else ours, fmt.SEG_OURS),
         ("reserved", "▒", max(0, reserved - ours), fmt.SEG_RESERVED),
-        ("over", "█", max(0, ours - reserved) if reserved else 0, fmt.SEG_OVER),
-        ("foreign", "█", foreign, fmt.SEG_FOREIGN),
+        ("over", "▓", max(0, ours - reserved) if reserved else 0, fmt.SEG_OVER),
+        ("foreign", "▞", foreign, fmt.SEG_FOREIGN),
     ]
     used = sum(p[2] for p in parts)
     parts.append(("free", "░", max(0, g.total_mib - used), fmt.SEG_FREE))
@@ -426,7 +438,8 @@ class GpuPanel(Vertical):
 
     def show(self, g: GpuView, window_s: float, short: bool) -> None:
         sim = " [b yellow on #8b008b] SIM [/]" if g.simulated else ""
-        titles(self, f"GPU{g.index} · {g.name}{sim}", gpu_stats(g))
+        drain = " [b reverse yellow] DRAINING [/]" if g.draining else ""
+        titles(self, f"GPU{g.index} · {g.name}{sim}{drain}", gpu_stats(g))
         self.bar.show(g)
         key = (g.ours_mib, g.reserved_mib, g.foreign_mib, g.total_mib, g.budget_mib, short)
         if key != self._legend_key:
@@ -439,20 +452,36 @@ class GpuPanel(Vertical):
 # ----------------------------------------------------------------------------- tables ---
 
 
+_MIB = re.compile(r"\b(\d{4,}) MiB\b")
+
+
+def compact_sizes(text: str) -> str:
+    """``needs 13056 MiB`` -> ``needs 12.8G`` (a number and its unit are never cut apart)."""
+    return _MIB.sub(lambda m: fmt.mib(int(m.group(1)), compact=True), text)
+
+
 def _trim(text: str | None, n: int) -> str:
+    """``text`` in ``n`` cells: cut at a word boundary when it can be, with an ellipsis."""
     if not text:
         return ""
-    text = text.replace("\n", " ")
-    return text if len(text) <= n else text[: n - 1] + "…"
+    text = " ".join(text.split())
+    if len(text) <= n:
+        return text
+    cut = text[: n - 1]
+    space = cut.rfind(" ")
+    if space >= n // 2:
+        cut = cut[:space].rstrip(" ;,:")
+    return cut + "…"
 
 
 def over_declared_note(b: BackendView, narrow: bool) -> Text:
+    """(``narrow``: the short form, for a Note column under 40 cells.)"""
     """For a backend whose jobs use more than its declared peak: the peak to declare (observed
     p95 + 5 %, rounded up to 64 MiB, as ``vramtui backends`` suggests); else empty."""
     suggested = suggested_peak_mib(b)
     if suggested is None:
         return Text("")
-    new = fmt.mib(suggested, compact=True)
+    new = size_to_declare(suggested).replace(" GiB", "G").replace(" MiB", "M")
     if narrow:
         return Text(f"peak→{new}", style="bold yellow")
     return Text(f"p95 {fmt.mib(b.observed_p95_mib, compact=True)} > declared "
@@ -463,7 +492,7 @@ def over_declared_note(b: BackendView, narrow: bool) -> Text:
 class BackendsTable(RowTable):
     COLUMNS = (
         Col("name", "Backend", 14, narrow_width=12),
-        Col("state", "State", 13, narrow_width=11),
+        Col("state", "State", 13, narrow_width=12),
         Col("pid", "PID", 7, narrow_width=6),
         Col("gpu", "GPU", 3),
         Col("res", "Resident", 12, narrow_width=7),
@@ -494,17 +523,18 @@ class BackendsTable(RowTable):
              ) -> dict[str, object]:
         name = Text(b.name)
         state = fmt.state_text(b.state, fmt.BACKEND_STATE_STYLE)
-        if b.running:
-            state.append(f" ▸{b.running}", style="cyan")
-        if b.queued:
-            state.append(f" +{b.queued}q", style="yellow")
+        room = self.column_width("state")
+        for extra, style in ((f" ▸{b.running}" if b.running else "", "cyan"),
+                             (f" +{b.queued}q" if b.queued else "", "yellow")):
+            if extra and state.cell_len + len(extra) <= room:  # the state is never cut
+                state.append(extra, style=style)
         peak = b.peak_mib
         peak_t = Text(fmt.mib(peak, compact=True), style=mem_style)
         if b.declared_peak_mib is None and b.learned_peak_mib is not None:
             peak_t.append("~", style="dim")  # learned, not declared
         if b.over_declared:
             peak_t = Text(fmt.mib(b.observed_p95_mib, compact=True) + "!", style="bold red")
-        note = over_declared_note(b, self.narrow)
+        note = over_declared_note(b, self.narrow or err_w < 40)
         if b.last_error:
             if note.plain:
                 note.append(" · ")
@@ -529,19 +559,24 @@ class BackendsTable(RowTable):
 
 
 def job_time(j: JobView, now: float) -> str:
+    """How long it ran (finished: its last run only), runs or has waited; ``now`` is wall
+    clock, like every time a view carries."""
     if j.state.finished:
-        start = j.started_at if j.started_at is not None else j.submitted_at
-        return fmt.dur((j.finished_at or now) - start)
+        ran = j.ran_s
+        return fmt.dur(ran) if ran is not None else "–"
     if j.state is JobState.RUNNING and j.started_at is not None:
         return fmt.dur(now - j.started_at)
     return fmt.dur(now - j.submitted_at)
 
 
 class JobsTable(RowTable):
+    MARKS = True
+    BINDINGS = [Binding("space", "toggle_mark", "Mark", show=False, id="mark",
+                        tooltip="Mark the job (c then cancels every marked one)")]
     COLUMNS = (
         Col("id", "Job", 12),
         Col("backend", "Backend", 12, narrow_width=11),
-        Col("state", "State", 9),
+        Col("state", "State", 10),
         Col("progress", "Progress", 13, narrow_width=10),
         Col("time", "Time", 6, narrow_width=5),
         Col("prio", "Pri", 3, narrow=False),
@@ -553,7 +588,7 @@ class JobsTable(RowTable):
 
     def rows_for(self, snap: EngineSnapshot, query: str, clocks: Clocks, recent: int
                  ) -> list[tuple[str, dict[str, object]]]:
-        now = clocks.mono()
+        now = clocks.wall()
         rows = []
         bar_w = 5 if self.narrow else 8
         note_w = self.last_width()
@@ -577,12 +612,11 @@ class JobsTable(RowTable):
             note = Text(_trim(j.progress_text, note_w))
         elif j.state is JobState.QUEUED:
             progress = Text("")
-            note = Text(_trim(j.waiting, note_w), style="dim")
-        else:
+            note = Text(_trim(compact_sizes(j.waiting), note_w), style="dim")
+        else:  # finished: its last progress text is history (the job screen keeps it)
             progress = Text(f"HTTP {j.status_code}" if j.status_code else "",
                             style="green" if j.state is JobState.SUCCEEDED else "red")
-            note = Text(_trim(j.error, note_w), style="red") if j.error else Text(
-                j.progress_text, style="dim")
+            note = Text(_trim(j.error, note_w), style="red") if j.error else Text("")
         return {
             "id": j.id,
             "backend": j.backend,
@@ -597,13 +631,64 @@ class JobsTable(RowTable):
         }
 
 
+class ProcessTable(RowTable):
+    """Every process on each GPU (as nvitop lists them): ours named by backend, or foreign."""
+
+    COLUMNS = (
+        Col("gpu", "GPU", 3),
+        Col("pid", "PID", 7),
+        Col("user", "User", 8),
+        Col("mem", "Memory", 7),
+        Col("owner", "Backend", None),
+    )
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._owners: dict[str, str | None] = {}
+
+    def owner(self, key: str) -> str | None:
+        return self._owners.get(key)
+
+    def rows_for(self, snap: EngineSnapshot, query: str) -> list[tuple[str, dict[str, object]]]:
+        rows = []
+        self._owners = {}
+        style = fmt.SIM_FIGURE if snap.simulated else ""
+        for g in snap.gpus:
+            for p in g.processes:
+                owner = p.backend
+                if not fmt.matches(query, str(p.pid), p.user, owner or "foreign"):
+                    continue
+                key = f"{g.index}:{p.pid}"
+                self._owners[key] = owner
+                rows.append((key, {
+                    "gpu": str(g.index), "pid": str(p.pid), "user": p.user,
+                    "mem": Text(fmt.mib(p.used_mib, compact=True), style=style),
+                    "owner": Text(owner) if owner else Text("foreign", style=fmt.SEG_FOREIGN),
+                }))
+        return rows
+
+
 # ----------------------------------------------------------------------------- event log -
+
+
+# The story of the queue at a glance: a mark for what each note says happened.
+_MARKS = (("admitted", "▶ ", "green"), ("starting", "↑ ", "cyan"), ("evicting", "↓ ", "#c678dd"),
+          ("finished", "✓ ", "green"), ("succeeded", "✓ ", "green"), ("calibrat", "◆ ", "cyan"),
+          ("retrying", "↻ ", "cyan"), ("descriptors reloaded", "↻ ", "cyan"))
 
 
 def log_text(line: LogLine, clocks: Clocks) -> Text:
     t = Text(no_wrap=False)
     t.append(clocks.hms(line.t) + " ", style="dim")
-    marker = {"error": "✖ ", "warning": "▲ "}.get(line.level, "· ")
+    marker = {"error": "✖ ", "warning": "▲ "}.get(line.level)
+    if marker is None:
+        head = line.text[:40].lower()
+        found = next(((m, st) for word, m, st in _MARKS if word in head), None)
+        if found is not None:
+            t.append(found[0], style=found[1])
+            t.append(line.text, style=fmt.LEVEL_STYLE.get(line.level, ""))
+            return t
+        marker = "· "
     style = fmt.LEVEL_STYLE.get(line.level, "")
     t.append(marker, style=style or "dim")
     t.append(line.text, style=style)
@@ -624,10 +709,23 @@ class RewrapLog(RichLog):
         self._source.append(text)
         self._write(text)
 
+    HANG = 0  # cells of hanging indent for the lines a long entry wraps onto
+
     def _write(self, text: Text) -> None:
         width = self.scrollable_content_region.width
         if self.wrap and self._size_known and width > 0:
-            self.write(text, width=width)
+            if self.HANG and text.cell_len > width > self.HANG + 10:
+                head, rest = text[: self.HANG], text[self.HANG:]
+                lines = rest.wrap(self.app.console, width - self.HANG)
+                out = Text()
+                for i, line in enumerate(lines):
+                    out.append_text(head if i == 0 else Text(" " * self.HANG))
+                    out.append_text(line)
+                    if i + 1 < len(lines):
+                        out.append("\n")
+                self.write(out, width=width)
+            else:
+                self.write(text, width=width)
         else:
             self.write(text)
 
@@ -648,7 +746,10 @@ class RewrapLog(RichLog):
 
 
 class EventLog(RewrapLog):
-    """The engine's log (admissions, evictions, crashes, refusals), appended as it grows."""
+    """The engine's log (admissions, evictions, crashes, refusals), appended as it grows;
+    a long entry wraps under its text, never under its time."""
+
+    HANG = 11  # "HH:MM:SS · "
 
     def __init__(self, clocks: Clocks, **kwargs: object) -> None:
         super().__init__(max_lines=500, **kwargs)

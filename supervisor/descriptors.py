@@ -1,0 +1,149 @@
+"""What the API shows of descriptors and calibration reports (read on the engine's side).
+
+- :func:`describe`: a backend's layers — each file's entry that names it, lowest first, as
+  YAML with its file and line — and the descriptor the engine runs with now (``effective``,
+  which includes what a calibration overlay set).
+- :func:`read_report`: a backend's latest (or a named) calibration report from the state
+  directory, as the JSON bytes the engine wrote.
+
+Both read files, so they run off the engine loop; faces get their results through the API
+and never open the engine's files themselves (an attached TUI may not be able to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import NoReport, VramtuiError
+from .results import DescriptorInfo, DescriptorLayer, ReportFile
+
+REPORT_NAME = re.compile(r"^(?P<backend>.+)-(?P<stamp>\d{8}-\d{6})\.json$")
+MAX_REPORT_BYTES = 256 * 1024 * 1024
+
+
+def _plain(value: Any) -> Any:
+    """YAML-loaded values (line-keeping dicts and lists) as plain ones, for dumping."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dump(value: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(_plain(value), sort_keys=False, allow_unicode=True,
+                          default_flow_style=False, width=100).rstrip()
+
+
+def spec_document(spec: Any) -> dict[str, Any]:
+    """A :class:`BackendSpec` as the keys of a descriptor (sizes in MiB, times in s)."""
+    out: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        out["description"] = spec.description
+    out["command"] = list(spec.command)
+    out["cwd"] = str(spec.cwd)
+    if spec.env:
+        out["env"] = dict(spec.env)
+    vram = {k.removesuffix("_mib"): f"{v}MiB" for k, v in
+            dataclasses.asdict(spec.vram).items() if v is not None}
+    out["vram"] = vram or "unmeasured (runs alone on a GPU until measured)"
+    out["safety"] = f"{spec.safety_mib}MiB"
+    out["priority"] = spec.priority
+    out["gpus"] = list(spec.gpus) if spec.gpus is not None else "any"
+    out["keep_alive"] = "forever" if math.isinf(spec.keep_alive_s) else f"{spec.keep_alive_s:g}s"
+    for key in ("pinned", "stream", "concurrency", "simulated"):
+        out[key] = getattr(spec, key)
+    t = spec.timeouts
+    out["timeouts"] = {"start": f"{t.start_s:g}s", "request": "none" if t.request_s is None
+                       else f"{t.request_s:g}s", "stop_grace": f"{t.stop_grace_s:g}s"}
+    if getattr(t, "ping_s", None) is not None:
+        out["timeouts"]["ping"] = f"{t.ping_s:g}s"
+    for key in ("on_overuse", "protocol"):
+        if hasattr(spec, key):
+            out[key] = getattr(spec, key)
+    if not getattr(spec, "unload_frees_vram", True):
+        out["unload_frees_vram"] = False
+    for key in ("api", "aliases"):
+        if getattr(spec, key, ()):
+            out[key] = list(getattr(spec, key))
+    if spec.reload_cost_s is not None:
+        out["reload_cost"] = f"{spec.reload_cost_s:g}s"
+    if spec.calibration_request is not None:
+        out["calibration"] = {"request": f"({len(spec.calibration_request)} bytes)"}
+    return out
+
+
+def describe(backend: str, spec: Any, layers: Sequence[Path] | None,
+             environ: Any) -> DescriptorInfo:
+    """``backend``'s layers read from the descriptor files now, and its effective descriptor
+    (``spec``, what the engine runs with)."""
+    from .backends.errors import DescriptorError, display_path
+    from .backends.loader import load_backends
+    from .backends.raw import entries_of, entry_name
+    from .backends.yamlio import load_documents
+
+    found: list[DescriptorLayer] = []
+    errors: list[str] = []
+    if layers is not None:
+        loaded = load_backends(layers, environ=environ)
+        for file in loaded.layers:
+            try:
+                documents = load_documents(file)
+            except DescriptorError:
+                continue  # reported with the errors below
+            for document in documents:
+                for item in entries_of(document, file):
+                    if isinstance(item, DescriptorError):
+                        continue
+                    entry, line = item
+                    if entry_name(entry, file, line) == backend:
+                        found.append(DescriptorLayer(display_path(file), line, _dump(entry)))
+        files = {layer.file for layer in found}
+        errors = [str(e) for e in loaded.errors if e.backend == backend
+                  or (e.file is not None and display_path(e.file) in files)]
+    return DescriptorInfo(backend, tuple(found), _dump(spec_document(spec)), tuple(errors))
+
+
+def report_names(directory: Path, backend: str) -> list[str]:
+    """The names of ``backend``'s reports in ``directory``, newest first."""
+    found = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise VramtuiError(f"cannot list {directory}: {exc.strerror or exc}") from None
+    for path in entries:
+        m = REPORT_NAME.match(path.name)
+        if m is not None and m.group("backend") == backend:
+            found.append((m.group("stamp"), path.name))
+    return [name for _stamp, name in sorted(found, reverse=True)]
+
+
+def read_report(directory: Path, backend: str, name: str | None) -> ReportFile:
+    """``backend``'s report ``name`` (a file name in ``directory``), else its latest."""
+    names = report_names(directory, backend)
+    if name is not None:
+        if "/" in name or name not in names:
+            raise NoReport(f"{backend} has no calibration report named {name!r}"
+                           + (f" (its reports: {', '.join(names[:5])})" if names else ""))
+    elif not names:
+        raise NoReport(f"{backend} has not been calibrated yet (no report in {directory}); "
+                       f"`vramtui calibrate {backend}` measures it")
+    chosen = name or names[0]
+    path = directory / chosen
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_REPORT_BYTES + 1)
+    except OSError as exc:
+        raise VramtuiError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_REPORT_BYTES:
+        raise VramtuiError(f"{path} is over {MAX_REPORT_BYTES >> 20} MiB; open it by hand")
+    return ReportFile(backend, chosen, str(path), data, len(names), tuple(names))
