@@ -127,21 +127,25 @@ def on_a_terminal(env: dict[str, str], *args: str) -> tuple[subprocess.Completed
 class Calibrated:
     done: subprocess.CompletedProcess[str]
     terminal: str
-    out: Path
+    out: Path  # --report: the JSON report's copy
+    overlay_out: Path  # --out: the overlay, vramd's meaning
     report: Path
     overlay: Path
 
 
 @pytest.fixture(scope="module")
 def calibrated(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Calibrated:
-    """``vramtui calibrate steady --repeats 2 --out FILE``, run once for the module."""
-    out = tmp_path_factory.mktemp("cal") / "steady-report.json"
-    done, terminal = on_a_terminal(served.env, "calibrate", "steady", *FAST, "--out", str(out))
+    """``vramtui calibrate steady --repeats 2 --out FILE --report FILE``, once for the module."""
+    folder = tmp_path_factory.mktemp("cal")
+    out, overlay_out = folder / "steady-report.json", folder / "steady.yaml"
+    done, terminal = on_a_terminal(served.env, "calibrate", "steady", *FAST, "--report",
+                                   str(out), "--out", str(overlay_out))
     assert done.returncode == 0, (done.stdout, terminal)
     report = re.search(r"^report: (\S+)$", done.stdout, re.M)
     overlay = re.search(r"^overlay: (\S+) ", done.stdout, re.M)
     assert report and overlay, done.stdout
-    return Calibrated(done, terminal, out, Path(report.group(1)), Path(overlay.group(1)))
+    return Calibrated(done, terminal, out, overlay_out, Path(report.group(1)),
+                      Path(overlay.group(1)))
 
 
 def test_calibrate_measures_writes_the_overlay_and_backends_show_it(
@@ -160,10 +164,12 @@ def test_calibrate_measures_writes_the_overlay_and_backends_show_it(
     written = yaml.safe_load(calibrated.overlay.read_text())
     assert written["name"] == "steady" and written["vram"]["peak"] == f"{STEADY_PEAK}MiB"
     assert backend_json(served.env, "steady")["declared_peak_mib"] == STEADY_PEAK
-    # --out: a byte copy of the report.
+    # --report: a byte copy of the report; --out: the overlay (vramd's meaning of --out).
     assert calibrated.report.parent == served.paths.calibration_dir
     assert calibrated.out.read_bytes() == calibrated.report.read_bytes()
     assert f"report copied to: {calibrated.out}" in text
+    assert yaml.safe_load(calibrated.overlay_out.read_text()) == written
+    assert f"overlay written to: {calibrated.overlay_out}" in text
 
 
 def test_recalibrate_without_an_engine_gives_the_same_numbers(
@@ -219,8 +225,10 @@ def test_bad_inputs_are_one_line_errors(served: Served, tmp_path: Path) -> None:
     assert done.returncode == 2 and "cannot read --request-file" in one_line_error(done)
     done = run(served.env, "calibrate", "steady", "--repeats", "0")
     assert done.returncode == 2 and "--repeats" in one_line_error(done)
-    done = run(served.env, "calibrate", "steady", "--out", str(tmp_path / "no" / "x.json"))
+    done = run(served.env, "calibrate", "steady", "--out", str(tmp_path / "no" / "x.yaml"))
     assert done.returncode == 2 and "does not exist" in one_line_error(done)
+    done = run(served.env, "calibrate", "steady", "--report", str(tmp_path))
+    assert done.returncode == 2 and "--report" in one_line_error(done)
     done = run(served.env, "calibrate", "nope")
     assert done.returncode == 4 and "nope" in one_line_error(done)
     done = run(env, "calibrate", "steady")  # no engine runs for env

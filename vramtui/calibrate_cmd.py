@@ -50,18 +50,19 @@ def _request(args: argparse.Namespace) -> bytes | None:
     return read_request(args.request, args.request_file, "request")
 
 
-def _out_target(out: str | None) -> Path | None:
-    """``--out FILE``, checked before the run starts (a calibration can take minutes)."""
+def _out_target(out: str | None, flag: str = "--out") -> Path | None:
+    """``--out FILE`` (or ``--report FILE``), checked before the run starts (a calibration
+    can take minutes)."""
     if out is None:
         return None
     target = Path(out)
     if target.is_dir():
-        raise UsageError(f"--out {out} is a directory; name a file")
+        raise UsageError(f"{flag} {out} is a directory; name a file")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"--out {out}: directory {parent} does not exist")
+        raise UsageError(f"{flag} {out}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: cannot write in {parent}")
+        raise UsageError(f"{flag} {out}: cannot write in {parent}")
     return target
 
 
@@ -189,6 +190,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.settle > 0:
         raise UsageError(f"--settle must be more than 0 seconds, got {args.settle:g}")
     out = _out_target(args.out)
+    report_out = _out_target(args.report, "--report")
+    if out is not None and report_out is not None and out.resolve() == report_out.resolve():
+        raise UsageError("--out (the overlay) and --report (the JSON report) name the same file")
     client = open_client(args)
     job_id = client.calibrate(args.backend, repeats=args.repeats, request=request,
                               settle_s=args.settle)
@@ -199,7 +203,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         final = _follow(client, job_id, view)
     except KeyboardInterrupt:
         return _interrupted(client, job_id, args.backend)
-    return _finish(final, args, out)
+    return _finish(client, final, args, out, report_out)
 
 
 def _summary_of(view: JobView) -> dict[str, Any] | None:
@@ -212,7 +216,8 @@ def _summary_of(view: JobView) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _finish(view: JobView, args: argparse.Namespace, out: Path | None) -> int:
+def _finish(client: Any, view: JobView, args: argparse.Namespace, out: Path | None,
+            report_out: Path | None) -> int:
     from .output import error, print_json
     from .output import out as console
 
@@ -220,21 +225,31 @@ def _finish(view: JobView, args: argparse.Namespace, out: Path | None) -> int:
     report_path = Path(summary["report"]) if summary and summary.get("report") else None
     report: Report | None = None
     unreadable: str | None = None
+    data: bytes | None = None
     if report_path is not None:
-        try:
-            from supervisor.calibration.report import load_report
+        try:  # through the API: the engine's files may not be readable here
+            data = client.calibration_report(view.backend, name=report_path.name).data
+            from supervisor.calibration.report import parse_report
 
-            _record, report = load_report(report_path)
-        except CalibrationError as exc:
+            _record, report = parse_report(data, report_path)
+        except (CalibrationError, VramtuiError) as exc:
             unreadable = str(exc)
     copied: str | None = None
-    if out is not None and report_path is not None:
+    if report_out is not None and data is not None:
         try:
-            write_atomic(out, report_path.read_bytes(), mode=0o644)
-            copied = str(out)
+            write_atomic(report_out, data, mode=0o644)
+            copied = str(report_out)
         except OSError as exc:
-            error(f"cannot copy the report {report_path} to --out {out}: "
-                  f"{exc.strerror or exc}")
+            error(f"cannot copy the report to --report {report_out}: {exc.strerror or exc}")
+            return Exit.USAGE
+    wrote: str | None = None
+    overlay_yaml = summary.get("overlay_yaml") if summary else None
+    if out is not None and isinstance(overlay_yaml, str):
+        try:
+            write_atomic(out, overlay_yaml, mode=0o644)
+            wrote = str(out)
+        except OSError as exc:
+            error(f"cannot write the overlay to --out {out}: {exc.strerror or exc}")
             return Exit.USAGE
 
     overlay = summary.get("overlay") if summary else None
@@ -244,8 +259,11 @@ def _finish(view: JobView, args: argparse.Namespace, out: Path | None) -> int:
                                     **(summary or {"backend": view.backend})}
         if view.error and view.state is not JobState.SUCCEEDED:
             document["job_error"] = view.error
+        document.pop("overlay_yaml", None)
+        if wrote:
+            document["out"] = wrote
         if copied:
-            document["out"] = copied
+            document["report_copy"] = copied
         print_json(document)
     else:
         if report is not None:
@@ -261,6 +279,8 @@ def _finish(view: JobView, args: argparse.Namespace, out: Path | None) -> int:
         if overlay:
             console.print(f"overlay: {escape(str(overlay))} (admission uses the measured peak "
                           "from now on)")
+        if wrote:
+            console.print(f"overlay written to: {escape(wrote)}")
     if overlay and view.state is JobState.SUCCEEDED:
         return Exit.OK
     error(f"calibration of {view.backend}: {why}")

@@ -35,7 +35,7 @@ examples:
   vramtui --serve                         the engine, headless
   vramtui submit echo --data '{"a": 1}' --wait
   vramtui status
-  vramtui calibrate sdxl --repeats 3 --out sdxl-report.json
+  vramtui calibrate sdxl --repeats 3 --out sdxl.yaml --report sdxl-report.json
                                           measure sdxl's real VRAM footprint, alone on a GPU
   vramtui recalibrate sdxl-report.json --write-overlay
                                           re-analyse a stored report (no GPU, no engine)
@@ -274,7 +274,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=1.0, metavar="S",
                    help="seconds to watch the memory settle after loading and after each "
                         "request (default 1)")
-    p.add_argument("--out", metavar="FILE", help="also copy the JSON report to FILE")
+    p.add_argument("--out", metavar="FILE",
+                   help="also write the measured descriptor overlay (YAML) to FILE, as "
+                        "vramd's --out does (nothing is written when the run earns none)")
+    p.add_argument("--report", metavar="FILE", help="also copy the JSON report to FILE")
     p = command("recalibrate", "re-run the analysis on a stored calibration report (no GPU, "
                                "no engine) and say what changed")
     p.add_argument("report", metavar="REPORT.json")

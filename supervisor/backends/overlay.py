@@ -46,14 +46,19 @@ def write_overlay(
     unknown keys raise ``ValueError``. ``comment`` lines go at the top as ``# …``.
     An existing file's permissions are kept; a new one gets 0644.
     """
+    return write_atomic(Path(path), overlay_text(name, fields, comment=comment), sync_dir=True)
+
+
+def overlay_text(name: str, fields: Mapping[str, Any], *, comment: str | None = None) -> str:
+    """The YAML of a one-backend overlay (what ``write_overlay`` writes); ``ValueError`` for a
+    bad name or an unknown key."""
     if not NAME_RE.match(name):
         raise ValueError(f"{name!r} is not a backend name")
     for key in fields:
         if key not in TOP_KEYS or key == "name":
             raise ValueError(unknown_key_message(key, TOP_KEYS - {"name"}))
-    target = Path(path)
     document = {"name": name, "overlay": True, **_plain(dict(fields))}
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False)
     if comment:
         text = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines()) + text
-    return write_atomic(target, text, sync_dir=True)
+    return text

@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..backends.overlay import write_overlay
+from ..backends.overlay import overlay_text, write_overlay
 from ..backends.schema import VramSpec
 from ..gpu.sampler import Sample
 from ..workers.handle import Outcome, WorkerHandle, WorkerState
@@ -217,10 +217,12 @@ class CalibrationRun:
         fields = report.overlay_fields() if self.outcome == "completed" else None
         if fields:
             overlay = engine.paths.backends_dir / f"zz-calibrated-{spec.name}.yaml"
-            write_overlay(overlay, spec.name, fields,
-                          comment=f"measured by vramtui calibrate on {stamp}; report "
-                                  f"{report_path}")
+            comment = f"measured by vramtui calibrate on {stamp}; report {report_path}"
+            write_overlay(overlay, spec.name, fields, comment=comment)
             summary["overlay"] = str(overlay)
+            # The overlay itself, for a client that cannot read the engine's files
+            # (`vramtui calibrate --out FILE`).
+            summary["overlay_yaml"] = overlay_text(spec.name, fields, comment=comment)
             vram = fields.get("vram", {})
             self.rt.spec = replace(spec, vram=_vram_from(vram, spec.vram))
         return summary
