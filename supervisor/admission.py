@@ -5,7 +5,9 @@ This is the one place that turns the engine's state into the inputs of the pure 
 1. each backend's admission figures (``ledger.figures``: declared, calibrated and learned
    figures merged) become a ``BackendInfo``;
 2. each live worker, ghost of a stopped worker and calibration run becomes a ledger
-   ``Holder``, and ``ledger.book`` adds them up per GPU beside the foreign memory;
+   ``Holder`` (and what a worker was seen to hold during a job that has ended since, until
+   the next sample, a ``settling`` one: counted, and coming back like a ghost's), and
+   ``ledger.book`` adds them up per GPU beside the foreign memory;
 3. the ``Book`` gives every ``WorkerInfo.reserved_mib`` and every GPU's foreign and leaving
    memory: the scheduler's ``Snapshot``.
 
@@ -80,6 +82,7 @@ class WorkerFacts:
     idle_since: float | None = None
     accepting: bool = True
     over_declared: bool = False  # seen above the figures it was admitted with
+    settling: bool = False  # a job of it ended since it was last seen: its memory comes back
     pids: frozenset[int] = frozenset()
 
 
@@ -128,7 +131,14 @@ def holders(
             figure = whole.get(w.gpu, 0)
         else:
             figure = info.holds_mib(w.jobs)
-        out.append(Holder(w.name, w.backend, w.gpu, "worker", figure, w.observed_mib, w.jobs,
+        observed = w.observed_mib
+        if w.settling and observed is not None and observed > figure:
+            # Seen while a job ran that has ended since: what it held above its figures is
+            # still counted, as memory on its way back until the next sample says.
+            out.append(Holder(f"{w.name}~settling", w.backend, w.gpu, "settling",
+                              observed - figure))
+            observed = None
+        out.append(Holder(w.name, w.backend, w.gpu, "worker", figure, observed, w.jobs,
                           w.pids))
     for gh in ghosts:
         out.append(Holder(gh.name, gh.backend, gh.gpu, "ghost", gh.mib, gh.observed_mib, 0,
@@ -162,7 +172,8 @@ def decide_inputs(
     draining = set(draining)
     leaving: dict[int, int] = {}
     for gpu in accounts.gpus.values():
-        leaving[gpu.index] = sum(h.holds_mib for h in gpu.holders if h.kind == "ghost")
+        leaving[gpu.index] = sum(h.holds_mib for h in gpu.holders
+                                 if h.kind in ("ghost", "settling"))
     gpus = tuple(
         GpuState(d.index, d.total_mib, d.free_mib, reserve_mib,
                  foreign_mib=accounts.gpus[d.index].foreign_mib,

@@ -132,6 +132,7 @@ class BackendRuntime:
     over_noted: bool = False
     kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
     observed_mib: int | None = None  # the worker's processes' memory at the last sample
+    settling: bool = False  # a job ended since that sample: its memory is on its way back
     observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     load_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
     timed_worker: str | None = None  # the worker whose load time was last recorded
@@ -732,7 +733,7 @@ class Engine(EngineCommands):
                     name=w.name, backend=name, gpu=w.gpu, state=state, jobs=len(rt.admitted),
                     exclusive=rt.exclusive, observed_mib=rt.observed_mib,
                     idle_since=rt.idle_since, accepting=rt.accepting,
-                    over_declared=rt.over_mib > 0))
+                    over_declared=rt.over_mib > 0, settling=rt.settling))
             for gh in rt.ghosts:
                 ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
                                                    gh.observed_mib))
@@ -1058,6 +1059,7 @@ class Engine(EngineCommands):
             rt.admitted.remove(job_id)
         rt.jobs_served += 1
         rt.last_used = time.time()
+        rt.settling = True  # the last sample saw this job's memory: not held any more
         if not rt.admitted:
             rt.idle_since = self.clock()
         self._learn(rt, job, outcome.ok)
@@ -1269,6 +1271,7 @@ class Engine(EngineCommands):
                 mib = sum(mine.get(pid, 0) for pid in pids)
                 seen = bool(pids & set(mine))
                 rt.observed_mib = mib if seen or worker.hot else None
+                rt.settling = False
                 self.backend_history.append(rt.spec.name, sample.t, mib)
                 if seen and rt.observed_mib is not None:
                     if not rt.admitted and worker.state == WorkerState.READY:

@@ -83,7 +83,7 @@ class Holder:
     name: str  # unique (the worker's name)
     backend: str
     gpu: int
-    kind: str  # "worker", "ghost" or "calibration"
+    kind: str  # "worker", "ghost", "settling" (a finished job's memory) or "calibration"
     figures_mib: int  # what its figures imply now
     observed_mib: int | None = None  # its processes at the last sample (None: not seen)
     jobs: int = 0
