@@ -12,9 +12,11 @@ on simulated time) under four policies, and a lower bound:
 - ``bound``: a lower bound no policy can beat (see ``lower_bound``).
 
 Traces: the interleaved case of issue 11 (A and B cannot be resident together, C and D fit
-beside either; 40 jobs at once), a vramd-like card (6 GiB, ten models, a batch of 100 jobs
-with loads up to 60 s), a 4-GPU box with 50 backends and bursts, interactive jobs arriving
-over a batch, and a stream of jobs arriving faster than a small card can serve them.
+beside either; 40 jobs at once), a vramd-like card (6 GiB, ten models of which no two fit
+together with a job running, a batch of 100 jobs with loads up to 60 s), a 4-GPU box with
+50 backends and bursts, interactive jobs arriving over a batch, and a stream of jobs for ten
+smaller models arriving faster than a small card can serve them (there several models fit
+together, and the bound, which cannot see how they pack, is loose).
 ``--engine`` also runs the interleaved trace through the real engine with simulated workers
 (loads 1 s, jobs 0.3 s) and prints its makespan and loads beside the simulator's, with the
 engine's measured load times.
@@ -215,10 +217,11 @@ def interleaved() -> Trace:
 
 
 def vramd_card(rng: random.Random) -> Trace:
-    """vramd's headline case: a batch for ten models on a 6 GiB card, loads up to 60 s,
-    submitted interleaved (each job for a model other than the one before)."""
+    """vramd's headline case: a batch for ten models on a 6 GiB card (one at a time: no two
+    fit together with a job running), loads up to 60 s, submitted interleaved (each job for
+    a model other than the one before)."""
     backends = tuple(
-        TraceBackend(f"m{i}", rng.uniform(10.0, 60.0), rng.randint(1_800, 4_200),
+        TraceBackend(f"m{i}", rng.uniform(10.0, 60.0), rng.randint(3_000, 4_500),
                      rng.randint(300, 1_000), safety_mib=384)
         for i in range(10))
     jobs = []
