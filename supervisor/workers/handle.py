@@ -15,7 +15,6 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,21 +34,10 @@ from worker_sdk.events import (
 from worker_sdk.protocol import ProtocolError
 
 from . import process
-from .supervised import SupervisedProcess
+from .supervised import SupervisedProcess, WorkerState
 from .wire import WireConnection, WireListener
 
 log = logging.getLogger(__name__)
-
-
-class WorkerState(StrEnum):
-    COLD = "cold"
-    STARTING = "starting"
-    INITIALIZING = "initializing"
-    READY = "ready"
-    BUSY = "busy"
-    STOPPING = "stopping"
-    CRASHED = "crashed"
-    FAILED = "failed"
 
 
 @dataclass(slots=True)
@@ -224,19 +212,6 @@ class WorkerHandle(SupervisedProcess):
         log.warning("worker %s: %s but the process lives on; killing it", self.name, why)
         self._lost_reason = f"{self._lost_reason or why}; killed by the engine"
         self.kill()
-
-    # -- state ------------------------------------------------------------------------------
-    def _set_state(self, state: WorkerState) -> None:
-        if self.state == state:
-            return
-        self.state = state
-        if state == WorkerState.READY and self.ready_at is None:
-            self.ready_at = time.monotonic()
-        self.observer.worker_state(self)
-
-    @property
-    def hot(self) -> bool:
-        return self.state in (WorkerState.READY, WorkerState.BUSY)
 
     # -- liveness ---------------------------------------------------------------------------
     def ping(self) -> None:

@@ -1,10 +1,13 @@
-"""What every worker handle shares, whatever protocol its worker speaks: its process group.
+"""What every worker handle shares, whatever protocol its worker speaks: its process group
+and its state.
 
-:class:`SupervisedProcess` owns the end of a stop (the handle's own ``begin_stop`` asks the
-worker to exit its way; then SIGTERM, then SIGKILL of the whole process group), the wait for
-the process to be gone, and the pids that belong to the worker (itself, its descendants, and
-those seen before that may outlive it on the GPU). A handle sets ``pid``, ``_exited`` and
-``_descendants`` and calls nothing here before its process exists.
+:class:`WorkerState` is the life of a worker (starting, initializing, ready, busy, stopping;
+cold, crashed, failed). :class:`SupervisedProcess` owns the state changes (each told to the
+handle's observer; the first READY stamps ``ready_at``), the end of a stop (the handle's own
+``begin_stop`` asks the worker to exit its way; then SIGTERM, then SIGKILL of the whole
+process group), the wait for the process to be gone, and the pids that belong to the worker
+(itself, its descendants, and those seen before that may outlive it on the GPU). A handle
+sets ``pid``, ``state``, ``ready_at``, ``observer``, ``_exited`` and ``_descendants``.
 """
 
 from __future__ import annotations
@@ -12,18 +15,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
+from enum import StrEnum
+from typing import Any
 
 import psutil
 
 from . import process
 
 
+class WorkerState(StrEnum):
+    COLD = "cold"
+    STARTING = "starting"
+    INITIALIZING = "initializing"
+    READY = "ready"
+    BUSY = "busy"
+    STOPPING = "stopping"
+    CRASHED = "crashed"
+    FAILED = "failed"
+
+
 class SupervisedProcess:
-    """The process side of a worker handle (mixed into each handle class)."""
+    """The process and state side of a worker handle (the base of each handle class)."""
 
     pid: int | None
+    state: WorkerState
+    ready_at: float | None
+    observer: Any  # a WorkerObserver
     _exited: asyncio.Event
     _descendants: set[int]
+
+    def _set_state(self, state: WorkerState) -> None:
+        if self.state == state:
+            return
+        self.state = state
+        if state == WorkerState.READY and self.ready_at is None:
+            self.ready_at = time.monotonic()
+        self.observer.worker_state(self)
+
+    @property
+    def hot(self) -> bool:
+        """READY or BUSY: it can take a request."""
+        return self.state in (WorkerState.READY, WorkerState.BUSY)
 
     def begin_stop(self) -> None:
         """Take no more jobs and ask the worker to exit, its own way."""

@@ -240,19 +240,6 @@ class VramdWorkerHandle(SupervisedProcess):
         self._set_state(WorkerState.COLD if expected else WorkerState.CRASHED)
         self.observer.worker_exited(self, code, reason)
 
-    # -- state ------------------------------------------------------------------------------
-    def _set_state(self, state: WorkerState) -> None:
-        if self.state == state:
-            return
-        self.state = state
-        if state == WorkerState.READY and self.ready_at is None:
-            self.ready_at = time.monotonic()
-        self.observer.worker_state(self)
-
-    @property
-    def hot(self) -> bool:
-        return self.state in (WorkerState.READY, WorkerState.BUSY)
-
     @property
     def data(self) -> object | None:
         """The channel requests go through (the worker's stdin), None once it is gone."""
