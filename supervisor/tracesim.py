@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -93,15 +92,6 @@ class Result:
         if not waits:
             return math.nan
         return waits[min(len(waits) - 1, int(q * len(waits)))]
-
-    @property
-    def max_wait_s(self) -> float:
-        return max((w for ws in self.waits.values() for w in ws), default=0.0)
-
-    @property
-    def median_wait_s(self) -> float:
-        all_waits = [w for ws in self.waits.values() for w in ws]
-        return statistics.median(all_waits) if all_waits else 0.0
 
 
 @dataclass
