@@ -96,54 +96,26 @@ class WorkerHandle(SupervisedProcess):
         plain_stream: bool = False,
         max_result: int | None = None,
     ) -> None:
-        self.backend = backend
-        self.name = name
-        self.gpu = gpu
-        self.argv = tuple(argv)
-        self.env = dict(env)
-        self.cwd = cwd
-        self.log_path = log_path
+        super().__init__(backend=backend, name=name, gpu=gpu, argv=argv, env=env, cwd=cwd,
+                         log_path=log_path, observer=observer)
         self.listener = listener
-        self.observer = observer
         self.plain_stream = plain_stream
         self.max_result = max_result  # bytes of one request's result (None: no limit)
-        self.state = WorkerState.STARTING
-        self.proc: asyncio.subprocess.Process | None = None
-        self.pid: int | None = None
         self.control: WireConnection | None = None
         self.data: WireConnection | None = None
-        self.features: frozenset[str] = frozenset()
         self.inflight: dict[int, Pending] = {}
         self.by_job: dict[str, int] = {}
-        self.started_at = time.monotonic()
-        self.ready_at: float | None = None
-        self.init_error: str | None = None
-        self.exit_code: int | None = None
-        self._exited = asyncio.Event()
-        self._stopping = False
-        self._descendants: set[int] = set()
         self._said_ready = False  # the worker said "ready" (maybe before its data socket came)
         self._lost_reason: str | None = None  # why the engine killed it (not an init failure)
-        # (wall time, status) of each status event, stamped by the worker itself when it can.
-        self.status_marks: list[tuple[float, str]] = []
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.listener.claim(self.name, self)
-        try:
-            self.proc = await process.spawn(
-                self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path
-            )
-        except (OSError, ValueError, TypeError) as exc:  # missing binary, NUL in argv/env…
-            self.listener.release(self.name)
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self.init_error = f"cannot start {self.argv[0]!r}: {why}"
-            self._set_state(WorkerState.CRASHED)
-            self._exited.set()
-            self.observer.worker_exited(self, None, self.init_error)
-            return
-        self.pid = self.proc.pid
-        asyncio.get_running_loop().create_task(self._watch_exit())
+        if await self._start_process():
+            asyncio.get_running_loop().create_task(self._watch_exit())
+
+    def _start_failed(self) -> None:
+        self.listener.release(self.name)
 
     async def _watch_exit(self) -> None:
         assert self.proc is not None

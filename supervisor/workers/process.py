@@ -126,9 +126,11 @@ class LogSink(asyncio.Protocol):
 
 
 async def spawn(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log_path: Path
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log_path: Path,
+    pipes: bool = False,
 ) -> asyncio.subprocess.Process:
-    """Start ``argv`` in a new session, its stdout and stderr copied to ``log_path``."""
+    """Start ``argv`` in a new session, its stdout and stderr copied to ``log_path`` (with
+    ``pipes``: stdin and stdout are pipes to the caller, and only stderr is logged)."""
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     rotate_log(log_path)
     try:
@@ -140,9 +142,9 @@ async def spawn(
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=write_fd,
-            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if pipes else write_fd,
+            stderr=write_fd if pipes else asyncio.subprocess.STDOUT,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,

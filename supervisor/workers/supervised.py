@@ -3,11 +3,11 @@ and its state.
 
 :class:`WorkerState` is the life of a worker (starting, initializing, ready, busy, stopping;
 cold, crashed, failed). :class:`SupervisedProcess` owns the state changes (each told to the
-handle's observer; the first READY stamps ``ready_at``), the end of a stop (the handle's own
-``begin_stop`` asks the worker to exit its way; then SIGTERM, then SIGKILL of the whole
-process group), the wait for the process to be gone, and the pids that belong to the worker
-(itself, its descendants, and those seen before that may outlive it on the GPU). A handle
-sets ``pid``, ``state``, ``ready_at``, ``observer``, ``_exited`` and ``_descendants``.
+handle's observer; the first READY stamps ``ready_at``), the start of the process (a start
+that fails is reported as a crash), the end of a stop (the handle's own ``begin_stop`` asks
+the worker to exit its way; then SIGTERM, then SIGKILL of the whole process group), the wait
+for the process to be gone, and the pids that belong to the worker (itself, its descendants,
+and those seen before that may outlive it on the GPU).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -38,12 +40,61 @@ class WorkerState(StrEnum):
 class SupervisedProcess:
     """The process and state side of a worker handle (the base of each handle class)."""
 
-    pid: int | None
-    state: WorkerState
-    ready_at: float | None
-    observer: Any  # a WorkerObserver
-    _exited: asyncio.Event
-    _descendants: set[int]
+    def __init__(
+        self,
+        *,
+        backend: str,
+        name: str,
+        gpu: int,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        log_path: Path,
+        observer: Any,  # a WorkerObserver
+    ) -> None:
+        self.backend = backend
+        self.name = name
+        self.gpu = gpu
+        self.argv = tuple(argv)
+        self.env = dict(env)
+        self.cwd = cwd
+        self.log_path = log_path
+        self.observer = observer
+        self.state = WorkerState.STARTING
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self.features: frozenset[str] = frozenset()
+        self.started_at = time.monotonic()
+        self.ready_at: float | None = None
+        self.init_error: str | None = None
+        self.exit_code: int | None = None
+        # (wall time, status) of each status event, stamped by the worker itself when it can.
+        self.status_marks: list[tuple[float, str]] = []
+        self._exited = asyncio.Event()
+        self._stopping = False
+        self._descendants: set[int] = set()
+
+    async def _start_process(self, *, pipes: bool = False) -> bool:
+        """Start the worker's process (``pipes``: stdin and stdout are the handle's); False,
+        reported to the observer as a crash, when it cannot start."""
+        try:
+            self.proc = await process.spawn(
+                self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path, pipes=pipes
+            )
+        except (OSError, ValueError, TypeError) as exc:  # missing binary, NUL in argv/env…
+            self._start_failed()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.init_error = f"cannot start {self.argv[0]!r}: {why}"
+            self._set_state(WorkerState.CRASHED)
+            self._exited.set()
+            self.observer.worker_exited(self, None, self.init_error)
+            return False
+        self.pid = self.proc.pid
+        return True
+
+    def _start_failed(self) -> None:
+        """Undo what the handle set up for a process that never started (before it is
+        reported)."""
 
     def _set_state(self, state: WorkerState) -> None:
         if self.state == state:

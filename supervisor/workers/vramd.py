@@ -29,7 +29,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import signal
 import time
 from collections import deque
@@ -102,30 +101,13 @@ class VramdWorkerHandle(SupervisedProcess):
         unload_frees_vram: bool = True,
         max_line: int = DEFAULT_MAX_LINE,
     ) -> None:
-        self.backend = backend
-        self.name = name
-        self.gpu = gpu
-        self.argv = tuple(argv)
-        self.env = dict(env)
-        self.cwd = cwd
-        self.log_path = log_path
-        self.observer = observer
+        super().__init__(backend=backend, name=name, gpu=gpu, argv=argv, env=env, cwd=cwd,
+                         log_path=log_path, observer=observer)
         self.settings = settings or VramdSettings()
         self.unload_frees_vram = unload_frees_vram
-        self.state = WorkerState.STARTING
-        self.proc: asyncio.subprocess.Process | None = None
-        self.pid: int | None = None
-        self.features: frozenset[str] = frozenset({"cancel", "progress"})
-        self.started_at = time.monotonic()
-        self.ready_at: float | None = None
-        self.init_error: str | None = None
-        self.exit_code: int | None = None
+        self.features = frozenset({"cancel", "progress"})
         self.reported_vram_mib: int | None = None  # the worker's own figure at "ready"
-        self.status_marks: list[tuple[float, str]] = []
-        self._descendants: set[int] = set()
         self._idle_since = time.monotonic()  # pings count only from here while idle
-        self._exited = asyncio.Event()
-        self._stopping = False
         self._decoder = LineDecoder(max_line)
         self._reader: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
@@ -142,16 +124,10 @@ class VramdWorkerHandle(SupervisedProcess):
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
-        try:
-            self.proc = await self._spawn()
-        except (OSError, ValueError, TypeError) as exc:  # missing binary, NUL in argv/env…
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self.init_error = f"cannot start {self.argv[0]!r}: {why}"
-            self._set_state(WorkerState.CRASHED)
-            self._exited.set()
-            self.observer.worker_exited(self, None, self.init_error)
+        """The worker in a new session: commands on its stdin, events on its stdout, its
+        stderr logged."""
+        if not await self._start_process(pipes=True):
             return
-        self.pid = self.proc.pid
         loop = asyncio.get_running_loop()
         self._reader = loop.create_task(self._read_events())
         loop.create_task(self._watch_exit())
@@ -162,24 +138,6 @@ class VramdWorkerHandle(SupervisedProcess):
         self._write(encode(CMD_LOAD, kwargs=self._loaded))
         self.status_marks.append((time.time(), "initializing"))
         self._set_state(WorkerState.INITIALIZING)
-
-    async def _spawn(self) -> asyncio.subprocess.Process:
-        """The worker in a new session: commands on stdin, events on stdout, stderr logged."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        process.rotate_log(self.log_path)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            return await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=fd,
-                env=self.env,
-                cwd=self.cwd,
-                start_new_session=True,
-            )
-        finally:
-            os.close(fd)
 
     async def _read_events(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
