@@ -41,29 +41,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import percentile, time_jobs  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 ECHO = {"name": "echo", "script": str(ROOT / "examples" / "echo" / "main.py"),
         "vram": {"weights": "0MiB", "activation": "16MiB"}, "keep_alive": "forever"}
 PAYLOAD = {"prompt": "hello"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def time_jobs(fn: object, n: int) -> tuple[list[float], float]:
-    run = fn  # type: ignore[assignment]
-    for _ in range(min(200, n)):
-        run()
-    samples = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - t)
-    return samples, time.perf_counter() - t0
 
 
 def start(root: Path) -> tuple[subprocess.Popen[bytes], str, Path]:

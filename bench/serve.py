@@ -34,6 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import percentile, time_jobs  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 from supervisor.control.errors import EngineNotRunning  # noqa: E402
 
@@ -41,24 +42,6 @@ ECHO = {"name": "echo", "script": str(ROOT / "examples" / "echo" / "main.py"),
         "vram": {"weights": "0MiB", "activation": "16MiB", "context": "256MiB"},
         "keep_alive": "forever"}  # the simulated device gives each process a 256 MiB context
 PAYLOAD = b'{"prompt": "hello"}'
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def time_jobs(run_one: object, n: int) -> tuple[list[float], float]:
-    fn = run_one  # type: ignore[assignment]
-    for _ in range(min(200, n)):  # warm-up: worker hot, caches filled
-        fn()
-    samples = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return samples, time.perf_counter() - t0
 
 
 PROCESSES = (
