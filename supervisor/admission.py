@@ -52,10 +52,9 @@ def declared(vram: VramSpec) -> Declared:
 def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | None = None,
                  *, distrusted: bool = False) -> BackendInfo:
     """``spec`` as admission sizes it. A ``distrusted`` backend (it was caught above its
-    figures) runs alone until it has been measured again."""
-    peak, activation = figures(declared(spec.vram), learned)
-    if distrusted:
-        peak, activation = None, None
+    figures) is sized by what was measured of it alone: it runs alone until a job of it was
+    sampled often enough (``learned.peak_confirmed``)."""
+    peak, activation = figures(Declared() if distrusted else declared(spec.vram), learned)
     if reload_cost_s is None:
         reload_cost_s = (spec.reload_cost_s if spec.reload_cost_s is not None
                          else DEFAULT_RELOAD_COST_S)

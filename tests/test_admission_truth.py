@@ -114,13 +114,40 @@ def test_a_liar_that_overcommits_is_killed_within_a_sample_and_never_again() -> 
         log = [line.text for line in sup.snapshot().log]
     assert [r.state for r in results] == [JobState.SUCCEEDED] * 3, [r.error for r in results]
     episodes = watch.episodes()
-    assert first_episodes and episodes == first_episodes, episodes  # it never recurred
+    # It never recurred. The first one may be too short for the watcher to see at all: the
+    # engine's sample can fall within 10 ms of the liar's allocation, and then the kill too.
+    assert episodes == first_episodes, episodes
     liars = {pid for e in episodes for name, pid in e.workers if name == "liar"}
-    assert len(liars) == 1, episodes  # one worker, one incident
-    # It ended within one sampling period of the engine (10 Hz) plus the kill's own latency.
-    span = max(e.start + e.duration_s for e in episodes) - min(e.start for e in episodes)
-    assert span < 0.6, episodes
+    assert len(liars) <= 1, episodes  # one worker, one incident
+    if episodes:
+        # It ended within one sampling period of the engine (10 Hz) plus the kill's latency.
+        span = max(e.start + e.duration_s for e in episodes) - min(e.start for e in episodes)
+        assert span < 0.6, episodes
     assert any("liar measured alone" in text for text in log), log
+
+
+def test_a_liar_caught_idle_runs_alone_next_time_even_if_its_peak_was_never_seen() -> None:
+    # Found by scripts/admission-soak (seed 905): the liar's first job is over before the
+    # engine's 10 Hz sampler sees its 6.6 GiB of activation; only its idle 2.6 GiB (it
+    # declared 1.3 GiB) is caught, and it is evicted. Sized by that idle figure plus its
+    # declared activation, its next worker fitted beside h and over-committed the GPU.
+    liar = real("liar", 2_400, 6_600, {"weights": "1GiB", "activation": "128MiB",
+                                       "context": "256MiB"})
+    honest = sim_backend("h", 5_000, 256, steps=20, step_s=0.05)
+    with engine([liar, honest], gpus="sim:12GiB") as sup, \
+            UsageWatcher(sup, "sim:12GiB", hz=100) as watch:
+        assert sup.wait(sup.submit("liar", req(steps=1, step_s=0.005)), 60).state \
+            is JobState.SUCCEEDED
+        wait_for(lambda: sup.snapshot().backend("liar").state == "cold", 20,
+                 "the liar evicted for holding more than it declared")
+        long_honest = sup.submit("h", req(steps=20, step_s=0.05))
+        wait_for(lambda: sup.job(long_honest).state is JobState.RUNNING, what="h running")
+        second = sup.wait(sup.submit("liar", req(steps=6, step_s=0.05)), 60)
+        assert sup.wait(long_honest, 60).state is JobState.SUCCEEDED
+        log = [line.text for line in sup.snapshot().log]
+    assert second.state is JobState.SUCCEEDED, second.error
+    assert watch.overcommits == [], watch.episodes()
+    assert any("starting liar" in text and "runs alone" in text for text in log), log
 
 
 def test_an_idle_worker_above_its_declaration_is_the_first_to_evict() -> None:
