@@ -235,6 +235,7 @@ class Engine(EngineCommands):
         self.lifeline = Lifeline(paths.runtime_dir / "workers")
         self._history_at: dict[int, float] = {}
         self.gpu_processes: tuple[ProcessReading, ...] = ()  # at the last process sample
+        self.gpu_owners: dict[int, str] = {}  # pid -> the backend it works for, at that sample
         self.kept_requests = KeptRequests()  # for retry
 
     # ===================================================================== lifecycle ======
@@ -1268,11 +1269,13 @@ class Engine(EngineCommands):
         self.proc_mib = {p.pid: p.used_mib or 0 for p in sample.processes}
         on_gpu = set(self.proc_mib)
         ours: dict[int, set[int]] = {}
+        owners: dict[int, str] = {}  # the one attribution of a GPU process to a backend
         for rt in self.backends.values():
             worker = rt.worker
             if worker is not None and not worker.exited:
-                pids = worker.pids()
+                pids = worker.pids(on_gpu)
                 ours.setdefault(worker.gpu, set()).update(pids)
+                owners.update(dict.fromkeys(pids & on_gpu, rt.spec.name))
                 mine = per_gpu.get(worker.gpu, {})
                 mib = sum(mine.get(pid, 0) for pid in pids)
                 seen = bool(pids & set(mine))
@@ -1294,10 +1297,13 @@ class Engine(EngineCommands):
                     continue
                 gh.observed_mib = sum(mine.get(pid, 0) for pid in gh.pids)
                 ours.setdefault(gh.gpu, set()).update(gh.pids)
+                owners.update(dict.fromkeys(gh.pids & on_gpu, rt.spec.name))
         for run, _task in self.calibrations.values():
-            pids = run.pids()
+            pids = run.pids(on_gpu)
             ours.setdefault(run.gpu, set()).update(pids)
+            owners.update(dict.fromkeys(pids & on_gpu, run.rt.spec.name))
             run.observed_mib = sum(per_gpu.get(run.gpu, {}).get(pid, 0) for pid in pids)
+        self.gpu_owners = owners
         for index, reading in self.readings.items():
             self.foreign[index] = foreign_mib(reading.used_mib, per_gpu.get(index, {}),
                                               ours.get(index, ()))

@@ -116,15 +116,12 @@ def _user(pid: int) -> str:
 
 def gpu_processes(engine: Engine) -> dict[int, tuple[GpuProcess, ...]]:
     """The processes on each GPU at the last process sample, largest first, each named by
-    the backend whose worker (or a child of it) it is, else foreign."""
-    workers = [(rt.spec.name, rt.worker) for rt in engine.backends.values()
-               if rt.worker is not None and not rt.worker.exited]
-    workers += [(run.rt.spec.name, run.worker) for run, _task in engine.calibrations.values()
-                if run.worker is not None and not run.worker.exited]
+    the backend whose worker (or a descendant of it, or a stopped one not yet gone) it is, as
+    the engine attributed it for the ledger; else foreign."""
+    owners = engine.gpu_owners
     out: dict[int, list[GpuProcess]] = {}
     for p in engine.gpu_processes:
-        owner = next((name for name, w in workers if w.accepts_pid(p.pid)), None)
         out.setdefault(p.gpu_index, []).append(GpuProcess(p.pid, p.used_mib, _user(p.pid),
-                                                          owner))
+                                                          owners.get(p.pid)))
     return {gpu: tuple(sorted(ps, key=lambda x: -(x.used_mib or 0)))
             for gpu, ps in out.items()}

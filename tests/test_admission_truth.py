@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -193,6 +194,71 @@ def test_on_overuse_kill_and_evict(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- liveness
+
+
+SPAWNING_WORKER = """
+import os, subprocess, sys
+import worker_sdk
+
+HOLD = "import sys, worker_sdk.sim as s; s.allocate(int(sys.argv[1])); sys.stdin.read()"
+kids = []
+
+@worker_sdk.predict
+def predict(payload: bytes) -> bytes:
+    # a child holding 1000 MiB, which starts a grandchild holding 2000 MiB
+    nest = ("import subprocess, sys; "
+            f"g = subprocess.Popen([sys.executable, '-c', {HOLD!r}, '2000'], stdin=sys.stdin); "
+            f"exec({HOLD!r})")
+    kids.append(subprocess.Popen([sys.executable, "-c", nest, "1000"], stdin=subprocess.PIPE))
+    return os.environ["VRAMTUI_SIM_DIR"].encode()
+"""
+
+
+def test_memory_of_a_workers_descendants_is_its_own_and_a_strangers_is_foreign(
+        tmp_path: Path) -> None:
+    # The truth: /proc says who descends from the worker; the sim ledger, who holds what.
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNING_WORKER)
+    backend = {"name": "spawner", "script": str(script), "vram": {"peak": "4GiB"},
+               "on_overuse": "warn", "timeouts": {"stop_grace": "3s"}}
+    with engine([backend], gpus="sim:16GiB") as sup:
+        sim_dir = sup.wait(sup.submit("spawner", b""), 30).data.decode()
+        stranger = subprocess.Popen(  # a process of ours, but no worker's descendant
+            [sys.executable, "-c", "import sys, worker_sdk.sim as s; s.allocate(1500); "
+             "sys.stdin.read()"], stdin=subprocess.PIPE, cwd=ROOT,
+            env=dict(os.environ, VRAMTUI_SIM_DIR=sim_dir, VRAMTUI_SIM_GPU="0",
+                     PYTHONPATH=str(ROOT)))
+        try:
+            def settled() -> Any:
+                snap = sup.snapshot()
+                gpu = snap.gpus[0]
+                return snap if len(gpu.processes) == 4 and gpu.foreign_mib else None
+
+            snap = wait_for(settled, 20, "the worker, its two descendants and the stranger")
+            view = snap.backend("spawner")
+            assert view is not None and view.pid is not None
+            lineage = {p.pid: _ancestors(p.pid) for p in snap.gpus[0].processes}
+        finally:
+            stranger.stdin.close()  # type: ignore[union-attr]
+            stranger.wait(10)
+    owners = {p.pid: p.backend for p in snap.gpus[0].processes}
+    truth = {pid: "spawner" if pid == view.pid or view.pid in up else None
+             for pid, up in lineage.items()}
+    assert owners == truth and sorted(truth.values(), key=str) == [None] + ["spawner"] * 3
+    assert view.observed_mib is not None
+    assert view.observed_mib >= 3000 + 3 * 256  # the two allocations and three contexts
+    assert 1500 <= (snap.gpus[0].foreign_mib or 0) < 3000
+
+
+def _ancestors(pid: int) -> set[int]:
+    """The pids above ``pid``, read from /proc (field 4 of stat), not from the engine."""
+    up: set[int] = set()
+    while pid > 1:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        up.add(pid)
+    return up
 
 
 def test_a_stopped_worker_is_declared_hung_and_its_job_fails_with_that_reason() -> None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -64,19 +65,20 @@ class CalibrationRun:
         fraction = min(0.99, len(self.marks) / (2 * self.repeats + 6))
         self.engine.request_progress(self.job.id, fraction, phase)
 
-    def pids(self) -> set[int]:
-        """The run's worker and its descendants (empty before it started or once it exited)."""
+    def pids(self, on_gpu: Collection[int]) -> set[int]:
+        """The run's worker and its descendants among ``on_gpu`` (the pids a sample saw on
+        the GPUs; empty before it started or once it exited)."""
         worker = self.worker
         if worker is None:
             return set()
-        return worker.pids() | worker.known_descendants() | (
+        return worker.pids(on_gpu) | worker.known_descendants() | (
             {worker.pid} if worker.pid and not worker.exited else set())
 
     def on_sample(self, sample: Sample) -> None:
         worker = self.worker
         if worker is None or sample.processes is None:
             return
-        pids = self.pids()
+        pids = self.pids({p.pid for p in sample.processes})
         # A process whose memory the driver would not tell is left out (never counted as 0);
         # a run in which no reading ever had a number is recorded as not per-process.
         mine = [p for p in sample.processes if p.pid in pids and p.gpu_index == self.gpu]

@@ -13,6 +13,7 @@ The engine reads ``data`` (None: requests cannot be sent yet) and ``known_descen
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -75,8 +76,9 @@ class Worker(Protocol):
 
     async def wait_exited(self, timeout: float) -> bool: ...
 
-    def pids(self) -> set[int]:
-        """The worker's process and its descendants (for per-process GPU memory)."""
+    def pids(self, on_gpu: Collection[int]) -> set[int]:
+        """The worker's process and its descendants among ``on_gpu`` (for per-process GPU
+        memory)."""
         ...
 
     def known_descendants(self) -> set[int]:

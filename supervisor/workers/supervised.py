@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ class SupervisedProcess:
         self._exited = asyncio.Event()
         self._stopping = False
         self._descendants: set[int] = set()
+        self._strangers: set[int] = set()  # pids on a GPU seen not to be ours (see pids)
 
     async def _start_process(self, *, pipes: bool = False) -> bool:
         """Start the worker's process (``pipes``: stdin and stdout are the handle's); False,
@@ -165,11 +166,23 @@ class SupervisedProcess:
         """The worker's children seen so far (they may outlive it on the GPU)."""
         return set(self._descendants)
 
-    def pids(self) -> set[int]:
-        """The worker's process and its descendants (for per-process GPU memory)."""
+    def pids(self, on_gpu: Collection[int]) -> set[int]:
+        """The worker's process and those of its descendants among ``on_gpu`` (the pids a
+        sample saw on the GPUs): for per-process GPU memory, only those can count.
+
+        Each pid there is looked up once (:meth:`accepts_pid`) and remembered, as ours or
+        not, while it stays on a GPU (one that left may come back as another process); no
+        scan of every process on the host.
+        """
         if self.pid is None or self._exited.is_set():
             return set()
+        present = set(on_gpu)
+        self._strangers &= present
+        self._descendants &= present
         found = {self.pid}
-        with contextlib.suppress(psutil.Error):
-            found.update(c.pid for c in psutil.Process(self.pid).children(recursive=True))
+        for pid in present - self._strangers:
+            if self.accepts_pid(pid):
+                found.add(pid)
+            else:
+                self._strangers.add(pid)
         return found
