@@ -95,10 +95,9 @@ class EventHub:
         with self._lock:
             self._subs = [s for s in self._subs if s is not sub]
 
-    @property
-    def active(self) -> bool:
-        """Whether anyone listens (events are not even built when nobody does)."""
-        return bool(self._subs)
+    def wants(self, kind: str) -> bool:
+        """Whether anyone listens to ``kind`` (an event nobody takes is not even built)."""
+        return any(sub.kinds is None or kind in sub.kinds for sub in self._subs)
 
     def publish(self, event: EngineEvent) -> None:
         for sub in self._subs:

@@ -10,8 +10,8 @@ serves two endpoints per backend ``B``:
     A request becomes an engine job for ``B``, submitted through the :class:`Supervisor`
     facade like a local one: it is journaled, waits in the same admission queue (so a box never
     overcommits its GPUs, whoever asks), and shows in the TUI and the CLI like any job, with
-    ``{"dynamo": {"endpoint", "request_id", "call"}}`` added to the metadata the Dynamo
-    client sent.  Requests and replies have the ``raw`` shapes of :mod:`worker_sdk.dynamo`
+    ``{"dynamo": {"endpoint", "request_id"}}`` added to the metadata the Dynamo client
+    sent.  Requests and replies have the ``raw`` shapes of :mod:`worker_sdk.dynamo`
     (the same :mod:`worker_sdk.dynamo.shapes` code): bytes, text, ``{"b64": ...}`` or JSON
     in; one ``{"data", "encoding", "headers", "status_code"}`` item out, or one
     ``{"data", "encoding"}`` item per streamed chunk, as they come.  Dynamo's stop or kill of
@@ -55,12 +55,14 @@ its discovery entries are gone before the process exits.  Dynamo requests are no
 (``durable=False``): their caller goes with the engine, so a restarted engine never runs one
 for nobody, and they cost the journal's writes nothing.
 
-Streaming: chunk and job events reach the bridge through one facade subscription whose
-callback runs on the engine thread.  It recognises a request's job by the ``call`` token in the
-metadata of the job's first (``queued``) event, published inside ``submit`` before any chunk
-can exist, and hands each event to the request's queue; nothing is lost and nothing arrives
-out of order.  Like the control server, the handlers call the engine directly (they run on its
-loop), and never block.
+Streaming: a handler submits on the engine loop, so its job is known before the engine's
+next step can dispatch it.  Its chunks reach the bridge through one facade subscription to
+``chunk`` events (the callback runs on the engine thread), and its end through the job's
+future (its final view, or why it will not end), resolved after the last chunk was
+published; both go to the request's queue, so nothing is lost and nothing arrives out of
+order.  The bridge takes no ``job`` events, so a headless engine serving Dynamo builds none.
+Like the control server, the handlers call the engine directly (they run on its loop), and
+never block.
 
 Dynamo is imported lazily, through :func:`worker_sdk.dynamo.import_dynamo`, and only here.
 """
@@ -69,7 +71,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import re
@@ -143,11 +144,10 @@ def component_name(backend: str) -> str:
 class _Call:
     """One Dynamo request in flight: what the engine hands to its handler."""
 
-    __slots__ = ("queue", "token", "job_id", "stopped", "finished", "watcher")
+    __slots__ = ("queue", "job_id", "stopped", "finished", "watcher")
 
-    def __init__(self, token: str) -> None:
+    def __init__(self) -> None:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.token = token
         self.watcher: asyncio.Handle | asyncio.Task[None] | None = None
         self.job_id: str | None = None
         self.stopped = False  # Dynamo's stop or kill: the client reads nothing more
@@ -191,10 +191,7 @@ class DynamoBridge:
         self._serving: asyncio.Future[None] | None = None
         self._closing = False
         self._subscription: Subscription | None = None
-        self._calls: dict[str, _Call] = {}  # token -> call, until its job is known
         self._jobs: dict[str, _Call] = {}  # job id -> call, until the job ends
-        self._tokens = itertools.count(1)
-        self._prefix = os.urandom(4).hex()
 
     # ======================================================================= lifecycle ======
     def start(self) -> None:
@@ -220,7 +217,7 @@ class DynamoBridge:
                 continue
             taken[component] = name
             self.endpoints.append(_Endpoints(self, name))
-        self._subscription = self.sup.subscribe(kinds=("job", "chunk"), callback=self._on_event)
+        self._subscription = self.sup.subscribe(kinds=("chunk",), callback=self._on_event)
         self._connecting = threading.Thread(target=self._connect, name="dynamo-connect",
                                             daemon=True)
         self._connecting.start()
@@ -304,52 +301,33 @@ class DynamoBridge:
                 self._loop.call_soon_threadsafe(call.queue.put_nowait, (kind, value))
 
     def _on_event(self, event: EngineEvent) -> None:
-        """On the engine thread, for every job and chunk event: hand ours on.  Quick."""
+        """On the engine thread, for every chunk event (and the hub's close): hand ours on."""
         try:
             if event.kind == "chunk":
                 call = self._jobs.get(event.job_id or "")
                 if call is not None:
                     self._deliver(call, "chunk", event.data)
-            elif event.kind == "job" and event.job is not None:
-                self._on_job(event.job)
             elif event.kind == "closed":
                 for call in self._pending():
                     self._deliver(call, "closed", None)
         except Exception:  # noqa: BLE001 - never let the bridge break the engine's publish
             log.exception("the Dynamo bridge could not handle an engine event")
 
-    def _on_job(self, view: JobView) -> None:
-        call = self._jobs.get(view.id)
-        if call is None:
-            if view.state is not JobState.QUEUED:
-                return
-            mark = view.metadata.get("dynamo")
-            token = mark.get("call") if isinstance(mark, dict) else None
-            call = self._calls.pop(token, None) if isinstance(token, str) else None
-            if call is None:
-                return
-            call.job_id = view.id
-            self._jobs[view.id] = call
-            future = self.sup.engine.futures.get(view.id)  # on the engine thread: safe
-            if future is not None:
-                future.add_done_callback(lambda f, c=call: self._on_future(c, f))
-        if view.finished:
-            self._jobs.pop(view.id, None)
-            # Events carry no result (on the engine thread: the job's full view is safe here).
-            self._deliver(call, "end", self.sup.engine.job_view(view.id))
-
     def _on_future(self, call: _Call, future: Future[JobView]) -> None:
-        """The job's future: an exception means the engine stopped before it could end."""
+        """The job's future (on the engine thread, after its last chunk was published): its
+        final view, or an exception when the engine stopped before it could end."""
         if future.cancelled():
             return
+        if call.job_id is not None:
+            self._jobs.pop(call.job_id, None)
         error = future.exception()
         if error is not None:
-            if call.job_id is not None:
-                self._jobs.pop(call.job_id, None)
             self._deliver(call, "gone", error)
+        else:
+            self._deliver(call, "end", future.result())
 
     def _pending(self) -> list[_Call]:
-        return [*self._calls.values(), *self._jobs.values()]
+        return list(self._jobs.values())
 
     # ======================================================================= handlers =======
     async def generate(self, ep: _Endpoints, request: Any, context: Any) -> AsyncIterator[Any]:
@@ -362,22 +340,27 @@ class DynamoBridge:
             raise dyn.HttpError(400, str(exc)) from None
         request_id = str(context.id()) if context is not None else ""
         metadata = request_metadata(context)
-        call = _Call(f"{self._prefix}-{next(self._tokens)}")
-        metadata["dynamo"] = {"endpoint": ep.path, "request_id": request_id, "call": call.token}
-        self._calls[call.token] = call
+        metadata["dynamo"] = {"endpoint": ep.path, "request_id": request_id}
+        call = _Call()
         if context is not None:
             call.watcher = asyncio.get_running_loop().call_later(
                 WATCH_AFTER_S, self._start_watch, context, call)
         shaper = shapes.Shaper("raw", model=ep.backend, request_id=request_id)
         streamed = 0
         try:
+            engine = self.sup.engine
             try:
                 # Not journaled: its caller goes with the engine, so a restart must not run it.
-                job_id = self.sup.engine.submit(ep.backend, payload, metadata=metadata,
-                                                durable=False).id
+                job_id = engine.submit(ep.backend, payload, metadata=metadata,
+                                       durable=False).id
             except VramtuiError as exc:
                 raise self._http_error(exc, ep.backend) from None
+            # On the engine loop: nothing of the job can have happened since submit returned.
             call.job_id = job_id
+            self._jobs[job_id] = call
+            future = engine.futures.get(job_id)
+            if future is not None:
+                future.add_done_callback(lambda f, c=call: self._on_future(c, f))
             while True:
                 if call.stopped:
                     return  # the finally cancels the job
@@ -410,7 +393,6 @@ class DynamoBridge:
         finally:
             if call.watcher is not None:
                 call.watcher.cancel()
-            self._calls.pop(call.token, None)
             if call.job_id is not None:
                 self._jobs.pop(call.job_id, None)
                 if not call.finished:
