@@ -220,6 +220,9 @@ class Engine(EngineCommands):
         )
         self.sampler: Sampler | None = None
         self._step_scheduled = False
+        # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
+        self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
+                                        str | None]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -355,16 +358,19 @@ class Engine(EngineCommands):
             log.debug(text)
         else:
             getattr(log, level if level in ("info", "error", "debug", "warning") else "info")(text)
-        self.events.publish(EngineEvent("log", line.t, message=text, level=level,
-                                        backend=backend))
+        if self.events.wants("log"):
+            self.events.publish(EngineEvent("log", line.t, message=text, level=level,
+                                            backend=backend))
 
     def _job_event(self, job: Job) -> None:
-        if not self.events.active:
+        if not self.events.wants("job"):
             return
         self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
                                         backend=job.backend, state=job.state.value))
 
     def _worker_event(self, rt: BackendRuntime) -> None:
+        if not self.events.wants("worker"):
+            return
         state = rt.worker.state.value if rt.worker else ("failed" if rt.failed else "cold")
         self.events.publish(EngineEvent("worker", time.time(), backend=rt.spec.name,
                                         state=state))
@@ -392,7 +398,7 @@ class Engine(EngineCommands):
                 f"backend {backend!r} failed to initialise {MAX_INIT_FAILURES} times in a row "
                 f"({rt.last_error}); fix it, then respawn it (vramtui respawn {backend})"
             )
-        reason = check_submit(self._refusal_view(backend), backend, self.sched_config)
+        reason = self._refusal(rt)
         if reason is None and len(self.queue) >= self.config.max_queue_depth:
             reason = (f"queue full: {len(self.queue)} jobs waiting; try again later or raise "
                       "max_queue_depth")
@@ -685,9 +691,15 @@ class Engine(EngineCommands):
 
     # ===================================================================== scheduling =====
     def _schedule(self) -> None:
-        if not self._step_scheduled and self.loop is not None and not self._stopping:
+        if not self._step_scheduled and self.loop is not None and not self._stopping \
+                and not self._nothing_waits():
             self._step_scheduled = True
             self.loop.call_soon(self._step)
+
+    def _nothing_waits(self) -> bool:
+        """No job, preload or draining GPU: a plan could neither start nor evict anything."""
+        return not self.queue and not self.draining and \
+            not any(rt.preload for rt in self.backends.values())
 
     def drain(self, gpu: int, on: bool = True) -> None:
         """Drain ``gpu`` (finish what runs there, admit nothing new, evict its idle workers),
@@ -707,6 +719,19 @@ class Engine(EngineCommands):
     def book(self) -> Book:
         """The memory ledger's accounts of the engine now."""
         return self._inputs(with_queue=False)[1]
+
+    def _refusal(self, rt: BackendRuntime) -> str | None:
+        """Why a job of ``rt`` could never run here (None: it can), remembered while the
+        backend's figures and the GPUs' sizes stay the same."""
+        info = rt.info()
+        sizes = tuple((i, r.total_mib) for i, r in sorted(self.readings.items()))
+        name = rt.spec.name
+        known = self._refusals.get(name)
+        if known is not None and known[0] is info and known[1] == sizes:
+            return known[2]
+        reason = check_submit(self._refusal_view(name), name, self.sched_config)
+        self._refusals[name] = (info, sizes, reason)
+        return reason
 
     def _refusal_view(self, backend: str) -> sched.Snapshot:
         """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
@@ -762,10 +787,10 @@ class Engine(EngineCommands):
         self._step_scheduled = False
         if self._stopping:
             return
+        if self._nothing_waits():  # it may have changed since the step was scheduled
+            return
         extra: tuple[sched.QueuedJob, ...] = ()
         preloads = [name for name, rt in self.backends.items() if rt.preload]
-        if not self.queue and not preloads and not self.draining:
-            return  # nothing waits: a plan could neither start nor evict anything
         if preloads:
             # Last in the queue: a preload takes room nobody waits for, never a job's room.
             now = self.clock()
@@ -824,10 +849,12 @@ class Engine(EngineCommands):
             room = gpu.total_mib - gpu.foreign_mib - sum(
                 w.reserved_mib for w in snap.workers.values() if w.gpu == start.gpu)
             free = f" ({max(0, room - gpu.reserve_mib)} MiB free before)"
-        how = "spawning its worker" if start.spawn or rt.worker is None else "on its worker"
-        self._note("info", f"admitted {job.id} ({job.backend}) on GPU{start.gpu}, {how}: "
-                   f"takes {start.reserve_mib} MiB{free}", job.backend, quiet=True)
-        if start.spawn or rt.worker is None:
+        spawn = start.spawn or rt.worker is None
+        how = "spawning its worker" if spawn else "on its worker"
+        admitted = (f"admitted {job.id} ({job.backend}) on GPU{start.gpu}, {how}: takes "
+                    f"{start.reserve_mib} MiB{free}")
+        if spawn:
+            self._note("info", admitted, job.backend, quiet=True)
             self._spawn_worker(rt, start.gpu)
         rt.admitted.append(job.id)
         rt.idle_since = None
@@ -835,7 +862,11 @@ class Engine(EngineCommands):
         assert worker is not None
         if worker.hot and worker.data is not None:
             self._dispatch(rt, job)
+            # Told once the worker has the request: it works while the engine writes this.
+            self._note("info", admitted, job.backend, quiet=True)
         else:
+            if not spawn:
+                self._note("info", admitted, job.backend, quiet=True)
             job.mark(self.clock(), JobState.STARTING, f"starting {rt.spec.name} on GPU{job.gpu}")
             if self._journaled(job):
                 self._journal("record_state", job.id, JobState.STARTING, time.time())
@@ -1104,7 +1135,7 @@ class Engine(EngineCommands):
         if job is None:
             return
         job.chunks.append(chunk)
-        if self.events.active:
+        if self.events.wants("chunk"):
             self.events.publish(EngineEvent("chunk", time.time(), backend=job.backend,
                                             job_id=job_id, data=chunk))
 
@@ -1171,9 +1202,7 @@ class Engine(EngineCommands):
             held -= self._recent_bytes.pop(old, 0)
         if job.kind == "job":
             self._note_end(job, state)
-        # Events carry no result: whoever wants it asks (wait, job).
-        self.events.publish(EngineEvent("job", time.time(), job=job.view(light=True),
-                                        backend=job.backend, state=state.value))
+        self._job_event(job)  # events carry no result: whoever wants it asks (wait, job)
 
     def _note_end(self, job: Job, state: JobState) -> None:
         """The end of a job in the event log: the queue's story, told from admission to end."""
@@ -1256,7 +1285,8 @@ class Engine(EngineCommands):
             self._observe(sample)
         for run, _task in self.calibrations.values():
             run.on_sample(sample)
-        self.events.publish(EngineEvent("sample", time.time()))
+        if self.events.wants("sample"):
+            self.events.publish(EngineEvent("sample", time.time()))
         self._schedule()
 
     def _observe(self, sample: Sample) -> None:
