@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import percentile  # noqa: E402
 from worker_sdk.dynamo import apply_discovery_dir, import_dynamo  # noqa: E402
 
 
@@ -83,11 +84,6 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT
         )
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 Call = Callable[[], Awaitable[int]]
@@ -249,7 +245,7 @@ def _start_engine(directory: str) -> subprocess.Popen[bytes]:
 def _ms(samples: list[float] | None, q: float) -> str:
     if not samples:
         return "—"
-    return f"{(statistics.median(samples) if q == 0.5 else _percentile(samples, q)) * 1e3:.3f}"
+    return f"{(statistics.median(samples) if q == 0.5 else percentile(samples, q)) * 1e3:.3f}"
 
 
 def _report(results: dict[str, list[float]], cpu: dict[str, int], n: int, per_round: int,
@@ -276,7 +272,7 @@ def _report(results: dict[str, list[float]], cpu: dict[str, int], n: int, per_ro
     for label, direct, bridge in (("16 B request", "direct", "bridge"),
                                   ("stream of 10", "direct-stream", "bridge-stream")):
         over = statistics.median(results[bridge]) - statistics.median(results[direct])
-        over90 = _percentile(results[bridge], 0.9) - _percentile(results[direct], 0.9)
+        over90 = percentile(results[bridge], 0.9) - percentile(results[direct], 0.9)
         verdict = "met" if over <= 0.0005 else "NOT met"
         print(f"bridge over direct, {label}: {over * 1e3:+.3f} ms median, {over90 * 1e3:+.3f} ms "
               f"p90 (bar: within 0.5 ms at the median: {verdict})")
