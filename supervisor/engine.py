@@ -220,6 +220,7 @@ class Engine(EngineCommands):
         )
         self.sampler: Sampler | None = None
         self._step_scheduled = False
+        self._step_handle: asyncio.Handle | None = None
         # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
         self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
                                         str | None]] = {}
@@ -694,7 +695,15 @@ class Engine(EngineCommands):
         if not self._step_scheduled and self.loop is not None and not self._stopping \
                 and not self._nothing_waits():
             self._step_scheduled = True
-            self.loop.call_soon(self._step)
+            self._step_handle = self.loop.call_soon(self._step)
+
+    def step_now(self) -> None:
+        """Take the scheduled decision now rather than on the loop's next turn (on the engine
+        loop, by a caller that has nothing else to do first: a request handler that has just
+        submitted its job and will wait for it)."""
+        if self._step_scheduled and self._step_handle is not None:
+            self._step_handle.cancel()
+            self._step()
 
     def _nothing_waits(self) -> bool:
         """No job, preload or draining GPU: a plan could neither start nor evict anything."""

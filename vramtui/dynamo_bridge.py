@@ -361,6 +361,7 @@ class DynamoBridge:
             future = engine.futures.get(job_id)
             if future is not None:
                 future.add_done_callback(lambda f, c=call: self._on_future(c, f))
+            engine.step_now()  # a hot worker has the request before this handler waits
             while True:
                 if call.stopped:
                     return  # the finally cancels the job
