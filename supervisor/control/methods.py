@@ -146,7 +146,9 @@ class Methods:
             conn.check_subscribe()
         job_id = operations.submit(self.engine, **a)  # its values: supervisor.validate too
         if wait:
-            return self._wait(conn, msg_id, job_id, wait_timeout)
+            answer = self._wait(conn, msg_id, job_id, wait_timeout)
+            self.engine.step_now()  # a hot worker has the request before the loop turns
+            return answer
         if follow:  # the job's events from now on, on this connection
             return {"id": job_id, "sub": conn.subscribe(frozenset({"job", "chunk"}), job_id)}
         return job_id

@@ -124,6 +124,7 @@ async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bo
             waiter.set_result(f.result())
 
     fut.add_done_callback(lambda f: loop.call_soon_threadsafe(settle, f))
+    engine.step_now()  # a job just submitted reaches a hot worker before this waits
     try:
         return await waiter
     except asyncio.CancelledError:
