@@ -316,11 +316,10 @@ class DynamoBridge:
     def _on_future(self, call: _Call, future: Future[JobView]) -> None:
         """The job's future (on the engine thread, after its last chunk was published): its
         final view, or an exception when the engine stopped before it could end."""
-        if future.cancelled():
-            return
         if call.job_id is not None:
             self._jobs.pop(call.job_id, None)
-        error = future.exception()
+        error = (EngineStopped("nobody will finish the job") if future.cancelled()
+                 else future.exception())
         if error is not None:
             self._deliver(call, "gone", error)
         else:
