@@ -12,12 +12,12 @@ The main table, one column per path, the same job on each:
 
 - direct worker: ``python -m worker_sdk.dynamo examples/echo/main.py`` (raw type): Dynamo's
   client and TCP request plane, then the worker's thread hop to its predict thread;
-- engine bridge: ``vramtui --serve --dynamo benchengine`` (simulated GPU, the journal on, as
-  served) with the same echo example as its backend ``echo``: each request is an engine job
-  (submit, journal, queue, scheduler step, dispatch to the hot worker over its socket, result,
-  journal, event back to the bridge);
+- engine bridge: ``vramtui --serve --dynamo benchengine`` (simulated GPU, as served) with the
+  same echo example as its backend ``echo``: each request is an engine job (submit, queue,
+  the scheduler's decision, dispatch to the hot worker over its socket, result, the job's
+  future back to the bridge; a Dynamo job is not journaled, its caller goes with the engine);
 - control socket: the same job on that engine without Dynamo, ``submit_wait`` on its control
-  socket (``supervisor.client.Client``): what the engine itself costs.
+  socket (``supervisor.client.Client``), journaled: what the engine itself costs.
 
 It also gives the CPU time the serving side spent per request (every thread of the direct
 worker's process; of the engine's process and its worker's), read from ``/proc/*/schedstat``
