@@ -8,14 +8,15 @@ serves two endpoints per backend ``B``:
 
 ``NS.B.generate``
     A request becomes an engine job for ``B``, submitted through the :class:`Supervisor`
-    facade like a local one: it is journaled, waits in the same admission queue (so a box never
-    overcommits its GPUs, whoever asks), and shows in the TUI and the CLI like any job, with
-    ``{"dynamo": {"endpoint", "request_id"}}`` added to the metadata the Dynamo client
-    sent.  Requests and replies have the ``raw`` shapes of :mod:`worker_sdk.dynamo`
-    (the same :mod:`worker_sdk.dynamo.shapes` code): bytes, text, ``{"b64": ...}`` or JSON
-    in; one ``{"data", "encoding", "headers", "status_code"}`` item out, or one
-    ``{"data", "encoding"}`` item per streamed chunk, as they come.  Dynamo's stop or kill of
-    the request (the client stopped or went away) cancels the job, queued or running.
+    facade like a local one (but not journaled: see Shutdown below): it waits in the same
+    admission queue (so a box never overcommits its GPUs, whoever asks), and shows in the TUI
+    and the CLI like any job, with ``{"dynamo": {"endpoint", "request_id"}}`` added to the
+    metadata the Dynamo client sent.  Requests and replies have the ``raw`` shapes of
+    :mod:`worker_sdk.dynamo` (the same :mod:`worker_sdk.dynamo.shapes` code): bytes, text,
+    ``{"b64": ...}`` or JSON in; one ``{"data", "encoding", "headers", "status_code"}`` item
+    out, or one ``{"data", "encoding"}`` item per streamed chunk, as they come.  Dynamo's stop
+    or kill of the request (the client stopped or went away) cancels the job, queued or
+    running.
 
     Errors: a request that is not raw-shaped: HTTP 400; the job failed: its status code (500
     unless the worker said otherwise); timed out: 504; cancelled here (``vramtui cancel``):
