@@ -154,8 +154,10 @@ class BackendRuntime:
     def info(self) -> sched.BackendInfo:
         """What admission knows of this backend (rebuilt only when its figures move)."""
         reload = round(self.reload_cost_s, 2)
-        key = (id(self.spec), self.learned, self.distrusted, reload)
-        if self._info is None or self._info_key != key:
+        # The spec itself, compared by identity: a replaced spec's id may be reused by the next.
+        key = (self.spec, self.learned, self.distrusted, reload)
+        if self._info is None or self._info_key is None or self._info_key[0] is not key[0] \
+                or self._info_key[1:] != key[1:]:
             self._info = admission.backend_info(self.spec, self.learned, reload,
                                                 distrusted=self.distrusted)
             self._info_key = key
