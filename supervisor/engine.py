@@ -66,6 +66,7 @@ log = logging.getLogger("supervisor")
 MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
 PRELOAD_PATIENCE_S = 30.0
+STEP_NOW_MAX_QUEUE = 8  # step_now decides at once only while the queue is this short
 HISTORY_STEP_S = 0.25  # at most 4 points a second in the GPU history, whatever the sample rate
 MIN_OVERUSE_TOLERANCE_MIB = 64
 MIN_PEAK_SAMPLES = 3  # a job's peak is trusted to size a backend once sampled this often
@@ -702,10 +703,22 @@ class Engine(EngineCommands):
     def step_now(self) -> None:
         """Take the scheduled decision now rather than on the loop's next turn (on the engine
         loop, by a caller that has nothing else to do first: a request handler that has just
-        submitted its job and will wait for it)."""
-        if self._step_scheduled and self._step_handle is not None:
-            self._step_handle.cancel()
+        submitted its job and will wait for it).
+
+        Only while the queue is short (a deep one is decided once per turn, for everyone), and
+        never raising: what goes wrong in a step is the engine's, reported as from the loop,
+        not a failure of the caller's request, whose job was accepted.
+        """
+        if not self._step_scheduled or self._step_handle is None or \
+                len(self.queue) > STEP_NOW_MAX_QUEUE:
+            return
+        self._step_handle.cancel()
+        try:
             self._step()
+        except Exception as exc:  # noqa: BLE001 - the loop's handler logs it, as it would
+            assert self.loop is not None
+            self.loop.call_exception_handler({
+                "message": "the engine's scheduling step failed", "exception": exc})
 
     def _nothing_waits(self) -> bool:
         """No job, preload or draining GPU: a plan could neither start nor evict anything."""

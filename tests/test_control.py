@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+from typing import Any
 
 import pytest
 from engine_support import wait_for
@@ -390,3 +391,30 @@ def test_what_cannot_cross_the_wire_is_refused_at_submit() -> None:
                       10, "the next job's events")
         assert ev.job is not None
         c.close()
+
+
+def test_a_failing_scheduling_step_is_the_engines_not_the_submitters() -> None:
+    # submit --wait takes the engine's decision at once (Engine.step_now); a fault in that
+    # step (injected here into the engine's start of a job) must not be reported as a failed
+    # submit of a job that was accepted: the client would retry it and run it twice.
+    with in_process() as (sup, _server, _root):
+        client = Client(sup.paths.control_socket)
+        assert client.submit_wait("echo", b"warm").state is JobState.SUCCEEDED
+        engine = sup.engine
+        start = engine._start
+        faults: list[str] = []
+
+        def failing_once(*args: Any) -> Any:
+            if not faults:
+                faults.append("raised")
+                raise RuntimeError("a fault in one step")
+            return start(*args)
+
+        engine._start = failing_once  # type: ignore[method-assign]
+        before = set(engine.jobs)
+        view = client.submit_wait("echo", b"once", wait_timeout=20)
+        accepted = set(engine.jobs) - before
+        client.close()
+    assert faults == ["raised"]
+    assert view.state is JobState.SUCCEEDED and view.data == b"once"
+    assert accepted == {view.id}  # one job, run once
