@@ -52,9 +52,17 @@ def declared(vram: VramSpec) -> Declared:
 def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | None = None,
                  *, distrusted: bool = False) -> BackendInfo:
     """``spec`` as admission sizes it. A ``distrusted`` backend (it was caught above its
-    figures) is sized by what was measured of it alone: it runs alone until a job of it was
-    sampled often enough (``learned.peak_confirmed``)."""
-    peak, activation = figures(Declared() if distrusted else declared(spec.vram), learned)
+    figures) is sized by what was measured of it, its declared peak only a floor: it runs
+    alone until a job of it was sampled often enough (``learned.peak_confirmed``)."""
+    claimed = declared(spec.vram)
+    if distrusted:
+        peak, activation = figures(Declared(), learned)
+        if peak is not None and claimed.peak_mib is not None and claimed.peak_mib > peak:
+            # what it resides at stays what was measured; the rest of the claim is per job
+            activation = None if activation is None else activation + claimed.peak_mib - peak
+            peak = claimed.peak_mib
+    else:
+        peak, activation = figures(claimed, learned)
     if reload_cost_s is None:
         reload_cost_s = (spec.reload_cost_s if spec.reload_cost_s is not None
                          else DEFAULT_RELOAD_COST_S)

@@ -135,6 +135,7 @@ class BackendRuntime:
     # trusted now. Once it exits, the backend is distrusted: sized by what was measured of it
     # only, and run alone while that is not confirmed (a peak may fall between two samples).
     caught: bool = False
+    caught_mib: int = 0  # the most it was seen to hold while caught
     kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
     observed_mib: int | None = None  # the worker's processes' memory at the last sample
     settling: bool = False  # a job ended since that sample: its memory is on its way back
@@ -1044,7 +1045,8 @@ class Engine(EngineCommands):
         rt.observed_mib = None
         rt.accepting, rt.over_mib, rt.over_noted, rt.kill_reason = True, 0, False, None
         if rt.caught:
-            rt.caught, rt.distrusted = False, True
+            self._distrust(rt, rt.caught_mib)
+            rt.caught, rt.caught_mib = False, 0
         pids = {handle.pid} if handle.pid is not None else set()
         pids |= handle.known_descendants()
         rt.ghosts.append(Ghost(handle.name, handle.gpu, held, pids,
@@ -1176,10 +1178,11 @@ class Engine(EngineCommands):
         if measured and not learned.peak_confirmed:
             learned = replace(learned, peak_confirmed=True)
         rt.learned = learned
-        if rt.distrusted and measured and rt.exclusive:
+        if rt.distrusted and measured:
             rt.distrusted = False
-            self._note("info", f"{rt.spec.name} measured alone: peak {peak} MiB; it shares "
-                       "GPUs again, at what it was seen to use", rt.spec.name)
+            how = "measured alone" if rt.exclusive else "measured again"
+            self._note("info", f"{rt.spec.name} {how}: peak {peak} MiB; it shares GPUs "
+                       "again, at what it was seen to use", rt.spec.name)
         self._maybe_share(rt)
 
     def _learn_idle(self, rt: BackendRuntime, mib: int) -> None:
@@ -1390,6 +1393,7 @@ class Engine(EngineCommands):
             if over <= tolerance or policy == "warn":
                 continue
             rt.caught = True
+            rt.caught_mib = max(rt.caught_mib, rt.observed_mib or 0)
             if policy == "kill":
                 self._kill_liar(rt, f"killed: it held {rt.observed_mib} MiB, {over} MiB "
                                 "above what it was admitted with (on_overuse: kill)")
@@ -1430,14 +1434,24 @@ class Engine(EngineCommands):
             return 0
         return max(0, observed - baseline.holds_mib(len(rt.admitted)))
 
+    @staticmethod
+    def _distrust(rt: BackendRuntime, seen_mib: int) -> None:
+        """``rt`` was caught above its figures, holding up to ``seen_mib``: its descriptor is
+        only a floor now, and unless a confirmed measurement covers what it was seen to hold,
+        it runs alone until one of its jobs is measured again (a peak reached with two jobs
+        running, or between two samples, was never measured), so an over-commit never
+        recurs."""
+        rt.distrusted = True
+        learned = rt.learned
+        if not (learned.peak_confirmed and (learned.peak_mib or 0) >= seen_mib):
+            rt.learned = replace(learned, peak_confirmed=False)
+
     def _kill_liar(self, rt: BackendRuntime, reason: str, *, distrust: bool = False) -> None:
         w = rt.worker
         if w is None or w.exited or rt.kill_reason is not None:
             return
         if distrust:
-            # Runs alone until measured again: an over-commit never recurs for this backend.
-            rt.distrusted = True
-            rt.learned = replace(rt.learned, peak_confirmed=False)
+            self._distrust(rt, rt.observed_mib or 0)
         if rt.observed_mib is not None:
             key = "peak_mib" if rt.admitted else "resident_mib"
             old = getattr(rt.learned, key)

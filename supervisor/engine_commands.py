@@ -221,6 +221,10 @@ class EngineCommands:
             rt.failed = False
             rt.init_failures = 0
             notes.append("its start failures are forgotten: the next job starts it again")
+        if rt.distrusted and old.vram != spec.vram:
+            rt.distrusted = False  # a new claim; what was measured of it still sizes it too
+            notes.append("its new vram figures are used again (it had been caught above its "
+                         "old ones); what was measured of it stays a floor")
         launch = [f for f in LAUNCH_FIELDS if getattr(old, f) != getattr(spec, f)]
         worker = rt.worker
         if launch and worker is not None:

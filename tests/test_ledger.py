@@ -68,3 +68,40 @@ def test_reload_cost_is_learned_from_measured_loads() -> None:
     assert reload_cost_s(None, []) == 1.0  # the default prior
     assert reload_cost_s(30.0, []) == 30.0  # the descriptor's prior
     assert reload_cost_s(30.0, [50.0, 60.0]) == 55.0  # measurements replace it
+
+
+def test_a_distrusted_backend_is_never_sized_below_what_it_declares() -> None:
+    # Caught above its figures while two jobs ran (no per-job peak is learned then), with a
+    # peak confirmed earlier: distrust must not lower its reservation below its claim.
+    from supervisor.admission import backend_info
+    from supervisor.backends.schema import BackendSpec, VramSpec
+
+    spec = BackendSpec(name="m", command=("true",), concurrency=2,
+                       vram=VramSpec(weights_mib=3000, activation_mib=2000))
+    learned = Learned(peak_mib=4000, resident_mib=3000, peak_confirmed=True)
+    trusted = backend_info(spec, learned)
+    distrusted = backend_info(spec, learned, distrusted=True)
+    assert distrusted.peak_mib is not None and trusted.peak_mib is not None
+    assert distrusted.peak_mib >= trusted.peak_mib
+    assert distrusted.holds_mib(2) >= trusted.holds_mib(2)
+    # Until a job of it is measured again, it runs alone.
+    fresh = backend_info(spec, Learned(peak_mib=4000, resident_mib=3000), distrusted=True)
+    assert fresh.peak_mib is None
+
+
+def test_the_figures_follow_a_replaced_descriptor_even_at_a_reused_address() -> None:
+    # BackendRuntime.info() is cached; a replaced spec may be freed and its address reused
+    # by the next one, which must not bring the old figures back.
+    import dataclasses
+
+    from supervisor.backends.schema import BackendSpec, VramSpec
+    from supervisor.engine import BackendRuntime
+
+    base = BackendSpec(name="m", command=("true",), vram=VramSpec(peak_mib=1000))
+    claims = [VramSpec(peak_mib=1000 + 1000 * i) for i in range(1, 200)]
+    rt = BackendRuntime(dataclasses.replace(base))
+    assert rt.info().peak_mib == 1000
+    for vram in claims:  # two replacements between reads, as two quick reloads make
+        rt.spec = dataclasses.replace(base, vram=VramSpec(peak_mib=1))
+        rt.spec = dataclasses.replace(base, vram=vram)
+        assert rt.info().peak_mib == vram.peak_mib
