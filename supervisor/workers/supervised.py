@@ -72,7 +72,9 @@ class SupervisedProcess:
         self.status_marks: list[tuple[float, str]] = []
         self._exited = asyncio.Event()
         self._stopping = False
-        self._descendants: set[int] = set()
+        # pid -> the process, which knows its start time: a pid reused by another process
+        # is no descendant
+        self._descendants: dict[int, psutil.Process] = {}
         self._strangers: set[int] = set()  # pids on a GPU seen not to be ours (see pids)
 
     async def _start_process(self, *, pipes: bool = False) -> bool:
@@ -151,14 +153,20 @@ class SupervisedProcess:
         """Whether ``pid`` is the worker or one of its descendants (remembered once seen)."""
         if pid is None or self.pid is None:
             return False
-        if pid == self.pid or pid in self._descendants:
+        if pid == self.pid:
             return True
+        known = self._descendants.get(pid)
+        if known is not None:
+            if known.is_running():  # the same process (its start time says so)
+                return True
+            del self._descendants[pid]
         try:
-            parents = {p.pid for p in psutil.Process(pid).parents()}
+            proc = psutil.Process(pid)
+            parents = {p.pid for p in proc.parents()}
         except psutil.Error:
             return False
         if self.pid in parents:
-            self._descendants.add(pid)
+            self._descendants[pid] = proc
             return True
         return False
 
@@ -178,7 +186,8 @@ class SupervisedProcess:
             return set()
         present = set(on_gpu)
         self._strangers &= present
-        self._descendants &= present
+        for gone in self._descendants.keys() - present:
+            del self._descendants[gone]
         found = {self.pid}
         for pid in present - self._strangers:
             if self.accepts_pid(pid):
