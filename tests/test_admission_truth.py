@@ -193,6 +193,27 @@ def test_on_overuse_kill_and_evict(tmp_path: Path) -> None:
     assert any("on_overuse: evict" in text for text in log), log
 
 
+def test_a_caught_backend_is_distrusted_until_its_descriptor_changes() -> None:
+    liar = real("liar", 512, 4_096, {"weights": "512MiB", "activation": "256MiB",
+                                      "context": "256MiB"}, steps=10, step_s=0.05)
+    with engine([liar], gpus="sim:24GiB") as sup:
+        assert sup.wait(sup.submit("liar", req(steps=10, step_s=0.05)), 60).state \
+            is JobState.SUCCEEDED
+        wait_for(lambda: sup.snapshot().backend("liar").state == "cold", what="evicted")
+        view = sup.snapshot().backend("liar")
+        assert view is not None and view.distrusted
+        # what was measured of it sizes it, never less than it was seen to hold
+        assert view.admission_peak_mib is None or view.admission_peak_mib >= 512 + 4_096
+        source = Path(sup.descriptor("liar").layers[0].file)
+        honest = dict(liar, vram={"weights": "512MiB", "activation": "4GiB", "context": "256MiB"})
+        source.write_text(yaml.safe_dump({"backends": [honest]}))
+        result = sup.reload()
+        view = sup.snapshot().backend("liar")
+    notes = [n for ch in result.changed for n in ch.notes]
+    assert any("vram figures are used again" in n for n in notes), result
+    assert view is not None and not view.distrusted
+
+
 # --------------------------------------------------------------------------- liveness
 
 
