@@ -126,16 +126,14 @@ class BackendRuntime:
     last_used: float | None = None
     idle_since: float | None = None
     learned: Learned = Learned()
-    distrusted: bool = False  # caught lying: sized only by what was measured of it
+    distrusted: bool = False  # caught lying: its descriptor only a floor (see _distrust)
     accepting: bool = True  # the live worker takes new jobs (False: evicted once idle)
     baseline: sched.BackendInfo | None = None  # the figures its live worker was admitted with
     over_mib: int = 0  # how far the live worker was last seen above its baseline
     over_noted: bool = False
-    # The live worker was caught above its figures (past tolerance): its descriptor is not
-    # trusted now. Once it exits, the backend is distrusted: sized by what was measured of it
-    # only, and run alone while that is not confirmed (a peak may fall between two samples).
-    caught: bool = False
-    caught_mib: int = 0  # the most it was seen to hold while caught
+    # The live worker was caught above its figures (past tolerance), holding at most this:
+    # once it exits, the backend is distrusted (None: not caught).
+    caught_mib: int | None = None
     kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
     observed_mib: int | None = None  # the worker's processes' memory at the last sample
     settling: bool = False  # a job ended since that sample: its memory is on its way back
@@ -1044,9 +1042,9 @@ class Engine(EngineCommands):
         rt.idle_since = None
         rt.observed_mib = None
         rt.accepting, rt.over_mib, rt.over_noted, rt.kill_reason = True, 0, False, None
-        if rt.caught:
+        if rt.caught_mib is not None:
             self._distrust(rt, rt.caught_mib)
-            rt.caught, rt.caught_mib = False, 0
+            rt.caught_mib = None
         pids = {handle.pid} if handle.pid is not None else set()
         pids |= handle.known_descendants()
         rt.ghosts.append(Ghost(handle.name, handle.gpu, held, pids,
@@ -1392,8 +1390,7 @@ class Engine(EngineCommands):
             tolerance = max(MIN_OVERUSE_TOLERANCE_MIB, rt.spec.safety_mib)
             if over <= tolerance or policy == "warn":
                 continue
-            rt.caught = True
-            rt.caught_mib = max(rt.caught_mib, rt.observed_mib or 0)
+            rt.caught_mib = max(rt.caught_mib or 0, rt.observed_mib or 0)
             if policy == "kill":
                 self._kill_liar(rt, f"killed: it held {rt.observed_mib} MiB, {over} MiB "
                                 "above what it was admitted with (on_overuse: kill)")

@@ -83,7 +83,7 @@ class BackendView:
     accepting: bool = True  # False: its worker takes no new job and is evicted once idle
     on_overuse: str = "evict"
     reload_cost_s: float | None = None  # learned from measured start-to-ready times
-    distrusted: bool = False  # caught lying: sized only by what was measured of it
+    distrusted: bool = False  # caught lying: its descriptor only a floor, measured first
 
     @property
     def peak_mib(self) -> int | None:

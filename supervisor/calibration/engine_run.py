@@ -71,8 +71,8 @@ class CalibrationRun:
         worker = self.worker
         if worker is None:
             return set()
-        return worker.pids(on_gpu) | worker.known_descendants() | (
-            {worker.pid} if worker.pid and not worker.exited else set())
+        # pids() holds the live worker; its descendants may outlive it on the GPU
+        return worker.pids(on_gpu) | worker.known_descendants()
 
     def on_sample(self, sample: Sample) -> None:
         worker = self.worker
