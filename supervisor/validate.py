@@ -18,7 +18,8 @@ The limits, and why:
   MiB, at most 512 MiB): the data of a reply, or a stream's chunks in all; over it the worker's
   request is cancelled and the job fails with a reason that names the limit;
 - metadata: a mapping of plain data (strings, numbers, lists, mappings, bytes), at most
-  64 KiB once packed: it travels to the worker and into the journal.
+  64 KiB once packed and nested at most 32 levels deep: it travels to the worker, into the
+  journal and into every view of the job, none of which may fail on it.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from typing import Any
 import msgpack
 
 from .errors import InvalidRequest, QueueFull
+from .plain import nesting
 
 PRIORITY_MIN = -1_000_000
 PRIORITY_MAX = 1_000_000
 TIMEOUT_MAX_S = 30 * 86400.0
 METADATA_MAX_BYTES = 64 * 1024
+METADATA_MAX_DEPTH = 32
 BACKEND_NAME_MAX = 200
 REPEATS_MAX = 100
 SETTLE_MAX_S = 600.0
@@ -137,6 +140,7 @@ def check_metadata(value: object) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidRequest(f"metadata must be a mapping, got {_kind(value)}")
+    check_nesting(dict(value), METADATA_MAX_DEPTH, "metadata")
     try:
         packed = msgpack.packb(dict(value), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -146,6 +150,13 @@ def check_metadata(value: object) -> dict[str, Any]:
         raise InvalidRequest(f"metadata is {_size(len(packed))} once packed; at most "
                              f"{_size(METADATA_MAX_BYTES)} (put large data in the payload)")
     return dict(value)
+
+
+def check_nesting(value: object, limit: int, what: str) -> None:
+    """Raise :class:`InvalidRequest` when ``value`` nests more than ``limit`` levels deep."""
+    if nesting(value, limit) > limit:
+        raise InvalidRequest(f"{what} nests more than {limit} levels deep; flatten it "
+                             f"(at most {limit} levels of lists and mappings)")
 
 
 def check_submit(backend: object, payload: object, *, priority: object, timeout: object,

@@ -256,7 +256,7 @@ def data_lines(chunk: bytes) -> bytes:
     """A chunk as one SSE message: compact JSON on one line when it is JSON, else each of its
     lines as a ``data:`` line (the client joins them back with newlines)."""
     text = chunk.decode("utf-8", errors="replace").strip()
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):  # a worker's JSON nested too deep
         text = json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
     return b"".join(b"data: " + line.encode() + b"\n" for line in text.split("\n")) + b"\n"
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..events import EngineEvent
 from ..jobs import JobView
+from ..plain import rebuild
 from ..snapshot import BackendView, EngineSnapshot, GpuView
 
 
@@ -109,11 +110,11 @@ def _finite(value: float | None) -> float | None:
 
 
 def _plain(value: Any) -> Any:
-    """Metadata as JSON: bytes become base64 text."""
+    """Metadata as JSON (without recursion: it is user data): bytes become base64 text."""
+    return rebuild(value, _leaf)
+
+
+def _leaf(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
     return value
