@@ -51,6 +51,7 @@ TOP_KEYS = frozenset(
         "keep_alive",
         "pinned",
         "stream",
+        "inline_results",
         "concurrency",
         "timeouts",
         "calibration",
@@ -191,6 +192,7 @@ class BackendSpec:
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # math.inf: never unloaded for idleness
     pinned: bool = False
     stream: bool = False
+    inline_results: bool = False  # HTML/SVG results shown in a browser, not downloaded
     concurrency: int = 1
     timeouts: Timeouts = Timeouts()
     calibration_request: bytes | None = None
@@ -616,6 +618,7 @@ def build_spec(
     take("keep_alive", "keep_alive_s", _infinite_duration)
     take("pinned", "pinned", _bool)
     take("stream", "stream", _bool)
+    take("inline_results", "inline_results", _bool)
     take("concurrency", "concurrency", lambda v: _int(v, minimum=1))
     take("timeouts", "timeouts", _timeouts)
     take("calibration", "calibration_request", _calibration)

@@ -27,35 +27,64 @@ if TYPE_CHECKING:
     from .server import HttpServer
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-# Hop-by-hop, framing, or ours: a worker cannot set these.
-_RESERVED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                       "te", "trailer", "trailers", "transfer-encoding", "upgrade",
-                       "content-length", "content-encoding", "set-cookie", "date", "server",
-                       "x-vramtui-job"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a worker may say about its body, and nothing else: a response's other headers are the
+# door's own (framing, security, redirects, CORS, cookies, refresh).
+_ALLOWED = frozenset({"content-type", "content-encoding", "content-language",
+                      "content-disposition", "cache-control", "expires", "etag",
+                      "last-modified"})
+# X- names that are not the worker's to set: ours, and those a proxy in front would obey.
+_X_RESERVED = ("x-content-type-options", "x-frame-options", "x-xss-protection",
+               "x-permitted-cross-domain-policies", "x-vramtui-", "x-accel-", "x-sendfile",
+               "x-lighttpd-send-file", "x-forwarded-", "x-real-ip")
+# Types a browser runs or renders as a document of this origin: served as attachments unless
+# the backend says ``inline_results: true``.
+_ACTIVE = frozenset({"text/html", "application/xhtml+xml", "image/svg+xml", "text/xml",
+                     "application/xml", "text/xsl", "text/javascript",
+                     "application/javascript", "application/x-javascript", "text/ecmascript",
+                     "application/ecmascript", "application/pdf",
+                     "application/x-shockwave-flash", "multipart/x-mixed-replace"})
 MAX_HEADERS = 64
 MAX_HEADER_VALUE = 8192
+# On every body a worker provides: never sniffed into something active, and if it is shown
+# as a document anyway, a sandbox with no script and an opaque origin.
+SANDBOX = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
+
+
+class BadWorkerHeader(ValueError):
+    """A worker's header that no HTTP response may carry (a control character, a bad name)."""
+
+
+def _allowed(name: str) -> bool:
+    low = name.lower()
+    if low in _ALLOWED:
+        return True
+    return low.startswith("x-") and not low.startswith(_X_RESERVED)
 
 
 def worker_headers(headers: dict[str, Any]) -> dict[str, str]:
-    """The worker's headers that may go out on HTTP (names checked, no CR/LF, bounded)."""
+    """The worker's headers that may go out on HTTP: an allow-list of names, values bounded;
+    raises :class:`BadWorkerHeader` for one that could break or split the response."""
     out: dict[str, str] = {}
     for key, value in headers.items():
-        if len(out) >= MAX_HEADERS:
-            break
-        if not isinstance(key, str) or not _TOKEN.match(key) or key.lower() in _RESERVED:
-            continue
+        if not isinstance(key, str) or not _TOKEN.match(key):
+            raise BadWorkerHeader(f"the header name {str(key)[:40]!r} is not an HTTP token")
         if isinstance(value, bytes):
-            try:
-                value = value.decode("latin-1")
-            except UnicodeDecodeError:
-                continue
+            value = value.decode("latin-1")
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            continue
+            raise BadWorkerHeader(f"the header {key} has a {type(value).__name__} value")
         text = str(value)
-        if len(text) > MAX_HEADER_VALUE or any(c in text for c in "\r\n\0"):
+        if _CONTROL.search(text):
+            raise BadWorkerHeader(f"the header {key} has a control character")
+        if not _allowed(key) or len(text) > MAX_HEADER_VALUE or len(out) >= MAX_HEADERS:
             continue
         out[key] = text
     return out
+
+
+def is_active(content_type: str) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind in _ACTIVE or kind.endswith("+xml")
 
 
 def outcome_error(view: JobView) -> HttpError:
@@ -91,15 +120,32 @@ def result_response(server: HttpServer, view: JobView) -> web.Response:
     if not 200 <= status <= 599:
         raise HttpError(502, f"job {view.id}: the worker answered status {status}, which HTTP "
                         "cannot carry", "job_failed_error", "bad_worker_status")
-    headers = worker_headers(view.headers)
+    try:
+        headers = worker_headers(view.headers)
+    except BadWorkerHeader as exc:
+        raise HttpError(502, f"job {view.id}: {exc}, which HTTP cannot carry; the result is "
+                        "kept, but not served", "job_failed_error", "bad_worker_header") from None
     ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
     headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    kind = (ctype or "application/octet-stream").split(";")[0].strip() or \
+        "application/octet-stream"
+    if is_active(kind) and not _inline_allowed(server, view.backend):
+        given = next((v for k, v in headers.items() if k.lower() == "content-disposition"), "")
+        headers = {k: v for k, v in headers.items() if k.lower() != "content-disposition"}
+        headers["Content-Disposition"] = given if given.lower().startswith("attachment") \
+            else "attachment"
+    headers.update(SANDBOX)
     headers["X-Vramtui-Job"] = view.id
     resp = web.Response(status=status, body=data, headers=headers)
-    resp.content_type = (ctype or "application/octet-stream").split(";")[0].strip()
+    resp.content_type = kind
     if ctype and "charset=" in ctype:
         resp.charset = ctype.split("charset=", 1)[1].split(";")[0].strip() or None
     return resp
+
+
+def _inline_allowed(server: HttpServer, backend: str) -> bool:
+    rt = server.engine.backends.get(backend)
+    return rt is not None and rt.spec.inline_results
 
 
 async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bool = True
