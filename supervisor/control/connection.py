@@ -148,13 +148,22 @@ class Connection(asyncio.BufferedProtocol):
     # -- what the server's sweep and admission look at ------------------------------------
     @property
     def busy(self) -> bool:
-        """Something is in flight for this client (it must not be evicted for being idle)."""
+        """Something is in flight for this client (it must not be evicted for being idle); a
+        frame that trickles in past its grace does not count (see :meth:`dribbling`)."""
         if not self.hello:
             return False
         transport = self.transport
         return bool(self.subs or self.waiters or self.deferred or self._pending or self._outbox
-                    or self.reader.partial
+                    or (self.reader.partial and not self.dribbling(time.monotonic()))
                     or (transport is not None and transport.get_write_buffer_size()))
+
+    def dribbling(self, now: float) -> bool:
+        """No hello yet, or a frame still incomplete, ``partial_grace_s`` after it began: a
+        client on the same machine sends a frame in one go."""
+        grace = self.limits.partial_grace_s
+        if not self.hello:
+            return now - self.opened > grace
+        return self.partial_since is not None and now - self.partial_since > grace
 
     @property
     def long_lived(self) -> bool:

@@ -44,7 +44,12 @@ class ControlLimits:
     # Clients reconnect by themselves.
     idle_timeout_s: float = 120.0
     # Seconds one request frame may take to arrive whole, once begun.
-    frame_timeout_s: float = 30.0
+    frame_timeout_s: float = 10.0
+    # Seconds a connection may take to say hello, or to send a frame it has begun, and still
+    # count as busy.  Past it, a connection that trickles its bytes is no better than an idle
+    # one: when every slot is taken, it gives way to a newcomer (so a client that dribbles
+    # bytes into every slot cannot keep ``vramtui status`` out).
+    partial_grace_s: float = 1.0
     # Seconds a connection may leave its replies unread (over write_high) before it is cut off.
     stall_timeout_s: float = 60.0
     # Waits (wait, submit --wait) in flight on one connection, and subscriptions on one.

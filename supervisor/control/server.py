@@ -285,12 +285,19 @@ class ControlServer:
         return None
 
     def _evict_one(self) -> bool:
-        """Close the connection idle the longest (nothing in flight) to make room; False when
-        every connection is busy."""
+        """Close a connection with nothing in flight to make room: first one that trickles
+        (silent since it opened, or a frame begun long ago and still incomplete), then the
+        one idle the longest, and a newcomer still saying hello last.  False when every
+        connection is busy."""
+        now = time.monotonic()
         idle = [c for c in self.connections if not c.busy]
         if not idle:
             return False
-        victim = min(idle, key=lambda c: (c.hello, c.last_active))  # silent newcomers first
+
+        def rank(c: Connection) -> tuple[int, float]:
+            return (0 if c.dribbling(now) else 1 if c.hello else 2), c.last_active
+
+        victim = min(idle, key=rank)
         victim.cut(f"the engine is at its limit of {self.max_connections} connections and "
                    "this one was idle the longest; it gave way to a new one", abort=False,
                    counter="evicted")
