@@ -27,7 +27,7 @@ from .errors import EngineStopped, JobTimeout, VramtuiError
 from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
-from .limits import Limits
+from .limits import Limits, raise_open_file_limit
 from .paths import Paths
 from .results import (
     CancelResult,
@@ -202,6 +202,7 @@ class Supervisor:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        raise_open_file_limit()
         handled: list[int] = []
         if self._handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):

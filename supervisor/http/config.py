@@ -37,6 +37,7 @@ import yaml
 from ..backends.units import parse_duration, parse_size
 from ..control import messages as m
 from ..errors import VramtuiError
+from .gate import GateLimits
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -85,6 +86,7 @@ class HttpConfig:
     allowed_hosts: tuple[str, ...] = ()
     ui: bool = True
     ui_sessions: int = 4
+    connections: GateLimits = field(default_factory=GateLimits)
 
 
 def is_loopback(host: str) -> bool:

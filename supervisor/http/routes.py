@@ -17,10 +17,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..control.logtail import read_log
-from ..errors import UnknownBackend, VramtuiError
+from ..errors import InvalidRequest, UnknownBackend, VramtuiError
 from ..jobquery import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
+from ..plain import nesting
+from ..validate import check_nesting
 from .errors import HttpError, bad_request, from_engine, not_found
-from .jobflow import JobStream, cancel_quietly, finished_view, result_response, wait_done
+from .jobflow import (
+    SANDBOX,
+    JobStream,
+    cancel_quietly,
+    finished_view,
+    result_response,
+    wait_done,
+)
 from .server import streaming
 from .sse import Stream, frame, last_event_id, open_response
 from .views import backend_json, event_json, gpu_json, job_json
@@ -31,6 +40,8 @@ if TYPE_CHECKING:
 JOB_FIELDS = frozenset({"backend", "input", "input_b64", "priority", "timeout", "metadata",
                         "stream"})
 LOG_POLL_S = 0.5
+MAX_JSON_DEPTH = 100  # a request body; a job's input and metadata have tighter limits
+INPUT_MAX_DEPTH = 64
 MAX_LOG_LINES = 10_000
 
 ROUTES = (
@@ -98,14 +109,21 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 async def read_json(request: web.Request) -> Any:
-    """The request's JSON body (400 when it is not JSON, 413 past the size limit)."""
+    """The request's JSON body (400 when it is not JSON or nests deeper than
+    :data:`MAX_JSON_DEPTH`, 413 past the size limit)."""
     raw = await request.read()
     if not raw:
         raise bad_request("the request has no body; send JSON")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
+    except RecursionError:
+        body = None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
+    if (body is None and raw.strip() != b"null") or \
+            nesting(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise bad_request(f"the body nests more than {MAX_JSON_DEPTH} levels deep; flatten it")
+    return body
 
 
 def wants_sse(request: web.Request) -> bool:
@@ -279,7 +297,7 @@ class _Routes:
         loop = asyncio.get_running_loop()
         got = await loop.run_in_executor(None, read_log, path, lines, None)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                   "Content-Type": "text/plain; charset=utf-8"}
+                   "Content-Type": "text/plain; charset=utf-8", **SANDBOX}  # a worker's text
         if not follow:
             return web.Response(body=got["data"], headers=headers)
         response = web.StreamResponse(headers=headers)
@@ -432,6 +450,10 @@ def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
         except (binascii.Error, ValueError):
             raise bad_request("input_b64 is not valid base64", param="input_b64") from None
     elif "input" in body:
+        try:
+            check_nesting(body["input"], INPUT_MAX_DEPTH, "input")
+        except InvalidRequest as exc:
+            raise bad_request(str(exc), param="input") from None
         payload = json.dumps(body["input"], ensure_ascii=False,
                              separators=(",", ":")).encode()
     kw: dict[str, Any] = {}

@@ -6,10 +6,12 @@ use fails the start with a one-line error — and sets aiohttp's ``AppRunner`` g
 synchronous, loop-only methods directly, as the control server's methods do; nothing blocks
 the loop but for the microseconds those calls take (log files are read in a thread).
 
-Every request passes three middlewares, outermost first: errors (everything leaves in the one
-JSON error shape), the guard (:mod:`.auth`: host, origin, token, peer uid), and limits
-(requests in flight, like the control socket's connection limit).  Request bodies are bounded
-by ``max_body`` (413 past it).
+Connections come in through the gate (:mod:`.gate`): each is identified and counted when it is
+accepted, before a byte is read, and its request headers have a deadline.  Every request then
+passes three middlewares, outermost first: errors (everything leaves in the one JSON error
+shape), the guard (:mod:`.auth`: host, origin, token, peer uid), and limits (requests in
+flight, like the control socket's connection limit).  Request bodies are bounded by
+``max_body`` (413 past it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..errors import VramtuiError
 from .auth import DECISION, Guard
 from .config import HttpConfig, bind_socket
 from .errors import HttpError
+from .gate import KEEPALIVE_TIMEOUT_S, ConnectionGate, GatedSite
 from .gpu_ids import read_uuids
 from .sse import Hub
 from .views import Clock
@@ -40,7 +43,6 @@ log = logging.getLogger("supervisor.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SHUTDOWN_TIMEOUT_S = 3.0
-KEEPALIVE_TIMEOUT_S = 15.0
 
 
 def streaming(handler: Handler) -> Handler:
@@ -62,6 +64,7 @@ class HttpServer:
         self.subapps = dict(subapps or {})
         self.on_ready = on_ready
         self.guard = Guard(config)
+        self.gate = ConnectionGate(config.connections)
         self.hub = Hub(engine)
         self.clock = Clock(engine.wall_started - engine.started_at)
         self.uuids: dict[int, str] = {}
@@ -113,7 +116,7 @@ class HttpServer:
                                keepalive_timeout=KEEPALIVE_TIMEOUT_S)
         await runner.setup()
         self._runner = runner
-        await web.SockSite(runner, sock).start()
+        await GatedSite(runner, sock, self.gate).start()
         assert self.ready is not None
         self.ready.set()
         if self.on_ready is not None:
@@ -147,7 +150,8 @@ class HttpServer:
         from . import ollama_routes, openai_routes, routes
 
         app = web.Application(client_max_size=self.config.max_body,
-                              middlewares=[self._errors, self._guard, self._limits])
+                              middlewares=[self.gate.middleware, self._errors, self._guard,
+                                           self._limits])
         routes.add_routes(app, self)
         openai_routes.add_routes(app, self)
         ollama_routes.add_routes(app, self)
@@ -236,6 +240,7 @@ class HttpServer:
     def stats(self) -> dict[str, Any]:
         return {**self.counters, "in_flight": self.in_flight, "streams": self.streams,
                 "sse_dropped": self.hub.dropped, "event_seq": self.hub.seq,
+                "connections": self.gate.stats(),
                 "address": self.address, "at": time.time()}
 
 

@@ -1,0 +1,261 @@
+"""The HTTP door's connection gate: who connected, and how many, before a byte is read.
+
+aiohttp accepts every connection and reads requests from it for as long as the client likes;
+on a machine shared with other users that lets anyone hold the engine's file descriptors.  The
+gate is aiohttp's own request handler with three things added at the moment a connection is
+accepted, before its first byte is read:
+
+- **who it is** (:func:`.peer.identify_socket`): the kernel's answer for the socket, fixed
+  for the connection's life, so that a client cannot change what the check sees by closing
+  early (the race the old, first-request check lost);
+- **how many** each peer holds: open connections, and connections whose request headers have
+  not arrived yet, per peer (a local uid, or a remote address) and in total.  Peers other than
+  the engine's own user never take the last ``owner_reserve`` slots, so the owner is served
+  while another user floods.  A connection over a limit is answered one ``503`` line and
+  closed at once: its descriptor is not held;
+- **a header deadline**: a request's headers must arrive whole within ``header_timeout_s`` of
+  its first byte (of the connection's opening, for the first request), or the connection is
+  closed.  Bodies and responses are bounded elsewhere (``max_body``, requests in flight).
+
+Every refusal is counted in :meth:`ConnectionGate.stats` and logged, at most once every few
+seconds per kind.  :class:`GatedSite` serves an ``AppRunner`` through the gate; the app's
+outermost middleware must be :meth:`ConnectionGate.middleware` (it tells the gate when a
+request's headers have arrived and when it is answered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from .peer import Peer, identify_socket
+
+log = logging.getLogger("supervisor.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+KEEPALIVE_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    # Connections open at once, everyone together.
+    max_open: int = 1024
+    # Of those, the last ones only the engine's own user may take.
+    owner_reserve: int = 64
+    # Connections one other peer (a local uid, a remote address) may hold open.
+    max_per_peer: int = 64
+    # Connections one other peer may hold before their request headers arrived.
+    max_pending_per_peer: int = 16
+    # Seconds a request's headers may take to arrive whole.
+    header_timeout_s: float = 10.0
+
+
+class ConnectionGate:
+    """Counts and bounds one server's connections; see the module doc."""
+
+    def __init__(self, limits: GateLimits | None = None, owner_uid: int | None = None) -> None:
+        self.limits = limits or GateLimits()
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        self.header_timeout_s = self.limits.header_timeout_s
+        self.open: Counter[str] = Counter()
+        self.pending: Counter[str] = Counter()
+        self.counters = {"accepted": 0, "refused": 0, "header_timeouts": 0}
+        self._logged: dict[str, float] = {}
+
+    # -- admission ----------------------------------------------------------------------------
+    def admit(self, peer: Peer) -> str | None:
+        """None to let a new connection from ``peer`` in (it is counted), else why not."""
+        lim = self.limits
+        total = sum(self.open.values())
+        key = peer.key
+        if total >= lim.max_open:
+            why = f"the HTTP door holds {total} connections, its limit"
+        elif not peer.is_user(self.owner_uid):
+            others = total - sum(n for k, n in self.open.items() if k == self._owner_key)
+            if others >= lim.max_open - lim.owner_reserve:
+                why = (f"other peers hold {others} connections (the last {lim.owner_reserve} "
+                       "are kept for the engine's own user)")
+            elif self.open[key] >= lim.max_per_peer:
+                why = f"{key} holds {self.open[key]} connections, the limit for one peer"
+            elif self.pending[key] >= lim.max_pending_per_peer:
+                why = (f"{key} has {self.pending[key]} connections whose request headers "
+                       "have not arrived, the limit for one peer")
+            else:
+                why = None
+        else:
+            why = None
+        if why is not None:
+            self.counters["refused"] += 1
+            self._warn(key, f"refused an HTTP connection from {peer.describe()}: {why}")
+            return why
+        self.counters["accepted"] += 1
+        self.open[key] += 1
+        return None
+
+    @property
+    def _owner_key(self) -> str:
+        return f"uid {self.owner_uid}"
+
+    def release(self, peer: Peer) -> None:
+        self.open[peer.key] -= 1
+        if self.open[peer.key] <= 0:
+            del self.open[peer.key]
+
+    def waiting(self, peer: Peer, on: bool) -> None:
+        """A connection of ``peer`` starts (on) or stops waiting for request headers."""
+        key = peer.key
+        self.pending[key] += 1 if on else -1
+        if self.pending[key] <= 0:
+            del self.pending[key]
+
+    def timed_out(self, peer: Peer) -> None:
+        self.counters["header_timeouts"] += 1
+        self._warn(f"headers {peer.key}", f"closed an HTTP connection from {peer.describe()}: "
+                   f"its request headers did not arrive within {self.header_timeout_s:g} s")
+
+    def _warn(self, key: str, text: str) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(key, -1e9) >= 5.0:
+            self._logged[key] = now
+            if len(self._logged) > 1024:
+                self._logged.clear()
+            log.warning("%s", text)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counters, "open": sum(self.open.values()),
+                "headers_pending": sum(self.pending.values()), "peers": dict(self.open),
+                "max_open": self.limits.max_open, "max_per_peer": self.limits.max_per_peer,
+                "header_timeout_s": self.header_timeout_s}
+
+    # -- the middleware ---------------------------------------------------------------------
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Outermost: this request's headers have arrived; the next request's deadline starts
+        with its first byte once this one is answered."""
+        proto = request.protocol
+        gated = proto if isinstance(proto, GatedHandler) else None
+        if gated is not None:
+            gated.request_started()
+        try:
+            return await handler(request)
+        finally:
+            if gated is not None:
+                gated.request_ended()
+
+
+def refusal_bytes(why: str) -> bytes:
+    body = json.dumps({"error": {"message": f"connection refused: {why}; try again shortly",
+                                 "type": "unavailable_error", "code": "too_many_connections",
+                                 "param": None}}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 5\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+            % len(body)) + body
+
+
+class GatedHandler(RequestHandler):
+    """aiohttp's request handler, identified and counted at accept (see the module doc)."""
+
+    __slots__ = ("gate", "peer", "_admitted", "_in_request", "_deadline", "_waiting")
+
+    def __init__(self, manager: web.Server, gate: ConnectionGate, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.gate = gate
+        self.peer: Peer | None = None
+        self._admitted = False
+        self._in_request = False
+        self._waiting = False
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = identify_socket(transport.get_extra_info("socket"))
+        self.peer = peer
+        why = self.gate.admit(peer)
+        if why is not None:
+            assert isinstance(transport, asyncio.WriteTransport)
+            transport.write(refusal_bytes(why))
+            transport.close()
+            return
+        self._admitted = True
+        super().connection_made(transport)
+        self._start_waiting()
+
+    def data_received(self, data: bytes) -> None:
+        if self._admitted and not self._in_request and not self._waiting:
+            self._start_waiting()
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self._stop_waiting()
+        assert self.peer is not None
+        self.gate.release(self.peer)
+        super().connection_lost(exc)
+
+    # -- the header deadline ----------------------------------------------------------------
+    def _start_waiting(self) -> None:
+        assert self.peer is not None
+        self._waiting = True
+        self.gate.waiting(self.peer, True)
+        self._deadline = asyncio.get_running_loop().call_later(
+            self.gate.header_timeout_s, self._headers_late)
+
+    def _stop_waiting(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self._waiting:
+            self._waiting = False
+            assert self.peer is not None
+            self.gate.waiting(self.peer, False)
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        if not self._waiting or self._in_request:
+            return
+        assert self.peer is not None
+        self.gate.timed_out(self.peer)
+        self._stop_waiting()
+        if self.transport is not None:
+            self.transport.close()
+
+    def request_started(self) -> None:
+        self._in_request = True
+        self._stop_waiting()
+
+    def request_ended(self) -> None:
+        self._in_request = False
+
+
+class GatedSite(web.SockSite):
+    """An ``AppRunner`` served on a bound socket through a :class:`ConnectionGate`."""
+
+    def __init__(self, runner: web.AppRunner, sock: Any, gate: ConnectionGate, *,
+                 keepalive_timeout: float = KEEPALIVE_TIMEOUT_S) -> None:
+        super().__init__(runner, sock)
+        self.gate = gate
+        self.keepalive_timeout = keepalive_timeout
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+
+        def factory() -> GatedHandler:
+            return GatedHandler(server, self.gate, loop=loop, access_log=None,
+                                keepalive_timeout=self.keepalive_timeout)
+
+        self._server = await loop.create_server(factory, sock=self._sock,
+                                                backlog=self._backlog)
