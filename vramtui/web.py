@@ -6,9 +6,10 @@ terminal).  It is mounted at ``/ui`` of the HTTP front door (``vramtui --serve -
 served alone by ``vramtui web``.
 
 Guarded like every route (see :mod:`supervisor.http.auth`): the engine's user only, or the
-bearer token — which a browser cannot send as a header, so ``/ui?token=…`` sets it as a
-same-site, HTTP-only cookie for ``/ui``.  The WebSocket must come from a page of ours (its
-``Origin`` is checked), and at most ``sessions`` browsers run at once, each a TUI process.
+bearer token, which a browser cannot send as a header.  So the first load, ``/ui/?token=…``,
+is answered with a redirect to ``/ui/`` and a session cookie (not the token) for ``/ui``.  The
+WebSocket must come from a page of ours (its whole ``Origin`` is checked), and at most
+``sessions`` browsers run at once, each a TUI process.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 
-from supervisor.http.auth import DECISION, UI_COOKIE
+from supervisor.http.auth import DECISION
 
 UI_PREFIX = "/ui"
 
@@ -43,6 +45,17 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
     state: dict[str, int] = {"sessions": 0}
 
     async def index(request: web.Request) -> web.StreamResponse:
+        decision = request.get(DECISION)
+        if "token" in request.query:  # the first load: the token leaves the URL at once
+            rest = urlencode([(k, v) for k, v in request.query.items() if k != "token"])
+            redirect = web.HTTPSeeOther(f"{UI_PREFIX}/" + (f"?{rest}" if rest else ""))
+            if decision is not None and decision.ui_cookie is not None:
+                name, value = decision.ui_cookie
+                redirect.set_cookie(name, value, httponly=True, samesite="Strict",
+                                    path=UI_PREFIX, secure=request.secure)
+            redirect.headers["Cache-Control"] = "no-store"
+            redirect.headers["Referrer-Policy"] = "no-referrer"
+            raise redirect
         router = request.app.router
         scheme = "wss" if request.secure else "ws"
         ws_path = router["websocket"].url_for()
@@ -55,11 +68,6 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
             "ping_url": "",
         }
         response = aiohttp_jinja2.render_template("app_index.html", request, context)
-        token = request.query.get("token")
-        decision = request.get(DECISION)
-        if token and decision is not None and decision.token_ok:
-            response.set_cookie(UI_COOKIE, token, httponly=True, samesite="Strict",
-                                path=UI_PREFIX, secure=request.secure)
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
@@ -107,6 +115,7 @@ def run_web(args: Any) -> int:
     from supervisor.http.auth import Guard
     from supervisor.http.config import HttpConfigError, bind_socket, load_http_config
     from supervisor.http.errors import HttpError
+    from supervisor.http.gate import ConnectionGate, GatedSite
 
     from .cli import Exit
     from .connect import control_socket
@@ -127,6 +136,7 @@ def run_web(args: Any) -> int:
               "give --attach", file=sys.stderr)
         return Exit.NO_ENGINE
     guard = Guard(config)
+    gate = ConnectionGate(config.connections)
 
     @web.middleware
     async def guarded(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -137,7 +147,7 @@ def run_web(args: Any) -> int:
         return await handler(request)
 
     async def main() -> None:
-        app = web.Application(middlewares=[guarded])
+        app = web.Application(middlewares=[gate.middleware, guarded])
 
         async def root(request: web.Request) -> web.StreamResponse:
             raise web.HTTPFound(UI_PREFIX + "/" + (f"?{request.query_string}"
@@ -149,7 +159,7 @@ def run_web(args: Any) -> int:
         sock = bind_socket(config.listen)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await GatedSite(runner, sock, gate).start()
         where = config.listen.url() if config.listen.path else \
             f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}"
         print(f"vramtui web: the dashboard on {where}{UI_PREFIX}/ (attached to {socket}); "
