@@ -122,13 +122,15 @@ def _answers(socket_path: Path) -> Client | None:
         return None
 
 
-def start_serve(env: dict[str, str], root: Path, *extra: str, timeout: float = 60) -> Served:
+def start_serve(env: dict[str, str], root: Path, *extra: str, timeout: float = 60,
+                preexec: Any = None) -> Served:
+    """``vramtui --serve`` with ``extra`` flags; ``preexec`` runs in the child first (limits)."""
     out_path, err_path = root / "serve.out", root / "serve.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
             [PYTHON, "-m", "vramtui", "--serve", "--gpus", "sim:8GiB",
              "--backends", env["VRAMTUI_TEST_BACKENDS"], *extra],
-            env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=preexec)
     served = Served(proc, env, root, out_path, err_path)
 
     def up() -> Client | None:

@@ -172,9 +172,17 @@ def test_loopback_uid_reads_the_kernels_socket_table(tmp_path: Path) -> None:
     table.write_text(
         "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
         "   0: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1234 "
-        "0 1 1\n")
+        "0 1 1\n"
+        # closed by the client: a TIME_WAIT row (06) reads uid 0 and inode 0; no one's
+        "   1: 0100007F:9C42 0100007F:1F90 06 00000000:00000000 03:00000000 00000000     0 "
+        "0 0 3\n"
+        # established but orphaned (no inode): no one's either
+        "   2: 0100007F:9C43 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0 "
+        "0 0 1\n")
     assert loopback_uid(("127.0.0.1", 40000), ("127.0.0.1", 8080), (str(table),)) == 1234
     assert loopback_uid(("127.0.0.1", 40001), ("127.0.0.1", 8080), (str(table),)) is None
+    assert loopback_uid(("127.0.0.1", 40002), ("127.0.0.1", 8080), (str(table),)) is None
+    assert loopback_uid(("127.0.0.1", 40003), ("127.0.0.1", 8080), (str(table),)) is None
     with socket.socket() as server:  # and the real table, for a real connection
         server.bind(("127.0.0.1", 0))
         server.listen()

@@ -19,7 +19,7 @@ from aiohttp.test_utils import make_mocked_request
 from http_support import Front, serve_http
 from serve_support import echo_backend
 
-from supervisor.http.auth import UI_COOKIE, Guard
+from supervisor.http.auth import Guard
 from supervisor.http.config import (
     TOKEN_ENV,
     HttpConfig,
@@ -142,16 +142,17 @@ def test_another_machine_needs_the_token_even_to_read() -> None:
 
 def test_the_browser_dashboard_needs_the_token_then_a_cookie(front: Front) -> None:
     assert front.get("/ui/").status == 401
-    r = front.get(f"/ui/?token={TOKEN}")
-    assert r.status == 200 and b"textual" in r.body.lower()
-    cookie = r.headers["set-cookie"]
-    assert f"{UI_COOKIE}={TOKEN}" in cookie and "HttpOnly" in cookie
-    assert "SameSite=Strict" in cookie and "Path=/ui" in cookie
-    again = front.get("/ui/", headers={"Cookie": f"{UI_COOKIE}={TOKEN}"})
-    assert again.status == 200
-    assert front.get("/v1/backends", headers={"Cookie": f"{UI_COOKIE}=wrong-token-xx"}).status \
+    first = front.get(f"/ui/?token={TOKEN}&fontsize=20")
+    assert first.status == 303 and first.headers["location"] == "/ui/?fontsize=20"
+    cookie = first.headers["set-cookie"]
+    pair = cookie.split(";", 1)[0]
+    assert pair.startswith(front.server.guard.ui_cookie + "=") and TOKEN not in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
+    again = front.get("/ui/", headers={"Cookie": pair})
+    assert again.status == 200 and b"textual" in again.body.lower()
+    assert front.get("/v1/backends", headers={"Cookie": pair + "wrong"}).status \
         == 200  # the cookie counts for /ui only: elsewhere it is ignored, not an identity
-    ws = front.get("/ui/ws", headers={"Cookie": f"{UI_COOKIE}={TOKEN}",
+    ws = front.get("/ui/ws", headers={"Cookie": pair,
                                       "Origin": "http://evil.example", "Upgrade": "websocket",
                                       "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
                                       "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})

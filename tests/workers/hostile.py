@@ -4,6 +4,8 @@
 - ``{"data": N}``              -> N bytes in one reply
 - ``{"stream": N, "chunk": C}`` -> N bytes streamed in chunks of C bytes
 - ``{"flood": N}``             -> N bytes written to stderr, then a short reply
+- ``{"body": S, "headers": H}`` -> the text S with the headers H (and ``"status"`` if given),
+  as a worker that wants its result served as a web page would answer
 - anything else                -> ``ok``
 """
 
@@ -21,6 +23,10 @@ def predict(payload: bytes):
         return b"ok"
     if not isinstance(request, dict):
         return b"ok"
+    if "body" in request:
+        return worker_sdk.Response(str(request["body"]).encode(),
+                                   headers=dict(request.get("headers") or {}),
+                                   status_code=int(request.get("status", 200)))
     if "status" in request:
         return worker_sdk.Response(b"odd status", status_code=int(request["status"]))
     if "data" in request:

@@ -1,0 +1,428 @@
+"""The HTTP door's trust boundary, attacked as the red team did (issue 22).
+
+Each test is the attacker's own program against a real engine and its real HTTP server:
+
+- another local user (uid 65534, a real process via ``setpriv``) racing the peer check:
+  it sends ``POST /v1/jobs`` and closes at once, beside idle connections that slow the loop;
+  the truth is the engine's job table, read by its owner;
+- a page on another port of the same host: a cross-origin POST (``text/plain``, as a browser
+  sends without a preflight) and the dashboard's WebSocket opened from that origin;
+- a ``metadata`` nested 900 levels deep, and JSON nested deeper than Python can parse;
+- a flood of half-sent connections from the other user beside the owner's timed request,
+  against ``vramtui --serve`` started under the common open-file limit of 1,024;
+- a worker steered to answer with ``text/html``, control characters in its headers, a
+  redirect, CORS and a cookie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine_support import ROOT, wait_for
+from http_support import Front, serve_http
+from other_user import OTHER_UID, needs_other_user, start_as_other_user
+from serve_support import echo_backend, make_env, new_root, reap, start_serve
+
+from supervisor.http.peer import Peer, identify_socket, table_row
+
+pytestmark = pytest.mark.timeout(120)
+TOKEN = "trust-boundary-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HOSTILE = ROOT / "tests" / "workers" / "hostile.py"
+
+
+def hostile_backend() -> dict[str, object]:
+    return {"name": "hostile", "script": str(HOSTILE),
+            "vram": {"weights": "0MiB", "activation": "16MiB"}, "timeouts": {"stop_grace": "3s"}}
+
+
+@pytest.fixture(scope="module")
+def open_front() -> Iterator[Front]:
+    """The default setup: loopback, no token (the engine's user only)."""
+    with serve_http([echo_backend(), hostile_backend()]) as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def token_front() -> Iterator[Front]:
+    with serve_http([echo_backend()], token=TOKEN, token_source="test", ui=True) as f:
+        yield f
+
+
+def _jobs(front: Front) -> list[dict[str, object]]:
+    r = front.get("/v1/jobs?limit=1000")
+    assert r.status == 200, r.body[:300]
+    return r.json()["data"]
+
+
+# -- 1. another local user racing the peer check ------------------------------------------
+
+RACE = r'''
+import socket, sys
+port, idle_n, tries = (int(a) for a in sys.argv[1:4])
+idle = []
+for _ in range(idle_n):
+    try:
+        idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+    except OSError:
+        break
+body = b'{"backend": "echo", "input": "from another user"}'
+request = (b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Prefer: respond-async\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+for _ in range(tries):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(request)
+    s.close()  # before the engine reads a byte: the old check saw a TIME_WAIT row, uid 0
+print(len(idle), flush=True)
+sys.stdin.read()  # hold the idle connections until the test has looked
+'''
+
+
+@needs_other_user
+def test_another_user_racing_the_peer_check_gets_no_job_in(open_front: Front) -> None:
+    before = len(_jobs(open_front))
+    gate = open_front.server.stats()["connections"]
+    seen = gate["accepted"] + gate["refused"]
+    forbidden = open_front.server.counters["refused"]
+    attacker = start_as_other_user(RACE, open_front.port, 4, 10)
+    try:
+        assert attacker.stdout is not None
+        held = int(attacker.stdout.readline() or "-1")
+        assert held == 4, attacker.stderr.read() if attacker.stderr else ""
+        key = f"uid {OTHER_UID}"
+
+        def handled() -> bool:  # every racing connection judged and closed; the idle remain
+            now = open_front.server.stats()["connections"]
+            return (now["accepted"] + now["refused"] >= seen + held + 10
+                    and now["peers"].get(key) == held)
+
+        wait_for(handled, 30, "the racing connections to be handled")
+        assert len(_jobs(open_front)) == before  # not one job from the other user
+        # each was refused as uid 65534 (named at accept), or as unknown: never let in
+        assert open_front.server.counters["refused"] - forbidden == 10
+    finally:
+        with contextlib.suppress(Exception):
+            attacker.communicate("", timeout=10)
+        if attacker.poll() is None:
+            attacker.kill()
+
+
+def test_a_closed_client_is_unknown_never_root() -> None:
+    """The kernel's own table is the truth: once the client closed, its row is no longer an
+    established socket with an inode, and the peer is unknown (not uid 0)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with accepted:
+            live = identify_socket(accepted)
+            assert live.local and live.uid == os.geteuid()
+            ends = (accepted.getpeername(), accepted.getsockname())
+            row = table_row(*ends)  # /proc's answer agrees with sock_diag's
+            assert row is not None and row.names_a_user and row.uid == os.geteuid()
+            client.close()
+            gone = identify_socket(accepted)
+            assert gone.local and gone.uid is None, gone
+            row = table_row(*ends)
+            assert row is None or not row.names_a_user, row
+    finally:
+        server.close()
+
+
+def test_root_is_every_user_only_where_the_kernel_vouches() -> None:
+    assert not Peer(True, 0, "127.0.0.1:40000").is_user(1000)  # TCP: uid 0 is no one special
+    assert Peer(True, 0, "unix socket pid 1", vouched=True).is_user(1000)
+    assert Peer(True, 1000, "127.0.0.1:40000").is_user(1000)
+    assert not Peer(True, None, "127.0.0.1:40000").is_user(1000)
+    assert not Peer(False, 1000, "192.0.2.1").is_user(1000)
+
+
+# -- 2. a page on another port ----------------------------------------------------------
+
+def test_a_page_on_another_port_cannot_post(open_front: Front) -> None:
+    port = open_front.port
+    body = b'{"backend": "echo", "input": 1}'
+    before = len(_jobs(open_front))
+    for origin in (f"http://127.0.0.1:{port + 1 if port < 65535 else 1}",
+                   "http://127.0.0.1:9999", f"https://127.0.0.1:{port}", "https://127.0.0.1",
+                   "http://localhost:9999", f"http://localhost:{port}", "null"):
+        r = open_front.request("POST", "/v1/jobs", raw=body,
+                               headers={"Content-Type": "text/plain", "Origin": origin})
+        assert r.status == 403 and r.error["code"] == "bad_origin", (origin, r.body)
+    # a browser that says the request crosses sites is refused even without an Origin
+    r = open_front.request("POST", "/v1/jobs", raw=body, headers={
+        "Content-Type": "text/plain", "Sec-Fetch-Site": "same-site"})
+    assert r.status == 403 and r.error["code"] == "bad_origin"
+    assert len(_jobs(open_front)) == before
+    same = open_front.request("POST", "/v1/jobs", raw=body, headers={
+        "Content-Type": "application/json", "Origin": f"http://127.0.0.1:{port}",
+        "Sec-Fetch-Site": "same-origin"})
+    assert same.status == 200 and same.body == b"1"
+    curl = open_front.post("/v1/jobs", {"backend": "echo", "input": 2})  # no Origin at all
+    assert curl.status == 200 and curl.body == b"2"
+
+
+def _ws_upgrade(cookie: str, origin: str) -> dict[str, str]:
+    return {"Cookie": cookie, "Origin": origin, "Upgrade": "websocket",
+            "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+def test_the_dashboard_cookie_is_not_the_token_and_the_token_leaves_the_url(
+        token_front: Front) -> None:
+    r = token_front.get(f"/ui/?token={TOKEN}")
+    assert r.status == 303 and r.headers["location"] == "/ui/"  # the token leaves the URL
+    cookie = r.headers["set-cookie"]
+    assert TOKEN not in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
+    pair = cookie.split(";", 1)[0]
+    name, _, value = pair.partition("=")
+    assert re.fullmatch(r"vramtui_ui_[0-9a-f]{16}", name) and len(value) >= 32
+    page = token_front.get("/ui/", headers={"Cookie": pair})
+    assert page.status == 200 and b"textual" in page.body.lower()
+    assert token_front.get("/ui/", headers={"Cookie": f"{name}=not-a-session"}).status == 401
+    assert token_front.get("/ui/", headers={"Cookie": f"vramtui_token={TOKEN}"}).status == 401
+    # the cookie is no bearer token anywhere else
+    assert token_front.post("/v1/backends/unload", headers={"Cookie": pair}).status == 401
+
+
+def test_the_dashboard_websocket_refuses_another_port(token_front: Front) -> None:
+    r = token_front.get(f"/ui/?token={TOKEN}")
+    pair = r.headers["set-cookie"].split(";", 1)[0]
+    port = token_front.port
+    for origin in ("http://127.0.0.1:9999", f"https://127.0.0.1:{port}",
+                   "http://localhost:9999"):
+        ws = token_front.get("/ui/ws", headers=_ws_upgrade(pair, origin))
+        assert ws.status == 403, (origin, ws.status, ws.body[:200])
+    ok = token_front.get("/ui/ws", headers=_ws_upgrade(pair, f"http://127.0.0.1:{port}"))
+    assert ok.status == 101
+
+
+# -- 3. a deep metadata, deep JSON -----------------------------------------------------------
+
+def _nested(levels: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+    node = out
+    for _ in range(levels - 1):
+        node["a"] = {}
+        node = node["a"]  # type: ignore[assignment]
+    return out
+
+
+def test_deep_metadata_is_refused_at_submit_and_the_job_list_stays_whole(
+        open_front: Front) -> None:
+    before = len(_jobs(open_front))
+    r = open_front.post("/v1/jobs", {"backend": "echo", "input": 1, "metadata": _nested(900)})
+    assert r.status == 400 and "nests more than" in r.error["message"], r.body[:300]
+    r = open_front.post("/v1/jobs", {"backend": "echo", "input": 1, "metadata": _nested(40)})
+    assert r.status == 400 and "metadata nests more than 32" in r.error["message"], r.body
+    r = open_front.post("/v1/jobs", {"backend": "echo", "input": _nested(80)})
+    assert r.status == 400 and "input nests more than 64" in r.error["message"], r.body
+    deep = b'{"backend": "echo", "input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = open_front.request("POST", "/v1/jobs", raw=deep)
+    assert r.status == 400 and "nest" in r.error["message"], r.body[:300]
+    r = open_front.request("POST", "/v1/chat/completions", raw=b"[" * 50_000 + b"]" * 50_000)
+    assert r.status == 400, r.body[:300]
+    assert len(_jobs(open_front)) == before
+    fine = open_front.post("/v1/jobs", {"backend": "echo", "input": 3,
+                                        "metadata": _nested(20)})
+    assert fine.status == 200
+    listed = _jobs(open_front)
+    assert len(listed) == before + 1 and listed[0]["metadata"] == _nested(20)
+
+
+# -- 4. connections before auth ------------------------------------------------------------
+
+FLOOD = r'''
+import socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for _ in range(count):
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /v1/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # never ends
+        held.append(s)
+    except OSError:
+        pass
+print(len(held), flush=True)
+sys.stdin.read()
+'''
+
+
+def _low_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+
+
+@needs_other_user
+def test_a_connection_flood_from_another_user_leaves_the_owner_served() -> None:
+    root = new_root()
+    env = make_env(root, [echo_backend()])
+    served = start_serve(env, root, "--http", "127.0.0.1:0", preexec=_low_nofile)
+    try:
+        line = wait_for(lambda: next((x for x in served.stdout().splitlines()
+                                      if "HTTP front door on" in x), None), 30, "the HTTP line")
+        port = int(line.split("HTTP front door on ", 1)[1].split()[0].rsplit(":", 1)[1])
+        pid = served.proc.pid
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        soft = next(int(x.split()[3]) for x in limits.splitlines()
+                    if x.startswith("Max open files"))
+        assert soft == resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # raised to the hard
+        attacker = start_as_other_user(FLOOD, port, 1500)
+        try:
+            assert attacker.stdout is not None
+            assert int(attacker.stdout.readline() or "0") > 0
+            for _ in range(5):  # the owner, while the flood holds
+                t0 = time.monotonic()
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                    s.sendall(b"GET /v1/backends HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              b"Connection: close\r\n\r\n")
+                    answer = b""
+                    while chunk := s.recv(65536):
+                        answer += chunk
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+                assert time.monotonic() - t0 < 5.0  # a liveness bound, not a benchmark
+            fds = len(os.listdir(f"/proc/{pid}/fd"))
+            assert fds < 600, fds  # the other user's connections are capped, not held
+        finally:
+            with contextlib.suppress(Exception):
+                attacker.communicate("", timeout=10)
+            if attacker.poll() is None:
+                attacker.kill()
+        assert "Too many open files" not in served.stderr()
+        assert "refused" in served.stderr()  # the cap said what it did
+    finally:
+        reap(served)
+
+
+def test_half_sent_headers_are_cut_at_their_deadline(open_front: Front) -> None:
+    gate = open_front.server.gate
+    s = socket.create_connection(("127.0.0.1", open_front.port), timeout=30)
+    try:
+        s.sendall(b"GET /v1/backends HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        old = gate.header_timeout_s
+        gate.header_timeout_s = 0.5  # the default (10 s) is too long for a test
+        try:
+            s.sendall(b"X-Slow: 1\r\n")
+            assert s.recv(100) == b""  # closed by the server, no answer
+        finally:
+            gate.header_timeout_s = old
+    finally:
+        s.close()
+    assert open_front.server.stats()["connections"]["header_timeouts"] >= 1
+
+
+# -- 5. results as data ------------------------------------------------------------------
+
+def test_an_html_result_is_served_as_an_attachment_in_a_sandbox(open_front: Front) -> None:
+    page = "<html><script>fetch('/v1/backends/unload', {method: 'POST'})</script></html>"
+    r = open_front.post("/v1/jobs", {"backend": "hostile", "input": {
+        "body": page, "headers": {"Content-Type": "text/html; charset=utf-8"}}})
+    assert r.status == 200 and r.body == page.encode()
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["content-security-policy"] == "sandbox"
+    assert r.headers["content-disposition"].startswith("attachment")
+    svg = open_front.post("/v1/jobs", {"backend": "hostile", "input": {
+        "body": "<svg onload='alert(1)'/>", "headers": {"Content-Type": "image/svg+xml"}}})
+    assert svg.headers["content-disposition"].startswith("attachment")
+    png = open_front.post("/v1/jobs", {"backend": "hostile", "input": {
+        "body": "png", "headers": {"Content-Type": "image/png"}}})
+    assert png.headers["x-content-type-options"] == "nosniff"
+    assert "content-disposition" not in png.headers  # passive types stay inline
+    job = png.headers["x-vramtui-job"]
+    again = open_front.get(f"/v1/jobs/{job}/result")
+    assert again.headers["content-security-policy"] == "sandbox"
+
+
+def test_a_workers_headers_pass_an_allow_list(open_front: Front) -> None:
+    r = open_front.post("/v1/jobs", {"backend": "hostile", "input": {
+        "body": "moved", "status": 302, "headers": {
+            "Location": "https://evil.example/", "Access-Control-Allow-Origin": "*",
+            "Refresh": "0; url=https://evil.example/", "Set-Cookie": "a=b",
+            "Content-Security-Policy": "default-src *", "X-Content-Type-Options": "sniff",
+            "Cache-Control": "max-age=60", "X-Model-Seed": "42",
+            "Content-Disposition": "inline; filename=out.txt",
+            "Content-Type": "text/plain"}}})
+    assert r.status == 302
+    for gone in ("location", "access-control-allow-origin", "refresh", "set-cookie"):
+        assert gone not in r.headers, gone
+    assert r.headers["content-security-policy"] == "sandbox"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["cache-control"] == "max-age=60" and r.headers["x-model-seed"] == "42"
+    assert r.headers["content-disposition"] == "inline; filename=out.txt"
+
+
+@pytest.mark.parametrize("bad", ["\x0b", "\x0c", "\x7f", "\x01", "\t", "\r\nX-Injected: 1"])
+def test_a_control_character_in_a_workers_header_is_a_clean_502(open_front: Front,
+                                                                   bad: str) -> None:
+    r = open_front.post("/v1/jobs", {"backend": "hostile", "input": {
+        "body": "x", "headers": {"X-Note": f"a{bad}b"}}})
+    assert r.status == 502 and r.error["code"] == "bad_worker_header", r.body[:300]
+    assert "x-injected" not in r.headers
+    job = r.error["message"].split()[1].rstrip(":")
+    again = open_front.get(f"/v1/jobs/{job}/result")
+    assert again.status == 502 and again.error["code"] == "bad_worker_header"
+    assert open_front.get("/v1/backends").status == 200  # the door is fine
+
+
+# -- the control socket: a dribbler keeps nobody out -------------------------------------------
+
+def test_dribbling_control_clients_leave_a_slot_for_status() -> None:
+    from serve_support import RawConn, hello_frame, in_process
+
+    from supervisor.client import Client
+    from supervisor.control.errors import TooManyConnections
+    from supervisor.control.limits import ControlLimits
+
+    limits = ControlLimits(max_connections=16, partial_grace_s=0.3)
+    with in_process([echo_backend()], limits=limits) as (sup, server, _root):
+        dribblers: list[RawConn] = []
+        try:
+            for _ in range(16):
+                conn = RawConn(server.path)
+                conn.hello()
+                frame = hello_frame()
+                conn.send(frame[:3])  # a frame begun, and then a byte now and then
+                dribblers.append(conn)
+            wait_for(lambda: len(server.connections) == 16, 10, "the dribblers to be in")
+
+            def status() -> bool:  # the owner's status finds a slot, once they trickle
+                try:
+                    client = Client(server.path)
+                except TooManyConnections:
+                    return False
+                try:
+                    return bool(client.snapshot().backends)
+                finally:
+                    client.close()
+
+            wait_for(status, 10, "a slot for the owner's status")
+            assert server.stats()["evicted"] >= 1
+        finally:
+            for conn in dribblers:
+                conn.close()
+
+
+def test_every_door_refuses_deep_metadata_at_submit() -> None:
+    """One check, in the engine's submit: the control socket refuses what HTTP refuses."""
+    from serve_support import in_process
+
+    from supervisor.client import Client
+    from supervisor.errors import InvalidRequest
+
+    with in_process([echo_backend()]) as (_sup, server, _root):
+        client = Client(server.path)
+        try:
+            with pytest.raises(InvalidRequest, match="metadata nests more than 32"):
+                client.submit("echo", b"1", metadata=_nested(40))
+            assert client.submit("echo", b"1", metadata=_nested(32))
+        finally:
+            client.close()
