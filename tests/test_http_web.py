@@ -96,3 +96,30 @@ def test_headless_chromium_screenshot_of_the_dashboard(tmp_path: Path) -> None:
     width, height, colours = _png_colours(out.read_bytes())
     assert width == 1024 and 300 < height <= 640  # the viewport (less the window's chrome)
     assert colours > 20  # a drawn dashboard, not a blank page
+
+
+def test_a_browser_sessions_tui_ends_with_the_server_that_started_it(front: Front) -> None:
+    """An abrupt stop of the HTTP server can leave a session's TUI orphaned (textual-serve
+    is not always given the time to stop it): it then ends by itself."""
+    import subprocess
+
+    from vramtui.app.app import WEB_PARENT_ENV
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    env = dict(os.environ, TEXTUAL_DRIVER="textual.drivers.web_driver:WebDriver",
+               **{WEB_PARENT_ENV: str(server.pid)})
+    tui = subprocess.Popen([sys.executable, "-m", "vramtui", "--attach",
+                            str(front.sup.paths.control_socket)], env=env,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL)
+    try:
+        poll(lambda: _tui_clients(front), 30, "the session's TUI to attach")
+        server.kill()
+        server.wait(10)
+        assert tui.wait(20) is not None  # it noticed, and left
+        poll(lambda: not _tui_clients(front), 30, "the TUI to leave the engine")
+    finally:
+        for p in (server, tui):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)

@@ -14,6 +14,7 @@ WebSocket must come from a page of ours (its whole ``Origin`` is checked), and a
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -28,11 +29,15 @@ UI_PREFIX = "/ui"
 
 
 def ui_command(socket: Path, *, readonly: bool = False) -> str:
-    """The shell command each browser session runs (textual-serve runs it with a shell)."""
+    """The shell command each browser session runs (textual-serve runs it with a shell).  The
+    session's TUI exits once this process is gone (it is not always told: an abrupt stop of
+    the server leaves it orphaned)."""
+    from .app.app import WEB_PARENT_ENV
+
     argv = [sys.executable, "-m", "vramtui", "--attach", str(socket)]
     if readonly:
         argv.append("--readonly")
-    return shlex.join(argv)
+    return f"{WEB_PARENT_ENV}={os.getpid()} exec {shlex.join(argv)}"
 
 
 def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> web.Application:

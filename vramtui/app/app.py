@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -93,6 +94,19 @@ class EngineNudge(Message):
         return isinstance(message, EngineNudge)
 
 
+WEB_PARENT_ENV = "VRAMTUI_WEB_PARENT"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class VramApp(App[int]):
     """The vramtui control centre; give it any `EngineAPI` and a mode string."""
 
@@ -147,6 +161,10 @@ class VramApp(App[int]):
         self.calibration_settle_s = calibration_settle_s
         self.calibrations: OrderedDict[str, str] = OrderedDict()  # job id -> backend
         self._demo_seen = False
+        # A browser session lives only as long as the server that started it (its pid is in
+        # WEB_PARENT_ENV): once that is gone, nobody can see this app any more.
+        parent = os.environ.get(WEB_PARENT_ENV, "")
+        self._web_parent = int(parent) if parent.isdigit() else None
 
     def get_default_screen(self) -> Screen[Any]:
         return Dashboard()
@@ -171,6 +189,9 @@ class VramApp(App[int]):
 
     def _tick(self) -> None:
         """At most 4 times a second: ask for a snapshot unless one is on its way."""
+        if self._web_parent is not None and not _alive(self._web_parent):
+            self.exit(message="the browser dashboard's server went away")
+            return
         if self.gone is not None and time.monotonic() < self._retry_at:
             return
         self._poll_now()
