@@ -49,3 +49,8 @@ class InvalidRequest(VramtuiError):
 
 class NoReport(VramtuiError):
     """A backend has no calibration report (or not the one asked for)."""
+
+
+class EngineBug(RuntimeError):
+    """The engine broke one of its own rules (an illegal state transition): a bug to report,
+    never a user's mistake; deliberately not a :class:`VramtuiError`."""

@@ -11,8 +11,8 @@ import bisect
 from collections import Counter
 from collections.abc import Iterator
 
-from .jobs import Job
-from .scheduler.model import QueuedJob
+from ..scheduler.model import QueuedJob
+from .record import Job
 
 
 def _key(job: Job) -> tuple[int, int]:

@@ -1,8 +1,8 @@
 """Questions about jobs that the faces ask: which jobs, where one stands in the queue, and why.
 
-Runs on the engine loop and reads the engine only through what it offers publicly (its jobs,
-its queue in run order, ``job_view`` / ``view_of``); returns frozen :class:`JobView` objects.
-A job the engine no longer holds in memory is looked up in the journal by ``job_view``.
+Runs on the engine loop and reads the engine only through what it offers publicly (its job
+table, ``job_view``); returns frozen :class:`JobView` objects.  A job the engine no longer
+holds in memory is looked up in the journal by ``job_view``.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .jobs import JobState, JobView
+from .record import JobView
+from .states import ACTIVE, FINISHED, JobState
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..engine import Engine
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
-ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
-FINISHED = frozenset(s for s in JobState if s.finished)
 STATE_GROUPS = {"active": ACTIVE, "finished": FINISHED}
 
 
@@ -45,19 +44,13 @@ def parse_states(text: str | None) -> frozenset[JobState] | None:
     return frozenset(states) if states else None
 
 
-def queue_positions(engine: Engine) -> dict[str, int]:
-    """Each queued job's place in the run order (1 runs next)."""
-    return {job.id: i for i, job in enumerate(engine.queue, 1)}
-
-
 def job_detail(engine: Engine, job_id: str) -> JobView:
     """A job's view with its queue position and, while it waits, why (UnknownJob if none)."""
     view = engine.job_view(job_id)
     if view.state is JobState.QUEUED:
         job = engine.jobs.get(job_id)
         if job is not None:
-            position = queue_positions(engine).get(job_id)
-            view = engine.view_of(job, position)
+            view = engine.jobs.view(job, engine.jobs.position(job))
     return view
 
 
@@ -70,7 +63,8 @@ def list_jobs(engine: Engine, *, states: Iterable[JobState] | None = None,
     limit = max(0, min(limit, MAX_LIMIT))
     positions: dict[str, int] | None = None
     picked = []
-    for job in sorted(engine.jobs.values(), key=lambda j: j.seq, reverse=True):
+    table = engine.jobs
+    for job in sorted(table.values(), key=lambda j: j.seq, reverse=True):
         if len(picked) >= limit:
             break
         if job.kind not in kinds or (backend is not None and job.backend != backend):
@@ -79,8 +73,8 @@ def list_jobs(engine: Engine, *, states: Iterable[JobState] | None = None,
             continue
         if job.state is JobState.QUEUED:
             if positions is None:
-                positions = queue_positions(engine)
-            picked.append(engine.view_of(job, positions.get(job.id)))
+                positions = table.positions()
+            picked.append(table.view(job, positions.get(job.id)))
         else:
-            picked.append(job.view())
+            picked.append(table.view(job))
     return picked

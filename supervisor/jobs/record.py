@@ -1,40 +1,21 @@
-"""Jobs: the engine's mutable record of each job, and the immutable views it hands out.
+"""A job: the engine's mutable record of it, and the immutable view it hands out.
 
-A :class:`Job` lives on the engine loop and is changed only there; :class:`JobView` is the
+A :class:`Job` lives on the engine loop and is changed only there, its state only through
+:meth:`Job.mark` (which checks the move against :mod:`.states`); :class:`JobView` is the
 frozen copy that snapshots, events and ``wait`` results carry to other threads (events carry
-a light one, without the result).
-
-The engine keeps time on its monotonic clock (immune to clock changes); every time a view
-carries is wall-clock (epoch seconds), converted here, at the view boundary, with the one
-offset of :func:`wall_offset` (the journal uses it too).
+a light one, without the result).  A job's times are the engine clock's; its view carries
+them as wall-clock epoch seconds (:class:`supervisor.clock.WallClock`).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-
-class JobState(StrEnum):
-    QUEUED = "queued"
-    STARTING = "starting"  # admitted; its worker is being started
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    TIMED_OUT = "timed_out"
-
-    @property
-    def finished(self) -> bool:
-        return self in _FINISHED
-
-
-_FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT})
+from ..clock import MONOTONIC, WallClock
+from .states import INITIAL, JobState, check
 
 _seq = itertools.count(1)
 _last_seq = 0
@@ -51,15 +32,6 @@ def advance_seq(past: int) -> None:
     global _seq
     if past >= _last_seq:
         _seq = itertools.count(past + 1)
-
-
-_MONO_TO_WALL = time.time() - time.monotonic()
-
-
-def wall_offset(clock: Callable[[], float] = time.monotonic) -> float:
-    """What to add to a time of ``clock`` to get wall-clock seconds (fixed per process for
-    the monotonic clock, so that every view and the journal agree to the microsecond)."""
-    return _MONO_TO_WALL if clock is time.monotonic else time.time() - clock()
 
 
 def new_job_id() -> str:
@@ -121,7 +93,7 @@ class Job:
     id: str = field(default_factory=new_job_id)
     seq: int = field(default_factory=next_seq)
     submitted_at: float = 0.0
-    state: JobState = JobState.QUEUED
+    state: JobState = INITIAL  # changed only by mark()
     started_at: float | None = None
     finished_at: float | None = None
     progress: float | None = None
@@ -144,6 +116,9 @@ class Job:
     durable: bool = True  # journaled (False: lost with the engine, e.g. Dynamo's requests)
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
+        """Move to ``state`` (IllegalTransition unless the table allows it), noted in the
+        history."""
+        check(self.state, state)
         self.state = state
         self.history.append((now, state.value, note))
         if state is JobState.RUNNING and self.started_at is None:
@@ -151,11 +126,21 @@ class Job:
         if state.finished:
             self.finished_at = now
 
-    def view(self, position: int | None = None, *, light: bool = False) -> JobView:
+    def begin(self, now: float, note: str = "") -> None:
+        """The job enters the engine (queued): its submission time, its first history line."""
+        self.submitted_at = now
+        self.history.append((now, self.state.value, note))
+
+    def note(self, now: float, note: str) -> None:
+        """A line in the history that changes no state (a new priority, say)."""
+        self.history.append((now, self.state.value, note))
+
+    def view(self, position: int | None = None, *, light: bool = False,
+             clock: WallClock = MONOTONIC) -> JobView:
         """The job now, its times as wall clock.  ``light`` leaves its result out (``data``
         None, no ``chunks``): what events carry — results go to whoever asks for them
         (``wait``, ``job``)."""
-        w = _MONO_TO_WALL
+        w = clock.offset
         return JobView(
             id=self.id,
             backend=self.backend,

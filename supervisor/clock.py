@@ -1,0 +1,45 @@
+"""The engine's time, and the one place its times become wall-clock epoch seconds.
+
+The engine keeps time on a monotonic clock (immune to clock changes; injected, so tests can
+drive it): every time it holds is such a reading.  What leaves the engine (views, the
+journal) carries wall-clock seconds since the epoch, converted here by :class:`WallClock`,
+whose offset is fixed per clock (so every view and the journal agree to the microsecond).
+The doors never convert again: a view's times are already epoch seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+Clock = Callable[[], float]
+
+_MONO_TO_WALL = time.time() - time.monotonic()
+
+
+def wall_offset(clock: Clock = time.monotonic) -> float:
+    """What to add to a reading of ``clock`` to get wall-clock seconds."""
+    return _MONO_TO_WALL if clock is time.monotonic else time.time() - clock()
+
+
+class WallClock:
+    """Engine times to wall-clock epoch seconds and back, for one clock."""
+
+    __slots__ = ("clock", "offset")
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self.clock = clock
+        self.offset = wall_offset(clock)
+
+    def wall(self, t: float) -> float:
+        return t + self.offset
+
+    def maybe_wall(self, t: float | None) -> float | None:
+        return None if t is None else t + self.offset
+
+    def engine_time(self, wall: float) -> float:
+        """A wall-clock time (from the journal) as a time of the engine's clock."""
+        return wall - self.offset
+
+
+MONOTONIC = WallClock()
