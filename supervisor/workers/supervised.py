@@ -1,10 +1,9 @@
 """What every worker handle shares, whatever protocol its worker speaks: its process group
 and its state.
 
-:class:`WorkerState` is the life of a worker (starting, initializing, ready, busy, stopping;
-cold, crashed, failed). :class:`SupervisedProcess` owns the state changes (each told to the
-handle's observer; the first READY stamps ``ready_at``), the start of the process (a start
-that fails is reported as a crash), the end of a stop (the handle's own ``begin_stop`` asks
+:class:`SupervisedProcess` owns the state changes (along the table of :mod:`.states`; each
+told to the handle's observer; the first READY stamps ``ready_at``), the start of the process
+(a start that fails is reported as a crash), the end of a stop (the handle's own ``begin_stop`` asks
 the worker to exit its way; then SIGTERM, then SIGKILL of the whole process group), the wait
 for the process to be gone, and the pids that belong to the worker (itself, its descendants,
 and those seen before that may outlive it on the GPU).
@@ -17,24 +16,13 @@ import contextlib
 import signal
 import time
 from collections.abc import Collection, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from . import process
-
-
-class WorkerState(StrEnum):
-    COLD = "cold"
-    STARTING = "starting"
-    INITIALIZING = "initializing"
-    READY = "ready"
-    BUSY = "busy"
-    STOPPING = "stopping"
-    CRASHED = "crashed"
-    FAILED = "failed"
+from .states import HOT, INITIAL, WorkerState, check
 
 
 class SupervisedProcess:
@@ -60,7 +48,7 @@ class SupervisedProcess:
         self.cwd = cwd
         self.log_path = log_path
         self.observer = observer
-        self.state = WorkerState.STARTING
+        self.state = INITIAL  # changed only by _set_state, along the table of .states
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.features: frozenset[str] = frozenset()
@@ -102,6 +90,7 @@ class SupervisedProcess:
     def _set_state(self, state: WorkerState) -> None:
         if self.state == state:
             return
+        check(self.state, state)
         self.state = state
         if state == WorkerState.READY and self.ready_at is None:
             self.ready_at = time.monotonic()
@@ -110,7 +99,7 @@ class SupervisedProcess:
     @property
     def hot(self) -> bool:
         """READY or BUSY: it can take a request."""
-        return self.state in (WorkerState.READY, WorkerState.BUSY)
+        return self.state in HOT
 
     def begin_stop(self) -> None:
         """Take no more jobs and ask the worker to exit, its own way."""
