@@ -69,7 +69,7 @@ def bench_decision() -> tuple[float, float]:
     for i in range(10_000):
         job = Job(backend=f"m{i % 50}", payload=b"", priority=i % 4)
         job.submitted_at = 0.0
-        engine.queue.push(job)
+        engine.jobs.queue.push(job)
     # Every GPU is held by a busy worker-less reservation: nothing can start, so each step
     # walks the queue and decides "wait" — the worst case for a decision.
     from supervisor.scheduler.plan import plan as make_plan

@@ -45,7 +45,7 @@ class Subscription:
         self.lagged = False
         self.dropped = 0
 
-    def _offer(self, event: EngineEvent) -> None:
+    def offer(self, event: EngineEvent) -> None:
         if self.kinds is not None and event.kind not in self.kinds and event is not _CLOSED:
             return
         if self.callback is not None:
@@ -101,7 +101,7 @@ class EventHub:
 
     def publish(self, event: EngineEvent) -> None:
         for sub in self._subs:
-            sub._offer(event)
+            sub.offer(event)
 
     def close(self) -> None:
         self.publish(_CLOSED)

@@ -284,13 +284,7 @@ class Supervisor:
         Reads the engine's state from this thread, which is safe only because the engine is
         stuck or gone; it only sends SIGKILL to the process groups the engine started.
         """
-        for rt in list(self.engine.backends.values()):
-            worker = rt.worker
-            if worker is not None:
-                worker.kill()
-        for run, _task in list(self.engine.calibrations.values()):
-            if run.worker is not None:
-                run.worker.kill()
+        self.engine.kill_all_workers()
 
     def __enter__(self) -> Supervisor:
         return self.start_in_thread()
@@ -345,12 +339,12 @@ class Supervisor:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
         METHODS["wait"].check({"job_id": job_id, "timeout": timeout})
         timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
-        fut = self.engine.futures.get(job_id)
+        fut = self.engine.jobs.future(job_id)
         if fut is None:
             view = self.job(job_id)
             if view.finished:
                 return view
-            fut = self.engine.futures.get(job_id)
+            fut = self.engine.jobs.future(job_id)
             if fut is None:
                 return self.job(job_id)
         try:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import Refused, UnknownBackend
+from .errors import Refused
 from .jobs import JobState, JobView
 from .results import CancelResult, JobRequest, LogChunk
 from .snapshot import EngineSnapshot
@@ -44,8 +44,9 @@ def submit(engine: Engine, backend: str, payload: bytes, priority: int | None,
 def job(engine: Engine, job_id: str) -> JobView:
     view = engine.job_view(job_id)
     if view.state is JobState.QUEUED:
-        position = next((i for i, j in enumerate(engine.queue, 1) if j.id == view.id), None)
-        view = dataclasses.replace(view, position=position)
+        job = engine.jobs.get(job_id)
+        if job is not None:
+            view = dataclasses.replace(view, position=engine.jobs.position(job))
     return view
 
 
@@ -90,13 +91,13 @@ def kill(engine: Engine, backend: str) -> None:
 
 def drain(engine: Engine, gpu: int, on: bool) -> tuple[int, ...]:
     engine.drain(gpu, on)
-    return tuple(sorted(engine.draining))
+    return tuple(sorted(engine.planner.draining))
 
 
 def reload(engine: Engine) -> Blocking:
     from .backends.loader import load_backends
 
-    layers, environ = engine.layers, engine.environ
+    layers, environ = engine.descriptors.layers, engine.descriptors.environ
     if layers is None:
         raise Refused("this engine was not started from descriptor files: nothing to reload")
     return Blocking(lambda: load_backends(layers, environ=environ), engine.apply_descriptors)
@@ -124,8 +125,7 @@ def snapshot(engine: Engine, light: bool) -> EngineSnapshot:
 
 
 def _known(engine: Engine, backend: str) -> None:
-    if backend not in engine.backends:
-        raise UnknownBackend(backend, engine.backends)
+    engine.spec(backend)  # UnknownBackend if there is none
 
 
 def logs(engine: Engine, backend: str, lines: int, offset: int | None) -> Blocking:
@@ -140,7 +140,8 @@ def descriptor(engine: Engine, backend: str) -> Blocking:
     from .descriptors import describe
 
     _known(engine, backend)
-    spec, layers, environ = engine.backends[backend].spec, engine.layers, engine.environ
+    spec, d = engine.spec(backend), engine.descriptors
+    layers, environ = d.layers, d.environ
     return Blocking(lambda: describe(backend, spec, layers, environ))
 
 

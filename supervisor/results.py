@@ -79,6 +79,25 @@ class ReloadResult:
     def unchanged(self) -> bool:
         return not (self.added or self.removed or self.changed)
 
+    def summary(self) -> str:
+        """``1 added (x), 2 changed (a, b), 1 error(s)`` or ``nothing changed``."""
+        parts = []
+        for what, names in (("added", self.added), ("changed", [c.backend for c in
+                                                                self.changed]),
+                            ("removed", self.removed)):
+            if names:
+                parts.append(f"{len(names)} {what} ({', '.join(names)})")
+        if self.kept:
+            parts.append(f"{len(self.kept)} kept as they were")
+        if self.errors:
+            parts.append(f"{len(self.errors)} error(s)")
+        return ", ".join(parts) if parts else "nothing changed"
+
+
+def reload_summary(result: ReloadResult) -> str:
+    """:meth:`ReloadResult.summary` (the faces' name for it)."""
+    return result.summary()
+
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:

@@ -280,8 +280,8 @@ def run_scenario(sc: Scenario, *, watch_hz: float = 200.0, episode_limit_s: floa
                                  paths=Paths.from_env(env),
                                  config=EngineConfig(reserve_mib=0, tick_s=0.1, journal=False))
     problems: list[str] = []
-    if sup.engine.descriptor_errors:
-        problems.append(f"descriptor errors: {sup.engine.descriptor_errors}")
+    if sup.engine.descriptors.errors:
+        problems.append(f"descriptor errors: {sup.engine.descriptors.errors}")
     started = time.monotonic()
     ids: dict[str, JobPlan] = {}
     cancelled: set[str] = set()
@@ -382,7 +382,7 @@ def run_scenario(sc: Scenario, *, watch_hz: float = 200.0, episode_limit_s: floa
     finally:
         sup.stop(timeout=30)
     if problems and log is not None:
-        for line in sup.engine.log_lines:
+        for line in sup.engine.notes.lines:
             log(f"  {line.level}: {line.text}")
     return Verdict(sc, problems, outcomes, episodes, longest_stall, samples,
                    time.monotonic() - started)

@@ -429,8 +429,8 @@ def test_calibrating_a_demo_backend_keeps_the_demo_backends(tmp_path: Path) -> N
     assert yaml.safe_load(overlay.read_text())["overlay"] is True
     again = Supervisor.from_config(gpus="sim:24GiB", environ=env, paths=Paths.from_env(env))
     names = set(again.engine.backends)
-    assert {"sdxl-sim", "flux-sim", "echo"} <= names, again.engine.descriptor_errors
-    assert again.engine.descriptor_errors == ()
+    assert {"sdxl-sim", "flux-sim", "echo"} <= names, again.engine.descriptors.errors
+    assert again.engine.descriptors.errors == ()
     measured = again.engine.backends["whisper-sim"].spec
     assert measured.vram.context_mib == 256  # what the demo's descriptor leaves out
     assert "zz-calibrated-whisper-sim" in measured.source

@@ -120,7 +120,7 @@ def test_20000_idle_connections_cost_the_engine_a_few_fds_and_nothing_else() -> 
                 for proc in attackers:
                     proc.kill()
                     proc.wait(10)
-            refused = sup.engine.listener.refused_connections
+            refused = sup.engine.pool.factory.listener.refused_connections
     finally:
         wire_log.removeHandler(records)
     assert fds_during - fds_before < 100, (fds_before, fds_during)

@@ -348,7 +348,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
         print_json({**jsonable_result(result), "unchanged": result.unchanged})
         return Exit.FAILED if result.errors else Exit.OK
-    from supervisor.engine_commands import reload_summary
+    from supervisor.results import reload_summary
 
     print(f"reloaded {len(result.files)} file(s): {reload_summary(result)}")
     for name in result.added:

@@ -92,7 +92,6 @@ from supervisor.errors import (
 )
 from supervisor.events import EngineEvent, Subscription
 from supervisor.jobs import JobState, JobView
-from supervisor.views import backend_state
 from worker_sdk import Response
 from worker_sdk.dynamo import shapes
 from worker_sdk.dynamo.errors import unavailable
@@ -358,7 +357,7 @@ class DynamoBridge:
             # On the engine loop: nothing of the job can have happened since submit returned.
             call.job_id = job_id
             self._jobs[job_id] = call
-            future = engine.futures.get(job_id)
+            future = engine.jobs.future(job_id)
             if future is not None:
                 future.add_done_callback(lambda f, c=call: self._on_future(c, f))
             engine.step_now()  # a hot worker has the request before this handler waits
@@ -434,13 +433,13 @@ class DynamoBridge:
         """
         engine = self.sup.engine
         rt = engine.backends.get(backend)
-        state = backend_state(rt) if rt is not None else "unknown"
+        state = rt.state if rt is not None else "unknown"
         worker = rt.worker if rt is not None else None
         return {
             "backend": backend,
             "hot": state in HOT_STATES,
             "state": state,
-            "queued": sum(1 for job in engine.queue if job.backend == backend),
+            "queued": sum(1 for job in engine.jobs.queue if job.backend == backend),
             "running": len(rt.admitted) if rt is not None else 0,
             "gpu": worker.gpu if worker is not None else None,
             "stopping": engine.stopping,

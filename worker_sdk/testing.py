@@ -297,7 +297,7 @@ class WorkerLink:
     def wait_status(self, status: str, timeout: float = 10.0) -> Event:
         return self.wait_event(lambda e: isinstance(e, Status) and e.status == status, timeout)
 
-    def _on_control(self, event: Event, message: Message | None) -> None:
+    def on_control(self, event: Event, message: Message | None) -> None:
         if isinstance(event, Pong | StatusReply | HealthReply):
             box = self._responses.get(event.id)
             if box is not None:
@@ -428,7 +428,7 @@ class WireServer:
                 if exc.fatal:
                     break
                 continue
-            link._on_control(event, conn.conversation.last_message)
+            link.on_control(event, conn.conversation.last_message)
         link.closed.set()
 
     def wait_worker(self, name: str | None = None, timeout: float = 15.0,

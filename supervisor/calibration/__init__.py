@@ -5,7 +5,7 @@
 - ``result``: the ``Report``, its ``Measure``/``Finding`` parts and the overlay it justifies;
 - ``report``: the JSON report on disk (raw samples kept) and ``recalibrate``;
 - ``harness``: a run without the engine, on a private simulated GPU (tests, model authors);
-- ``engine_run``: the engine's run.
+- ``runner``: the engine's runs (:class:`runner.Calibrations`, one part of the engine).
 
 Only the pure modules are imported here.
 """

@@ -1,10 +1,13 @@
-"""A calibration run inside the engine: a fresh worker, alone on a GPU, sampled at 20 Hz.
+"""Calibration runs inside the engine: each a fresh worker, alone on a GPU, sampled at 20 Hz.
 
-The run is a job of the engine: it waits its turn in the queue as a job that needs a whole
-GPU, stops the backend's own worker if one runs, starts a fresh worker and walks it through
-its phases — start, initialize, settle, (predict, settle) × repeats, shutdown — marking each
-phase from the worker's own time-stamped status events, while every process of the worker's
-process tree is sampled at 20 Hz.  The record goes to the pure analysis; the report (every
+:class:`Calibrations` is the engine's part that holds the runs under way; it reaches the rest
+of the engine only through the worker pool (to make and launch a worker), the monitor (the
+samples, 20 Hz while a run goes on) and a progress callback.  A run is a job of the engine:
+it waits its turn in the queue as a job that needs a whole GPU, stops the backend's own
+worker if one runs, starts a fresh worker and walks it through its phases — start,
+initialize, settle, (predict, settle) × repeats, shutdown — marking each phase from the
+worker's own time-stamped status events, while every process of the worker's process tree
+is sampled at 20 Hz.  The record goes to the pure analysis; the report (every
 raw sample and mark) and the descriptor overlay are written atomically, and the overlay only
 when the run completed and earned more than "low" confidence.
 """
@@ -15,31 +18,121 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..admission import RunFacts
 from ..backends.overlay import overlay_text, write_overlay
 from ..backends.schema import VramSpec
 from ..gpu.sampler import Sample
-from ..workers.handle import Outcome, WorkerHandle, WorkerState
+from ..jobs import Job, JobState
+from ..paths import Paths
+from ..workers.base import Worker
+from ..workers.handle import Outcome, WorkerHandle
+from ..workers.states import WorkerState
 from .analysis import analyze
 from .record import CalibrationRecord, CalSample, PhaseMark
 from .report import write_report
 
 if TYPE_CHECKING:
-    from ..engine import BackendRuntime, Engine
-    from ..jobs import Job
+    from ..engine.monitor import Monitor
+    from ..engine.pool import WorkerPool
+    from ..engine.runtime import BackendRuntime
 
 SAMPLE_HZ = 20.0
+Progress = Callable[[str, float | None, str], None]
+
+
+class Calibrations:
+    """The calibration runs under way (job id -> the run and its task)."""
+
+    def __init__(self, pool: WorkerPool, monitor: Monitor, paths: Paths,
+                 progress: Progress) -> None:
+        self.pool = pool
+        self.monitor = monitor
+        self.paths = paths
+        self.progress = progress
+        self._runs: dict[str, tuple[CalibrationRun, asyncio.Task[Any]]] = {}
+
+    def start(self, job: Job, rt: BackendRuntime, gpu: int,
+              done: Callable[[Job, asyncio.Task[Any]], None]) -> None:
+        """Run the calibration ``job`` of ``rt`` on ``gpu``; ``done`` when it ends."""
+        run = CalibrationRun(self, rt, job, gpu, repeats=int(job.metadata.get("repeats", 3)),
+                             settle_s=float(job.metadata.get("settle_s", 1.0)))
+        task = asyncio.get_running_loop().create_task(run.run())
+        self._runs[job.id] = (run, task)
+
+        def ended(t: asyncio.Task[Any]) -> None:
+            self._runs.pop(job.id, None)
+            done(job, t)
+
+        task.add_done_callback(ended)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._runs
+
+    def runs(self) -> list[CalibrationRun]:
+        return [run for run, _task in self._runs.values()]
+
+    def running(self, besides: CalibrationRun | None = None) -> bool:
+        return any(run is not besides for run, _task in self._runs.values())
+
+    def backends(self) -> set[str]:
+        return {run.backend for run in self.runs()}
+
+    def cancel(self, job_id: str) -> None:
+        self._runs[job_id][1].cancel()
+
+    def facts(self) -> list[RunFacts]:
+        """Each run as the ledger holds it: its whole GPU."""
+        return [RunFacts(run.worker.name if run.worker else f"{job_id}/run", run.backend,
+                         run.gpu, run.observed_mib)
+                for job_id, (run, _task) in self._runs.items()]
+
+    def on_sample(self, sample: Sample) -> None:
+        for run in self.runs():
+            run.on_sample(sample)
+
+    def kill_all(self) -> None:
+        for run in self.runs():
+            if run.worker is not None:
+                run.worker.kill()
+
+    @staticmethod
+    def outcome(job: Job, task: asyncio.Task[Any], note: Callable[..., None]
+                ) -> tuple[JobState, str | None]:
+        """How the run of ``job`` ended, as the job's final state and error; its report's
+        summary becomes the job's data."""
+        if task.cancelled():
+            return job.cancel_state, job.error or "cancelled"
+        exc = task.exception()
+        if exc is not None:
+            note("error", f"calibration of {job.backend} failed: {exc}", job.backend)
+            return JobState.FAILED, f"{type(exc).__name__}: {exc}"
+        summary = task.result()
+        job.data = report_json(summary)
+        job.headers = {"Content-Type": "application/json"}
+        report = summary.get("report")
+        if summary.get("outcome") == "completed" and summary.get("overlay"):
+            note("info", f"calibrated {job.backend}: "
+                 + str(summary.get("headline", "see the report")), job.backend)
+            return JobState.SUCCEEDED, None
+        if summary.get("outcome") == "completed":
+            why = f"nothing usable was measured: {summary.get('reason')}"
+            note("warning", f"calibration of {job.backend}: {why}; no overlay written",
+                 job.backend)
+            return JobState.FAILED, f"{why}; no overlay written; report {report}"
+        return JobState.FAILED, (f"calibration {summary.get('outcome')}: "
+                                 f"{summary.get('error')}; report {report}")
 
 
 class CalibrationRun:
     """One run; also the observer of its own worker (the engine does not route its jobs)."""
 
-    def __init__(self, engine: Engine, rt: BackendRuntime, job: Job, gpu: int, *,
+    def __init__(self, host: Calibrations, rt: BackendRuntime, job: Job, gpu: int, *,
                  repeats: int, settle_s: float) -> None:
-        self.engine = engine
+        self.host = host
         self.rt = rt
         self.job = job
         self.gpu = gpu
@@ -49,7 +142,7 @@ class CalibrationRun:
         self.marks: list[PhaseMark] = []
         self.t0 = time.monotonic()
         self.wall0 = time.time()
-        self.worker: WorkerHandle | None = None
+        self.worker: Worker | None = None
         self._reply: asyncio.Future[Outcome] | None = None
         self._state_changed = asyncio.Event()
         self.outcome = "failed"
@@ -63,7 +156,11 @@ class CalibrationRun:
         t = (wall - self.wall0) if wall is not None else (time.monotonic() - self.t0)
         self.marks.append(PhaseMark(max(0.0, t), phase))
         fraction = min(0.99, len(self.marks) / (2 * self.repeats + 6))
-        self.engine.request_progress(self.job.id, fraction, phase)
+        self.host.progress(self.job.id, fraction, phase)
+
+    @property
+    def backend(self) -> str:
+        return self.rt.spec.name
 
     def pids(self, on_gpu: Collection[int]) -> set[int]:
         """The run's worker and its descendants among ``on_gpu`` (the pids a sample saw on
@@ -98,8 +195,7 @@ class CalibrationRun:
         self._state_changed.set()
 
     def worker_exited(self, handle: WorkerHandle, code: int | None, reason: str) -> None:
-        if handle.pid is not None:
-            self.engine.lifeline.remove(handle.pid)
+        self.host.pool.factory.exited(handle)
         self._state_changed.set()
         if self._reply is not None and not self._reply.done():
             self._reply.set_result(Outcome(ok=False, error=reason))
@@ -127,15 +223,14 @@ class CalibrationRun:
         return True
 
     async def run(self) -> dict[str, Any]:
-        engine, rt = self.engine, self.rt
+        host, rt = self.host, self.rt
         spec = rt.spec
         if rt.worker is not None:  # the backend's own worker goes first
             while rt.admitted and rt.worker is not None:
                 await asyncio.sleep(0.05)
             if rt.worker is not None:
                 await rt.worker.stop(grace=spec.timeouts.stop_grace_s)
-        if engine.sampler is not None:
-            engine.sampler.set_fast(True)
+        host.monitor.set_fast(True)
         try:
             await self._phases()
         except asyncio.CancelledError:
@@ -147,18 +242,18 @@ class CalibrationRun:
                 # Its GPU is released when this task ends: not before the process is gone.
                 self.worker.kill()
                 await self.worker.wait_exited(5.0)
-            if engine.sampler is not None and not engine.calibrations_running(besides=self):
-                engine.sampler.set_fast(False)
+            if not host.running(besides=self):
+                host.monitor.set_fast(False)
         return self._finish()
 
     async def _phases(self) -> None:
-        engine, spec = self.engine, self.rt.spec
+        pool, spec = self.host.pool, self.rt.spec
         name = f"{spec.name}#cal{self.rt.generation + 1}"
         self.rt.generation += 1
-        worker = engine.make_worker(self.rt, self.gpu, name, observer=self)
+        worker = pool.factory.make(spec, self.gpu, name, self)
         self.worker = worker
         self.mark("start")
-        await engine.start_worker(worker)
+        await pool.launch(worker)
         if worker.exited:
             self.outcome, self.error = "crashed", worker.init_error or "could not start"
             return
@@ -198,9 +293,9 @@ class CalibrationRun:
         self.outcome = "completed"
 
     def _finish(self) -> dict[str, Any]:
-        engine, spec = self.engine, self.rt.spec
-        probe = engine.probe
-        reading = engine.readings.get(self.gpu)
+        host, spec = self.host, self.rt.spec
+        probe = host.monitor.probe
+        reading = host.monitor.readings.get(self.gpu)
         total = reading.total_mib if reading is not None else 0
         record = CalibrationRecord(
             backend=spec.name, gpu=self.gpu, source=probe.source,
@@ -212,13 +307,13 @@ class CalibrationRun:
         )
         report = analyze(record)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.wall0))
-        report_path = engine.paths.calibration_dir / f"{spec.name}-{stamp}.json"
+        report_path = host.paths.calibration_dir / f"{spec.name}-{stamp}.json"
         write_report(report_path, record, report)
         summary: dict[str, Any] = {"report": str(report_path), "outcome": self.outcome,
                                    "error": self.error, **report.summary()}
         fields = report.overlay_fields() if self.outcome == "completed" else None
         if fields:
-            overlay = engine.paths.backends_dir / f"zz-calibrated-{spec.name}.yaml"
+            overlay = host.paths.backends_dir / f"zz-calibrated-{spec.name}.yaml"
             comment = f"measured by vramtui calibrate on {stamp}; report {report_path}"
             write_overlay(overlay, spec.name, fields, comment=comment)
             summary["overlay"] = str(overlay)

@@ -158,7 +158,7 @@ class Methods:
 
     def _wait(self, conn: Connection, msg_id: int, job_id: str, timeout: float | None) -> Any:
         timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
-        fut = self.engine.futures.get(job_id)
+        fut = self.engine.jobs.future(job_id)
         if fut is None:
             return job_to_wire(self.engine.job_view(job_id))
         conn.check_wait()

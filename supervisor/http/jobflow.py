@@ -153,7 +153,7 @@ async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bo
     """The job's final view once it ends; cancels the job if this request is cancelled (the
     client went away) before that."""
     engine = server.engine
-    fut = engine.futures.get(job_id)
+    fut = engine.jobs.future(job_id)
     if fut is None:
         return engine.job_view(job_id)
     loop = asyncio.get_running_loop()

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..control.logtail import read_log
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError
-from ..jobquery import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
+from ..jobs.query import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
 from ..plain import nesting
 from ..validate import check_nesting
 from .errors import HttpError, bad_request, from_engine, not_found

@@ -66,7 +66,7 @@ class HttpServer:
         self.guard = Guard(config)
         self.gate = ConnectionGate(config.connections)
         self.hub = Hub(engine)
-        self.clock = Clock(engine.wall_started - engine.started_at)
+        self.clock = Clock(engine.wall.offset)
         self.uuids: dict[int, str] = {}
         self.in_flight = 0
         self.streams = 0

@@ -137,7 +137,7 @@ class WireConnection(asyncio.BufferedProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 self.peer_pid, self.peer_uid, _gid = peer_credentials(sock)
-        self.listener._admit(self)
+        self.listener.admit(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.conversation.get_buffer(max(sizehint, 64 * 1024))
@@ -154,7 +154,7 @@ class WireConnection(asyncio.BufferedProtocol):
                     self.name or "?", self.peer_pid, exc)
                 if exc.fatal:
                     if not conv.registered:
-                        self.listener._registration_refused(self, str(exc))
+                        self.listener.registration_refused(self, str(exc))
                     self.close(f"protocol error: {exc}")
                     return
                 if self.on_refused is not None:
@@ -171,7 +171,7 @@ class WireConnection(asyncio.BufferedProtocol):
                     log.exception("engine error while handling %s from worker %s",
                                   type(event).__name__, self.name or "?")
             elif type(event) is Registration:
-                self.listener._registered(self, event)
+                self.listener.registered(self, event)
 
     def eof_received(self) -> bool:
         return False
@@ -179,7 +179,7 @@ class WireConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         was_closed = self.closed
         self.closed = True
-        self.listener._forget(self)
+        self.listener.forget(self)
         if not was_closed and self.on_lost is not None:
             self.on_lost("connection closed" if exc is None else f"connection lost: {exc}")
 
@@ -236,7 +236,7 @@ class WireConnection(asyncio.BufferedProtocol):
             return
         self.closed = True
         self.closed_by_engine = True
-        self.listener._forget(self)
+        self.listener.forget(self)
         if self.transport is not None:
             self.transport.abort()  # nothing more is owed to a connection we give up on
         if self.on_lost is not None:
@@ -308,7 +308,7 @@ class WireListener:
                 os.unlink(path)
 
     # -- admission ------------------------------------------------------------------------
-    def _admit(self, conn: WireConnection) -> None:
+    def admit(self, conn: WireConnection) -> None:
         """Take a new connection into the registration wait, or refuse it at once."""
         limits = self.limits
         pid = conn.peer_pid
@@ -337,7 +337,7 @@ class WireListener:
                                   self.limits.register_timeout_s)
             conn.close("no registration in time")
 
-    def _forget(self, conn: WireConnection) -> None:
+    def forget(self, conn: WireConnection) -> None:
         """``conn`` registered or went away: it no longer counts as waiting."""
         if conn not in self._waiting:
             return
@@ -350,7 +350,7 @@ class WireListener:
         else:
             self._waiting_per_pid.pop(conn.peer_pid, None)
 
-    def _registration_refused(self, conn: WireConnection, why: str) -> None:
+    def registration_refused(self, conn: WireConnection, why: str) -> None:
         """Tell the claimant whose process sent a refused registration (once per pid)."""
         pid = conn.peer_pid
         if pid is None or pid in self._told or len(self._told) > 4096:
@@ -362,8 +362,8 @@ class WireListener:
                 refused(why)
                 return
 
-    def _registered(self, conn: WireConnection, reg: Registration) -> None:
-        self._forget(conn)
+    def registered(self, conn: WireConnection, reg: Registration) -> None:
+        self.forget(conn)
         claimant = self._claims.get(reg.name)
         if claimant is None:
             self.throttle.warning("unknown worker", "refused worker %r (pid %s): the engine "

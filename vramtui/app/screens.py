@@ -1313,7 +1313,7 @@ class ReloadScreen(ModalScreen[None]):
         self.result = result
 
     def compose(self) -> ComposeResult:
-        from supervisor.engine_commands import reload_summary
+        from supervisor.results import reload_summary
 
         r = self.result
         t = Text()

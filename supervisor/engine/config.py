@@ -1,0 +1,34 @@
+"""The engine's settings: its limits, its pace, and what it keeps (one dataclass, defaults that
+suit a desk; ``vramtui --serve`` reads some of them from flags and ``config.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import validate
+
+
+@dataclass
+class EngineConfig:
+    reserve_mib: int = 256  # kept free on every GPU for the driver and foreign processes
+    max_queue_depth: int = 512
+    patience_factor: float = 4.0  # see SchedulerConfig: batching against switch costs
+    max_patience_s: float = 300.0  # the hard bound on how long a job first in line is passed
+    aging_interval_s: float = 60.0
+    recent_jobs: int = 200
+    cancel_grace_s: float = 5.0
+    tick_s: float = 0.5
+    sample_hz: float = 10.0  # GPU devices and processes: the memory ledger's eyes
+    ping_interval_s: float = 1.0  # every live worker is pinged this often
+    journal: bool = True  # jobs survive a crash of the engine (SQLite, WAL)
+    keep_finished: int = 1000  # finished results kept in the journal…
+    keep_age_s: float = 7 * 86400  # …for at most this long
+    # What one job may make the engine hold (see supervisor.validate and the README): its
+    # request, all queued requests together, and its result (data, or stream chunks in all);
+    # a result over max_result_bytes fails the job with a reason saying so.
+    max_payload_bytes: int = 64 * 1024 * 1024
+    max_queued_bytes: int = 1024 * 1024 * 1024
+    max_result_bytes: int = field(default_factory=validate.default_max_result_bytes)
+    # Results of finished jobs kept in memory, all together (the oldest go first; with the
+    # journal they stay retrievable from it).
+    max_recent_result_bytes: int = 256 * 1024 * 1024

@@ -1,0 +1,98 @@
+"""The GPUs as the engine last saw them, through the injected GPU reader (the probe).
+
+:class:`Monitor` owns the sampler thread that polls the probe (NVML calls block) and what the
+samples say: each device's last reading and its history, the processes on the GPUs and the
+backend each works for (the one attribution, made each sample from the workers' process
+trees), and on each GPU the memory that none of ours holds (foreign).  Samples reach the
+engine loop through the callback given to :meth:`start`; everything else here runs there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from ..gpu.model import GpuReading, Probe, ProcessReading
+from ..gpu.sampler import History, Sample, Sampler
+from ..ledger import Device, foreign_mib
+
+HISTORY_STEP_S = 0.25  # at most 4 points a second in the GPU history, whatever the sample rate
+
+
+class Monitor:
+    """What the engine sees of its GPUs (see the module doc)."""
+
+    def __init__(self, probe: Probe, sample_hz: float, notice: str | None = None) -> None:
+        self.probe = probe
+        self.notice = notice  # what to tell about the probe (no driver: simulated…)
+        self.sample_hz = sample_hz
+        self.readings: dict[int, GpuReading] = {}
+        self.history: History[int, int] = History()
+        self.backend_history: History[str, int] = History()
+        self.processes: tuple[ProcessReading, ...] = ()  # at the last process sample
+        self.owners: dict[int, str] = {}  # pid -> the backend it works for, at that sample
+        self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
+        self._sampler: Sampler | None = None
+        self._history_at: dict[int, float] = {}
+
+    def start(self, on_sample: Callable[[Sample], None]) -> None:
+        """Read the devices once, then sample them on a thread (``on_sample`` is called on
+        that thread)."""
+        for reading in self.probe.devices():
+            self.readings[reading.index] = reading
+        self._sampler = Sampler(self.probe, on_sample, device_hz=self.sample_hz,
+                                process_hz=self.sample_hz)
+        self._sampler.start()
+
+    def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    def set_fast(self, fast: bool) -> None:
+        """20 Hz sampling (a calibration runs), or back to the normal rate."""
+        if self._sampler is not None:
+            self._sampler.set_fast(fast)
+
+    # -- a sample -----------------------------------------------------------------------------
+    def took(self, sample: Sample) -> bool:
+        """Take in ``sample``'s device readings (and its processes, when it has them: True)."""
+        for reading in sample.devices:
+            self.readings[reading.index] = reading
+            if reading.used_mib is not None and \
+                    sample.t - self._history_at.get(reading.index, -1e9) >= HISTORY_STEP_S:
+                self._history_at[reading.index] = sample.t
+                self.history.append(reading.index, sample.t, reading.used_mib)
+        if sample.processes is None:
+            return False
+        self.processes = sample.processes
+        return True
+
+    def per_gpu(self) -> dict[int, dict[int, int]]:
+        """GPU -> pid -> MiB, at the last process sample (a process the driver would not
+        give a figure for counts 0)."""
+        out: dict[int, dict[int, int]] = {}
+        for p in self.processes:
+            mine = out.setdefault(p.gpu_index, {})
+            mine[p.pid] = mine.get(p.pid, 0) + (p.used_mib or 0)
+        return out
+
+    def on_gpu(self) -> set[int]:
+        """The pids on any GPU at the last process sample."""
+        return {p.pid for p in self.processes}
+
+    def attributed(self, ours: Mapping[int, set[int]], owners: dict[int, str],
+                   per_gpu: Mapping[int, Mapping[int, int]]) -> None:
+        """The sample's attribution: whose each process is, and what is foreign."""
+        self.owners = owners
+        for index, reading in self.readings.items():
+            self.foreign[index] = foreign_mib(reading.used_mib, per_gpu.get(index, {}),
+                                              ours.get(index, ()))
+
+    # -- views ------------------------------------------------------------------------------
+    def devices(self) -> list[Device]:
+        return [Device(i, r.total_mib, r.used_mib, r.free_mib)
+                for i, r in sorted(self.readings.items())]
+
+    def summary(self) -> str:
+        kind = "SIMULATED" if self.probe.simulated else (self.probe.source or "GPU")
+        parts = [f"GPU{i} {r.total_mib} MiB" for i, r in sorted(self.readings.items())]
+        return f"{kind}: " + (", ".join(parts) or "no GPU")

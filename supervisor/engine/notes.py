@@ -1,0 +1,93 @@
+"""What the engine tells: its event log, its events, and its counters.
+
+:class:`Notes` is the one place a line of the event log is written (the TUI's log, the
+``log`` events and Python logging at once) and the one place the engine publishes an event.
+An event nobody subscribed to is not even built (``EventHub.wants``).  Counters say what
+happened since the start, for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..counters import Counters
+from ..events import EngineEvent, EventHub
+from ..jobs import Job, JobState
+from ..snapshot import LogLine
+
+if TYPE_CHECKING:
+    from ..jobs import JobView
+
+log = logging.getLogger("supervisor")
+LOG_LINES = 300
+
+
+class Notes:
+    """The event log, the event hub and the counters of one engine."""
+
+    def __init__(self) -> None:
+        self.lines: deque[LogLine] = deque(maxlen=LOG_LINES)
+        self.events = EventHub()
+        self.counters = Counters()  # what happened, for /metrics
+
+    def note(self, level: str, text: str, backend: str | None = None, *,
+             quiet: bool = False) -> None:
+        """A line of the event log (the TUI's, the events' and Python logging's); ``quiet``
+        lines (one per job) go to Python logging at debug level only."""
+        line = LogLine(time.time(), level, text, backend)
+        self.lines.append(line)
+        if quiet:
+            log.debug(text)
+        else:
+            getattr(log, level if level in ("info", "error", "debug", "warning") else "info")(text)
+        if self.events.wants("log"):
+            self.events.publish(EngineEvent("log", line.t, message=text, level=level,
+                                            backend=backend))
+
+    def job(self, view: JobView | None, backend: str, state: str) -> None:
+        """A job changed (``view`` is light: no result)."""
+        self.events.publish(EngineEvent("job", time.time(), job=view, backend=backend,
+                                        state=state))
+
+    def job_ended(self, job: Job) -> None:
+        """The end of a job in the event log: the queue's story, told from admission to end
+        (one line a job: Python logging hears it at debug level only)."""
+        took = ""
+        if job.started_at is not None and job.finished_at is not None:
+            took = f" after {job.finished_at - job.started_at:.1f} s"
+        state = job.state
+        if state is JobState.SUCCEEDED:
+            level, text = "info", f"{job.id} ({job.backend}) succeeded{took}"
+        elif state is JobState.FAILED:
+            level, text = "warning", f"{job.id} ({job.backend}) failed{took}: {job.error}"
+        else:
+            level, text = "info", (f"{job.id} ({job.backend}) "
+                                   f"{state.value.replace('_', ' ')}{took}: {job.error}")
+        self.note(level, text, job.backend, quiet=True)
+
+    def wants(self, kind: str) -> bool:
+        return self.events.wants(kind)
+
+    def worker(self, backend: str, state: str) -> None:
+        if self.events.wants("worker"):
+            self.events.publish(EngineEvent("worker", time.time(), backend=backend,
+                                            state=state))
+
+    def chunk(self, backend: str, job_id: str, data: bytes) -> None:
+        if self.events.wants("chunk"):
+            self.events.publish(EngineEvent("chunk", time.time(), backend=backend,
+                                            job_id=job_id, data=data))
+
+    def overuse(self, backend: str, message: str) -> None:
+        self.events.publish(EngineEvent("overuse", time.time(), backend=backend,
+                                        message=message))
+
+    def sample(self) -> None:
+        if self.events.wants("sample"):
+            self.events.publish(EngineEvent("sample", time.time()))
+
+    def close(self) -> None:
+        self.events.close()

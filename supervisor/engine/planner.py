@@ -1,0 +1,148 @@
+"""The planner: the engine's state as the pure scheduler's input, and the decisions it keeps.
+
+Each scheduling step, :meth:`Planner.inputs` gathers the facts (the GPUs as last read, every
+backend's admission figures, each live worker, ghost and calibration run, the queue) and
+:func:`supervisor.admission.decide_inputs` turns them into the ledger's book and the
+scheduler's snapshot; :meth:`Planner.plan` asks the pure :func:`~supervisor.scheduler.plan.plan`
+what to evict and start.  The planner also holds what outlives one step: the GPUs being
+drained, and why a backend's jobs could never run here (remembered while its figures and the
+GPUs' sizes stay the same, so a submit does not pay for the check each time).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+from .. import admission
+from ..errors import Refused
+from ..gpu.model import GpuReading
+from ..ledger import Book, Device
+from ..scheduler import model as sched
+from ..scheduler.plan import Plan
+from ..scheduler.plan import plan as make_plan
+from ..scheduler.submit import check_submit
+from ..workers.states import WorkerState
+from .config import EngineConfig
+from .runtime import BackendRuntime
+
+GONE = frozenset({WorkerState.CRASHED, WorkerState.COLD})
+
+
+class Planner:
+    """Admission's inputs and memory between steps (see the module doc)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = sched.SchedulerConfig(
+            patience_factor=config.patience_factor,
+            max_patience_s=config.max_patience_s,
+            aging_interval_s=config.aging_interval_s,
+            max_queue_depth=config.max_queue_depth,
+        )
+        self.reserve_mib = config.reserve_mib
+        self.draining: set[int] = set()
+        # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
+        self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
+                                        str | None]] = {}
+
+    @staticmethod
+    def devices(readings: Mapping[int, GpuReading]) -> list[Device]:
+        return [Device(i, r.total_mib, r.used_mib, r.free_mib)
+                for i, r in sorted(readings.items())]
+
+    def inputs(self, readings: Mapping[int, GpuReading], runtimes: Iterable[BackendRuntime],
+               runs: Sequence[admission.RunFacts], foreign: Mapping[int, int],
+               queue: tuple[sched.QueuedJob, ...] = (),
+               counts: Mapping[tuple[str, str], int] | None = None,
+               ) -> tuple[sched.Snapshot, Book]:
+        """The scheduler's snapshot and the ledger's book of the engine now."""
+        calibrating = {r.backend for r in runs}
+        backends: dict[str, sched.BackendInfo] = {}
+        workers: list[admission.WorkerFacts] = []
+        ghosts: list[admission.GhostFacts] = []
+        for rt in runtimes:
+            name = rt.spec.name
+            backends[name] = rt.info()
+            w = rt.worker
+            if w is not None and w.state not in GONE:
+                # A backend being calibrated takes no new job on its old worker, which the
+                # run stops once its running jobs are done.
+                state = "stopping" if name in calibrating else w.state.value
+                m, c = rt.measures, rt.conduct
+                workers.append(admission.WorkerFacts(
+                    name=w.name, backend=name, gpu=w.gpu, state=state, jobs=len(rt.admitted),
+                    exclusive=c.exclusive, observed_mib=m.observed_mib,
+                    idle_since=rt.usage.idle_since, accepting=c.accepting,
+                    over_declared=c.over_mib > 0, settling=m.settling))
+            for gh in rt.ghosts:
+                ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
+                                                   gh.observed_mib))
+        return admission.decide_inputs(
+            self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
+            queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
+            foreign=foreign, draining=self.draining)
+
+    @staticmethod
+    def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],
+                   extra: tuple[sched.QueuedJob, ...]
+                   ) -> tuple[tuple[sched.QueuedJob, ...], Mapping[tuple[str, str], int]]:
+        """The queue with ``extra`` entries (preloads) after it."""
+        if not extra:
+            return queue, counts
+        return queue + extra, counts + Counter((q.kind, q.backend) for q in extra)
+
+    def drain(self, gpu: int, on: bool, readings: Mapping[int, GpuReading]) -> str | None:
+        """Flag ``gpu`` draining (or not): what to say of it, None when nothing changed;
+        Refused for a GPU that is not there."""
+        if gpu not in readings:
+            present = ", ".join(f"GPU{i}" for i in sorted(readings)) or "none"
+            raise Refused(f"there is no GPU{gpu} (present: {present})")
+        if on and gpu not in self.draining:
+            self.draining.add(gpu)
+            return (f"draining GPU{gpu}: running jobs finish, nothing new starts there, idle "
+                    "workers are evicted")
+        if not on and gpu in self.draining:
+            self.draining.discard(gpu)
+            return f"GPU{gpu} takes jobs again"
+        return None
+
+    def plan(self, snap: sched.Snapshot, now: float) -> Plan:
+        return make_plan(snap, now, self.config)
+
+    def holds(self, rt: BackendRuntime, readings: Mapping[int, GpuReading],
+              foreign: Mapping[int, int]) -> int:
+        """What the ledger says ``rt``'s live worker holds now."""
+        w = rt.worker
+        if w is None:
+            return 0
+        fact = admission.WorkerFacts(w.name, rt.spec.name, w.gpu, "ready", len(rt.admitted),
+                                     rt.conduct.exclusive, rt.measures.observed_mib)
+        held = admission.holders(self.devices(readings), {rt.spec.name: rt.info()}, [fact],
+                                 reserve_mib=self.reserve_mib, foreign=foreign)
+        return held[0].holds_mib if held else 0
+
+    # -- refusals -------------------------------------------------------------------------------
+    def refusal(self, rt: BackendRuntime, readings: Mapping[int, GpuReading],
+                kind: str = "job") -> str | None:
+        """Why a job (``kind``) of ``rt`` could never run here (None: it can); a job's is
+        remembered while the backend's figures and the GPUs' sizes stay the same."""
+        info = rt.info()
+        name = rt.spec.name
+        if kind != "job":
+            return check_submit(self._view(name, info, readings), name, self.config,
+                                kind=kind)
+        sizes = tuple((i, r.total_mib) for i, r in sorted(readings.items()))
+        known = self._refusals.get(name)
+        if known is not None and known[0] is info and known[1] == sizes:
+            return known[2]
+        reason = check_submit(self._view(name, info, readings), name, self.config)
+        self._refusals[name] = (info, sizes, reason)
+        return reason
+
+    def _view(self, backend: str, info: sched.BackendInfo,
+              readings: Mapping[int, GpuReading]) -> sched.Snapshot:
+        """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
+        refusal at submit depends on sizes, never on what runs now)."""
+        gpus = [sched.GpuState(i, r.total_mib, None, self.reserve_mib)
+                for i, r in sorted(readings.items())]
+        return sched.Snapshot(gpus=gpus, backends={backend: info})

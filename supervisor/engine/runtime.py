@@ -1,0 +1,142 @@
+"""The engine's live record of one backend: its descriptor, its worker, and what is known of it.
+
+A :class:`BackendRuntime` groups what the engine keeps per backend into small records, each
+with one concern: how its workers have fared (:class:`Health`), how the live worker behaves
+against the figures it was admitted with (:class:`Conduct`), what production measured of it
+(:class:`Measures`), and how it is used (:class:`Usage`).  The worker pool owns the records;
+the engine's parts change them on the engine loop only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import admission
+from ..backends.schema import BackendSpec
+from ..ledger import Learned
+from ..scheduler import model as sched
+from ..workers.base import Worker
+
+
+@dataclass
+class Ghost:
+    """A stopped worker whose memory is still held until its processes leave the GPU."""
+
+    name: str
+    gpu: int
+    mib: int
+    pids: set[int]
+    deadline: float
+    observed_mib: int | None = None
+
+
+@dataclass
+class Health:
+    """How the backend's workers have fared."""
+
+    init_failures: int = 0  # starts in a row that never became ready
+    failed: bool = False  # too many: no new worker until a respawn
+    last_error: str | None = None
+    kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
+
+
+@dataclass
+class Conduct:
+    """The live worker against the figures it was admitted with."""
+
+    exclusive: bool = False  # it holds a whole GPU (footprint unknown at spawn)
+    baseline: sched.BackendInfo | None = None  # the figures it was admitted with
+    over_mib: int = 0  # how far it was last seen above its baseline
+    over_noted: bool = False
+    accepting: bool = True  # it takes new jobs (False: evicted once idle)
+    # caught above its figures (past tolerance), holding at most this: once it exits, the
+    # backend is distrusted (None: not caught)
+    caught_mib: int | None = None
+
+    def reset(self) -> None:
+        """A new worker (or none): nothing known of its conduct yet."""
+        self.baseline = None
+        self.over_mib, self.over_noted, self.accepting = 0, False, True
+
+
+@dataclass
+class Measures:
+    """What production measured of the backend."""
+
+    learned: Learned = Learned()
+    distrusted: bool = False  # caught lying: its descriptor only a floor
+    observed_mib: int | None = None  # the live worker's processes at the last sample
+    settling: bool = False  # a job ended since that sample: its memory is on its way back
+    observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
+    load_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    timed_worker: str | None = None  # the worker whose load time was last recorded
+
+
+@dataclass
+class Usage:
+    jobs_served: int = 0
+    last_used: float | None = None  # wall clock
+    idle_since: float | None = None  # engine clock
+
+
+@dataclass
+class BackendRuntime:
+    """The engine's live record of one backend."""
+
+    spec: BackendSpec
+    worker: Worker | None = None
+    generation: int = 0
+    admitted: list[str] = field(default_factory=list)  # jobs holding a slot on the worker
+    health: Health = field(default_factory=Health)
+    conduct: Conduct = field(default_factory=Conduct)
+    measures: Measures = field(default_factory=Measures)
+    usage: Usage = field(default_factory=Usage)
+    ghosts: list[Ghost] = field(default_factory=list)
+    preload_until: float | None = None  # start the worker without a job, until then
+    _info: sched.BackendInfo | None = None
+    _info_key: tuple[Any, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def reload_cost_s(self) -> float:
+        """What a (re)load costs, learned from measured start-to-ready times."""
+        return admission.reload_cost_s(self.spec.reload_cost_s, self.measures.load_times)
+
+    def info(self) -> sched.BackendInfo:
+        """What admission knows of this backend (rebuilt only when its figures move)."""
+        reload = round(self.reload_cost_s, 2)
+        m = self.measures
+        # The spec itself, compared by identity: a replaced spec's id may be reused by the next.
+        key = (self.spec, m.learned, m.distrusted, reload)
+        if self._info is None or self._info_key is None or self._info_key[0] is not key[0] \
+                or self._info_key[1:] != key[1:]:
+            self._info = admission.backend_info(self.spec, m.learned, reload,
+                                                distrusted=m.distrusted)
+            self._info_key = key
+        return self._info
+
+    @property
+    def peak(self) -> int | None:
+        """The peak admission uses (declared, calibrated or learned; None: unknown)."""
+        return self.info().peak_mib
+
+    def new_worker(self) -> None:
+        """A worker is about to start: nothing is known of its conduct, and it is admitted at
+        the backend's figures now, or holds its GPU whole while its footprint is unknown."""
+        c = self.conduct
+        c.reset()
+        c.exclusive = self.peak is None
+        c.baseline = None if c.exclusive else self.info()
+        self.health.kill_reason = None
+        self.measures.observed_mib = None
+
+    @property
+    def state(self) -> str:
+        """Its state as views show it: its worker's, else ``failed`` or ``cold``."""
+        w = self.worker
+        return w.state.value if w is not None else ("failed" if self.health.failed else "cold")

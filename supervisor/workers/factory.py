@@ -1,0 +1,121 @@
+"""Where the engine's workers come from: the seam a test puts a fake worker behind.
+
+The engine receives a :class:`WorkerFactory` (as Ollama's scheduler receives its runner
+factory): ``make`` builds a worker handle (not started) for a backend on a GPU, and the
+factory is told when a worker's process launched and when it exited.  :class:`ProcessWorkers`
+is the real one: each worker is a process of its own (its own venv), speaking our wire
+protocol over the worker sockets (:class:`~.handle.WorkerHandle`) or vramd's JSON lines
+(:class:`~.vramd.VramdWorkerHandle`); it owns the listening worker sockets and the lifeline
+that kills every worker group when the engine dies (and, at the next start, the leftovers of
+one that died).  ``tests/fake_worker.py`` holds the in-process one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Protocol
+
+from ..backends.schema import BackendSpec
+from ..paths import Paths
+from .base import Worker
+from .handle import WorkerHandle, WorkerObserver
+from .lifeline import Lifeline, kill_leftovers
+from .vramd import VramdWorkerHandle
+from .wire import WireListener
+
+
+class WorkerFactory(Protocol):
+    """What the engine needs to make, launch and forget workers."""
+
+    async def start(self) -> list[str]:
+        """Get ready (before any worker); lines to note (e.g. leftovers killed)."""
+        ...
+
+    def make(self, spec: BackendSpec, gpu: int, name: str,
+             observer: WorkerObserver) -> Worker:
+        """A worker of ``spec`` on ``gpu`` (not started yet), reporting to ``observer``."""
+        ...
+
+    def launched(self, worker: Worker) -> None:
+        """``worker``'s process is running (it must die with the engine)."""
+        ...
+
+    def exited(self, worker: Worker) -> None:
+        """``worker``'s process is gone."""
+        ...
+
+    async def close(self) -> None:
+        """After the last worker stopped."""
+        ...
+
+
+class ProcessWorkers:
+    """Real worker processes (see the module doc)."""
+
+    def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None) -> None:
+        self.paths = paths
+        self.simulated = simulated
+        self.max_result = max_result
+        self.listener = WireListener(str(paths.worker_control_socket),
+                                     str(paths.worker_data_socket))
+        self.lifeline = Lifeline(paths.runtime_dir / "workers")
+
+    async def start(self) -> list[str]:
+        # Workers an earlier engine left behind die before anything is requeued: a job never
+        # executes twice at once.
+        leftovers = await asyncio.get_running_loop().run_in_executor(
+            None, kill_leftovers, self.lifeline.records_dir)
+        self.lifeline.start()
+        try:
+            await self.listener.start()
+        except BaseException:
+            self.lifeline.close()
+            raise
+        return leftovers
+
+    def make(self, spec: BackendSpec, gpu: int, name: str,
+             observer: WorkerObserver) -> Worker:
+        env = dict(os.environ)
+        env.update(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["VRAMTUI_BACKEND"] = spec.name
+        if self.simulated:
+            env["VRAMTUI_SIM_DIR"] = str(self.paths.sim_dir)
+            env["VRAMTUI_SIM_GPU"] = str(gpu)
+        else:
+            # NVML numbers GPUs in PCI bus order; CUDA's default order is fastest first, so
+            # without this the worker could land on another GPU than the one admitted.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu))
+            env.pop("VRAMTUI_SIM_DIR", None)
+        cwd = str(spec.cwd) if spec.cwd else None
+        log_path = self.paths.worker_log_path(spec.name)
+        if spec.protocol == "vramd":
+            return VramdWorkerHandle(
+                backend=spec.name, name=name, gpu=gpu, argv=spec.command, env=env, cwd=cwd,
+                log_path=log_path, observer=observer, settings=spec.vramd,
+                unload_frees_vram=spec.unload_frees_vram,
+            )
+        argv = list(spec.command) + [
+            "--control-socket", str(self.paths.worker_control_socket),
+            "--data-socket", str(self.paths.worker_data_socket),
+            "--name", name,
+        ]
+        return WorkerHandle(
+            backend=spec.name, name=name, gpu=gpu, argv=argv, env=env, cwd=cwd,
+            log_path=log_path, listener=self.listener, observer=observer,
+            plain_stream=spec.stream, max_result=self.max_result,
+        )
+
+    def launched(self, worker: Worker) -> None:
+        if worker.pid is not None and not worker.exited:
+            self.lifeline.add(worker.pid, worker.backend)
+
+    def exited(self, worker: Worker) -> None:
+        if worker.pid is not None:
+            self.lifeline.remove(worker.pid)
+
+    async def close(self) -> None:
+        await self.listener.close()
+        self.lifeline.close()
