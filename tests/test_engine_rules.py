@@ -1,0 +1,444 @@
+"""The engine's rules, against in-process fake workers (``tests/fake_worker.py``): milliseconds.
+
+Admission, eviction, queue order, cancel, timeouts, start failures, liars, liveness,
+idleness, draining and the journal's recovery, each through the real facade and the real
+engine, with the fake GPU as the truth of what is held (the engine computes none of it).
+The real paths these rules run on (worker processes, sockets, signals, venvs, the journal on
+disk under kill -9) are proved by the process tests.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from engine_support import wait_for
+from fake_worker import FakeEngine, Script, fake_engine
+
+from supervisor.engine import EngineConfig
+from supervisor.errors import (
+    BackendFailed,
+    InvalidRequest,
+    Refused,
+    UnknownBackend,
+    UnknownJob,
+)
+from supervisor.jobs import JobState, JobView
+
+
+def mib(weights: int, activation: int, **extra: object) -> dict[str, object]:
+    """A descriptor that declares ``weights`` + ``activation`` MiB (no safety margin)."""
+    return {"vram": {"weights": f"{weights}MiB", "activation": f"{activation}MiB"},
+            "safety": "0MiB", **extra}
+
+
+def honest(weights: int, activation: int, **kw: object) -> Script:
+    return Script(weights_mib=weights, activation_mib=activation, **kw)  # type: ignore[arg-type]
+
+
+def admitted_at(view: JobView) -> float:
+    """When the job left the queue (its worker starting, or straight to running)."""
+    return next(t for t, state, _note in view.history if state in ("starting", "running"))
+
+
+def state_of(fe: FakeEngine, backend: str) -> str:
+    b = fe.sup.snapshot().backend(backend)
+    assert b is not None
+    return b.state
+
+
+# -- admission -------------------------------------------------------------------------------
+
+def test_two_backends_that_cannot_share_a_gpu_take_turns_and_never_overcommit() -> None:
+    scripts = {"a": honest(4096, 1024, job_s=0.01), "b": honest(4096, 1024, job_s=0.01)}
+    with fake_engine({"a": mib(4096, 1024), "b": mib(4096, 1024)}, scripts=scripts) as fe:
+        jobs = [fe.sup.submit("ab"[i % 2], b"%d" % i) for i in range(8)]
+        views = [fe.sup.wait(j, 10) for j in jobs]
+        assert all(v.state is JobState.SUCCEEDED for v in views)
+        assert [v.data for v in views] == [b"%d" % i for i in range(8)]
+    assert fe.gpu.overcommits == [] and fe.gpu.peak[0] <= 8192
+    assert {w.backend for w in fe.workers.made} == {"a", "b"}
+    # one idle (4096) beside the other running (5120) is over 8 GiB: one at a time
+    assert all(w.exited for w in fe.workers.made[:-1])
+
+
+def test_two_gpus_place_two_backends_side_by_side() -> None:
+    scripts = {n: honest(5000, 1000, manual=True) for n in "ab"}
+    with fake_engine({"a": mib(5000, 1000), "b": mib(5000, 1000)}, gpus=[8192, 8192],
+                     scripts=scripts) as fe:
+        ja, jb = fe.sup.submit("a", b"1"), fe.sup.submit("b", b"2")
+        for name in "ab":
+            wait_for(lambda n=name: fe.workers.live(n), what=f"{name}'s worker")
+            fe.on_loop(fe.worker(name).ready)
+        wait_for(lambda: fe.sup.job(ja).state is fe.sup.job(jb).state is JobState.RUNNING,
+                 what="both running at once")
+        assert {fe.worker("a").gpu, fe.worker("b").gpu} == {0, 1}
+        fe.on_loop(lambda: fe.worker("a").reply(ja, b"x"))
+        fe.on_loop(lambda: fe.worker("b").reply(jb, b"y"))
+        assert fe.sup.wait(ja, 5).data == b"x" and fe.sup.wait(jb, 5).data == b"y"
+
+
+def test_a_backend_too_big_for_every_gpu_is_refused_with_both_numbers() -> None:
+    with fake_engine({"huge": mib(100_000, 1000)}) as fe:
+        with pytest.raises(Refused) as err:
+            fe.sup.submit("huge", b"")
+        assert "101000" in str(err.value) and "8192" in str(err.value)
+        with pytest.raises(UnknownBackend, match="huge"):
+            fe.sup.submit("nope", b"")
+        with pytest.raises(UnknownJob):
+            fe.sup.job("j-0000000000")
+        assert fe.workers.made == []
+
+
+def test_metadata_that_cannot_travel_is_refused_at_submit() -> None:
+    with fake_engine({"a": mib(512, 256)}) as fe:
+        with pytest.raises(InvalidRequest, match="plain data"):
+            fe.sup.submit("a", b"", metadata={"when": object()})
+        assert fe.sup.snapshot().queued == () and fe.workers.made == []
+
+
+def test_a_cold_job_never_takes_the_room_a_job_waiting_for_evictions_needs() -> None:
+    # a and b are idle and hold 3000 each; c needs both evicted and then 7000, leaving 1192
+    # it never needs.  d (1300) came later and fits in the 2192 free now, but not in those
+    # 1192: it must wait until c is in; e (700) fits in them, so it starts at once.
+    backends = {"a": mib(3000, 0), "b": mib(3000, 0), "c": mib(6000, 1000),
+                "d": mib(1000, 300), "e": mib(500, 200)}
+    scripts = {"a": honest(3000, 0), "b": honest(3000, 0), "c": honest(6000, 1000),
+               "d": honest(1000, 300), "e": honest(500, 200, job_s=0.3)}
+    with fake_engine(backends, scripts=scripts) as fe:
+        fe.sup.preload("a")
+        fe.sup.preload("b")
+        wait_for(lambda: state_of(fe, "a") == state_of(fe, "b") == "ready", what="a, b ready")
+        big, large, tiny = (fe.sup.submit(n, b"") for n in "cde")
+        r_big, r_large, r_tiny = (fe.sup.wait(j, 10) for j in (big, large, tiny))
+        assert r_big.state is r_large.state is r_tiny.state is JobState.SUCCEEDED
+        assert admitted_at(r_big) <= admitted_at(r_large)
+        assert admitted_at(r_tiny) <= admitted_at(r_big)
+        assert r_big.started_at is not None and r_tiny.finished_at is not None
+        assert r_big.started_at < r_tiny.finished_at
+    assert fe.gpu.overcommits == []
+
+
+def test_an_unmeasured_backend_runs_alone_until_a_job_of_it_is_measured() -> None:
+    scripts = {"mystery": Script(weights_mib=2000, activation_mib=1000, job_s=0.2),
+               "small": honest(500, 200)}
+    with fake_engine({"mystery": {"safety": "0MiB"}, "small": mib(500, 200)},
+                     scripts=scripts) as fe:
+        job = fe.sup.submit("mystery", b"")
+        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="mystery running")
+        other = fe.sup.submit("small", b"")
+        wait_for(lambda: fe.sup.job(other).waiting, what="small waiting for the GPU")
+        assert fe.sup.job(other).state is JobState.QUEUED
+        assert fe.sup.wait(job, 5).state is JobState.SUCCEEDED
+        assert fe.sup.wait(other, 5).state is JobState.SUCCEEDED
+        view = wait_for(lambda: (b := fe.sup.snapshot().backend("mystery"))
+                        and b.learned_resident_mib is not None and b, what="resident learned")
+        assert view.learned_resident_mib == 2000 and view.learned_peak_mib == 3000
+        assert view.admission_peak_mib == 3000
+        # measured: it now shares the GPU with small
+        a, b = fe.sup.submit("mystery", b""), fe.sup.submit("small", b"")
+        wait_for(lambda: fe.sup.job(a).state is fe.sup.job(b).state is JobState.RUNNING
+                 or fe.sup.job(b).finished, what="small beside mystery")
+        assert fe.sup.wait(a, 5).state is fe.sup.wait(b, 5).state is JobState.SUCCEEDED
+
+
+def test_higher_priority_runs_first_when_one_at_a_time() -> None:
+    with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256, manual=True)}) as fe:
+        first = fe.sup.submit("a", b"first")
+        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        later = [fe.sup.submit("a", b"%d" % p, priority=p) for p in (0, 5, -3, 9, 5)]
+        fe.on_loop(fe.worker("a").ready)
+
+        def drive() -> bool:
+            w = fe.worker("a")
+            for job_id in list(w.requests):
+                fe.on_loop(lambda j=job_id: w.reply(j, b"ok"))
+            return all(fe.sup.job(j).finished for j in (first, *later))
+
+        wait_for(drive, what="every job")
+        order = [fe.sup.job(j).data for j in fe.worker("a").sent]
+        assert fe.worker("a").sent[0] == first
+        assert [fe.sup.job(j).priority for j in fe.worker("a").sent[1:]] == [9, 5, 5, 0, -3]
+        assert order[1:].count(b"ok") == 5
+
+
+# -- cancel and time ---------------------------------------------------------------------------
+
+def test_cancel_a_queued_and_a_running_job() -> None:
+    with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256, manual=True)}) as fe:
+        running = fe.sup.submit("a", b"1")
+        queued = fe.sup.submit("a", b"2", priority=-1)
+        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        fe.on_loop(fe.worker("a").ready)
+        wait_for(lambda: fe.sup.job(running).state is JobState.RUNNING, what="running")
+        assert fe.sup.cancel(queued).state is JobState.CANCELLED
+        fe.sup.cancel(running)
+        assert fe.sup.wait(running, 5).state is JobState.CANCELLED
+        assert fe.worker("a").sent == [running]  # the queued one never reached the worker
+
+
+def test_a_worker_that_ignores_cancel_is_killed_and_the_job_is_still_cancelled() -> None:
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, cancel_grace_s=0.2)
+    scripts = {"a": honest(512, 256, job_s=30.0, honours_cancel=False)}
+    with fake_engine({"a": mib(512, 256)}, scripts=scripts, config=cfg) as fe:
+        job = fe.sup.submit("a", b"")
+        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
+        worker = fe.worker("a")
+        fe.sup.cancel(job)
+        result = fe.sup.wait(job, 5)
+        assert result.state is JobState.CANCELLED
+        assert worker.exited and worker.exit_code == -9  # killed after the grace
+
+
+def test_a_job_timeout_counts_from_dispatch_and_ends_it_as_timed_out() -> None:
+    scripts = {"a": honest(512, 256, job_s=0.3), "slow": honest(512, 256, job_s=30.0)}
+    with fake_engine({"a": mib(512, 256, concurrency=1), "slow": mib(512, 256)},
+                     scripts=scripts) as fe:
+        first = fe.sup.submit("a", b"", timeout=0.5)
+        waited = fe.sup.submit("a", b"", timeout=0.5)  # waits ~0.3 s, then runs 0.3 s
+        assert fe.sup.wait(first, 5).state is JobState.SUCCEEDED
+        assert fe.sup.wait(waited, 5).state is JobState.SUCCEEDED
+        late = fe.sup.wait(fe.sup.submit("slow", b"", timeout=0.2), 5)
+        assert late.state is JobState.TIMED_OUT and "timed out after 0.2 s" in (late.error or "")
+
+
+def test_progress_chunks_and_metadata_reach_the_job() -> None:
+    with fake_engine({"a": mib(512, 256, stream=True)},
+                     scripts={"a": honest(512, 256, manual=True)}) as fe:
+        sub = fe.sup.subscribe(kinds=["job"])
+        job = fe.sup.submit("a", b"", metadata={"user": "ada"})
+        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        w = fe.worker("a")
+        fe.on_loop(w.ready)
+        wait_for(lambda: job in w.requests, what="the request")
+        for i in range(1, 5):
+            fe.on_loop(lambda i=i: w.progress(job, i / 4, f"step {i}"))
+        fe.on_loop(lambda: w.chunk(job, b"one"))
+        fe.on_loop(lambda: w.chunk(job, b"two"))
+        fe.on_loop(lambda: w.reply(job, b""))
+        result = fe.sup.wait(job, 5)
+        assert result.metadata == {"user": "ada"} and result.chunks == (b"one", b"two")
+        assert w.metadata[job] == {"user": "ada"}  # it travelled with the request
+        fractions = []
+        while (event := sub.get(timeout=0.2)) is not None:
+            if event.job is not None and event.job.id == job and event.job.progress is not None:
+                fractions.append(event.job.progress)
+        sub.close()
+        assert fractions[:4] == [0.25, 0.5, 0.75, 1.0] and fractions == sorted(fractions)
+
+
+# -- workers that fail -------------------------------------------------------------------------
+
+def test_three_failed_starts_mark_the_backend_failed_until_respawned() -> None:
+    script = Script(weights_mib=256, fail_start="weights file is corrupt")
+    with fake_engine({"flaky": mib(256, 0)}, scripts={"flaky": script}) as fe:
+        queued = fe.sup.submit("flaky", b"x")
+        result = fe.sup.wait(queued, 10)
+        assert result.state is JobState.FAILED
+        assert "weights file is corrupt" in (result.error or "")
+        backend = fe.sup.snapshot().backend("flaky")
+        assert backend.state == "failed" and backend.init_failures == 3
+        assert len(fe.workers.of("flaky")) == 3  # requeued twice: it never ran
+        with pytest.raises(BackendFailed):
+            fe.sup.submit("flaky", b"x")
+        script.fail_start = None
+        fe.sup.respawn("flaky")
+        wait_for(lambda: state_of(fe, "flaky") == "ready", what="respawned")
+        assert fe.sup.wait(fe.sup.submit("flaky", b"x"), 5).data == b"x"
+
+
+def test_a_worker_that_dies_mid_job_fails_that_job_and_the_backend_restarts() -> None:
+    with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256, job_s=30.0)}) as fe:
+        job = fe.sup.submit("a", b"")
+        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
+        fe.on_loop(lambda: fe.worker("a").crash(3))
+        result = fe.sup.wait(job, 5)
+        assert result.state is JobState.FAILED and "exited with code 3" in (result.error or "")
+        fe.workers.scripts["a"] = honest(512, 256)
+        assert fe.sup.wait(fe.sup.submit("a", b"again"), 5).data == b"again"
+        assert len(fe.workers.of("a")) == 2
+
+
+def test_a_hung_worker_is_killed_by_its_missed_pings_and_its_job_fails_saying_so() -> None:
+    with fake_engine({"a": mib(512, 256, timeouts={"ping": "0.3s"})},
+                     scripts={"a": honest(512, 256, job_s=30.0)}) as fe:
+        job = fe.sup.submit("a", b"")
+        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
+        fe.on_loop(fe.worker("a").hang)
+        result = fe.sup.wait(job, 5)
+        assert result.state is JobState.FAILED
+        assert "hung" in (result.error or "") and "timeouts.ping" in (result.error or "")
+
+
+# -- backends: evict, respawn, preload, zero, keep-alive, drain --------------------------------
+
+def test_evict_respawn_preload_and_zero() -> None:
+    with fake_engine({"a": mib(1024, 256), "b": mib(1024, 256)},
+                     scripts={"a": honest(1024, 256), "b": honest(1024, 256)}) as fe:
+        fe.sup.preload("a")
+        first = wait_for(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
+                         and b.pid, what="a preloaded")
+        fe.sup.respawn("a")
+        second = wait_for(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
+                          and b.pid != first and b.pid, what="a respawned")
+        assert second != first
+        fe.sup.evict("a")
+        wait_for(lambda: state_of(fe, "a") == "cold", what="a evicted")
+        assert fe.workers.of("a")[-1].exited
+        fe.sup.preload("a")
+        fe.sup.preload("b")
+        wait_for(lambda: state_of(fe, "a") == state_of(fe, "b") == "ready", what="both ready")
+        assert sorted(fe.sup.zero()) == ["a", "b"]
+        wait_for(lambda: state_of(fe, "a") == state_of(fe, "b") == "cold", what="all cold")
+        assert fe.gpu.used(0) == 0
+
+
+def test_evicting_a_ready_worker_never_fails_a_job_admitted_in_the_same_instant() -> None:
+    with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256)}) as fe:
+        fe.sup.preload("a")
+        wait_for(lambda: state_of(fe, "a") == "ready", what="a ready")
+
+        def submit_then_evict() -> str:  # on the engine loop: one instant for both
+            job = fe.engine.submit("a", b"x")
+            fe.engine.evict("a")
+            return job.id
+
+        job_id = fe.on_loop(submit_then_evict)
+        assert fe.sup.wait(job_id, 5).state is JobState.SUCCEEDED
+
+
+def test_an_idle_worker_is_unloaded_after_its_keep_alive() -> None:
+    with fake_engine({"a": mib(512, 0, keep_alive="0.2s"), "pinned": mib(512, 0, pinned=True,
+                                                                          keep_alive="0.2s")},
+                     scripts={"a": honest(512, 0), "pinned": honest(512, 0)}) as fe:
+        assert fe.sup.wait(fe.sup.submit("a", b""), 5).state is JobState.SUCCEEDED
+        assert fe.sup.wait(fe.sup.submit("pinned", b""), 5).state is JobState.SUCCEEDED
+        wait_for(lambda: state_of(fe, "a") == "cold", what="a unloaded")
+        assert state_of(fe, "pinned") == "ready"  # pinned: never unloaded for idleness
+        assert any("keep_alive" in line.text for line in fe.sup.snapshot().log)
+
+
+def test_a_draining_gpu_finishes_its_work_and_admits_nothing_new() -> None:
+    scripts = {"a": honest(1024, 0, manual=True), "b": honest(1024, 0)}
+    with fake_engine({"a": mib(1024, 0, gpus=[0]), "b": mib(1024, 0, gpus=[0])},
+                     gpus=[8192, 8192], scripts=scripts) as fe:
+        running = fe.sup.submit("a", b"")
+        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        fe.on_loop(fe.worker("a").ready)
+        wait_for(lambda: fe.sup.job(running).state is JobState.RUNNING, what="a running")
+        assert fe.sup.drain(0) == (0,)
+        waiting = fe.sup.submit("b", b"")
+        wait_for(lambda: fe.sup.job(waiting).waiting, what="b waiting")
+        assert fe.sup.job(waiting).state is JobState.QUEUED and not fe.workers.of("b")
+        fe.on_loop(lambda: fe.worker("a").reply(running, b"done"))
+        assert fe.sup.wait(running, 5).state is JobState.SUCCEEDED
+        wait_for(lambda: state_of(fe, "a") == "cold", what="a evicted from the drained GPU")
+        with pytest.raises(Refused, match="no GPU7"):
+            fe.sup.drain(7)
+        assert fe.sup.drain(0, on=False) == ()
+        assert fe.sup.wait(waiting, 5).state is JobState.SUCCEEDED
+
+
+# -- models that lie ---------------------------------------------------------------------------
+
+def test_an_idle_liar_is_evicted_and_distrusted() -> None:
+    scripts = {"liar": Script(weights_mib=3000, activation_mib=0)}  # declares 1 GiB
+    with fake_engine({"liar": mib(1024, 256, on_overuse="evict")}, scripts=scripts) as fe:
+        assert fe.sup.wait(fe.sup.submit("liar", b""), 5).state is JobState.SUCCEEDED
+        wait_for(lambda: state_of(fe, "liar") == "cold", what="the liar evicted")
+        b = fe.sup.snapshot().backend("liar")
+        assert b.distrusted and b.learned_resident_mib == 3000
+        assert any("above what it was admitted with" in x.text for x in fe.sup.snapshot().log)
+
+
+def test_a_liar_that_overcommits_its_gpu_is_killed_and_runs_alone_next_time() -> None:
+    scripts = {"liar": Script(weights_mib=500, activation_mib=6000, job_s=30.0),
+               "honest": honest(3000, 0)}
+    with fake_engine({"liar": mib(500, 500, on_overuse="warn"), "honest": mib(3000, 0)},
+                     scripts=scripts) as fe:
+        fe.sup.preload("honest")
+        wait_for(lambda: state_of(fe, "honest") == "ready", what="honest ready")
+        job = fe.sup.submit("liar", b"")
+        result = fe.sup.wait(job, 5)  # warn is its policy, but the GPU is over: killed
+        assert result.state is JobState.FAILED and "over-committed" in (result.error or "")
+        b = fe.sup.snapshot().backend("liar")
+        assert b.distrusted and b.learned_peak_mib == 6500
+        assert state_of(fe, "honest") == "ready"  # the honest one was not the victim
+
+
+# -- the journal ---------------------------------------------------------------------------------
+
+def test_queued_jobs_come_back_after_a_restart_with_their_ids_and_order() -> None:
+    root = Path(tempfile.mkdtemp(prefix="vt-fake-", dir="/tmp"))
+    try:
+        with fake_engine({"a": mib(512, 0, timeouts={"stop_grace": "0.1s"})},
+                         scripts={"a": honest(512, 0, manual=True)}, journal=True,
+                         root=root) as fe:
+            ids = [fe.sup.submit("a", json.dumps({"n": i}).encode(), priority=i % 2)
+                   for i in range(4)]
+            wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        with fake_engine({"a": mib(512, 0)}, scripts={"a": honest(512, 0)}, journal=True,
+                         root=root) as again:
+            views = [again.sup.wait(j, 5) for j in ids]
+            assert all(v.state is JobState.SUCCEEDED for v in views)
+            assert [json.loads(v.data or b"{}")["n"] for v in views] == [0, 1, 2, 3]
+            sent = again.worker("a").sent
+            assert sent == [ids[1], ids[3], ids[0], ids[2]]  # by priority, then by age
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- many random runs --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_work_keeps_every_rule(seed: int) -> None:
+    """Random submits, cancels, crashes, evictions and priorities over three backends that
+    cannot all fit: every job ends once, in a final state; none is queued and finished;
+    the fake GPU (the truth) is never over its size; nothing is left behind."""
+    rng = random.Random(seed)
+    sizes = {"a": (3000, 1000), "b": (2500, 1000), "c": (4000, 500)}
+    backends = {n: mib(*size) for n, size in sizes.items()}
+    scripts = {n: honest(*size, job_s=rng.choice([0.0, 0.005, 0.02]))
+               for n, size in sizes.items()}
+    with fake_engine(backends, scripts=scripts) as fe:
+        jobs: list[str] = []
+        for _ in range(40):
+            op = rng.random()
+            if op < 0.6 or not jobs:
+                jobs.append(fe.sup.submit(rng.choice("abc"), b"", priority=rng.randint(-2, 2)))
+            elif op < 0.75:
+                fe.sup.cancel(rng.choice(jobs))
+            elif op < 0.85:
+                name = rng.choice("abc")
+                fe.on_loop(lambda n=name: (w := fe.workers.live(n)) and w.hot and w.crash())
+            elif op < 0.95:
+                with _refused_is_fine():
+                    fe.sup.evict(rng.choice("abc"))
+            else:
+                queued = [v.id for v in fe.sup.snapshot().queued]
+                if queued:
+                    with _refused_is_fine():  # it may have started since the snapshot
+                        fe.sup.set_priority(rng.choice(queued), rng.randint(-5, 5))
+            snap = fe.sup.snapshot()
+            queued_ids = {v.id for v in snap.queued}
+            assert not queued_ids & {v.id for v in snap.recent}
+        ends = [fe.sup.wait(j, 10) for j in jobs]
+        assert all(v.finished for v in ends)
+        assert all(v.state is not JobState.SUCCEEDED or v.data == b"" for v in ends)
+        assert fe.sup.snapshot().queued == ()
+    assert fe.gpu.overcommits == []
+    assert fe.workers.running == set()  # every worker launched was told to have exited
+
+
+class _refused_is_fine:
+    """Accept a refusal (a busy backend cannot be evicted), nothing else."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return kind is None or (isinstance(kind, type) and issubclass(kind, Refused))
