@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from spawning import spawns
 
 from worker_sdk.protocol import EXTENSIONS
 from worker_sdk.testing import WireServer
+
+pytest_plugins = ["process_marker"]
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -109,6 +112,7 @@ SpawnWorker = Callable[..., WorkerProcess]
 
 
 @pytest.fixture
+@spawns
 def spawn_worker() -> Iterator[SpawnWorker]:
     """``spawn_worker(script, server, name, *extra_args, module=..., env=...)`` -> the process.
 

@@ -91,6 +91,7 @@ class Script:
     weights_mib: int = 0  # held from ready on
     activation_mib: int = 0  # held more while a job runs
     job_s: float = 0.0  # a job's time
+    stop_s: float = 0.0  # from being asked to go to its exit
     result: bytes | None = None  # a job's answer (None: its payload, echoed)
     fail_start: str | None = None  # the start fails with this error
     fail_jobs: str | None = None  # every job fails with this error
@@ -216,7 +217,7 @@ class FakeWorker:
         self._stopping = True
         self._set(WorkerState.STOPPING)
         if not self.hung:
-            self._later(0.0, lambda: self._exit(0, crash=False))
+            self._later(self.script.stop_s, lambda: self._exit(0, crash=False))
 
     async def stop(self, grace: float = 10.0) -> None:
         if self.exited:

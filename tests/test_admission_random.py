@@ -12,6 +12,7 @@ from admission_checker import FORMS, make_scenario, run_scenario
 CASES = [(1, True), (5, True), (3, False), (114, False)]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("seed", "honest"), CASES, ids=[f"seed{s}" for s, _ in CASES])
 def test_admission_holds_in_a_random_scenario(seed: int, honest: bool) -> None:
     scenario = make_scenario(seed, honest=honest)

@@ -60,6 +60,7 @@ FORMS = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_alternating_jobs_of_two_backends_never_overcommit_nor_stall(form: str) -> None:
     vram = FORMS[form]
@@ -76,6 +77,7 @@ def test_alternating_jobs_of_two_backends_never_overcommit_nor_stall(form: str) 
     assert took < 30  # no stall until keep-alive (5 min) expires
 
 
+@pytest.mark.process
 def test_a_backend_learned_in_production_is_never_sized_as_zero() -> None:
     # No vram at all: it runs alone until a job was sampled enough, then shares by what it
     # was seen to hold (never by 0, the bug of the first landing).
@@ -94,6 +96,7 @@ def test_a_backend_learned_in_production_is_never_sized_as_zero() -> None:
 # --------------------------------------------------------------------------- models that lie
 
 
+@pytest.mark.process
 def test_a_liar_that_overcommits_is_killed_within_a_sample_and_never_again() -> None:
     # h honestly needs 12.25 GiB at peak; the liar declares 2.2 GiB and really holds 13.2 GiB
     # (+ context) while it works: beside h, the 24 GiB GPU is over-committed.
@@ -127,6 +130,7 @@ def test_a_liar_that_overcommits_is_killed_within_a_sample_and_never_again() -> 
     assert any("liar measured alone" in text for text in log), log
 
 
+@pytest.mark.process
 def test_a_liar_caught_idle_runs_alone_next_time_even_if_its_peak_was_never_seen() -> None:
     # Found by scripts/admission-soak (seed 905): the liar's first job is over before the
     # engine's 10 Hz sampler sees its 6.6 GiB of activation; only its idle 2.6 GiB (it
@@ -151,6 +155,7 @@ def test_a_liar_caught_idle_runs_alone_next_time_even_if_its_peak_was_never_seen
     assert any("starting liar" in text and "runs alone" in text for text in log), log
 
 
+@pytest.mark.process
 def test_an_idle_worker_above_its_declaration_is_the_first_to_evict() -> None:
     # "fat" says 2.25 GiB but holds 16 GiB idle (on_overuse: warn keeps it loaded); "lean" is
     # honest. A job needing 10 GiB must evict fat — by what it holds, which frees enough.
@@ -174,6 +179,7 @@ def test_an_idle_worker_above_its_declaration_is_the_first_to_evict() -> None:
     assert any("evicting fat" in line.text for line in snap.log)
 
 
+@pytest.mark.process
 def test_on_overuse_kill_and_evict(tmp_path: Path) -> None:
     killer = real("killer", 512, 4_096, {"weights": "512MiB", "activation": "256MiB",
                                           "context": "256MiB"}, on_overuse="kill",
@@ -193,6 +199,7 @@ def test_on_overuse_kill_and_evict(tmp_path: Path) -> None:
     assert any("on_overuse: evict" in text for text in log), log
 
 
+@pytest.mark.process
 def test_a_caught_backend_is_distrusted_until_its_descriptor_changes() -> None:
     liar = real("liar", 512, 4_096, {"weights": "512MiB", "activation": "256MiB",
                                       "context": "256MiB"}, steps=10, step_s=0.05)
@@ -235,6 +242,7 @@ def predict(payload: bytes) -> bytes:
 """
 
 
+@pytest.mark.process
 def test_memory_of_a_workers_descendants_is_its_own_and_a_strangers_is_foreign(
         tmp_path: Path) -> None:
     # The truth: /proc says who descends from the worker; the sim ledger, who holds what.
@@ -282,6 +290,7 @@ def _ancestors(pid: int) -> set[int]:
     return up
 
 
+@pytest.mark.process
 def test_a_stopped_worker_is_declared_hung_and_its_job_fails_with_that_reason() -> None:
     spec = sim_backend("s", 256, 128, steps=400, step_s=0.05)
     spec["timeouts"] = {"ping": "1s", "stop_grace": "2s"}
@@ -312,6 +321,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.process
 def test_request_timeout_counts_from_dispatch_not_from_submission() -> None:
     slow_start = sim_backend("t", 256, 128, load_s=1.5, steps=2, step_s=0.05)
     slow_start["timeouts"] = {"request": "1s", "stop_grace": "2s"}
@@ -335,6 +345,7 @@ def _executions(marker_dir: Path) -> list[tuple[str, str, int, float]]:
     return out
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kill_watcher", [False, True], ids=["engine", "engine+lifeline"])
 def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher: bool) -> None:
     root = new_root()
@@ -399,6 +410,7 @@ def _lifeline_of(env: dict[str, str]) -> int | None:
 # --------------------------------------------------------------------------- calibration
 
 
+@pytest.mark.process
 def test_calibrating_a_worker_that_never_allocated_earns_nothing() -> None:
     spec = {"name": "plain", "script": str(NOSIM), "vram": {"peak": "1GiB"},
             "timeouts": {"stop_grace": "2s"}}
@@ -413,6 +425,7 @@ def test_calibrating_a_worker_that_never_allocated_earns_nothing() -> None:
     assert summary["confidence"] == "low" and summary["peak_mib"] is None
 
 
+@pytest.mark.process
 def test_calibrating_a_demo_backend_keeps_the_demo_backends(tmp_path: Path) -> None:
     env = dict(os.environ, VRAMTUI_RUNTIME_DIR=str(tmp_path / "r"),
                VRAMTUI_STATE_DIR=str(tmp_path / "s"), VRAMTUI_CONFIG_DIR=str(tmp_path / "c"))

@@ -32,6 +32,7 @@ def backends() -> list[dict[str, object]]:
             sim_backend("huge", 64 * 1024, 1024)]
 
 
+@pytest.mark.process
 def test_descriptors_reports_and_wall_clock_times_come_through_the_api() -> None:
     with in_process(backends()) as (sup, _server, root):
         c = Client(sup.paths.control_socket)
@@ -63,6 +64,7 @@ def test_descriptors_reports_and_wall_clock_times_come_through_the_api() -> None
         assert root.exists()
 
 
+@pytest.mark.process
 def test_priority_cancel_many_kill_retry_and_drain() -> None:
     with in_process(backends()) as (sup, _server, _root):
         c = Client(sup.paths.control_socket)
@@ -116,6 +118,7 @@ def test_priority_cancel_many_kill_retry_and_drain() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_reload_applies_changes_and_a_broken_file_leaves_the_rest_running() -> None:
     with in_process(backends()) as (sup, _server, root):
         desc = root / "backends.yaml"

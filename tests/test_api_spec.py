@@ -89,6 +89,7 @@ def test_the_server_answers_exactly_the_listed_wire_methods() -> None:
         handler_names(Stray)
 
 
+@pytest.mark.process
 def test_arguments_are_checked_by_the_list_alike_embedded_and_remote() -> None:
     spec = METHODS["submit"]
     # a value with an edge rule of its own gets supervisor.validate's words, at every door

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from engine_support import ROOT, engine, sim_backend, wait_for
 
@@ -25,6 +26,7 @@ def calibration_backend(name: str, script: str, *, weights: int, activation: int
     }
 
 
+@pytest.mark.process
 def test_a_calibration_measures_writes_the_overlay_and_admission_uses_it() -> None:
     steady = calibration_backend("steady", "steady.py", weights=1000, activation=500)
     with engine([steady, sim_backend("other", 512, 256)]) as sup:
@@ -47,6 +49,7 @@ def test_a_calibration_measures_writes_the_overlay_and_admission_uses_it() -> No
         assert sup.snapshot().backend("other").state == "cold"  # it ran alone
 
 
+@pytest.mark.process
 def test_a_cancelled_calibration_writes_no_overlay() -> None:
     slow = calibration_backend("slow", "steady.py", weights=500, activation=100)
     slow["env"]["SIM_PREDICT_S"] = "5"
@@ -61,6 +64,7 @@ def test_a_cancelled_calibration_writes_no_overlay() -> None:
         assert sup.snapshot().backend("slow").declared_peak_mib == 6 * 1024
 
 
+@pytest.mark.process
 def test_a_calibration_is_not_starved_by_jobs_for_the_same_backend() -> None:
     steady = calibration_backend("steady", "steady.py", weights=500, activation=100)
     with engine([steady], gpus="sim:8GiB,sim:8GiB") as sup:

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from spawning import spawns
 
 from supervisor.calibration.analysis import analyze
 from supervisor.calibration.harness import run_with_wire_server
@@ -55,6 +56,7 @@ def _calibrate(name: str) -> CalibrationRecord:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def runs() -> Iterator[dict[str, Future[CalibrationRecord]]]:
     with ThreadPoolExecutor(max_workers=3) as pool:
         yield {name: pool.submit(_calibrate, name) for name in EXPECTED}
@@ -131,6 +133,7 @@ def predict(payload):
     [(FAILS_AT_INIT, "failed", "weights missing"), (DIES_IN_PREDICT, "crashed", "request 1")],
     ids=["fails-at-init", "dies-in-predict"],
 )
+@pytest.mark.process
 def test_a_failing_worker_gives_a_record_but_no_overlay(
     tmp_path: Path, source: str, outcome: str, text: str
 ) -> None:

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 from engine_support import wait_for
 from serve_support import PYTHON, Served, cli, make_env, new_root, reap, start_serve
+from spawning import spawns
 
 from supervisor.jobs import JobState
 
 
 @pytest.fixture(scope="module")
+@spawns
 def served() -> Iterator[Served]:
     root = new_root()
     s = start_serve(make_env(root), root)
@@ -151,6 +153,7 @@ def test_a_request_too_large_is_a_clear_error_not_a_broken_pipe(
     assert run(served, "status").returncode == 0  # the engine is fine
 
 
+@pytest.mark.process
 def test_no_engine_says_how_to_start_one(tmp_path: Path) -> None:
     env = make_env(new_root())
     done = cli(env, "status")
@@ -193,6 +196,7 @@ def test_a_job_state_is_a_jobstate_over_json(served: Served) -> None:
     assert JobState(view["state"]) is JobState.SUCCEEDED
 
 
+@pytest.mark.process
 def test_importing_the_codec_does_not_load_the_worker_runtime() -> None:
     code = ("import sys, worker_sdk.protocol; lean = 'worker_sdk.runner' not in sys.modules; "
             "from worker_sdk import predict, __version__; print(lean, callable(predict))")

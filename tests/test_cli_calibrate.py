@@ -24,6 +24,7 @@ import pytest
 import yaml
 from engine_support import ROOT, sim_backend
 from serve_support import PYTHON, Served, cli, make_env, new_root, reap, start_serve
+from spawning import spawns
 
 from supervisor.jobs import JobState
 
@@ -56,6 +57,7 @@ def backends() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def served() -> Iterator[Served]:
     root = new_root()
     s = start_serve(make_env(root, backends()), root)
@@ -134,6 +136,7 @@ class Calibrated:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def calibrated(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Calibrated:
     """``vramtui calibrate steady --repeats 2 --out FILE --report FILE``, once for the module."""
     folder = tmp_path_factory.mktemp("cal")

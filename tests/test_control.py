@@ -94,6 +94,7 @@ def test_job_view_survives_the_wire() -> None:
     assert job_to_wire(view, data_limit=2)["data"] is None  # large data stays out of snapshots
 
 
+@pytest.mark.process
 def test_a_real_snapshot_and_events_survive_the_wire() -> None:
     with in_process() as (sup, _server, _root):
         events = sup.subscribe(kinds=["job", "log"])
@@ -193,6 +194,7 @@ def test_client_has_every_method_of_the_engine_api_with_the_same_parameters() ->
             assert ours[pname].kind == param.kind and ours[pname].default == param.default
 
 
+@pytest.mark.process
 def test_client_offers_the_whole_api_with_the_same_types_and_errors() -> None:
     with in_process() as (sup, server, _root):
         c = Client(sup.paths.control_socket)
@@ -229,6 +231,7 @@ def test_client_offers_the_whole_api_with_the_same_types_and_errors() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_wait_cancel_and_timeouts_over_the_socket() -> None:
     with in_process() as (sup, _server, _root):
         c = Client(sup.paths.control_socket)
@@ -247,6 +250,7 @@ def test_wait_cancel_and_timeouts_over_the_socket() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_subscriptions_deliver_a_jobs_events_and_close_with_the_engine() -> None:
     with in_process() as (sup, _server, _root):
         c = Client(sup.paths.control_socket)
@@ -283,6 +287,7 @@ def saw_closed(sub: RemoteSubscription) -> bool:
     return False
 
 
+@pytest.mark.process
 def test_an_oversized_request_is_answered_and_the_connection_goes_on() -> None:
     with in_process(max_request=1 << 20) as (sup, server, _root):
         raw = RawConn(sup.paths.control_socket)
@@ -304,6 +309,7 @@ def test_an_oversized_request_is_answered_and_the_connection_goes_on() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_a_subscriber_that_never_reads_does_not_slow_the_engine() -> None:
     with in_process(subscriber_buffer=32 * 1024) as (sup, server, _root):
         stuck = RawConn(sup.paths.control_socket, rcvbuf=4096)
@@ -333,6 +339,7 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_engine() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_a_flood_of_connections_is_bounded_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with in_process(max_connections=8) as (sup, server, _root):
         conns = [RawConn(sup.paths.control_socket) for _ in range(20)]
@@ -347,6 +354,7 @@ def test_a_flood_of_connections_is_bounded_and_logged(caplog: pytest.LogCaptureF
         assert Client(sup.paths.control_socket).ping() < 5
 
 
+@pytest.mark.process
 def test_hello_is_required_and_its_version_checked() -> None:
     with in_process() as (sup, _server, _root):
         raw = RawConn(sup.paths.control_socket)
@@ -368,6 +376,7 @@ def test_hello_is_required_and_its_version_checked() -> None:
         raw.close()
 
 
+@pytest.mark.process
 def test_the_socket_is_private() -> None:
     with in_process() as (sup, _server, _root):
         mode = os.stat(sup.paths.control_socket).st_mode & 0o777
@@ -376,6 +385,7 @@ def test_the_socket_is_private() -> None:
     assert not sup.paths.control_socket.exists()  # removed when the engine stops
 
 
+@pytest.mark.process
 def test_what_cannot_cross_the_wire_is_refused_at_submit() -> None:
     config = EngineConfig(reserve_mib=0, tick_s=0.1, journal=False)
     with in_process(config=config) as (sup, _server, _root):
@@ -393,6 +403,7 @@ def test_what_cannot_cross_the_wire_is_refused_at_submit() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_a_failing_scheduling_step_is_the_engines_not_the_submitters() -> None:
     # submit --wait takes the engine's decision at once (Engine.step_now); a fault in that
     # step (injected here into the engine's start of a job) must not be reported as a failed

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from spawning import spawns
 
 from supervisor.gpu.sim import SimulatedProbe
 from worker_sdk.testing import WireServer
@@ -39,6 +40,7 @@ FAKE_VARS = ("FAKE_CUDA_INIT_ERROR", "FAKE_CUDA_DEVICES", "FAKE_CUDA_TOTAL_MIB",
 
 
 @pytest.fixture(scope="module")
+@spawns
 def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         lib = fakecuda.build(tmp_path_factory.mktemp("fakecuda"))

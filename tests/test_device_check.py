@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from spawning import spawns
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "device-check"
@@ -66,6 +67,7 @@ def start(out: Path, *extra: str) -> Run:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     base = tmp_path_factory.mktemp("devcheck")
     started = {"honest": start(base / "honest"),
@@ -93,6 +95,7 @@ def marked_processes() -> list[int]:
 # -- the real thing, here -----------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_without_a_gpu_it_says_skipped_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=30,
                           cwd=str(tmp_path), env=env_here())
@@ -103,6 +106,7 @@ def test_without_a_gpu_it_says_skipped_in_one_line(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # nothing written where it ran
 
 
+@pytest.mark.process
 def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
     done = subprocess.run([str(SCRIPT), "--simulate", "gpu:9"], capture_output=True, text=True,
                           timeout=30, cwd=str(tmp_path))
@@ -160,6 +164,7 @@ def test_no_process_outlives_a_run(runs: dict[str, Run]) -> None:
     assert not list(Path("/tmp").glob("vtdc-*/stage-engine.json"))  # work dirs removed
 
 
+@pytest.mark.process
 def test_a_stage_past_its_limit_is_stopped_and_its_rows_say_so(tmp_path: Path) -> None:
     work = Path(main.tempfile.mkdtemp(prefix="vtdc-", dir="/tmp"))
     log = main.Log(tmp_path / "log")

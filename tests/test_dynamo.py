@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spawning import spawns
 
 from worker_sdk import Response
 from worker_sdk.dynamo import MISSING_MESSAGE, DynamoWorkerConfig
@@ -117,6 +118,7 @@ def test_config_validates() -> None:
     assert not DynamoWorkerConfig("raw", None).registers
 
 
+@pytest.mark.process
 def test_missing_dynamo_is_one_line_and_exit_2() -> None:
     code = (
         "import runpy, sys; sys.modules['dynamo'] = None; "
@@ -130,6 +132,7 @@ def test_missing_dynamo_is_one_line_and_exit_2() -> None:
     assert proc.stderr == MISSING_MESSAGE + "\n"
 
 
+@pytest.mark.process
 def test_a_runtime_that_cannot_start_is_one_line_and_exit_4() -> None:
     pytest.importorskip("dynamo.runtime", reason="needs ai-dynamo-runtime (the dynamo extra)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
@@ -145,6 +148,7 @@ def test_a_runtime_that_cannot_start_is_one_line_and_exit_4() -> None:
                          "Unknown key-value store type 'no-such-backend'"), proc.stderr
 
 
+@pytest.mark.process
 def test_nothing_imports_dynamo_until_it_is_used() -> None:
     code = (
         "import sys, worker_sdk, worker_sdk.dynamo, worker_sdk.dynamo.shapes, "
@@ -161,6 +165,7 @@ def test_nothing_imports_dynamo_until_it_is_used() -> None:
 
 # -- real Dynamo ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
+@spawns
 def discovery() -> Iterator[Path]:
     """The file-discovery directory every worker and client of this module shares."""
     pytest.importorskip("dynamo.runtime", reason="needs ai-dynamo-runtime (the dynamo extra)")
@@ -250,6 +255,7 @@ def _free_port() -> int:
     pytest.fail("no free port below 32768")
 
 
+@pytest.mark.process
 def test_raw_bytes_json_and_stream_from_the_echo_example(serve: Callable[..., Any]) -> None:
     port = _free_port()
     _proc, client = serve(ECHO, "t.echo.generate", env={"DYN_SYSTEM_PORT": str(port)})
@@ -293,6 +299,7 @@ def test_embedding_shape_and_registration(serve: Callable[..., Any], discovery: 
     assert card_json["model_type"] == "Embedding" and card_json["model_input"] == "Text"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_image_and_video_come_back_as_b64_json(serve: Callable[..., Any], kind: str) -> None:
     _proc, client = serve(TOY, f"t.{kind}.generate", "--type", kind, "--progress")
@@ -311,6 +318,7 @@ def test_image_and_video_come_back_as_b64_json(serve: Callable[..., Any], kind: 
         assert done["data"][0]["output_format"] == "mp4" and "inference_time_s" in done
 
 
+@pytest.mark.process
 def test_dynamo_stop_cancels_the_request_context(serve: Callable[..., Any]) -> None:
     proc, client = serve(TOY, "t.ticks.generate")
     stream = client.stream({"ticks": 10_000, "interval": 0.05}, request_id="tick-req")
@@ -322,6 +330,7 @@ def test_dynamo_stop_cancels_the_request_context(serve: Callable[..., Any]) -> N
     assert raw_bytes(reply) == b"next"
 
 
+@pytest.mark.process
 def test_async_predict_sees_request_id_and_cancel(serve: Callable[..., Any]) -> None:
     proc, client = serve("async_worker.py", "t.async.generate", "--progress")
     [reply] = client.call(b"hello", request_id="req-42", metadata={"who": "test"})
@@ -356,6 +365,7 @@ def test_signal_leaves_no_discovery_entry(
     poll(lambda: client.instance_ids() == [], "the client to see no instance")
 
 
+@pytest.mark.process
 def test_sigterm_drains_then_cancels(serve: Callable[..., Any]) -> None:
     proc, client = serve(TOY, "t.drain.generate", "--drain-timeout", "30")
     stream = client.stream({"ticks": 8, "interval": 0.05})

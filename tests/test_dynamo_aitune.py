@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spawning import spawns
 
 from worker_sdk.dynamo import DynamoMissing, DynamoWorker, DynamoWorkerConfig, dynamo_worker
 
@@ -194,6 +195,7 @@ def poll(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def fleet() -> Iterator[Fleet]:
     pytest.importorskip("dynamo.runtime", reason="needs ai-dynamo-runtime (the dynamo extra)")
     pytest.importorskip("numpy", reason="the AITune scripts return numpy arrays")
@@ -235,6 +237,7 @@ def _vector(text: str, dims: int) -> list[float]:
     return [b / 255.0 for b in digest[:dims]]
 
 
+@pytest.mark.process
 def test_a_mapping_reads_request_input_and_its_dict_becomes_the_kwargs(
         client_for: Callable[[str, str], Any]) -> None:
     client = client_for("aitune.embedder.generate", "aitune_embedder.py")

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from engine_support import ROOT, sim_backend, wait_for
 from serve_support import Served, cli, echo_backend, make_env, new_root, reap, start_serve
+from spawning import spawns
 
 from supervisor.client import Client as ControlClient
 from supervisor.errors import UnknownJob
@@ -48,6 +49,7 @@ def backends() -> list[dict[str, Any]]:
 
 
 # -- no Dynamo needed -------------------------------------------------------------------------
+@pytest.mark.process
 def test_missing_dynamo_or_a_bad_namespace_is_one_line_and_exit_2() -> None:
     root = new_root()
     try:
@@ -68,6 +70,7 @@ def test_missing_dynamo_or_a_bad_namespace_is_one_line_and_exit_2() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.process
 def test_a_bad_queue_limit_is_one_line_and_exit_2() -> None:
     root = new_root()
     try:
@@ -114,6 +117,7 @@ def test_the_queue_limit_comes_from_the_flag_then_the_environment_then_config_ya
 
 # -- real Dynamo ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
+@spawns
 def discovery() -> Iterator[Path]:
     """The file-discovery directory the engines and clients of this module share."""
     pytest.importorskip("dynamo.runtime", reason="needs ai-dynamo-runtime (the dynamo extra)")
@@ -157,6 +161,7 @@ def _has_instance(client: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def engine(discovery: Path) -> Iterator[Served]:
     """One ``vramtui --serve --dynamo t`` for the module's tests."""
     root = new_root()
@@ -419,6 +424,7 @@ def test_sigterm_answers_waiting_requests_leaves_no_discovery_entry_and_no_orpha
         reap(served)
 
 
+@pytest.mark.process
 def test_nothing_else_imports_dynamo() -> None:
     code = ("import sys, vramtui.serve, vramtui.dynamo_bridge, supervisor.facade; "
             "print(sorted(m for m in sys.modules if m == 'dynamo' or m.startswith('dynamo.')))")

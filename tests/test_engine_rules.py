@@ -107,8 +107,8 @@ def test_a_cold_job_never_takes_the_room_a_job_waiting_for_evictions_needs() -> 
     # 1192: it must wait until c is in; e (700) fits in them, so it starts at once.
     backends = {"a": mib(3000, 0), "b": mib(3000, 0), "c": mib(6000, 1000),
                 "d": mib(1000, 300), "e": mib(500, 200)}
-    scripts = {"a": honest(3000, 0), "b": honest(3000, 0), "c": honest(6000, 1000),
-               "d": honest(1000, 300), "e": honest(500, 200, job_s=0.3)}
+    scripts = {"a": honest(3000, 0, stop_s=0.2), "b": honest(3000, 0, stop_s=0.2),
+               "c": honest(6000, 1000), "d": honest(1000, 300), "e": honest(500, 200, job_s=0.3)}
     with fake_engine(backends, scripts=scripts) as fe:
         fe.sup.preload("a")
         fe.sup.preload("b")

@@ -107,6 +107,7 @@ def test_open_probe_sim(tmp_path: Path) -> None:
 # --- real processes -----------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_real_workers_come_and_go(tmp_path: Path) -> None:
     probe = SimulatedProbe("sim:24GiB,sim:8GiB", tmp_path, context_mib=CONTEXT)
     idle = spawn(tmp_path, 0)  # attached only: just the context
@@ -134,6 +135,7 @@ def test_real_workers_come_and_go(tmp_path: Path) -> None:
                 proc.wait()
 
 
+@pytest.mark.process
 def test_dead_pid_record_is_deleted(tmp_path: Path) -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

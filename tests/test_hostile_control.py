@@ -101,6 +101,7 @@ def test_announcing_a_big_frame_allocates_nothing_until_admitted() -> None:
 # -- pipelining and not reading -------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_client_that_pipelines_and_never_reads_gets_no_more_than_one_reply_buffered(
 ) -> None:
     with in_process(backends(), subscriber_buffer=64 * 1024) as (sup, server, _root):
@@ -129,6 +130,7 @@ def test_a_client_that_pipelines_and_never_reads_gets_no_more_than_one_reply_buf
         one.close()
 
 
+@pytest.mark.process
 def test_a_client_that_never_reads_is_cut_off_and_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     limits = ControlLimits(write_high=16 * 1024, stall_timeout_s=0.3, **FAST)
@@ -146,6 +148,7 @@ def test_a_client_that_never_reads_is_cut_off_and_logged(
 # -- half frames ----------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_half_sent_big_frames_share_one_budget_and_time_out() -> None:
     limits = ControlLimits(max_receiving=2 << 20, frame_timeout_s=0.5, **FAST)
     with in_process(backends(), limits=limits) as (sup, server, _root):
@@ -171,6 +174,7 @@ def test_half_sent_big_frames_share_one_budget_and_time_out() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_a_frame_exactly_at_the_limit_is_taken_and_one_byte_more_is_refused() -> None:
     limit = 256 * 1024
     with in_process(backends(), max_request=limit) as (sup, _server, _root):
@@ -195,6 +199,7 @@ def test_a_frame_exactly_at_the_limit_is_taken_and_one_byte_more_is_refused() ->
 # -- silent clients and connection slots ----------------------------------------------------------
 
 
+@pytest.mark.process
 def test_silent_clients_give_way_and_time_out_so_the_owner_always_gets_in() -> None:
     limits = ControlLimits(max_connections=8, idle_timeout_s=0.5, **FAST)
     with in_process(backends(), limits=limits) as (sup, server, _root):
@@ -211,6 +216,7 @@ def test_silent_clients_give_way_and_time_out_so_the_owner_always_gets_in() -> N
             raw.close()
 
 
+@pytest.mark.process
 def test_subscriptions_never_take_the_last_slots() -> None:
     limits = ControlLimits(max_connections=8, **FAST)
     with in_process(backends(), limits=limits) as (sup, server, _root):
@@ -240,6 +246,7 @@ def test_subscriptions_never_take_the_last_slots() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_when_every_slot_is_busy_a_newcomer_is_refused_and_that_is_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     limits = ControlLimits(max_connections=4, **FAST)
@@ -263,6 +270,7 @@ def test_when_every_slot_is_busy_a_newcomer_is_refused_and_that_is_logged(
 # -- results ----------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_job_events_carry_no_result_and_wait_does() -> None:
     with in_process(backends()) as (sup, _server, _root):
         c = Client(sup.paths.control_socket)
@@ -282,6 +290,7 @@ def test_job_events_carry_no_result_and_wait_does() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_a_stream_over_the_result_limit_fails_the_job_and_the_worker_goes_on(
         caplog: pytest.LogCaptureFixture) -> None:
     config = EngineConfig(reserve_mib=0, tick_s=0.1, max_result_bytes=256 * 1024)
@@ -301,6 +310,7 @@ def test_a_stream_over_the_result_limit_fails_the_job_and_the_worker_goes_on(
         c.close()
 
 
+@pytest.mark.process
 def test_a_reply_too_large_for_the_socket_is_an_error_not_a_buffer() -> None:
     limits = ControlLimits(max_reply=1 << 20, **FAST)
     with in_process(backends(), limits=limits) as (sup, server, _root):
@@ -314,6 +324,7 @@ def test_a_reply_too_large_for_the_socket_is_an_error_not_a_buffer() -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_limits_are_logged_once_in_a_while_not_per_attack(
         caplog: pytest.LogCaptureFixture) -> None:
     limits = ControlLimits(max_connections=2, **FAST)
@@ -335,6 +346,7 @@ def test_limits_are_logged_once_in_a_while_not_per_attack(
             raw.close()
 
 
+@pytest.mark.process
 def test_finished_results_held_in_memory_have_a_budget_and_stay_in_the_journal() -> None:
     config = EngineConfig(reserve_mib=0, tick_s=0.1, max_recent_result_bytes=1 << 20)
     with in_process(backends(), config=config) as (sup, _server, _root):

@@ -202,6 +202,7 @@ def engine_root(backends: list[dict[str, object]]) -> Iterator[dict[str, str]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.process
 def test_a_reply_the_journal_cannot_store_fails_and_is_not_run_again() -> None:
     with engine_root([hostile_backend()]) as env:
         sup = fresh_engine(env)
@@ -273,6 +274,7 @@ def test_a_clean_crash_is_not_reported_as_damage(tmp_path: Path) -> None:
         assert sorted(r.id for r in j.recover(2e9).jobs) == sorted(acked)
 
 
+@pytest.mark.process
 def test_the_engine_logs_the_lost_jobs_at_start() -> None:
     with engine_root([echo_backend()]) as env:
         state = Path(env["VRAMTUI_STATE_DIR"])
@@ -324,6 +326,7 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+@pytest.mark.process
 def test_a_full_disk_keeps_room_for_accepted_jobs_and_refuses_new_ones(small_disk: Path
                                                                       ) -> None:
     with Journal.open(small_disk / "journal.sqlite3", reserve_bytes=2 << 20) as j:
@@ -377,6 +380,7 @@ def test_bad_values_get_one_clear_error_each(kw: dict[str, object], says: str) -
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.process
 def test_bad_values_are_refused_at_every_door_without_a_traceback(
         caplog: pytest.LogCaptureFixture) -> None:
     with in_process([echo_backend()]) as (sup, _server, _root), \
@@ -405,6 +409,7 @@ def test_bad_values_are_refused_at_every_door_without_a_traceback(
 # -- a worker that floods its output --------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_flooding_worker_fills_no_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(process, "LOG_MAX_BYTES", 256 * 1024)
     monkeypatch.setattr(process, "LOG_RATE", 64 << 20)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 from engine_support import ROOT, wait_for
+from spawning import spawns
 
 from supervisor.client import Client
 from supervisor.control.errors import UntrustedEngine
@@ -126,6 +127,7 @@ def _remove_user(user: User) -> None:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def machine() -> Iterator[Machine]:
     victim = _make_user("v")
     try:

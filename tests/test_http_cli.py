@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from engine_support import wait_for
 from serve_support import PYTHON, Served, cli, echo_backend, make_env, new_root, reap, start_serve
+from spawning import spawns
 
 from supervisor.counters import Counters, Histogram
 from supervisor.http.peer import loopback_uid
@@ -32,6 +33,7 @@ def _http_url(served: Served) -> str:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def served() -> Iterator[Served]:
     root = new_root()
     env = make_env(root, [echo_backend()])
@@ -107,6 +109,7 @@ def test_bash_completes_backend_names(served: Served, tmp_path: Path) -> None:
     assert "echo" in done.stdout.split(), done.stderr
 
 
+@pytest.mark.process
 def test_install_service_writes_a_user_unit(tmp_path: Path) -> None:
     root = new_root()
     env = make_env(root, [echo_backend()])
@@ -192,6 +195,7 @@ def test_loopback_uid_reads_the_kernels_socket_table(tmp_path: Path) -> None:
                 assert loopback_uid(client.getsockname(), server.getsockname()) == os.geteuid()
 
 
+@pytest.mark.process
 def test_sigterm_ends_open_streams_and_the_engine_exits_0() -> None:
     import http.client
     import signal

@@ -20,11 +20,13 @@ import openai
 import pytest
 from http_support import Front, openai_backends, poll, serve_http
 from prometheus_client.parser import text_string_to_metric_families
+from spawning import spawns
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
+@spawns
 def front() -> Iterator[Front]:
     with serve_http(openai_backends(), gpus="sim:4GiB") as f:
         yield f
@@ -36,6 +38,7 @@ def client(front: Front) -> openai.OpenAI:
                          timeout=30)
 
 
+@pytest.mark.process
 def test_models_lists_api_backends_with_their_state(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list()}
     assert set(models) == {"chat-sim", "embed-sim", "image-sim", "tts-sim", "stt-sim",
@@ -45,6 +48,7 @@ def test_models_lists_api_backends_with_their_state(client: openai.OpenAI) -> No
     assert client.models.retrieve("gpt-4o-mini").id == "chat-sim"
 
 
+@pytest.mark.process
 def test_chat_without_and_with_streaming(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model="gpt-4o-mini",
                                        messages=[{"role": "user", "content": "hi there"}])
@@ -70,6 +74,7 @@ def test_completions(client: openai.OpenAI) -> None:
     assert text == "Hello from a"
 
 
+@pytest.mark.process
 def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
     r = client.embeddings.create(model="text-embedding-3-small", input=["a", "b", "a"])
     vecs = [d.embedding for d in r.data]
@@ -80,6 +85,7 @@ def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
     assert f.data[0].embedding == pytest.approx(vecs[0], abs=1e-6)
 
 
+@pytest.mark.process
 def test_images(client: openai.OpenAI) -> None:
     r = client.images.generate(model="dall-e-3", prompt="a cat", size="32x32", n=2)
     assert len(r.data) == 2
@@ -88,6 +94,7 @@ def test_images(client: openai.OpenAI) -> None:
     assert struct.unpack(">II", png[16:24]) == (32, 32)
 
 
+@pytest.mark.process
 def test_speech_and_transcriptions(client: openai.OpenAI) -> None:
     audio = client.audio.speech.create(model="tts-1", voice="alloy", input="two words")
     data = audio.read()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from http_support import Front, default_http_backends, poll, serve_http
+from spawning import spawns
 
 from supervisor.engine import EngineConfig
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
+@spawns
 def front() -> Iterator[Front]:
     with serve_http(default_http_backends(), heartbeat_s=0.3, max_body=64 * 1024,
                     engine_config=EngineConfig(reserve_mib=0, tick_s=0.1,

@@ -18,6 +18,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from http_support import Front, serve_http
 from serve_support import echo_backend
+from spawning import spawns
 
 from supervisor.http.auth import Guard
 from supervisor.http.config import (
@@ -37,6 +38,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
+@spawns
 def front() -> Iterator[Front]:
     with serve_http([echo_backend()], token=TOKEN, token_source="test", ui=True) as f:
         yield f
@@ -159,6 +161,7 @@ def test_the_browser_dashboard_needs_the_token_then_a_cookie(front: Front) -> No
     assert ws.status == 403  # WebSocket hijacking from another site
 
 
+@pytest.mark.process
 def test_unix_socket_listener_is_private_and_checks_the_peer(tmp_path: Path) -> None:
     path = Path(f"/tmp/vt-http-{os.getpid()}.sock")
     try:

@@ -30,6 +30,7 @@ from engine_support import ROOT, wait_for
 from http_support import Front, serve_http
 from other_user import OTHER_UID, needs_other_user, start_as_other_user
 from serve_support import echo_backend, make_env, new_root, reap, start_serve
+from spawning import spawns
 
 from supervisor.http.peer import Peer, identify_socket, table_row
 
@@ -45,6 +46,7 @@ def hostile_backend() -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def open_front() -> Iterator[Front]:
     """The default setup: loopback, no token (the engine's user only)."""
     with serve_http([echo_backend(), hostile_backend()]) as f:
@@ -52,6 +54,7 @@ def open_front() -> Iterator[Front]:
 
 
 @pytest.fixture(scope="module")
+@spawns
 def token_front() -> Iterator[Front]:
     with serve_http([echo_backend()], token=TOKEN, token_source="test", ui=True) as f:
         yield f
@@ -262,6 +265,7 @@ def _low_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
 
 
+@pytest.mark.process
 @needs_other_user
 def test_a_connection_flood_from_another_user_leaves_the_owner_served() -> None:
     root = new_root()
@@ -375,6 +379,7 @@ def test_a_control_character_in_a_workers_header_is_a_clean_502(open_front: Fron
 
 # -- the control socket: a dribbler keeps nobody out -------------------------------------------
 
+@pytest.mark.process
 def test_dribbling_control_clients_leave_a_slot_for_status() -> None:
     from serve_support import RawConn, hello_frame, in_process
 
@@ -411,6 +416,7 @@ def test_dribbling_control_clients_leave_a_slot_for_status() -> None:
                 conn.close()
 
 
+@pytest.mark.process
 def test_every_door_refuses_deep_metadata_at_submit() -> None:
     """One check, in the engine's submit: the control socket refuses what HTTP refuses."""
     from serve_support import in_process

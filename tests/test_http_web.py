@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from http_support import Front, poll, serve_http
 from serve_support import echo_backend
+from spawning import spawns
 
 from supervisor.client import Client
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
+@spawns
 def front() -> Iterator[Front]:
     with serve_http([echo_backend()], ui=True) as f:
         yield f

@@ -337,6 +337,7 @@ def run_child_until(path: Path, mode: str, lines: int) -> list[str]:
     return got
 
 
+@pytest.mark.process
 def test_kill_9_loses_no_acknowledged_submit(path: Path) -> None:
     acked = run_child_until(path, "submit", 400)
     assert acked[-1] == "ok 400"
@@ -351,6 +352,7 @@ def test_kill_9_loses_no_acknowledged_submit(path: Path) -> None:
     assert all(x.payload == bytes(1000) for x in r.jobs)
 
 
+@pytest.mark.process
 def test_kill_9_while_running_interrupts_once_then_fails(path: Path) -> None:
     run_child_until(path, "run", 1)
     with Journal.open(path, now_wall=50.0) as j:  # the child's clock starts at 0

@@ -740,6 +740,7 @@ print(json.dumps([repr(p.starts), repr(p.evictions), sorted(p.passed.items()),
 """
 
 
+@pytest.mark.process
 def test_plan_does_not_depend_on_hash_seed() -> None:
     outputs = set()
     for seed in ("0", "1", "12345"):

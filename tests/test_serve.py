@@ -56,6 +56,7 @@ def serve() -> Iterator[StartServe]:
         reap(served)
 
 
+@pytest.mark.process
 def test_serve_says_where_it_listens_and_a_second_one_refuses_at_once(
         serve: StartServe, tmp_path: Path) -> None:
     log_file = tmp_path / "serve.log"
@@ -76,6 +77,7 @@ def test_serve_says_where_it_listens_and_a_second_one_refuses_at_once(
     assert "engine started" in log_file.read_text()  # …and to --log-file
 
 
+@pytest.mark.process
 def test_sigterm_lets_the_running_job_finish_stops_workers_and_exits_0(
         serve: StartServe) -> None:
     s = serve()
@@ -113,6 +115,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+@pytest.mark.process
 def test_a_subscriber_that_never_reads_does_not_slow_the_served_engine(
         serve: StartServe) -> None:
     s = serve()
@@ -133,6 +136,7 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_served_engine(
     stuck.close()
 
 
+@pytest.mark.process
 def test_kill_9_with_20_queued_jobs_then_restart_runs_every_job_with_its_id(
         serve: StartServe) -> None:
     s = serve()
@@ -152,6 +156,7 @@ def test_kill_9_with_20_queued_jobs_then_restart_runs_every_job_with_its_id(
     assert all(v.state is JobState.SUCCEEDED for v in views), [v.state for v in views]
 
 
+@pytest.mark.process
 def test_the_tui_embedded_engine_serves_cli_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     from vramtui.connect import open_engine
 
@@ -226,6 +231,7 @@ def _nobody() -> pwd.struct_passwd:
         raise
 
 
+@pytest.mark.process
 @ROOT_ONLY
 def test_a_peer_of_another_uid_is_refused_and_logged(serve: StartServe) -> None:
     nobody = _nobody()
@@ -240,6 +246,7 @@ def test_a_peer_of_another_uid_is_refused_and_logged(serve: StartServe) -> None:
     assert s.client().ping() < 5  # the owner still gets in
 
 
+@pytest.mark.process
 @ROOT_ONLY
 def test_allow_group_opens_the_socket_to_that_group(serve: StartServe) -> None:
     nobody = _nobody()
@@ -255,6 +262,7 @@ def test_allow_group_opens_the_socket_to_that_group(serve: StartServe) -> None:
     assert b"vramtui-engine" in reply and b"AccessDenied" not in reply
 
 
+@pytest.mark.process
 def test_serve_refuses_bad_options_in_one_line() -> None:
     env = make_env(new_root())
     for args, text in ((["--gpus", "bogus"], "bad --gpus value"),
@@ -266,6 +274,7 @@ def test_serve_refuses_bad_options_in_one_line() -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.process
 def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> None:
     root = new_root()
     env = make_env(root)
@@ -278,6 +287,7 @@ def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> No
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.process
 def test_a_client_outlives_an_engine_restart(serve: StartServe) -> None:
     s = serve()
     c = s.client()
@@ -290,6 +300,7 @@ def test_a_client_outlives_an_engine_restart(serve: StartServe) -> None:
     assert c.submit_wait("echo", b"after").data == b"after"  # a fresh connection, no error
 
 
+@pytest.mark.process
 def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> None:
     root = new_root()
     env = make_env(root)
@@ -318,6 +329,7 @@ def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> Non
         assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.process
 def test_sighup_reloads_the_descriptors_without_a_restart() -> None:
     import yaml
 

@@ -98,6 +98,7 @@ def test_higher_priority_goes_first_whatever_the_batch() -> None:
     assert not any(2.5 < t < started["u"] for t, j, *_ in result.starts if j.startswith("a"))
 
 
+@pytest.mark.process
 def test_the_engine_decides_as_the_simulator_does() -> None:
     # The interleaved trace, smaller, through the real engine with simulated workers.
     trace = interleaved(load_s=0.3, job_s=0.1, n=4)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from engine_support import ROOT, engine, sim_backend
 from rich.console import Console
 from textual.command import CommandPalette
@@ -137,6 +138,7 @@ def req(**kw: object) -> bytes:
 # ------------------------------------------------------------------------------ dashboard
 
 
+@pytest.mark.process
 @aio
 async def test_dashboard_shows_the_real_engine() -> None:
     with real_engine() as sup:
@@ -156,6 +158,7 @@ async def test_dashboard_shows_the_real_engine() -> None:
                         "the engine's log in the event log")
 
 
+@pytest.mark.process
 @aio
 async def test_preload_then_evict_asks_first_and_really_stops_the_worker() -> None:
     with real_engine() as sup:
@@ -187,6 +190,7 @@ async def test_preload_then_evict_asks_first_and_really_stops_the_worker() -> No
             assert str(table.get_cell("alpha", "state")).startswith("cold")
 
 
+@pytest.mark.process
 @aio
 async def test_respawn_gives_a_new_process() -> None:
     with real_engine() as sup:
@@ -205,6 +209,7 @@ async def test_respawn_gives_a_new_process() -> None:
             await until(pilot, lambda: not alive(old), "the old worker to exit")
 
 
+@pytest.mark.process
 @aio
 async def test_cancel_a_running_and_a_queued_job() -> None:
     with real_engine() as sup:
@@ -238,6 +243,7 @@ async def test_cancel_a_running_and_a_queued_job() -> None:
             assert sup.job(running).progress is not None and sup.job(running).progress < 1
 
 
+@pytest.mark.process
 @aio
 async def test_zero_evicts_every_idle_worker() -> None:
     with real_engine() as sup:
@@ -253,6 +259,7 @@ async def test_zero_evicts_every_idle_worker() -> None:
                         == ["cold", "cold"], "both cold")
 
 
+@pytest.mark.process
 @aio
 async def test_no_confirm_acts_at_once() -> None:
     with real_engine() as sup:
@@ -266,6 +273,7 @@ async def test_no_confirm_acts_at_once() -> None:
             await until(pilot, lambda: not alive(pid), "alpha's worker gone")
 
 
+@pytest.mark.process
 @aio
 async def test_readonly_changes_nothing() -> None:
     with real_engine() as sup:
@@ -301,6 +309,7 @@ async def test_readonly_changes_nothing() -> None:
 # ------------------------------------------------------------------------------ views
 
 
+@pytest.mark.process
 @aio
 async def test_filter_narrows_tables_and_escape_clears_it() -> None:
     with real_engine() as sup:
@@ -324,6 +333,7 @@ async def test_filter_narrows_tables_and_escape_clears_it() -> None:
             assert not box.display
 
 
+@pytest.mark.process
 @aio
 async def test_detail_screens_for_a_backend_and_a_finished_job() -> None:
     with real_engine() as sup:
@@ -369,6 +379,7 @@ async def test_detail_screens_for_a_backend_and_a_finished_job() -> None:
             assert isinstance(app.screen, Dashboard)
 
 
+@pytest.mark.process
 @aio
 async def test_submit_dialog_runs_a_real_job() -> None:
     with real_engine() as sup:
@@ -393,6 +404,7 @@ async def test_submit_dialog_runs_a_real_job() -> None:
             await until(pilot, lambda: f"Submitted {job.id}" in notes(app), "a notice")
 
 
+@pytest.mark.process
 @aio
 async def test_help_lists_every_key_and_graph_and_calibrate_keys() -> None:
     with real_engine() as sup:
@@ -425,6 +437,7 @@ async def test_help_lists_every_key_and_graph_and_calibrate_keys() -> None:
             assert isinstance(app.screen, Dashboard)
 
 
+@pytest.mark.process
 @aio
 async def test_command_palette_evicts_a_named_backend() -> None:
     with real_engine() as sup:
@@ -445,6 +458,7 @@ async def test_command_palette_evicts_a_named_backend() -> None:
             await until(pilot, lambda: not alive(pid), "beta's worker gone")
 
 
+@pytest.mark.process
 @aio
 async def test_mouse_click_selects_and_opens() -> None:
     with real_engine() as sup:
@@ -488,6 +502,7 @@ async def calibration_screen(pilot: Pilot[int], name: str) -> CalibrationScreen:
     return screen
 
 
+@pytest.mark.process
 @aio
 async def test_k_calibrates_to_the_end_shows_the_results_and_saves_the_report(
         tmp_path: Any) -> None:
@@ -546,6 +561,7 @@ async def test_k_calibrates_to_the_end_shows_the_results_and_saves_the_report(
             assert Path(summary["report"]).name in text_of(app.screen.query_one("#calibration"))
 
 
+@pytest.mark.process
 @aio
 async def test_cancel_a_running_calibration_writes_no_overlay() -> None:
     with engine([calibration_backend("slow", predict_s=5)]) as sup:
@@ -577,6 +593,7 @@ async def test_cancel_a_running_calibration_writes_no_overlay() -> None:
 # ------------------------------------------------------------------------------ learning
 
 
+@pytest.mark.process
 @aio
 async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_peak() -> None:
     # declared 1 GiB; the simulated model holds 1 GiB of weights + 1 GiB while it runs
@@ -613,6 +630,7 @@ async def test_a_backend_using_more_than_declared_is_flagged_with_a_suggested_pe
 # ------------------------------------------------------------------------------ demo
 
 
+@pytest.mark.process
 @aio
 async def test_d_submits_the_demo_workload_when_the_demo_backends_are_loaded() -> None:
     with engine([], gpus="sim:24GiB") as sup:  # nothing configured: the demo backends
@@ -654,6 +672,7 @@ async def test_d_submits_the_demo_workload_when_the_demo_backends_are_loaded() -
 # ------------------------------------------------------------------------------ engine gone
 
 
+@pytest.mark.process
 @aio
 async def test_engine_gone_is_shown_and_the_app_keeps_working() -> None:
     with real_engine() as sup:

@@ -46,6 +46,7 @@ def backends() -> list[dict[str, object]]:
             sim_backend("beta", 512, 256, priority=3)]
 
 
+@pytest.mark.process
 @aio
 async def test_jobs_keys_retry_priority_marks_sort_and_navigation() -> None:
     with engine(backends(), gpus="sim:8GiB") as sup:
@@ -111,6 +112,7 @@ async def test_jobs_keys_retry_priority_marks_sort_and_navigation() -> None:
             sup.cancel(busy)
 
 
+@pytest.mark.process
 @aio
 async def test_kill_drain_reload_and_the_process_list() -> None:
     with engine(backends(), gpus="sim:8GiB") as sup:
@@ -260,6 +262,7 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 sys.addaudithook(_audit)
 
 
+@pytest.mark.process
 @aio
 async def test_attached_to_an_engine_whose_files_it_cannot_read_every_screen_works() -> None:
     """A served engine of root; the TUI as user nobody (when run as root), attached over the

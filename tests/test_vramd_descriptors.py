@@ -336,6 +336,7 @@ def test_import_vramd_finds_the_files_vramd_reads(tmp_path: Path,
     assert main(["import-vramd"]) == 2
 
 
+@pytest.mark.process
 def test_the_warnings_reach_the_engine_log_and_doctor(tmp_path: Path, home: Path) -> None:
     from supervisor import Supervisor
     from supervisor.paths import Paths

@@ -158,6 +158,7 @@ def gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.process
 def test_a_vramd_worker_runs_under_the_engine_as_it_is(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     with vramd_engine(tmp_path, monkeypatch) as sup, UsageWatcher(sup, "sim:4GiB") as watch:
@@ -240,6 +241,7 @@ def test_a_vramd_worker_runs_under_the_engine_as_it_is(tmp_path: Path,
     assert watch.samples > 10 and watch.overcommits == []
 
 
+@pytest.mark.process
 def test_calibrating_a_vramd_backend_measures_it(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with vramd_engine(tmp_path, monkeypatch) as sup:
@@ -316,6 +318,7 @@ def test_both_handles_present_one_interface(tmp_path: Path) -> None:
     assert handle.state is ours.state is WorkerState.STARTING
 
 
+@pytest.mark.process
 def test_ping_resolves_on_pong_and_stop_is_unload_then_shutdown(tmp_path: Path) -> None:
     async def scenario() -> None:
         handle, observer = handle_for(tmp_path, ADAPTER)
@@ -362,6 +365,7 @@ for line in sys.stdin:
 '''
 
 
+@pytest.mark.process
 def test_a_hand_written_jsonl_worker_that_misbehaves(tmp_path: Path) -> None:
     async def scenario() -> None:
         handle, observer = handle_for(tmp_path, RAW_WORKER, max_line=1024)
@@ -390,6 +394,7 @@ def test_a_hand_written_jsonl_worker_that_misbehaves(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.process
 def test_a_job_that_sends_nothing_for_the_event_timeout_is_killed(tmp_path: Path) -> None:
     async def scenario() -> None:
         handle, observer = handle_for(tmp_path, RAW_WORKER,

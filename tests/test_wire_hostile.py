@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 from engine_support import PYTHON, engine, wait_for
+from spawning import spawns
 
 from supervisor import Supervisor
 from supervisor.jobs import JobState
@@ -44,6 +45,7 @@ ONE_BAD_FRAME = {
 
 
 @pytest.fixture(scope="module")
+@spawns
 def sup() -> Iterator[Supervisor]:
     """One engine for every attack here (each backend is its own hostile process)."""
     backends = [hostile(attack, attack) for attack in ONE_BAD_FRAME]

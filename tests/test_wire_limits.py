@@ -74,6 +74,7 @@ class Records(logging.Handler):
         self.records.append(record)
 
 
+@pytest.mark.process
 def test_20000_idle_connections_cost_the_engine_a_few_fds_and_nothing_else() -> None:
     backends = [sim_backend("a", 256, 128), sim_backend("b", 256, 128)]
     records = Records()
@@ -316,6 +317,7 @@ def test_unregistered_connections_time_out_and_are_capped_per_process(
 # -- the liveness ping ---------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", ["worker_sdk", "verda_io"])
 def test_a_worker_busy_in_predict_answers_the_engine_ping(
         listener: tuple[Loop, WireListener], module: str, tmp_path: Path) -> None:

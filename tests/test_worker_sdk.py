@@ -67,6 +67,7 @@ def full(
 # -- registration and replies ---------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_registration_negotiates_extensions(full: Any) -> None:
     server, _proc, link = full
     assert link.name == "full"
@@ -77,6 +78,7 @@ def test_registration_negotiates_extensions(full: Any) -> None:
     assert link.health() == {"status": "ok", "device": "test"}
 
 
+@pytest.mark.process
 def test_every_reply_kind(full: Any) -> None:
     _server, _proc, link = full
     plain = link.request(b"\x00raw bytes\xff")
@@ -103,6 +105,7 @@ def test_every_reply_kind(full: Any) -> None:
     assert link.request(b"again").data == b"again"
 
 
+@pytest.mark.process
 def test_explicit_stream_frames(full: Any) -> None:
     _server, _proc, link = full
     wire_id = link.send_request(cmd(op="stream", n=2))
@@ -111,6 +114,7 @@ def test_explicit_stream_frames(full: Any) -> None:
     assert [f.payload for f in frames] == [b"chunk 0\n", b"chunk 1\n", None]
 
 
+@pytest.mark.process
 def test_envelope_reaches_current(full: Any) -> None:
     _server, _proc, link = full
     wire_id = link.send_request(
@@ -126,6 +130,7 @@ def test_envelope_reaches_current(full: Any) -> None:
     }
 
 
+@pytest.mark.process
 def test_progress_events(full: Any) -> None:
     _server, _proc, link = full
     steps = ["load", "denoise", "decode", "unknown"]
@@ -142,6 +147,7 @@ def test_progress_events(full: Any) -> None:
 # -- cancellation -----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_cancel_cooperative(full: Any) -> None:
     _server, _proc, link = full
     wire_id = link.send_request(cmd(op="coop"))
@@ -155,6 +161,7 @@ def test_cancel_cooperative(full: Any) -> None:
     assert link.request(b"next").data == b"next"
 
 
+@pytest.mark.process
 def test_cancel_stream_stops_at_next_yield(full: Any, gate: Callable[[str], Gate]) -> None:
     _server, proc, link = full
     g = gate("stream")
@@ -171,6 +178,7 @@ def test_cancel_stream_stops_at_next_yield(full: Any, gate: Callable[[str], Gate
     assert link.request(b"ok").data == b"ok"
 
 
+@pytest.mark.process
 def test_cancel_not_running_keeps_worker_healthy(full: Any) -> None:
     _server, _proc, link = full
     done = link.send_request(b"finished")
@@ -182,6 +190,7 @@ def test_cancel_not_running_keeps_worker_healthy(full: Any) -> None:
     assert link.request(b"still here").data == b"still here"
 
 
+@pytest.mark.process
 def test_cancel_before_processing(full: Any, gate: Callable[[str], Gate]) -> None:
     _server, _proc, link = full
     g = gate("busy")
@@ -218,6 +227,7 @@ def test_cancel_async_predict(wire_server: ServerFactory, spawn_worker: SpawnWor
 # -- control while busy, pings ----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_health_and_ping_while_predict_busy(full: Any, gate: Callable[[str], Gate]) -> None:
     _server, _proc, link = full
     g = gate("health")
@@ -232,6 +242,7 @@ def test_health_and_ping_while_predict_busy(full: Any, gate: Callable[[str], Gat
     assert link.collect(wire_id).data == b"released"
 
 
+@pytest.mark.process
 def test_ping_on_both_sockets(full: Any) -> None:
     _server, _proc, link = full
     ctrl = link.ping()
@@ -245,6 +256,7 @@ def test_ping_on_both_sockets(full: Any) -> None:
 # -- lifecycle ---------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_shutdown_event(full: Any) -> None:
     _server, proc, link = full
     assert link.request(b"x").data == b"x"
@@ -254,6 +266,7 @@ def test_shutdown_event(full: Any) -> None:
     assert proc.marker("init") == "init\n"
 
 
+@pytest.mark.process
 def test_sigterm_finishes_request_then_exits(full: Any, gate: Callable[[str], Gate]) -> None:
     _server, proc, link = full
     g = gate("term")
@@ -327,6 +340,7 @@ def test_predict_count_must_be_one(
         assert needle in line
 
 
+@pytest.mark.process
 def test_reconnect_without_reinitialising(full: Any) -> None:
     server, proc, link = full
     assert link.request(cmd(op="init_count")).data == b"1"
@@ -446,6 +460,7 @@ def test_unknown_config_key_exits_2(spawn_worker: SpawnWorker, sock_dir: Path) -
     assert "cannot read worker config" in missing.output()
 
 
+@pytest.mark.process
 def test_import_configures_no_logging() -> None:
     code = textwrap.dedent(
         """
@@ -474,6 +489,7 @@ def raw_frame(msg_type: int, data_type: int, msg_id: int, payload: Any) -> bytes
     return HEADER.pack(len(body), msg_type, data_type, 0) + body
 
 
+@pytest.mark.process
 def test_str_payload_gets_error_and_worker_keeps_serving(full: Any) -> None:
     _server, proc, link = full
     link.send_raw(raw_frame(MessageType.DATA, DataType.DEFAULT, 777, "text, not bin"))
@@ -493,6 +509,7 @@ def test_str_payload_gets_error_and_worker_keeps_serving(full: Any) -> None:
         pytest.param(HEADER.pack(5, 99, 0, 0) + b"\x80" * 5, id="unknown-type"),
     ],
 )
+@pytest.mark.process
 def test_fatal_frame_closes_and_worker_recovers(full: Any, frame: bytes) -> None:
     server, proc, link = full
     link.send_raw(frame)

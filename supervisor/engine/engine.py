@@ -591,16 +591,8 @@ class Engine:
                             job.backend)
             self.calibrations.start(job, rt, start.gpu, self._calibration_done)
             return
-        gpu = next((g for g in snap.gpus if g.index == start.gpu), None)
-        free = ""
-        if gpu is not None:
-            room = gpu.total_mib - gpu.foreign_mib - sum(
-                w.reserved_mib for w in snap.workers.values() if w.gpu == start.gpu)
-            free = f" ({max(0, room - gpu.reserve_mib)} MiB free before)"
         spawn = start.spawn or rt.worker is None
-        how = "spawning its worker" if spawn else "on its worker"
-        admitted = (f"admitted {job.id} ({job.backend}) on GPU{start.gpu}, {how}: takes "
-                    f"{start.reserve_mib} MiB{free}")
+        admitted = Planner.admitted(job.id, start, snap, spawn)
         if spawn:
             self.notes.note("info", admitted, job.backend, quiet=True)
             self._spawn_worker(rt, start.gpu)

@@ -109,6 +109,19 @@ class Planner:
     def plan(self, snap: sched.Snapshot, now: float) -> Plan:
         return make_plan(snap, now, self.config)
 
+    @staticmethod
+    def admitted(job_id: str, start: sched.Start, snap: sched.Snapshot, spawn: bool) -> str:
+        """The event log's line for a job admitted by ``start``."""
+        gpu = next((g for g in snap.gpus if g.index == start.gpu), None)
+        free = ""
+        if gpu is not None:
+            room = gpu.total_mib - gpu.foreign_mib - sum(
+                w.reserved_mib for w in snap.workers.values() if w.gpu == start.gpu)
+            free = f" ({max(0, room - gpu.reserve_mib)} MiB free before)"
+        how = "spawning its worker" if spawn else "on its worker"
+        return (f"admitted {job_id} ({start.backend}) on GPU{start.gpu}, {how}: takes "
+                f"{start.reserve_mib} MiB{free}")
+
     def holds(self, rt: BackendRuntime, readings: Mapping[int, GpuReading],
               foreign: Mapping[int, int]) -> int:
         """What the ledger says ``rt``'s live worker holds now."""
