@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 from engine_support import ROOT, engine, sim_backend
+from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from rich.console import Console
 from textual.command import CommandPalette
 from textual.pilot import Pilot
@@ -28,7 +29,6 @@ from supervisor import JobState, Supervisor
 from vramtui.app import VramApp
 from vramtui.app.app import DEMO_WORKLOAD
 from vramtui.app.calibration import CalibrationScreen, PhaseChart
-from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
 from vramtui.app.screens import (
     DASHBOARD_BINDINGS,
     BackendDetail,

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from engine_support import engine, sim_backend
+from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from serve_support import make_env, new_root, reap, start_serve
 from test_tui import NARROW, WIDE, aio, notes, rendered, req, select_backend, text_of, until
 from textual.widgets import Input
@@ -27,7 +28,6 @@ from supervisor.client import Client
 from supervisor.jobs import JobState
 from vramtui.app import VramApp
 from vramtui.app.calibration import CalibrationScreen
-from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
 from vramtui.app.screens import (
     MUTATING,
     BackendDetail,
