@@ -27,7 +27,6 @@ from textual.widgets import Input, TextArea
 
 from supervisor import JobState, Supervisor
 from vramtui.app import VramApp
-from vramtui.app.app import DEMO_WORKLOAD
 from vramtui.app.calibration import CalibrationScreen, PhaseChart
 from vramtui.app.screens import (
     DASHBOARD_BINDINGS,
@@ -40,6 +39,7 @@ from vramtui.app.screens import (
 )
 from vramtui.app.screens import SaveDataDialog as SaveReportDialog
 from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
+from vramtui.demo import DEMO_WORKLOAD
 from vramtui.peaks import over_declared_line, size_to_declare, suggested_peak_mib
 
 
