@@ -109,7 +109,7 @@ async def frame_times(size: tuple[int, int], busy: bool, window: float, frames: 
     """Median ms to apply one snapshot, to render the full screen, and the graphs' share."""
     from rich.console import Console
 
-    from vramtui.app.widgets import HistoryGraph
+    from vramtui.app.widgets.history_graph import HistoryGraph
 
     app = make_app(busy, window)
     apply_ms, render_ms, graph_ms = [], [], []

@@ -87,7 +87,8 @@ async def live() -> None:
     from supervisor.jobs import JobState
     from vramtui.app import VramApp
     from vramtui.app.calibration import CalibrationScreen
-    from vramtui.app.widgets import BackendsTable, JobsTable
+    from vramtui.app.widgets.backends_table import BackendsTable
+    from vramtui.app.widgets.jobs_table import JobsTable
 
     with tempfile.TemporaryDirectory(prefix="vt-shots-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}

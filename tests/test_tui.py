@@ -38,7 +38,11 @@ from vramtui.app.screens import (
     SubmitDialog,
 )
 from vramtui.app.screens import SaveDataDialog as SaveReportDialog
-from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
+from vramtui.app.widgets.backends_table import BackendsTable
+from vramtui.app.widgets.engine_header import EngineHeader
+from vramtui.app.widgets.event_log import EventLog
+from vramtui.app.widgets.gpu_panel import GpuPanel
+from vramtui.app.widgets.jobs_table import JobsTable
 from vramtui.demo import DEMO_WORKLOAD
 from vramtui.peaks import over_declared_line, size_to_declare, suggested_peak_mib
 

@@ -38,7 +38,11 @@ from vramtui.app.screens import (
     ReloadScreen,
     SubmitDialog,
 )
-from vramtui.app.widgets import BackendsTable, EngineHeader, JobsTable, ProcessTable, bar_segments
+from vramtui.app.widgets.backends_table import BackendsTable
+from vramtui.app.widgets.engine_header import EngineHeader
+from vramtui.app.widgets.jobs_table import JobsTable
+from vramtui.app.widgets.mem_bar import bar_segments
+from vramtui.app.widgets.process_table import ProcessTable
 
 
 def backends() -> list[dict[str, object]]:

@@ -38,7 +38,7 @@ from textual.widgets import TextArea
 from supervisor.jobs import JobView
 from vramtui.app import VramApp
 from vramtui.app.calibration import CalibrationScreen
-from vramtui.app.widgets import RewrapLog
+from vramtui.app.widgets.rewrap_log import RewrapLog
 
 Scene = Callable[[Pilot[int]], Awaitable[None]]
 RUNNING_JOB = "j-7f3a91c2d4"

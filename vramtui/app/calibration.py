@@ -45,7 +45,8 @@ from supervisor.snapshot import EngineSnapshot
 
 from . import fmt
 from .screens import KeyFooter, SaveDataDialog, SnapshotScreen, _b
-from .widgets import Line, titles
+from .widgets.line import Line
+from .widgets.titles import titles
 
 # ----------------------------------------------------------------------------- phases ---
 

@@ -44,19 +44,16 @@ from supervisor.snapshot import BackendView, EngineSnapshot
 from vramtui.peaks import size_to_declare, suggested_peak_mib
 
 from . import fmt
-from .table import RowTable
-from .widgets import (
-    BackendsTable,
-    EngineHeader,
-    EventLog,
-    GpuPanel,
-    JobsTable,
-    MemBar,
-    ProcessTable,
-    RewrapLog,
-    job_time,
-    titles,
-)
+from .widgets.backends_table import BackendsTable
+from .widgets.engine_header import EngineHeader
+from .widgets.event_log import EventLog
+from .widgets.gpu_panel import GpuPanel
+from .widgets.jobs_table import JobsTable, job_time
+from .widgets.mem_bar import MemBar
+from .widgets.process_table import ProcessTable
+from .widgets.rewrap_log import RewrapLog
+from .widgets.row_table import RowTable
+from .widgets.titles import titles
 
 if TYPE_CHECKING:
     from .app import VramApp
