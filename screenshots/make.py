@@ -86,7 +86,7 @@ async def live() -> None:
     from supervisor import Supervisor
     from supervisor.jobs import JobState
     from vramtui.app import VramApp
-    from vramtui.app.calibration import CalibrationScreen
+    from vramtui.app.screens.calibration_screen import CalibrationScreen
     from vramtui.app.widgets.backends_table import BackendsTable
     from vramtui.app.widgets.jobs_table import JobsTable
 

@@ -27,17 +27,15 @@ from textual.widgets._footer import FooterKey
 from supervisor.client import Client
 from supervisor.jobs import JobState
 from vramtui.app import VramApp
-from vramtui.app.calibration import CalibrationScreen
-from vramtui.app.screens import (
-    MUTATING,
-    BackendDetail,
-    ConfirmDialog,
-    Dashboard,
-    HelpScreen,
-    JobDetail,
-    ReloadScreen,
-    SubmitDialog,
-)
+from vramtui.app.screens.backend_detail import BackendDetail
+from vramtui.app.screens.calibration_screen import CalibrationScreen
+from vramtui.app.screens.confirm_dialog import ConfirmDialog
+from vramtui.app.screens.dashboard import Dashboard
+from vramtui.app.screens.help_screen import HelpScreen
+from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.screens.keys import MUTATING
+from vramtui.app.screens.reload_screen import ReloadScreen
+from vramtui.app.screens.submit_dialog import SubmitDialog
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.engine_header import EngineHeader
 from vramtui.app.widgets.jobs_table import JobsTable

@@ -37,7 +37,7 @@ from textual.widgets import TextArea
 
 from supervisor.jobs import JobView
 from vramtui.app import VramApp
-from vramtui.app.calibration import CalibrationScreen
+from vramtui.app.screens.calibration_screen import CalibrationScreen
 from vramtui.app.widgets.rewrap_log import RewrapLog
 
 Scene = Callable[[Pilot[int]], Awaitable[None]]

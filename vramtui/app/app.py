@@ -5,9 +5,10 @@ while a snapshot is still on its way is skipped, so polls never overlap.  Events
 one coalescing message.  Commands go through the facade in thread workers, after a
 confirmation for destructive ones (unless --no-confirm), and never in --readonly.
 
-``m`` queues a calibration (``api.calibrate``) and opens its screen (``calibration.py``); with
-the simulated demo backends loaded (the snapshot's notice says so), ``d`` submits a demo
-workload to them (``vramtui/demo.py``).
+``m`` queues a calibration (``api.calibrate``) and opens its screen
+(``screens/calibration_screen.py``); with the simulated demo backends loaded (the snapshot's
+notice says so), ``d`` submits a demo workload to them (``vramtui/demo.py``).  The screens
+are in ``screens/``, one per module, their widgets in ``widgets/``.
 """
 
 from __future__ import annotations
@@ -34,22 +35,19 @@ from supervisor.snapshot import EngineSnapshot
 from vramtui.demo import DemoRequest, demo_loaded, demo_plan, submit_workload
 
 from . import fmt
-from .calibration import CalibrationScreen
 from .commands import VramCommands
 from .fmt import Clocks
-from .screens import (
-    BackendDetail,
-    ConfirmDialog,
-    Dashboard,
-    DrainDialog,
-    HelpScreen,
-    JobDetail,
-    ReloadScreen,
-    SaveDataDialog,
-    SnapshotScreen,
-    SubmitDialog,
-    SubmitRequest,
-)
+from .screens.backend_detail import BackendDetail
+from .screens.calibration_screen import CalibrationScreen
+from .screens.confirm_dialog import ConfirmDialog
+from .screens.dashboard import Dashboard
+from .screens.drain_dialog import DrainDialog
+from .screens.help_screen import HelpScreen
+from .screens.job_detail import JobDetail
+from .screens.reload_screen import ReloadScreen
+from .screens.save_data_dialog import SaveDataDialog
+from .screens.snapshot_screen import SnapshotScreen
+from .screens.submit_dialog import SubmitDialog, SubmitRequest
 
 MAX_HZ = 4.0
 GRAPH_WINDOWS = (60.0, 600.0)

@@ -8,6 +8,8 @@ snapshots, views, reports) and none of them calls the engine.
   ``backends_table`` (`BackendsTable`), ``jobs_table`` (`JobsTable`) and ``process_table``
   (`ProcessTable`) build on; ``cells`` fits text into their cells.
 - ``rewrap_log``: `RewrapLog`, the worker-log box; ``event_log``: `EventLog`, the engine's log.
+- ``phase_chart``: `PhaseChart`, a calibration run's memory under its phase bands.
+- ``key_footer``: `KeyFooter`, the footer that shows the keys that fit, most wanted first.
 - ``titles``: `titles`, border titles that repaint only when they change.
 
 Import each from its module (``from vramtui.app.widgets.jobs_table import JobsTable``).
