@@ -32,12 +32,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the fixed snapshot source is a test fixture
 SIZES = ((160, 48), (80, 24))
 
 
 def make_app(busy: bool = False, window: float = 60.0):  # type: ignore[no-untyped-def]
+    from fixed_source import FixedSource, big_snapshot, ticking
+
     from vramtui.app import VramApp
-    from vramtui.app.fixed import FixedSource, big_snapshot, ticking
 
     advance, clocks = ticking(busy=busy)
     source = FixedSource(big_snapshot(gpus=4, jobs=50, history_s=600, busy=busy),
@@ -107,7 +109,7 @@ async def frame_times(size: tuple[int, int], busy: bool, window: float, frames: 
     """Median ms to apply one snapshot, to render the full screen, and the graphs' share."""
     from rich.console import Console
 
-    from vramtui.app.widgets import HistoryGraph
+    from vramtui.app.widgets.history_graph import HistoryGraph
 
     app = make_app(busy, window)
     apply_ms, render_ms, graph_ms = [], [], []

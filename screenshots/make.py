@@ -67,14 +67,14 @@ async def _until(pilot: Any, predicate: Callable[[], object], what: str,
 async def _shoot_all_sizes(pilot: Any, scene: str, ready: Callable[[], object] = lambda: True
                            ) -> None:
     """The screen on top now, at each size (a resize re-lays it out; then it settles)."""
-    from vramtui.app.scenes import _logs_loaded
+    from tui_scenes import logs_loaded
 
     app = pilot.app
     for size in SIZES:
         await pilot.resize_terminal(*size)
         polls = app.polls
         await _until(pilot, lambda p=polls: app.polls >= p + 2 and ready()
-                     and _logs_loaded(app), f"{scene} at {size}")
+                     and logs_loaded(app), f"{scene} at {size}")
         await pilot.pause(0.2)
         await pilot.wait_for_scheduled_animations()
         _write(app, scene, size)
@@ -86,8 +86,9 @@ async def live() -> None:
     from supervisor import Supervisor
     from supervisor.jobs import JobState
     from vramtui.app import VramApp
-    from vramtui.app.calibration import CalibrationScreen
-    from vramtui.app.widgets import BackendsTable, JobsTable
+    from vramtui.app.screens.calibration_screen import CalibrationScreen
+    from vramtui.app.widgets.backends_table import BackendsTable
+    from vramtui.app.widgets.jobs_table import JobsTable
 
     with tempfile.TemporaryDirectory(prefix="vt-shots-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
@@ -157,7 +158,7 @@ async def live() -> None:
 
 
 async def fixed(scene_name: str, size: tuple[int, int]) -> None:
-    from vramtui.app.scenes import SCENES, make_app
+    from tui_scenes import SCENES, make_app
 
     spec = next(s for s in SCENES if s.name == scene_name)
     with tempfile.TemporaryDirectory(prefix="vt-shots-") as home:
@@ -179,7 +180,8 @@ async def fixed(scene_name: str, size: tuple[int, int]) -> None:
 def main(argv: list[str]) -> int:
     os.chdir(ROOT)  # the fixed data names examples/demo/backends.yaml relative to the repo
     sys.path.insert(0, str(ROOT))
-    from vramtui.app.scenes import SCENES
+    sys.path.insert(0, str(ROOT / "tests"))  # the fixed data and its scenes are test fixtures
+    from tui_scenes import SCENES
 
     if "--fixed" in argv:
         names = [s.name for s in SCENES]

@@ -14,13 +14,13 @@ import psutil
 import pytest
 import yaml
 from engine_support import sim_backend, wait_for
+from fixed_source import calibration_record
 from serve_support import echo_backend, in_process
 
 from supervisor.calibration.report import write_report
 from supervisor.client import Client
 from supervisor.errors import InvalidRequest, NoReport, Refused, UnknownBackend, UnknownJob
 from supervisor.jobs import JobState
-from vramtui.app.fixed import calibration_record
 
 
 def req(**kw: object) -> bytes:

@@ -12,6 +12,7 @@ import inspect
 from typing import Any
 
 import pytest
+from fixed_source import FixedSource
 from serve_support import RawConn, in_process, request
 
 from supervisor.api import EngineAPI
@@ -20,7 +21,6 @@ from supervisor.client import Client
 from supervisor.control.methods import Methods, handler_names
 from supervisor.errors import InvalidRequest
 from supervisor.facade import Supervisor
-from vramtui.app.fixed import FixedSource
 
 FACADE = {name: m for name, m in METHODS.items() if m.facade}
 

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from engine_support import ROOT, engine, sim_backend
+from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from rich.console import Console
 from textual.command import CommandPalette
 from textual.pilot import Pilot
@@ -27,20 +28,21 @@ from textual.widgets import Input, TextArea
 
 from supervisor import JobState, Supervisor
 from vramtui.app import VramApp
-from vramtui.app.app import DEMO_WORKLOAD
-from vramtui.app.calibration import CalibrationScreen, PhaseChart
-from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
-from vramtui.app.screens import (
-    DASHBOARD_BINDINGS,
-    BackendDetail,
-    ConfirmDialog,
-    Dashboard,
-    HelpScreen,
-    JobDetail,
-    SubmitDialog,
-)
-from vramtui.app.screens import SaveDataDialog as SaveReportDialog
-from vramtui.app.widgets import BackendsTable, EngineHeader, EventLog, GpuPanel, JobsTable
+from vramtui.app.screens.backend_detail import BackendDetail
+from vramtui.app.screens.calibration_screen import CalibrationScreen
+from vramtui.app.screens.confirm_dialog import ConfirmDialog
+from vramtui.app.screens.dashboard import DASHBOARD_BINDINGS, Dashboard
+from vramtui.app.screens.help_screen import HelpScreen
+from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.screens.save_data_dialog import SaveDataDialog as SaveReportDialog
+from vramtui.app.screens.submit_dialog import SubmitDialog
+from vramtui.app.widgets.backends_table import BackendsTable
+from vramtui.app.widgets.engine_header import EngineHeader
+from vramtui.app.widgets.event_log import EventLog
+from vramtui.app.widgets.gpu_panel import GpuPanel
+from vramtui.app.widgets.jobs_table import JobsTable
+from vramtui.app.widgets.phase_chart import PhaseChart
+from vramtui.demo import DEMO_WORKLOAD
 from vramtui.peaks import over_declared_line, size_to_declare, suggested_peak_mib
 
 

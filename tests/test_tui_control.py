@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from engine_support import engine, sim_backend
+from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from serve_support import make_env, new_root, reap, start_serve
 from test_tui import NARROW, WIDE, aio, notes, rendered, req, select_backend, text_of, until
 from textual.widgets import Input
@@ -26,19 +27,20 @@ from textual.widgets._footer import FooterKey
 from supervisor.client import Client
 from supervisor.jobs import JobState
 from vramtui.app import VramApp
-from vramtui.app.calibration import CalibrationScreen
-from vramtui.app.fixed import FixedSource, demo_snapshot, fixed_clocks
-from vramtui.app.screens import (
-    MUTATING,
-    BackendDetail,
-    ConfirmDialog,
-    Dashboard,
-    HelpScreen,
-    JobDetail,
-    ReloadScreen,
-    SubmitDialog,
-)
-from vramtui.app.widgets import BackendsTable, EngineHeader, JobsTable, ProcessTable, bar_segments
+from vramtui.app.screens.backend_detail import BackendDetail
+from vramtui.app.screens.calibration_screen import CalibrationScreen
+from vramtui.app.screens.confirm_dialog import ConfirmDialog
+from vramtui.app.screens.dashboard import Dashboard
+from vramtui.app.screens.help_screen import HelpScreen
+from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.screens.keys import MUTATING
+from vramtui.app.screens.reload_screen import ReloadScreen
+from vramtui.app.screens.submit_dialog import SubmitDialog
+from vramtui.app.widgets.backends_table import BackendsTable
+from vramtui.app.widgets.engine_header import EngineHeader
+from vramtui.app.widgets.jobs_table import JobsTable
+from vramtui.app.widgets.mem_bar import bar_segments
+from vramtui.app.widgets.process_table import ProcessTable
 
 
 def backends() -> list[dict[str, object]]:

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vramtui.app.scenes import SCENES, SIZES, make_app
+from tui_scenes import SCENES, SIZES, make_app
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit", "calibration",

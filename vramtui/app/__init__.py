@@ -1,8 +1,8 @@
 """The Textual control centre: ``run_app(args)`` starts (or attaches to) an engine and shows it.
 
 ``VramApp(api, mode)`` takes any :class:`supervisor.api.EngineAPI` — the embedded
-``Supervisor``, the control-socket client, or the deterministic ``FixedSource`` used by the
-snapshot tests and screenshots.
+``Supervisor``, the control-socket client, or the deterministic ``FixedSource`` that the
+snapshot tests and screenshots use (``tests/fixed_source.py``: a test fixture, not shipped).
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@ while a snapshot is still on its way is skipped, so polls never overlap.  Events
 one coalescing message.  Commands go through the facade in thread workers, after a
 confirmation for destructive ones (unless --no-confirm), and never in --readonly.
 
-``m`` queues a calibration (``api.calibrate``) and opens its screen (``calibration.py``); with
-the simulated demo backends loaded (the snapshot's notice says so), ``d`` submits a demo
-workload to them.
+``m`` queues a calibration (``api.calibrate``) and opens its screen
+(``screens/calibration_screen.py``); with the simulated demo backends loaded (the snapshot's
+notice says so), ``d`` submits a demo workload to them (``vramtui/demo.py``).  The screens
+are in ``screens/``, one per module, their widgets in ``widgets/``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -32,51 +32,26 @@ from supervisor.api import EngineAPI
 from supervisor.events import EngineEvent, Subscription
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
+from vramtui.demo import DemoRequest, demo_loaded, demo_plan, submit_workload
 
 from . import fmt
-from .calibration import CalibrationScreen
 from .commands import VramCommands
 from .fmt import Clocks
-from .screens import (
-    BackendDetail,
-    ConfirmDialog,
-    Dashboard,
-    DrainDialog,
-    HelpScreen,
-    JobDetail,
-    ReloadScreen,
-    SaveDataDialog,
-    SnapshotScreen,
-    SubmitDialog,
-    SubmitRequest,
-)
+from .screens.backend_detail import BackendDetail
+from .screens.calibration_screen import CalibrationScreen
+from .screens.confirm_dialog import ConfirmDialog
+from .screens.dashboard import Dashboard
+from .screens.drain_dialog import DrainDialog
+from .screens.help_screen import HelpScreen
+from .screens.job_detail import JobDetail
+from .screens.reload_screen import ReloadScreen
+from .screens.save_data_dialog import SaveDataDialog
+from .screens.snapshot_screen import SnapshotScreen
+from .screens.submit_dialog import SubmitDialog, SubmitRequest
 
 MAX_HZ = 4.0
 GRAPH_WINDOWS = (60.0, 600.0)
 CALIBRATION_REPEATS = 3
-
-# The engine says so in its snapshot's notice when it loaded the simulated demo backends
-# (nothing was configured: supervisor.facade); the workload goes to those present.
-DEMO_NOTICE = "simulated demo backends"
-DEMO_BACKENDS = ("sdxl-sim", "llm-8b-sim", "whisper-sim", "flux-sim")
-# (backend, request, priority or None for the backend's): a mix that needs more than the
-# 24 GiB GPU at once, so admission, the queue, affinity (a warm worker takes the next job
-# for it) and eviction (flux-sim needs 18 GiB) all show within a minute.
-DEMO_WORKLOAD: tuple[tuple[str, dict[str, Any], int | None], ...] = (
-    ("sdxl-sim", {"steps": 20, "step_s": 0.15}, None),
-    ("llm-8b-sim", {"steps": 10, "step_s": 0.2}, None),
-    ("whisper-sim", {"steps": 8, "step_s": 0.15}, None),
-    ("sdxl-sim", {"steps": 16, "step_s": 0.15}, None),
-    ("flux-sim", {"steps": 25, "step_s": 0.2}, 5),
-    ("llm-8b-sim", {"steps": 12, "step_s": 0.15}, None),
-    ("sdxl-sim", {"steps": 20, "step_s": 0.15}, None),
-    ("whisper-sim", {"steps": 6, "step_s": 0.2}, 30),
-    ("llm-8b-sim", {"steps": 10, "step_s": 0.2}, None),
-    ("flux-sim", {"steps": 20, "step_s": 0.2}, 0),
-    ("sdxl-sim", {"steps": 12, "step_s": 0.15}, None),
-    ("whisper-sim", {"steps": 8, "step_s": 0.1}, None),
-)
-
 
 class UiCall(Message):
     """A call handed to the UI thread from a worker thread (never blocks the sender)."""
@@ -589,9 +564,7 @@ class VramApp(App[int]):
     @property
     def demo_mode(self) -> bool:
         """The engine loaded the simulated demo backends (it says so in its notice)."""
-        snap = self.snap
-        return (snap is not None and DEMO_NOTICE in (snap.notice or "")
-                and any(snap.backend(n) is not None for n in DEMO_BACKENDS))
+        return demo_loaded(self.snap)
 
     def request_demo_workload(self) -> None:
         if self._refuse_readonly("the demo workload"):
@@ -601,27 +574,13 @@ class VramApp(App[int]):
             self.notify("The demo workload needs the simulated demo backends (loaded when no "
                         "backend is configured).", severity="warning")
             return
-        plan = [w for w in DEMO_WORKLOAD if snap.backend(w[0]) is not None]
-        self.run_worker(partial(self._demo_thread, plan), thread=True, group="command",
-                        exit_on_error=False, name="demo workload")
+        self.run_worker(partial(self._demo_thread, demo_plan(snap)), thread=True,
+                        group="command", exit_on_error=False, name="demo workload")
 
-    def _demo_thread(self, plan: list[tuple[str, dict[str, Any], int | None]]) -> None:
-        submitted: list[str] = []
-        refused: list[str] = []
-        for i, (backend, request, priority) in enumerate(plan, 1):
-            try:
-                submitted.append(self.api.submit(backend, json.dumps(request).encode(),
-                                                 priority=priority,
-                                                 metadata={"demo": i}))
-            except Exception as exc:  # noqa: BLE001 - reported below
-                refused.append(f"{backend}: {exc}")
-        names = len({b for b, _r, _p in plan})
-        text = (f"Submitted {len(submitted)} demo jobs to {names} backends: watch admission, "
-                "the queue, affinity and evictions in the GPU bar, the tables and the events.")
-        if refused:
-            text += f" {len(refused)} refused ({refused[0]})."
-        self.ui(self.notify, text, title="demo workload", timeout=10,
-                severity="warning" if refused else "information")
+    def _demo_thread(self, plan: list[DemoRequest]) -> None:
+        done = submit_workload(self.api, plan)
+        self.ui(self.notify, done.summary(), title="demo workload", timeout=10,
+                severity="warning" if done.refused else "information")
 
     def open_submit(self, backend: str | None = None) -> None:
         if self._refuse_readonly("submit") or self.snap is None:

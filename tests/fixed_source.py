@@ -4,6 +4,10 @@ It is a data source for stable snapshot tests, screenshots and the TUI benchmark
 clock, fixed GPUs, backends, jobs and log — never a stand-in for the engine's behaviour
 (behaviour tests drive a real embedded engine with real workers).  Commands are recorded in
 ``calls`` and change nothing.
+
+A test fixture, not part of the application: tests import it as ``fixed_source`` (pytest puts
+``tests/`` on the path); ``screenshots/make.py`` and ``bench/tui.py`` add ``tests/`` to
+``sys.path`` themselves.
 """
 
 from __future__ import annotations
@@ -31,8 +35,7 @@ from supervisor.results import (
     ReportFile,
 )
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView, LogLine
-
-from .fmt import Clocks
+from vramtui.app.fmt import Clocks
 
 WALL0 = 1_767_268_800.0  # 2026-01-01 12:00:00 UTC: the fixed "now"
 MONO0 = WALL0  # views carry wall-clock times: jobs, GPU history and log alike

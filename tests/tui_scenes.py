@@ -8,6 +8,9 @@ snapshot is rendered and background reads are done.
 out a home directory (the fixed source hands it over through the API, as the engine would;
 the app reads no file itself); with ``HOME`` set to it, the paths on screen read
 ``~/.local/state/vramtui/...`` whatever the temporary directory was.
+
+A test fixture, not part of the application: ``tests/test_tui_snapshots.py`` imports it as
+``tui_scenes``; ``screenshots/make.py`` adds ``tests/`` to ``sys.path`` to use it.
 """
 
 from __future__ import annotations
@@ -18,14 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual.pilot import Pilot
-from textual.widgets import TextArea
-
-from supervisor.jobs import JobView
-
-from .app import VramApp
-from .calibration import CalibrationScreen
-from .fixed import (
+from fixed_source import (
     CAL_JOB,
     FixedSource,
     big_snapshot,
@@ -36,7 +32,13 @@ from .fixed import (
     fixed_clocks,
     write_fixed_calibration,
 )
-from .widgets import RewrapLog
+from textual.pilot import Pilot
+from textual.widgets import TextArea
+
+from supervisor.jobs import JobView
+from vramtui.app import VramApp
+from vramtui.app.screens.calibration_screen import CalibrationScreen
+from vramtui.app.widgets.rewrap_log import RewrapLog
 
 Scene = Callable[[Pilot[int]], Awaitable[None]]
 RUNNING_JOB = "j-7f3a91c2d4"
@@ -68,7 +70,7 @@ async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0,
                  until: Callable[[], object] = lambda: True) -> None:
     app: VramApp = pilot.app  # type: ignore[assignment]
     deadline = time.monotonic() + timeout
-    while app.polls < 1 or (logs and not _logs_loaded(app)) or not until():
+    while app.polls < 1 or (logs and not logs_loaded(app)) or not until():
         if time.monotonic() > deadline:
             raise AssertionError("the app did not render a snapshot in time")
         await pilot.pause(0.02)
@@ -77,7 +79,7 @@ async def settle(pilot: Pilot[int], logs: bool = False, timeout: float = 10.0,
     await pilot.pause()
 
 
-def _logs_loaded(app: VramApp) -> bool:
+def logs_loaded(app: VramApp) -> bool:
     """Every worker log on screen has its lines, wrapped at its width, scrolled to the end
     (and the boxes filled from files, which change the layout, are there)."""
     if not getattr(app.screen, "static_shown", True) or \

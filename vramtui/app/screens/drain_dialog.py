@@ -1,0 +1,49 @@
+"""`DrainDialog`: drain a GPU, or open a draining one again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+
+class DrainDialog(ModalScreen[tuple[int, bool] | None]):
+    """Drain a GPU or open it again: one line per GPU; its number (or enter on it) toggles."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="drain_cancel", tooltip="Close")]
+
+    def __init__(self, gpus: list[tuple[int, str, bool]]) -> None:
+        super().__init__()
+        self.gpus = gpus  # (index, name, draining)
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import OptionList
+
+        with Vertical(id="dialog", classes="drain"):
+            yield Label("Drain a GPU", id="dialog-title")
+            yield Static("A draining GPU finishes its running work and admits nothing new; "
+                         "queued work goes to the other GPUs or waits.  Choose one to drain "
+                         "(or to open again):", id="dialog-body")
+            yield OptionList(*[f"GPU{i} · {name} · " + ("DRAINING: open it again" if d
+                                                         else "admitting: drain it")
+                               for i, name, d in self.gpus], id="drain-gpus")
+
+    def on_key(self, event: events.Key) -> None:
+        if event.character and event.character.isdigit():
+            for i, _name, d in self.gpus:
+                if str(i) == event.character:
+                    event.stop()
+                    self.dismiss((i, not d))
+
+    def on_option_list_option_selected(self, event: Any) -> None:
+        i, _name, draining = self.gpus[event.option_index]
+        self.dismiss((i, not draining))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

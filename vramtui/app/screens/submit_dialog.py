@@ -1,0 +1,119 @@
+"""`SubmitDialog`: submit a job (backend, payload, priority); it answers a
+`SubmitRequest`, which the app sends through the API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
+
+from supervisor.snapshot import BackendView
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """The dialog's answer: what to submit (``priority`` None: the backend's)."""
+
+    backend: str
+    payload: bytes
+    priority: int | None
+
+
+def priority_problem(raw: str) -> str | None:
+    """Why ``raw`` is not a priority (empty: the backend's default), or None."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return f"priority must be a whole number, like 10 or -5 (not {raw[:20]!r})"
+    if not -10**9 <= value <= 10**9:
+        return "priority must be between -1000000000 and 1000000000"
+    return None
+
+
+class SubmitDialog(ModalScreen[SubmitRequest | None]):
+    """Submit a job: backend, payload (sent as UTF-8 bytes), priority."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="submit_cancel", tooltip="Close the dialog"),
+        Binding("ctrl+s", "ok", "Submit", id="submit_ok", tooltip="Submit the job"),
+    ]
+
+    def __init__(self, backends: list[BackendView], selected: str | None) -> None:
+        super().__init__()
+        self.backends = backends
+        self.selected = selected
+
+    def compose(self) -> ComposeResult:
+        names = [b.name for b in self.backends]
+        value = self.selected if self.selected in names else (names[0] if names else None)
+        with Vertical(id="dialog", classes="submit"):
+            yield Label("Submit a job", id="dialog-title")
+            yield Label("Backend", classes="field")
+            yield Select([(f"{b.name}  ({b.state})", b.name) for b in self.backends],
+                         value=value if value is not None else Select.NULL,
+                         allow_blank=False, id="backend", compact=True)
+            yield Label("Payload (UTF-8; the demo models read JSON)", classes="field")
+            yield TextArea('{"steps": 10}', id="payload", compact=True,
+                           soft_wrap=True, show_line_numbers=False)
+            yield Label("Priority (empty: the backend's)", classes="field")
+            yield Input(placeholder=self._default_priority(value), id="priority",
+                        compact=True)
+            yield Static("", id="dialog-error")
+            with Horizontal(id="dialog-buttons"):
+                yield Button("Submit (ctrl+s)", variant="primary", id="ok", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
+
+    def _default_priority(self, name: str | None) -> str:
+        b = next((b for b in self.backends if b.name == name), None)
+        return f"default: {b.priority}" if b is not None else "default"
+
+    def on_mount(self) -> None:
+        self.query_one("#payload", TextArea).focus()
+
+    @on(Input.Changed, "#priority")
+    def _priority_typed(self, event: Input.Changed) -> None:
+        problem = priority_problem(event.value)
+        self.query_one("#dialog-error", Static).update(problem or "")
+
+    @on(Select.Changed, "#backend")
+    def _backend_changed(self, event: Select.Changed) -> None:
+        self.query_one("#priority", Input).placeholder = self._default_priority(
+            str(event.value))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_ok(self) -> None:
+        backend = self.query_one("#backend", Select).value
+        if backend is Select.NULL or not isinstance(backend, str):
+            self.query_one("#dialog-error", Static).update("choose a backend")
+            return
+        raw = self.query_one("#priority", Input).value.strip()
+        problem = priority_problem(raw)
+        if problem is not None:
+            self.query_one("#dialog-error", Static).update(problem)
+            self.query_one("#priority", Input).focus()
+            return
+        priority = int(raw) if raw else None
+        payload = self.query_one("#payload", TextArea).text.encode()
+        self.dismiss(SubmitRequest(backend, payload, priority))
+
+    @on(Input.Submitted, "#priority")
+    def _priority_entered(self) -> None:
+        self.action_ok()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "ok":
+            self.action_ok()
+        else:
+            self.dismiss(None)
