@@ -21,7 +21,7 @@ from ..errors import EngineStopped, UnknownJob
 from ..jobs import JobState, JobView
 from .errors import HttpError, conflict, from_engine
 from .sse import Encoded, Item, frame
-from .views import chunk_json, job_json
+from .views import chunk_json, job_resource
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -213,8 +213,7 @@ class JobStream:
         assert view is not None
         if view.state.value != self.last_state:
             self.last_state = view.state.value
-            return frame("state", job_json(view, self.server.clock, history=False),
-                         item.id), view.finished
+            return frame("state", job_resource(view, history=False), item.id), view.finished
         return frame("progress", {"job_id": view.id, "state": view.state.value,
                                   "progress": view.progress, "text": view.progress_text},
                      item.id), view.finished
@@ -227,7 +226,7 @@ class JobStream:
             return frame("state", {"job_id": self.job_id, "state": "unknown",
                                    "error": "the job is no longer known"}, seq), True
         out = bytearray()
-        body = job_json(view, self.server.clock, history=False)
+        body = job_resource(view, history=False)
         if lagged:
             body["lagged"] = lagged
         out += frame("state", body, seq)

@@ -32,7 +32,7 @@ from .jobflow import (
 )
 from .server import streaming
 from .sse import Stream, frame, last_event_id, open_response
-from .views import backend_json, event_json, gpu_json, job_json
+from .views import backend_json, engine_event_json, gpu_json, job_resource
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -154,7 +154,7 @@ class _Routes:
             raise from_engine(exc, submitting=True) from None
         location = {"Location": f"/v1/jobs/{job.id}", "X-Vramtui-Job": job.id}
         if respond_async(request):
-            return json_response(job_json(job.view(), self.server.clock), 202,
+            return json_response(job_resource(job.view()), 202,
                                  {**location, "Preference-Applied": "respond-async"})
         if wants_sse(request):
             return await self._stream_job(request, job.id, cancel_on_disconnect=True,
@@ -174,14 +174,14 @@ class _Routes:
         limit = _int_query(q.get("limit"), "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
         views = list_jobs(self.engine, states=states, backend=backend, limit=limit)
         return json_response({"object": "list", "data": [
-            job_json(v, self.server.clock, history=False) for v in views]})
+            job_resource(v, history=False) for v in views]})
 
     async def job(self, request: web.Request) -> web.Response:
         try:
             view = job_detail(self.engine, request.match_info["id"])
         except VramtuiError as exc:
             raise from_engine(exc) from None
-        return json_response(job_json(view, self.server.clock))
+        return json_response(job_resource(view))
 
     async def result(self, request: web.Request) -> web.Response:
         try:
@@ -237,7 +237,7 @@ class _Routes:
             view = self.engine.cancel(request.match_info["id"])
         except VramtuiError as exc:
             raise from_engine(exc) from None
-        return json_response(job_json(view, self.server.clock))
+        return json_response(job_resource(view))
 
     # -- backends -----------------------------------------------------------------------------
     def _backend_extra(self, name: str) -> dict[str, Any]:
@@ -348,7 +348,7 @@ class _Routes:
                 backend is None or ev.backend == backend)
 
         def build(item: Any) -> bytes:
-            return frame(item.event.kind, event_json(item.event, srv.clock), item.id)
+            return frame(item.event.kind, engine_event_json(item.event), item.id)
 
         def encode(item: Any) -> tuple[bytes, bool]:
             return item.encoded("events", build), False
@@ -380,13 +380,12 @@ class _Routes:
 
     def _light_snapshot(self, lagged: int, resumed_from: int | None = None) -> dict[str, Any]:
         snap = self.engine.snapshot()
-        clock = self.server.clock
         out: dict[str, Any] = {
             "stopping": snap.stopping, "simulated": snap.simulated,
             "gpus": [gpu_json(g, self.server.uuids.get(g.index)) for g in snap.gpus],
             "backends": [backend_json(b, snap, {}) for b in snap.backends],
-            "running": [job_json(v, clock, history=False) for v in snap.running],
-            "queued": [job_json(v, clock, history=False) for v in snap.queued[:100]],
+            "running": [job_resource(v, history=False) for v in snap.running],
+            "queued": [job_resource(v, history=False) for v in snap.queued[:100]],
             "queued_total": len(snap.queued),
         }
         if lagged:
