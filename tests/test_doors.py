@@ -1,4 +1,5 @@
-"""The door layer (supervisor/doors): one job seen alike through every door.
+"""The door layer (supervisor/doors): one job seen alike through every door, and one way to
+wait for it.
 
 One engine for the module with its HTTP door and its control socket (simulated 8 GiB GPU,
 real worker processes).  The same job is read through ``GET /v1/jobs``, ``vramtui jobs
@@ -11,9 +12,12 @@ while the job goes on, EngineStopped when the engine stops first.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +26,12 @@ from http_support import Front, serve_http
 from serve_support import cli, echo_backend
 
 from supervisor.client import Client
-from supervisor.doors import codec
+from supervisor.doors import codec, watch
+from supervisor.errors import JobTimeout
 from supervisor.jobs import JobState
 
 pytestmark = pytest.mark.timeout(120)
+SLOW = b'{"steps": 400, "step_s": 0.02}'  # 8 s: long enough to wait on, cancelled after
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +84,65 @@ def test_one_job_has_the_same_fields_and_values_at_every_door(front: Front,
     assert detail["history"] == by_cli["history"]
     for t, _state, _note in detail["history"]:
         _near_now(t)
+
+
+def test_only_the_watch_module_knows_how_a_jobs_end_is_signalled() -> None:
+    """Outside the engine, only supervisor/doors/watch.py reads the engine's end signals
+    (``engine.futures``) or takes its decision early (``step_now``): a door that did would
+    break when the engine changes how it says a job has ended."""
+    root = Path(__file__).resolve().parents[1]
+    engine = ("supervisor/engine", "supervisor/views.py", "supervisor/jobs.py",
+              "supervisor/calibration/engine_run.py")
+    pattern = re.compile(r"\.futures\b|\bstep_now\b")
+    found = []
+    for package in ("supervisor", "vramtui", "worker_sdk"):
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel.startswith(engine) or rel == "supervisor/doors/watch.py":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if pattern.search(line) and "concurrent.futures" not in line:
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_following_a_job_gives_its_events_then_its_end_or_a_timeout(front: Front,
+                                                                     client: Client) -> None:
+    engine = front.sup.engine
+
+    async def follow(backend: str, payload: bytes, timeout: float | None,
+                     job_id: str | None = None) -> tuple[str, list[tuple[str, Any]]]:
+        feed = watch.Feed(engine, frozenset({"chunk", "job"}))
+        feed.start()
+        try:
+            if job_id is None:
+                job_id = engine.submit(backend, payload, stream=True).id
+            items: list[tuple[str, Any]] = []
+            try:
+                async for item in feed.follow(job_id, timeout=timeout):
+                    items.append(item)
+            except JobTimeout as exc:
+                items.append(("timeout", exc))
+            return job_id, items
+        finally:
+            feed.close()
+
+    def run(*args: Any) -> tuple[str, list[tuple[str, Any]]]:
+        assert engine.loop is not None
+        return asyncio.run_coroutine_threadsafe(follow(*args), engine.loop).result(60)
+
+    job_id, items = run("echo", b'{"stream": 3}', None)
+    assert [v for k, v in items if k == "chunk"] == [b"chunk 0\n", b"chunk 1\n", b"chunk 2\n"]
+    assert {k for k, _v in items[:-1]} == {"job", "chunk"}  # in the engine's order
+    kind, view = items[-1]
+    assert kind == "end" and view.state is JobState.SUCCEEDED and view.id == job_id
+    # a job that has ended already: its end at once
+    again = run("echo", b"", None, job_id)[1]
+    assert [k for k, _v in again] == ["end"] and again[0][1].state is JobState.SUCCEEDED
+    # past its deadline: JobTimeout, and the job goes on
+    slow_id, slow = run("slow", SLOW, 0.3)
+    try:
+        assert slow[-1][0] == "timeout" and "it goes on" in str(slow[-1][1])
+        assert not client.job(slow_id).finished
+    finally:
+        client.cancel(slow_id)
