@@ -15,19 +15,20 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import sim_backend
+from engine_support import sim_backend, wait_for
 from http_support import Front, serve_http
 from serve_support import cli, echo_backend
 
 from supervisor.client import Client
 from supervisor.doors import codec, watch
-from supervisor.errors import JobTimeout
+from supervisor.errors import EngineStopped, JobTimeout
 from supervisor.jobs import JobState
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,6 +85,86 @@ def test_one_job_has_the_same_fields_and_values_at_every_door(front: Front,
     assert detail["history"] == by_cli["history"]
     for t, _state, _note in detail["history"]:
         _near_now(t)
+    # the engine's whole view over HTTP is the CLI's status --json, job for job
+    snap = front.get("/v1/snapshot").json()
+    assert next(j for j in snap["recent"] if j["id"] == job_id) == by_cli
+
+
+def test_a_wait_past_its_deadline_raises_and_the_job_goes_on(front: Front,
+                                                             client: Client) -> None:
+    job_id = client.submit("slow", SLOW)
+    try:
+        wait_for(lambda: client.job(job_id).state is JobState.RUNNING, 30, "slow running")
+        for face in (front.sup, client):
+            t0 = time.monotonic()
+            with pytest.raises(JobTimeout, match="it goes on"):
+                face.wait(job_id, 0.2)
+            assert time.monotonic() - t0 < 10
+        r = front.get(f"/v1/jobs/{job_id}/wait?timeout=0.2")
+        assert r.status == 504 and r.error["code"] == "wait_timeout"
+        assert "it goes on" in r.error["message"]
+        assert client.job(job_id).state is JobState.RUNNING  # nobody cancelled it
+        assert front.get(f"/v1/jobs/{job_id}/wait?timeout=soon").status == 400
+    finally:
+        client.cancel(job_id)
+    ended = front.get(f"/v1/jobs/{job_id}/wait?timeout=30")
+    assert ended.status == 200 and ended.json()["state"] == "cancelled"
+    assert ended.json()["history"]  # the job's page, as GET /v1/jobs/{id} gives it
+    assert front.get("/v1/jobs/j-0000000000/wait").error["code"] == "unknown_job"
+
+
+def test_an_http_waiter_that_goes_away_does_not_cancel_the_job(front: Front,
+                                                               client: Client) -> None:
+    job_id = client.submit("slow", SLOW)
+    try:
+        conn = front.conn(timeout=0.5)
+        conn.request("GET", f"/v1/jobs/{job_id}/wait")
+        with pytest.raises(TimeoutError):
+            conn.getresponse()
+        conn.close()  # an observer left; the job is not its to cancel
+        wait_for(lambda: client.job(job_id).state is JobState.RUNNING, 30, "slow running")
+        time.sleep(0.3)
+        assert not client.job(job_id).finished
+    finally:
+        client.cancel(job_id)
+
+
+def test_every_door_hears_engine_stopped_when_the_engine_stops_first() -> None:
+    backends = [sim_backend("slow", 512, 128, steps=40, step_s=0.05)]
+    with serve_http(backends, control=True) as front:
+        c = Client(front.sup.paths.control_socket)
+        running = c.submit("slow", SLOW)
+        wait_for(lambda: c.job(running).state is JobState.RUNNING, 30, "slow running")
+        queued = c.submit("slow", b"{}")  # waits behind it; journaled: it stays queued
+        got: dict[str, BaseException | None] = {}
+
+        def waits(name: str, wait: Any) -> None:
+            try:
+                wait(queued, 60)
+                got[name] = None
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                got[name] = exc
+
+        threads = [threading.Thread(target=waits, args=("facade", front.sup.wait)),
+                   threading.Thread(target=waits, args=("control", c.wait))]
+        for t in threads:
+            t.start()
+        waiter = front.conn(timeout=60)
+        waiter.request("GET", f"/v1/jobs/{queued}/wait")
+        time.sleep(0.5)  # every door waits now
+        stopper = threading.Thread(target=front.sup.stop, kwargs={"timeout": 30})
+        stopper.start()
+        resp = waiter.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 503 and body["error"]["code"] == "engine_stopping"
+        assert "stays queued" in body["error"]["message"]
+        for t in threads:
+            t.join(30)
+        stopper.join(60)
+        assert isinstance(got["facade"], EngineStopped), got
+        assert isinstance(got["control"], EngineStopped), got
+        assert "stays queued" in str(got["control"])
+        c.close()
 
 
 def test_only_the_watch_module_knows_how_a_jobs_end_is_signalled() -> None:
