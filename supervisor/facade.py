@@ -2,7 +2,8 @@
 
 Thread-safe: each command is handed to the engine loop (``call_soon_threadsafe``) and its
 answer comes back through a future, so callers on any thread never touch engine state.
-``wait`` blocks on the job's own future, without a round trip through the engine.
+``wait`` blocks until :mod:`supervisor.doors.watch` hears of the job's end, without a round
+trip through the engine.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any, Protocol, TypeVar
 from . import operations
 from .apispec import METHODS
 from .backends.loader import default_layers, load_backends
+from .doors.watch import JobEnd
 from .engine import Engine, EngineConfig
-from .errors import EngineStopped, JobTimeout, VramtuiError
+from .errors import EngineStopped, VramtuiError
 from .events import EngineEvent, Subscription
 from .gpu.select import open_probe
 from .jobs import JobView
@@ -284,7 +286,13 @@ class Supervisor:
         Reads the engine's state from this thread, which is safe only because the engine is
         stuck or gone; it only sends SIGKILL to the process groups the engine started.
         """
-        self.engine.kill_all_workers()
+        for rt in list(self.engine.backends.values()):
+            worker = rt.worker
+            if worker is not None:
+                worker.kill()
+        for run, _task in list(self.engine.calibrations.values()):
+            if run.worker is not None:
+                run.worker.kill()
 
     def __enter__(self) -> Supervisor:
         return self.start_in_thread()
@@ -339,19 +347,15 @@ class Supervisor:
         """Block until the job ends; its final view (.state, .data, .error, …)."""
         METHODS["wait"].check({"job_id": job_id, "timeout": timeout})
         timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
-        fut = self.engine.jobs.future(job_id)
-        if fut is None:
+        end = JobEnd.of(self.engine, job_id)
+        if end is None:
             view = self.job(job_id)
             if view.finished:
                 return view
-            fut = self.engine.jobs.future(job_id)
-            if fut is None:
+            end = JobEnd.of(self.engine, job_id)
+            if end is None:
                 return self.job(job_id)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise JobTimeout(f"job {job_id} has not finished after {timeout:g} s "
-                             "(it goes on; wait again or cancel it)") from None
+        return end.result(timeout)
 
     def job(self, job_id: str) -> JobView:
         """The job now (``position`` is its place in the queue while it waits)."""

@@ -145,6 +145,7 @@ class Front:
     sup: Supervisor
     server: HttpServer
     root: Path
+    env: dict[str, str] = field(default_factory=dict)  # for the CLI (with control=True)
 
     @property
     def base(self) -> str:
@@ -204,8 +205,9 @@ class Front:
 @contextlib.contextmanager
 def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim:8GiB",
                engine_config: EngineConfig | None = None, ui: bool = False,
-               **config: Any) -> Iterator[Front]:
-    """An embedded engine with its HTTP front door on a free loopback port."""
+               control: bool = False, **config: Any) -> Iterator[Front]:
+    """An embedded engine with its HTTP front door on a free loopback port (``control``: and
+    its control socket, for the CLI and the client)."""
     root = new_root()
     env = make_env(root, backends)
     sup = Supervisor.from_config(gpus=gpus, backends=[env["VRAMTUI_TEST_BACKENDS"]],
@@ -214,7 +216,7 @@ def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim
     listen = config.pop("listen", Listen("127.0.0.1", 0))
     cfg = dataclasses.replace(HttpConfig(listen=listen), **config)
     subapps = config_subapps(sup) if ui else {}
-    if ui:  # the dashboard's sessions attach over the control socket
+    if ui or control:  # the dashboard's sessions attach over the control socket
         from supervisor.control.server import ControlServer
 
         sup.add_service(ControlServer(sup.engine, sup.paths.control_socket, mode="test"))
@@ -224,7 +226,7 @@ def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim
     try:
         wait_for(lambda: server.ready is not None and server.ready.is_set(), 20,
                  "the HTTP server to listen")
-        yield Front(sup, server, root)
+        yield Front(sup, server, root, env)
     finally:
         sup.stop(timeout=30)
         shutil.rmtree(root, ignore_errors=True)

@@ -2,16 +2,21 @@
 
 Each face is checked against the list, not against another face: the Protocol, the embedded
 facade, the client and the deterministic FixedSource have exactly the listed methods with the
-listed parameters; the control server answers exactly the listed wire methods; the same bad
-argument gets the same error embedded and over the socket.
+listed parameters; the control server answers exactly the listed wire methods; the HTTP door
+carries each listed method on a route of its table or says why not; the same bad argument
+gets the same error embedded and over the socket.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import web
 from fixed_source import FixedSource
 from serve_support import RawConn, in_process, request
 
@@ -21,6 +26,7 @@ from supervisor.client import Client
 from supervisor.control.methods import Methods, handler_names
 from supervisor.errors import InvalidRequest
 from supervisor.facade import Supervisor
+from supervisor.http import ollama_routes, openai_routes, route_table, routes
 
 FACADE = {name: m for name, m in METHODS.items() if m.facade}
 
@@ -87,6 +93,36 @@ def test_the_server_answers_exactly_the_listed_wire_methods() -> None:
 
     with pytest.raises(TypeError, match="frobnicate"):
         handler_names(Stray)
+
+
+def test_the_http_door_carries_every_listed_method_or_says_why_not() -> None:
+    route_table.check(METHODS)
+    # a method added to the list without its route fails the check (and every HTTP start)
+    added = {**METHODS, "frobnicate": Method("frobnicate", (), None, "a new method")}
+    with pytest.raises(TypeError, match="'frobnicate'.*neither carries it nor says why"):
+        route_table.check(added)
+    # a route that changes the engine is a POST, so that the guard asks for the token
+    as_get = tuple(dataclasses.replace(r, method="GET") if r.api == "cancel" else r
+                   for r in route_table.ROUTES)
+    with pytest.raises(TypeError, match="cancel changes the engine: it must be a POST"):
+        route_table.check(METHODS, as_get)
+    twice = (*route_table.ROUTES, route_table.Route("GET", "/v1/again", "", api="job"))
+    with pytest.raises(TypeError, match="job is carried by two routes"):
+        route_table.check(METHODS, twice)
+    with pytest.raises(TypeError, match="both on HTTP"):
+        route_table.check(METHODS, not_on_http={**route_table.NOT_ON_HTTP, "job": "no"})
+
+
+def test_the_http_app_serves_exactly_the_route_table() -> None:
+    server: Any = SimpleNamespace(engine=SimpleNamespace(backends={}))
+    app = web.Application()
+    for module in (routes, openai_routes, ollama_routes):
+        module.add_routes(app, server)
+    served = {(r.method, r.resource.canonical) for r in app.router.routes()
+              if r.method != "HEAD" and r.resource is not None}
+    table = {(r.method, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", r.path))
+             for r in route_table.ROUTES}
+    assert served == table
 
 
 @pytest.mark.process

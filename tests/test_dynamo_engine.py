@@ -426,7 +426,7 @@ def test_sigterm_answers_waiting_requests_leaves_no_discovery_entry_and_no_orpha
 
 @pytest.mark.process
 def test_nothing_else_imports_dynamo() -> None:
-    code = ("import sys, vramtui.serve, vramtui.dynamo_bridge, supervisor.facade; "
+    code = ("import sys, vramtui.serve, supervisor.doors.dynamo, supervisor.facade; "
             "print(sorted(m for m in sys.modules if m == 'dynamo' or m.startswith('dynamo.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

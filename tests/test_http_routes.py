@@ -17,7 +17,9 @@ import pytest
 from http_support import Front, default_http_backends, poll, serve_http
 from spawning import spawns
 
+from supervisor.apispec import METHODS
 from supervisor.engine import EngineConfig
+from supervisor.http import route_table
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -65,7 +67,7 @@ def test_respond_async_gives_202_location_and_the_result_later(front: Front) -> 
     poll(lambda: front.get(location).json()["state"] == "succeeded", 20, "the job")
     detail = front.get(location).json()
     assert detail["metadata"] == {"who": "test"}
-    assert [h["state"] for h in detail["history"]][0] == "queued"
+    assert [state for _t, state, _note in detail["history"]][0] == "queued"
     result = front.get(location + "/result")
     assert result.status == 200 and result.body == b'"hello"'  # input: handed over as JSON
 
@@ -355,3 +357,137 @@ def test_409_502_504_job_outcomes(front: Front) -> None:
     front.wait_state(job_id, "cancelled")
     gone = front.get(f"/v1/jobs/{job_id}/result")
     assert gone.status == 409 and gone.error["code"] == "job_cancelled"
+
+
+# -- the API's other methods, each on its route (supervisor/http/route_table.py) -----------
+
+ASYNC = {"Prefer": "respond-async"}
+
+
+def test_the_route_list_is_the_table_and_names_the_api_method_of_each(front: Front) -> None:
+    listed = front.get("/v1").json()["data"]
+    assert [(r["method"], r["path"]) for r in listed] == \
+        [(r.method, r.path) for r in route_table.ROUTES]
+    carried = {r["api"] for r in listed if r["api"] is not None}
+    assert carried | set(route_table.NOT_ON_HTTP) == set(METHODS)
+    assert {"method": "POST", "path": "/v1/jobs/{id}/retry", "api": "retry"}.items() <= \
+        next(r for r in listed if r["path"] == "/v1/jobs/{id}/retry").items()
+
+
+def test_priority_the_request_and_cancel_many(front: Front) -> None:
+    slow = {"backend": "slow", "input": {"steps": 400, "step_s": 0.02}}
+    first = front.post("/v1/jobs", slow, headers=ASYNC).json()["id"]
+    front.wait_state(first, "running")
+    a = front.post("/v1/jobs", {"backend": "slow"}, headers=ASYNC).json()["id"]
+    b = front.post("/v1/jobs", {"backend": "slow"}, headers=ASYNC).json()["id"]
+    moved = front.post(f"/v1/jobs/{b}/priority", {"priority": 50})
+    assert moved.status == 200
+    assert moved.json()["priority"] == 50 and moved.json()["position"] == 1
+    assert front.get(f"/v1/jobs/{a}").json()["position"] == 2
+    assert front.post(f"/v1/jobs/{b}/priority", {"priority": "high"}).status == 400
+    assert front.post(f"/v1/jobs/{b}/priority", {}).error["param"] == "priority"
+    running = front.post(f"/v1/jobs/{first}/priority", {"priority": 1})
+    assert running.status == 409 and "only a queued job" in running.error["message"]
+
+    sent = b'{"steps":400,"step_s":0.02}'  # the input, as the worker got it
+    req = front.get(f"/v1/jobs/{first}/request?limit=9")
+    assert req.status == 200
+    assert req.json() == {"job_id": first, "size": len(sent), "data": sent[:9].decode(),
+                          "kept": True}
+    assert front.get(f"/v1/jobs/{first}/request?limit=-1").error["param"] == "limit"
+    assert front.get("/v1/jobs/j-0000000000/request").error["code"] == "unknown_job"
+
+    r = front.post("/v1/jobs/cancel", {"jobs": [a, b, first, "j-0000000000"]})
+    assert r.status == 200
+    got = {c["job_id"]: c for c in r.json()["data"]}
+    assert got[a]["state"] == got[b]["state"] == "cancelled"
+    assert got[first]["state"] in ("running", "cancelled")  # it gets its grace
+    assert got["j-0000000000"]["state"] is None and "j-0000000000" in \
+        got["j-0000000000"]["error"]
+    assert front.post("/v1/jobs/cancel", {"jobs": "all"}).error["param"] == "jobs"
+    assert front.post("/v1/jobs/cancel", {"jobs": [1]}).status == 400
+    front.wait_state(first, "cancelled")
+
+
+def test_retry_runs_the_request_again_as_a_new_job(front: Front) -> None:
+    first = front.post("/v1/jobs", {"backend": "echo", "input": {"again": 1}})
+    job_id = first.headers["x-vramtui-job"]
+    r = front.post(f"/v1/jobs/{job_id}/retry")
+    assert r.status == 202
+    new = r.json()
+    assert new["id"] != job_id and new["retry_of"] == job_id and new["object"] == "job"
+    assert r.headers["location"] == f"/v1/jobs/{new['id']}"
+    done = front.get(f"/v1/jobs/{new['id']}/wait?timeout=30")
+    assert done.status == 200 and done.json()["state"] == "succeeded"
+    assert front.get(f"/v1/jobs/{new['id']}/result").body == first.body
+    queued = front.post("/v1/jobs", {"backend": "slow"}, headers=ASYNC).json()["id"]
+    early = front.post(f"/v1/jobs/{queued}/retry")
+    assert early.status == 409 and "only a finished job" in early.error["message"]
+    assert front.post("/v1/jobs/j-0000000000/retry").status == 404
+    drain(front)
+
+
+def test_kill_drain_reload_and_the_descriptor(front: Front) -> None:
+    assert front.post("/v1/backends/flaky/load").status == 202
+    poll(lambda: front.get("/v1/backends/flaky").json()["state"] == "ready", 20, "flaky up")
+    pid = front.get("/v1/backends/flaky").json()["pid"]
+    killed = front.post("/v1/backends/flaky/kill")
+    assert killed.status == 202 and killed.json()["action"] == "kill"
+    poll(lambda: front.get("/v1/backends/flaky").json()["pid"] != pid, 20, "flaky killed")
+    cold = front.post("/v1/backends/huge/kill")
+    assert cold.status == 409 and "no worker process" in cold.error["message"]
+    assert front.post("/v1/backends/nope/kill").status == 404
+
+    assert front.post("/v1/gpus/0/drain").json() == {"gpu": 0, "draining": [0]}
+    assert front.get("/v1/snapshot?light=1").json()["gpus"][0]["draining"] is True
+    assert front.post("/v1/gpus/0/drain", {"on": False}).json() == {"gpu": 0, "draining": []}
+    assert front.post("/v1/gpus/7/drain").status == 409  # no such GPU here
+    assert front.post("/v1/gpus/x/drain").error["param"] == "gpu"
+    assert front.post("/v1/gpus/0/drain", {"on": "yes"}).status == 400
+
+    reloaded = front.post("/v1/backends/reload")
+    assert reloaded.status == 200
+    body = reloaded.json()
+    assert body["unchanged"] is True and body["errors"] == [] and len(body["files"]) == 1
+
+    d = front.get("/v1/backends/echo/descriptor").json()
+    assert d["backend"] == "echo" and "name: echo" in d["layers"][0]["text"]
+    assert "command:" in d["effective"]
+    assert front.get("/v1/backends/nope/descriptor").error["code"] == "unknown_backend"
+
+
+def test_calibration_reports_and_a_calibration_run(front: Front) -> None:
+    from vramtui.app.fixed import calibration_record
+
+    from supervisor.calibration.report import write_report
+
+    assert front.get("/v1/backends/echo/calibration").error["code"] == "no_report"
+    path = write_report(front.sup.paths.calibration_dir / "slow-20260101-115500.json",
+                        calibration_record(), None)
+    got = front.get("/v1/backends/slow/calibration")
+    assert got.status == 200 and got.body == path.read_bytes()
+    assert got.headers["content-type"].startswith("application/json")
+    assert got.headers["x-vramtui-report"] == path.name
+    assert got.headers["x-vramtui-reports"] == "1"
+    assert front.get("/v1/backends/slow/calibration?name=../../etc/passwd").status == 404
+
+    assert front.post("/v1/backends/echo/calibrate", {"repeats": 0}).status == 400
+    bad = front.post("/v1/backends/echo/calibrate", {"bogus": 1})
+    assert bad.error["param"] == "bogus"
+    r = front.post("/v1/backends/echo/calibrate", {"repeats": 1, "input": {"a": 1}})
+    assert r.status == 202
+    job = r.json()
+    assert job["kind"] == "calibration" and r.headers["location"] == f"/v1/jobs/{job['id']}"
+    front.post(f"/v1/jobs/{job['id']}/cancel")
+    front.wait_state(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+
+
+def test_the_snapshot_and_the_servers_own_counters(front: Front) -> None:
+    full = front.get("/v1/snapshot").json()
+    assert {b["name"] for b in full["backends"]} == {"echo", "slow", "huge", "flaky"}
+    assert all(j["data"] is None and j["chunks"] == [] for j in full["recent"])
+    assert abs(full["taken_at"] - time.time()) < 60
+    light = front.get("/v1/snapshot?light=1").json()
+    assert light["recent"] == [] and light["gpus"][0]["history"] == []
+    stats = front.get("/v1/stats").json()
+    assert stats["requests"] >= 2 and "connections" in stats and stats["in_flight"] >= 1

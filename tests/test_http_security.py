@@ -20,6 +20,8 @@ from http_support import Front, serve_http
 from serve_support import echo_backend
 from spawning import spawns
 
+from supervisor.apispec import METHODS
+from supervisor.http import route_table
 from supervisor.http.auth import Guard
 from supervisor.http.config import (
     TOKEN_ENV,
@@ -53,6 +55,17 @@ def test_reads_are_open_to_the_owner_mutations_need_the_token(front: Front) -> N
     assert front.post("/v1/chat/completions", {"model": "x"}).status == 401
     ok = front.post("/v1/jobs", {"backend": "echo", "input": 1}, headers=AUTH)
     assert ok.status == 200 and ok.body == b"1"
+
+
+def test_every_route_that_changes_the_engine_needs_the_token(front: Front) -> None:
+    posts = [r for r in route_table.ROUTES if r.method == "POST"]
+    assert {r.api for r in posts if r.api} == {n for n, m in METHODS.items()
+                                               if m.mutating} - set(route_table.NOT_ON_HTTP)
+    for route in posts:
+        path = route.path.replace("{id}", "j-0000000000").replace("{b}", "echo") \
+            .replace("{gpu}", "0")
+        r = front.post(path, {})
+        assert r.status == 401 and r.error["code"] == "unauthorized", (route.path, r.body)
 
 
 def test_a_wrong_token_is_refused_everywhere_but_health(front: Front) -> None:

@@ -3,12 +3,13 @@
 The tables are :mod:`vramtui.plain` (fast to import: ``vramtui status`` must start in well
 under 100 ms); rich is imported only by the commands that print rich reports, through
 ``out`` and ``err`` (created on first use).  ``jsonable`` turns any engine view into JSON
-values: bytes become text when they are UTF-8, else ``{"base64": ...}``.
+values: it is :func:`supervisor.doors.codec.plain`, the one codec HTTP uses too (bytes become
+text when they are UTF-8, else ``{"base64": ...}``; times are epoch seconds, as views carry
+them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from typing import Any
@@ -45,23 +46,11 @@ def __getattr__(name: str) -> Any:
 
 
 def jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, bytes | bytearray | memoryview):
-        raw = bytes(value)
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            import base64
+    """``value`` as JSON values: :func:`supervisor.doors.codec.plain` (imported on first use:
+    the tables never need it)."""
+    from supervisor.doors.codec import plain
 
-            return {"base64": base64.b64encode(raw).decode()}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:  # NaN
-        return None
-    return value
+    return plain(value)
 
 
 def print_json(value: Any, *, compact: bool = False) -> None:

@@ -5,7 +5,7 @@ control socket is and whether the GPU is simulated.  SIGTERM or SIGINT stops it 
 jobs, queued ones are cancelled, running ones get their backend's stop grace, workers are
 stopped; then it exits 0.  A second ``--serve`` for the same runtime directory refuses at once,
 naming the running engine's pid and socket.  With ``--dynamo NS`` each backend is also served
-as the NVIDIA Dynamo endpoint ``NS.BACKEND.generate`` (see :mod:`vramtui.dynamo_bridge`).
+as the NVIDIA Dynamo endpoint ``NS.BACKEND.generate`` (see :mod:`supervisor.doors.dynamo`).
 With ``--http ADDR`` (or an ``http:`` section in ``config.yaml``) the HTTP front door runs on
 the engine's loop too (see :mod:`vramtui.http_serve`), and prints one more line once it
 listens.
@@ -56,7 +56,7 @@ def run_serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(f"--allow-group: {exc}", Exit.USAGE)
     if getattr(args, "dynamo", None):
-        from .dynamo_bridge import check_dynamo
+        from supervisor.doors.dynamo import check_dynamo
 
         problem = check_dynamo(args.dynamo)
         if problem is not None:
@@ -153,7 +153,7 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
     serve_control(sup, mode="serve", allow_group=group, on_ready=ready)
     bridge = None
     if getattr(args, "dynamo", None):
-        from .dynamo_bridge import DynamoBridge
+        from supervisor.doors.dynamo import DynamoBridge
 
         bridge = DynamoBridge(sup, args.dynamo)
         sup.add_service(bridge)

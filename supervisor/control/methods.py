@@ -5,16 +5,15 @@ request ``{m, a}`` is validated by its entry there (:meth:`Method.from_wire`), t
 its function in :mod:`supervisor.operations` (shared with the in-process facade) and the result
 encoded for the wire; the few methods the wire handles itself (``submit`` with ``wait`` or
 ``follow``, ``wait``, ``snapshot``'s data limit, subscriptions, ``stats``, ``shutdown``) have a
-``_do_<name>`` here.  ``wait`` is answered later, from the job's future callback, so the loop
-never blocks; an operation that reads files runs in the loop's executor.
+``_do_<name>`` here.  ``wait`` is answered later, when :mod:`supervisor.doors.watch` says the
+job has ended, so the loop never blocks; an operation that reads files runs in the loop's
+executor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,8 @@ from worker_sdk.protocol import Message
 
 from .. import operations
 from ..apispec import METHODS, WIRE_METHODS
-from ..errors import JobTimeout, VramtuiError
+from ..doors import watch
+from ..errors import VramtuiError
 from ..validate import check_seconds
 from . import messages as m
 from .codec import job_to_wire, snapshot_to_wire, to_wire
@@ -147,7 +147,7 @@ class Methods:
         job_id = operations.submit(self.engine, **a)  # its values: supervisor.validate too
         if wait:
             answer = self._wait(conn, msg_id, job_id, wait_timeout)
-            self.engine.step_now()  # a hot worker has the request before the loop turns
+            watch.hurry(self.engine)  # a hot worker has the request before the loop turns
             return answer
         if follow:  # the job's events from now on, on this connection
             return {"id": job_id, "sub": conn.subscribe(frozenset({"job", "chunk"}), job_id)}
@@ -158,11 +158,11 @@ class Methods:
 
     def _wait(self, conn: Connection, msg_id: int, job_id: str, timeout: float | None) -> Any:
         timeout = check_seconds(timeout, "wait timeout", allow_zero=True)
-        fut = self.engine.jobs.future(job_id)
-        if fut is None:
-            return job_to_wire(self.engine.job_view(job_id))
+        end = watch.JobEnd.of(self.engine, job_id)
+        if end is None:
+            return job_to_wire(watch.job_view(self.engine, job_id))
         conn.check_wait()
-        Waiter(self.server, conn, msg_id, job_id, fut, timeout)
+        Waiter(conn, msg_id, end, timeout)
         return _DEFERRED
 
     def _do_snapshot(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
@@ -189,54 +189,25 @@ class Methods:
 
 
 class Waiter:
-    """Answers one ``wait`` when the job's future resolves (or its timeout passes)."""
+    """Answers one ``wait`` when the job ends (or its timeout passes), unless its connection
+    closed first."""
 
-    def __init__(self, server: ControlServer, conn: Connection, msg_id: int, job_id: str,
-                 fut: Any, timeout: float | None) -> None:
-        self.server, self.conn, self.msg_id, self.job_id = server, conn, msg_id, job_id
-        self.timeout = timeout
-        self.answered = False
-        self.timer: asyncio.TimerHandle | None = None
-        loop = server.loop
-        assert loop is not None
-        self.loop = loop
-        self.loop_thread = threading.get_ident()
-        if timeout is not None:
-            self.timer = loop.call_later(max(0.0, timeout), self._expire)
+    __slots__ = ("conn", "msg_id", "watching")
+
+    def __init__(self, conn: Connection, msg_id: int, end: watch.JobEnd,
+                 timeout: float | None) -> None:
+        self.conn, self.msg_id = conn, msg_id
         conn.waiters.add(self)
-        fut.add_done_callback(self._done)
+        self.watching = end.when_done(self._answer, timeout)
 
-    def _done(self, fut: Any) -> None:
-        if threading.get_ident() != self.loop_thread:
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self._done, fut)
-            return
-        if self._finish():
-            try:
-                view = fut.result()
-            except BaseException as exc:  # noqa: BLE001 - reported to the client
-                self.conn.error(self.msg_id, exc)
-                return
-            self.conn.reply(self.msg_id, job_to_wire(view))
-
-    def _expire(self) -> None:
-        if self._finish():
-            self.conn.error(self.msg_id, JobTimeout(
-                f"job {self.job_id} has not finished after {self.timeout:g} s "
-                "(it goes on; wait again or cancel it)"))
-
-    def _finish(self) -> bool:
-        if self.answered:
-            return False
-        self.answered = True
-        if self.timer is not None:
-            self.timer.cancel()
+    def _answer(self, outcome: watch.Outcome) -> None:
         self.conn.waiters.discard(self)
-        return not self.conn.closed
+        if self.conn.closed:
+            return
+        if isinstance(outcome, BaseException):  # EngineStopped, JobTimeout
+            self.conn.error(self.msg_id, outcome)
+        else:
+            self.conn.reply(self.msg_id, job_to_wire(outcome))
 
     def drop(self) -> None:
-        self.answered = True
-        if self.timer is not None:
-            self.timer.cancel()
-
-
+        self.watching.cancel()

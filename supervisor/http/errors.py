@@ -10,6 +10,8 @@ BackendFailed         503     + ``Retry-After``: it waits for a respawn
 Refused (submit)      507     too large for every GPU here (another box may take it)
 Refused (other)       409     e.g. evict while busy
 UnknownBackend/Job    404
+NoReport              404     no calibration report (of that name)
+JobTimeout            504     a wait ran out of time (the job goes on)
 InvalidRequest        400
 ====================  ======  =========================================================
 """
@@ -25,6 +27,8 @@ from ..errors import (
     BackendFailed,
     EngineStopped,
     InvalidRequest,
+    JobTimeout,
+    NoReport,
     QueueFull,
     Refused,
     UnknownBackend,
@@ -94,6 +98,10 @@ def from_engine(exc: BaseException, *, submitting: bool = False) -> HttpError:
         return not_found(text, "unknown_backend")
     if isinstance(exc, UnknownJob):
         return not_found(text, "unknown_job")
+    if isinstance(exc, NoReport):
+        return not_found(text, "no_report")
+    if isinstance(exc, JobTimeout):
+        return HttpError(504, text, "timeout_error", "wait_timeout")
     if isinstance(exc, InvalidRequest):
         return bad_request(text)
     if isinstance(exc, VramtuiError):

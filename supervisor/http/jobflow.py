@@ -1,7 +1,7 @@
 """A job's life over HTTP, shared by the native and the OpenAI-compatible routes.
 
-- :func:`wait_done`: await a job's end on the loop without touching the engine's own future
-  (other waiters share it), and cancel the job if the client goes away first;
+- :func:`wait_done`: await a job's end on the loop (:mod:`supervisor.doors.watch`), and
+  cancel the job if the client goes away first;
 - :func:`result_response`: a finished job as the worker answered it — its body, Content-Type,
   headers and status — or the error shape when it did not succeed;
 - :class:`JobStream`: the SSE encoding of one job's events.  A job stream never loses a chunk:
@@ -11,17 +11,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..errors import EngineStopped, UnknownJob
+from ..doors import watch
+from ..errors import EngineStopped, JobTimeout, UnknownJob
 from ..jobs import JobState, JobView
 from .errors import HttpError, conflict, from_engine
 from .sse import Encoded, Item, frame
-from .views import chunk_json, job_json
+from .views import chunk_json, job_resource
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -100,7 +100,7 @@ def outcome_error(view: JobView) -> HttpError:
 def finished_view(server: HttpServer, job_id: str, fallback: JobView | None = None) -> JobView:
     """The job as the engine holds it now (its result included), or ``fallback``."""
     try:
-        return server.engine.job_view(job_id)
+        return watch.job_view(server.engine, job_id)
     except UnknownJob:
         if fallback is not None:
             return fallback
@@ -148,45 +148,32 @@ def _inline_allowed(server: HttpServer, backend: str) -> bool:
     return rt is not None and rt.spec.inline_results
 
 
-async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bool = True
-                    ) -> JobView:
+async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bool = True,
+                    timeout: float | None = None) -> JobView:
     """The job's final view once it ends; cancels the job if this request is cancelled (the
-    client went away) before that."""
+    client went away) before that.  ``timeout``: give up waiting (504) after this many seconds
+    (the job goes on)."""
     engine = server.engine
-    fut = engine.jobs.future(job_id)
-    if fut is None:
-        return engine.job_view(job_id)
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[JobView] = loop.create_future()
-
-    def settle(f: Any) -> None:
-        if waiter.done():
-            return
-        if f.cancelled():
-            waiter.set_exception(EngineStopped(f"job {job_id}: nobody will finish it"))
-        elif f.exception() is not None:
-            waiter.set_exception(f.exception())
-        else:
-            waiter.set_result(f.result())
-
-    fut.add_done_callback(lambda f: loop.call_soon_threadsafe(settle, f))
-    engine.step_now()  # a job just submitted reaches a hot worker before this waits
+    end = watch.JobEnd.of(engine, job_id)
+    if end is None:
+        try:
+            return watch.job_view(engine, job_id)
+        except UnknownJob as exc:
+            raise from_engine(exc) from None
     try:
-        return await waiter
+        # hurry: a job just submitted reaches a hot worker before this waits
+        return await end.wait(timeout, hurry=True)
     except asyncio.CancelledError:
         if cancel_on_disconnect:
             cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
         raise
-    except EngineStopped as exc:
+    except (EngineStopped, JobTimeout) as exc:
         raise from_engine(exc) from None
 
 
 def cancel_quietly(server: HttpServer, job_id: str, note: str) -> None:
-    job = server.engine.jobs.get(job_id)
-    if job is not None and not job.state.finished:
-        # the engine may be stopping: there is nothing to answer anyway
-        with contextlib.suppress(Exception):
-            server.engine.cancel(job_id, note=note)
+    """Cancel a job whose HTTP client went away (if it has not ended)."""
+    watch.abandon(server.engine, job_id, note)
 
 
 class JobStream:
@@ -213,8 +200,7 @@ class JobStream:
         assert view is not None
         if view.state.value != self.last_state:
             self.last_state = view.state.value
-            return frame("state", job_json(view, self.server.clock, history=False),
-                         item.id), view.finished
+            return frame("state", job_resource(view, history=False), item.id), view.finished
         return frame("progress", {"job_id": view.id, "state": view.state.value,
                                   "progress": view.progress, "text": view.progress_text},
                      item.id), view.finished
@@ -222,18 +208,17 @@ class JobStream:
     def resync(self, lagged: int, seq: int) -> Encoded:
         """The job as it is now (a fresh snapshot), with every chunk this client missed."""
         try:
-            view = self.server.engine.job_view(self.job_id)
+            view = watch.job_view(self.server.engine, self.job_id)
         except UnknownJob:
             return frame("state", {"job_id": self.job_id, "state": "unknown",
                                    "error": "the job is no longer known"}, seq), True
         out = bytearray()
-        body = job_json(view, self.server.clock, history=False)
+        body = job_resource(view, history=False)
         if lagged:
             body["lagged"] = lagged
         out += frame("state", body, seq)
         self.last_state = view.state.value
-        job = self.server.engine.jobs.get(self.job_id)
-        chunks = job.chunks if job is not None else list(view.chunks)
+        chunks = view.chunks  # the job's chunks so far, from the same view
         for i in range(self.sent_chunks, len(chunks)):
             out += frame("chunk", {"job_id": self.job_id, "index": i, **chunk_json(chunks[i])})
         self.sent_chunks = max(self.sent_chunks, len(chunks))

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
@@ -238,16 +239,16 @@ class _ChunkEncoder:
 
     def resync(self, lagged: int, seq: int) -> tuple[bytes, bool]:
         """Fell behind: the chunks it missed, read back from the job, then the end if due."""
-        job = self.server.engine.jobs.get(self.job_id)
-        if job is None:
+        view = watch.live_view(self.server.engine, self.job_id)
+        if view is None:
             return data_lines(json.dumps({"error": {"message": "the job is gone",
                                                     "type": "job_failed_error"}}).encode()), True
         out = bytearray()
-        for chunk in job.chunks[self.sent:]:
+        for chunk in view.chunks[self.sent:]:
             out += data_lines(chunk)
-        self.sent = max(self.sent, len(job.chunks))
-        if job.state.finished:
-            out += self._end(job.state.value, job.view())
+        self.sent = max(self.sent, len(view.chunks))
+        if view.finished:
+            out += self._end(view.state.value, view)
             return bytes(out), True
         return bytes(out), False
 

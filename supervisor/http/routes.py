@@ -1,7 +1,10 @@
 """The native routes: jobs, backends, GPUs, logs, events, health, version and metrics.
 
-Each handler runs on the engine loop and calls the engine's own synchronous methods.  The
-route table is :data:`ROUTES`; ``GET /v1`` lists it.
+Each handler runs on the engine loop and calls the engine's own synchronous methods, or, for
+an API method, its function in :mod:`supervisor.operations` with the arguments checked by its
+entry in :mod:`supervisor.apispec` (as the control socket and the facade do).  The routes are
+:data:`supervisor.http.route_table.ROUTES`, checked against the API's list of methods when
+they are added; ``GET /v1`` lists them.  JSON comes from :mod:`supervisor.doors.codec`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .. import operations
+from ..apispec import METHODS
 from ..control.logtail import read_log
+from ..doors.codec import plain
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError
 from ..jobs.query import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
 from ..plain import nesting
 from ..validate import check_nesting
+from . import route_table
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import (
     SANDBOX,
@@ -32,74 +39,27 @@ from .jobflow import (
 )
 from .server import streaming
 from .sse import Stream, frame, last_event_id, open_response
-from .views import backend_json, event_json, gpu_json, job_json
+from .views import backend_json, engine_event_json, gpu_json, job_resource
 
 if TYPE_CHECKING:
     from .server import HttpServer
 
 JOB_FIELDS = frozenset({"backend", "input", "input_b64", "priority", "timeout", "metadata",
                         "stream"})
+CALIBRATE_FIELDS = frozenset({"repeats", "settle_s", "input", "input_b64"})
 LOG_POLL_S = 0.5
 MAX_JSON_DEPTH = 100  # a request body; a job's input and metadata have tighter limits
 INPUT_MAX_DEPTH = 64
 MAX_LOG_LINES = 10_000
 
-ROUTES = (
-    ("POST", "/v1/jobs", "submit a job: waits; Prefer: respond-async -> 202; "
-                         "Accept: text/event-stream -> SSE"),
-    ("GET", "/v1/jobs", "jobs (?state=&backend=&limit=)"),
-    ("GET", "/v1/jobs/{id}", "a job: state, queue position, why it waits"),
-    ("GET", "/v1/jobs/{id}/result", "a finished job's result, as the worker answered"),
-    ("GET", "/v1/jobs/{id}/events", "a job's events (SSE)"),
-    ("POST", "/v1/jobs/{id}/cancel", "cancel a job"),
-    ("GET", "/v1/backends", "backends: state, memory, keep-alive, peaks"),
-    ("GET", "/v1/backends/{b}", "one backend"),
-    ("POST", "/v1/backends/{b}/load", "start its worker now"),
-    ("POST", "/v1/backends/{b}/unload", "stop its idle worker"),
-    ("POST", "/v1/backends/{b}/respawn", "restart its worker"),
-    ("POST", "/v1/backends/unload", "unload every idle backend"),
-    ("GET", "/v1/backends/{b}/logs", "its worker's log (?lines=&follow=1)"),
-    ("GET", "/v1/gpus", "GPUs and their memory"),
-    ("GET", "/v1/events", "every engine event (SSE)"),
-    ("GET", "/v1/models", "OpenAI: the backends that declare an api"),
-    ("POST", "/v1/chat/completions", "OpenAI chat (stream: true for SSE)"),
-    ("POST", "/v1/completions", "OpenAI completions"),
-    ("POST", "/v1/embeddings", "OpenAI embeddings"),
-    ("POST", "/v1/images/generations", "OpenAI images"),
-    ("POST", "/v1/audio/speech", "OpenAI text to speech"),
-    ("POST", "/v1/audio/transcriptions", "OpenAI speech to text (multipart)"),
-    ("GET", "/api/ps", "Ollama: loaded models"),
-    ("GET", "/api/version", "Ollama: version"),
-    ("GET", "/api/tags", "Ollama: models"),
-    ("GET", "/metrics", "Prometheus metrics"),
-    ("GET", "/healthz", "alive"),
-    ("GET", "/readyz", "ready for jobs (503 while stopping)"),
-    ("GET", "/v1/version", "versions"),
-)
-
-
 def add_routes(app: web.Application, server: HttpServer) -> None:
+    """The native routes of :data:`~supervisor.http.route_table.ROUTES` (after checking the
+    table against the API's methods: a method without its route fails here)."""
+    route_table.check(METHODS)
     r = _Routes(server)
-    app.add_routes([
-        web.get("/v1", r.index),
-        web.post("/v1/jobs", r.submit),
-        web.get("/v1/jobs", r.jobs),
-        web.get("/v1/jobs/{id}", r.job),
-        web.get("/v1/jobs/{id}/result", r.result),
-        web.get("/v1/jobs/{id}/events", r.job_events),
-        web.post("/v1/jobs/{id}/cancel", r.cancel),
-        web.get("/v1/backends", r.backends),
-        web.post("/v1/backends/unload", r.unload_all),
-        web.get("/v1/backends/{b}", r.backend),
-        web.post("/v1/backends/{b}/{action:load|unload|respawn}", r.backend_action),
-        web.get("/v1/backends/{b}/logs", r.logs),
-        web.get("/v1/gpus", r.gpus),
-        web.get("/v1/events", r.events),
-        web.get("/healthz", r.healthz),
-        web.get("/readyz", r.readyz),
-        web.get("/v1/version", r.version),
-        web.get("/metrics", r.metrics),
-    ])
+    make = {"GET": web.get, "POST": web.post}  # a GET answers HEAD too
+    app.add_routes([make[route.method](route.path, getattr(r, route.handler))
+                    for route in route_table.ROUTES if route.module == "native"])
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None
@@ -143,7 +103,22 @@ class _Routes:
     # -- jobs -------------------------------------------------------------------------------
     async def index(self, request: web.Request) -> web.Response:
         return json_response({"object": "list", "data": [
-            {"method": m, "path": p, "what": w} for m, p, w in ROUTES]})
+            {"method": r.method, "path": r.path, "what": r.what, "api": r.api}
+            for r in route_table.ROUTES]})
+
+    async def _op(self, method: str, /, **given: Any) -> Any:
+        """API method ``method``: its arguments checked by its entry in the spec, the work
+        done by :mod:`supervisor.operations` (a file read off the loop), errors as HTTP's."""
+        try:
+            kwargs = METHODS[method].check(given)
+            result = getattr(operations, method)(self.engine, **kwargs)
+            if isinstance(result, operations.Blocking):
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(None, result.work)
+                result = value if result.then is None else result.then(value)
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return result
 
     async def submit(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
@@ -154,7 +129,7 @@ class _Routes:
             raise from_engine(exc, submitting=True) from None
         location = {"Location": f"/v1/jobs/{job.id}", "X-Vramtui-Job": job.id}
         if respond_async(request):
-            return json_response(job_json(job.view(), self.server.clock), 202,
+            return json_response(job_resource(job.view()), 202,
                                  {**location, "Preference-Applied": "respond-async"})
         if wants_sse(request):
             return await self._stream_job(request, job.id, cancel_on_disconnect=True,
@@ -174,14 +149,14 @@ class _Routes:
         limit = _int_query(q.get("limit"), "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
         views = list_jobs(self.engine, states=states, backend=backend, limit=limit)
         return json_response({"object": "list", "data": [
-            job_json(v, self.server.clock, history=False) for v in views]})
+            job_resource(v, history=False) for v in views]})
 
     async def job(self, request: web.Request) -> web.Response:
         try:
             view = job_detail(self.engine, request.match_info["id"])
         except VramtuiError as exc:
             raise from_engine(exc) from None
-        return json_response(job_json(view, self.server.clock))
+        return json_response(job_resource(view))
 
     async def result(self, request: web.Request) -> web.Response:
         try:
@@ -237,7 +212,44 @@ class _Routes:
             view = self.engine.cancel(request.match_info["id"])
         except VramtuiError as exc:
             raise from_engine(exc) from None
-        return json_response(job_json(view, self.server.clock))
+        return json_response(job_resource(view))
+
+    async def wait(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        timeout = _seconds_query(request.query.get("timeout"), "timeout")
+        try:
+            METHODS["wait"].check({"job_id": job_id, "timeout": timeout})
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        await wait_done(self.server, job_id, cancel_on_disconnect=False, timeout=timeout)
+        return await self.job(request)  # with its queue position and history, as GET shows
+
+    async def job_request(self, request: web.Request) -> web.Response:
+        limit = _int_query(request.query.get("limit"), "limit", 65536, 0, 64 << 20)
+        got = await self._op("job_request", job_id=request.match_info["id"], limit=limit)
+        return json_response(plain(got))
+
+    async def cancel_many(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("jobs"), list):
+            raise bad_request("the body must be {\"jobs\": [job ids]}", param="jobs")
+        results = await self._op("cancel_many", job_ids=body["jobs"])
+        return json_response({"object": "list", "data": plain(results)})
+
+    async def retry(self, request: web.Request) -> web.Response:
+        job_id = await self._op("retry", job_id=request.match_info["id"])
+        view = await self._op("job", job_id=job_id)
+        return json_response({**job_resource(view), "retry_of": request.match_info["id"]},
+                             202, {"Location": f"/v1/jobs/{job_id}", "X-Vramtui-Job": job_id})
+
+    async def set_priority(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict) or "priority" not in body:
+            raise bad_request("the body must be {\"priority\": a whole number}",
+                              param="priority")
+        view = await self._op("set_priority", job_id=request.match_info["id"],
+                              priority=body["priority"])
+        return json_response(job_resource(view))
 
     # -- backends -----------------------------------------------------------------------------
     def _backend_extra(self, name: str) -> dict[str, Any]:
@@ -266,20 +278,56 @@ class _Routes:
             raise from_engine(UnknownBackend(name, self.engine.backends))
         return name
 
-    async def backend_action(self, request: web.Request) -> web.Response:
+    async def _backend_action(self, request: web.Request, method: str,
+                              action: str) -> web.Response:
         name = self._known(request.match_info["b"])
-        action = request.match_info["action"]
-        try:
-            if action == "load":
-                self.engine.preload(name)
-            elif action == "unload":
-                self.engine.evict(name)
-            else:
-                self.engine.respawn(name)
-        except VramtuiError as exc:
-            raise from_engine(exc) from None
+        await self._op(method, backend=name)
         return json_response({"backend": name, "action": action, "accepted": True,
                               "links": {"backend": f"/v1/backends/{name}"}}, 202)
+
+    async def load(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "preload", "load")
+
+    async def unload(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "evict", "unload")
+
+    async def respawn(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "respawn", "respawn")
+
+    async def kill(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "kill", "kill")
+
+    async def reload(self, request: web.Request) -> web.Response:
+        result = await self._op("reload")
+        return json_response({**plain(result), "unchanged": result.unchanged})
+
+    async def descriptor(self, request: web.Request) -> web.Response:
+        info = await self._op("descriptor", backend=self._known(request.match_info["b"]))
+        return json_response(plain(info))
+
+    async def calibration_report(self, request: web.Request) -> web.Response:
+        report = await self._op("calibration_report",
+                                backend=self._known(request.match_info["b"]),
+                                name=request.query.get("name") or None)
+        return web.Response(body=report.data, content_type="application/json", headers={
+            "X-Vramtui-Report": report.name, "X-Vramtui-Reports": str(report.count),
+            "X-Content-Type-Options": "nosniff"})
+
+    async def calibrate(self, request: web.Request) -> web.Response:
+        name = self._known(request.match_info["b"])
+        body = await _optional_json(request)
+        unknown = sorted(set(body) - CALIBRATE_FIELDS)
+        if unknown:
+            raise bad_request(f"unknown field(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(sorted(CALIBRATE_FIELDS))}", param=unknown[0])
+        given: dict[str, Any] = {"repeats": body.get("repeats"),
+                                 "settle_s": body.get("settle_s")}
+        if "input" in body or "input_b64" in body:
+            given["request"] = _payload(body)
+        job_id = await self._op("calibrate", backend=name, **given)
+        view = await self._op("job", job_id=job_id)
+        return json_response(job_resource(view), 202,
+                             {"Location": f"/v1/jobs/{job_id}", "X-Vramtui-Job": job_id})
 
     async def unload_all(self, request: web.Request) -> web.Response:
         try:
@@ -326,6 +374,25 @@ class _Routes:
             pass
         return response
 
+    async def drain(self, request: web.Request) -> web.Response:
+        raw = request.match_info["gpu"]
+        if not raw.isdigit() or len(raw) > 6:
+            raise bad_request("a GPU's index: a whole number (GET /v1/gpus lists them)",
+                              param="gpu")
+        body = await _optional_json(request)
+        if set(body) - {"on"}:
+            raise bad_request("the body may only say {\"on\": true | false}", param="on")
+        draining = await self._op("drain", gpu=int(raw), on=body.get("on"))
+        return json_response({"gpu": int(raw), "draining": list(draining)})
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        light = request.query.get("light", "").lower() in ("1", "true", "yes")
+        snap = await self._op("snapshot", light=light)
+        return json_response(plain(snap, data_limit=0))  # results: /v1/jobs/{id}/result
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return json_response(self.server.stats())
+
     async def gpus(self, request: web.Request) -> web.Response:
         snap = self.engine.snapshot()
         return json_response({"object": "list", "simulated": snap.simulated,
@@ -348,7 +415,7 @@ class _Routes:
                 backend is None or ev.backend == backend)
 
         def build(item: Any) -> bytes:
-            return frame(item.event.kind, event_json(item.event, srv.clock), item.id)
+            return frame(item.event.kind, engine_event_json(item.event), item.id)
 
         def encode(item: Any) -> tuple[bytes, bool]:
             return item.encoded("events", build), False
@@ -380,13 +447,12 @@ class _Routes:
 
     def _light_snapshot(self, lagged: int, resumed_from: int | None = None) -> dict[str, Any]:
         snap = self.engine.snapshot()
-        clock = self.server.clock
         out: dict[str, Any] = {
             "stopping": snap.stopping, "simulated": snap.simulated,
             "gpus": [gpu_json(g, self.server.uuids.get(g.index)) for g in snap.gpus],
             "backends": [backend_json(b, snap, {}) for b in snap.backends],
-            "running": [job_json(v, clock, history=False) for v in snap.running],
-            "queued": [job_json(v, clock, history=False) for v in snap.queued[:100]],
+            "running": [job_resource(v, history=False) for v in snap.running],
+            "queued": [job_resource(v, history=False) for v in snap.queued[:100]],
             "queued_total": len(snap.queued),
         }
         if lagged:
@@ -426,18 +492,30 @@ def _int_query(raw: str | None, name: str, default: int, low: int, high: int) ->
     return int(raw)
 
 
-def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
-    """``{backend, input | input_b64, priority, timeout, metadata, stream}`` checked."""
+def _seconds_query(raw: str | None, name: str) -> float | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise bad_request(f"{name} must be a number of seconds, 0 or more", param=name)
+    return value
+
+
+async def _optional_json(request: web.Request) -> dict[str, Any]:
+    """A request's JSON object, or {} when it has no body."""
+    if not request.can_read_body:
+        return {}
+    body = await read_json(request)
     if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object {\"backend\": …, \"input\": …}")
-    unknown = sorted(set(body) - JOB_FIELDS)
-    if unknown:
-        raise bad_request(f"unknown field(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(sorted(JOB_FIELDS))}", param=unknown[0])
-    backend = body.get("backend")
-    if not isinstance(backend, str) or not backend:
-        raise bad_request("backend: the name of a backend (GET /v1/backends lists them)",
-                          param="backend")
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
+def _payload(body: dict[str, Any]) -> bytes:
+    """A request's bytes from ``input`` (JSON, sent as its text) or ``input_b64``."""
     if "input" in body and "input_b64" in body:
         raise bad_request("give input (JSON) or input_b64 (bytes), not both", param="input")
     payload = b""
@@ -456,6 +534,22 @@ def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
             raise bad_request(str(exc), param="input") from None
         payload = json.dumps(body["input"], ensure_ascii=False,
                              separators=(",", ":")).encode()
+    return payload
+
+
+def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
+    """``{backend, input | input_b64, priority, timeout, metadata, stream}`` checked."""
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object {\"backend\": …, \"input\": …}")
+    unknown = sorted(set(body) - JOB_FIELDS)
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(JOB_FIELDS))}", param=unknown[0])
+    backend = body.get("backend")
+    if not isinstance(backend, str) or not backend:
+        raise bad_request("backend: the name of a backend (GET /v1/backends lists them)",
+                          param="backend")
+    payload = _payload(body)
     kw: dict[str, Any] = {}
     priority = body.get("priority")
     if priority is not None:

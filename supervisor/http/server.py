@@ -34,7 +34,6 @@ from .errors import HttpError
 from .gate import KEEPALIVE_TIMEOUT_S, ConnectionGate, GatedSite
 from .gpu_ids import read_uuids
 from .sse import Hub
-from .views import Clock
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -66,7 +65,6 @@ class HttpServer:
         self.guard = Guard(config)
         self.gate = ConnectionGate(config.connections)
         self.hub = Hub(engine)
-        self.clock = Clock(engine.wall.offset)
         self.uuids: dict[int, str] = {}
         self.in_flight = 0
         self.streams = 0

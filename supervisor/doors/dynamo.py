@@ -57,13 +57,13 @@ its discovery entries are gone before the process exits.  Dynamo requests are no
 for nobody, and they cost the journal's writes nothing.
 
 Streaming: a handler submits on the engine loop, so its job is known before the engine's
-next step can dispatch it.  Its chunks reach the bridge through one facade subscription to
-``chunk`` events (the callback runs on the engine thread), and its end through the job's
-future (its final view, or why it will not end), resolved after the last chunk was
-published; both go to the request's queue, so nothing is lost and nothing arrives out of
-order.  The bridge takes no ``job`` events, so a headless engine serving Dynamo builds none.
-Like the control server, the handlers call the engine directly (they run on its loop), and
-never block.
+next step can dispatch it, and follows it with :mod:`supervisor.doors.watch`: one
+:class:`~supervisor.doors.watch.Feed` (the bridge's one subscription, to ``chunk`` events)
+hands each job's chunks to its :class:`~supervisor.doors.watch.Follow`, which then gives the
+job's end (its final view, or why it will not end), so nothing is lost and nothing arrives
+out of order.  The bridge takes no ``job`` events, so a headless engine serving Dynamo builds
+none.  Like the control server, the handlers call the engine directly (they run on its
+loop), and never block.
 
 Dynamo is imported lazily, through :func:`worker_sdk.dynamo.import_dynamo`, and only here.
 """
@@ -77,11 +77,15 @@ import os
 import re
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from supervisor.errors import (
+from worker_sdk import Response
+from worker_sdk.dynamo import shapes
+from worker_sdk.dynamo.errors import unavailable
+from worker_sdk.dynamo.server import request_metadata
+
+from ..errors import (
     BackendFailed,
     EngineStopped,
     InvalidRequest,
@@ -90,15 +94,11 @@ from supervisor.errors import (
     UnknownBackend,
     VramtuiError,
 )
-from supervisor.events import EngineEvent, Subscription
-from supervisor.jobs import JobState, JobView
-from worker_sdk import Response
-from worker_sdk.dynamo import shapes
-from worker_sdk.dynamo.errors import unavailable
-from worker_sdk.dynamo.server import request_metadata
+from ..jobs import JobState, JobView
+from .watch import Feed, Follow, WatchClosed, hurry
 
 if TYPE_CHECKING:
-    from supervisor.facade import Supervisor
+    from ..facade import Supervisor
 
 log = logging.getLogger("vramtui.dynamo")
 
@@ -142,16 +142,14 @@ def component_name(backend: str) -> str:
 
 
 class _Call:
-    """One Dynamo request in flight: what the engine hands to its handler."""
+    """One Dynamo request in flight: its job, followed, and the watch for Dynamo's stop."""
 
-    __slots__ = ("queue", "job_id", "stopped", "finished", "watcher")
+    __slots__ = ("follow", "stopped", "watcher")
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.follow: Follow | None = None
         self.watcher: asyncio.Handle | asyncio.Task[None] | None = None
-        self.job_id: str | None = None
         self.stopped = False  # Dynamo's stop or kill: the client reads nothing more
-        self.finished = False  # the job's final view (or why it will not come) arrived
 
 
 class _Endpoints:
@@ -185,13 +183,11 @@ class DynamoBridge:
         self.endpoints: list[_Endpoints] = []
         self.error: str | None = None  # why the Dynamo runtime could not start, or stopped
         self._loop: asyncio.AbstractEventLoop | None = None  # the engine's
-        self._loop_thread: int | None = None
         self._connecting: threading.Thread | None = None
         self._runtime: Any = None
         self._serving: asyncio.Future[None] | None = None
         self._closing = False
-        self._subscription: Subscription | None = None
-        self._jobs: dict[str, _Call] = {}  # job id -> call, until the job ends
+        self._feed: Feed | None = None  # the jobs' chunks and ends, from the engine
 
     # ======================================================================= lifecycle ======
     def start(self) -> None:
@@ -206,7 +202,6 @@ class DynamoBridge:
 
         self.dyn = import_dynamo()
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         engine = self.sup.engine
         taken: dict[str, str] = {}
         for name in sorted(engine.backends):
@@ -217,7 +212,8 @@ class DynamoBridge:
                 continue
             taken[component] = name
             self.endpoints.append(_Endpoints(self, name))
-        self._subscription = self.sup.subscribe(kinds=("chunk",), callback=self._on_event)
+        self._feed = Feed(engine, frozenset({"chunk"}))
+        self._feed.start()
         self._connecting = threading.Thread(target=self._connect, name="dynamo-connect",
                                             daemon=True)
         self._connecting.start()
@@ -276,8 +272,8 @@ class DynamoBridge:
     async def close(self) -> None:
         """On the engine loop, after the engine stopped: shut Dynamo down (discovery too)."""
         self._closing = True
-        for call in self._pending():
-            self._deliver(call, "closed", None)
+        if self._feed is not None:
+            self._feed.close()  # every request still waiting hears that the engine stopped
         if self._runtime is not None:
             self._runtime.shutdown()
         if self._serving is not None:
@@ -288,45 +284,6 @@ class DynamoBridge:
         elif self._connecting is not None and self._connecting.is_alive():
             # Still connecting: nothing is registered yet; the thread is a daemon.
             await asyncio.to_thread(self._connecting.join, 1.0)
-        if self._subscription is not None:
-            self._subscription.close()
-
-    # ======================================================================= engine events ==
-    def _deliver(self, call: _Call, kind: str, value: Any) -> None:
-        """Queue ``(kind, value)`` for the call's handler; from any thread."""
-        if threading.get_ident() == self._loop_thread:
-            call.queue.put_nowait((kind, value))
-        elif self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                self._loop.call_soon_threadsafe(call.queue.put_nowait, (kind, value))
-
-    def _on_event(self, event: EngineEvent) -> None:
-        """On the engine thread, for every chunk event (and the hub's close): hand ours on."""
-        try:
-            if event.kind == "chunk":
-                call = self._jobs.get(event.job_id or "")
-                if call is not None:
-                    self._deliver(call, "chunk", event.data)
-            elif event.kind == "closed":
-                for call in self._pending():
-                    self._deliver(call, "closed", None)
-        except Exception:  # noqa: BLE001 - never let the bridge break the engine's publish
-            log.exception("the Dynamo bridge could not handle an engine event")
-
-    def _on_future(self, call: _Call, future: Future[JobView]) -> None:
-        """The job's future (on the engine thread, after its last chunk was published): its
-        final view, or an exception when the engine stopped before it could end."""
-        if call.job_id is not None:
-            self._jobs.pop(call.job_id, None)
-        error = (EngineStopped("nobody will finish the job") if future.cancelled()
-                 else future.exception())
-        if error is not None:
-            self._deliver(call, "gone", error)
-        else:
-            self._deliver(call, "end", future.result())
-
-    def _pending(self) -> list[_Call]:
-        return list(self._jobs.values())
 
     # ======================================================================= handlers =======
     async def generate(self, ep: _Endpoints, request: Any, context: Any) -> AsyncIterator[Any]:
@@ -355,48 +312,43 @@ class DynamoBridge:
             except VramtuiError as exc:
                 raise self._http_error(exc, ep.backend) from None
             # On the engine loop: nothing of the job can have happened since submit returned.
-            call.job_id = job_id
-            self._jobs[job_id] = call
-            future = engine.jobs.future(job_id)
-            if future is not None:
-                future.add_done_callback(lambda f, c=call: self._on_future(c, f))
-            engine.step_now()  # a hot worker has the request before this handler waits
-            while True:
-                if call.stopped:
-                    return  # the finally cancels the job
-                kind, value = await call.queue.get()
-                if call.stopped:
-                    return
-                if kind == "chunk":
-                    streamed += 1
-                    yield shaper.chunk(value)
-                elif kind == "end":
-                    call.finished = True
-                    view: JobView = value
-                    if view.state is JobState.SUCCEEDED:
-                        if streamed or view.chunks:
-                            for chunk in view.chunks[streamed:]:
-                                yield shaper.chunk(chunk)
-                        else:
-                            yield shaper.reply(Response(view.data or b"", view.headers,
-                                                        status_code=view.status_code or 200))
-                        return
-                    raise _job_error(dyn, view)
-                elif kind == "gone":  # the engine stopped first
-                    call.finished = True
-                    raise self._unavailable(503, f"job {job_id}: the engine stopped before "
-                                            "the job ended; try another instance",
-                                            "engine_stopped", ep.backend)
-                elif kind == "closed":
-                    raise self._unavailable(503, "the engine stopped", "engine_stopped",
-                                            ep.backend)
+            assert self._feed is not None
+            call.follow = follow = self._feed.follow(job_id)
+            hurry(engine)  # a hot worker has the request before this handler waits
+            try:
+                async for kind, value in follow:
+                    if kind == "chunk":
+                        streamed += 1
+                        yield shaper.chunk(value)
+                    elif kind == "end":
+                        view: JobView = value
+                        if view.state is JobState.SUCCEEDED:
+                            if streamed or view.chunks:
+                                for chunk in view.chunks[streamed:]:
+                                    yield shaper.chunk(chunk)
+                            else:
+                                yield shaper.reply(Response(
+                                    view.data or b"", view.headers,
+                                    status_code=view.status_code or 200))
+                            return
+                        raise _job_error(dyn, view)
+            except WatchClosed:
+                raise self._unavailable(503, "the engine stopped", "engine_stopped",
+                                        ep.backend) from None
+            except EngineStopped:  # the engine stopped before the job could end
+                raise self._unavailable(503, f"job {job_id}: the engine stopped before "
+                                        "the job ended; try another instance",
+                                        "engine_stopped", ep.backend) from None
+            # here only when Dynamo stopped the request: the finally cancels the job
         finally:
             if call.watcher is not None:
                 call.watcher.cancel()
-            if call.job_id is not None:
-                self._jobs.pop(call.job_id, None)
-                if not call.finished:
-                    self._cancel_soon(call.job_id, "stopped" if call.stopped else "went away")
+            follow_ = call.follow
+            if follow_ is not None:
+                follow_.close()
+                if not follow_.ended:
+                    self._cancel_soon(follow_.job_id,
+                                      "stopped" if call.stopped else "went away")
 
     def _start_watch(self, context: Any, call: _Call) -> None:
         """A request still in flight after :data:`WATCH_AFTER_S`: watch it for Dynamo's stop."""
@@ -410,7 +362,8 @@ class DynamoBridge:
             log.debug("cannot watch a Dynamo request for its stop", exc_info=True)
             return
         call.stopped = True
-        call.queue.put_nowait(("stop", None))
+        if call.follow is not None:
+            call.follow.interrupt()
 
     def _cancel_soon(self, job_id: str, why: str) -> None:
         """Cancel the job of a request nobody reads any more (next turn of the engine loop)."""
@@ -439,7 +392,7 @@ class DynamoBridge:
             "backend": backend,
             "hot": state in HOT_STATES,
             "state": state,
-            "queued": sum(1 for job in engine.jobs.queue if job.backend == backend),
+            "queued": engine.jobs.queue.counts.get(("job", backend), 0),
             "running": len(rt.admitted) if rt is not None else 0,
             "gpu": worker.gpu if worker is not None else None,
             "stopping": engine.stopping,
