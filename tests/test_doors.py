@@ -82,9 +82,9 @@ def test_one_job_has_the_same_fields_and_values_at_every_door(front: Front,
         _near_now(t)
     assert http["submitted_at"] <= http["started_at"] <= http["finished_at"]
     detail = front.get(f"/v1/jobs/{job_id}").json()
-    assert detail["history"] == by_cli["history"]
-    for t, _state, _note in detail["history"]:
-        _near_now(t)
+    assert [[h["t"], h["state"], h["note"]] for h in detail["history"]] == by_cli["history"]
+    for h in detail["history"]:
+        _near_now(h["t"])
     # the engine's whole view over HTTP is the CLI's status --json, job for job
     snap = front.get("/v1/snapshot").json()
     assert next(j for j in snap["recent"] if j["id"] == job_id) == by_cli

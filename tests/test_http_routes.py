@@ -67,7 +67,7 @@ def test_respond_async_gives_202_location_and_the_result_later(front: Front) -> 
     poll(lambda: front.get(location).json()["state"] == "succeeded", 20, "the job")
     detail = front.get(location).json()
     assert detail["metadata"] == {"who": "test"}
-    assert [state for _t, state, _note in detail["history"]][0] == "queued"
+    assert [h["state"] for h in detail["history"]][0] == "queued"
     result = front.get(location + "/result")
     assert result.status == 200 and result.body == b'"hello"'  # input: handed over as JSON
 

@@ -20,9 +20,13 @@ __all__ = ["backend_json", "chunk_json", "engine_event_json", "gpu_json", "job_r
 
 def job_resource(view: JobView, *, history: bool = True) -> dict[str, Any]:
     """A job as HTTP shows it: :func:`~supervisor.doors.codec.job_json` without the result,
-    with its kind and links."""
+    with its kind and links, and its history's entries as objects ``{t, state, note}`` (as
+    the HTTP API has always given them; the CLI's ``--json`` keeps ``[t, state, note]``)."""
     out: dict[str, Any] = {"object": "job",
                            **job_json(view, history=history, result=False)}
+    if history:
+        out["history"] = [{"t": t, "state": state, "note": note}
+                          for t, state, note in out["history"]]
     links = {"self": f"/v1/jobs/{view.id}", "events": f"/v1/jobs/{view.id}/events",
              "cancel": f"/v1/jobs/{view.id}/cancel"}
     if view.finished:
