@@ -33,6 +33,7 @@ from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.client import Client
 from supervisor.errors import VramtuiError
 from supervisor.jobs import JobState, JobView
+from supervisor.units import mib_whole
 
 from .cli import Exit, UsageError
 from .connect import open_client
@@ -307,14 +308,10 @@ def _why_not(view: JobView, summary: dict[str, Any] | None, report: Report | Non
 # -- rendering ---------------------------------------------------------------------------------
 
 
-def _mib(value: int | None) -> str:
-    return "–" if value is None else f"{value} MiB"
-
-
 def _measure_cells(measure: Measure | None) -> tuple[str, str, str]:
     if measure is None:
         return "not measured", "–", "–"
-    return _mib(measure.value_mib), _mib(measure.spread_mib), str(measure.samples)
+    return mib_whole(measure.value_mib), mib_whole(measure.spread_mib), str(measure.samples)
 
 
 def _numbers(finding: Finding) -> str:
@@ -340,12 +337,12 @@ def render_report(report: Report) -> None:
     out.print(figures_table(report))
     extra = []
     if report.resident is not None:
-        extra.append(f"resident {_mib(report.resident.value_mib)}")
+        extra.append(f"resident {mib_whole(report.resident.value_mib)}")
     if report.load_peak_mib is not None:
-        extra.append(f"load peak {_mib(report.load_peak_mib)}")
+        extra.append(f"load peak {mib_whole(report.load_peak_mib)}")
     if report.predict_peak_mib is not None:
-        extra.append(f"request peak {_mib(report.predict_peak_mib)}")
-    runs = [_mib(p) for p in report.run_peaks]
+        extra.append(f"request peak {mib_whole(report.predict_peak_mib)}")
+    runs = [mib_whole(p) for p in report.run_peaks]
     if runs:
         extra.append("run peaks " + " / ".join(runs))
     if extra:
@@ -366,7 +363,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for name in FIGURES:
         value = summary.get(f"{name}_mib")
-        table.add_row(name, "not measured" if value is None else _mib(value))
+        table.add_row(name, "not measured" if value is None else mib_whole(value))
     out.print(table)
     out.print(f"confidence: {escape(str(summary.get('confidence')))}: "
               f"{escape(str(summary.get('reason')))}")

@@ -129,12 +129,14 @@ def _status(client: Client, args: argparse.Namespace) -> None:
 
         print_json(snap, compact=bool(args.watch or args.interval))
         return
-    from .output import backend_table, gpu_table, mib, process_table, seconds
+    from supervisor.units import mib_text, seconds_text
+
+    from .output import backend_table, gpu_table, process_table
     from .plain import show
 
     kind = "SIMULATED" if snap.simulated else (snap.source or "GPU")
     show(f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
-         f"{seconds(snap.uptime_s)}, GPU {kind}"
+         f"{seconds_text(snap.uptime_s)}, GPU {kind}"
          + (f", driver {snap.driver_version}" if snap.driver_version else ""),
          ("  stopping" if snap.stopping else "", "bold yellow"))
     show(f"socket {client.path}")
@@ -149,7 +151,7 @@ def _status(client: Client, args: argparse.Namespace) -> None:
         show(procs)
     free = sum(g.budget_mib for g in snap.gpus if not g.draining)
     show(f"jobs: {len(snap.running)} running, {len(snap.queued)} queued; admission "
-         f"budget left {mib(free)}")
+         f"budget left {mib_text(free)}")
 
 
 def cmd_queue(args: argparse.Namespace) -> int:

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DescriptorError, DescriptorWarning, brief, display_path
+from ..errors import brief
+from .errors import DescriptorError, DescriptorWarning, display_path
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
 from .vramd import VramdContext

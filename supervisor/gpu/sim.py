@@ -34,6 +34,7 @@ import psutil
 
 from supervisor.gpu.errors import BadGpuSpec
 from supervisor.gpu.model import GpuReading, ProcessReading
+from supervisor.units import mib_exact
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,6 @@ def parse_sim_spec(spec: str) -> list[int]:
             )
         sizes.append(int(mib))
     return sizes
-
-
-def format_mib(mib: int) -> str:
-    """8192 -> '8 GiB', 1536 -> '1.5 GiB', 700 -> '700 MiB'."""
-    if mib >= 1024:
-        return f"{mib / 1024:g} GiB"
-    return f"{mib} MiB"
 
 
 def _start_ticks(pid: int) -> tuple[str, int] | None:
@@ -150,7 +144,7 @@ class SimulatedProbe:
         return [
             GpuReading(
                 index=i,
-                name=f"Simulated GPU ({format_mib(total)})",
+                name=f"Simulated GPU ({mib_exact(total)})",
                 total_mib=total,
                 used_mib=used[i],
                 free_mib=max(0, total - used[i]),
