@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import NoReport, VramtuiError
+from .paths import parse_report_name
 from .results import DescriptorInfo, DescriptorLayer, ReportFile
 from .units import format_seconds, format_size_mib
 
-REPORT_NAME = re.compile(r"^(?P<backend>.+)-(?P<stamp>\d{8}-\d{6})\.json$")
 MAX_REPORT_BYTES = 256 * 1024 * 1024
 
 
@@ -124,9 +123,9 @@ def report_names(directory: Path, backend: str) -> list[str]:
     except OSError as exc:
         raise VramtuiError(f"cannot list {directory}: {exc.strerror or exc}") from None
     for path in entries:
-        m = REPORT_NAME.match(path.name)
-        if m is not None and m.group("backend") == backend:
-            found.append((m.group("stamp"), path.name))
+        parts = parse_report_name(path.name)
+        if parts is not None and parts[0] == backend:
+            found.append((parts[1], path.name))
     return [name for _stamp, name in sorted(found, reverse=True)]
 
 

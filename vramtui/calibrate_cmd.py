@@ -429,7 +429,7 @@ def overlay_path(backend: str) -> Path:
     """Where a calibrated overlay goes: the config's ``backends.d`` (as the engine writes it)."""
     from supervisor.paths import Paths
 
-    return Paths.from_env().backends_dir / f"zz-calibrated-{backend}.yaml"
+    return Paths.from_env().calibration_overlay(backend)
 
 
 def cmd_recalibrate(args: argparse.Namespace) -> int:

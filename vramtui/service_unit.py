@@ -21,14 +21,7 @@ from pathlib import Path
 
 from supervisor.atomicfile import write_atomic
 
-UNIT_NAME = "vramtui.service"
 MIN_STOP_TIMEOUT_S = 60
-
-
-def unit_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(
-        environ.get("HOME") or os.path.expanduser("~"), ".config")
-    return Path(base) / "systemd" / "user"
 
 
 def stop_timeout(backends: list[str]) -> int:
@@ -88,7 +81,9 @@ def run_install_service(args: argparse.Namespace) -> int:
     if args.print:
         sys.stdout.write(text)
         return Exit.OK
-    path = unit_dir() / UNIT_NAME
+    from supervisor.paths import service_unit_path
+
+    path = service_unit_path()
     if path.exists() and not args.force:
         old = path.read_text(errors="replace")
         if old == text:

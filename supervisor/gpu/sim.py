@@ -34,6 +34,7 @@ import psutil
 
 from supervisor.gpu.errors import BadGpuSpec
 from supervisor.gpu.model import GpuReading, ProcessReading
+from supervisor.paths import pid_record
 from supervisor.units import mib_exact
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def _parse(path: Path) -> tuple[int, int, int, Any, int, bool] | None:
         return None
     if any(isinstance(v, bool) or not isinstance(v, int) for v in (pid, gpu, mib)):
         return None
-    if pid <= 0 or gpu < 0 or mib < 0 or path.name != f"{pid}.json":
+    if pid <= 0 or gpu < 0 or mib < 0 or path.name != pid_record(path.parent, pid).name:
         return None
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         return None
