@@ -35,8 +35,8 @@ from supervisor.errors import VramtuiError
 from supervisor.jobs import JobState, JobView
 from supervisor.units import mib_whole
 
-from .cli import Exit, UsageError
 from .connect import open_client
+from .exits import Exit, UsageError
 from .submit import read_request
 
 FIGURES = ("context", "weights", "activation", "peak")

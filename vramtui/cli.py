@@ -13,21 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-
-EXIT_CODES = """\
-exit codes:
-  0   success
-  1   the job failed, was cancelled or timed out; doctor found a problem; the engine failed;
-      a calibration failed or earned too low a confidence to write an overlay
-  2   bad usage or input (unknown flag, bad JSON, unreadable file, request too large)
-  3   no engine is running (start one with `vramtui --serve`, or run `vramtui`)
-  4   unknown backend or job
-  5   refused: too large for every GPU, queue full, backend failed or busy, access denied,
-      or (--serve) another engine already runs in this runtime directory
-  6   the job has not finished yet (result without --wait)
-  70  internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)
-  130 interrupted (Ctrl-C; a submitted job goes on, a calibration is cancelled)
-"""
+from .exits import EXIT_CODES, Exit
 
 EXAMPLES = """\
 examples:
@@ -60,23 +46,6 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
                 columns = 80
             width = max(11, columns - 2)
         super().__init__(prog, indent_increment, max_help_position, width)
-
-
-class UsageError(Exception):
-    """Bad input caught before talking to the engine (exit 2, one line)."""
-
-
-class Exit:
-    OK = 0
-    JOB_FAILED = 1
-    FAILED = 1
-    USAGE = 2
-    NO_ENGINE = 3
-    NOT_FOUND = 4
-    REFUSED = 5
-    NOT_FINISHED = 6
-    INTERNAL = 70
-    INTERRUPTED = 130
 
 
 def _queue_limit(text: str) -> int:

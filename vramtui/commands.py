@@ -1,7 +1,7 @@
 """The client subcommands: ``submit``, ``status``, ``queue``, ``jobs``, ``result`` and the rest.
 
 Each attaches to the running engine (never starts one), does one thing, and returns an exit
-code from :class:`vramtui.cli.Exit`.  Every error the user can cause is one line on stderr
+code from :class:`vramtui.exits.Exit`.  Every error the user can cause is one line on stderr
 (``vramtui: error: ...``) and a non-zero exit code, never a traceback; with ``--json`` the
 error is also printed on stdout as ``{"error": ..., "type": ...}``.
 """
@@ -17,42 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor import errors as E
-from supervisor.control import errors as CE
 from supervisor.jobs import JobState
 
-from .cli import Exit, UsageError
 from .connect import open_client
+from .exits import Exit, UsageError, exit_code
 from .peaks import over_declared_line, suggested_peak_mib
 
 if TYPE_CHECKING:
     from supervisor.client import Client
 
 # -- errors and exit codes ------------------------------------------------------------------------
-
-
-_EXIT_FOR: tuple[tuple[type[BaseException], int], ...] = (
-    (E.UnknownBackend, Exit.NOT_FOUND),
-    (E.UnknownJob, Exit.NOT_FOUND),
-    (E.Refused, Exit.REFUSED),
-    (E.QueueFull, Exit.REFUSED),
-    (E.BackendFailed, Exit.REFUSED),
-    (CE.AccessDenied, Exit.REFUSED),
-    (CE.TooManyConnections, Exit.REFUSED),
-    (E.EngineStopped, Exit.NO_ENGINE),
-    (CE.RequestTooLarge, Exit.USAGE),
-    (CE.BadRequest, Exit.USAGE),
-    (E.InvalidRequest, Exit.USAGE),
-    (CE.ProtocolMismatch, Exit.USAGE),
-    (E.JobTimeout, Exit.JOB_FAILED),
-    (E.NoReport, Exit.NOT_FOUND),
-)
-
-
-def exit_code(exc: BaseException) -> int:
-    for cls, code in _EXIT_FOR:
-        if isinstance(exc, cls):
-            return code
-    return Exit.JOB_FAILED
 
 
 def run_command(args: argparse.Namespace) -> int:

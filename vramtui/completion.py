@@ -74,7 +74,7 @@ def backend_names() -> list[str]:
 
 
 def run_completion(args: argparse.Namespace) -> int:
-    from .cli import Exit
+    from .exits import Exit
 
     if args.list_backends:
         for name in backend_names():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from supervisor.paths import Paths, PathsError
 
-from .cli import Exit
+from .exits import Exit
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _MARK = {OK: "[green]✓[/]", WARN: "[yellow]![/]", FAIL: "[bold red]✗[/]"}

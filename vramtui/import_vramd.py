@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli import Exit, UsageError
+from .exits import Exit, UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -75,7 +75,7 @@ WantedBy=default.target
 
 
 def run_install_service(args: argparse.Namespace) -> int:
-    from .cli import Exit
+    from .exits import Exit
 
     text = render(args)
     if args.print:

@@ -20,8 +20,8 @@ from typing import Any
 from supervisor.client import Client, RemoteSubscription
 from supervisor.jobs import JobState, JobView
 
-from .cli import Exit, UsageError
 from .connect import open_client
+from .exits import Exit, UsageError
 
 
 def read_request(text: str | None, file: str | None, flag: str) -> bytes | None:
