@@ -47,7 +47,8 @@ def test_the_readme_lists_the_same_codes() -> None:
 
 
 def test_the_command_and_every_subcommand_print_the_list() -> None:
-    from vramtui.cli import COMMANDS, build_parser
+    from vramtui.cli.parser import build_parser
+    from vramtui.cli.registry import COMMANDS
 
     assert EXIT_CODES in build_parser().format_help()
     for name in COMMANDS:

@@ -35,12 +35,41 @@ from supervisor.errors import VramtuiError
 from supervisor.jobs import JobState, JobView
 from supervisor.units import mib_whole
 
-from .connect import open_client
-from .exits import Exit, UsageError
+from ..connect import open_client
+from ..exits import Exit, UsageError
 from .submit import read_request
 
 FIGURES = ("context", "weights", "activation", "peak")
 MAX_REPEATS = 100  # the engine's own limit
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+def calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("backend")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="requests to run, one after another (default 3; 2 or more tell a "
+                        "leak or a warm-up apart)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--request", metavar="JSON",
+                        help="the request each repeat sends, as JSON text (default: the "
+                             "backend's calibration_request)")
+    source.add_argument("--request-file", metavar="FILE", help="the request, read from FILE")
+    p.add_argument("--settle", type=float, default=1.0, metavar="S",
+                   help="seconds to watch the memory settle after loading and after each "
+                        "request (default 1)")
+    p.add_argument("--out", metavar="FILE",
+                   help="also write the measured descriptor overlay (YAML) to FILE, as "
+                        "vramd's --out does (nothing is written when the run earns none)")
+    p.add_argument("--report", metavar="FILE", help="also copy the JSON report to FILE")
+
+
+def recalibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--write-overlay", action="store_true",
+                   help="write the measured figures into the config's backends.d (when the "
+                        "report justifies them)")
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -168,7 +197,7 @@ def _interrupted(client: Client, job_id: str, backend: str) -> int:
     try:
         view = client.cancel(job_id)
     except VramtuiError as exc:
-        from .output import error
+        from ..output import error
 
         error(f"could not cancel the calibration of {backend} (job {job_id}): {exc}")
         return Exit.INTERRUPTED
@@ -184,7 +213,7 @@ def _interrupted(client: Client, job_id: str, backend: str) -> int:
 # -- the calibrate command ----------------------------------------------------------------------
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
+def calibrate(args: argparse.Namespace) -> int:
     request = _request(args)
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise UsageError(f"--repeats must be between 1 and {MAX_REPEATS}, got {args.repeats}")
@@ -219,8 +248,8 @@ def _summary_of(view: JobView) -> dict[str, Any] | None:
 
 def _finish(client: Any, view: JobView, args: argparse.Namespace, out: Path | None,
             report_out: Path | None) -> int:
-    from .output import error, print_json
-    from .output import out as console
+    from ..output import error, print_json
+    from ..output import out as console
 
     summary = _summary_of(view)
     report_path = Path(summary["report"]) if summary and summary.get("report") else None
@@ -329,7 +358,7 @@ def figures_table(report: Report) -> Table:
 
 def render_report(report: Report) -> None:
     """The figures with their spread, the confidence and the findings with their numbers."""
-    from .output import out
+    from ..output import out
 
     out.print(f"{escape(report.backend)} on {escape(report.source)} GPU {report.gpu}: "
               f"{report.repeats} repeats, {report.sample_count} samples in "
@@ -355,7 +384,7 @@ def render_report(report: Report) -> None:
 
 def render_summary(summary: dict[str, Any]) -> None:
     """The same from a job's summary alone (when the report file cannot be read)."""
-    from .output import out
+    from ..output import out
 
     table = Table(title=escape(f"Calibration of {summary.get('backend', '?')}"),
                   title_justify="left")
@@ -372,7 +401,7 @@ def render_summary(summary: dict[str, Any]) -> None:
 
 
 def _render_findings(findings: list[tuple[str, str, str, bool]]) -> None:
-    from .output import out
+    from ..output import out
 
     if not findings:
         out.print("findings: none")
@@ -432,11 +461,11 @@ def overlay_path(backend: str) -> Path:
     return Paths.from_env().calibration_overlay(backend)
 
 
-def cmd_recalibrate(args: argparse.Namespace) -> int:
+def recalibrate(args: argparse.Namespace) -> int:
     from supervisor.calibration.analysis import analyze
     from supervisor.calibration.report import load_report, write_calibrated_overlay
 
-    from .output import error, out, print_json
+    from ..output import error, out, print_json
 
     path = Path(args.report)
     try:

@@ -74,8 +74,18 @@ WantedBy=default.target
 """
 
 
-def run_install_service(args: argparse.Namespace) -> int:
-    from .exits import Exit
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", default="auto", metavar="SPEC", help="the engine's --gpus")
+    p.add_argument("--backends", action="append", default=[], metavar="PATH",
+                   help="the engine's --backends (repeatable)")
+    p.add_argument("--http", metavar="ADDR", help="the engine's --http")
+    p.add_argument("--http-token-file", metavar="FILE", help="the engine's --http-token-file")
+    p.add_argument("--print", action="store_true", help="print the unit instead of writing it")
+    p.add_argument("--force", action="store_true", help="replace an existing unit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..exits import Exit
 
     text = render(args)
     if args.print:
