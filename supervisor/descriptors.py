@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import NoReport, VramtuiError
+from .paths import parse_report_name
 from .results import DescriptorInfo, DescriptorLayer, ReportFile
+from .units import format_seconds, format_size_mib
 
-REPORT_NAME = re.compile(r"^(?P<backend>.+)-(?P<stamp>\d{8}-\d{6})\.json$")
 MAX_REPORT_BYTES = 256 * 1024 * 1024
 
 
@@ -51,20 +51,22 @@ def spec_document(spec: Any) -> dict[str, Any]:
     out["cwd"] = str(spec.cwd)
     if spec.env:
         out["env"] = dict(spec.env)
-    vram = {k.removesuffix("_mib"): f"{v}MiB" for k, v in
+    vram = {k.removesuffix("_mib"): format_size_mib(v) for k, v in
             dataclasses.asdict(spec.vram).items() if v is not None}
     out["vram"] = vram or "unmeasured (runs alone on a GPU until measured)"
-    out["safety"] = f"{spec.safety_mib}MiB"
+    out["safety"] = format_size_mib(spec.safety_mib)
     out["priority"] = spec.priority
     out["gpus"] = list(spec.gpus) if spec.gpus is not None else "any"
-    out["keep_alive"] = "forever" if math.isinf(spec.keep_alive_s) else f"{spec.keep_alive_s:g}s"
+    out["keep_alive"] = ("forever" if math.isinf(spec.keep_alive_s)
+                         else format_seconds(spec.keep_alive_s))
     for key in ("pinned", "stream", "concurrency", "simulated"):
         out[key] = getattr(spec, key)
     t = spec.timeouts
-    out["timeouts"] = {"start": f"{t.start_s:g}s", "request": "none" if t.request_s is None
-                       else f"{t.request_s:g}s", "stop_grace": f"{t.stop_grace_s:g}s"}
+    out["timeouts"] = {"start": format_seconds(t.start_s),
+                       "request": "none" if t.request_s is None else format_seconds(t.request_s),
+                       "stop_grace": format_seconds(t.stop_grace_s)}
     if getattr(t, "ping_s", None) is not None:
-        out["timeouts"]["ping"] = f"{t.ping_s:g}s"
+        out["timeouts"]["ping"] = format_seconds(t.ping_s)
     for key in ("on_overuse", "protocol"):
         if hasattr(spec, key):
             out[key] = getattr(spec, key)
@@ -74,7 +76,7 @@ def spec_document(spec: Any) -> dict[str, Any]:
         if getattr(spec, key, ()):
             out[key] = list(getattr(spec, key))
     if spec.reload_cost_s is not None:
-        out["reload_cost"] = f"{spec.reload_cost_s:g}s"
+        out["reload_cost"] = format_seconds(spec.reload_cost_s)
     if spec.calibration_request is not None:
         out["calibration"] = {"request": f"({len(spec.calibration_request)} bytes)"}
     return out
@@ -121,9 +123,9 @@ def report_names(directory: Path, backend: str) -> list[str]:
     except OSError as exc:
         raise VramtuiError(f"cannot list {directory}: {exc.strerror or exc}") from None
     for path in entries:
-        m = REPORT_NAME.match(path.name)
-        if m is not None and m.group("backend") == backend:
-            found.append((m.group("stamp"), path.name))
+        parts = parse_report_name(path.name)
+        if parts is not None and parts[0] == backend:
+            found.append((parts[1], path.name))
     return [name for _stamp, name in sorted(found, reverse=True)]
 
 

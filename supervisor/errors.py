@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
+def brief(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut short when long (messages stay one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class VramtuiError(Exception):
     """Base of every error the engine raises on purpose."""
 

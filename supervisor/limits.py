@@ -34,7 +34,7 @@ class Limits:
         request = environ.get("VRAMTUI_MAX_REQUEST", "").strip()
         max_request = DEFAULT_MAX_REQUEST
         if request:
-            from .backends.units import parse_size
+            from .units import parse_size
 
             try:
                 mib = parse_size(request)  # a bare number is MiB, as in descriptors

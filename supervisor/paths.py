@@ -6,7 +6,12 @@ Three roots, each overridable by an environment variable:
 - state:   ``$VRAMTUI_STATE_DIR``, else ``$XDG_STATE_HOME/vramtui``, else ``~/.local/state/vramtui``
 - runtime: ``$VRAMTUI_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/vramtui``, else ``/tmp/vramtui-$UID``
 
-Everything else (sockets, lock, journal, logs, calibration reports) is derived from them.
+Everything else (sockets, lock, journal, logs, calibration reports and overlays, the worker
+records, the simulated GPU's ledger) is derived from them here, by a property or method of
+:class:`Paths`; no other module joins a file name to one of these directories
+(``tests/test_paths.py`` looks).  Two paths live outside the three roots and are built here
+too: the systemd user unit (:func:`service_unit_path`) and the name of a per-process record
+(:func:`pid_record`).
 
 ``Paths.ensure()`` creates the directories private (0700) and checks that the socket paths fit
 in ``sockaddr_un``.  Runtime and state paths are created and opened without following symbolic
@@ -40,6 +45,10 @@ APP = "vramtui"
 PRIVATE_MODE = 0o700
 FILE_MODE = 0o600
 RUNTIME_POINTER = "runtime-dir"  # in the state directory: where a squatted runtime dir moved
+BACKENDS_DIR = "backends.d"  # in the config directory: the user's descriptors and overlays
+REPORT_STAMP = "%Y%m%d-%H%M%S"  # strftime format of the stamp in a calibration report's name
+SERVICE_UNIT = f"{APP}.service"
+_REPORT_NAME = r"^(?P<backend>.+)-(?P<stamp>\d{8}-\d{6})\.json$"
 
 # sun_path holds this many bytes including the terminating NUL (Linux 108, BSD/macOS 104).
 SUN_PATH_SIZE = 104 if sys.platform == "darwin" or "bsd" in sys.platform else 108
@@ -139,7 +148,12 @@ class Paths:
     # -- config ------------------------------------------------------------------------------
     @property
     def backends_dir(self) -> Path:
-        return self.config_dir / "backends.d"
+        return backends_dir_of(self.config_dir)
+
+    def calibration_overlay(self, backend: str) -> Path:
+        """Where a calibration writes ``backend``'s measured figures: last in ``backends.d``
+        (``zz-``), so that they win over the user's own files."""
+        return self.backends_dir / f"zz-calibrated-{backend}.yaml"
 
     @property
     def settings_file(self) -> Path:
@@ -168,6 +182,11 @@ class Paths:
         """The stderr log of one backend's worker."""
         return self.logs_dir / f"{backend}.log"
 
+    def calibration_report(self, backend: str, stamp: str) -> Path:
+        """The report of ``backend``'s calibration begun at ``stamp`` (``REPORT_STAMP``);
+        :func:`parse_report_name` reads the name back."""
+        return self.calibration_dir / f"{backend}-{stamp}.json"
+
     # -- runtime -----------------------------------------------------------------------------
     @property
     def control_socket(self) -> Path:
@@ -187,7 +206,13 @@ class Paths:
 
     @property
     def sim_dir(self) -> Path:
+        """The simulated GPU's ledger: one :func:`pid_record` per worker process."""
         return self.runtime_dir / "simgpu"
+
+    @property
+    def worker_records_dir(self) -> Path:
+        """The lifeline's records of live worker groups: one :func:`pid_record` each."""
+        return self.runtime_dir / "workers"
 
     # -- checks and creation -----------------------------------------------------------------
     @property
@@ -234,6 +259,39 @@ class Paths:
                 paths.runtime_dir, self.runtime_pointer)
         _make_private_dir(paths.sim_dir, what="runtime directory")
         return paths
+
+
+# -- names inside a directory, and paths outside the three roots ------------------------------
+
+
+def backends_dir_of(config_dir: Path | str) -> Path:
+    """The ``backends.d`` of a config directory (:attr:`Paths.backends_dir`, for a caller
+    that has the directory alone)."""
+    return Path(config_dir) / BACKENDS_DIR
+
+
+def parse_report_name(name: str) -> tuple[str, str] | None:
+    """``("sdxl", "20260101-115500")`` for ``sdxl-20260101-115500.json`` (a name that
+    :meth:`Paths.calibration_report` gives); None for any other name."""
+    import re
+
+    match = re.match(_REPORT_NAME, name)
+    return None if match is None else (match.group("backend"), match.group("stamp"))
+
+
+def pid_record(directory: Path, pid: int) -> Path:
+    """The record of process ``pid`` in ``directory`` (``<pid>.json``): the lifeline's worker
+    records and the simulated GPU's ledger (``worker_sdk.sim`` writes the same name; it
+    cannot import this module)."""
+    return directory / f"{pid}.json"
+
+
+def service_unit_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """The systemd user unit ``vramtui install-service`` writes: in
+    ``$XDG_CONFIG_HOME/systemd/user``, else ``~/.config/systemd/user``."""
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".config")
+    return Path(base) / "systemd" / "user" / SERVICE_UNIT
 
 
 # -- directories -------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import msgpack
 
 from .errors import InvalidRequest, QueueFull
 from .plain import nesting
+from .units import bytes_text
 
 PRIORITY_MIN = -1_000_000
 PRIORITY_MAX = 1_000_000
@@ -129,8 +130,9 @@ def check_payload(value: object, max_payload: int, what: str = "payload") -> byt
         raise InvalidRequest(f"{what} must be bytes, not {_kind(value)}")
     data = bytes(value)
     if len(data) > max_payload:
-        raise InvalidRequest(f"{what} is {_size(len(data))}, over the engine's limit of "
-                             f"{_size(max_payload)} (EngineConfig.max_payload_bytes)")
+        size, limit = (bytes_text(n, always_tenths=True) for n in (len(data), max_payload))
+        raise InvalidRequest(f"{what} is {size}, over the engine's limit of {limit} "
+                             "(EngineConfig.max_payload_bytes)")
     return data
 
 
@@ -147,8 +149,10 @@ def check_metadata(value: object) -> dict[str, Any]:
         raise InvalidRequest(f"metadata must be plain data (strings, numbers, lists, "
                              f"mappings, bytes): {exc}") from None
     if len(packed) > METADATA_MAX_BYTES:
-        raise InvalidRequest(f"metadata is {_size(len(packed))} once packed; at most "
-                             f"{_size(METADATA_MAX_BYTES)} (put large data in the payload)")
+        size, limit = (bytes_text(n, always_tenths=True)
+                       for n in (len(packed), METADATA_MAX_BYTES))
+        raise InvalidRequest(f"metadata is {size} once packed; at most {limit} (put large data "
+                             "in the payload)")
     return dict(value)
 
 
@@ -178,8 +182,9 @@ def check_queue_room(held: int, adding: int, limit: int) -> None:
     """Raise :class:`QueueFull` when ``adding`` more payload bytes to the ``held`` ones of the
     queued jobs would pass ``limit``."""
     if held + adding > limit:
-        raise QueueFull(f"queue full: the jobs waiting hold {_size(held)} of payloads and this "
-                        f"one {_size(adding)}, over the limit of {_size(limit)} "
+        sizes = [bytes_text(n, always_tenths=True) for n in (held, adding, limit)]
+        raise QueueFull(f"queue full: the jobs waiting hold {sizes[0]} of payloads and this "
+                        f"one {sizes[1]}, over the limit of {sizes[2]} "
                         "(EngineConfig.max_queued_bytes); try again later")
 
 
@@ -194,10 +199,3 @@ def check_calibrate(repeats: object, settle_s: object, request: object,
     settle = check_seconds(settle_s, "settle", maximum=SETTLE_MAX_S, allow_zero=True)
     data = None if request is None else check_payload(request, max_payload, "request")
     return repeats, 1.0 if settle is None else settle, data, check_priority(priority)
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"

@@ -25,6 +25,7 @@ from supervisor.calibration.report import write_report
 from supervisor.errors import EngineStopped, NoReport, UnknownBackend, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
+from supervisor.paths import REPORT_STAMP, Paths
 from supervisor.results import (
     BackendChange,
     CancelResult,
@@ -519,17 +520,16 @@ def calibration_record() -> CalibrationRecord:
         device_total_mib=24576, outcome="completed")
 
 
-def write_fixed_calibration(state_dir: Path, config_dir: Path) -> JobView:
+def write_fixed_calibration(paths: Paths) -> JobView:
     """Write the fixed calibration's report where the engine would (``state/calibration/``)
     and return its finished job, whose result is the summary the engine gives."""
     record = calibration_record()
     report = analyze(record)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(record.started_wall))
-    path = state_dir / "calibration" / f"sdxl-sim-{stamp}.json"
+    stamp = time.strftime(REPORT_STAMP, time.gmtime(record.started_wall))
+    path = paths.calibration_report("sdxl-sim", stamp)
     write_report(path, record, report)
     summary = {"report": str(path), "outcome": "completed", "error": None,
-               **report.summary(),
-               "overlay": str(config_dir / "backends.d" / "zz-calibrated-sdxl-sim.yaml")}
+               **report.summary(), "overlay": str(paths.calibration_overlay("sdxl-sim"))}
     end = CAL_STARTED - CAL_MARKS[-1][0]
     view = _job(CAL_JOB, "sdxl-sim", JobState.SUCCEEDED, priority=10,
                 submitted=CAL_STARTED + 2.0, started=CAL_STARTED, finished=end, progress=0.99,

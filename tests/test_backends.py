@@ -10,8 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from supervisor.backends import (
     BackendSpec,
@@ -21,12 +19,8 @@ from supervisor.backends import (
     VramSpec,
     default_layers,
     demo_backends_dir,
-    format_duration,
-    format_size,
     load_backends,
     packaged_defaults_dir,
-    parse_duration,
-    parse_size,
     write_overlay,
 )
 from supervisor.backends import loader as loader_module
@@ -202,100 +196,6 @@ def test_vram_forms(
     spec = only(load(file))
     assert spec.vram == expected
     assert (spec.peak, spec.resident, spec.unmeasured) == (peak, resident, peak is None)
-
-
-# -- units -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "mib"),
-    [
-        (0, 0),
-        (12288, 12288),
-        (12288.0, 12288),
-        ("12288", 12288),
-        ("12GiB", 12288),
-        ("12 GiB", 12288),
-        ("12gib", 12288),
-        ("1.5GiB", 1536),
-        ("512MiB", 512),
-        ("2048KiB", 2),
-        ("1KiB", 1),  # rounded up
-        ("1000MB", 954),  # 953.67 MiB
-        ("12GB", 11445),  # 11444.09 MiB
-        ("1TiB", 1048576),
-        ("0GiB", 0),
-    ],
-)
-def test_parse_size(text: object, mib: int) -> None:
-    assert parse_size(text) == mib
-
-
-@pytest.mark.parametrize(
-    ("value", "fragment"),
-    [
-        ("12 GB x", "is not a size (use e.g. 12GiB or 12288)"),
-        ("12G", "unknown unit 'G'"),
-        ("-1GiB", "negative"),
-        (-5, "negative"),
-        (6.5, "not a whole number of MiB"),
-        (True, "not a size"),
-        ([1], "not a size"),
-        ("", "not a size"),
-    ],
-)
-def test_parse_size_rejects(value: object, fragment: str) -> None:
-    with pytest.raises(ValueError) as info:
-        parse_size(value)
-    assert fragment in str(info.value)
-
-
-@given(st.integers(min_value=0, max_value=2**40))
-def test_size_format_round_trip(mib: int) -> None:
-    assert parse_size(format_size(mib)) == mib
-    assert parse_size(f"{mib} MiB") == mib
-    assert parse_size(f"{mib}GiB") == mib * 1024
-    assert parse_size(f"{mib * 1024}KiB") == mib
-
-
-@given(st.integers(min_value=0, max_value=2**30), st.integers(min_value=0, max_value=1023))
-def test_fractional_gib_round_trip(whole: int, part: int) -> None:
-    # k/1024 GiB written as a decimal is exact in binary when part is a multiple of 1/1024
-    text = f"{whole + part / 1024:.10f}GiB"
-    assert parse_size(text) == whole * 1024 + part
-
-
-@pytest.mark.parametrize(
-    ("value", "seconds"),
-    [
-        (30, 30.0),
-        (2.5, 2.5),
-        ("300", 300.0),
-        ("30s", 30.0),
-        ("5m", 300.0),
-        ("1h", 3600.0),
-        ("1h30m", 5400.0),
-        ("1h 30m", 5400.0),
-        ("500ms", 0.5),
-        ("2d", 172800.0),
-        ("1.5min", 90.0),
-    ],
-)
-def test_parse_duration(value: object, seconds: float) -> None:
-    assert parse_duration(value) == seconds
-
-
-def test_parse_duration_infinite_and_errors() -> None:
-    assert parse_duration("never", allow_infinite=True) == math.inf
-    assert parse_duration("Forever", allow_infinite=True) == math.inf
-    for bad in ("never", "5 mins", "m5", "-3s", -1, True, "1h30", None):
-        with pytest.raises(ValueError):
-            parse_duration(bad)
-
-
-@given(st.floats(min_value=0, max_value=1e9, allow_nan=False) | st.integers(0, 10**9))
-def test_duration_format_round_trip(seconds: float) -> None:
-    assert parse_duration(format_duration(seconds)) == float(seconds)
 
 
 # -- file shapes -----------------------------------------------------------------------------

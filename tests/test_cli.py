@@ -205,7 +205,8 @@ def test_importing_the_codec_does_not_load_the_worker_runtime() -> None:
 
 
 def test_the_one_command_parser_knows_every_command() -> None:
-    from vramtui.cli import COMMANDS, build_parser, command_named
+    from vramtui.cli.parser import build_parser, command_named
+    from vramtui.cli.registry import COMMANDS
 
     full = build_parser()
     choices = full._subparsers._group_actions[0].choices  # type: ignore[union-attr]

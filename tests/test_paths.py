@@ -9,7 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.paths import SUN_PATH_SIZE, Paths, PathsError, SocketPathTooLong
+from supervisor.paths import (
+    REPORT_STAMP,
+    SUN_PATH_SIZE,
+    Paths,
+    PathsError,
+    SocketPathTooLong,
+    backends_dir_of,
+    parse_report_name,
+    pid_record,
+    service_unit_path,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def mode(path: Path) -> int:
@@ -77,6 +89,54 @@ def test_derived_paths() -> None:
     assert p.worker_log_path("sdxl") == Path("/s/logs/sdxl.log")
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.config_dir = Path("/x")  # type: ignore[misc]
+
+
+def test_derived_files() -> None:
+    p = Paths(Path("/c"), Path("/s"), Path("/r"))
+    assert p.calibration_overlay("sdxl") == Path("/c/backends.d/zz-calibrated-sdxl.yaml")
+    assert p.calibration_report("sdxl", "20260101-115500") == Path(
+        "/s/calibration/sdxl-20260101-115500.json")
+    assert p.worker_records_dir == Path("/r/workers")
+    assert pid_record(p.worker_records_dir, 41077) == Path("/r/workers/41077.json")
+    assert pid_record(p.sim_dir, 7) == Path("/r/simgpu/7.json")
+    assert backends_dir_of("/c") == p.backends_dir
+
+
+def test_a_report_name_reads_back() -> None:
+    import time
+
+    stamp = time.strftime(REPORT_STAMP, time.gmtime(1_767_268_800.0))
+    assert stamp == "20260101-120000"
+    for backend in ("sdxl", "llm-8b-sim", "a-20250101-000000"):
+        name = Paths(Path("/c"), Path("/s"), Path("/r")).calibration_report(backend, stamp).name
+        assert parse_report_name(name) == (backend, stamp)
+    for name in ("sdxl.json", "sdxl-2026-01-01.json", "sdxl-20260101-120000.yaml", "-x.json"):
+        assert parse_report_name(name) is None
+
+
+def test_the_service_unit_follows_xdg_config_home(tmp_path: Path) -> None:
+    unit = Path("systemd/user/vramtui.service")
+    assert service_unit_path({"HOME": str(tmp_path)}) == tmp_path / ".config" / unit
+    assert service_unit_path({"HOME": str(tmp_path), "XDG_CONFIG_HOME": "/x"}) == Path("/x") / unit
+
+
+# Files being rewritten elsewhere: each still joins a name to a Paths directory by hand, and
+# switches to the Paths method named here.  Remove a line when its file has switched.
+PENDING: dict[str, str] = {}
+
+
+def test_no_module_builds_a_vramtui_path_by_hand() -> None:
+    import re
+
+    joined = re.compile(r"\b(config_dir|state_dir|runtime_dir|logs_dir|calibration_dir|"
+                        r"backends_dir|sim_dir|worker_records_dir)\)? */ ")
+    found = set()
+    for package in ("supervisor", "vramtui"):
+        for source in sorted((ROOT / package).rglob("*.py")):
+            name = source.relative_to(ROOT).as_posix()
+            if name != "supervisor/paths.py" and joined.search(source.read_text()):
+                found.add(name)
+    assert found <= set(PENDING), sorted(found - set(PENDING))
 
 
 def make_paths(tmp_path: Path) -> Paths:

@@ -340,7 +340,7 @@ def test_import_vramd_finds_the_files_vramd_reads(tmp_path: Path,
 def test_the_warnings_reach_the_engine_log_and_doctor(tmp_path: Path, home: Path) -> None:
     from supervisor import Supervisor
     from supervisor.paths import Paths
-    from vramtui.doctor import WARN, Report, check_backends
+    from vramtui.cli.doctor import WARN, Report, check_backends
 
     tools = tmp_path / "tools"
     venv_python(tools, "my_diffusion")

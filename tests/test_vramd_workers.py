@@ -26,11 +26,11 @@ import yaml
 from engine_support import ROOT, UsageWatcher, wait_for
 
 from supervisor import JobState, Supervisor
-from supervisor.backends import parse_size
 from supervisor.backends.schema import VramdSettings
 from supervisor.engine import EngineConfig
 from supervisor.gpu.sim import SimulatedProbe
 from supervisor.paths import Paths
+from supervisor.units import parse_size
 from supervisor.workers.base import Worker
 from supervisor.workers.handle import WorkerHandle, WorkerState
 from supervisor.workers.vramd import VramdWorkerHandle

@@ -36,6 +36,7 @@ from textual.pilot import Pilot
 from textual.widgets import TextArea
 
 from supervisor.jobs import JobView
+from supervisor.paths import Paths
 from vramtui.app import VramApp
 from vramtui.app.screens.calibration_screen import CalibrationScreen
 from vramtui.app.widgets.rewrap_log import RewrapLog
@@ -46,11 +47,10 @@ RUNNING_JOB = "j-7f3a91c2d4"
 
 def make_app(home: Path, *, simulated: bool = True, readonly: bool = False,
              gpus: int = 1, calibrating: bool = False) -> VramApp:
-    state = home / ".local" / "state" / "vramtui"
-    log_dir = state / "logs"
-    done = write_fixed_calibration(state, home / ".config" / "vramtui")
+    paths = Paths.from_env({"HOME": str(home), "XDG_RUNTIME_DIR": str(home / "run")})
+    done = write_fixed_calibration(paths)
     calibration = done
-    snap = demo_snapshot(simulated=simulated, log_dir=str(log_dir)) if gpus == 1 else \
+    snap = demo_snapshot(simulated=simulated, log_dir=str(paths.logs_dir)) if gpus == 1 else \
         big_snapshot(gpus=gpus, jobs=30)
     if calibrating:
         snap = calibrating_snapshot(snap)

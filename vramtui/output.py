@@ -16,6 +16,7 @@ from typing import Any
 
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
+from supervisor.units import mib_text, seconds_text
 
 from .plain import Cell, Table
 
@@ -71,24 +72,6 @@ def error(text: str) -> None:
     sys.stderr.flush()
 
 
-def mib(n: int | None) -> str:
-    if n is None:
-        return "–"
-    return f"{n / 1024:.1f} GiB" if abs(n) >= 1024 else f"{n} MiB"
-
-
-def seconds(s: float | None) -> str:
-    if s is None:
-        return "–"
-    if s < 1:
-        return f"{s * 1000:.0f} ms"
-    if s < 90:
-        return f"{s:.1f} s"
-    if s < 5400:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
-
-
 def state_text(state: JobState) -> Cell:
     return (state.value, STATE_STYLE.get(state, ""))
 
@@ -115,7 +98,7 @@ def event_line(event: Any) -> str:
         if j.state.finished:
             took = j.ran_s
             if took is not None:
-                text += f" in {seconds(took)}"
+                text += f" in {seconds_text(took)}"
             if j.error:
                 text += f": {j.error}"
         elif j.progress is not None:
@@ -135,11 +118,12 @@ def gpu_table(snap: EngineSnapshot) -> Table:
         "GPU", "name", "used / total", "reserved", "ours", "foreign", "budget", "util",
         "temp")])
     for g in snap.gpus:
-        used = f"{mib(g.used_mib)} / {mib(g.total_mib)}"
+        used = f"{mib_text(g.used_mib)} / {mib_text(g.total_mib)}"
         name: Cell = (f"{g.name} (draining)", "bold yellow") if g.draining else g.name
         table.add_row(str(g.index), name, used,
-                      mib(g.reserved_mib), mib(g.ours_mib), mib(g.foreign_mib),
-                      mib(g.budget_mib), "–" if g.util_pct is None else f"{g.util_pct} %",
+                      mib_text(g.reserved_mib), mib_text(g.ours_mib), mib_text(g.foreign_mib),
+                      mib_text(g.budget_mib),
+                      "–" if g.util_pct is None else f"{g.util_pct} %",
                       "–" if g.temp_c is None else f"{g.temp_c} °C")
     return table
 
@@ -150,7 +134,7 @@ def process_table(snap: EngineSnapshot) -> Table | None:
                                              ("memory", "r"), ("backend", "l")])
     for g in snap.gpus:
         for p in g.processes:
-            table.add_row(str(g.index), str(p.pid), p.user, mib(p.used_mib),
+            table.add_row(str(g.index), str(p.pid), p.user, mib_text(p.used_mib),
                           p.backend if p.backend else ("foreign", "magenta"))
     return table if table.rows else None
 
@@ -163,16 +147,17 @@ def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
     table = Table("Backends", [(c, "l" if c in ("backend", "state", "description") else "r")
                                for c in cols])
     for b in snap.backends:
-        peak = mib(b.peak_mib) + ("" if b.declared_peak_mib is not None or b.peak_mib is None
-                                  else " (learned)")
+        learned = b.declared_peak_mib is None and b.peak_mib is not None
+        peak = mib_text(b.peak_mib) + (" (learned)" if learned else "")
         state: Cell = (b.state + (" over peak!" if b.over_declared else ""),
                        "bold red" if b.over_declared else WORKER_STYLE.get(b.state, ""))
         row: list[Cell] = [b.name, state, str(b.pid or "–"),
-                           "–" if b.gpu is None else str(b.gpu), peak, mib(b.observed_mib),
+                           "–" if b.gpu is None else str(b.gpu), peak,
+                           mib_text(b.observed_mib),
                            str(b.queued), str(b.running), str(b.jobs_served)]
         if wide:
-            keep = "pinned" if b.pinned else seconds(b.keep_alive_left_s)
-            row += [mib(b.observed_p95_mib), str(b.priority), keep, b.description]
+            keep = "pinned" if b.pinned else seconds_text(b.keep_alive_left_s)
+            row += [mib_text(b.observed_p95_mib), str(b.priority), keep, b.description]
         table.add_row(*row)
     return table
 
@@ -184,7 +169,8 @@ def queue_table(jobs: tuple[JobView, ...]) -> Table:
     now = time.time()
     for j in jobs:
         table.add_row(str(j.position or "–"), j.id, j.backend, str(j.priority),
-                      j.waiting or "–", str(j.passed), seconds(max(0.0, now - j.submitted_at)))
+                      j.waiting or "–", str(j.passed),
+                      seconds_text(max(0.0, now - j.submitted_at)))
     return table
 
 
@@ -200,6 +186,6 @@ def jobs_table(jobs: tuple[JobView, ...], title: str = "Jobs") -> Table:
             progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
             note = j.progress_text or j.waiting or ""
         table.add_row(j.id, j.backend, state_text(j.state), progress,
-                      "–" if j.gpu is None else str(j.gpu), mib(j.peak_mib),
-                      seconds(job_duration(j)), note)
+                      "–" if j.gpu is None else str(j.gpu), mib_text(j.peak_mib),
+                      seconds_text(job_duration(j)), note)
     return table

@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 
 from supervisor.snapshot import BackendView
+from supervisor.units import mib_rounded_up, mib_text
+
+# The TUI's screens import the style under this name.
+size_to_declare = mib_rounded_up
 
 SUGGESTED_MARGIN = 1.05  # a suggested peak: the observed p95 plus 5 % ...
 SUGGESTED_STEP_MIB = 64  # ... rounded up to this
@@ -20,20 +24,11 @@ def suggested_peak_mib(backend: BackendView) -> int | None:
     return -(-wanted // SUGGESTED_STEP_MIB) * SUGGESTED_STEP_MIB
 
 
-def size_to_declare(n: int) -> str:
-    """A size to declare, never below ``n``: whole MiB, or GiB rounded up to 0.1."""
-    if n < 1024:
-        return f"{n} MiB"
-    return f"{math.ceil(n * 10 / 1024) / 10:.1f} GiB"
-
-
 def over_declared_line(backend: BackendView) -> str | None:
     """"observed p95 9.8 GiB > declared 9.0 GiB: set vram.peak to 10.3 GiB or run ..."."""
     suggested = suggested_peak_mib(backend)
     if suggested is None:
         return None
-    from .output import mib
-
-    return (f"{backend.name}: observed p95 {mib(backend.observed_p95_mib)} > declared "
-            f"{mib(backend.declared_peak_mib)}: set vram.peak to {size_to_declare(suggested)} "
+    return (f"{backend.name}: observed p95 {mib_text(backend.observed_p95_mib)} > declared "
+            f"{mib_text(backend.declared_peak_mib)}: set vram.peak to {mib_rounded_up(suggested)} "
             f"or run `vramtui calibrate {backend.name}`")

@@ -24,8 +24,8 @@ from supervisor.errors import VramtuiError
 from supervisor.paths import Paths, PathsError
 
 from . import __version__
-from .cli import Exit
 from .connect import attach, serve_control
+from .exits import Exit
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 

@@ -122,8 +122,8 @@ def run_web(args: Any) -> int:
     from supervisor.http.errors import HttpError
     from supervisor.http.gate import ConnectionGate, GatedSite
 
-    from .cli import Exit
     from .connect import control_socket
+    from .exits import Exit
 
     missing = http_missing() or available()
     if missing is not None:

@@ -1,7 +1,6 @@
 """Backend descriptors: the YAML that says how to run each model and how much VRAM it needs.
 
 - ``schema``  — ``BackendSpec`` / ``VramSpec`` / ``Timeouts`` and field validation
-- ``units``   — sizes (MiB) and durations (seconds) as written in YAML
 - ``yamlio``  — YAML reading that keeps line numbers
 - ``raw``     — unvalidated entries, per-key layering and origins
 - ``vramd``   — reading vramd's ``version: 2`` files (``vramd_tools``: its interpolations
@@ -10,6 +9,8 @@
 - ``overlay`` — ``write_overlay`` for calibration results
 - ``errors``  — ``DescriptorError`` (and ``DescriptorWarning``), one line with file:line,
   backend and field
+
+Sizes and durations as written in YAML are read by :mod:`supervisor.units`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from .schema import (
     Timeouts,
     VramSpec,
 )
-from .units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
     "BACKENDS_ENV",
@@ -45,11 +45,7 @@ __all__ = [
     "VramSpec",
     "default_layers",
     "demo_backends_dir",
-    "format_duration",
-    "format_size",
     "load_backends",
     "packaged_defaults_dir",
-    "parse_duration",
-    "parse_size",
     "write_overlay",
 ]

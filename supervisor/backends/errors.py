@@ -13,12 +13,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-def brief(value: object, limit: int = 60) -> str:
-    """``repr(value)`` for a message, cut short when long (messages stay one readable line)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def display_path(path: Path | str) -> str:
     """A short form for messages: relative to the working directory, else ``~/…``, else as is."""
     text = os.fspath(path)

@@ -17,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DescriptorError, DescriptorWarning, brief, display_path
+from ..errors import brief
+from ..paths import backends_dir_of
+from .errors import DescriptorError, DescriptorWarning, display_path
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
 from .vramd import VramdContext
@@ -84,7 +86,7 @@ def default_layers(
         if item.strip():
             layers.append(_expand_user(item.strip(), environ))
     layers.extend(_expand_user(item, environ) for item in extra)
-    user_dir = Path(config_dir) / "backends.d"
+    user_dir = backends_dir_of(config_dir)
     if user_dir.is_dir():
         layers.append(user_dir)
     return layers

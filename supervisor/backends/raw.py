@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DescriptorError, brief, unknown_key_message
+from ..errors import brief
+from .errors import DescriptorError, unknown_key_message
 from .schema import MERGED_MAPPINGS, NAME_RE
 from .vramd import VRAMD_VERSION, VramdContext, from_vramd
 from .yamlio import LinedDict, LinedList, Origin

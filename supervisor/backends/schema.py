@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import FieldError, brief, unknown_key_message
-from .units import parse_duration, parse_size
+from ..errors import brief
+from ..units import parse_duration, parse_size
+from .errors import FieldError, unknown_key_message
 
 DEFAULT_SAFETY_MIB = 512
 DEFAULT_KEEP_ALIVE_S = 300.0

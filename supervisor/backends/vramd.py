@@ -30,14 +30,15 @@ validation reports it at its line and a later layer can still replace it.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DescriptorWarning, brief
+from ..errors import brief
+from ..units import mib_from_gib
+from .errors import DescriptorWarning
 from .schema import TOP_KEYS, Unusable
 from .vramd_tools import (
     Unresolved,
@@ -98,7 +99,7 @@ def _mib(gib: Any) -> Any:
     """GiB as written by vramd calibrate → whole MiB, rounded up (the safe side)."""
     if isinstance(gib, bool) or not isinstance(gib, int | float):
         return gib  # left for validation to say what is wrong
-    return max(0, math.ceil(float(gib) * 1024 - 1e-6))
+    return mib_from_gib(gib)
 
 
 def _seconds(value: Any) -> Any:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..units import format_size_mib
+
 ANALYSIS_VERSION = 1
 CONFIDENCES = ("high", "medium", "low")
 
@@ -130,10 +132,11 @@ class Report:
         assert self.activation is not None
         return {
             "vram": {
-                "peak": f"{self.peak.value_mib}MiB",
-                "weights": f"{self.weights.value_mib}MiB",
-                "activation": f"{self.activation.value_mib}MiB",
-                "context": f"{self.context.value_mib}MiB" if self.context is not None else None,
+                "peak": format_size_mib(self.peak.value_mib),
+                "weights": format_size_mib(self.weights.value_mib),
+                "activation": format_size_mib(self.activation.value_mib),
+                "context": (format_size_mib(self.context.value_mib)
+                            if self.context is not None else None),
             }
         }
 

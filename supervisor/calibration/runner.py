@@ -27,7 +27,8 @@ from ..backends.overlay import overlay_text, write_overlay
 from ..backends.schema import VramSpec
 from ..gpu.sampler import Sample
 from ..jobs import Job, JobState
-from ..paths import Paths
+from ..paths import REPORT_STAMP, Paths
+from ..units import parse_size
 from ..workers.base import Worker
 from ..workers.handle import Outcome, WorkerHandle
 from ..workers.states import WorkerState
@@ -306,14 +307,14 @@ class CalibrationRun:
             outcome=self.outcome, error=self.error, allocated=self.allocated,
         )
         report = analyze(record)
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.wall0))
-        report_path = host.paths.calibration_dir / f"{spec.name}-{stamp}.json"
+        stamp = time.strftime(REPORT_STAMP, time.localtime(self.wall0))
+        report_path = host.paths.calibration_report(spec.name, stamp)
         write_report(report_path, record, report)
         summary: dict[str, Any] = {"report": str(report_path), "outcome": self.outcome,
                                    "error": self.error, **report.summary()}
         fields = report.overlay_fields() if self.outcome == "completed" else None
         if fields:
-            overlay = host.paths.backends_dir / f"zz-calibrated-{spec.name}.yaml"
+            overlay = host.paths.calibration_overlay(spec.name)
             comment = f"measured by vramtui calibrate on {stamp}; report {report_path}"
             write_overlay(overlay, spec.name, fields, comment=comment)
             summary["overlay"] = str(overlay)
@@ -326,8 +327,6 @@ class CalibrationRun:
 
 
 def _vram_from(fields: dict[str, Any], old: VramSpec) -> VramSpec:
-    from ..backends.units import parse_size
-
     def size(key: str) -> int | None:
         value = fields.get(key)
         return parse_size(value) if value is not None else None

@@ -27,6 +27,7 @@ from worker_sdk.protocol import DataType, EventType, Message, MessageType, Proto
 
 from ..errors import VramtuiError
 from ..events import EngineEvent, Subscription
+from ..units import bytes_text
 from . import messages as m
 from .codec import event_to_wire, snapshot_to_wire
 from .errors import (
@@ -191,7 +192,7 @@ class Connection(asyncio.BufferedProtocol):
                      "complete")
         elif self.paused_since is not None and now - self.paused_since > lim.stall_timeout_s:
             self.cut(f"it has not read its replies for {lim.stall_timeout_s:g} s "
-                     f"({m.format_size(self.unsent)} unsent)")
+                     f"({bytes_text(self.unsent)} unsent)")
         elif not self.busy and now - self.last_active > lim.idle_timeout_s:
             self.cut(f"idle for {lim.idle_timeout_s:g} s", abort=False, counter="idle_closed")
 
@@ -266,8 +267,8 @@ class Connection(asyncio.BufferedProtocol):
                                     f"from pid {self.peer.pid if self.peer else '?'} is over "
                                     f"the {item.limit}-byte limit; refused")
         self.error(item.msg_id, RequestTooLarge(
-            f"request too large: {m.format_size(item.length)} ({item.length} bytes) is over "
-            f"the control socket's limit of {m.format_size(item.limit)} ({item.limit} bytes)",
+            f"request too large: {bytes_text(item.length)} ({item.length} bytes) is over "
+            f"the control socket's limit of {bytes_text(item.limit)} ({item.limit} bytes)",
             length=item.length, limit=item.limit))
         if item.fatal:
             self.close()
@@ -275,14 +276,14 @@ class Connection(asyncio.BufferedProtocol):
     def _on_busy(self, item: Busy) -> None:
         srv = self.server
         srv.counters["busy"] += 1
-        srv.ratelog.warning("busy", f"a control request of {m.format_size(item.length)} from "
+        srv.ratelog.warning("busy", f"a control request of {bytes_text(item.length)} from "
                             f"pid {self.peer.pid if self.peer else '?'} was refused: "
-                            f"{m.format_size(srv.receiving)} of large requests are being "
+                            f"{bytes_text(srv.receiving)} of large requests are being "
                             f"received already (the limit is "
-                            f"{m.format_size(self.limits.max_receiving)})")
+                            f"{bytes_text(self.limits.max_receiving)})")
         self.error(item.msg_id, EngineBusy(
-            f"the engine is receiving other large requests ({m.format_size(srv.receiving)} at "
-            f"the moment, {m.format_size(self.limits.max_receiving)} at most); try again in "
+            f"the engine is receiving other large requests ({bytes_text(srv.receiving)} at "
+            f"the moment, {bytes_text(self.limits.max_receiving)} at most); try again in "
             "a moment"))
 
     def _on_protocol_error(self, exc: ProtocolError) -> None:
@@ -323,15 +324,15 @@ class Connection(asyncio.BufferedProtocol):
         if size > self.limits.max_reply and msg_type != MessageType.ERROR:
             self.server.counters["replies_too_large"] += 1
             self._send_now(MessageType.ERROR, msg_id, error_to_wire(VramtuiError(
-                f"the reply would be {m.format_size(size)}, over the control socket's limit "
-                f"of {m.format_size(self.limits.max_reply)} for one reply; ask for less "
+                f"the reply would be {bytes_text(size)}, over the control socket's limit "
+                f"of {bytes_text(self.limits.max_reply)} for one reply; ask for less "
                 "(a snapshot's data_limit, one job at a time)")))
             return
         transport.writelines(frames)
         self.last_active = time.monotonic()
         if transport.get_write_buffer_size() > self.limits.max_unsent:
-            self.cut(f"{m.format_size(transport.get_write_buffer_size())} of replies unsent, "
-                     f"over the limit of {m.format_size(self.limits.max_unsent)}")
+            self.cut(f"{bytes_text(transport.get_write_buffer_size())} of replies unsent, "
+                     f"over the limit of {bytes_text(self.limits.max_unsent)}")
 
     def check_wait(self) -> None:
         """Raise unless this connection may hold one more wait."""

@@ -40,15 +40,6 @@ def hello(version: str) -> dict[str, Any]:
             "metadata": {"protocol": PROTOCOL, "pid": str(os.getpid()), "version": version}}
 
 
-def format_size(n: int) -> str:
-    """``67108864`` -> ``64 MiB`` (for messages)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n} bytes"
-
-
 def __getattr__(name: str) -> Any:
     """``METHODS`` (the wire's method names) lives in :mod:`supervisor.apispec` now."""
     if name == "METHODS":

@@ -8,7 +8,8 @@ from typing import Any
 from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
 from supervisor.gpu.model import Probe
 from supervisor.gpu.nvml import NvmlProbe
-from supervisor.gpu.sim import SPEC_FORM, SimulatedProbe, format_mib, parse_sim_spec
+from supervisor.gpu.sim import SPEC_FORM, SimulatedProbe, parse_sim_spec
+from supervisor.units import mib_exact
 
 FALLBACK_SPEC = "sim:24GiB"
 
@@ -47,6 +48,6 @@ def open_probe(
 
 
 def _fallback(ledger_dir: Path, why: str) -> tuple[Probe, str]:
-    size = format_mib(parse_sim_spec(FALLBACK_SPEC)[0])
+    size = mib_exact(parse_sim_spec(FALLBACK_SPEC)[0])
     notice = f"No NVIDIA GPU found ({why}); using a SIMULATED {size} GPU"
     return SimulatedProbe(FALLBACK_SPEC, ledger_dir), notice

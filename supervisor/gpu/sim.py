@@ -34,6 +34,8 @@ import psutil
 
 from supervisor.gpu.errors import BadGpuSpec
 from supervisor.gpu.model import GpuReading, ProcessReading
+from supervisor.paths import pid_record
+from supervisor.units import mib_exact
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +60,6 @@ def parse_sim_spec(spec: str) -> list[int]:
             )
         sizes.append(int(mib))
     return sizes
-
-
-def format_mib(mib: int) -> str:
-    """8192 -> '8 GiB', 1536 -> '1.5 GiB', 700 -> '700 MiB'."""
-    if mib >= 1024:
-        return f"{mib / 1024:g} GiB"
-    return f"{mib} MiB"
 
 
 def _start_ticks(pid: int) -> tuple[str, int] | None:
@@ -105,7 +100,7 @@ def _parse(path: Path) -> tuple[int, int, int, Any, int, bool] | None:
         return None
     if any(isinstance(v, bool) or not isinstance(v, int) for v in (pid, gpu, mib)):
         return None
-    if pid <= 0 or gpu < 0 or mib < 0 or path.name != f"{pid}.json":
+    if pid <= 0 or gpu < 0 or mib < 0 or path.name != pid_record(path.parent, pid).name:
         return None
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         return None
@@ -150,7 +145,7 @@ class SimulatedProbe:
         return [
             GpuReading(
                 index=i,
-                name=f"Simulated GPU ({format_mib(total)})",
+                name=f"Simulated GPU ({mib_exact(total)})",
                 total_mib=total,
                 used_mib=used[i],
                 free_mib=max(0, total - used[i]),

@@ -34,9 +34,9 @@ from typing import Any
 
 import yaml
 
-from ..backends.units import parse_duration, parse_size
 from ..control import messages as m
 from ..errors import VramtuiError
+from ..units import parse_duration, parse_size
 from .gate import GateLimits
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"

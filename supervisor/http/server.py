@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..errors import VramtuiError
+from ..units import bytes_text
 from .auth import DECISION, Guard
 from .config import HttpConfig, bind_socket
 from .errors import HttpError
@@ -174,7 +175,7 @@ class HttpServer:
             return exc.response()
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.max_body
-            return HttpError(413, f"request body too large: the limit is {_size(limit)} "
+            return HttpError(413, f"request body too large: the limit is {bytes_text(limit)} "
                              f"({limit} bytes); raise http.max_body if you must",
                              "invalid_request_error", "body_too_large").response()
         except web.HTTPException as exc:
@@ -240,9 +241,3 @@ class HttpServer:
                 "sse_dropped": self.hub.dropped, "event_seq": self.hub.seq,
                 "connections": self.gate.stats(),
                 "address": self.address, "at": time.time()}
-
-
-def _size(n: int) -> str:
-    from ..control.messages import format_size
-
-    return format_size(n)

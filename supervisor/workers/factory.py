@@ -59,7 +59,7 @@ class ProcessWorkers:
         self.max_result = max_result
         self.listener = WireListener(str(paths.worker_control_socket),
                                      str(paths.worker_data_socket))
-        self.lifeline = Lifeline(paths.runtime_dir / "workers")
+        self.lifeline = Lifeline(paths.worker_records_dir)
 
     async def start(self) -> list[str]:
         # Workers an earlier engine left behind die before anything is requeued: a job never

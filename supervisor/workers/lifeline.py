@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+# No package imports up here: this file also runs as a bare script (the watcher, ``-S``).
+
 
 def start_ticks(pid: int) -> int | None:
     """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks after boot), or None."""
@@ -68,9 +70,11 @@ class Lifeline:
 
     def add(self, pid: int, backend: str) -> None:
         """A worker group led by ``pid`` was created: record it, and tell the watcher."""
+        from ..paths import pid_record
+
         record = {"pid": pid, "start_time": start_ticks(pid), "backend": backend,
                   "engine_pid": os.getpid()}
-        path = self.records_dir / f"{pid}.json"
+        path = pid_record(self.records_dir, pid)
         tmp = path.with_suffix(".tmp")
         with contextlib.suppress(OSError):
             tmp.write_text(json.dumps(record))
@@ -79,8 +83,10 @@ class Lifeline:
 
     def remove(self, pid: int) -> None:
         """The group led by ``pid`` is gone."""
+        from ..paths import pid_record
+
         with contextlib.suppress(OSError):
-            (self.records_dir / f"{pid}.json").unlink()
+            pid_record(self.records_dir, pid).unlink()
         self._tell(f"-{pid}\n")
 
     def _tell(self, line: str) -> None:

@@ -33,9 +33,8 @@ def _open(args: argparse.Namespace) -> tuple[EngineAPI, str, Callable[[], Engine
 
 def _start_failed(exc: BaseException) -> int:
     """One line, and the exit code the CLI and --serve give for the same cause."""
-    from vramtui.cli import Exit
-    from vramtui.commands import exit_code
     from vramtui.connect import EngineStartError
+    from vramtui.exits import Exit, exit_code
     from vramtui.output import error
 
     error(str(exc))
@@ -63,7 +62,9 @@ def run_app(args: argparse.Namespace) -> int:
             from vramtui.output import error
 
             error(f"unknown theme {theme!r}; themes: {', '.join(sorted(BUILTIN_THEMES))}")
-            return 2
+            from vramtui.exits import Exit
+
+            return Exit.USAGE
     try:
         api, mode, reconnect = _open(args)
     except VramtuiError as exc:

@@ -1,6 +1,9 @@
-"""Small formatting helpers shared by the widgets and screens: sizes, durations, state colours.
+"""Small formatting helpers shared by the widgets and screens: state colours, bars, previews.
 
-Everything here is pure (no Textual, no clock reads) so it is cheap and testable.
+Sizes and durations are :mod:`supervisor.units`' TUI styles, under the short names the
+screens use: ``fmt.mib`` (``1.5 GiB``; compact ``1.5G``), ``fmt.dur`` (``3m05s``) and
+``fmt.ago`` (``20s ago``).  Everything here is pure (no Textual, no clock reads) so it is
+cheap and testable.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rich.text import Text
+
+from supervisor import units
+
+# supervisor.units' TUI styles, under the names the screens use.
+mib = units.mib_short
+dur = units.seconds_short
+ago = units.seconds_ago
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 HBLOCKS = " ▏▎▍▌▋▊▉█"
@@ -63,48 +73,6 @@ class Clocks:
 
     def hms(self, t: float) -> str:
         return time.strftime("%H:%M:%S", self.localtime(t))
-
-
-def mib(value: int | None, *, compact: bool = False) -> str:
-    """``1536`` -> ``1.5 GiB``; ``None`` -> ``n/a``."""
-    if value is None:
-        return "n/a" if not compact else "–"
-    if abs(value) >= 1024:
-        gib = value / 1024
-        text = f"{gib:.1f}" if gib < 100 else f"{gib:.0f}"
-        return f"{text}G" if compact else f"{text} GiB"
-    return f"{value}M" if compact else f"{value} MiB"
-
-
-def dur(seconds: float | None) -> str:
-    """A short human duration: ``0.4s``, ``12s``, ``3m05s``, ``1h02m``, ``2d03h``."""
-    if seconds is None:
-        return "–"
-    s = max(0.0, seconds)
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 60:
-        return f"{s:.0f}s"
-    m, sec = divmod(int(s), 60)
-    if m < 60:
-        return f"{m}m{sec:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
-def ago(seconds: float | None) -> str:
-    """How long ago, in 10 s steps under a minute and in minutes after (calmer tables)."""
-    if seconds is None:
-        return "never"
-    if seconds < 10:
-        return "just now"
-    if seconds < 60:
-        return f"{int(seconds) // 10 * 10}s ago"
-    m = int(seconds // 60)
-    return f"{m}m ago" if m < 60 else f"{m // 60}h{m % 60:02d}m ago"
 
 
 def state_text(state: str, styles: dict[str, str]) -> Text:

@@ -27,7 +27,7 @@ def script(shell: str) -> str:
     """The completion script for ``shell``."""
     import shtab
 
-    from .cli import build_parser
+    from .parser import build_parser
 
     parser = build_parser()
     backends = shtab.cmd(LIST_BACKENDS)
@@ -73,8 +73,13 @@ def backend_names() -> list[str]:
         return []
 
 
-def run_completion(args: argparse.Namespace) -> int:
-    from .cli import Exit
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", nargs="?", choices=SHELLS, help="the shell (bash, zsh, fish)")
+    p.add_argument("--list-backends", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..exits import Exit
 
     if args.list_backends:
         for name in backend_names():

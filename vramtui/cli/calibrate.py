@@ -33,13 +33,43 @@ from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.client import Client
 from supervisor.errors import VramtuiError
 from supervisor.jobs import JobState, JobView
+from supervisor.units import mib_whole
 
-from .cli import Exit, UsageError
-from .connect import open_client
+from ..connect import open_client
+from ..exits import Exit, UsageError
 from .submit import read_request
 
 FIGURES = ("context", "weights", "activation", "peak")
 MAX_REPEATS = 100  # the engine's own limit
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+def calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("backend")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="requests to run, one after another (default 3; 2 or more tell a "
+                        "leak or a warm-up apart)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--request", metavar="JSON",
+                        help="the request each repeat sends, as JSON text (default: the "
+                             "backend's calibration_request)")
+    source.add_argument("--request-file", metavar="FILE", help="the request, read from FILE")
+    p.add_argument("--settle", type=float, default=1.0, metavar="S",
+                   help="seconds to watch the memory settle after loading and after each "
+                        "request (default 1)")
+    p.add_argument("--out", metavar="FILE",
+                   help="also write the measured descriptor overlay (YAML) to FILE, as "
+                        "vramd's --out does (nothing is written when the run earns none)")
+    p.add_argument("--report", metavar="FILE", help="also copy the JSON report to FILE")
+
+
+def recalibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--write-overlay", action="store_true",
+                   help="write the measured figures into the config's backends.d (when the "
+                        "report justifies them)")
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -167,7 +197,7 @@ def _interrupted(client: Client, job_id: str, backend: str) -> int:
     try:
         view = client.cancel(job_id)
     except VramtuiError as exc:
-        from .output import error
+        from ..output import error
 
         error(f"could not cancel the calibration of {backend} (job {job_id}): {exc}")
         return Exit.INTERRUPTED
@@ -183,7 +213,7 @@ def _interrupted(client: Client, job_id: str, backend: str) -> int:
 # -- the calibrate command ----------------------------------------------------------------------
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
+def calibrate(args: argparse.Namespace) -> int:
     request = _request(args)
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise UsageError(f"--repeats must be between 1 and {MAX_REPEATS}, got {args.repeats}")
@@ -218,8 +248,8 @@ def _summary_of(view: JobView) -> dict[str, Any] | None:
 
 def _finish(client: Any, view: JobView, args: argparse.Namespace, out: Path | None,
             report_out: Path | None) -> int:
-    from .output import error, print_json
-    from .output import out as console
+    from ..output import error, print_json
+    from ..output import out as console
 
     summary = _summary_of(view)
     report_path = Path(summary["report"]) if summary and summary.get("report") else None
@@ -307,14 +337,10 @@ def _why_not(view: JobView, summary: dict[str, Any] | None, report: Report | Non
 # -- rendering ---------------------------------------------------------------------------------
 
 
-def _mib(value: int | None) -> str:
-    return "–" if value is None else f"{value} MiB"
-
-
 def _measure_cells(measure: Measure | None) -> tuple[str, str, str]:
     if measure is None:
         return "not measured", "–", "–"
-    return _mib(measure.value_mib), _mib(measure.spread_mib), str(measure.samples)
+    return mib_whole(measure.value_mib), mib_whole(measure.spread_mib), str(measure.samples)
 
 
 def _numbers(finding: Finding) -> str:
@@ -332,7 +358,7 @@ def figures_table(report: Report) -> Table:
 
 def render_report(report: Report) -> None:
     """The figures with their spread, the confidence and the findings with their numbers."""
-    from .output import out
+    from ..output import out
 
     out.print(f"{escape(report.backend)} on {escape(report.source)} GPU {report.gpu}: "
               f"{report.repeats} repeats, {report.sample_count} samples in "
@@ -340,12 +366,12 @@ def render_report(report: Report) -> None:
     out.print(figures_table(report))
     extra = []
     if report.resident is not None:
-        extra.append(f"resident {_mib(report.resident.value_mib)}")
+        extra.append(f"resident {mib_whole(report.resident.value_mib)}")
     if report.load_peak_mib is not None:
-        extra.append(f"load peak {_mib(report.load_peak_mib)}")
+        extra.append(f"load peak {mib_whole(report.load_peak_mib)}")
     if report.predict_peak_mib is not None:
-        extra.append(f"request peak {_mib(report.predict_peak_mib)}")
-    runs = [_mib(p) for p in report.run_peaks]
+        extra.append(f"request peak {mib_whole(report.predict_peak_mib)}")
+    runs = [mib_whole(p) for p in report.run_peaks]
     if runs:
         extra.append("run peaks " + " / ".join(runs))
     if extra:
@@ -358,7 +384,7 @@ def render_report(report: Report) -> None:
 
 def render_summary(summary: dict[str, Any]) -> None:
     """The same from a job's summary alone (when the report file cannot be read)."""
-    from .output import out
+    from ..output import out
 
     table = Table(title=escape(f"Calibration of {summary.get('backend', '?')}"),
                   title_justify="left")
@@ -366,7 +392,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for name in FIGURES:
         value = summary.get(f"{name}_mib")
-        table.add_row(name, "not measured" if value is None else _mib(value))
+        table.add_row(name, "not measured" if value is None else mib_whole(value))
     out.print(table)
     out.print(f"confidence: {escape(str(summary.get('confidence')))}: "
               f"{escape(str(summary.get('reason')))}")
@@ -375,7 +401,7 @@ def render_summary(summary: dict[str, Any]) -> None:
 
 
 def _render_findings(findings: list[tuple[str, str, str, bool]]) -> None:
-    from .output import out
+    from ..output import out
 
     if not findings:
         out.print("findings: none")
@@ -432,14 +458,14 @@ def overlay_path(backend: str) -> Path:
     """Where a calibrated overlay goes: the config's ``backends.d`` (as the engine writes it)."""
     from supervisor.paths import Paths
 
-    return Paths.from_env().backends_dir / f"zz-calibrated-{backend}.yaml"
+    return Paths.from_env().calibration_overlay(backend)
 
 
-def cmd_recalibrate(args: argparse.Namespace) -> int:
+def recalibrate(args: argparse.Namespace) -> int:
     from supervisor.calibration.analysis import analyze
     from supervisor.calibration.report import load_report, write_calibrated_overlay
 
-    from .output import error, out, print_json
+    from ..output import error, out, print_json
 
     path = Path(args.report)
     try:

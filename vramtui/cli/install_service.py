@@ -21,14 +21,7 @@ from pathlib import Path
 
 from supervisor.atomicfile import write_atomic
 
-UNIT_NAME = "vramtui.service"
 MIN_STOP_TIMEOUT_S = 60
-
-
-def unit_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(
-        environ.get("HOME") or os.path.expanduser("~"), ".config")
-    return Path(base) / "systemd" / "user"
 
 
 def stop_timeout(backends: list[str]) -> int:
@@ -81,14 +74,26 @@ WantedBy=default.target
 """
 
 
-def run_install_service(args: argparse.Namespace) -> int:
-    from .cli import Exit
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", default="auto", metavar="SPEC", help="the engine's --gpus")
+    p.add_argument("--backends", action="append", default=[], metavar="PATH",
+                   help="the engine's --backends (repeatable)")
+    p.add_argument("--http", metavar="ADDR", help="the engine's --http")
+    p.add_argument("--http-token-file", metavar="FILE", help="the engine's --http-token-file")
+    p.add_argument("--print", action="store_true", help="print the unit instead of writing it")
+    p.add_argument("--force", action="store_true", help="replace an existing unit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..exits import Exit
 
     text = render(args)
     if args.print:
         sys.stdout.write(text)
         return Exit.OK
-    path = unit_dir() / UNIT_NAME
+    from supervisor.paths import service_unit_path
+
+    path = service_unit_path()
     if path.exists() and not args.force:
         old = path.read_text(errors="replace")
         if old == text:

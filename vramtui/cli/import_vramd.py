@@ -18,10 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-from .cli import Exit, UsageError
+from ..exits import Exit, UsageError
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", metavar="FILE",
                         help="the vramd file (default: the files vramd reads: "
                              "$VRAMD_BACKENDS_FILE, then $VRAMD_BACKENDS_DIR or "
@@ -32,11 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="with --out: replace PATH")
 
 
-def cmd_import_vramd(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from supervisor.atomicfile import write_atomic
     from supervisor.backends.vramd_import import import_vramd, vramd_sources
 
-    from .output import error
+    from ..output import error
 
     if args.file is not None:
         paths = [Path(args.file).expanduser()]

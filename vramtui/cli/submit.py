@@ -20,8 +20,21 @@ from typing import Any
 from supervisor.client import Client, RemoteSubscription
 from supervisor.jobs import JobState, JobView
 
-from .cli import Exit, UsageError
-from .connect import open_client
+from ..connect import open_client
+from ..exits import Exit, UsageError
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("backend")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--data", metavar="JSON", help="the request, as JSON text")
+    source.add_argument("--data-file", metavar="FILE", help="the request, read from FILE")
+    source.add_argument("-", dest="stdin", action="store_true", help="read the request from stdin")
+    p.add_argument("--priority", type=int, help="higher runs first (default: the backend's)")
+    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    p.add_argument("--wait", action="store_true", help="wait for the result, with progress")
+    p.add_argument("--stream", action="store_true", help="print streamed chunks as they come")
+    p.add_argument("--metadata", metavar="JSON", help="metadata passed to the worker (JSON)")
 
 
 def read_request(text: str | None, file: str | None, flag: str) -> bytes | None:
@@ -62,7 +75,7 @@ def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
     return value
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     payload = _read_payload(args)
     metadata = _metadata(args)
     if args.timeout is not None and args.timeout <= 0:
@@ -73,7 +86,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not (args.wait or args.stream):
         job_id = client.submit(args.backend, payload, **kw)
         if args.json:
-            from .output import print_json
+            from ..output import print_json
 
             print_json({"id": job_id})
         else:
@@ -216,7 +229,7 @@ def finish(view: JobView, args: argparse.Namespace, printed: int) -> int:
     line gets a newline, so that the prompt comes back on a line of its own.
     """
     if args.json:
-        from .output import print_json
+        from ..output import print_json
 
         print_json(view)
     elif view.state is JobState.SUCCEEDED:
@@ -233,7 +246,7 @@ def finish(view: JobView, args: argparse.Namespace, printed: int) -> int:
     if view.state is JobState.SUCCEEDED:
         return Exit.OK
     if not args.json:
-        from .output import error
+        from ..output import error
 
         error(f"job {view.id} {view.state.value.replace('_', ' ')}: {view.error or 'no reason'}")
     return Exit.JOB_FAILED

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from supervisor.paths import Paths, PathsError
 
-from .cli import Exit
+from ..exits import Exit
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _MARK = {OK: "[green]✓[/]", WARN: "[yellow]![/]", FAIL: "[bold red]✗[/]"}
@@ -102,7 +102,7 @@ def check_engine(r: Report, paths: Paths, socket_path: Path) -> int | None:
     from supervisor.control.errors import UntrustedEngine
     from supervisor.errors import VramtuiError
 
-    from .connect import attach, lock_holder
+    from ..connect import attach, lock_holder
 
     try:
         client = attach(socket_path, wait_starting=0)
@@ -232,8 +232,8 @@ def _python_problem(python: str, env: dict[str, str]) -> str | None:
     return None
 
 
-def run_doctor(args: argparse.Namespace) -> int:
-    from .connect import control_socket
+def run(args: argparse.Namespace) -> int:
+    from ..connect import control_socket
 
     paths = Paths.from_env()
     report = Report()
@@ -243,13 +243,13 @@ def run_doctor(args: argparse.Namespace) -> int:
     check_state(report, paths, engine_pid)
     check_backends(report, paths, list(getattr(args, "backends", None) or []))
     if args.json:
-        from .output import print_json
+        from ..output import print_json
 
         print_json({"ok": not report.failed, "checks": report.checks})
     else:
         from rich.markup import escape
 
-        from .output import out
+        from ..output import out
 
         for c in report.checks:
             line = f"{_MARK[c['status']]} {escape(c['check'])}: {escape(c['detail'])}"

@@ -1,0 +1,75 @@
+"""The backends' commands: ``backends`` (the table, and which declare too little), the
+worker actions ``evict``, ``respawn``, ``preload`` and ``kill``, and ``zero``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..connect import open_client
+from ..exits import Exit
+from ..peaks import over_declared_line, suggested_peak_mib
+
+
+def run(args: argparse.Namespace) -> int:
+    snap = open_client(args).snapshot(data_limit=0, light=True)
+    if args.json:
+        from ..output import jsonable, print_json
+
+        print_json([{**jsonable(b), "over_declared": b.over_declared,
+                     "suggested_peak_mib": suggested_peak_mib(b)} for b in snap.backends])
+        return Exit.OK
+    from ..output import backend_table
+    from ..plain import show
+
+    show(backend_table(snap, wide=True))
+    for backend in snap.backends:
+        line = over_declared_line(backend)
+        if line is not None:
+            show(("over peak! ", "bold red"), line)
+    return Exit.OK
+
+
+def backend_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("backend")
+
+
+def _act(args: argparse.Namespace, verb: str, done: str) -> int:
+    getattr(open_client(args), verb)(args.backend)
+    if args.json:
+        from ..output import print_json
+
+        print_json({"backend": args.backend, "action": verb, "ok": True})
+    else:
+        print(f"{args.backend}: {done}")
+    return Exit.OK
+
+
+def evict(args: argparse.Namespace) -> int:
+    return _act(args, "evict", "evicting (its worker stops once idle)")
+
+
+def respawn(args: argparse.Namespace) -> int:
+    return _act(args, "respawn", "respawning")
+
+
+def preload(args: argparse.Namespace) -> int:
+    return _act(args, "preload", "preloading (its worker starts when it fits)")
+
+
+def kill(args: argparse.Namespace) -> int:
+    return _act(args, "kill", "killed its worker (its jobs fail)")
+
+
+def zero(args: argparse.Namespace) -> int:
+    evicted = open_client(args).zero()
+    if args.json:
+        from ..output import print_json
+
+        print_json({"evicted": evicted})
+    elif evicted:
+        print("evicting " + ", ".join(evicted))
+    else:
+        print("nothing to evict (no idle worker)")
+    return Exit.OK
+
+

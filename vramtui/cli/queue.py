@@ -1,0 +1,33 @@
+"""``vramtui queue``: the jobs waiting, in the order they will run (``--watch``: live)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..connect import open_client
+from .watch import add_watch_arguments, compact, watching
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    add_watch_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = open_client(args)
+
+    def show() -> None:
+        snap = client.snapshot(data_limit=0, light=True)
+        if args.json:
+            from ..output import print_json
+
+            print_json(snap.queued, compact=compact(args))
+            return
+        from ..output import queue_table
+        from ..plain import show
+
+        if not snap.queued:
+            show("the queue is empty")
+        else:
+            show(queue_table(snap.queued))
+
+    return watching(args, show)

@@ -1,0 +1,50 @@
+"""``--watch`` / ``-n``: show a table once, or again every few seconds until ctrl+c.
+
+Shared by ``status``, ``queue`` and ``jobs``: the two options, and the loop that clears the
+screen (on a terminal, without ``--json``) and shows the table again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from ..exits import Exit, UsageError
+
+
+def add_watch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--watch", "-w", action="store_true",
+                   help="keep showing it, refreshed every -n seconds (ctrl+c stops)")
+    p.add_argument("-n", "--interval", type=float, metavar="SECONDS", default=None,
+                   help="with --watch: seconds between refreshes (default 2; alone, "
+                        "implies --watch)")
+
+
+def compact(args: argparse.Namespace) -> bool:
+    """JSON on one line per refresh while watching (one document per line)."""
+    return bool(args.watch or args.interval)
+
+
+def watching(args: argparse.Namespace, show: Callable[[], None]) -> int:
+    """``show()`` once, or (``--watch``, ``-n``) again every interval until ctrl+c."""
+    interval = getattr(args, "interval", None)
+    if not getattr(args, "watch", False) and interval is None:
+        show()
+        return Exit.OK
+    interval = 2.0 if interval is None else interval
+    if not 0.1 <= interval <= 86400:
+        raise UsageError("-n takes between 0.1 and 86400 seconds")
+    from .. import plain
+
+    try:
+        while True:
+            if sys.stdout.isatty() and not args.json:
+                sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, cursor home
+                plain.show((f"every {interval:g} s · {time.strftime('%H:%M:%S')} · ctrl+c "
+                            "stops", "dim"))
+            show()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return Exit.OK
