@@ -63,22 +63,19 @@ def bench_decision() -> tuple[float, float]:
                                  backends=[desc], environ=env, paths=Paths.from_env(env),
                                  config=EngineConfig(max_queue_depth=20_000))
     engine = sup.engine
+    monitor, planner, queue = engine.monitor, engine.planner, engine.jobs.queue
     for reading in engine.probe.devices():
-        engine.readings[reading.index] = reading
-        engine._gpu_totals[reading.index] = reading.total_mib
+        monitor.readings[reading.index] = reading
     for i in range(10_000):
         job = Job(backend=f"m{i % 50}", payload=b"", priority=i % 4)
-        job.submitted_at = 0.0
-        engine.jobs.queue.push(job)
-    # Every GPU is held by a busy worker-less reservation: nothing can start, so each step
-    # walks the queue and decides "wait" — the worst case for a decision.
-    from supervisor.scheduler.plan import plan as make_plan
+        queue.push(job)
 
     times = []
     for _ in range(200):
         t0 = time.perf_counter()
-        snap = engine._sched_snapshot()
-        make_plan(snap, 1.0, engine.sched_config)
+        snap, _book = planner.inputs(monitor.readings, engine.pool.runtimes(), [],
+                                     monitor.foreign, queue.scheduler_view(), queue.counts)
+        planner.plan(snap, 1.0)
         times.append((time.perf_counter() - t0) * 1000)
     times.sort()
     return statistics.median(times), times[int(0.99 * len(times)) - 1]

@@ -7,7 +7,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,18 +47,6 @@ def sim_backend(name: str, weights: int, activation: int, *, load_s: float = 0.0
     }
     spec.update(extra)
     return spec
-
-
-def wait_for(predicate: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 @contextmanager

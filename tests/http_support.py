@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_support import ROOT, sim_backend, wait_for
+from engine_support import ROOT, sim_backend
 from serve_support import echo_backend, make_env, new_root
+from waiting import wait_until
 
 from supervisor.engine import EngineConfig
 from supervisor.facade import Supervisor
@@ -198,7 +199,7 @@ class Front:
         return self.get(f"/v1/jobs/{job_id}").json()["state"]
 
     def wait_state(self, job_id: str, *states: str, timeout: float = 20) -> str:
-        return wait_for(lambda: (s := self.job_state(job_id)) in states and s, timeout,
+        return wait_until(lambda: (s := self.job_state(job_id)) in states and s, timeout,
                         f"job {job_id} to be {states}")
 
 
@@ -224,7 +225,7 @@ def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim
     sup.add_service(server)
     sup.start_in_thread()
     try:
-        wait_for(lambda: server.ready is not None and server.ready.is_set(), 20,
+        wait_until(lambda: server.ready is not None and server.ready.is_set(), 20,
                  "the HTTP server to listen")
         yield Front(sup, server, root, env)
     finally:
@@ -243,8 +244,4 @@ def default_http_backends() -> list[dict[str, Any]]:
             sim_backend("slow", 512, 128, steps=40, step_s=0.05),
             sim_backend("huge", 64 * 1024, 1024),
             sim_backend("flaky", 256, 64, steps=4, step_s=0.01)]
-
-
-def poll(predicate: Any, timeout: float = 15.0, what: str = "condition") -> Any:
-    return wait_for(predicate, timeout, what)
 

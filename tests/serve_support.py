@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from engine_support import ROOT, sim_backend, wait_for
+from engine_support import ROOT, sim_backend
+from waiting import wait_until
 
 from supervisor.client import Client
 from supervisor.control import messages as m
@@ -140,7 +141,7 @@ def start_serve(env: dict[str, str], root: Path, *extra: str, timeout: float = 6
         return _answers(served.socket)
 
     try:
-        wait_for(up, timeout, "vramtui --serve to answer").close()
+        wait_until(up, timeout, "vramtui --serve to answer").close()
     except BaseException:
         reap(served)
         raise

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 import yaml
-from engine_support import ROOT, UsageWatcher, engine, sim_backend, wait_for
+from engine_support import ROOT, UsageWatcher, engine, sim_backend
 from serve_support import make_env, new_root, reap, start_serve
+from waiting import wait_until
 
 from supervisor import JobState, Supervisor
 from supervisor.engine import EngineConfig
@@ -106,7 +107,7 @@ def test_a_liar_that_overcommits_is_killed_within_a_sample_and_never_again() -> 
     with engine([honest, liar], gpus="sim:24GiB") as sup, \
             UsageWatcher(sup, "sim:24GiB", hz=100) as watch:
         long_honest = sup.submit("h", req(steps=40, step_s=0.05))
-        wait_for(lambda: sup.job(long_honest).state is JobState.RUNNING, what="h running")
+        wait_until(lambda: sup.job(long_honest).state is JobState.RUNNING, what="h running")
         first = sup.wait(sup.submit("liar", req(steps=12, step_s=0.1)), 60)
         assert sup.wait(long_honest, 60).state is JobState.SUCCEEDED
         assert first.state is JobState.FAILED
@@ -143,10 +144,10 @@ def test_a_liar_caught_idle_runs_alone_next_time_even_if_its_peak_was_never_seen
             UsageWatcher(sup, "sim:12GiB", hz=100) as watch:
         assert sup.wait(sup.submit("liar", req(steps=1, step_s=0.005)), 60).state \
             is JobState.SUCCEEDED
-        wait_for(lambda: sup.snapshot().backend("liar").state == "cold", 20,
+        wait_until(lambda: sup.snapshot().backend("liar").state == "cold", 20,
                  "the liar evicted for holding more than it declared")
         long_honest = sup.submit("h", req(steps=20, step_s=0.05))
-        wait_for(lambda: sup.job(long_honest).state is JobState.RUNNING, what="h running")
+        wait_until(lambda: sup.job(long_honest).state is JobState.RUNNING, what="h running")
         second = sup.wait(sup.submit("liar", req(steps=6, step_s=0.05)), 60)
         assert sup.wait(long_honest, 60).state is JobState.SUCCEEDED
         log = [line.text for line in sup.snapshot().log]
@@ -167,7 +168,7 @@ def test_an_idle_worker_above_its_declaration_is_the_first_to_evict() -> None:
             UsageWatcher(sup, "sim:24GiB", hz=100) as watch:
         sup.preload("fat")
         sup.preload("lean")
-        wait_for(lambda: all(sup.snapshot().backend(n).state == "ready" for n in ("fat", "lean"))
+        wait_until(lambda: all(sup.snapshot().backend(n).state == "ready" for n in ("fat", "lean"))
                  and (sup.snapshot().backend("fat").over_mib or 0) > 10_000,
                  what="fat and lean ready, fat seen above its figures")
         result = sup.wait(sup.submit("big", req(steps=1)), 60)
@@ -192,7 +193,7 @@ def test_on_overuse_kill_and_evict(tmp_path: Path) -> None:
         # evict (the default): its job finishes, then it goes; the next one is sized right.
         done = sup.wait(sup.submit("evictee", req(steps=10, step_s=0.05)), 60)
         assert done.state is JobState.SUCCEEDED
-        wait_for(lambda: sup.snapshot().backend("evictee").state == "cold", what="evicted")
+        wait_until(lambda: sup.snapshot().backend("evictee").state == "cold", what="evicted")
         view = sup.snapshot().backend("evictee")
         assert view.admission_peak_mib is not None and view.admission_peak_mib >= 512 + 4096
         log = [line.text for line in sup.snapshot().log]
@@ -206,7 +207,7 @@ def test_a_caught_backend_is_distrusted_until_its_descriptor_changes() -> None:
     with engine([liar], gpus="sim:24GiB") as sup:
         assert sup.wait(sup.submit("liar", req(steps=10, step_s=0.05)), 60).state \
             is JobState.SUCCEEDED
-        wait_for(lambda: sup.snapshot().backend("liar").state == "cold", what="evicted")
+        wait_until(lambda: sup.snapshot().backend("liar").state == "cold", what="evicted")
         view = sup.snapshot().backend("liar")
         assert view is not None and view.distrusted
         # what was measured of it sizes it, never less than it was seen to hold
@@ -263,7 +264,7 @@ def test_memory_of_a_workers_descendants_is_its_own_and_a_strangers_is_foreign(
                 gpu = snap.gpus[0]
                 return snap if len(gpu.processes) == 4 and gpu.foreign_mib else None
 
-            snap = wait_for(settled, 20, "the worker, its two descendants and the stranger")
+            snap = wait_until(settled, 20, "the worker, its two descendants and the stranger")
             view = snap.backend("spawner")
             assert view is not None and view.pid is not None
             lineage = {p.pid: _ancestors(p.pid) for p in snap.gpus[0].processes}
@@ -297,7 +298,7 @@ def test_a_stopped_worker_is_declared_hung_and_its_job_fails_with_that_reason() 
     with engine([spec], config=EngineConfig(reserve_mib=0, tick_s=0.1,
                                             ping_interval_s=0.2)) as sup:
         job = sup.submit("s", req(steps=400, step_s=0.05))
-        wait_for(lambda: sup.job(job).state is JobState.RUNNING, what="job running")
+        wait_until(lambda: sup.job(job).state is JobState.RUNNING, what="job running")
         pid = sup.snapshot().backend("s").pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
@@ -305,7 +306,7 @@ def test_a_stopped_worker_is_declared_hung_and_its_job_fails_with_that_reason() 
             result = sup.wait(job, 20)
         finally:
             with pytest.raises(ProcessLookupError):  # killed, not just abandoned
-                wait_for(lambda: _gone(pid), 10, "the stopped worker to be killed")
+                wait_until(lambda: _gone(pid), 10, "the stopped worker to be killed")
                 os.kill(pid, signal.SIGCONT)
         assert result.state is JobState.FAILED
         assert "hung" in (result.error or "") and "ping" in (result.error or "")
@@ -358,7 +359,7 @@ def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher
     try:
         with served.client() as client:
             job_id = client.submit("ex", req(seconds=4))
-            wait_for(lambda: _executions(root), 30, "the job to start on its worker")
+            wait_until(lambda: _executions(root), 30, "the job to start on its worker")
             worker_pid = _executions(root)[0][2]
         watcher = _lifeline_of(env) if kill_watcher else None
         if watcher is not None:
@@ -367,7 +368,7 @@ def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher
         served.proc.wait(10)
         if not kill_watcher:
             # The lifeline kills the worker at once: it does not go on running the job.
-            wait_for(lambda: _gone(worker_pid), 5, "the worker to die with the engine")
+            wait_until(lambda: _gone(worker_pid), 5, "the worker to die with the engine")
         else:
             assert not _gone(worker_pid)  # an orphan, until the next engine starts
         again = start_serve(env, root)

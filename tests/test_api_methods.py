@@ -13,9 +13,10 @@ import time
 import psutil
 import pytest
 import yaml
-from engine_support import sim_backend, wait_for
+from engine_support import sim_backend
 from fixed_source import calibration_record
 from serve_support import echo_backend, in_process
+from waiting import wait_until
 
 from supervisor.calibration.report import write_report
 from supervisor.client import Client
@@ -70,7 +71,7 @@ def test_priority_cancel_many_kill_retry_and_drain() -> None:
         c = Client(sup.paths.control_socket)
         first = c.submit("slow", req(steps=40, step_s=0.05))
         second, third = sup.submit("slow", b""), sup.submit("slow", b"")
-        wait_for(lambda: sup.job(first).state is JobState.RUNNING, 30, "first running")
+        wait_until(lambda: sup.job(first).state is JobState.RUNNING, 30, "first running")
         assert sup.job(third).position == 2
         moved = c.set_priority(third, 50)
         assert moved.priority == 50 and moved.position == 1
@@ -91,9 +92,9 @@ def test_priority_cancel_many_kill_retry_and_drain() -> None:
         c.kill("slow")
         view = sup.wait(first, 30)
         assert view.state is JobState.FAILED and "killed on request" in (view.error or "")
-        wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() ==
+        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() ==
                  psutil.STATUS_ZOMBIE, 10, "the killed worker gone")
-        wait_for(lambda: sup.snapshot().backend("slow").pid is None, 10, "no worker")
+        wait_until(lambda: sup.snapshot().backend("slow").pid is None, 10, "no worker")
         with pytest.raises(Refused, match="no worker"):
             sup.kill("slow")
         asked = c.job_request(first, limit=4)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from engine_support import ROOT, engine, sim_backend, wait_for
+from engine_support import ROOT, engine, sim_backend
+from waiting import wait_until
 
 from supervisor import JobState
 
@@ -55,7 +56,7 @@ def test_a_cancelled_calibration_writes_no_overlay() -> None:
     slow["env"]["SIM_PREDICT_S"] = "5"
     with engine([slow]) as sup:
         job = sup.calibrate("slow", repeats=3, settle_s=0.2)
-        wait_for(lambda: "predict" in sup.job(job).progress_text, timeout=30,
+        wait_until(lambda: "predict" in sup.job(job).progress_text, deadline=30,
                  what="the calibration predicting")
         sup.cancel(job)
         assert sup.wait(job, 30).state is JobState.CANCELLED
@@ -69,7 +70,7 @@ def test_a_calibration_is_not_starved_by_jobs_for_the_same_backend() -> None:
     steady = calibration_backend("steady", "steady.py", weights=500, activation=100)
     with engine([steady], gpus="sim:8GiB,sim:8GiB") as sup:
         first = sup.submit("steady", b"{}")
-        wait_for(lambda: sup.job(first).state is JobState.RUNNING, what="a job running")
+        wait_until(lambda: sup.job(first).state is JobState.RUNNING, what="a job running")
         cal = sup.calibrate("steady", repeats=1, settle_s=0.2)
         # A steady stream of jobs for the same backend must not keep the old worker busy
         # for ever: once the calibration holds its GPU, new jobs wait.

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_support import wait_for
 from serve_support import PYTHON, Served, cli, make_env, new_root, reap, start_serve
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.jobs import JobState
 
@@ -84,7 +84,7 @@ def test_submit_reads_stdin_and_files(served: Served, tmp_path: Path) -> None:
 
 def test_cancel_a_running_job(served: Served) -> None:
     job = run(served, "submit", "slow", "--data", '{"steps": 500, "step_s": 0.02}').stdout.strip()
-    wait_for(lambda: json.loads(run(served, "result", job, "--json").stdout)["state"]
+    wait_until(lambda: json.loads(run(served, "result", job, "--json").stdout)["state"]
              == "running", 30, "the job to run")
     queued = run(served, "submit", "slow", "--data", "{}").stdout.strip()
     pending = run(served, "result", queued)
@@ -97,14 +97,14 @@ def test_cancel_a_running_job(served: Served) -> None:
 
 def test_preload_evict_respawn_zero(served: Served) -> None:
     assert run(served, "preload", "slow").returncode == 0
-    wait_for(lambda: backend_state(served, "slow") == "ready", 30, "slow preloaded")
+    wait_until(lambda: backend_state(served, "slow") == "ready", 30, "slow preloaded")
     assert run(served, "evict", "slow").returncode == 0
-    wait_for(lambda: backend_state(served, "slow") == "cold", 30, "slow evicted")
+    wait_until(lambda: backend_state(served, "slow") == "cold", 30, "slow evicted")
     assert run(served, "respawn", "slow").returncode == 0
-    wait_for(lambda: backend_state(served, "slow") == "ready", 30, "slow respawned")
+    wait_until(lambda: backend_state(served, "slow") == "ready", 30, "slow respawned")
     zero = json.loads(run(served, "zero", "--json").stdout)
     assert "slow" in zero["evicted"]
-    wait_for(lambda: backend_state(served, "slow") == "cold", 30, "slow evicted by zero")
+    wait_until(lambda: backend_state(served, "slow") == "cold", 30, "slow evicted by zero")
 
 
 def test_status_queue_jobs_backends_logs(served: Served) -> None:
@@ -296,7 +296,7 @@ def test_jobs_filters_status_json_size_and_wall_clock_times(served: Served) -> N
 def test_cancel_several_priority_retry_kill_drain_reload(served: Served) -> None:
     busy = run(served, "submit", "slow", "--data", '{"steps": 400, "step_s": 0.02}')
     busy_id = busy.stdout.strip()
-    wait_for(lambda: json.loads(run(served, "result", busy_id, "--json").stdout)["state"]
+    wait_until(lambda: json.loads(run(served, "result", busy_id, "--json").stdout)["state"]
              == "running", 30, "the job to run")
     a = run(served, "submit", "slow", "--data", "{}").stdout.strip()
     b = run(served, "submit", "slow", "--data", "{}").stdout.strip()
@@ -331,7 +331,7 @@ def test_events_follows_the_engine(served: Served) -> None:
     proc = subprocess.Popen([PYTHON, "-m", "vramtui", "events", "--json"], env=served.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: json.loads(run(served, "status", "--json").stdout) and
+        wait_until(lambda: json.loads(run(served, "status", "--json").stdout) and
                  run(served, "submit", "echo", "--data", '{"ev": 1}', "--wait").returncode
                  == 0, 30, "a job")
         seen = []

@@ -134,10 +134,12 @@ def loaded_after(code: str) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.process
 def test_importing_the_cli_imports_nothing_yet() -> None:
     assert loaded_after("import vramtui.cli") == ["vramtui", "vramtui.cli"]
 
 
+@pytest.mark.process
 def test_a_command_imports_its_own_module_only() -> None:
     mods = loaded_after("from vramtui.cli.parser import parse; parse(['status', '--json'])")
     assert {m for m in mods if m.startswith("vramtui.cli.")} == {

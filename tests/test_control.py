@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 import pytest
-from engine_support import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serve_support import RawConn, hello_frame, in_process, request
+from waiting import wait_until
 
 from supervisor import (
     BackendFailed,
@@ -218,13 +218,13 @@ def test_client_offers_the_whole_api_with_the_same_types_and_errors() -> None:
         with pytest.raises(Refused):
             c.submit("huge")
         c.preload("slow")
-        wait_for(lambda: c.snapshot().backend("slow").state == "ready", 30, "slow preloaded")
+        wait_until(lambda: c.snapshot().backend("slow").state == "ready", 30, "slow preloaded")
         assert "slow" in c.zero()
-        wait_for(lambda: c.snapshot().backend("slow").state == "cold", 30, "slow evicted")
+        wait_until(lambda: c.snapshot().backend("slow").state == "cold", 30, "slow evicted")
         c.respawn("slow")
-        wait_for(lambda: c.snapshot().backend("slow").state == "ready", 30, "slow respawned")
+        wait_until(lambda: c.snapshot().backend("slow").state == "ready", 30, "slow respawned")
         c.evict("slow")
-        wait_for(lambda: c.snapshot().backend("slow").state == "cold", 30, "slow evicted")
+        wait_until(lambda: c.snapshot().backend("slow").state == "cold", 30, "slow evicted")
         assert c.logs("echo").data  # the worker logged its start
         with pytest.raises(UnknownBackend):
             c.logs("nope")
@@ -237,7 +237,7 @@ def test_wait_cancel_and_timeouts_over_the_socket() -> None:
         c = Client(sup.paths.control_socket)
         long = c.submit("slow", b'{"steps": 400, "step_s": 0.02}')
         queued = c.submit("slow", b'{"steps": 1}')
-        wait_for(lambda: c.job(long).state is JobState.RUNNING, 30, "long job running")
+        wait_until(lambda: c.job(long).state is JobState.RUNNING, 30, "long job running")
         assert c.job(queued).position == 1
         t0 = time.monotonic()
         with pytest.raises(JobTimeout):
@@ -273,9 +273,9 @@ def test_subscriptions_deliver_a_jobs_events_and_close_with_the_engine() -> None
         callback_events: list[EngineEvent] = []
         c.subscribe(kinds=["job"], callback=callback_events.append)
         c.submit_wait("echo", b"x")
-        wait_for(lambda: any(e.job and e.job.finished for e in callback_events), 10, "callback")
+        wait_until(lambda: any(e.job and e.job.finished for e in callback_events), 10, "callback")
         sup.stop(timeout=30)
-        wait_for(lambda: saw_closed(everything), 10, "the subscription to end")
+        wait_until(lambda: saw_closed(everything), 10, "the subscription to end")
         with pytest.raises((ConnectionLost, EngineNotRunning)):
             c.snapshot()
 
@@ -344,13 +344,13 @@ def test_a_flood_of_connections_is_bounded_and_logged(caplog: pytest.LogCaptureF
     with in_process(max_connections=8) as (sup, server, _root):
         conns = [RawConn(sup.paths.control_socket) for _ in range(20)]
         # Silent newcomers give way to the next ones: never more than 8 at once.
-        wait_for(lambda: server.stats()["accepted"] == 20, 10, "twenty connections seen")
+        wait_until(lambda: server.stats()["accepted"] == 20, 10, "twenty connections seen")
         assert server.stats()["connections"] <= 8
         assert server.stats()["evicted"] >= 12
         assert any("limit of 8 connections" in r.getMessage() for r in caplog.records)
         for c in conns:
             c.close()
-        wait_for(lambda: server.stats()["connections"] == 0, 10, "connections closed")
+        wait_until(lambda: server.stats()["connections"] == 0, 10, "connections closed")
         assert Client(sup.paths.control_socket).ping() < 5
 
 
@@ -396,7 +396,7 @@ def test_what_cannot_cross_the_wire_is_refused_at_submit() -> None:
             sup.submit("slow", b"x", metadata={"odd": {1, 2}})
         fine = c.submit_wait("echo", b"y")
         assert fine.state is JobState.SUCCEEDED
-        ev = wait_for(lambda: next((e for e in iter(lambda: sub.get(0.1), None)
+        ev = wait_until(lambda: next((e for e in iter(lambda: sub.get(0.1), None)
                                     if e.job is not None and e.job.id == fine.id), None),
                       10, "the next job's events")
         assert ev.job is not None

@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import sim_backend, wait_for
+from engine_support import sim_backend
 from http_support import Front, serve_http
 from serve_support import cli, echo_backend
+from spawning import spawns
+from waiting import wait_until
 
 from supervisor.client import Client
 from supervisor.doors import codec, watch
@@ -36,6 +38,7 @@ SLOW = b'{"steps": 400, "step_s": 0.02}'  # 8 s: long enough to wait on, cancell
 
 
 @pytest.fixture(scope="module")
+@spawns
 def front() -> Iterator[Front]:
     backends = [echo_backend(), sim_backend("slow", 512, 128, steps=40, step_s=0.05)]
     with serve_http(backends, control=True) as f:
@@ -94,7 +97,7 @@ def test_a_wait_past_its_deadline_raises_and_the_job_goes_on(front: Front,
                                                              client: Client) -> None:
     job_id = client.submit("slow", SLOW)
     try:
-        wait_for(lambda: client.job(job_id).state is JobState.RUNNING, 30, "slow running")
+        wait_until(lambda: client.job(job_id).state is JobState.RUNNING, 30, "slow running")
         for face in (front.sup, client):
             t0 = time.monotonic()
             with pytest.raises(JobTimeout, match="it goes on"):
@@ -122,19 +125,20 @@ def test_an_http_waiter_that_goes_away_does_not_cancel_the_job(front: Front,
         with pytest.raises(TimeoutError):
             conn.getresponse()
         conn.close()  # an observer left; the job is not its to cancel
-        wait_for(lambda: client.job(job_id).state is JobState.RUNNING, 30, "slow running")
+        wait_until(lambda: client.job(job_id).state is JobState.RUNNING, 30, "slow running")
         time.sleep(0.3)
         assert not client.job(job_id).finished
     finally:
         client.cancel(job_id)
 
 
+@pytest.mark.process
 def test_every_door_hears_engine_stopped_when_the_engine_stops_first() -> None:
     backends = [sim_backend("slow", 512, 128, steps=40, step_s=0.05)]
     with serve_http(backends, control=True) as front:
         c = Client(front.sup.paths.control_socket)
         running = c.submit("slow", SLOW)
-        wait_for(lambda: c.job(running).state is JobState.RUNNING, 30, "slow running")
+        wait_until(lambda: c.job(running).state is JobState.RUNNING, 30, "slow running")
         queued = c.submit("slow", b"{}")  # waits behind it; journaled: it stays queued
         got: dict[str, BaseException | None] = {}
 
@@ -208,8 +212,8 @@ def test_following_a_job_gives_its_events_then_its_end_or_a_timeout(front: Front
             feed.close()
 
     def run(*args: Any) -> tuple[str, list[tuple[str, Any]]]:
-        assert engine.loop is not None
-        return asyncio.run_coroutine_threadsafe(follow(*args), engine.loop).result(60)
+        assert engine.run.loop is not None
+        return asyncio.run_coroutine_threadsafe(follow(*args), engine.run.loop).result(60)
 
     job_id, items = run("echo", b'{"stream": 3}', None)
     assert [v for k, v in items if k == "chunk"] == [b"chunk 0\n", b"chunk 1\n", b"chunk 2\n"]

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from typing import Any
 
 import pytest
 from spawning import spawns
+from waiting import wait_until
 
 from worker_sdk import Response
 from worker_sdk.dynamo import MISSING_MESSAGE, DynamoWorkerConfig
@@ -191,18 +191,6 @@ def client_for(discovery: Path) -> Iterator[Callable[[str], Any]]:
         client.close()
 
 
-def poll(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def entries(discovery: Path, endpoint: str) -> list[str]:
     """The discovery files (instances, model cards) of ``endpoint``'s workers."""
     prefix = "/".join(endpoint.split(".")) + "/"
@@ -237,7 +225,7 @@ def serve(
                 return False
             return True
 
-        poll(ready, f"{endpoint} to be served", timeout=60)
+        wait_until(ready, 60, f"{endpoint} to be served")
         return proc, client
 
     return start
@@ -325,7 +313,8 @@ def test_dynamo_stop_cancels_the_request_context(serve: Callable[..., Any]) -> N
     assert [raw_bytes(next(stream)) for _ in range(2)] == [b"tick 0\n", b"tick 1\n"]
     stream.cancel()
     list(stream)  # ends, without the 10,000 ticks
-    poll(lambda: "request tick-req cancelled after" in proc.output(), "the worker's cancel")
+    wait_until(lambda: "request tick-req cancelled after" in proc.output(), 30,
+               "the worker's cancel")
     [reply] = client.call(b"next")  # the predict thread is free again
     assert raw_bytes(reply) == b"next"
 
@@ -342,7 +331,7 @@ def test_async_predict_sees_request_id_and_cancel(serve: Callable[..., Any]) -> 
     assert next(stream) == {"progress": None, "message": "started"}
     stream.cancel()
     assert list(stream) == []
-    poll(lambda: proc.marker("async_cancelled"), "the async predict's CancelledError")
+    wait_until(lambda: proc.marker("async_cancelled"), 30, "the async predict's CancelledError")
 
     with pytest.raises(Exception, match="KeyError"):
         client.call(b'{"op": "error"}')
@@ -362,7 +351,7 @@ def test_signal_leaves_no_discovery_entry(
     assert proc.wait(timeout=30) == 0, proc.output()
     assert entries(discovery, endpoint) == []
     assert "toy worker unloaded" in proc.output()
-    poll(lambda: client.instance_ids() == [], "the client to see no instance")
+    wait_until(lambda: client.instance_ids() == [], 30, "the client to see no instance")
 
 
 @pytest.mark.process
@@ -423,7 +412,7 @@ def test_python_api_serves_a_plain_function(
                 return False
             return True
 
-        poll(ready, "the API worker", timeout=60)
+        wait_until(ready, 60, "the API worker")
         [reply] = client.call({"text": "hi"}, request_id="r7")
         assert raw_bytes(reply) == b"HI!r7"
         assert (tmp_path / "init").read_text() == "init\n"
@@ -471,7 +460,8 @@ def test_dynamos_openai_frontend_serves_each_type(
             return set()
 
     try:
-        poll(lambda: {"toy-embedding", "toy-image", "toy-video"} <= models(), "the models")
+        wait_until(lambda: {"toy-embedding", "toy-image", "toy-video"} <= models(), 30,
+                   "the models")
         embedded = post("/embeddings", {"model": "toy-embedding", "input": ["a", "b"]})
         assert [d["index"] for d in embedded["data"]] == [0, 1]
         assert len(embedded["data"][0]["embedding"]) == 8

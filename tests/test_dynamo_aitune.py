@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import types
 import urllib.parse
 import urllib.request
@@ -30,6 +29,7 @@ from typing import Any
 
 import pytest
 from spawning import spawns
+from waiting import wait_until
 
 from worker_sdk.dynamo import DynamoMissing, DynamoWorker, DynamoWorkerConfig, dynamo_worker
 
@@ -183,17 +183,6 @@ def _free_port() -> int:
     pytest.fail("no free port below 32768")
 
 
-def poll(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 @spawns
 def fleet() -> Iterator[Fleet]:
@@ -224,7 +213,7 @@ def client_for(fleet: Fleet) -> Iterator[Callable[[str, str], Any]]:
                 return False
             return True
 
-        poll(ready, f"{script} to serve {endpoint}")
+        wait_until(ready, 60, f"{script} to serve {endpoint}")
         return client
 
     yield get
@@ -315,7 +304,7 @@ def test_dynamos_own_frontend_serves_the_aitune_workers_by_name(
         with urllib.request.urlopen(request, timeout=30) as answer:
             return json.load(answer)
 
-    poll(lambda: {"toy-embedder", "org/toy-painter"} <= models(), "the frontend's models")
+    wait_until(lambda: {"toy-embedder", "org/toy-painter"} <= models(), 60, "the frontend's models")
     texts = ["the", "frontend", "sends"]
     embedded = post("/embeddings", {"model": "toy-embedder", "input": texts})
     assert len(embedded["data"]) == 3
@@ -334,4 +323,4 @@ def test_sigterm_stops_an_aitune_worker_and_removes_its_discovery_entries(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, fleet.log("aitune_positional.py")
     assert fleet.entries("aitune.backend.generate") == []
-    poll(lambda: client.instance_ids() == [], "the client to see no instance", timeout=15)
+    wait_until(lambda: client.instance_ids() == [], 15, "the client to see no instance")

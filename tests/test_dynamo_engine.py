@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import ROOT, sim_backend, wait_for
+from engine_support import ROOT, sim_backend
 from serve_support import Served, cli, echo_backend, make_env, new_root, reap, start_serve
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.client import Client as ControlClient
 from supervisor.errors import UnknownJob
@@ -144,7 +145,7 @@ def client_for(discovery: Path) -> Iterator[Callable[[str], Any]]:
         if endpoint not in clients:
             clients[endpoint] = Client(endpoint, discovery_dir=str(discovery))
         client = clients[endpoint]
-        wait_for(lambda: _has_instance(client), 60, f"{endpoint} to be served")
+        wait_until(lambda: _has_instance(client), 60, f"{endpoint} to be served")
         return client
 
     yield get
@@ -252,7 +253,7 @@ def test_a_dynamo_request_waits_in_the_queue_behind_a_local_job_then_runs(
     client_for(f"{NS}.big-a.status")
     client_for(f"{NS}.big-b.status")
     local = control.submit("big-a", json.dumps({"steps": 40, "step_s": 0.05}).encode())
-    wait_for(lambda: control.job(local).state is JobState.RUNNING, 30, "the local job to run")
+    wait_until(lambda: control.job(local).state is JobState.RUNNING, 30, "the local job to run")
 
     stream = client.stream({"steps": 2, "step_s": 0.02}, request_id="behind", timeout=60)
 
@@ -260,7 +261,7 @@ def test_a_dynamo_request_waits_in_the_queue_behind_a_local_job_then_runs(
         view = in_state(control, "behind", JobState.QUEUED)
         return view if view is not None and view.waiting else None
 
-    queued = wait_for(waiting, 10, "the Dynamo job waiting in the queue")
+    queued = wait_until(waiting, 10, "the Dynamo job waiting in the queue")
     assert status(client_for, "big-b") | {"instance_id": 0} == {
         "backend": "big-b", "hot": False, "state": "cold", "queued": 1, "running": 0,
         "gpu": None, "stopping": False, "instance_id": 0}
@@ -286,21 +287,21 @@ def test_dynamo_stop_cancels_the_job_running_or_queued(
         engine: Served, control: ControlClient, client_for: Callable[[str], Any]) -> None:
     client = client_for(f"{NS}.slow.generate")
     stream = client.stream(SLOW, request_id="stop-running")
-    running = wait_for(lambda: in_state(control, "stop-running", JobState.RUNNING), 30,
+    running = wait_until(lambda: in_state(control, "stop-running", JobState.RUNNING), 30,
                        "the Dynamo job to run")
     stream.cancel()
     assert list(stream) == []
-    wait_for(lambda: control.job(running.id).state is JobState.CANCELLED, 15,
+    wait_until(lambda: control.job(running.id).state is JobState.CANCELLED, 15,
              "the running job to be cancelled")
 
     local = control.submit("slow", json.dumps(SLOW).encode())
-    wait_for(lambda: control.job(local).state is JobState.RUNNING, 30, "the local job to run")
+    wait_until(lambda: control.job(local).state is JobState.RUNNING, 30, "the local job to run")
     stream = client.stream({"steps": 1}, request_id="stop-queued")
-    queued = wait_for(lambda: in_state(control, "stop-queued", JobState.QUEUED), 10,
+    queued = wait_until(lambda: in_state(control, "stop-queued", JobState.QUEUED), 10,
                       "the Dynamo job in the queue")
     stream.cancel()
     assert list(stream) == []
-    wait_for(lambda: control.job(queued.id).state is JobState.CANCELLED, 15,
+    wait_until(lambda: control.job(queued.id).state is JobState.CANCELLED, 15,
              "the queued job to be cancelled")
     assert control.job(local).state is JobState.RUNNING  # the local job is untouched
     control.cancel(local)
@@ -321,7 +322,7 @@ def test_failures_refusals_and_local_cancels_reach_the_dynamo_client(
     assert info.instance_id == status(client_for, "huge")["instance_id"] != 0
 
     stream = slow.stream(SLOW, request_id="cancelled-here")
-    running = wait_for(lambda: in_state(control, "cancelled-here", JobState.RUNNING), 30,
+    running = wait_until(lambda: in_state(control, "cancelled-here", JobState.RUNNING), 30,
                        "the Dynamo job to run")
     done = cli(engine.env, "cancel", running.id)  # cancelled here, through the CLI
     assert done.returncode == 0, done.stderr
@@ -343,9 +344,9 @@ def test_a_full_queue_is_a_machine_readable_503_and_the_caller_retries_on_anothe
     try:
         a, b = controls
         client = client_for(f"{namespace}.slow.generate")
-        wait_for(lambda: len(client.instance_ids()) == 2, 30, "both engines as instances")
+        wait_until(lambda: len(client.instance_ids()) == 2, 30, "both engines as instances")
         running = a.submit("slow", json.dumps(SLOW).encode())
-        wait_for(lambda: a.job(running).state is JobState.RUNNING, 30, "the busy box's job")
+        wait_until(lambda: a.job(running).state is JobState.RUNNING, 30, "the busy box's job")
         waiting = a.submit("slow", json.dumps(SLOW).encode())  # the queue (limit 1) is full
         full = cli(busy.env, "submit", "slow", "--data", "{}")  # the CLI is refused too
         assert full.returncode == 5 and "queue full" in full.stderr, full.stderr
@@ -395,9 +396,9 @@ def test_sigterm_answers_waiting_requests_leaves_no_discovery_entry_and_no_orpha
         client = client_for(f"{namespace}.slow.generate")
         assert any("slow" in e for e in entries(discovery, namespace))
         local = control.submit("slow", json.dumps({"steps": 30, "step_s": 0.05}).encode())
-        wait_for(lambda: control.job(local).state is JobState.RUNNING, 30, "the local job")
+        wait_until(lambda: control.job(local).state is JobState.RUNNING, 30, "the local job")
         stream = client.stream({"steps": 1}, request_id="at-sigterm", timeout=30)
-        waiting = wait_for(lambda: in_state(control, "at-sigterm", JobState.QUEUED), 10,
+        waiting = wait_until(lambda: in_state(control, "at-sigterm", JobState.QUEUED), 10,
                            "the Dynamo job in the queue")
         served.note_workers(control)
         control.close()
@@ -406,7 +407,7 @@ def test_sigterm_answers_waiting_requests_leaves_no_discovery_entry_and_no_orpha
             list(stream)  # answered at once; the local job still has its grace
         assert served.wait_exit(60) == 0, served.stderr()
         assert entries(discovery, namespace) == []  # no stale discovery entry
-        wait_for(lambda: client.instance_ids() == [], 15, "the client to see no instance")
+        wait_until(lambda: client.instance_ids() == [], 15, "the client to see no instance")
         err = served.stderr()  # Dynamo 1.6.1 prints the traceback of what a handler raises:
         assert err.count("Traceback") == err.count('EngineUnavailable: {"message":"job '), err
 

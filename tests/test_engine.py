@@ -15,7 +15,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from engine_support import ROOT, UsageWatcher, engine, sim_backend, wait_for
+from engine_support import ROOT, UsageWatcher, engine, sim_backend
+from waiting import wait_until
 
 from supervisor import (
     EngineRunning,
@@ -57,14 +58,14 @@ def test_three_backends_that_cannot_all_fit_thirty_jobs() -> None:
 def test_worker_killed_mid_job_fails_that_job_and_the_backend_restarts() -> None:
     with engine([sim_backend("a", 1024, 512)]) as sup:
         job = sup.submit("a", req(steps=200, step_s=0.05))
-        wait_for(lambda: sup.job(job).state is JobState.RUNNING, what="job running")
-        pid = wait_for(lambda: sup.snapshot().backend("a").pid, what="worker pid")
+        wait_until(lambda: sup.job(job).state is JobState.RUNNING, what="job running")
+        pid = wait_until(lambda: sup.snapshot().backend("a").pid, what="worker pid")
         os.kill(pid, signal.SIGKILL)
         result = sup.wait(job, 20)
         assert result.state is JobState.FAILED
         assert "code -9" in (result.error or "")
         assert "a.log" in (result.error or "")
-        wait_for(lambda: sup.snapshot().backend("a").state == "cold", what="backend cold")
+        wait_until(lambda: sup.snapshot().backend("a").state == "cold", what="backend cold")
         again = sup.wait(sup.submit("a", req(steps=1)), 30)
         assert again.state is JobState.SUCCEEDED
         assert json.loads(again.data or b"{}")["pid"] != pid
@@ -130,7 +131,7 @@ def test_queued_jobs_survive_an_engine_restart_with_their_ids(tmp_path: Path) ->
 
     sup = start()
     blocker = sup.submit("b", req(steps=200, step_s=0.01))
-    wait_for(lambda: sup.job(blocker).state is JobState.RUNNING, what="blocker running")
+    wait_until(lambda: sup.job(blocker).state is JobState.RUNNING, what="blocker running")
     waiting = [sup.submit("a", req(steps=1)) for _ in range(5)]
     sup.stop()
     sup = start()

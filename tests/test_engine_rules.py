@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from engine_support import wait_for
 from fake_worker import FakeEngine, Script, fake_engine
+from waiting import wait_until
 
 from supervisor.engine import EngineConfig
 from supervisor.errors import (
@@ -72,9 +72,9 @@ def test_two_gpus_place_two_backends_side_by_side() -> None:
                      scripts=scripts) as fe:
         ja, jb = fe.sup.submit("a", b"1"), fe.sup.submit("b", b"2")
         for name in "ab":
-            wait_for(lambda n=name: fe.workers.live(n), what=f"{name}'s worker")
+            wait_until(lambda n=name: fe.workers.live(n), what=f"{name}'s worker")
             fe.on_loop(fe.worker(name).ready)
-        wait_for(lambda: fe.sup.job(ja).state is fe.sup.job(jb).state is JobState.RUNNING,
+        wait_until(lambda: fe.sup.job(ja).state is fe.sup.job(jb).state is JobState.RUNNING,
                  what="both running at once")
         assert {fe.worker("a").gpu, fe.worker("b").gpu} == {0, 1}
         fe.on_loop(lambda: fe.worker("a").reply(ja, b"x"))
@@ -112,7 +112,7 @@ def test_a_cold_job_never_takes_the_room_a_job_waiting_for_evictions_needs() -> 
     with fake_engine(backends, scripts=scripts) as fe:
         fe.sup.preload("a")
         fe.sup.preload("b")
-        wait_for(lambda: state_of(fe, "a") == state_of(fe, "b") == "ready", what="a, b ready")
+        wait_until(lambda: state_of(fe, "a") == state_of(fe, "b") == "ready", what="a, b ready")
         big, large, tiny = (fe.sup.submit(n, b"") for n in "cde")
         r_big, r_large, r_tiny = (fe.sup.wait(j, 10) for j in (big, large, tiny))
         assert r_big.state is r_large.state is r_tiny.state is JobState.SUCCEEDED
@@ -129,19 +129,19 @@ def test_an_unmeasured_backend_runs_alone_until_a_job_of_it_is_measured() -> Non
     with fake_engine({"mystery": {"safety": "0MiB"}, "small": mib(500, 200)},
                      scripts=scripts) as fe:
         job = fe.sup.submit("mystery", b"")
-        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="mystery running")
+        wait_until(lambda: fe.sup.job(job).state is JobState.RUNNING, what="mystery running")
         other = fe.sup.submit("small", b"")
-        wait_for(lambda: fe.sup.job(other).waiting, what="small waiting for the GPU")
+        wait_until(lambda: fe.sup.job(other).waiting, what="small waiting for the GPU")
         assert fe.sup.job(other).state is JobState.QUEUED
         assert fe.sup.wait(job, 5).state is JobState.SUCCEEDED
         assert fe.sup.wait(other, 5).state is JobState.SUCCEEDED
-        view = wait_for(lambda: (b := fe.sup.snapshot().backend("mystery"))
+        view = wait_until(lambda: (b := fe.sup.snapshot().backend("mystery"))
                         and b.learned_resident_mib is not None and b, what="resident learned")
         assert view.learned_resident_mib == 2000 and view.learned_peak_mib == 3000
         assert view.admission_peak_mib == 3000
         # measured: it now shares the GPU with small
         a, b = fe.sup.submit("mystery", b""), fe.sup.submit("small", b"")
-        wait_for(lambda: fe.sup.job(a).state is fe.sup.job(b).state is JobState.RUNNING
+        wait_until(lambda: fe.sup.job(a).state is fe.sup.job(b).state is JobState.RUNNING
                  or fe.sup.job(b).finished, what="small beside mystery")
         assert fe.sup.wait(a, 5).state is fe.sup.wait(b, 5).state is JobState.SUCCEEDED
 
@@ -149,7 +149,7 @@ def test_an_unmeasured_backend_runs_alone_until_a_job_of_it_is_measured() -> Non
 def test_higher_priority_runs_first_when_one_at_a_time() -> None:
     with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256, manual=True)}) as fe:
         first = fe.sup.submit("a", b"first")
-        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        wait_until(lambda: fe.workers.live("a"), what="a's worker")
         later = [fe.sup.submit("a", b"%d" % p, priority=p) for p in (0, 5, -3, 9, 5)]
         fe.on_loop(fe.worker("a").ready)
 
@@ -159,7 +159,7 @@ def test_higher_priority_runs_first_when_one_at_a_time() -> None:
                 fe.on_loop(lambda j=job_id: w.reply(j, b"ok"))
             return all(fe.sup.job(j).finished for j in (first, *later))
 
-        wait_for(drive, what="every job")
+        wait_until(drive, what="every job")
         order = [fe.sup.job(j).data for j in fe.worker("a").sent]
         assert fe.worker("a").sent[0] == first
         assert [fe.sup.job(j).priority for j in fe.worker("a").sent[1:]] == [9, 5, 5, 0, -3]
@@ -172,9 +172,9 @@ def test_cancel_a_queued_and_a_running_job() -> None:
     with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256, manual=True)}) as fe:
         running = fe.sup.submit("a", b"1")
         queued = fe.sup.submit("a", b"2", priority=-1)
-        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        wait_until(lambda: fe.workers.live("a"), what="a's worker")
         fe.on_loop(fe.worker("a").ready)
-        wait_for(lambda: fe.sup.job(running).state is JobState.RUNNING, what="running")
+        wait_until(lambda: fe.sup.job(running).state is JobState.RUNNING, what="running")
         assert fe.sup.cancel(queued).state is JobState.CANCELLED
         fe.sup.cancel(running)
         assert fe.sup.wait(running, 5).state is JobState.CANCELLED
@@ -186,7 +186,7 @@ def test_a_worker_that_ignores_cancel_is_killed_and_the_job_is_still_cancelled()
     scripts = {"a": honest(512, 256, job_s=30.0, honours_cancel=False)}
     with fake_engine({"a": mib(512, 256)}, scripts=scripts, config=cfg) as fe:
         job = fe.sup.submit("a", b"")
-        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
+        wait_until(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
         worker = fe.worker("a")
         fe.sup.cancel(job)
         result = fe.sup.wait(job, 5)
@@ -211,10 +211,10 @@ def test_progress_chunks_and_metadata_reach_the_job() -> None:
                      scripts={"a": honest(512, 256, manual=True)}) as fe:
         sub = fe.sup.subscribe(kinds=["job"])
         job = fe.sup.submit("a", b"", metadata={"user": "ada"})
-        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        wait_until(lambda: fe.workers.live("a"), what="a's worker")
         w = fe.worker("a")
         fe.on_loop(w.ready)
-        wait_for(lambda: job in w.requests, what="the request")
+        wait_until(lambda: job in w.requests, what="the request")
         for i in range(1, 5):
             fe.on_loop(lambda i=i: w.progress(job, i / 4, f"step {i}"))
         fe.on_loop(lambda: w.chunk(job, b"one"))
@@ -247,14 +247,14 @@ def test_three_failed_starts_mark_the_backend_failed_until_respawned() -> None:
             fe.sup.submit("flaky", b"x")
         script.fail_start = None
         fe.sup.respawn("flaky")
-        wait_for(lambda: state_of(fe, "flaky") == "ready", what="respawned")
+        wait_until(lambda: state_of(fe, "flaky") == "ready", what="respawned")
         assert fe.sup.wait(fe.sup.submit("flaky", b"x"), 5).data == b"x"
 
 
 def test_a_worker_that_dies_mid_job_fails_that_job_and_the_backend_restarts() -> None:
     with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256, job_s=30.0)}) as fe:
         job = fe.sup.submit("a", b"")
-        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
+        wait_until(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
         fe.on_loop(lambda: fe.worker("a").crash(3))
         result = fe.sup.wait(job, 5)
         assert result.state is JobState.FAILED and "exited with code 3" in (result.error or "")
@@ -267,7 +267,7 @@ def test_a_hung_worker_is_killed_by_its_missed_pings_and_its_job_fails_saying_so
     with fake_engine({"a": mib(512, 256, timeouts={"ping": "0.3s"})},
                      scripts={"a": honest(512, 256, job_s=30.0)}) as fe:
         job = fe.sup.submit("a", b"")
-        wait_for(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
+        wait_until(lambda: fe.sup.job(job).state is JobState.RUNNING, what="running")
         fe.on_loop(fe.worker("a").hang)
         result = fe.sup.wait(job, 5)
         assert result.state is JobState.FAILED
@@ -280,27 +280,27 @@ def test_evict_respawn_preload_and_zero() -> None:
     with fake_engine({"a": mib(1024, 256), "b": mib(1024, 256)},
                      scripts={"a": honest(1024, 256), "b": honest(1024, 256)}) as fe:
         fe.sup.preload("a")
-        first = wait_for(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
+        first = wait_until(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
                          and b.pid, what="a preloaded")
         fe.sup.respawn("a")
-        second = wait_for(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
+        second = wait_until(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
                           and b.pid != first and b.pid, what="a respawned")
         assert second != first
         fe.sup.evict("a")
-        wait_for(lambda: state_of(fe, "a") == "cold", what="a evicted")
+        wait_until(lambda: state_of(fe, "a") == "cold", what="a evicted")
         assert fe.workers.of("a")[-1].exited
         fe.sup.preload("a")
         fe.sup.preload("b")
-        wait_for(lambda: state_of(fe, "a") == state_of(fe, "b") == "ready", what="both ready")
+        wait_until(lambda: state_of(fe, "a") == state_of(fe, "b") == "ready", what="both ready")
         assert sorted(fe.sup.zero()) == ["a", "b"]
-        wait_for(lambda: state_of(fe, "a") == state_of(fe, "b") == "cold", what="all cold")
+        wait_until(lambda: state_of(fe, "a") == state_of(fe, "b") == "cold", what="all cold")
         assert fe.gpu.used(0) == 0
 
 
 def test_evicting_a_ready_worker_never_fails_a_job_admitted_in_the_same_instant() -> None:
     with fake_engine({"a": mib(512, 256)}, scripts={"a": honest(512, 256)}) as fe:
         fe.sup.preload("a")
-        wait_for(lambda: state_of(fe, "a") == "ready", what="a ready")
+        wait_until(lambda: state_of(fe, "a") == "ready", what="a ready")
 
         def submit_then_evict() -> str:  # on the engine loop: one instant for both
             job = fe.engine.submit("a", b"x")
@@ -317,7 +317,7 @@ def test_an_idle_worker_is_unloaded_after_its_keep_alive() -> None:
                      scripts={"a": honest(512, 0), "pinned": honest(512, 0)}) as fe:
         assert fe.sup.wait(fe.sup.submit("a", b""), 5).state is JobState.SUCCEEDED
         assert fe.sup.wait(fe.sup.submit("pinned", b""), 5).state is JobState.SUCCEEDED
-        wait_for(lambda: state_of(fe, "a") == "cold", what="a unloaded")
+        wait_until(lambda: state_of(fe, "a") == "cold", what="a unloaded")
         assert state_of(fe, "pinned") == "ready"  # pinned: never unloaded for idleness
         assert any("keep_alive" in line.text for line in fe.sup.snapshot().log)
 
@@ -327,16 +327,16 @@ def test_a_draining_gpu_finishes_its_work_and_admits_nothing_new() -> None:
     with fake_engine({"a": mib(1024, 0, gpus=[0]), "b": mib(1024, 0, gpus=[0])},
                      gpus=[8192, 8192], scripts=scripts) as fe:
         running = fe.sup.submit("a", b"")
-        wait_for(lambda: fe.workers.live("a"), what="a's worker")
+        wait_until(lambda: fe.workers.live("a"), what="a's worker")
         fe.on_loop(fe.worker("a").ready)
-        wait_for(lambda: fe.sup.job(running).state is JobState.RUNNING, what="a running")
+        wait_until(lambda: fe.sup.job(running).state is JobState.RUNNING, what="a running")
         assert fe.sup.drain(0) == (0,)
         waiting = fe.sup.submit("b", b"")
-        wait_for(lambda: fe.sup.job(waiting).waiting, what="b waiting")
+        wait_until(lambda: fe.sup.job(waiting).waiting, what="b waiting")
         assert fe.sup.job(waiting).state is JobState.QUEUED and not fe.workers.of("b")
         fe.on_loop(lambda: fe.worker("a").reply(running, b"done"))
         assert fe.sup.wait(running, 5).state is JobState.SUCCEEDED
-        wait_for(lambda: state_of(fe, "a") == "cold", what="a evicted from the drained GPU")
+        wait_until(lambda: state_of(fe, "a") == "cold", what="a evicted from the drained GPU")
         with pytest.raises(Refused, match="no GPU7"):
             fe.sup.drain(7)
         assert fe.sup.drain(0, on=False) == ()
@@ -349,7 +349,7 @@ def test_an_idle_liar_is_evicted_and_distrusted() -> None:
     scripts = {"liar": Script(weights_mib=3000, activation_mib=0)}  # declares 1 GiB
     with fake_engine({"liar": mib(1024, 256, on_overuse="evict")}, scripts=scripts) as fe:
         assert fe.sup.wait(fe.sup.submit("liar", b""), 5).state is JobState.SUCCEEDED
-        wait_for(lambda: state_of(fe, "liar") == "cold", what="the liar evicted")
+        wait_until(lambda: state_of(fe, "liar") == "cold", what="the liar evicted")
         b = fe.sup.snapshot().backend("liar")
         assert b.distrusted and b.learned_resident_mib == 3000
         assert any("above what it was admitted with" in x.text for x in fe.sup.snapshot().log)
@@ -361,7 +361,7 @@ def test_a_liar_that_overcommits_its_gpu_is_killed_and_runs_alone_next_time() ->
     with fake_engine({"liar": mib(500, 500, on_overuse="warn"), "honest": mib(3000, 0)},
                      scripts=scripts) as fe:
         fe.sup.preload("honest")
-        wait_for(lambda: state_of(fe, "honest") == "ready", what="honest ready")
+        wait_until(lambda: state_of(fe, "honest") == "ready", what="honest ready")
         job = fe.sup.submit("liar", b"")
         result = fe.sup.wait(job, 5)  # warn is its policy, but the GPU is over: killed
         assert result.state is JobState.FAILED and "over-committed" in (result.error or "")
@@ -380,7 +380,7 @@ def test_queued_jobs_come_back_after_a_restart_with_their_ids_and_order() -> Non
                          root=root) as fe:
             ids = [fe.sup.submit("a", json.dumps({"n": i}).encode(), priority=i % 2)
                    for i in range(4)]
-            wait_for(lambda: fe.workers.live("a"), what="a's worker")
+            wait_until(lambda: fe.workers.live("a"), what="a's worker")
         with fake_engine({"a": mib(512, 0)}, scripts={"a": honest(512, 0)}, journal=True,
                          root=root) as again:
             views = [again.sup.wait(j, 5) for j in ids]

@@ -81,6 +81,7 @@ def test_each_error_has_its_code(error: BaseException, code: int) -> None:
     assert exit_code(error) == code
 
 
+@pytest.mark.process
 def test_importing_the_codes_imports_nothing_else() -> None:
     import subprocess
     import sys

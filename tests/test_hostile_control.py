@@ -15,8 +15,9 @@ import time
 
 import msgpack
 import pytest
-from engine_support import ROOT, wait_for
+from engine_support import ROOT
 from serve_support import RawConn, echo_backend, in_process, request
+from waiting import wait_until
 
 from supervisor.client import Client
 from supervisor.control.codec import snapshot_to_wire
@@ -115,7 +116,7 @@ def test_a_client_that_pipelines_and_never_reads_gets_no_more_than_one_reply_buf
         burst = b"".join(request(i, "snapshot", data_limit=-1) for i in range(1, 101))
         assert len(burst) < 12 * 1024
         raw.send(burst)
-        wait_for(lambda: any(c["paused"] for c in stats_of(server)["clients"]), 10,
+        wait_until(lambda: any(c["paused"] for c in stats_of(server)["clients"]), 10,
                  "the server to stop answering the client that does not read")
         time.sleep(0.3)  # give a broken server the time to answer the other 99
         st = stats_of(server)
@@ -138,7 +139,7 @@ def test_a_client_that_never_reads_is_cut_off_and_logged(
         raw = RawConn(sup.paths.control_socket, rcvbuf=4096)
         raw.hello()
         raw.send(b"".join(request(i, "snapshot") for i in range(1, 200)))
-        wait_for(lambda: stats_of(server)["cut_off"] >= 1, 10, "the stalled client cut off")
+        wait_until(lambda: stats_of(server)["cut_off"] >= 1, 10, "the stalled client cut off")
         assert stats_of(server)["connections"] == 0
         assert any("has not read its replies" in r.getMessage() for r in caplog.records)
         assert Client(sup.paths.control_socket).ping() < 5
@@ -158,7 +159,7 @@ def test_half_sent_big_frames_share_one_budget_and_time_out() -> None:
             raw.hello()
             raw.send(header(1 << 20) + b"\x85" + b"z" * 99)
             conns.append(raw)
-        wait_for(lambda: stats_of(server)["receiving"] == 2 << 20, 10, "two frames admitted")
+        wait_until(lambda: stats_of(server)["receiving"] == 2 << 20, 10, "two frames admitted")
         assert stats_of(server)["receiving"] <= limits.max_receiving
         c = Client(sup.paths.control_socket)
         assert c.ping() < 5  # small requests are never held up by the budget
@@ -166,7 +167,7 @@ def test_half_sent_big_frames_share_one_budget_and_time_out() -> None:
         with pytest.raises(EngineBusy, match="try again"):
             c.submit("echo", b"p" * (1 << 20))
         assert c.submit_wait("echo", b"small").state is JobState.SUCCEEDED
-        wait_for(lambda: stats_of(server)["cut_off"] >= 6, 10, "the half frames cut off")
+        wait_until(lambda: stats_of(server)["cut_off"] >= 6, 10, "the half frames cut off")
         assert stats_of(server)["receiving"] == 0
         assert c.submit_wait("echo", b"q" * (1 << 20)).state is JobState.SUCCEEDED
         for raw in conns:
@@ -210,7 +211,7 @@ def test_silent_clients_give_way_and_time_out_so_the_owner_always_gets_in() -> N
         assert Client(sup.paths.control_socket).ping() < 5  # one of them gave way
         assert time.monotonic() - t0 < 5
         assert stats_of(server)["evicted"] >= 1
-        wait_for(lambda: stats_of(server)["connections"] <= 1, 10, "idle clients closed")
+        wait_until(lambda: stats_of(server)["connections"] <= 1, 10, "idle clients closed")
         assert stats_of(server)["idle_closed"] >= 6
         for raw in silent:
             raw.close()
@@ -257,7 +258,7 @@ def test_when_every_slot_is_busy_a_newcomer_is_refused_and_that_is_logged(
             raw.hello()
             raw.send(header(1000) + b"\x85")
             held.append(raw)
-        wait_for(lambda: stats_of(server)["connections"] == 4, 10, "four busy connections")
+        wait_until(lambda: stats_of(server)["connections"] == 4, 10, "four busy connections")
         late = RawConn(sup.paths.control_socket)
         reply = late.hello()
         assert reply.type == MessageType.ERROR

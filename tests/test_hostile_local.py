@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_support import ROOT, wait_for
+from engine_support import ROOT
 from serve_support import echo_backend, in_process, make_env, new_root
+from waiting import wait_until
 
 from supervisor import Supervisor
 from supervisor.client import Client
@@ -417,7 +418,7 @@ def test_a_flooding_worker_fills_no_disk(monkeypatch: pytest.MonkeyPatch) -> Non
         view = sup.wait(sup.submit("hostile", json.dumps({"flood": 8 << 20}).encode()), 60)
         assert view.state is JobState.SUCCEEDED
         logs = sup.paths.logs_dir
-        wait_for(lambda: (logs / "hostile.log.3").exists(), 10, "the log rotated")
+        wait_until(lambda: (logs / "hostile.log.3").exists(), 10, "the log rotated")
         files = sorted(logs.glob("hostile.log*"))
         total = sum(f.stat().st_size for f in files)
         assert len(files) <= process.LOG_KEEP + 1

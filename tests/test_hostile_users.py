@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from engine_support import ROOT, wait_for
+from engine_support import ROOT
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.client import Client
 from supervisor.control.errors import UntrustedEngine
@@ -163,7 +164,7 @@ def fake_engine(m: Machine, directory: Path, *, as_root_then: int = 0) -> tuple[
                 stderr=subprocess.STDOUT, start_new_session=True)
     else:
         proc = m.start(m.mallory, *args, out=out)
-    wait_for(lambda: proc.poll() is not None or "ready" in out.read_text(errors="replace"),
+    wait_until(lambda: proc.poll() is not None or "ready" in out.read_text(errors="replace"),
              30, "the fake engine to listen")
     assert proc.poll() is None, out.read_text(errors="replace")
     return proc, record
@@ -210,7 +211,7 @@ def test_a_squatter_gets_nothing_and_the_real_engine_still_starts(machine: Machi
         out = m.victim.home / "serve.out"
         serve = m.start(m.victim, "-m", "vramtui", "--serve", "--gpus", "sim:8GiB",
                         "--backends", str(descriptor(m)), out=out)
-        wait_for(lambda: serve.poll() is not None or "serving" in out.read_text(), 60,
+        wait_until(lambda: serve.poll() is not None or "serving" in out.read_text(), 60,
                  "the real engine to start")
         assert serve.poll() is None, out.read_text()
         text = out.read_text()

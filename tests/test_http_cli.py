@@ -15,9 +15,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from engine_support import wait_for
 from serve_support import PYTHON, Served, cli, echo_backend, make_env, new_root, reap, start_serve
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.counters import Counters, Histogram
 from supervisor.http.peer import loopback_uid
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _http_url(served: Served) -> str:
-    line = wait_for(lambda: next((x for x in served.stdout().splitlines()
+    line = wait_until(lambda: next((x for x in served.stdout().splitlines()
                                   if "HTTP front door on" in x), None), 30, "the HTTP line")
     return line.split("HTTP front door on ", 1)[1].split()[0]
 

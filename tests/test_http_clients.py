@@ -18,9 +18,10 @@ from collections.abc import Iterator
 import ollama
 import openai
 import pytest
-from http_support import Front, openai_backends, poll, serve_http
+from http_support import Front, openai_backends, serve_http
 from prometheus_client.parser import text_string_to_metric_families
 from spawning import spawns
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -132,7 +133,7 @@ def test_a_waiting_client_that_disconnects_cancels_its_job(front: Front) -> None
     with pytest.raises(openai.APITimeoutError):
         slow.chat.completions.create(model="slow-chat",
                                      messages=[{"role": "user", "content": "hi"}])
-    job = poll(lambda: front.get("/v1/jobs?backend=slow-chat&state=cancelled").json()["data"],
+    job = wait_until(lambda: front.get("/v1/jobs?backend=slow-chat&state=cancelled").json()["data"],
                10, "the abandoned job to be cancelled")[0]
     assert "went away" in job["error"]
 

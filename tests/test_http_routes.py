@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from http_support import Front, default_http_backends, poll, serve_http
+from http_support import Front, default_http_backends, serve_http
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.apispec import METHODS
 from supervisor.engine import EngineConfig
@@ -37,7 +38,7 @@ def drain(front: Front) -> None:
     """Cancel whatever is left running or queued (tests share the engine)."""
     for job in front.get("/v1/jobs?state=active").json()["data"]:
         front.post(f"/v1/jobs/{job['id']}/cancel")
-    poll(lambda: not front.get("/v1/jobs?state=active").json()["data"], 20, "no active job")
+    wait_until(lambda: not front.get("/v1/jobs?state=active").json()["data"], 20, "no active job")
 
 
 # -- jobs ---------------------------------------------------------------------------------
@@ -64,7 +65,7 @@ def test_respond_async_gives_202_location_and_the_result_later(front: Front) -> 
     job = r.json()
     assert location == f"/v1/jobs/{job['id']}" and job["priority"] == 3
     assert r.headers["preference-applied"] == "respond-async"
-    poll(lambda: front.get(location).json()["state"] == "succeeded", 20, "the job")
+    wait_until(lambda: front.get(location).json()["state"] == "succeeded", 20, "the job")
     detail = front.get(location).json()
     assert detail["metadata"] == {"who": "test"}
     assert [h["state"] for h in detail["history"]][0] == "queued"
@@ -180,7 +181,7 @@ def test_a_subscriber_that_does_not_read_gets_a_fresh_snapshot_not_a_slow_engine
         for _ in range(8):  # each is answered while the stalled stream holds nothing up
             r = front.post("/v1/jobs", {"backend": "echo", "input": big})
             assert r.status == 200
-        poll(lambda: front.server.hub.dropped > 0, 10, "the stalled stream to lag")
+        wait_until(lambda: front.server.hub.dropped > 0, 10, "the stalled stream to lag")
         sock.settimeout(5)
         data = b""
         deadline = time.monotonic() + 10
@@ -198,7 +199,7 @@ def test_disconnecting_a_sync_client_cancels_its_job(front: Front) -> None:
     conn.request("POST", "/v1/jobs", body=json.dumps({"backend": "slow", "input":
                                                       {"steps": 200, "step_s": 0.05}}),
                  headers={"Content-Type": "application/json"})
-    job = poll(lambda: front.get("/v1/jobs?state=running&backend=slow").json()["data"], 20,
+    job = wait_until(lambda: front.get("/v1/jobs?state=running&backend=slow").json()["data"], 20,
                "the job to run")[0]
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
@@ -231,17 +232,17 @@ def test_backends_gpus_load_unload_respawn_and_zero(front: Front) -> None:
     assert declared is not None and declared >= 640  # weights + activation (+ context)
     assert slow["peaks"]["declared_mib"] == declared and "keep_alive_left_s" in slow
     assert front.post("/v1/backends/slow/load").status == 202
-    poll(lambda: front.get("/v1/backends/slow").json()["state"] == "ready", 20, "slow ready")
+    wait_until(lambda: front.get("/v1/backends/slow").json()["state"] == "ready", 20, "slow ready")
     assert front.get("/v1/backends/slow").json()["memory"]["observed_mib"] is not None
     gpus = front.get("/v1/gpus").json()
     assert gpus["simulated"] is True and gpus["data"][0]["total_mib"] == 8192
     assert gpus["data"][0]["uuid"] == "SIM-0"
     assert front.post("/v1/backends/slow/respawn").status == 202
-    poll(lambda: front.get("/v1/backends/slow").json()["state"] == "ready", 20, "respawned")
+    wait_until(lambda: front.get("/v1/backends/slow").json()["state"] == "ready", 20, "respawned")
     assert front.post("/v1/backends/slow/unload").status == 202
-    poll(lambda: front.get("/v1/backends/slow").json()["state"] == "cold", 20, "slow cold")
+    wait_until(lambda: front.get("/v1/backends/slow").json()["state"] == "cold", 20, "slow cold")
     front.post("/v1/backends/echo/load")
-    poll(lambda: front.get("/v1/backends/echo").json()["state"] == "ready", 20, "echo ready")
+    wait_until(lambda: front.get("/v1/backends/echo").json()["state"] == "ready", 20, "echo ready")
     r = front.post("/v1/backends/unload")
     assert r.status == 202 and "echo" in r.json()["unloaded"]
 
@@ -332,7 +333,7 @@ def test_503_queue_full_with_retry_after(front: Front) -> None:
         r = front.post("/v1/jobs", {"backend": "slow"}, headers={"Prefer": "respond-async"})
         assert r.status == 202, r.body
         ids.append(r.json()["id"])
-    poll(lambda: len(front.get("/v1/jobs?state=queued").json()["data"]) == 6, 20, "full")
+    wait_until(lambda: len(front.get("/v1/jobs?state=queued").json()["data"]) == 6, 20, "full")
     r = front.post("/v1/jobs", {"backend": "echo"})
     assert r.status == 503 and r.error["code"] == "queue_full"
     assert int(r.headers["retry-after"]) > 0
@@ -429,11 +430,11 @@ def test_retry_runs_the_request_again_as_a_new_job(front: Front) -> None:
 
 def test_kill_drain_reload_and_the_descriptor(front: Front) -> None:
     assert front.post("/v1/backends/flaky/load").status == 202
-    poll(lambda: front.get("/v1/backends/flaky").json()["state"] == "ready", 20, "flaky up")
+    wait_until(lambda: front.get("/v1/backends/flaky").json()["state"] == "ready", 20, "flaky up")
     pid = front.get("/v1/backends/flaky").json()["pid"]
     killed = front.post("/v1/backends/flaky/kill")
     assert killed.status == 202 and killed.json()["action"] == "kill"
-    poll(lambda: front.get("/v1/backends/flaky").json()["pid"] != pid, 20, "flaky killed")
+    wait_until(lambda: front.get("/v1/backends/flaky").json()["pid"] != pid, 20, "flaky killed")
     cold = front.post("/v1/backends/huge/kill")
     assert cold.status == 409 and "no worker process" in cold.error["message"]
     assert front.post("/v1/backends/nope/kill").status == 404
@@ -457,7 +458,7 @@ def test_kill_drain_reload_and_the_descriptor(front: Front) -> None:
 
 
 def test_calibration_reports_and_a_calibration_run(front: Front) -> None:
-    from vramtui.app.fixed import calibration_record
+    from fixed_source import calibration_record
 
     from supervisor.calibration.report import write_report
 

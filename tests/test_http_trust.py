@@ -26,11 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_support import ROOT, wait_for
+from engine_support import ROOT
 from http_support import Front, serve_http
 from other_user import OTHER_UID, needs_other_user, start_as_other_user
 from serve_support import echo_backend, make_env, new_root, reap, start_serve
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.http.peer import Peer, identify_socket, table_row
 
@@ -107,7 +108,7 @@ def test_another_user_racing_the_peer_check_gets_no_job_in(open_front: Front) ->
             return (now["accepted"] + now["refused"] >= seen + held + 10
                     and now["peers"].get(key) == held)
 
-        wait_for(handled, 30, "the racing connections to be handled")
+        wait_until(handled, 30, "the racing connections to be handled")
         assert len(_jobs(open_front)) == before  # not one job from the other user
         # each was refused as uid 65534 (named at accept), or as unknown: never let in
         assert open_front.server.counters["refused"] - forbidden == 10
@@ -272,7 +273,7 @@ def test_a_connection_flood_from_another_user_leaves_the_owner_served() -> None:
     env = make_env(root, [echo_backend()])
     served = start_serve(env, root, "--http", "127.0.0.1:0", preexec=_low_nofile)
     try:
-        line = wait_for(lambda: next((x for x in served.stdout().splitlines()
+        line = wait_until(lambda: next((x for x in served.stdout().splitlines()
                                       if "HTTP front door on" in x), None), 30, "the HTTP line")
         port = int(line.split("HTTP front door on ", 1)[1].split()[0].rsplit(":", 1)[1])
         pid = served.proc.pid
@@ -397,7 +398,7 @@ def test_dribbling_control_clients_leave_a_slot_for_status() -> None:
                 frame = hello_frame()
                 conn.send(frame[:3])  # a frame begun, and then a byte now and then
                 dribblers.append(conn)
-            wait_for(lambda: len(server.connections) == 16, 10, "the dribblers to be in")
+            wait_until(lambda: len(server.connections) == 16, 10, "the dribblers to be in")
 
             def status() -> bool:  # the owner's status finds a slot, once they trickle
                 try:
@@ -409,7 +410,7 @@ def test_dribbling_control_clients_leave_a_slot_for_status() -> None:
                 finally:
                     client.close()
 
-            wait_for(status, 10, "a slot for the owner's status")
+            wait_until(status, 10, "a slot for the owner's status")
             assert server.stats()["evicted"] >= 1
         finally:
             for conn in dribblers:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from http_support import Front, poll, serve_http
+from http_support import Front, serve_http
 from serve_support import echo_backend
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor.client import Client
 
@@ -69,7 +70,7 @@ def test_the_browser_dashboard_runs_the_tui_attached_to_the_engine(front: Front)
 
     seen = asyncio.run(session())
     assert b"SIMULATED" in seen  # the TUI drew the simulated GPU
-    poll(lambda: not _tui_clients(front), 30, "the TUI to leave when the browser went")
+    wait_until(lambda: not _tui_clients(front), 30, "the TUI to leave when the browser went")
 
 
 def _png_colours(data: bytes) -> tuple[int, int, int]:
@@ -115,11 +116,11 @@ def test_a_browser_sessions_tui_ends_with_the_server_that_started_it(front: Fron
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL)
     try:
-        poll(lambda: _tui_clients(front), 30, "the session's TUI to attach")
+        wait_until(lambda: _tui_clients(front), 30, "the session's TUI to attach")
         server.kill()
         server.wait(10)
         assert tui.wait(20) is not None  # it noticed, and left
-        poll(lambda: not _tui_clients(front), 30, "the TUI to leave the engine")
+        wait_until(lambda: not _tui_clients(front), 30, "the TUI to leave the engine")
     finally:
         for p in (server, tui):
             if p.poll() is None:

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from engine_support import wait_for
 from serve_support import (
     PYTHON,
     RawConn,
@@ -30,6 +29,7 @@ from serve_support import (
     request,
     start_serve,
 )
+from waiting import wait_until
 
 from supervisor.control import messages as m
 from supervisor.control.errors import EngineNotRunning, RequestTooLarge
@@ -61,7 +61,7 @@ def test_serve_says_where_it_listens_and_a_second_one_refuses_at_once(
         serve: StartServe, tmp_path: Path) -> None:
     log_file = tmp_path / "serve.log"
     s = serve("--log-file", str(log_file))
-    banner = wait_for(lambda: s.stdout().strip(), 10, "the banner")
+    banner = wait_until(lambda: s.stdout().strip(), 10, "the banner")
     assert str(s.socket) in banner and "SIMULATED" in banner
     assert f"pid {s.proc.pid}" in banner
     assert stat.S_IMODE(os.stat(s.socket).st_mode) == 0o600
@@ -83,16 +83,16 @@ def test_sigterm_lets_the_running_job_finish_stops_workers_and_exits_0(
     s = serve()
     c = s.client()
     running = c.submit("slow", b'{"steps": 40, "step_s": 0.05}')
-    wait_for(lambda: c.job(running).state is JobState.RUNNING, 30, "job running")
+    wait_until(lambda: c.job(running).state is JobState.RUNNING, 30, "job running")
     workers = s.note_workers(c)
     assert workers
     waiter = subprocess.Popen(  # a CLI already waiting for the result hears it
         [PYTHON, "-m", "vramtui", "result", running, "--wait", "--json"],
         env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: c.stats()["connections"] >= 2, 30, "the waiting CLI")
+        wait_until(lambda: c.stats()["connections"] >= 2, 30, "the waiting CLI")
         s.proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: c.snapshot().stopping, 10, "the engine to be stopping")
+        wait_until(lambda: c.snapshot().stopping, 10, "the engine to be stopping")
         refused = cli(s.env, "submit", "echo", "--data", "{}")
         assert refused.returncode == 3 and "stopping" in refused.stderr
         assert s.wait_exit(60) == 0
@@ -144,7 +144,7 @@ def test_kill_9_with_20_queued_jobs_then_restart_runs_every_job_with_its_id(
     ids = [c.submit("slow", json.dumps({"steps": 2, "step_s": 0.05, "i": i}).encode())
            for i in range(20)]
     s.note_workers(c)
-    wait_for(lambda: s.note_workers(c), 30, "a worker")
+    wait_until(lambda: s.note_workers(c), 30, "a worker")
     c.close()
     s.proc.kill()
     s.proc.wait(10)
@@ -242,7 +242,7 @@ def test_a_peer_of_another_uid_is_refused_and_logged(serve: StartServe) -> None:
     os.chmod(s.socket, 0o666)
     reply = _as_nobody(s.socket)
     assert b"AccessDenied" in reply and f"uid {nobody.pw_uid}".encode() in reply
-    wait_for(lambda: f"from uid {nobody.pw_uid} pid" in s.stderr(), 10, "the refusal logged")
+    wait_until(lambda: f"from uid {nobody.pw_uid} pid" in s.stderr(), 10, "the refusal logged")
     assert s.client().ping() < 5  # the owner still gets in
 
 
@@ -312,7 +312,7 @@ def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> Non
         with pytest.raises(RequestTooLarge):
             c.submit("echo", b"x" * (2 * 1024 * 1024))
         first = c.submit("slow", b'{"steps": 200, "step_s": 0.02}')
-        wait_for(lambda: c.job(first).state is not JobState.QUEUED, 30, "the first admitted")
+        wait_until(lambda: c.job(first).state is not JobState.QUEUED, 30, "the first admitted")
         jobs = [first] + [c.submit("slow", b"") for _ in range(2)]
         with pytest.raises(QueueFull):  # one runs, two wait: the third waiter is refused
             c.submit("slow", b"")
@@ -344,7 +344,7 @@ def test_sighup_reloads_the_descriptors_without_a_restart() -> None:
         c = served.client()
         pid = c.snapshot().pid
         served.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: c.snapshot().backend("echo2") is not None, 20, "echo2 loaded")
+        wait_until(lambda: c.snapshot().backend("echo2") is not None, 20, "echo2 loaded")
         assert c.snapshot().pid == pid  # the same engine, not a restart
         assert c.submit_wait("echo2", b"hup").data == b"hup"
         assert any("descriptors reloaded: 1 added (echo2)" in line.text

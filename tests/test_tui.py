@@ -11,7 +11,6 @@ import asyncio
 import functools
 import io
 import json
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from rich.console import Console
 from textual.command import CommandPalette
 from textual.pilot import Pilot
 from textual.widgets import Input, TextArea
+from waiting import wait_until_async
 
 from supervisor import JobState, Supervisor
 from vramtui.app import VramApp
@@ -81,14 +81,8 @@ def alive(pid: int | None) -> bool:
 
 async def until(pilot: Pilot[int], predicate: Callable[[], object], what: str,
                 timeout: float = 20.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await pilot.pause(0.05)
+    """Wait for ``predicate`` while the app runs (``wait_until_async``, the pilot's pause)."""
+    return await wait_until_async(predicate, timeout, what, pause=lambda: pilot.pause(0.05))
 
 
 async def rendered(pilot: Pilot[int], polls: int = 1) -> None:

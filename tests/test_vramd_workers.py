@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
-from engine_support import ROOT, UsageWatcher, wait_for
+from engine_support import ROOT, UsageWatcher
+from waiting import wait_until, wait_until_async
 
 from supervisor import JobState, Supervisor
 from supervisor.backends.schema import VramdSettings
@@ -183,7 +183,7 @@ def test_a_vramd_worker_runs_under_the_engine_as_it_is(tmp_path: Path,
         sub.close()
         assert fractions[:4] == [0.0, 0.25, 0.5, 0.75], fractions
         # what the simulated GPU itself sees: weights + the process's CUDA context
-        assert wait_for(lambda: worker_mib(sup, pid) == WEIGHTS + CONTEXT, what="resident")
+        assert wait_until(lambda: worker_mib(sup, pid) == WEIGHTS + CONTEXT, what="resident")
 
         # a failing generate and a request that is not vramd's (a JSON object) fail cleanly
         failed = sup.wait(sup.submit("vsim", req(fail=True, steps=1)), 20)
@@ -194,7 +194,7 @@ def test_a_vramd_worker_runs_under_the_engine_as_it_is(tmp_path: Path,
 
         # cancel mid-job: vramd's abort, honoured through should_abort; same worker after
         long = sup.submit("vsim", req(steps=400, step_s=0.02))
-        wait_for(lambda: (sup.job(long).progress or 0) > 0, what="the long job progressing")
+        wait_until(lambda: (sup.job(long).progress or 0) > 0, what="the long job progressing")
         assert worker_mib(sup, pid) == WEIGHTS + ACTIVATION + CONTEXT
         sup.cancel(long)
         cancelled = sup.wait(long, 10)
@@ -214,7 +214,7 @@ def test_a_vramd_worker_runs_under_the_engine_as_it_is(tmp_path: Path,
 
         # evict: unload, then shutdown; the process leaves, and its memory with it
         sup.evict("vsim")
-        wait_for(lambda: sup.snapshot().backend("vsim").state == "cold", what="evicted")
+        wait_until(lambda: sup.snapshot().backend("vsim").state == "cold", what="evicted")
         assert gone(pid)
         log = Path(sup.snapshot().backend("vsim").log_path).read_text()
         # the reload unloaded once, the eviction once more: the worker unloaded, not killed
@@ -223,12 +223,12 @@ def test_a_vramd_worker_runs_under_the_engine_as_it_is(tmp_path: Path,
 
         # respawn: a fresh worker, ready, without a job
         sup.respawn("vsim")
-        second = wait_for(lambda: (b := sup.snapshot().backend("vsim")).state == "ready"
+        second = wait_until(lambda: (b := sup.snapshot().backend("vsim")).state == "ready"
                           and b.pid != pid and b.pid, what="respawned")
 
         # kill -9 mid-job: that job fails with the code and the log; the next one respawns
         doomed = sup.submit("vsim", req(steps=400, step_s=0.02))
-        wait_for(lambda: sup.job(doomed).state is JobState.RUNNING, what="doomed running")
+        wait_until(lambda: sup.job(doomed).state is JobState.RUNNING, what="doomed running")
         os.kill(second, signal.SIGKILL)
         killed = sup.wait(doomed, 20)
         assert killed.state is JobState.FAILED
@@ -290,10 +290,7 @@ class Recorder:
 
 
 async def until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+    await wait_until_async(predicate, timeout)
 
 
 def handle_for(tmp_path: Path, script: str, **kw: Any) -> tuple[VramdWorkerHandle, Recorder]:

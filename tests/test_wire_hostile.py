@@ -18,8 +18,9 @@ from typing import Any
 
 import psutil
 import pytest
-from engine_support import PYTHON, engine, wait_for
+from engine_support import PYTHON, engine
 from spawning import spawns
+from waiting import wait_until
 
 from supervisor import Supervisor
 from supervisor.jobs import JobState
@@ -56,9 +57,9 @@ def sup() -> Iterator[Supervisor]:
 
 
 def last_error(sup: Supervisor, name: str) -> str:
-    backend = wait_for(lambda: next((b for b in sup.snapshot().backends
+    backend = wait_until(lambda: next((b for b in sup.snapshot().backends
                                      if b.name == name and b.last_error), None),
-                       timeout=15, what=f"{name}'s last error")
+                       deadline=15, what=f"{name}'s last error")
     return backend.last_error or ""
 
 
@@ -95,7 +96,7 @@ def test_progress_of_nan_inf_or_out_of_range_never_reaches_a_job(sup: Supervisor
                 seen.append(event.job.progress)
         return 0.5 in seen
 
-    wait_for(half, what="the worker's progress of 0.5")
+    wait_until(half, what="the worker's progress of 0.5")
     events.close()
     sup.cancel(job)  # (the worker answers once cancelled)
     assert sup.wait(job, 30).state is JobState.CANCELLED

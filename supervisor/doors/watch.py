@@ -87,13 +87,13 @@ def abandon(engine: Engine, job_id: str, note: str) -> None:
 class JobEnd:
     """The end of one unfinished job, to be heard of once."""
 
-    __slots__ = ("engine", "job_id", "_future")
+    __slots__ = ("engine", "future", "job_id")
 
     def __init__(self, engine: Engine, job_id: str,
                  future: concurrent.futures.Future[JobView]) -> None:
         self.engine = engine
         self.job_id = job_id
-        self._future = future
+        self.future = future  # resolved on the engine loop
 
     @classmethod
     def of(cls, engine: Engine, job_id: str) -> JobEnd | None:
@@ -135,7 +135,7 @@ class JobEnd:
         """The final view, blocking this thread (never the engine loop's) until the job ends;
         raises :class:`EngineStopped` or, after ``timeout``, :class:`JobTimeout`."""
         try:
-            return self._future.result(timeout)
+            return self.future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise timeout_error(self.job_id, timeout) from None
         except concurrent.futures.CancelledError:
@@ -156,7 +156,7 @@ class Watching:
 
     def __init__(self, end: JobEnd, callback: Callable[[Outcome], Any],
                  timeout: float | None) -> None:
-        loop = end.engine.loop
+        loop = end.engine.run.loop
         assert loop is not None, "watch a job on the engine loop"
         self.job_id = end.job_id
         self.timeout = timeout
@@ -167,7 +167,7 @@ class Watching:
         self._timer: asyncio.TimerHandle | None = None
         if timeout is not None:
             self._timer = loop.call_later(max(0.0, timeout), self._expire)
-        end._future.add_done_callback(self._done)
+        end.future.add_done_callback(self._done)
 
     def _done(self, future: concurrent.futures.Future[JobView]) -> None:
         if threading.get_ident() != self._thread:
@@ -231,11 +231,11 @@ class Feed:
             if event.kind == "chunk":
                 follow = self.follows.get(event.job_id or "")
                 if follow is not None:
-                    follow._put(("chunk", event.data))
+                    follow.put(("chunk", event.data))
             elif event.kind == "job" and event.job is not None:
                 follow = self.follows.get(event.job.id)
                 if follow is not None:
-                    follow._put(("job", event.job))
+                    follow.put(("job", event.job))
             elif event.kind == "closed":
                 self._close_all()
         except Exception:  # noqa: BLE001 - never let a door break the engine's publish
@@ -243,7 +243,7 @@ class Feed:
 
     def _close_all(self) -> None:
         for follow in list(self.follows.values()):
-            follow._put(("closed", None))
+            follow.put(("closed", None))
         self.follows.clear()
 
     def close(self) -> None:
@@ -272,7 +272,7 @@ class Follow:
 
     def __init__(self, feed: Feed, job_id: str, timeout: float | None) -> None:
         engine = feed.engine
-        loop = engine.loop
+        loop = engine.run.loop
         assert loop is not None, "follow a job on the engine loop"
         self.feed = feed
         self.job_id = job_id
@@ -295,20 +295,20 @@ class Follow:
         feed.follows[job_id] = self
         self._watching = end.when_done(self._on_end)
         if timeout is not None:
-            self._timer = loop.call_later(max(0.0, timeout), self._put, ("timeout", None))
+            self._timer = loop.call_later(max(0.0, timeout), self.put, ("timeout", None))
 
     def _on_end(self, outcome: Outcome) -> None:
         self.feed.follows.pop(self.job_id, None)
         if isinstance(outcome, BaseException):
-            self._put(("gone", outcome))
+            self.put(("gone", outcome))
         else:
-            self._put(("end", outcome))
+            self.put(("end", outcome))
 
-    def _put(self, item: Item) -> None:
+    def put(self, item: Item) -> None:
         """Queue ``item`` for the iterator; from the engine loop (or, hopping, any thread)."""
         if threading.get_ident() != self._thread:
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._put, item)
+                self._loop.call_soon_threadsafe(self.put, item)
             return
         self._items.append(item)
         waiter = self._waiter
@@ -318,7 +318,7 @@ class Follow:
     def interrupt(self) -> None:
         """End the iteration now (what is queued is not read); the job is not touched."""
         self.interrupted = True
-        self._put(("stop", None))
+        self.put(("stop", None))
 
     def close(self) -> None:
         """Stop following (the job goes on)."""

@@ -1,29 +1,13 @@
-"""The engine: the parts, wired, on one asyncio loop that owns every piece of state.
+"""The engine: its parts, wired, on one asyncio loop that owns every piece of state.
 
-A small class that builds its parts and passes what travels between them; each part owns
-its state and offers methods:
-
-- :class:`~supervisor.jobs.table.JobTable` — every job, the queue in run order, who waits;
-- :class:`.durable.JobJournal` — what survives a stop (SQLite, WAL);
-- :class:`.pool.WorkerPool` — the backends and their workers, made by the injected factory;
-- :class:`.monitor.Monitor` — the GPUs as the injected GPU reader (the probe) says;
-- :class:`.watch.WorkerWatch` — what each worker is seen to hold, liars, pings, idleness;
-- :class:`.planner.Planner` — the state as the pure scheduler's input, and its decision;
-- :class:`~supervisor.calibration.runner.Calibrations` — the calibration runs;
-- :class:`.notes.Notes` — the event log, the events and the counters;
-- :class:`.loop.EngineLoop` — tasks, timers, the coalesced scheduling step.
-
-How a job travels: :meth:`Engine.submit` checks it (``supervisor.validate``, then whether it
-could ever fit), journals it, and queues it; every event asks for a step (:meth:`_step`),
-which plans, evicts, and starts: a job goes to a hot worker at once (:meth:`_dispatch`) or
-waits ``starting`` for the worker spawned for it; the worker's events come back through the
-:class:`~supervisor.workers.handle.WorkerObserver` methods below; :meth:`_finish` journals
-the end, wakes the waiters, and tells the faces.  A job's state changes only along
-:mod:`supervisor.jobs.states`, a worker's along :mod:`supervisor.workers.states`.
-
-Other threads reach the engine through :class:`supervisor.facade.Supervisor`; state leaves as
-immutable snapshots and events.  The engine receives its GPU reader, its worker factory and
-its clock, so its rules can be tested against in-process fakes (``tests/fake_worker.py``).
+The Engine builds its parts (the job table, the journal, the worker pool, the monitor, the
+watch, the planner, the calibration runs, the notes, the loop: each owns its state; see
+docs/ARCHITECTURE.md) and keeps how a job travels: :meth:`Engine.submit` checks, journals and
+queues it; each event asks for a step (:meth:`Engine._step`) that plans, evicts and starts; a
+job goes to a hot worker (:meth:`Engine._dispatch`) or waits ``starting`` for the worker
+spawned for it; the worker's events come back through the ``WorkerObserver`` methods, and
+:meth:`Engine._finish` journals the end and wakes the waiters.  It receives its GPU reader,
+its worker factory and its clock (tests give it fakes: ``tests/fake_worker.py``).
 """
 
 from __future__ import annotations
