@@ -286,13 +286,7 @@ class Supervisor:
         Reads the engine's state from this thread, which is safe only because the engine is
         stuck or gone; it only sends SIGKILL to the process groups the engine started.
         """
-        for rt in list(self.engine.backends.values()):
-            worker = rt.worker
-            if worker is not None:
-                worker.kill()
-        for run, _task in list(self.engine.calibrations.values()):
-            if run.worker is not None:
-                run.worker.kill()
+        self.engine.kill_all_workers()
 
     def __enter__(self) -> Supervisor:
         return self.start_in_thread()
