@@ -442,3 +442,17 @@ class _refused_is_fine:
 
     def __exit__(self, kind: object, exc: object, tb: object) -> bool:
         return kind is None or (isinstance(kind, type) and issubclass(kind, Refused))
+
+
+def test_a_stop_that_runs_out_of_time_kills_every_worker_it_started() -> None:
+    """The facade's last resort: the engine did not stop within the time given (a worker
+    that no longer answers), so every worker it started is killed, none outlives it."""
+    with fake_engine({"a": mib(512, 0, timeouts={"stop_grace": "30s"})},
+                     scripts={"a": honest(512, 0)}) as fe:
+        fe.sup.preload("a")
+        wait_until(lambda: state_of(fe, "a") == "ready", 5, "a ready")
+        worker = fe.worker("a")
+        fe.on_loop(worker.hang)  # it will not exit when asked
+        fe.sup.stop(timeout=0.5)
+        wait_until(lambda: worker.exited, 5, "the hung worker killed")
+        assert worker.exit_code == -9 and fe.gpu.used(0) == 0
