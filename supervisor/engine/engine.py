@@ -746,7 +746,8 @@ class Engine:
         usage = rt.usage
         usage.jobs_served += 1
         usage.last_used = time.time()
-        rt.measures.settling = True  # the last sample saw this job's memory: not held now
+        m = rt.measures
+        m.settling, m.ended_at = True, time.monotonic()  # samples so far saw this job's memory
         if not rt.admitted:
             usage.idle_since = self.clock()
         self.watch.learn(rt, job, outcome.ok)

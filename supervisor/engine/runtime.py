@@ -69,6 +69,8 @@ class Measures:
     distrusted: bool = False  # caught lying: its descriptor only a floor
     observed_mib: int | None = None  # the live worker's processes at the last sample
     settling: bool = False  # a job ended since that sample: its memory is on its way back
+    ended_at: float = 0.0  # when a job of it last ended (the sampler's clock): a sample taken
+    # before shows that job's memory, which is on its way back
     observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     load_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
     timed_worker: str | None = None  # the worker whose load time was last recorded

@@ -77,9 +77,13 @@ class WorkerWatch:
                 mib = sum(mine.get(pid, 0) for pid in pids)
                 seen = bool(pids & set(mine))
                 m.observed_mib = mib if seen or worker.hot else None
-                m.settling = False
+                # A sample taken before the last job ended (processed after it) still shows
+                # that job's memory: on its way back, not what the idle worker holds.
+                fresh = sample.t >= m.ended_at
+                if fresh:
+                    m.settling = False
                 self.monitor.backend_history.append(name, sample.t, mib)
-                if seen and m.observed_mib is not None:
+                if seen and fresh and m.observed_mib is not None:
                     if not rt.admitted and worker.state == WorkerState.READY:
                         self.learn_idle(rt, mib)
                     if len(rt.admitted) == 1:
@@ -211,8 +215,8 @@ class WorkerWatch:
         w, baseline = rt.worker, rt.conduct.baseline
         observed = rt.measures.observed_mib
         if w is None or w.exited or baseline is None or observed is None \
-                or rt.conduct.exclusive:
-            return 0
+                or rt.conduct.exclusive or rt.measures.settling:
+            return 0  # (settling: what it was seen to hold is a job's, on its way back)
         return max(0, observed - baseline.holds_mib(len(rt.admitted)))
 
     @staticmethod
