@@ -159,6 +159,10 @@ def event_json(event: EngineEvent,
     elif event.kind == "log":
         out["level"] = event.level
         out["message"] = event.message
+    elif event.kind == "sleep":
+        out["state"] = event.state
+        out["message"] = event.message
+        out["seconds"] = _finite(event.seconds)
     if event.backend is not None:
         out["backend"] = event.backend
     return out

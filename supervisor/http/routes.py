@@ -297,6 +297,12 @@ class _Routes:
     async def kill(self, request: web.Request) -> web.Response:
         return await self._backend_action(request, "kill", "kill")
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "sleep", "sleep")
+
+    async def wake(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "wake", "wake")
+
     async def reload(self, request: web.Request) -> web.Response:
         result = await self._op("reload")
         return json_response({**plain(result), "unchanged": result.unchanged})
