@@ -10,7 +10,9 @@ asked; a sleeping worker is unloaded at its keep-alive like an idle one.
 
 from __future__ import annotations
 
+import argparse
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +204,23 @@ def test_a_sleeping_worker_is_unloaded_at_its_keep_alive() -> None:
         fe.sup.sleep("a")
         wait_until(lambda: state(fe, "a") == "cold", what="a unloaded")
     assert fe.workers.of("a")[0].sleeps == [1]
+
+
+def test_the_sleepers_host_budget_comes_from_the_environment_then_config_yaml(
+        tmp_path: Path) -> None:
+    from supervisor.errors import VramtuiError
+    from supervisor.paths import Paths
+    from vramtui.serve import engine_config
+
+    paths = Paths(config_dir=tmp_path, state_dir=tmp_path, runtime_dir=tmp_path)
+    args = argparse.Namespace(max_queue=None)
+    assert engine_config(args, paths, {}).sleep_host_budget_mib > 0  # half the host's
+    (tmp_path / "config.yaml").write_text("engine:\n  sleep_host_budget: 16GiB\n")
+    assert engine_config(args, paths, {}).sleep_host_budget_mib == 16 * 1024
+    env = {"VRAMTUI_SLEEP_HOST_BUDGET": "2GiB"}
+    assert engine_config(args, paths, env).sleep_host_budget_mib == 2048
+    with pytest.raises(VramtuiError, match="VRAMTUI_SLEEP_HOST_BUDGET: .*not a size"):
+        engine_config(args, paths, {"VRAMTUI_SLEEP_HOST_BUDGET": "lots"})
+    (tmp_path / "config.yaml").write_text("engine:\n  sleep_host_budget: -1\n")
+    with pytest.raises(VramtuiError, match="sleep_host_budget: .*negative"):
+        engine_config(args, paths, {})
