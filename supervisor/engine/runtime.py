@@ -42,8 +42,8 @@ class Health:
     last_error: str | None = None
     kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
     # why the engine no longer puts its workers to sleep (a sleep or a wake that failed, a
-    # worker that gave nothing back or lied about what it keeps); None: it may. A respawn or
-    # a reload of its descriptor forgets it.
+    # worker that gave nothing back or lied about what it keeps); None: it may. A respawn, or
+    # a reload that changes its sleep settings, forgets it.
     no_sleep: str | None = None
 
 
