@@ -152,3 +152,10 @@ def test_a_busy_model_is_never_put_to_sleep() -> None:
     running = WorkerInfo("a", 0, "busy", 1, a.holds_mib(1), None, can_sleep=True)
     p = decide([a, b], [running], [queued("b")])
     assert all(not e.sleep for e in p.evictions) and p.starts == ()
+
+
+def test_a_model_whose_sleep_would_give_back_too_little_is_stopped() -> None:
+    small = model("small", resident=700, act=100, residual=512)  # would give back 188 MiB
+    big = model("big", resident=11_800, act=200)
+    p = decide([small, big], [ready(small)], [queued("big")])
+    assert [(e.backend, e.sleep) for e in p.evictions] == [("small", False)]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from ..errors import Refused
 from ..jobs import Job, JobState
 from ..jobs.table import JobTable
+from ..scheduler.evict import MIN_SLEEP_GAIN_MIB, sleep_gain_enough
 from ..workers.base import Worker
 from ..workers.states import WorkerState
 from .loop import EngineLoop
@@ -33,8 +34,6 @@ from .notes import Notes
 from .pool import WorkerPool
 from .runtime import BackendRuntime, Slumber
 
-#: A sleep that gives back less than this (or a tenth of what the worker held) gave nothing.
-MIN_GAIN_MIB = 256
 #: How far what a sleeping worker holds may exceed what it said it keeps (the CUDA context
 #: is outside what frameworks count), or what it kept when it slept.
 KEEP_TOLERANCE_MIB = 1024
@@ -159,9 +158,10 @@ class Sleeper:
                             f"{keeps} MiB of it")
             return
         gave = slumber.held_mib - keeps
-        if gave < max(MIN_GAIN_MIB, slumber.held_mib // 10):
+        if not sleep_gain_enough(slumber.held_mib, keeps):
             self._fall_back(rt, f"its sleep gave nothing back (it held {slumber.held_mib} "
-                            f"MiB and still holds {keeps} MiB on GPU{w.gpu})")
+                            f"MiB and still holds {keeps} MiB on GPU{w.gpu}; a sleep must "
+                            f"give back at least {MIN_SLEEP_GAIN_MIB} MiB and a tenth)")
             return
         took = self.clock() - slumber.since
         host = outcome.host_mib if outcome.host_mib is not None else slumber.host_mib
@@ -186,7 +186,7 @@ class Sleeper:
             if attempt:
                 await asyncio.sleep(MEASURE_PAUSE_S)
             keeps = await self._read(w)
-            if keeps is None or held - keeps >= max(MIN_GAIN_MIB, held // 10):
+            if keeps is None or sleep_gain_enough(held, keeps):
                 break
         return keeps
 

@@ -30,6 +30,14 @@ from supervisor.scheduler.model import BackendInfo, WorkerInfo
 
 #: How much dearer a worker whose backend still has queued jobs is to evict.
 QUEUED_WORK_FACTOR = 2.0
+#: A sleep is worth it only when it gives back at least this much (and a tenth of what the
+#: worker holds); the engine stops a worker whose measured sleep gave back less.
+MIN_SLEEP_GAIN_MIB = 256
+
+
+def sleep_gain_enough(held_mib: int, keeps_mib: int) -> bool:
+    """Whether going from ``held_mib`` to ``keeps_mib`` gives enough back to be a sleep."""
+    return held_mib - keeps_mib >= max(MIN_SLEEP_GAIN_MIB, held_mib // 10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +95,7 @@ def may_sleep(worker: WorkerInfo, info: BackendInfo | None, host_room_mib: int) 
             and not worker.active_jobs and not worker.over_declared
             and info.wake_cost_s < info.reload_cost_s
             and info.sleep_host_mib <= host_room_mib
-            and info.sleep_residual_mib < worker.reserved_mib)
+            and sleep_gain_enough(worker.reserved_mib, info.sleep_residual_mib))
 
 
 def choose(candidates: Sequence[Candidate], have_mib: int, need_mib: int,
