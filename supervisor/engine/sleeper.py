@@ -89,7 +89,6 @@ class Sleeper:
             raise Refused(f"{backend}'s sleep would take {host} MiB of host memory and "
                           f"sleepers may take {max(0, room)} MiB more (sleep_host_budget "
                           f"{self.budget_mib} MiB); evict it, or wake another one first")
-        self.notes.counters.evicted(backend, "asked")
         self.sleep(rt, "asked")
 
     def wake_asked(self, backend: str, preload: Callable[[BackendRuntime], None]) -> None:
