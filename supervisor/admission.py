@@ -11,6 +11,12 @@ This is the one place that turns the engine's state into the inputs of the pure 
 3. the ``Book`` gives every ``WorkerInfo.reserved_mib`` and every GPU's foreign and leaving
    memory: the scheduler's ``Snapshot``.
 
+A sleeping worker is a holder of its own kind (``asleep``), counted at what it keeps asleep —
+measured once it slept (what the device shows of its processes), never zero — and never below
+what it is seen to hold; while its sleep is under way, what it gives back is still counted, as
+memory on its way back (a ``settling`` holder).  A worker waking up is counted whole, as one
+that starts.
+
 ``decide_inputs`` is pure (plain facts in, ``(Snapshot, Book)`` out), so the engine, the
 trace simulator (``supervisor.tracesim``) and tests build the very same snapshot from their
 own state, and ``plan(snapshot, now)`` decides.
@@ -27,6 +33,12 @@ from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerI
 
 #: What a reload costs before any load was measured, when the descriptor does not say.
 DEFAULT_RELOAD_COST_S = 1.0
+#: What a wake costs, as a part of a reload, before any wake was measured, when the
+#: descriptor gives no ``wake_cost``.
+DEFAULT_WAKE_FRACTION = 0.1
+#: What a sleeping worker keeps on its GPU before a sleep of it was measured, when the
+#: descriptor says neither ``sleep.residual`` nor ``vram.context`` (a CUDA context stays).
+DEFAULT_SLEEP_RESIDUAL_MIB = 512
 
 
 def reload_cost_s(prior_s: float | None, loads_s: Iterable[float]) -> float:
@@ -36,6 +48,34 @@ def reload_cost_s(prior_s: float | None, loads_s: Iterable[float]) -> float:
     if loads:
         return sum(loads) / len(loads)
     return prior_s if prior_s is not None else DEFAULT_RELOAD_COST_S
+
+
+def wake_cost_s(prior_s: float | None, wakes_s: Iterable[float], reload_s: float) -> float:
+    """What a wake costs: the mean of the measured wakes; before any, the descriptor's
+    ``wake_cost``, else ``DEFAULT_WAKE_FRACTION`` of a reload."""
+    wakes = list(wakes_s)
+    if wakes:
+        return sum(wakes) / len(wakes)
+    return prior_s if prior_s is not None else reload_s * DEFAULT_WAKE_FRACTION
+
+
+def sleep_figures(spec: BackendSpec, resident_mib: int, residual_mib: int | None = None,
+                  host_mib: int | None = None) -> tuple[int, int]:
+    """(what a worker of ``spec`` keeps on its GPU asleep, the host memory its sleep takes):
+    measured when given, else the descriptor's ``sleep`` priors, else a CUDA context
+    (``vram.context``, else ``DEFAULT_SLEEP_RESIDUAL_MIB``) and the weights it gives back
+    (level 1 moves them to host memory)."""
+    prior = spec.sleep
+    if residual_mib is None:
+        residual_mib = prior.residual_mib
+        if residual_mib is None:
+            context = spec.vram.context_mib
+            residual_mib = context if context is not None else DEFAULT_SLEEP_RESIDUAL_MIB
+    if host_mib is None:
+        host_mib = prior.host_mib
+        if host_mib is None:
+            host_mib = 0 if prior.level == 2 else max(0, resident_mib - residual_mib)
+    return residual_mib, host_mib
 
 
 def declared(vram: VramSpec) -> Declared:
@@ -50,10 +90,13 @@ def declared(vram: VramSpec) -> Declared:
 
 
 def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | None = None,
-                 *, distrusted: bool = False) -> BackendInfo:
+                 *, distrusted: bool = False, wake_s: float | None = None,
+                 sleep_mib: tuple[int | None, int | None] = (None, None)) -> BackendInfo:
     """``spec`` as admission sizes it. A ``distrusted`` backend (it was caught above its
     figures) is sized by what was measured of it, its declared peak only a floor: it runs
-    alone until a job of it was sampled often enough (``learned.peak_confirmed``)."""
+    alone until a job of it was sampled often enough (``learned.peak_confirmed``). ``wake_s``
+    and ``sleep_mib`` (residual, host) are what was measured of its wakes and sleeps (None:
+    the descriptor's priors, see ``wake_cost_s`` and ``sleep_figures``)."""
     claimed = declared(spec.vram)
     if distrusted:
         peak, activation = figures(Declared(), learned)
@@ -66,18 +109,26 @@ def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | Non
     if reload_cost_s is None:
         reload_cost_s = (spec.reload_cost_s if spec.reload_cost_s is not None
                          else DEFAULT_RELOAD_COST_S)
+    if wake_s is None:
+        wake_s = wake_cost_s(spec.wake_cost_s, (), reload_cost_s)
+    resident = 0 if peak is None else peak - (activation or 0)
+    residual, host = sleep_figures(spec, resident, *sleep_mib)
     return BackendInfo(
         name=spec.name, peak_mib=peak, activation_mib=activation, safety_mib=spec.safety_mib,
         priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
-        pinned=spec.pinned, reload_cost_s=reload_cost_s,
+        pinned=spec.pinned, reload_cost_s=reload_cost_s, wake_cost_s=wake_s,
+        sleep_residual_mib=residual, sleep_host_mib=host,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerFacts:
     """One live worker process of a backend. ``state`` is the scheduler's word for it
-    (starting, initializing, ready, busy, stopping); ``exclusive``: it was spawned with an
-    unknown footprint and holds its GPU whole."""
+    (starting, initializing, ready, busy, asleep, stopping); ``exclusive``: it was spawned with
+    an unknown footprint and holds its GPU whole. An ``asleep`` worker is counted at
+    ``sleep_mib`` (what it keeps: measured, or the backend's figure while ``falling`` asleep,
+    when what it gives back is still counted as on its way back); ``can_sleep``: it may be put
+    to sleep rather than stopped."""
 
     name: str
     backend: str
@@ -91,6 +142,9 @@ class WorkerFacts:
     over_declared: bool = False  # seen above the figures it was admitted with
     settling: bool = False  # a job of it ended since it was last seen: its memory comes back
     pids: frozenset[int] = frozenset()
+    sleep_mib: int | None = None
+    falling: bool = False
+    can_sleep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +192,9 @@ def holders(
             figure = whole.get(w.gpu, 0)
         else:
             figure = info.holds_mib(w.jobs)
+        if w.state == "asleep" and w.sleep_mib is not None:
+            out.extend(_asleep(w, figure))
+            continue
         observed = w.observed_mib
         if w.settling and observed is not None and observed > figure:
             # Seen while a job ran that has ended since: what it held above its figures is
@@ -156,6 +213,19 @@ def holders(
     return out
 
 
+def _asleep(w: WorkerFacts, figure: int) -> list[Holder]:
+    """A sleeping worker: what it keeps (never less than it is seen to hold); while its sleep
+    is under way, the rest of what it held as memory on its way back."""
+    keeps = w.sleep_mib or 0
+    if not w.falling:
+        return [Holder(w.name, w.backend, w.gpu, "asleep", keeps, w.observed_mib, 0, w.pids)]
+    held = max(figure, w.observed_mib or 0)
+    out = [Holder(w.name, w.backend, w.gpu, "asleep", keeps, None, 0, w.pids)]
+    if held > keeps:
+        out.append(Holder(f"{w.name}~sleeping", w.backend, w.gpu, "settling", held - keeps))
+    return out
+
+
 def decide_inputs(
     devices: Sequence[Device],
     backends: Mapping[str, BackendInfo],
@@ -168,6 +238,7 @@ def decide_inputs(
     reserve_mib: int = 0,
     foreign: Mapping[int, int] | None = None,
     draining: Iterable[int] = (),
+    sleep_host_room_mib: int = 0,
 ) -> tuple[Snapshot, Book]:
     """The scheduler's snapshot and the ledger's book, from the same facts."""
     accounts = book(
@@ -196,8 +267,10 @@ def decide_inputs(
             backend=w.backend, gpu=w.gpu, state=w.state, active_jobs=w.jobs,
             reserved_mib=reserved, idle_since=w.idle_since, accepting=w.accepting,
             over_declared=w.over_declared or (h is not None and h.over_mib > 0),
+            can_sleep=w.can_sleep and w.state == "ready" and not w.jobs,
         )
     held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
-                        queued_counts=queued_counts, held=held)
+                        queued_counts=queued_counts, held=held,
+                        sleep_host_room_mib=max(0, sleep_host_room_mib))
     return snapshot, accounts

@@ -366,6 +366,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        mutating=True),
     _m("kill", type(None), "SIGKILL a (stuck) backend's worker now; its jobs fail, saying so.",
        _BACKEND, mutating=True),
+    _m("sleep", type(None), "Put a backend's idle worker to sleep: its GPU memory given back, "
+       "its process kept (it needs @worker_sdk.sleep and @worker_sdk.wake).", _BACKEND,
+       mutating=True),
+    _m("wake", type(None), "Wake a backend's sleeping worker (once what waking takes fits).",
+       _BACKEND, mutating=True),
     _m("zero", tuple[str, ...], "Evict every idle worker; the backends evicted.",
        mutating=True),
     _m("drain", tuple[int, ...], "Flag a GPU draining (its running work finishes, nothing new "
@@ -397,7 +402,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        safe=True),
     _m("subscribe", dict, "Events as they happen (bounded; ``lagged`` says some were "
        "dropped).",
-       Arg("kinds", STRS, None, "the event kinds wanted (job, chunk, worker, sample, log)"),
+       Arg("kinds", STRS, None, "the event kinds wanted (job, chunk, worker, sample, log, sleep)"),
        Arg("maxsize", INT, 1000, "the subscription's queue length", side="local"),
        Arg("callback", ANY, None, "called on the engine's (or the reader's) thread instead "
            "of queueing", side="local"),

@@ -380,6 +380,14 @@ class Client:
         """SIGKILL a (stuck) backend's worker now; its jobs fail, saying so."""
         self._invoke("kill", {"backend": backend})
 
+    def sleep(self, backend: str) -> None:
+        """Put a backend's idle worker to sleep (its GPU memory given back, its process kept)."""
+        self._invoke("sleep", {"backend": backend})
+
+    def wake(self, backend: str) -> None:
+        """Wake a backend's sleeping worker (once what waking takes fits)."""
+        self._invoke("wake", {"backend": backend})
+
     def zero(self) -> list[str]:
         return list(self._invoke("zero", {}) or ())
 

@@ -26,6 +26,7 @@ TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 EVICTION_REASONS = ("asked", "room", "idle", "overuse")
+WAKE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REFUSAL_REASONS = ("queue_full", "too_large", "stopping", "backend_failed", "other")
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")
 
@@ -76,6 +77,10 @@ class Counters:
         self.load_seconds: dict[str, Histogram] = {}
         self.queue_wait: dict[str, Histogram] = {}
         self.duration: dict[str, Histogram] = {}
+        self.sleeps: Counter[str] = Counter()
+        self.sleep_failures: Counter[str] = Counter()
+        self.wakes: Counter[str] = Counter()
+        self.wake_seconds: dict[str, Histogram] = {}
 
     # -- engine hooks ---------------------------------------------------------------------
     def loaded(self, backend: str, seconds: float) -> None:
@@ -97,6 +102,19 @@ class Counters:
         """A worker is being stopped to free its memory: asked, for room, idle, or because
         it held more than its figures (``on_overuse: evict``)."""
         self.evictions[(backend, reason if reason in EVICTION_REASONS else "asked")] += 1
+
+    def slept(self, backend: str) -> None:
+        """A worker of ``backend`` is being put to sleep (for room, or asked)."""
+        self.sleeps[backend] += 1
+
+    def sleep_failed(self, backend: str) -> None:
+        """A sleep or a wake of ``backend`` failed (or lied): its worker is stopped instead."""
+        self.sleep_failures[backend] += 1
+
+    def woke(self, backend: str, seconds: float) -> None:
+        """A sleeping worker of ``backend`` woke, ``seconds`` after it was asked."""
+        self.wakes[backend] += 1
+        _hist(self.wake_seconds, backend, WAKE_BUCKETS).observe(seconds)
 
     def refused(self, reason: str) -> None:
         """A submit was refused (one of ``REFUSAL_REASONS``)."""

@@ -77,9 +77,25 @@ def spec_document(spec: Any) -> dict[str, Any]:
             out[key] = list(getattr(spec, key))
     if spec.reload_cost_s is not None:
         out["reload_cost"] = format_seconds(spec.reload_cost_s)
+    if getattr(spec, "wake_cost_s", None) is not None:
+        out["wake_cost"] = format_seconds(spec.wake_cost_s)
+    sleep = getattr(spec, "sleep", None)
+    if sleep is not None and sleep != type(sleep)():
+        out["sleep"] = _sleep_view(sleep)
     if spec.calibration_request is not None:
         out["calibration"] = {"request": f"({len(spec.calibration_request)} bytes)"}
     return out
+
+
+def _sleep_view(sleep: Any) -> Any:
+    if not sleep.enabled:
+        return False
+    view: dict[str, Any] = {"level": sleep.level}
+    for key in ("residual", "host"):
+        value = getattr(sleep, f"{key}_mib")
+        if value is not None:
+            view[key] = format_size_mib(value)
+    return view
 
 
 def describe(backend: str, spec: Any, layers: Sequence[Path] | None,

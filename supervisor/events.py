@@ -19,7 +19,7 @@ from .jobs import JobView
 
 @dataclass(frozen=True, slots=True)
 class EngineEvent:
-    kind: str  # "job", "chunk", "worker", "sample", "log", or "closed"
+    kind: str  # "job", "chunk", "worker", "sample", "log", "sleep", or "closed"
     t: float
     job: JobView | None = None
     job_id: str | None = None
@@ -28,6 +28,7 @@ class EngineEvent:
     message: str = ""
     level: str = "info"
     data: bytes | None = None
+    seconds: float | None = None  # a sleep event: what the sleep (or the wake) took
 
 
 _CLOSED = EngineEvent("closed", 0.0)

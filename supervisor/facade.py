@@ -387,6 +387,14 @@ class Supervisor:
         """SIGKILL a (stuck) backend's worker now; its jobs fail, saying so."""
         self._op("kill", backend=backend)
 
+    def sleep(self, backend: str) -> None:
+        """Put a backend's idle worker to sleep (its GPU memory given back, its process kept)."""
+        self._op("sleep", backend=backend)
+
+    def wake(self, backend: str) -> None:
+        """Wake a backend's sleeping worker (once what waking takes fits)."""
+        self._op("wake", backend=backend)
+
     def zero(self) -> list[str]:
         return list(self._op("zero"))
 

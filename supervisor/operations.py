@@ -89,6 +89,14 @@ def kill(engine: Engine, backend: str) -> None:
     engine.kill(backend)
 
 
+def sleep(engine: Engine, backend: str) -> None:
+    engine.sleep(backend)
+
+
+def wake(engine: Engine, backend: str) -> None:
+    engine.wake(backend)
+
+
 def drain(engine: Engine, gpu: int, on: bool) -> tuple[int, ...]:
     engine.drain(gpu, on)
     return tuple(sorted(engine.planner.draining))

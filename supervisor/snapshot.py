@@ -84,6 +84,10 @@ class BackendView:
     on_overuse: str = "evict"
     reload_cost_s: float | None = None  # learned from measured start-to-ready times
     distrusted: bool = False  # caught lying: its descriptor only a floor, measured first
+    can_sleep: bool = False  # its worker may be put to sleep rather than stopped
+    sleep_residual_mib: int | None = None  # what it kept on its GPU asleep, measured
+    wake_cost_s: float | None = None  # what admission counts a wake at (measured, else prior)
+    no_sleep: str | None = None  # why it is no longer put to sleep (until respawned)
 
     @property
     def peak_mib(self) -> int | None:

@@ -1,18 +1,21 @@
 """A trace replayed through the real scheduler, on simulated time: hours in milliseconds.
 
 A ``Trace`` names GPUs, backends (load time, resident and activation memory, safety,
-concurrency) and jobs (arrival, backend, duration, priority). ``simulate`` plays it as the
-engine does: at every event — an arrival, a worker ready, a job's end, a worker gone, a
-barrier's patience running out (``Plan.revisit_at``), a keep-alive expiring — it builds the
-inputs with the engine's own ``admission.decide_inputs`` (the memory ledger's book, from what
-each worker really holds) and applies ``plan()`` (or another policy with the same signature,
-for comparisons): evictions stop workers, starts spawn them or dispatch jobs. Reload costs
-are learned from the simulated loads exactly as the engine learns them.
+concurrency, and for a backend whose workers can sleep: its sleep and wake times, what it
+keeps on its GPU asleep and takes in host memory) and jobs (arrival, backend, duration,
+priority). ``simulate`` plays it as the engine does: at every event — an arrival, a worker
+ready, a job's end, a worker gone, asleep or awake, a barrier's patience running out
+(``Plan.revisit_at``), a keep-alive expiring — it builds the inputs with the engine's own
+``admission.decide_inputs`` (the memory ledger's book, from what each worker really holds)
+and applies ``plan()`` (or another policy with the same signature, for comparisons):
+evictions stop workers or put them to sleep, starts spawn them, wake them or dispatch jobs.
+Reload and wake costs are learned from the simulated loads and wakes exactly as the engine
+learns them.
 
-The ``Result`` has the makespan, the loads, how busy the GPUs were, each job's wait by
-priority and every start in order — what ``bench/trace.py`` prints and what the tests compare
-with the engine on the simulated GPU. The simulation also checks that the real memory of
-every GPU never exceeds its total (``Result.overcommitted``).
+The ``Result`` has the makespan, the loads, the sleeps and wakes, how busy the GPUs were,
+each job's wait by priority and every start in order — what ``bench/trace.py`` prints and
+what the tests compare with the engine on the simulated GPU. The simulation also checks that
+the real memory of every GPU never exceeds its total (``Result.overcommitted``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .admission import WorkerFacts, decide_inputs, reload_cost_s
+from .admission import WorkerFacts, decide_inputs, reload_cost_s, wake_cost_s
 from .ledger import Device
 from .scheduler.model import BackendInfo, Plan, QueuedJob, SchedulerConfig, Snapshot
 from .scheduler.order import queue_sort_key
@@ -45,13 +48,20 @@ class TraceBackend:
     keep_alive_s: float = 300.0
     stop_s: float = 0.05  # eviction to memory gone
     reload_cost_s: float | None = None  # the descriptor's prior (None: the engine's default)
+    wake_s: float | None = None  # asleep to ready (None: its workers cannot sleep)
+    sleep_s: float = 0.05  # asked to sleep until what it gives back is gone
+    residual_mib: int = 300  # what it keeps on its GPU asleep
+    host_mib: int = 0  # the host memory its sleep takes
+    wake_cost_s: float | None = None  # the descriptor's prior
 
-    def info(self, loads: Sequence[float]) -> BackendInfo:
+    def info(self, loads: Sequence[float], wakes: Sequence[float] = ()) -> BackendInfo:
+        reload = reload_cost_s(self.reload_cost_s, loads)
         return BackendInfo(
             name=self.name, peak_mib=self.resident_mib + self.activation_mib,
             activation_mib=self.activation_mib, safety_mib=self.safety_mib,
             priority=self.priority, allowed_gpus=self.gpus, concurrency=self.concurrency,
-            reload_cost_s=reload_cost_s(self.reload_cost_s, loads),
+            reload_cost_s=reload, wake_cost_s=wake_cost_s(self.wake_cost_s, wakes, reload),
+            sleep_residual_mib=self.residual_mib, sleep_host_mib=self.host_mib,
         )
 
 
@@ -70,6 +80,7 @@ class Trace:
     gpus: tuple[int, ...]  # MiB per GPU
     backends: tuple[TraceBackend, ...]
     jobs: tuple[TraceJob, ...]
+    sleep_host_budget_mib: int = 1 << 40  # host memory sleepers may take (default: plenty)
 
     def backend(self, name: str) -> TraceBackend:
         return next(b for b in self.backends if b.name == name)
@@ -86,6 +97,8 @@ class Result:
     starts: list[tuple[float, str, str, int, bool]]  # (t, job, backend, gpu, spawned)
     overcommitted: bool
     unfinished: list[str] = field(default_factory=list)
+    sleeps: int = 0
+    wakes: int = 0
 
     def wait_p(self, priority: int, q: float) -> float:
         waits = sorted(self.waits.get(priority, []))
@@ -99,16 +112,34 @@ class _Worker:
     name: str
     backend: str
     gpu: int
-    state: str  # starting, ready, busy, stopping
+    state: str  # starting, ready, busy, stopping; falling (asleep), asleep, waking
     ready_at: float
     jobs: list[str] = field(default_factory=list)  # running
-    pending: list[str] = field(default_factory=list)  # admitted while it starts
+    pending: list[str] = field(default_factory=list)  # admitted while it starts (or wakes)
     idle_since: float | None = None
+    wake_wanted: bool = False  # a job came while it fell asleep
+    kept: bool = False  # it slept: it holds what it keeps asleep (also while it stops)
 
     def memory(self, b: TraceBackend) -> int:
         if self.state == "starting":
             return 0
+        if self.state == "asleep" or (self.state == "stopping" and self.kept):
+            return b.residual_mib
         return b.resident_mib + len(self.jobs) * b.activation_mib
+
+    def facts(self, b: TraceBackend) -> WorkerFacts:
+        """This worker as the engine reports it to admission."""
+        mem = self.memory(b)
+        jobs = len(self.jobs) + len(self.pending)
+        if self.state in ("falling", "asleep"):
+            return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
+                               state="asleep", observed_mib=mem, idle_since=self.idle_since,
+                               sleep_mib=b.residual_mib, falling=self.state == "falling")
+        state = "starting" if self.state == "waking" else self.state
+        return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
+                           jobs=jobs, observed_mib=mem if self.state != "starting" else None,
+                           idle_since=self.idle_since,
+                           can_sleep=b.wake_s is not None and self.state == "ready")
 
 
 class _Sim:
@@ -120,6 +151,8 @@ class _Sim:
         self.tick_s = tick_s
         self.backends = {b.name: b for b in trace.backends}
         self.loads: dict[str, list[float]] = {b.name: [] for b in trace.backends}
+        self.wakes: dict[str, list[float]] = {b.name: [] for b in trace.backends}
+        self.n_sleeps = 0
         self.workers: dict[str, _Worker] = {}  # backend -> its one worker
         self.queue: list[QueuedJob] = []
         self.jobs = {j.id: j for j in trace.jobs}
@@ -159,24 +192,31 @@ class _Sim:
     def step(self, now: float) -> Plan:
         used = dict.fromkeys(range(len(self.trace.gpus)), 0)
         facts = []
+        host = 0
         for w in self.workers.values():
             b = self.backends[w.backend]
-            mem = w.memory(b)
-            used[w.gpu] += mem
-            facts.append(WorkerFacts(
-                name=w.name, backend=w.backend, gpu=w.gpu, state=w.state,
-                jobs=len(w.jobs) + len(w.pending), observed_mib=mem if w.state != "starting"
-                else None, idle_since=w.idle_since))
+            used[w.gpu] += w.memory(b)
+            facts.append(w.facts(b))
+            if w.state in ("falling", "asleep", "waking"):
+                host += b.host_mib
         devices = [Device(g, total, used[g], max(0, total - used[g]))
                    for g, total in enumerate(self.trace.gpus)]
-        infos = {n: b.info(self.loads[n]) for n, b in self.backends.items()}
-        snap, _book = decide_inputs(devices, infos, facts, tuple(self.queue))
+        infos = {n: b.info(self.loads[n], self.wakes[n]) for n, b in self.backends.items()}
+        snap, _book = decide_inputs(devices, infos, facts, tuple(self.queue),
+                                    sleep_host_room_mib=self.trace.sleep_host_budget_mib - host)
         p = self.policy(snap, now, self.config)
         for ev in p.evictions:
             w = self.workers.get(ev.backend)
-            if w is not None and w.state == "ready" and not w.jobs:
+            b = self.backends[ev.backend]
+            if w is None or w.jobs or w.pending:
+                continue
+            if ev.sleep and w.state == "ready" and b.wake_s is not None:
+                w.state = "falling"
+                self.n_sleeps += 1
+                self.push(now + b.sleep_s, "asleep", w.name)
+            elif w.state in ("ready", "asleep"):
                 w.state = "stopping"
-                self.push(now + self.backends[w.backend].stop_s, "gone", w.name)
+                self.push(now + b.stop_s, "gone", w.name)
         passed, blocked = dict(p.passed), dict(p.blocked)
         if passed or blocked:
             self.queue = [QueuedJob(q.job_id, q.backend, q.priority, q.seq, q.submitted_at,
@@ -195,7 +235,11 @@ class _Sim:
                 self.n_loads += 1
                 self.push(w.ready_at, "ready", w.name)
             self.starts.append((now, s.job_id, s.backend, s.gpu, s.spawn))
-            if w.state == "starting":
+            if w.state == "asleep":
+                self.wake(w, now)
+            elif w.state == "falling":
+                w.wake_wanted = True
+            if w.state in ("starting", "falling", "waking"):
                 w.pending.append(s.job_id)
             else:
                 self.run(w, s.job_id, now)
@@ -204,6 +248,11 @@ class _Sim:
         if p.revisit_at is not None and p.revisit_at > now:
             self.push(p.revisit_at, "revisit", "")
         return p
+
+    def wake(self, w: _Worker, now: float) -> None:
+        wake_s = self.backends[w.backend].wake_s or 0.0
+        w.state, w.wake_wanted, w.kept = "waking", False, False
+        self.push(now + wake_s, "woken", w.name)
 
     def run(self, w: _Worker, job_id: str, now: float) -> None:
         job = self.jobs[job_id]
@@ -247,7 +296,8 @@ class _Sim:
         busy = sum(self.busy.values()) / (len(self.trace.gpus) * makespan) if makespan else 0.0
         unfinished = sorted(set(self.jobs) - self.done)
         return Result(self.trace.name, "", makespan, self.n_loads, busy, waits, self.starts,
-                      self.overcommitted, unfinished)
+                      self.overcommitted, unfinished, self.n_sleeps,
+                      sum(len(w) for w in self.wakes.values()))
 
     def handle(self, kind: str, what: str, now: float, seqs: itertools.count[int]) -> None:
         if kind == "arrive":
@@ -279,12 +329,28 @@ class _Sim:
             w = self.worker_named(what)
             if w is not None and w.state == "stopping":
                 del self.workers[w.backend]
+        elif kind == "asleep":
+            w = self.worker_named(what)
+            if w is not None and w.state == "falling":
+                w.state, w.kept = "asleep", True
+                if w.wake_wanted:
+                    self.wake(w, now)
+        elif kind == "woken":
+            w = self.worker_named(what)
+            if w is None or w.state != "waking":
+                return
+            self.wakes[w.backend].append(self.backends[w.backend].wake_s or 0.0)
+            w.state = "ready"
+            w.idle_since = now
+            for job_id in w.pending:
+                self.run(w, job_id, now)
+            w.pending.clear()
 
     def expire_keep_alive(self, now: float) -> None:
         for w in self.workers.values():
             b = self.backends[w.backend]
-            if (w.state == "ready" and not w.jobs and w.idle_since is not None
-                    and now - w.idle_since >= b.keep_alive_s):
+            if (w.state in ("ready", "asleep") and not w.jobs and not w.pending
+                    and w.idle_since is not None and now - w.idle_since >= b.keep_alive_s):
                 w.state = "stopping"
                 self.push(now + b.stop_s, "gone", w.name)
 

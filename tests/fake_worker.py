@@ -6,8 +6,9 @@ milliseconds, without a process.  A :class:`FakeWorker` has the same handle inte
 real one (``start``, ``send``, ``cancel``, ``begin_stop``, ``stop``, ``kill``, pings, pids) and
 reports to the engine exactly as a real handle does, through its observer, on the engine
 loop.  What it does is scripted per backend (:class:`Script`: load time, memory, job time,
-result, failures), or driven step by step by the test (``manual=True``: ``ready()``,
-``reply()``, ``progress()``, ``chunk()``, ``crash()``, ``hang()``).  Its memory is held on the
+result, failures, how it sleeps and wakes when it can), or driven step by step by the test
+(``manual=True``: ``ready()``, ``reply()``, ``progress()``, ``chunk()``, ``crash()``,
+``hang()``).  Its memory is held on the
 :class:`FakeGpu`, which the engine reads through its sampler like any probe, so the
 engine's ledger is checked against a truth it does not compute.
 
@@ -36,6 +37,7 @@ from supervisor.gpu.model import GpuReading, ProcessReading
 from supervisor.paths import Paths
 from supervisor.workers.handle import Outcome, WorkerObserver
 from supervisor.workers.states import HOT, WorkerState, check
+from supervisor.workers.supervised import SleepOutcome
 
 T = TypeVar("T")
 _pids = itertools.count(4_000_000)
@@ -98,6 +100,14 @@ class Script:
     chunks: int = 0  # a job streams this many chunks before it ends
     honours_cancel: bool = True
     manual: bool = False  # the test calls ready(), reply(), … itself
+    # It can sleep (it offers "sleep"), keeping this much on its GPU; None: it cannot.
+    sleep_keeps_mib: int | None = None
+    # honest; keeps (its sleep gives nothing back); lies (it says it keeps sleep_keeps_mib
+    # but gives nothing back); grows (it takes its memory back while asleep, unasked);
+    # sleep-fails, sleep-hangs, wake-fails, wake-hangs
+    sleep_mode: str = "honest"
+    sleep_s: float = 0.0  # a sleep's time
+    wake_s: float = 0.0  # a wake's time
 
 
 class FakeWorker:
@@ -115,7 +125,10 @@ class FakeWorker:
         self.log_path = Path("/dev/null")
         self.state = WorkerState.STARTING
         self.pid: int | None = None
-        self.features: frozenset[str] = frozenset({"cancel"})
+        self.features: frozenset[str] = frozenset(
+            {"cancel"} | ({"sleep"} if script.sleep_keeps_mib is not None else set()))
+        self.sleeps: list[int] = []  # the level of each sleep it was asked
+        self.wakes = 0
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
         self.init_error: str | None = None
@@ -237,6 +250,52 @@ class FakeWorker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._exited.wait(), timeout)
         return self.exited
+
+    # -- sleep ------------------------------------------------------------------------------
+    async def sleep(self, level: int, timeout: float) -> SleepOutcome:
+        script = self.script
+        if self.state != WorkerState.READY or self.requests or "sleep" not in self.features:
+            return SleepOutcome(False, f"it cannot sleep now (it is {self.state.value})")
+        self._set(WorkerState.ASLEEP)
+        self.sleeps.append(level)
+        done = await self._hook(script.sleep_s, timeout, script.sleep_mode == "sleep-hangs")
+        if done is not None:
+            return done
+        keeps = script.sleep_keeps_mib or 0
+        mode = script.sleep_mode
+        if mode == "sleep-fails":
+            return SleepOutcome(False, "RuntimeError: cannot release the weights")
+        if mode in ("keeps", "lies"):
+            return SleepOutcome(True, None, keeps if mode == "lies" else None, 0)
+        self.factory.gpu.hold(self.pid or 0, self.gpu, keeps)
+        if mode == "grows":
+            self._later(0.05, lambda: self.factory.gpu.hold(self.pid or 0, self.gpu,
+                                                             script.weights_mib))
+        return SleepOutcome(True, None, keeps, 0)
+
+    async def wake(self, timeout: float) -> SleepOutcome:
+        script = self.script
+        if self.state != WorkerState.ASLEEP:
+            return SleepOutcome(False, f"it is not asleep (it is {self.state.value})")
+        self.wakes += 1
+        done = await self._hook(script.wake_s, timeout, script.sleep_mode == "wake-hangs")
+        if done is not None:
+            return done
+        if script.sleep_mode == "wake-fails":
+            return SleepOutcome(False, "RuntimeError: the weights are gone")
+        self.factory.gpu.hold(self.pid or 0, self.gpu, script.weights_mib)
+        if not self._stopping:
+            self._set(WorkerState.READY)
+        return SleepOutcome(True)
+
+    async def _hook(self, seconds: float, timeout: float, hangs: bool) -> SleepOutcome | None:
+        """The hook's time (None: it returned), or how it did not."""
+        if hangs or seconds > timeout:
+            await self.wait_exited(timeout)
+            return SleepOutcome(False, "the worker exited" if self.exited
+                                else f"no answer within {timeout:g} s")
+        await asyncio.sleep(seconds)
+        return SleepOutcome(False, "the worker exited") if self.exited else None
 
     # -- liveness ---------------------------------------------------------------------------
     def ping(self) -> None:

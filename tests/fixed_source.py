@@ -203,6 +203,12 @@ class FixedSource:
     def kill(self, backend: str) -> None:
         self._record("kill", backend)
 
+    def sleep(self, backend: str) -> None:
+        self._record("sleep", backend)
+
+    def wake(self, backend: str) -> None:
+        self._record("wake", backend)
+
     def zero(self) -> list[str]:
         self._record("zero")
         return []

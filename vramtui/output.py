@@ -27,7 +27,7 @@ STATE_STYLE = {
 }
 WORKER_STYLE = {"ready": "green", "busy": "bold cyan", "starting": "cyan", "stopping": "yellow",
                 "failed": "bold red", "cold": "dim", "crashed": "bold red",
-                "initializing": "cyan"}
+                "initializing": "cyan", "asleep": "blue"}
 
 
 def __getattr__(name: str) -> Any:
@@ -108,6 +108,8 @@ def event_line(event: Any) -> str:
         return text
     if event.kind == "chunk":
         return f"{head} {event.job_id} {len(event.data or b'')} bytes"
+    if event.kind == "sleep":  # asleep, awake (in the measured time), or stopped instead
+        return f"{head} {event.backend} {event.state}: {event.message}"
     return f"{head} {event.backend or ''} {event.state or ''}".rstrip()
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from supervisor.engine import EngineConfig
 from supervisor.errors import VramtuiError
@@ -81,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args, group)
 
 
-ENGINE_KEYS = frozenset({"max_queue"})
+ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget"})
 
 
 def engine_config(args: argparse.Namespace, paths: Paths,
@@ -89,29 +90,54 @@ def engine_config(args: argparse.Namespace, paths: Paths,
     """The engine's settings: the flags, else the environment, else ``config.yaml``::
 
         engine:
-          max_queue: 64     # jobs that may wait before new ones are refused (default 512)
+          max_queue: 64             # jobs that may wait before new ones are refused (512)
+          sleep_host_budget: 16GiB  # host memory sleeping workers may take (half the host's)
 
-    (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``).  VramtuiError, one line, for a bad value.
+    (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``, ``VRAMTUI_SLEEP_HOST_BUDGET``).  VramtuiError,
+    one line, for a bad value.
     """
     from supervisor.http.config import read_section
 
     env = os.environ if environ is None else environ
+    read: list[dict[str, Any]] = []
+
+    def section() -> dict[str, Any]:
+        if not read:
+            found = read_section(paths.settings_file, "engine", "max_queue: 64") or {}
+            unknown = sorted(set(found) - ENGINE_KEYS)
+            if unknown:
+                raise VramtuiError(f"{paths.settings_file}: engine: unknown key {unknown[0]!r} "
+                                   f"(known: {', '.join(sorted(ENGINE_KEYS))})")
+            read.append(found)
+        return read[0]
+
     depth = getattr(args, "max_queue", None)
     if depth is None and env.get("VRAMTUI_MAX_QUEUE", "").strip():
         depth = _queue_depth(env["VRAMTUI_MAX_QUEUE"].strip(), "VRAMTUI_MAX_QUEUE")
-    if depth is None:
-        section = read_section(paths.settings_file, "engine", "max_queue: 64") or {}
-        unknown = sorted(set(section) - ENGINE_KEYS)
-        if unknown:
-            raise VramtuiError(f"{paths.settings_file}: engine: unknown key {unknown[0]!r} "
-                               f"(known: {', '.join(sorted(ENGINE_KEYS))})")
-        if "max_queue" in section:
-            depth = _queue_depth(section["max_queue"],
-                                 f"{paths.settings_file}: engine: max_queue")
+    if depth is None and "max_queue" in section():
+        depth = _queue_depth(section()["max_queue"],
+                             f"{paths.settings_file}: engine: max_queue")
+    budget: int | None = None
+    if env.get("VRAMTUI_SLEEP_HOST_BUDGET", "").strip():
+        budget = _size(env["VRAMTUI_SLEEP_HOST_BUDGET"].strip(), "VRAMTUI_SLEEP_HOST_BUDGET")
+    elif "sleep_host_budget" in section():
+        budget = _size(section()["sleep_host_budget"],
+                       f"{paths.settings_file}: engine: sleep_host_budget")
     config = EngineConfig()
     if depth is not None:
         config.max_queue_depth = depth
+    if budget is not None:
+        config.sleep_host_budget_mib = budget
     return config
+
+
+def _size(value: object, where: str) -> int:
+    from supervisor.units import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise VramtuiError(f"{where}: {exc}") from None
 
 
 def _queue_depth(value: object, where: str) -> int:

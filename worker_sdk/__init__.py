@@ -3,7 +3,8 @@
 Decorate functions in a script and run it with ``python -m worker_sdk main.py --control-socket P
 --data-socket P --name N`` (or call :func:`run`).  The names match verda-io 0.4.4, so porting a
 verda-io worker means changing one import; the request context (:func:`current`), ``@unload``
-and the negotiated protocol extensions are new.  Importing this package configures no logging
+the negotiated protocol extensions, and ``@sleep``/``@wake`` (a model that gives its GPU memory
+back without exiting) are new.  Importing this package configures no logging
 and loads nothing until a name is used, so a client that needs only ``worker_sdk.protocol``
 does not pay for the worker runtime.
 """
@@ -15,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context import Cancelled, RequestContext, current
-    from .registry import WorkerScriptError, hardware_health, initialize, predict, unload
+    from .registry import (
+        WorkerScriptError,
+        hardware_health,
+        initialize,
+        predict,
+        sleep,
+        unload,
+        wake,
+    )
     from .response import Response
     from .runner import run
 
@@ -29,6 +38,8 @@ _EXPORTS = {
     "initialize": ".registry",
     "predict": ".registry",
     "unload": ".registry",
+    "sleep": ".registry",
+    "wake": ".registry",
     "Response": ".response",
     "run": ".runner",
 }
@@ -42,7 +53,9 @@ __all__ = [
     "initialize",
     "predict",
     "run",
+    "sleep",
     "unload",
+    "wake",
 ]
 
 

@@ -11,6 +11,11 @@ this module owns what the frames *mean*, for both ends, in one place:
   protocol does not allow.  ``send(event)`` returns the buffers to write.
 - The handshake: a server refuses everything before a valid REGISTRATION, and answers it with
   :meth:`ServerConversation.acknowledge`; features are those both ends advertised.
+- Sleep (the capability ``sleep``, only when both ends advertised it): a server's
+  :class:`~worker_sdk.events.SleepRequest` or :class:`~worker_sdk.events.WakeRequest` is a
+  REQUEST on the *data* socket (so it runs on the worker's main thread, in order with the
+  requests), answered there by a RESPONSE, :class:`~worker_sdk.events.SleepReply` or
+  :class:`~worker_sdk.events.WakeReply` (or an ERROR, read as a failed one).
 - Every payload is checked here — types, ranges, sizes — so a hostile frame is refused before
   any caller sees it: an envelope whose payload is not bin, a status code of 2**64-1, headers
   that are not a map, a NaN fraction, an unknown event code, a registration with junk in it,
@@ -54,10 +59,14 @@ from .events import (
     Request,
     ServerError,
     Shutdown,
+    SleepReply,
+    SleepRequest,
     Status,
     StatusQuery,
     StatusReply,
     StatusRequest,
+    WakeReply,
+    WakeRequest,
 )
 from .protocol import (
     ACK_FEATURES_KEY,
@@ -104,6 +113,7 @@ MAX_HEADERS = 128
 MAX_HEADER_NAME = 256
 MAX_HEADER_VALUE = 8 * 1024
 MAX_UNANSWERED = 256  # pings or control requests outstanding at once
+SLEEP_LEVELS = (1, 2)  # vLLM's: 1 keeps the weights in host memory, 2 drops them too
 _U64 = 1 << 64
 _I64 = 1 << 63
 # Statuses a worker may report; "failed" only with the init-failure extension.
@@ -376,6 +386,7 @@ class WorkerConversation(_Conversation):
         else:
             self._handlers[MessageType.DATA] = self._on_data
             self._handlers[MessageType.ERROR] = self._on_server_error
+            self._handlers[MessageType.REQUEST] = self._on_sleep_request
             self.next_event = self._next_data_event  # type: ignore[method-assign]
 
     def adopt(self, features: frozenset[str]) -> None:
@@ -466,6 +477,24 @@ class WorkerConversation(_Conversation):
         raise _refuse(f"a request of data type {DataType(message.data_type).name} is not "
                       "supported", message.id)
 
+    def _on_sleep_request(self, message: Message) -> Event:
+        """A REQUEST on the data socket: sleep or wake (capability ``sleep`` only)."""
+        if "sleep" not in self.features:
+            raise _refuse("a REQUEST on the data socket needs the 'sleep' capability, which "
+                          "was not negotiated", message.id)
+        payload = message.payload
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "wake":
+            return WakeRequest(message.id)
+        if kind == "sleep":
+            level = payload.get("level", 1)
+            if type(level) is not int or level not in SLEEP_LEVELS:
+                raise _refuse(f"sleep level must be one of {SLEEP_LEVELS}, got {_show(level)}",
+                              message.id)
+            return SleepRequest(message.id, level)
+        raise _refuse(f"a data-socket REQUEST must be {{type: sleep | wake}}, got "
+                      f"{_show(payload)}", message.id)
+
     def _on_server_error(self, message: Message) -> ServerError:
         payload = message.payload
         error = payload.get("error") if isinstance(payload, dict) else payload
@@ -530,6 +559,18 @@ class WorkerConversation(_Conversation):
             return encode(MessageType.DATA, DataType.STREAM, event.id, None)
         return encode(MessageType.DATA, DataType.DEFAULT, event.id, b"")
 
+    def _send_sleep_reply(self, event: SleepReply | WakeReply) -> list[bytes | memoryview]:
+        self._needs("sleep", f"a {type(event).__name__}")
+        payload: dict[str, Any] = {"status": event.status}
+        if event.error is not None:
+            payload["error"] = event.error
+        if isinstance(event, SleepReply):
+            for key in ("kept_mib", "host_mib"):
+                value = getattr(event, key)
+                if value is not None:
+                    payload[key] = _uint(value, key)
+        return encode(MessageType.RESPONSE, DataType.DEFAULT, event.id, payload)
+
     def _send_error(self, event: ErrorReply) -> list[bytes | memoryview]:
         if "error-status" in self.features:
             payload: dict[str, Any] = {"error": event.error, "type": event.kind,
@@ -550,6 +591,8 @@ _WORKER_ENCODERS: dict[type, Callable[[WorkerConversation, Any], list[bytes | me
     Chunk: WorkerConversation._send_chunk,
     EndOfStream: WorkerConversation._send_end,
     ErrorReply: WorkerConversation._send_error,
+    SleepReply: WorkerConversation._send_sleep_reply,
+    WakeReply: WorkerConversation._send_sleep_reply,
 }
 
 
@@ -617,6 +660,7 @@ class ServerConversation(_Conversation):
         # A refused reply ends its request: the caller fails it, and nothing more of it counts.
         if exc.message_id is not None and self.channel is Channel.DATA:
             self._open.pop(exc.message_id, None)
+            self._asked.pop(exc.message_id, None)
         super()._on_refused(exc)
 
     def _on_registration(self, message: Message) -> Registration:
@@ -652,6 +696,7 @@ class ServerConversation(_Conversation):
         else:
             handlers[MessageType.DATA] = self._on_data
             handlers[MessageType.ERROR] = self._on_error
+            handlers[MessageType.RESPONSE] = self._on_response  # to a sleep or a wake
         self._handlers = handlers
         return reg
 
@@ -693,6 +738,8 @@ class ServerConversation(_Conversation):
         if kind is None:
             raise _refuse(f"RESPONSE {message.id} answers no request")
         payload = message.payload
+        if kind is SleepReply or kind is WakeReply:
+            return _sleep_reply(kind, message.id, payload)
         if kind is StatusReply:
             status = payload.get("status") if isinstance(payload, dict) else None
             if not isinstance(status, str) or len(status) > MAX_STATUS:
@@ -737,8 +784,13 @@ class ServerConversation(_Conversation):
             return EnvelopeReply(msg_id, data, headers, code)
         raise _refuse(f"a reply of data type {DataType(dtype).name} is not allowed here", msg_id)
 
-    def _on_error(self, message: Message) -> ErrorReply:
+    def _on_error(self, message: Message) -> Event:
         msg_id = message.id
+        asked = self._asked.pop(msg_id, None) if self.channel is Channel.DATA else None
+        if asked is not None:  # a worker refused our sleep or wake request
+            payload = message.payload
+            error = payload.get("error", "") if isinstance(payload, dict) else payload
+            return asked(msg_id, "error", _text(str(error), "error", MAX_ERROR_TEXT))
         if msg_id not in self._open:
             raise _refuse(f"ERROR for request {msg_id}, which is not open")
         payload = message.payload
@@ -796,6 +848,22 @@ class ServerConversation(_Conversation):
             payload = {"event": int(EventType.STATUS)}
         return encode(MessageType.EVENT, DataType.DEFAULT, event.id, payload)
 
+    def _send_sleep(self, event: Event) -> list[bytes | memoryview]:
+        if self.channel is not Channel.DATA:
+            raise LocalProtocolError("sleep and wake go on the data socket")
+        self._needs("sleep", type(event).__name__)
+        if len(self._asked) >= MAX_UNANSWERED:
+            raise LocalProtocolError(f"{MAX_UNANSWERED} sleep or wake requests are unanswered")
+        if isinstance(event, SleepRequest):
+            if event.level not in SLEEP_LEVELS:
+                raise LocalProtocolError(f"sleep level must be one of {SLEEP_LEVELS}")
+            self._asked[event.id] = SleepReply
+            payload: dict[str, Any] = {"type": "sleep", "level": event.level}
+        else:
+            self._asked[event.id] = WakeReply
+            payload = {"type": "wake"}
+        return encode(MessageType.REQUEST, DataType.DEFAULT, event.id, payload)
+
     def _send_control_request(self, event: Event) -> list[bytes | memoryview]:
         if self.channel is not Channel.CONTROL:
             raise LocalProtocolError("control requests go on the control socket")
@@ -815,4 +883,29 @@ _SERVER_ENCODERS: dict[type, Callable[[ServerConversation, Any], list[bytes | me
     StatusQuery: ServerConversation._send_event,
     HealthRequest: ServerConversation._send_control_request,
     StatusRequest: ServerConversation._send_control_request,
+    SleepRequest: ServerConversation._send_sleep,
+    WakeRequest: ServerConversation._send_sleep,
 }
+
+
+_SLEEP_STATUS = {SleepReply: "asleep", WakeReply: "awake"}
+
+
+def _sleep_reply(kind: type, msg_id: int, payload: object) -> Event:
+    """A worker's RESPONSE to a sleep (``kind`` SleepReply) or a wake (WakeReply), checked."""
+    if not isinstance(payload, dict):
+        raise _refuse(f"a sleep or wake reply must be a map, got {_kind_of(payload)}", msg_id)
+    status = payload.get("status")
+    if status == "error":
+        error = payload.get("error", "")
+        return kind(msg_id, "error", _text("" if error is None else str(error), "error",
+                                           MAX_ERROR_TEXT))
+    if status != _SLEEP_STATUS[kind]:
+        raise _refuse(f"a {kind.__name__} must say {_SLEEP_STATUS[kind]!r} or 'error', got "
+                      f"{_show(status)}", msg_id)
+    if kind is WakeReply:
+        return WakeReply(msg_id, status)
+    kept, host = payload.get("kept_mib"), payload.get("host_mib")
+    return SleepReply(msg_id, status, None,
+                      None if kept is None else _uint(kept, "kept_mib", msg_id),
+                      None if host is None else _uint(host, "host_mib", msg_id))

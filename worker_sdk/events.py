@@ -33,10 +33,14 @@ __all__ = [
     "Request",
     "ServerError",
     "Shutdown",
+    "SleepReply",
+    "SleepRequest",
     "Status",
     "StatusQuery",
     "StatusReply",
     "StatusRequest",
+    "WakeReply",
+    "WakeRequest",
 ]
 
 # Not frozen: a frozen dataclass's __init__ costs twice as much, and Request/Reply are on
@@ -154,6 +158,46 @@ class StatusReply(Event):
     """The answer to a :class:`StatusRequest`."""
 
     status: str
+
+
+# -- sleep (capability ``sleep``; on the data socket, in order with the requests) ------------
+
+
+@dataclass(slots=True)
+class SleepRequest(Event):
+    """Give the GPU memory back and stay alive (the worker's ``@sleep`` runs); ``level`` as
+    vLLM's: 1 keeps the weights in host memory, 2 drops them too.  Answered by a
+    :class:`SleepReply`."""
+
+    level: int = 1
+
+
+@dataclass(slots=True)
+class WakeRequest(Event):
+    """Take the memory again after a sleep (the worker's ``@wake`` runs); answered by a
+    :class:`WakeReply`."""
+
+
+@dataclass(slots=True)
+class SleepReply(Event):
+    """The answer to a :class:`SleepRequest`: ``status`` "asleep", or "error" with ``error``.
+
+    ``kept_mib`` and ``host_mib`` are what the worker *says* it keeps on the GPU and took in
+    host memory (None: it does not say); the server measures what it really keeps.
+    """
+
+    status: str
+    error: str | None = None
+    kept_mib: int | None = None
+    host_mib: int | None = None
+
+
+@dataclass(slots=True)
+class WakeReply(Event):
+    """The answer to a :class:`WakeRequest`: ``status`` "awake", or "error" with ``error``."""
+
+    status: str
+    error: str | None = None
 
 
 # -- data socket ---------------------------------------------------------------------------

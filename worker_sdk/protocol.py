@@ -28,8 +28,10 @@ import msgpack
 __all__ = [
     "ACK_FEATURES_KEY",
     "DEFAULT_MAX_FRAME",
+    "CAPABILITIES",
     "EXTENSIONS",
     "HEADER_SIZE",
+    "KNOWN_FEATURES",
     "DataType",
     "Decoder",
     "EventType",
@@ -101,6 +103,17 @@ EXTENSIONS: frozenset[str] = frozenset(
         "quiet-status",  # no busy/ready status event around every request
     }
 )
+# What a worker *can do*, as opposed to how it talks: advertised only by a worker that can (a
+# worker with ``@worker_sdk.sleep`` and ``@worker_sdk.wake`` offers "sleep"), acknowledged by a
+# server that uses it, never required of anyone.
+CAPABILITIES: frozenset[str] = frozenset(
+    {
+        "sleep",  # REQUEST {type: sleep, level} / {type: wake} on the data socket, answered
+        # by a RESPONSE {status: asleep | awake | error, ...} there: the memory given back
+        # while the process stays alive, and taken again
+    }
+)
+KNOWN_FEATURES: frozenset[str] = EXTENSIONS | CAPABILITIES
 REGISTRATION_FEATURES_KEY = "vramtui-features"
 REGISTRATION_VERSION_KEY = "vramtui-protocol"
 ACK_FEATURES_KEY = "vramtui-features"
@@ -112,11 +125,12 @@ def format_features(features: frozenset[str] | set[str]) -> str:
 
 
 def parse_features(value: object) -> frozenset[str]:
-    """The known extensions named in ``value`` (a comma-separated str, or a list)."""
+    """The known extensions and capabilities named in ``value`` (a comma-separated str, or a
+    list)."""
     if isinstance(value, str):
-        return frozenset(f.strip() for f in value.split(",") if f.strip()) & EXTENSIONS
+        return frozenset(f.strip() for f in value.split(",") if f.strip()) & KNOWN_FEATURES
     if isinstance(value, list | tuple):
-        return frozenset(str(f) for f in value) & EXTENSIONS
+        return frozenset(str(f) for f in value) & KNOWN_FEATURES
     return frozenset()
 
 

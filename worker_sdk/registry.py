@@ -1,8 +1,11 @@
 """The decorators a model author uses, and the registry of what they registered.
 
-``initialize`` (optionally with an order), ``predict`` (exactly one), ``hardware_health`` and
-``unload`` record functions in a module-level :class:`Registry`; the worker loop reads it after
-the author's script has been imported.
+``initialize`` (optionally with an order), ``predict`` (exactly one), ``hardware_health``,
+``unload``, and ``sleep`` with ``wake`` (at most one each, and both or neither) record functions
+in a module-level :class:`Registry`; the worker loop reads it after the author's script has
+been imported.  A worker with ``sleep`` and ``wake`` says so in its handshake (the capability
+``sleep``): the engine may then put it to sleep (its GPU memory given back, its process alive)
+instead of stopping it, and wake it for its next job.
 """
 
 from __future__ import annotations
@@ -26,6 +29,22 @@ class Registry:
     predict_takes_context: bool = False
     hardware_health: Callable[[], Any] | None = None
     unload: list[Callable[[], Any]] = field(default_factory=list)
+    sleep: Callable[..., Any] | None = None  # sleep() or sleep(level)
+    sleep_takes_level: bool = False
+    wake: Callable[[], Any] | None = None
+
+    @property
+    def can_sleep(self) -> bool:
+        """Both ``@sleep`` and ``@wake`` were registered."""
+        return self.sleep is not None and self.wake is not None
+
+    def check_sleep(self, script: str) -> None:
+        """``@sleep`` and ``@wake`` come together (one alone could never be undone or used)."""
+        if (self.sleep is None) != (self.wake is None):
+            have, lack = ("sleep", "wake") if self.sleep is not None else ("wake", "sleep")
+            raise WorkerScriptError(
+                f"{script} registers @worker_sdk.{have} but no @worker_sdk.{lack}: a worker "
+                "that can sleep must be able to wake (register both, or neither)")
 
     def ordered_initializers(self) -> list[Callable[[], Any]]:
         """Ascending order; registration order among equal orders."""
@@ -44,6 +63,9 @@ class Registry:
         self.predict_takes_context = False
         self.hardware_health = None
         self.unload.clear()
+        self.sleep = None
+        self.sleep_takes_level = False
+        self.wake = None
 
 
 REGISTRY = Registry()
@@ -114,4 +136,36 @@ def hardware_health(fn: F) -> F:
 def unload(fn: F) -> F:
     """Register a function called once before a graceful exit, to free memory."""
     REGISTRY.unload.append(fn)
+    return fn
+
+
+def _takes_one_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return bool(positional) or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def sleep(fn: F) -> F:
+    """Register THE sleep hook: give the GPU memory back while the process stays alive
+    (``model.to("cpu")``, vLLM's ``llm.sleep(level)``, …).  ``sleep()`` or ``sleep(level)``
+    (1: keep the weights in host memory; 2: drop them), sync or async; it may return
+    ``{"kept_mib": n, "host_mib": n}`` (what it keeps on the GPU and took in host memory) or
+    None.  Needs a ``@wake`` too."""
+    if REGISTRY.sleep is not None:
+        raise WorkerScriptError(
+            f"two @worker_sdk.sleep functions: {_name(REGISTRY.sleep)} and {_name(fn)}")
+    REGISTRY.sleep = fn
+    REGISTRY.sleep_takes_level = _takes_one_argument(fn)
+    return fn
+
+
+def wake(fn: F) -> F:
+    """Register THE wake hook: take the memory again after ``@sleep`` (sync or async)."""
+    if REGISTRY.wake is not None:
+        raise WorkerScriptError(
+            f"two @worker_sdk.wake functions: {_name(REGISTRY.wake)} and {_name(fn)}")
+    REGISTRY.wake = fn
     return fn

@@ -64,6 +64,7 @@ def run_worker(
         if script_path:
             load_script(script_path)
         REGISTRY.require_predict(label)
+        REGISTRY.check_sleep(label)
     except (ScriptLoadError, WorkerScriptError) as exc:
         log.error("%s", exc)
         return ExitCode.SCRIPT

@@ -42,9 +42,13 @@ from .events import (
     Registration,
     Request,
     Shutdown,
+    SleepReply,
+    SleepRequest,
     Status,
     StatusReply,
     StatusRequest,
+    WakeReply,
+    WakeRequest,
 )
 from .events import Reply as WholeReply
 from .protocol import (
@@ -275,6 +279,27 @@ class WorkerLink:
         assert self.control is not None
         if "cancel" in self.control.conversation.features:
             self.control.send(Cancel(self._next_id(), wire_id))
+
+    def sleep(self, level: int = 1, timeout: float = 10.0) -> SleepReply:
+        """Ask the worker to sleep (needs the ``sleep`` capability, offered by the server:
+        ``WireServer(features=KNOWN_FEATURES)``); its reply."""
+        reply = self._sleep_call(SleepRequest(self._next_id(), level), timeout)
+        assert isinstance(reply, SleepReply)
+        return reply
+
+    def wake(self, timeout: float = 10.0) -> WakeReply:
+        """Ask a sleeping worker to wake; its reply."""
+        reply = self._sleep_call(WakeRequest(self._next_id()), timeout)
+        assert isinstance(reply, WakeReply)
+        return reply
+
+    def _sleep_call(self, event: Event, timeout: float) -> Event:
+        assert self.data is not None
+        self.data.send(event)
+        _message, reply = self._read_for(event.id, time.monotonic() + timeout)
+        if isinstance(reply, ProtocolError):
+            raise reply
+        return reply
 
     def shutdown(self) -> None:
         assert self.control is not None

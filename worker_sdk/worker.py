@@ -1,8 +1,9 @@
 """The worker loop: connect, register, initialise, serve requests, report, shut down.
 
 Threads: the main thread reads the data socket and runs ``predict`` (so a model's CUDA work stays
-on one thread, as in verda-io); a control thread answers pings, health and status requests,
-cancellations and shutdown while ``predict`` runs.  Extensions (explicit streams, cancel,
+on one thread, as in verda-io), and ``@sleep``/``@wake`` when the server asks (they come on the
+data socket, in order with the requests); a control thread answers pings, health and status
+requests, cancellations and shutdown while ``predict`` runs.  Extensions (explicit streams, cancel,
 progress, request envelopes, error status codes, init-failure reports, quiet status) are used
 only when the server's acknowledgement advertised them; otherwise the worker behaves exactly
 like a verda-io 0.4.4 worker.
@@ -51,14 +52,19 @@ from .events import (
     Request,
     ServerError,
     Shutdown,
+    SleepReply,
+    SleepRequest,
     Status,
     StatusQuery,
     StatusReply,
     StatusRequest,
+    WakeReply,
+    WakeRequest,
 )
 from .protocol import EXTENSIONS, SMALL_BIN, EventType, ProtocolError, encode_small_bin
 from .registry import Registry
 from .response import Response
+from .sleeping import run_sleep_hook
 
 log = logging.getLogger("worker_sdk")
 _activate, _deactivate = ctxmod.activate, ctxmod.deactivate
@@ -98,13 +104,15 @@ class Worker:
     ) -> None:
         self.registry = registry
         self.predict = registry.require_predict(script)
+        registry.check_sleep(script)
         self.control_path = control_socket
         self.data_path = data_socket
         self.name = name
         self.max_reconnect_count = max_reconnect_count
         self.connect_timeout = connect_timeout
         self.ack_timeout = ack_timeout
-        self.offered = features
+        # The capability to sleep is offered only by a worker that has both hooks.
+        self.offered = features | {"sleep"} if registry.can_sleep else features
         self.features: frozenset[str] = frozenset()
         self.state = "initializing"
         self.control: Connection | None = None
@@ -407,11 +415,45 @@ class Worker:
                     raise _Lost
                 updated(n)
             elif type(event) is Request:
-                self._serve_request(event)
+                if self.state == "asleep":
+                    self._send_data(ErrorReply(event.id, "Asleep: the worker is asleep; wake "
+                                               "it before sending requests", "asleep", 409))
+                else:
+                    self._serve_request(event)
+            elif type(event) is SleepRequest or type(event) is WakeRequest:
+                self._sleep_or_wake(event)
             elif type(event) is Ping:
                 self._send_data(Pong(event.id))
             elif type(event) is ServerError:
                 log.error("ERROR from the server: %s", event.error)  # type: ignore[attr-defined]
+
+    def _sleep_or_wake(self, event: Event) -> None:
+        """Run ``@sleep`` or ``@wake`` on this (the main) thread and answer the server."""
+        asleep = type(event) is SleepRequest
+        if asleep == (self.state == "asleep"):  # already there: nothing to do, say so
+            self._send_data(SleepReply(event.id, "asleep") if asleep
+                            else WakeReply(event.id, "awake"))
+            return
+        registry = self.registry
+        if asleep:
+            level = event.level  # type: ignore[attr-defined]
+            hook = registry.sleep
+            args: tuple[Any, ...] = (level,) if registry.sleep_takes_level else ()
+        else:
+            hook, args = registry.wake, ()
+        assert hook is not None  # "sleep" is offered only with both hooks
+        outcome = run_sleep_hook(hook, args, self._event_loop, measure_host=asleep)
+        if outcome.error is not None:
+            log.error("@%s failed: %s", "sleep" if asleep else "wake", outcome.error)
+            reply: Event = (SleepReply(event.id, "error", outcome.error) if asleep
+                            else WakeReply(event.id, "error", outcome.error))
+        elif asleep:
+            self.state = "asleep"
+            reply = SleepReply(event.id, "asleep", None, outcome.kept_mib, outcome.host_mib)
+        else:
+            self.state = "ready"
+            reply = WakeReply(event.id, "awake")
+        self._send_data(reply)
 
     def _on_data_protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
         log.error("data socket: %s", exc)

@@ -7,6 +7,10 @@ Sizes and timings come from the environment (set per backend in the descriptor):
   SIM_WEIGHTS_MIB, SIM_ACTIVATION_MIB   memory held (MiB)
   SIM_LOAD_S                            seconds to "load the weights"
   SIM_STEP_S, SIM_STEPS                 a request runs SIM_STEPS steps of SIM_STEP_S seconds
+  SIM_SLEEP_KEEP_MIB                    with it, the model can sleep (``@worker_sdk.sleep`` and
+                                        ``@worker_sdk.wake``): asleep it keeps this much of its
+                                        weights on the GPU (its CUDA context stays too)
+  SIM_WAKE_S                            seconds a wake takes (default 0.1)
 
 A request is JSON (``{"steps": 10, "step_s": 0.2, "fail": false}``, every key optional) or
 anything else (the defaults).  Each step reports progress and stops at once when cancelled.
@@ -25,6 +29,8 @@ ACTIVATION = int(os.environ.get("SIM_ACTIVATION_MIB", "512"))
 LOAD_S = float(os.environ.get("SIM_LOAD_S", "0.5"))
 STEP_S = float(os.environ.get("SIM_STEP_S", "0.1"))
 STEPS = int(os.environ.get("SIM_STEPS", "10"))
+SLEEP_KEEP = os.environ.get("SIM_SLEEP_KEEP_MIB", "").strip()
+WAKE_S = float(os.environ.get("SIM_WAKE_S", "0.1"))
 
 
 @worker_sdk.initialize
@@ -69,3 +75,18 @@ def generate(payload: bytes, ctx: worker_sdk.RequestContext) -> worker_sdk.Respo
 @worker_sdk.unload
 def unload() -> None:
     sim.reset()
+
+
+if SLEEP_KEEP:
+    KEEP = min(int(SLEEP_KEEP), WEIGHTS)
+
+    @worker_sdk.sleep
+    def fall_asleep() -> dict[str, int]:
+        """Give the weights back but KEEP MiB (a real model: ``model.to("cpu")``)."""
+        sim.free(WEIGHTS - KEEP)
+        return {"kept_mib": KEEP}
+
+    @worker_sdk.wake
+    def wake_up() -> None:
+        time.sleep(WAKE_S)  # the time a real model takes to move its weights back
+        sim.allocate(WEIGHTS - KEEP)

@@ -57,6 +57,8 @@ TOP_KEYS = frozenset(
         "timeouts",
         "calibration",
         "reload_cost",
+        "wake_cost",
+        "sleep",
         "simulated",
         "on_overuse",
         "protocol",
@@ -75,6 +77,8 @@ ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
 TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping"})
 CALIBRATION_KEYS = frozenset({"request"})
+SLEEP_KEYS = frozenset({"residual", "host", "level"})
+SLEEP_LEVELS = (1, 2)  # vLLM's: 1 keeps the weights in host memory, 2 drops them too
 VRAMD_SETTING_KEYS = frozenset({"load_keys", "shape_keys", "load_kwargs", "event_timeout"})
 # How the engine talks to a backend's worker: our wire protocol, or vramd's JSON lines.
 PROTOCOLS = ("vramtui", "vramd")
@@ -149,6 +153,22 @@ class VramSpec:
 
 
 @dataclass(frozen=True)
+class SleepSpec:
+    """How the engine may put a worker of this backend to sleep (when the worker can).
+
+    ``enabled`` False (``sleep: false``): never, whatever the worker offers. ``residual_mib``
+    and ``host_mib`` are the priors of what a sleeping worker keeps on its GPU and takes in
+    host memory, until a sleep of it was measured; ``level`` is asked of the worker (1: the
+    weights go to host memory; 2: they are dropped, and reloaded from disk on waking).
+    """
+
+    enabled: bool = True
+    residual_mib: int | None = None
+    host_mib: int | None = None
+    level: int = 1
+
+
+@dataclass(frozen=True)
 class Timeouts:
     start_s: float = DEFAULT_START_TIMEOUT_S
     request_s: float | None = None  # None: no limit; counted from dispatch to the worker
@@ -198,6 +218,8 @@ class BackendSpec:
     timeouts: Timeouts = Timeouts()
     calibration_request: bytes | None = None
     reload_cost_s: float | None = None
+    wake_cost_s: float | None = None  # a wake's cost until one was measured
+    sleep: SleepSpec = SleepSpec()
     description: str = ""
     source: str = ""
     simulated: bool = False
@@ -424,6 +446,26 @@ def _calibration(value: object) -> bytes | None:
         raise FieldError("calibration.request", f"cannot be sent as JSON: {exc}") from None
 
 
+def _sleep(value: object) -> SleepSpec:
+    if isinstance(value, bool):
+        return SleepSpec(enabled=value)
+    mapping = _mapping(value, "sleep settings (residual, host, level), or true/false")
+    for key in mapping:
+        if key not in SLEEP_KEYS:
+            raise FieldError(f"sleep.{key}", unknown_key_message(key, SLEEP_KEYS))
+    values: dict[str, Any] = {}
+    for key in ("residual", "host"):
+        if mapping.get(key) is not None:
+            values[f"{key}_mib"] = _field(f"sleep.{key}", parse_size, mapping[key])
+    level = mapping.get("level")
+    if level is not None:
+        if isinstance(level, bool) or level not in SLEEP_LEVELS:
+            raise FieldError("sleep.level", f"{brief(level)} is not a sleep level (1: the "
+                             "weights go to host memory; 2: they are dropped)")
+        values["level"] = level
+    return SleepSpec(**values)
+
+
 def _protocol(value: object) -> str:
     if not isinstance(value, str) or value not in PROTOCOLS:
         known = ", ".join(PROTOCOLS)
@@ -624,6 +666,8 @@ def build_spec(
     take("timeouts", "timeouts", _timeouts)
     take("calibration", "calibration_request", _calibration)
     take("reload_cost", "reload_cost_s", parse_duration)
+    take("wake_cost", "wake_cost_s", parse_duration)
+    take("sleep", "sleep", _sleep)
     take("description", "description", _str)
     take("simulated", "simulated", _bool)
     take("on_overuse", "on_overuse", _overuse)

@@ -24,6 +24,9 @@ How each figure is computed (MiB):
 - **activation**: predict peak - resident; spread = max - min of the run peaks.
 - **peak**: max(load peak, predict peak); spread = max - min of the run peaks.
 - **settled** *i*: the median reading in ``settle-i`` (for leaks).
+- **asleep** (a worker that can sleep): the median reading in ``asleep``; spread = max - min
+  there; the **wake** time is from the ``wake`` mark to the ``woken`` one. A sleep that keeps
+  within ``NOISE_MIB`` of the resident gave nothing back (``sleep-gives-nothing``).
 
 Findings (codes in ``result.BEHAVIOUR_CODES`` and ``result.QUALITY_CODES``) carry the numbers
 behind them; thresholds are the module constants below.  Confidence is "high" unless a
@@ -40,12 +43,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .record import (
+    ASLEEP,
     EXITED,
     INITIALIZE,
     LOAD_PHASES,
     SETTLE_LOAD,
     SHUTDOWN,
     START,
+    WAKE,
+    WOKEN,
     CalibrationError,
     CalibrationRecord,
     CalSample,
@@ -535,6 +541,15 @@ def analyze(record: CalibrationRecord) -> Report:
             f"{runs} request measured: leaks and warm-up cannot be told apart (use repeats >= 2)",
             {"runs": runs},
         ), mediums)
+    sleep_residual, wake_s = _sleep_figures(phases)
+    if sleep_residual is not None and resident is not None and \
+            sleep_residual.value_mib > resident.value_mib - NOISE_MIB:
+        add(Finding(
+            "sleep-gives-nothing",
+            f"asleep it still held {sleep_residual.value_mib} MiB of its {resident.value_mib} "
+            "MiB: its @worker_sdk.sleep gives nothing back (the engine stops it instead)",
+            {"asleep_mib": sleep_residual.value_mib, "resident_mib": resident.value_mib},
+        ))
     if resident is not None and resident.spread_mib > NOISE_MIB:
         add(Finding(
             "memory-unsettled",
@@ -561,5 +576,16 @@ def analyze(record: CalibrationRecord) -> Report:
         load_peak_mib=fig.load_peak, predict_peak_mib=fig.predict_peak,
         run_peaks=tuple(fig.run_peaks), run_settled=tuple(fig.run_settled),
         findings=tuple(findings), confidence=confidence, reason=reason,
-        analysis_version=ANALYSIS_VERSION,
+        analysis_version=ANALYSIS_VERSION, sleep_residual=sleep_residual, wake_s=wake_s,
     )
+
+
+def _sleep_figures(phases: _Phases) -> tuple[Measure | None, float | None]:
+    """What the worker kept asleep (the ``asleep`` phase's median) and its wake's time."""
+    asleep = _totals(phases.get(ASLEEP))
+    residual = Measure(_ceil_median(asleep), max(asleep) - min(asleep), len(asleep)) \
+        if asleep else None
+    starts = phases.starts
+    wake_s = round(starts[WOKEN] - starts[WAKE], 3) if WAKE in starts and WOKEN in starts \
+        else None
+    return residual, wake_s

@@ -35,17 +35,21 @@ from supervisor.gpu.sampler import FAST_HZ, Sample, Sampler
 from supervisor.gpu.sim import DEFAULT_CONTEXT_MIB, SimulatedProbe
 from worker_sdk.connection import ConnectionLost
 from worker_sdk.events import Status
-from worker_sdk.protocol import ProtocolError
+from worker_sdk.protocol import KNOWN_FEATURES, ProtocolError
 from worker_sdk.testing import WireServer, WorkerLink
 from worker_sdk.worker import ExitCode
 
 from .record import (
+    ASLEEP,
     END,
     EXITED,
     INITIALIZE,
     SETTLE_LOAD,
     SHUTDOWN,
+    SLEEP,
     START,
+    WAKE,
+    WOKEN,
     CalibrationRecord,
     CalSample,
     PhaseMark,
@@ -229,11 +233,33 @@ def _phases(
             raise _Stop("failed", f"request {i} failed: {(reply.error or {}).get('error')}")
         if pause.wait(settle_s):
             raise _Stop("cancelled", "cancelled")
+    if "sleep" in link.features:
+        _sleep_and_wake(run, link, settle_s, pause, start_timeout)
     run.mark(SHUTDOWN)
     link.shutdown()
     if not run.exited.wait(stop_timeout):
         raise _Stop("failed", f"the worker did not exit within {stop_timeout:g} s of SHUTDOWN")
     run.mark(EXITED)
+    if pause.wait(settle_s):
+        raise _Stop("cancelled", "cancelled")
+
+
+def _sleep_and_wake(run: _Run, link: WorkerLink, settle_s: float, pause: threading.Event,
+                    timeout: float) -> None:
+    """A worker that can sleep: mark its sleep and its wake (a failed one ends them early)."""
+    run.mark(SLEEP)
+    try:
+        if link.sleep(timeout=timeout).status != "asleep":
+            return
+        run.mark(ASLEEP)
+        if pause.wait(settle_s):
+            raise _Stop("cancelled", "cancelled")
+        run.mark(WAKE)
+        if link.wake(timeout=timeout).status != "awake":
+            return
+    except (ConnectionLost, OSError, TimeoutError, ProtocolError):
+        return  # (a worker that died is seen at its shutdown)
+    run.mark(WOKEN)
     if pause.wait(settle_s):
         raise _Stop("cancelled", "cancelled")
 
@@ -272,7 +298,7 @@ def run_with_wire_server(
     with tempfile.TemporaryDirectory(prefix="vtcal-", dir=short) as tmp:
         directory = Path(tmp)
         probe = SimulatedProbe(gpu_spec, directory / "ledger", context_mib)
-        server = WireServer(directory).start()
+        server = WireServer(directory, features=KNOWN_FEATURES).start()
         log_path = directory / "worker.log"
         wall0 = time.time()
         t0 = time.monotonic()

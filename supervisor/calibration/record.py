@@ -9,6 +9,9 @@ of each phase; a phase lasts until the next mark.  The phases, in order:
 - ``settle-load``: the worker said ``ready``; the run waits ``settle_s``;
 - ``predict-<i>`` / ``settle-<i>`` for i in 1..repeats: the request was sent / its reply
   arrived (then the run waits ``settle_s``);
+- for a worker that can sleep (``@worker_sdk.sleep`` and ``@wake``): ``sleep`` (asked),
+  ``asleep`` (it answered; the run waits ``settle_s``: what it keeps asleep), ``wake`` (asked)
+  and ``woken`` (it answered: the wake's time; the run waits ``settle_s``);
 - ``shutdown``: SHUTDOWN was sent (the worker's ``@unload`` runs, then it exits);
 - ``exited``: the process is gone; sampling goes on about ``settle_s`` to see memory return;
 - ``end``: sampling stopped.
@@ -29,6 +32,10 @@ SETTLE_LOAD = "settle-load"
 SHUTDOWN = "shutdown"
 EXITED = "exited"
 END = "end"
+SLEEP = "sleep"
+ASLEEP = "asleep"
+WAKE = "wake"
+WOKEN = "woken"
 LOAD_PHASES = (START, INITIALIZE, SETTLE_LOAD)
 
 OUTCOMES = frozenset({"completed", "cancelled", "crashed", "failed"})

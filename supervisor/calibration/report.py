@@ -98,6 +98,8 @@ def _analysis_json(report: Report) -> dict[str, Any]:
         "predict_peak_mib": report.predict_peak_mib,
         "run_peaks": list(report.run_peaks),
         "run_settled": list(report.run_settled),
+        "sleep_residual": _measure_json(report.sleep_residual),
+        "wake_s": report.wake_s,
         "findings": [
             {"code": f.code, "message": f.message, "numbers": dict(f.numbers)}
             for f in report.findings
@@ -210,6 +212,8 @@ def report_from_json(data: dict[str, Any]) -> Report:
         confidence=data["confidence"],
         reason=data["reason"],
         analysis_version=data["analysis_version"],
+        sleep_residual=_measure(data.get("sleep_residual")),
+        wake_s=data.get("wake_s"),
     )
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..units import format_size_mib
+from ..units import format_duration, format_size_mib
 
 ANALYSIS_VERSION = 1
 CONFIDENCES = ("high", "medium", "low")
@@ -27,6 +27,7 @@ BEHAVIOUR_CODES = frozenset(
         "leak-across-repeats",
         "warm-up",
         "foreign-memory-changed",
+        "sleep-gives-nothing",
     }
 )
 # ... and findings about the measurement itself (how far the numbers can be trusted).
@@ -78,6 +79,8 @@ class Report:
     not measured); ``resident`` is the worker's memory once loaded (context + weights);
     ``load_peak_mib``/``predict_peak_mib`` are the highest readings while loading and while
     running requests; ``run_peaks``/``run_settled`` are per repeat (None: no sample).
+    ``sleep_residual`` is what a worker that can sleep kept on the GPU asleep and ``wake_s``
+    how long its wake took (None: it cannot sleep, or did not).
     """
 
     backend: str
@@ -102,6 +105,14 @@ class Report:
     confidence: str
     reason: str
     analysis_version: int = ANALYSIS_VERSION
+    sleep_residual: Measure | None = None
+    wake_s: float | None = None
+
+    @property
+    def sleeps(self) -> bool:
+        """It slept and woke, and sleeping gave memory back."""
+        return (self.sleep_residual is not None and self.wake_s is not None
+                and "sleep-gives-nothing" not in self.codes)
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -130,7 +141,7 @@ class Report:
             return {}
         assert self.peak is not None and self.weights is not None
         assert self.activation is not None
-        return {
+        fields: dict[str, Any] = {
             "vram": {
                 "peak": format_size_mib(self.peak.value_mib),
                 "weights": format_size_mib(self.weights.value_mib),
@@ -139,6 +150,11 @@ class Report:
                             if self.context is not None else None),
             }
         }
+        if self.sleeps:  # the scheduler's priors for its sleeps and wakes
+            assert self.sleep_residual is not None and self.wake_s is not None
+            fields["sleep"] = {"residual": format_size_mib(self.sleep_residual.value_mib)}
+            fields["wake_cost"] = format_duration(round(self.wake_s, 2))
+        return fields
 
     def overlay_comment(self) -> str:
         """Lines for ``write_overlay(..., comment=...)``: when, how sure, and what was seen."""
@@ -163,6 +179,10 @@ class Report:
                     split += f" + context {self.context.value_mib}"
                 parts.append(f"({split})")
             text = " ".join(parts) + f", {self.confidence} confidence"
+        if self.sleeps:
+            assert self.sleep_residual is not None and self.wake_s is not None
+            text += (f"; asleep {self.sleep_residual.value_mib} MiB, wakes in "
+                     f"{self.wake_s:.2f} s")
         model = [f.code for f in self.findings if not f.about_measurement]
         return text + (f"; {', '.join(model)}" if model else "")
 
@@ -182,6 +202,8 @@ class Report:
             "activation_mib": mib(self.activation),
             "context_mib": mib(self.context),
             "resident_mib": mib(self.resident),
+            "sleep_residual_mib": mib(self.sleep_residual),
+            "wake_s": self.wake_s,
             "findings": [{"code": f.code, "message": f.message} for f in self.findings],
             "samples": self.sample_count,
         }

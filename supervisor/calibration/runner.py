@@ -33,7 +33,7 @@ from ..workers.base import Worker
 from ..workers.handle import Outcome, WorkerHandle
 from ..workers.states import WorkerState
 from .analysis import analyze
-from .record import CalibrationRecord, CalSample, PhaseMark
+from .record import ASLEEP, SLEEP, WAKE, WOKEN, CalibrationRecord, CalSample, PhaseMark
 from .report import write_report
 
 if TYPE_CHECKING:
@@ -151,6 +151,7 @@ class CalibrationRun:
         self.saw_numbers = False
         self.allocated: bool | None = None  # False: the source saw only a context, never more
         self.observed_mib: int | None = None  # for the engine's memory ledger
+        self.sleep_error: str | None = None  # a sleep or wake that failed during the run
 
     # -- marks and samples ------------------------------------------------------------------
     def mark(self, phase: str, wall: float | None = None) -> None:
@@ -283,6 +284,8 @@ class CalibrationRun:
                 self.error = f"predict {i} failed: {outcome.error}"
                 return
             await asyncio.sleep(self.settle_s)
+        if "sleep" in worker.features and spec.sleep.enabled:
+            await self._sleep_and_wake(worker)
         self.mark("shutdown")
         stopping = asyncio.get_running_loop().create_task(
             worker.stop(grace=spec.timeouts.stop_grace_s))
@@ -292,6 +295,25 @@ class CalibrationRun:
         await stopping
         self.mark("end")
         self.outcome = "completed"
+
+    async def _sleep_and_wake(self, worker: Worker) -> None:
+        """A worker that can sleep: what it keeps asleep, and how long its wake takes (a
+        sleep or a wake that fails ends these phases early; the footprint stands)."""
+        spec = self.rt.spec
+        self.mark(SLEEP)
+        slept = await worker.sleep(spec.sleep.level, spec.timeouts.start_s)
+        if not slept.ok:
+            self.sleep_error = f"its sleep failed: {slept.error}"
+            return
+        self.mark(ASLEEP)
+        await asyncio.sleep(self.settle_s)
+        self.mark(WAKE)
+        woke = await worker.wake(spec.timeouts.start_s)
+        if not woke.ok:
+            self.sleep_error = f"it did not wake: {woke.error}"
+            return
+        self.mark(WOKEN)
+        await asyncio.sleep(self.settle_s)
 
     def _finish(self) -> dict[str, Any]:
         host, spec = self.host, self.rt.spec
@@ -312,6 +334,8 @@ class CalibrationRun:
         write_report(report_path, record, report)
         summary: dict[str, Any] = {"report": str(report_path), "outcome": self.outcome,
                                    "error": self.error, **report.summary()}
+        if self.sleep_error is not None:
+            summary["sleep_error"] = self.sleep_error
         fields = report.overlay_fields() if self.outcome == "completed" else None
         if fields:
             overlay = host.paths.calibration_overlay(spec.name)
@@ -322,7 +346,12 @@ class CalibrationRun:
             # (`vramtui calibrate --out FILE`).
             summary["overlay_yaml"] = overlay_text(spec.name, fields, comment=comment)
             vram = fields.get("vram", {})
-            self.rt.spec = replace(spec, vram=_vram_from(vram, spec.vram))
+            spec = replace(spec, vram=_vram_from(vram, spec.vram))
+            if report.sleeps:  # the measured sleep: the scheduler's priors from now on
+                assert report.sleep_residual is not None
+                spec = replace(spec, wake_cost_s=report.wake_s, sleep=replace(
+                    spec.sleep, residual_mib=report.sleep_residual.value_mib))
+            self.rt.spec = spec
         return summary
 
 

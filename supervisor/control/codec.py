@@ -69,7 +69,7 @@ def snapshot_to_wire(snap: EngineSnapshot, data_limit: int | None = None) -> dic
 def event_to_wire(event: EngineEvent) -> dict[str, Any]:
     out = {"kind": event.kind, "t": event.t, "job": None, "job_id": event.job_id,
            "backend": event.backend, "state": event.state, "message": event.message,
-           "level": event.level, "data": event.data}
+           "level": event.level, "data": event.data, "seconds": event.seconds}
     if event.job is not None:
         out["job"] = job_to_wire(event.job)
     return out

@@ -127,6 +127,8 @@ def backend_json(b: BackendView, snap: EngineSnapshot, extra: dict[str, Any]) ->
                                          "served": b.jobs_served},
         "last_used": epoch(b.last_used), "last_error": b.last_error,
         "init_failures": b.init_failures, "features": list(b.features), "source": b.source,
+        "sleep": {"can_sleep": b.can_sleep, "residual_mib": b.sleep_residual_mib,
+                  "wake_cost_s": _finite(b.wake_cost_s), "not_since": b.no_sleep},
         "log": b.log_path,
         **extra,
     }
@@ -159,6 +161,10 @@ def event_json(event: EngineEvent,
     elif event.kind == "log":
         out["level"] = event.level
         out["message"] = event.message
+    elif event.kind == "sleep":
+        out["state"] = event.state
+        out["message"] = event.message
+        out["seconds"] = _finite(event.seconds)
     if event.backend is not None:
         out["backend"] = event.backend
     return out

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import psutil
+
 from .. import validate
+
+
+def default_sleep_host_budget_mib() -> int:
+    """Half of the host's memory: what sleeping workers' weights may take there at most."""
+    return int(psutil.virtual_memory().total // 2 // (1024 * 1024))
 
 
 @dataclass
@@ -32,3 +39,6 @@ class EngineConfig:
     # Results of finished jobs kept in memory, all together (the oldest go first; with the
     # journal they stay retrievable from it).
     max_recent_result_bytes: int = 256 * 1024 * 1024
+    # Host memory that sleeping workers may take in all (their weights moved out of the
+    # GPU); a sleep that would take more is a stop instead.
+    sleep_host_budget_mib: int = field(default_factory=default_sleep_host_budget_mib)

@@ -49,6 +49,7 @@ from .notes import Notes
 from .planner import Planner
 from .pool import WorkerPool
 from .runtime import BackendRuntime, Ghost
+from .sleeper import Sleeper
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
 
@@ -93,6 +94,8 @@ class Engine:
         self.planner = Planner(config)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)
+        self.sleeper = Sleeper(self.pool, self.jobs, self.monitor, self.notes, self.run, clock,
+                               self._requeue, config.sleep_host_budget_mib)
         self.calibrations = Calibrations(self.pool, self.monitor, paths,
                                          self.request_progress)
 
@@ -442,6 +445,7 @@ class Engine:
                           "then respawn")
         health = rt.health
         health.failed, health.init_failures, health.last_error = False, 0, None
+        health.no_sleep = None
         self.notes.note("info", f"respawning {backend}", backend)
 
         async def restart() -> None:
@@ -455,8 +459,16 @@ class Engine:
         rt = self.pool.runtime(backend)
         if rt.health.failed:
             raise BackendFailed(f"backend {backend!r} has failed; respawn it first")
-        if rt.worker is None:
+        if rt.worker is None or rt.worker.state == WorkerState.ASLEEP:  # (asleep: it wakes)
             self._request_preload(rt)
+
+    def sleep(self, backend: str) -> None:
+        """Put a backend's idle worker to sleep now (:class:`.sleeper.Sleeper`)."""
+        self.sleeper.sleep_asked(backend)
+
+    def wake(self, backend: str) -> None:
+        """Wake a backend's sleeping worker once what waking adds fits (as a preload)."""
+        self.sleeper.wake_asked(backend, self._request_preload)
 
     def _request_preload(self, rt: BackendRuntime) -> None:
         rt.preload_until = self.clock() + PRELOAD_PATIENCE_S
@@ -520,7 +532,7 @@ class Engine:
                                                     self.jobs.queue.counts, extra)
         return self.planner.inputs(self.monitor.readings, self.pool.runtimes(),
                                    self.calibrations.facts(), self.monitor.foreign, queue,
-                                   counts)
+                                   counts, self.sleeper.host_room_mib())
 
     def _step(self) -> None:
         now = self.clock()
@@ -533,7 +545,9 @@ class Engine:
         plan = self.planner.plan(snap, now)
         for ev in plan.evictions:
             rt = self.pool.runtime(ev.backend)
-            if rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
+            if ev.sleep:
+                self.sleeper.sleep(rt, ev.reason)
+            elif rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
                 self.notes.note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
                                 f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
                 self.notes.counters.evicted(ev.backend, "room")
@@ -562,6 +576,7 @@ class Engine:
         if start.kind == "preload":
             if rt.worker is None:
                 self._spawn_worker(rt, start.gpu)
+            self.sleeper.wake(rt)  # (a sleeping worker: wakes it)
             return
         job = self.jobs.require(start.job_id)
         self.jobs.dequeue(job)
@@ -591,7 +606,9 @@ class Engine:
         else:
             if not spawn:
                 self.notes.note("info", admitted, job.backend, quiet=True)
-            job.mark(self.clock(), JobState.STARTING, f"starting {rt.spec.name} on GPU{job.gpu}")
+            how = "waking" if worker.state == WorkerState.ASLEEP else "starting"
+            job.mark(self.clock(), JobState.STARTING, f"{how} {rt.spec.name} on GPU{job.gpu}")
+            self.sleeper.wake(rt)
             if self.journal.durable(job):
                 self.journal.write("record_state", job.id, JobState.STARTING, time.time())
             self._job_event(job)
@@ -715,14 +732,7 @@ class Engine:
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:
-                # it never ran: try again with a fresh worker
-                job.mark(self.clock(), JobState.QUEUED, "requeued: worker failed to start")
-                job.gpu = None
-                if self.journal.durable(job):
-                    self.journal.write("record_state", job.id, JobState.QUEUED, time.time(),
-                                       "requeued: worker failed to start")
-                self.jobs.enqueue(job)
-                self._job_event(job)
+                self._requeue(job, "requeued: worker failed to start")  # it never ran
             else:
                 what = ("its worker failed to start: " + (health.last_error or reason)) \
                     if never_ready else f"{name} {reason}; {log_hint}"
@@ -735,6 +745,15 @@ class Engine:
                              f"{health.last_error}; respawn it once fixed")
         self.notes.worker(name, rt.state)
         self.run.schedule()
+
+    def _requeue(self, job: Job, why: str) -> None:
+        """A job that never ran on the worker it was admitted to goes back to the queue."""
+        job.mark(self.clock(), JobState.QUEUED, why)
+        job.gpu = None
+        if self.journal.durable(job):
+            self.journal.write("record_state", job.id, JobState.QUEUED, time.time(), why)
+        self.jobs.enqueue(job)
+        self._job_event(job)
 
     def request_done(self, handle: Worker, job_id: str, outcome: Outcome) -> None:
         job = self.jobs.get(job_id)
@@ -822,6 +841,7 @@ class Engine:
     def _on_sample(self, sample: Sample) -> None:
         if self.monitor.took(sample):
             self.watch.observe(sample, self.calibrations.runs())
+            self.sleeper.check()
         self.calibrations.on_sample(sample)
         self.notes.sample()
         self.run.schedule()

@@ -85,6 +85,12 @@ class Notes:
         self.events.publish(EngineEvent("overuse", time.time(), backend=backend,
                                         message=message))
 
+    def sleep(self, backend: str, state: str, message: str, seconds: float | None) -> None:
+        """A worker fell asleep, woke (``seconds``: what it took, measured), or was stopped
+        instead (``state`` "asleep", "awake" or "stopped"; ``message`` says why)."""
+        self.events.publish(EngineEvent("sleep", time.time(), backend=backend, state=state,
+                                        message=message, seconds=seconds))
+
     def sample(self) -> None:
         if self.events.wants("sample"):
             self.events.publish(EngineEvent("sample", time.time()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from .. import admission
 from ..errors import Refused
@@ -54,6 +55,7 @@ class Planner:
                runs: Sequence[admission.RunFacts], foreign: Mapping[int, int],
                queue: tuple[sched.QueuedJob, ...] = (),
                counts: Mapping[tuple[str, str], int] | None = None,
+               sleep_host_room_mib: int = 0,
                ) -> tuple[sched.Snapshot, Book]:
         """The scheduler's snapshot and the ledger's book of the engine now."""
         calibrating = {r.backend for r in runs}
@@ -67,20 +69,38 @@ class Planner:
             if w is not None and w.state not in GONE:
                 # A backend being calibrated takes no new job on its old worker, which the
                 # run stops once its running jobs are done.
-                state = "stopping" if name in calibrating else w.state.value
-                m, c = rt.measures, rt.conduct
-                workers.append(admission.WorkerFacts(
-                    name=w.name, backend=name, gpu=w.gpu, state=state, jobs=len(rt.admitted),
-                    exclusive=c.exclusive, observed_mib=m.observed_mib,
-                    idle_since=rt.usage.idle_since, accepting=c.accepting,
-                    over_declared=c.over_mib > 0, settling=m.settling))
+                workers.append(self._facts(rt, "stopping" if name in calibrating else None))
             for gh in rt.ghosts:
                 ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
                                                    gh.observed_mib))
         return admission.decide_inputs(
             self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
             queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
-            foreign=foreign, draining=self.draining)
+            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib)
+
+    @staticmethod
+    def _facts(rt: BackendRuntime, state: str | None = None) -> admission.WorkerFacts:
+        """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
+        it keeps (while it falls asleep, what it gives back on its way back), a waking one
+        whole, as one that starts."""
+        w = rt.worker
+        assert w is not None
+        m, c, slumber = rt.measures, rt.conduct, rt.slumber
+        sleep_mib: int | None = None
+        if state is None:
+            state = w.state.value
+            if w.state == WorkerState.ASLEEP and slumber is not None:
+                if slumber.phase == "waking":
+                    state = "starting"
+                else:
+                    sleep_mib = slumber.keeps_mib
+        return admission.WorkerFacts(
+            name=w.name, backend=rt.spec.name, gpu=w.gpu, state=state, jobs=len(rt.admitted),
+            exclusive=c.exclusive, observed_mib=m.observed_mib,
+            idle_since=rt.usage.idle_since, accepting=c.accepting,
+            over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
+            falling=slumber is not None and slumber.phase == "falling",
+            can_sleep=rt.can_sleep)
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],
@@ -130,9 +150,13 @@ class Planner:
             return 0
         fact = admission.WorkerFacts(w.name, rt.spec.name, w.gpu, "ready", len(rt.admitted),
                                      rt.conduct.exclusive, rt.measures.observed_mib)
+        slumber = rt.slumber
+        if slumber is not None and slumber.phase != "waking":  # (asleep, or falling asleep)
+            fact = replace(fact, state="asleep", sleep_mib=slumber.keeps_mib,
+                           falling=slumber.phase == "falling")
         held = admission.holders(self.devices(readings), {rt.spec.name: rt.info()}, [fact],
                                  reserve_mib=self.reserve_mib, foreign=foreign)
-        return held[0].holds_mib if held else 0
+        return sum(h.holds_mib for h in held)
 
     # -- refusals -------------------------------------------------------------------------------
     def refusal(self, rt: BackendRuntime, readings: Mapping[int, GpuReading],

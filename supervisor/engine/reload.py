@@ -109,10 +109,13 @@ def _apply_change(rt: BackendRuntime, spec: BackendSpec, diff: list[str],
         rt.measures.distrusted = False  # a new claim; what was measured still sizes it too
         notes.append("its new vram figures are used again (it had been caught above its "
                      "old ones); what was measured of it stays a floor")
+    if rt.health.no_sleep is not None and old.sleep != spec.sleep:
+        rt.health.no_sleep = None
+        notes.append("its sleep settings changed: it may be put to sleep again")
     launch = [f for f in LAUNCH_FIELDS if getattr(old, f) != getattr(spec, f)]
     worker = rt.worker
     if launch and worker is not None:
-        if not rt.admitted and worker.state == WorkerState.READY:
+        if not rt.admitted and worker.state in (WorkerState.READY, WorkerState.ASLEEP):
             evict(rt)
             notes.append(f"its idle worker was stopped ({', '.join(launch)} changed): the "
                          "next job starts the new one")

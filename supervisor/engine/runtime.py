@@ -3,7 +3,8 @@
 A :class:`BackendRuntime` groups what the engine keeps per backend into small records, each
 with one concern: how its workers have fared (:class:`Health`), how the live worker behaves
 against the figures it was admitted with (:class:`Conduct`), what production measured of it
-(:class:`Measures`), and how it is used (:class:`Usage`).  The worker pool owns the records;
+(:class:`Measures`), how it is used (:class:`Usage`), and where the live worker's sleep stands
+(:class:`Slumber`).  The worker pool owns the records;
 the engine's parts change them on the engine loop only.
 """
 
@@ -40,6 +41,10 @@ class Health:
     failed: bool = False  # too many: no new worker until a respawn
     last_error: str | None = None
     kill_reason: str | None = None  # why the engine killed the live worker (its jobs fail so)
+    # why the engine no longer puts its workers to sleep (a sleep or a wake that failed, a
+    # worker that gave nothing back or lied about what it keeps); None: it may. A respawn, or
+    # a reload that changes its sleep settings, forgets it.
+    no_sleep: str | None = None
 
 
 @dataclass
@@ -74,6 +79,22 @@ class Measures:
     observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     load_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
     timed_worker: str | None = None  # the worker whose load time was last recorded
+    wake_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    sleep_residual_mib: int | None = None  # what its last measured sleep kept on the GPU
+    sleep_host_mib: int | None = None  # the host memory its last sleep took
+
+
+@dataclass
+class Slumber:
+    """The live worker's sleep: ``falling`` (its sleep hook runs), ``asleep`` (measured), or
+    ``waking`` (its wake hook runs)."""
+
+    phase: str
+    since: float  # engine clock, when this phase began
+    keeps_mib: int  # counted on its GPU asleep: the backend's figure until measured
+    host_mib: int  # host memory counted against the sleepers' budget
+    held_mib: int  # what it held when its sleep was asked
+    wake_wanted: bool = False  # a job (or a wake) came while it fell asleep
 
 
 @dataclass
@@ -97,6 +118,7 @@ class BackendRuntime:
     usage: Usage = field(default_factory=Usage)
     ghosts: list[Ghost] = field(default_factory=list)
     preload_until: float | None = None  # start the worker without a job, until then
+    slumber: Slumber | None = None  # the live worker's sleep (None: it is not asleep)
     _info: sched.BackendInfo | None = None
     _info_key: tuple[Any, ...] | None = None
 
@@ -109,16 +131,34 @@ class BackendRuntime:
         """What a (re)load costs, learned from measured start-to-ready times."""
         return admission.reload_cost_s(self.spec.reload_cost_s, self.measures.load_times)
 
+    @property
+    def wake_cost_s(self) -> float:
+        """What a wake costs, learned from measured wakes."""
+        return admission.wake_cost_s(self.spec.wake_cost_s, self.measures.wake_times,
+                                     self.reload_cost_s)
+
+    @property
+    def can_sleep(self) -> bool:
+        """Its live worker may be put to sleep: it offered the capability, its descriptor
+        allows it, it has not failed a sleep, and it does not hold its GPU whole."""
+        w = self.worker
+        return (w is not None and "sleep" in w.features and self.spec.sleep.enabled
+                and self.health.no_sleep is None and not self.conduct.exclusive
+                and not self.spec.pinned)
+
     def info(self) -> sched.BackendInfo:
         """What admission knows of this backend (rebuilt only when its figures move)."""
         reload = round(self.reload_cost_s, 2)
         m = self.measures
+        wake = round(self.wake_cost_s, 2)
         # The spec itself, compared by identity: a replaced spec's id may be reused by the next.
-        key = (self.spec, m.learned, m.distrusted, reload)
+        key = (self.spec, m.learned, m.distrusted, reload, wake, m.sleep_residual_mib,
+               m.sleep_host_mib)
         if self._info is None or self._info_key is None or self._info_key[0] is not key[0] \
                 or self._info_key[1:] != key[1:]:
-            self._info = admission.backend_info(self.spec, m.learned, reload,
-                                                distrusted=m.distrusted)
+            self._info = admission.backend_info(
+                self.spec, m.learned, reload, distrusted=m.distrusted, wake_s=wake,
+                sleep_mib=(m.sleep_residual_mib, m.sleep_host_mib))
             self._info_key = key
         return self._info
 
@@ -136,6 +176,7 @@ class BackendRuntime:
         c.baseline = None if c.exclusive else self.info()
         self.health.kill_reason = None
         self.measures.observed_mib = None
+        self.slumber = None
 
     @property
     def state(self) -> str:

@@ -112,6 +112,8 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
         over_mib=rt.conduct.over_mib if w is not None else 0,
         accepting=rt.conduct.accepting, on_overuse=spec.on_overuse,
         reload_cost_s=info.reload_cost_s, distrusted=m.distrusted,
+        can_sleep=rt.can_sleep, sleep_residual_mib=m.sleep_residual_mib,
+        wake_cost_s=info.wake_cost_s, no_sleep=rt.health.no_sleep,
     )
 
 

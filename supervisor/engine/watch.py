@@ -8,8 +8,9 @@
   backend's ``on_overuse`` applies (warn, evict once idle, kill); one that over-commits its GPU
   is killed at once whatever the policy, and its backend is distrusted (its descriptor only a
   floor) until measured again.
-- **Liveness**: every ready or busy worker is pinged; one that stops answering is killed.
-- **Idleness**: a worker idle past its backend's ``keep_alive`` is unloaded.
+- **Liveness**: every ready, busy or sleeping worker is pinged; one that stops answering is
+  killed.
+- **Idleness**: a worker idle past its backend's ``keep_alive`` is unloaded (asleep or not).
 - **Ghosts**: a stopped worker's memory stays counted until its processes leave the GPU.
 """
 
@@ -275,10 +276,12 @@ class WorkerWatch:
 
     # -- liveness and idleness ------------------------------------------------------------------
     def check_liveness(self, now: float) -> None:
-        """Ping every ready or busy worker; kill one whose last ping went unanswered too long."""
+        """Ping every ready, busy or sleeping worker; kill one whose last ping went unanswered
+        too long."""
         for rt in self.pool.runtimes():
             w = rt.worker
-            if w is None or w.exited or not w.hot or rt.health.kill_reason is not None:
+            if w is None or w.exited or not (w.hot or w.state == WorkerState.ASLEEP) \
+                    or rt.health.kill_reason is not None:
                 continue
             overdue = w.ping_overdue(now)
             limit = rt.spec.timeouts.ping_s
@@ -296,7 +299,8 @@ class WorkerWatch:
         now = self.clock()
         for rt in self.pool.runtimes():
             w, spec, idle = rt.worker, rt.spec, rt.usage.idle_since
-            if (w is not None and w.state == WorkerState.READY and not rt.admitted
+            asleep = rt.slumber is not None and rt.slumber.phase == "asleep"
+            if (w is not None and (w.state == WorkerState.READY or asleep) and not rt.admitted
                     and idle is not None and not spec.pinned
                     and math.isfinite(spec.keep_alive_s) and now - idle >= spec.keep_alive_s):
                 self.notes.note("info", f"{spec.name} idle for {spec.keep_alive_s:g} s "

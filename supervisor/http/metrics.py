@@ -134,7 +134,17 @@ class EngineCollector(Collector):
             running.add_metric([b.name], b.running)
             if b.keep_alive_left_s is not None:
                 keep.add_metric([b.name], b.keep_alive_left_s)
-        yield from (state, gpu_of, mem, reserved, peak, queued, running, keep)
+        residual = GaugeMetricFamily("vramtui_backend_sleep_residual_bytes", "GPU memory a "
+                                     "backend's worker kept asleep, as last measured",
+                                     labels=["backend"])
+        for b in snap.backends:
+            if b.sleep_residual_mib is not None:
+                residual.add_metric([b.name], b.sleep_residual_mib * MIB)
+        yield from (state, gpu_of, mem, reserved, peak, queued, running, keep, residual)
+        yield _gauge("vramtui_sleep_host_memory_bytes", "Host memory that sleeping workers "
+                     "take", engine.sleeper.host_held_mib() * MIB)
+        yield _gauge("vramtui_sleep_host_budget_bytes", "Host memory sleeping workers may take "
+                     "in all (sleep_host_budget)", engine.sleeper.budget_mib * MIB)
 
         names = [b.name for b in snap.backends]
         yield _per_backend("vramtui_backend_loads", "Worker loads that reached ready",
@@ -143,6 +153,13 @@ class EngineCollector(Collector):
                            names, counters.load_failures)
         yield _per_backend("vramtui_backend_crashes", "Ready workers that exited unasked",
                            names, counters.crashes)
+        yield _per_backend("vramtui_backend_sleeps", "Workers put to sleep (for room, or asked)",
+                           names, counters.sleeps)
+        yield _per_backend("vramtui_backend_wakes", "Sleeping workers woken", names,
+                           counters.wakes)
+        yield _per_backend("vramtui_backend_sleep_failures", "Sleeps and wakes that failed "
+                           "(or lied): the worker stopped instead", names,
+                           counters.sleep_failures)
         ev = CounterMetricFamily("vramtui_backend_evictions", "Idle workers stopped to free "
                                  "memory, by reason (asked, room, idle, overuse)",
                                  labels=["backend", "reason"])
@@ -165,6 +182,8 @@ class EngineCollector(Collector):
         yield _gauge("vramtui_jobs_running", "Jobs admitted or running", len(snap.running))
         yield _histograms("vramtui_backend_load_duration_seconds", "Seconds from spawning a "
                           "worker to its ready", counters.load_seconds)
+        yield _histograms("vramtui_backend_wake_duration_seconds", "Seconds from asking a "
+                          "sleeping worker to wake to its answer", counters.wake_seconds)
         yield _histograms("vramtui_job_queue_wait_seconds", "Seconds from submit to start, "
                           "of the jobs that started", counters.queue_wait)
         yield _histograms("vramtui_job_duration_seconds", "Seconds from start to end, of the "

@@ -68,6 +68,9 @@ ROUTES: tuple[Route, ...] = (
     _n("POST", "/v1/backends/{b}/respawn", "respawn", "restart its worker", "respawn"),
     _n("POST", "/v1/backends/{b}/kill", "kill", "SIGKILL its (stuck) worker; its jobs fail",
        "kill"),
+    _n("POST", "/v1/backends/{b}/sleep", "sleep", "put its idle worker to sleep (memory "
+       "given back, process kept)", "sleep"),
+    _n("POST", "/v1/backends/{b}/wake", "wake", "wake its sleeping worker", "wake"),
     _n("GET", "/v1/backends/{b}/logs", "logs", "its worker's log (?lines=&follow=1)", "logs"),
     _n("GET", "/v1/backends/{b}/descriptor", "descriptor", "its descriptor: each file's "
        "entry, and what runs now", "descriptor"),

@@ -38,7 +38,7 @@ from .jobflow import (
     wait_done,
 )
 from .server import streaming
-from .sse import Stream, frame, last_event_id, open_response
+from .sse import HUB_KINDS, Stream, frame, last_event_id, open_response
 from .views import backend_json, engine_event_json, gpu_json, job_resource
 
 if TYPE_CHECKING:
@@ -297,6 +297,12 @@ class _Routes:
     async def kill(self, request: web.Request) -> web.Response:
         return await self._backend_action(request, "kill", "kill")
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "sleep", "sleep")
+
+    async def wake(self, request: web.Request) -> web.Response:
+        return await self._backend_action(request, "wake", "wake")
+
     async def reload(self, request: web.Request) -> web.Response:
         result = await self._op("reload")
         return json_response({**plain(result), "unchanged": result.unchanged})
@@ -404,9 +410,9 @@ class _Routes:
         srv = self.server
         kinds = request.query.get("kinds")
         wanted = frozenset(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
-        if wanted is not None and not wanted <= {"job", "chunk", "worker", "log"}:
-            raise bad_request("kinds: a comma-separated list of job, chunk, worker, log",
-                              param="kinds")
+        if wanted is not None and not wanted <= HUB_KINDS:
+            raise bad_request("kinds: a comma-separated list of job, chunk, worker, log, "
+                              "sleep", param="kinds")
         backend = request.query.get("backend") or None
 
         def wants(item: Any) -> bool:

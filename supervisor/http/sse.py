@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..events import EngineEvent, Subscription
 
-HUB_KINDS = frozenset({"job", "chunk", "worker", "log"})
+HUB_KINDS = frozenset({"job", "chunk", "worker", "log", "sleep"})
 RING_EVENTS = 4096
 RING_BYTES = 16 * 1024 * 1024
 MAX_PENDING = 2048

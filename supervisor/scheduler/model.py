@@ -19,8 +19,9 @@ from typing import Final
 
 #: Worker states in which a worker can take jobs (if it has a free slot).
 HOT_STATES: Final = frozenset({"starting", "initializing", "ready", "busy"})
-#: Every state a worker may report to the scheduler.
-WORKER_STATES: Final = HOT_STATES | {"stopping"}
+#: Every state a worker may report to the scheduler (``asleep``: its memory given back but
+#: what it keeps, its process alive; a job for it wakes it).
+WORKER_STATES: Final = HOT_STATES | {"stopping", "asleep"}
 #: What a queued entry may ask for.
 JOB_KINDS: Final = frozenset({"job", "preload", "calibration"})
 
@@ -79,7 +80,10 @@ class BackendInfo:
     ``allowed_gpus`` None means every GPU. ``priority`` is informational here (the engine
     uses it as a job's default priority; the queue orders by ``QueuedJob.priority``); it only
     breaks ties between equally cheap evictions. ``reload_cost_s`` is what a (re)load costs,
-    learned from measured start-to-ready times.
+    learned from measured start-to-ready times; ``wake_cost_s`` what waking a sleeping worker
+    costs (measured wakes; the descriptor's ``wake_cost`` before any). ``sleep_residual_mib``
+    is what a worker of it keeps on its GPU asleep, and ``sleep_host_mib`` the host memory its
+    sleep takes (measured, else the descriptor's priors): what sleeping it would free and cost.
     """
 
     name: str
@@ -91,9 +95,16 @@ class BackendInfo:
     concurrency: int = 1
     pinned: bool = False
     reload_cost_s: float = 1.0
+    wake_cost_s: float = 1.0
+    sleep_residual_mib: int = 0
+    sleep_host_mib: int = 0
 
     def __post_init__(self) -> None:
         owner = f"backend {self.name!r}"
+        _nonneg(owner, "sleep_residual_mib", self.sleep_residual_mib)
+        _nonneg(owner, "sleep_host_mib", self.sleep_host_mib)
+        if not (self.wake_cost_s >= 0 and math.isfinite(self.wake_cost_s)):
+            raise ValueError(f"{owner}: wake_cost_s must be finite and >= 0")
         if self.peak_mib is not None:
             _nonneg(owner, "peak_mib", self.peak_mib)
         if self.activation_mib is not None:
@@ -158,7 +169,9 @@ class WorkerInfo:
     its processes have left the GPU. ``idle_since`` is when its last job ended (None: unknown,
     treated as "just now"). A worker that does not ``accept`` new jobs (it used more than it
     declared, and is evicted once its job ends) gets none; ``over_declared`` marks such a
-    worker, and makes it the first to evict when room is needed.
+    worker, and makes it the first to evict when room is needed. An ``asleep`` worker holds
+    what it keeps asleep (``reserved_mib``); ``can_sleep``: this (ready, idle) worker may be
+    put to sleep rather than stopped when its room is needed.
     """
 
     backend: str
@@ -169,6 +182,7 @@ class WorkerInfo:
     idle_since: float | None = None
     accepting: bool = True
     over_declared: bool = False
+    can_sleep: bool = False
 
     def __post_init__(self) -> None:
         owner = f"worker {self.backend!r}"
@@ -251,7 +265,8 @@ class Snapshot:
     that could still start has a job left, and tells which backends still have work
     waiting (a switch away from them costs a reload). Containers are copied into immutable
     ones (the plan's ``waiting`` view reads ``queue`` lazily, so it must not change
-    underneath; a tuple is kept as is).
+    underneath; a tuple is kept as is). ``sleep_host_room_mib`` is the host memory that
+    sleeping workers may still take (``sleep_host_budget`` less what sleepers hold).
     """
 
     gpus: Sequence[GpuState]
@@ -260,6 +275,7 @@ class Snapshot:
     queue: Sequence[QueuedJob] = ()
     queued_counts: Mapping[tuple[str, str], int] | None = None
     held: Mapping[int, str] = field(default_factory=dict)
+    sleep_host_room_mib: int = 0
 
     def __post_init__(self) -> None:
         gpus = tuple(self.gpus)
@@ -308,12 +324,15 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Evict:
-    """Stop the idle worker of ``backend`` on ``gpu``; ``frees_mib`` is its reservation."""
+    """Stop the idle worker of ``backend`` on ``gpu``; ``frees_mib`` is its reservation. With
+    ``sleep``, put it to sleep instead: ``frees_mib`` is then what sleeping gives back (its
+    reservation less what it keeps asleep)."""
 
     backend: str
     gpu: int
     frees_mib: int
     reason: str
+    sleep: bool = False
 
 
 @dataclass(frozen=True, slots=True)

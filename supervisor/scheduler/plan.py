@@ -34,10 +34,18 @@ barrier waits for. No job starves: aging lifts a waiting job one level per
 ``aging_interval_s`` until it is first in line, and then it waits at most ``max_patience_s``
 plus the running jobs of its victims.
 
-Kinds. A ``preload`` starts a worker without a job, only in room nobody waits for, never
-evicting; a ``calibration`` needs an empty GPU, like an unmeasured backend, and closes it for
-the rest of the plan. A draining GPU, or one ``held`` by a calibration run, admits nothing,
-and a draining GPU's idle workers are evicted.
+Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
+admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
+barrier only in room the barrier does not need. When room is needed, an idle worker that can
+sleep is put to sleep rather than stopped when that is cheaper to undo (its wake against its
+reload) and frees enough (``evict.choose``); a sleeping worker is stopped like an idle one when
+even what it keeps is needed. Sleepers' host memory stays within
+``Snapshot.sleep_host_room_mib``.
+
+Kinds. A ``preload`` starts a worker without a job (or wakes a sleeping one), only in room
+nobody waits for, never evicting; a ``calibration`` needs an empty GPU, like an unmeasured
+backend, and closes it for the rest of the plan. A draining GPU, or one ``held`` by a
+calibration run, admits nothing, and a draining GPU's idle workers are evicted.
 
 Speed. The walk stops as soon as no later job could start (every backend settled), keeps a
 per-backend verdict so a skipped job costs one dict lookup, reads the queue through
@@ -154,6 +162,7 @@ class _Barrier:
     slack: int = 0  # room beyond its need once its victims are gone
     forced: bool = False
     passed: int = 0
+    sleepers: frozenset[str] = frozenset()  # victims put to sleep rather than stopped
 
     @property
     def victim_names(self) -> set[str]:
@@ -198,6 +207,7 @@ class _Planner:
             if gpu.draining:
                 self.closed.setdefault(gpu.index, f"GPU{gpu.index} is draining")
 
+        self.asleep: dict[str, int] = {}  # backend -> what its sleeping worker keeps
         for w in snapshot.workers.values():
             name, g = w.backend, w.gpu
             info = backends.get(name)
@@ -216,6 +226,8 @@ class _Planner:
                 self.verdicts[job_key] = "worker stopping"
                 continue
             self.live_on[g].append(w)
+            if w.state == "asleep":
+                self.asleep[name] = w.reserved_mib
             if unmeasured:
                 self.exclusive[g] = name
             if info is not None and info.pinned:
@@ -273,6 +285,7 @@ class _Planner:
         self.blocked: dict[str, float] = {}
         # Victims whose next job could pass a patient barrier but waits for memory.
         self.waiting_victims: set[str] = set()
+        self.host_room = snapshot.sleep_host_room_mib  # what sleepers may still take
 
     # ----------------------------------------------------------------- the walk
 
@@ -369,9 +382,11 @@ class _Planner:
         if owner != name:
             self._settle(key, f"GPU{g} is held alone by {owner or 'a stopping worker'}")
             return
-        need = info.need_mib(self.active[name]) if info.measured else 0
+        need = self._hot_need(name, info)
         barrier = self.barriers.get(g)
-        if barrier is not None and not self._may_pass(barrier, job, name, need, hot=True):
+        # A wake takes room as a load does: only beside a barrier, never its batch's turn.
+        if barrier is not None and not self._may_pass(barrier, job, name, need,
+                                                      hot=name not in self.asleep):
             self._settle(key, self._behind(barrier))
             return
         if need <= 0 or self.budget[g] >= need:
@@ -383,6 +398,16 @@ class _Planner:
             self._settle(key, self._short(need, g))
             return
         self._barrier_hot(job, info, g, need)
+
+    def _hot_need(self, name: str, info: BackendInfo) -> int:
+        """What one more job of ``name`` takes on its live worker: the memory one more job
+        adds; for a sleeping worker, all it holds with that job, less what it keeps asleep."""
+        if not info.measured:
+            return 0
+        keeps = self.asleep.get(name)
+        if keeps is not None:
+            return max(0, info.holds_mib(1) - keeps)
+        return info.need_mib(self.active[name])
 
     def _cold(self, job: QueuedJob, info: BackendInfo) -> None:
         name = info.name
@@ -459,6 +484,9 @@ class _Planner:
         """Start a worker without a job, in room that nobody waits for; never evict."""
         name = info.name
         key = key_of(job)
+        if name in self.asleep and name not in self.used:
+            self._wake_preload(job, info)
+            return
         if name in self.worker_gpu or name in self.stopping:
             self._settle(key, "its worker already runs")
             return
@@ -484,6 +512,19 @@ class _Planner:
         g = max(fits, key=lambda i: (self.budget[i] - need, -i))
         self._start(job, info, g, spawn=True, reserve=need, kind="preload")
 
+    def _wake_preload(self, job: QueuedJob, info: BackendInfo) -> None:
+        """Wake a sleeping worker without a job, in room nobody waits for; never evict."""
+        name = info.name
+        g = self.worker_gpu[name]
+        need = max(0, info.idle_mib - self.asleep[name]) if info.measured else 0
+        barrier = self.barriers.get(g)
+        if g in self.closed:
+            self._settle(key_of(job), self.closed[g])
+        elif self.budget[g] >= need and (barrier is None or need <= barrier.slack):
+            self._start(job, info, g, spawn=False, reserve=need, kind="preload")
+        else:
+            self._settle(key_of(job), f"no room to wake it ({need} MiB) that nobody waits for")
+
     def _start(
         self, job: QueuedJob, info: BackendInfo, g: int, *, spawn: bool, reserve: int,
         kind: str = "job",
@@ -503,6 +544,12 @@ class _Planner:
             self._sweep()
             return
         self.used.add(name)
+        woken = self.asleep.pop(name, None) is not None
+        if kind == "preload" and woken:  # a wake without a job
+            self._settle(key_of(job), "its worker is waking")
+            if self.barriers:
+                self._sweep()
+            return
         if spawn:
             self.worker_gpu[name] = g
             jobs = 1 if kind == "job" else 0
@@ -621,9 +668,13 @@ class _Planner:
             return
         _, g, chosen, room = best
         victims = [c.worker for c in chosen]
-        barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed)
-        switch = info.reload_cost_s + sum(
-            self.backends[v.backend].reload_cost_s
+        sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
+        barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed,
+                           sleepers)
+        # The switch costs its own load (a wake, for a sleeping worker), and undoing every
+        # eviction whose backend still has queued jobs (a wake for those put to sleep).
+        switch = self._undo_s(info, info.name in self.asleep) + sum(
+            self._undo_s(self.backends[v.backend], v.backend in sleepers)
             for v in victims
             if v.backend in self.backends and self.queued_jobs.get(v.backend, 0) > 0
         )
@@ -651,6 +702,10 @@ class _Planner:
                       "more before the switch")
         self.explicit[job.job_id] = reason
         self._settle(barrier_key, reason)
+
+    @staticmethod
+    def _undo_s(info: BackendInfo, asleep: bool) -> float:
+        return info.wake_cost_s if asleep else info.reload_cost_s
 
     def _batch_waits(self, w: WorkerInfo, g: int) -> bool:
         """An idle victim's batch goes on soon: its next job may pass the barrier and only
@@ -692,6 +747,7 @@ class _Planner:
             c for c in self._candidates(g) if c.worker.backend != own and self._may_leave(c.worker)
         ]
         if alone:
+            cands = [c.stopped() for c in cands]  # an empty GPU: nobody may stay asleep
             if len(cands) != len(self.live_on[g]):
                 return None  # something there cannot leave
             return (sum(c.cost for c in cands), cands, gpu.usable_mib)
@@ -703,10 +759,11 @@ class _Planner:
             holder_cand = next((c for c in cands if c.worker.backend == holder), None)
             if holder_cand is None:
                 return None
-            mandatory.append(holder_cand)
             cands.remove(holder_cand)
+            holder_cand = holder_cand.stopped()
+            mandatory.append(holder_cand)
             have += holder_cand.frees_mib
-        rest = evict.choose(cands, have, need)
+        rest = evict.choose(cands, have, need, self.host_room)
         if rest is None:
             return None
         chosen = mandatory + rest
@@ -720,7 +777,8 @@ class _Planner:
             idle = [v for v in barrier.victims if self._evictable(v)
                     and not (not barrier.forced and self._batch_waits(v, g))]
             if idle:
-                self._evict(idle, g, f"room for {barrier.job.job_id} on GPU{g}")
+                self._evict(idle, g, f"room for {barrier.job.job_id} on GPU{g}",
+                            barrier.sleepers)
         for g in self.gpu_ids:
             gpu = self.gpus[g]
             if gpu.draining:
@@ -728,13 +786,23 @@ class _Planner:
                 if idle:
                     self._evict(idle, g, f"GPU{g} is draining")
 
-    def _evict(self, workers: list[WorkerInfo], g: int, reason: str) -> None:
+    def _evict(self, workers: list[WorkerInfo], g: int, reason: str,
+               sleepers: frozenset[str] = frozenset()) -> None:
+        """Stop ``workers`` on ``g`` (those named in ``sleepers`` are put to sleep)."""
         for w in workers:
-            self.evictions.append(Evict(w.backend, g, w.reserved_mib, reason))
+            info = self.backends.get(w.backend)
+            if w.backend in sleepers and info is not None:
+                frees = max(0, w.reserved_mib - info.sleep_residual_mib)
+                self.evictions.append(Evict(w.backend, g, frees, reason, sleep=True))
+                self.host_room -= info.sleep_host_mib
+                self._settle(("job", w.backend), "its worker is going to sleep")
+            else:
+                frees = w.reserved_mib
+                self.evictions.append(Evict(w.backend, g, frees, reason))
+                self._settle(("job", w.backend), "worker stopping")
             self.evicted.add(w.backend)
-            self.stopping_mib[g] += w.reserved_mib
+            self.stopping_mib[g] += frees
             self.stopping_count[g] += 1
-            self._settle(("job", w.backend), "worker stopping")
 
     def _sweep(self) -> None:
         """Settle every key whose next job cannot start any more, whatever its priority.
@@ -749,7 +817,7 @@ class _Planner:
                 continue
             g = self.worker_gpu.get(name)
             if g is not None:
-                need = info.need_mib(self.active[name]) if info.measured else 0
+                need = self._hot_need(name, info)
                 if g in self.closed:
                     self._settle(key, self.closed[g])
                 elif need > 0 and self.budget[g] < need:
@@ -817,16 +885,23 @@ class _Planner:
         return info is None or not info.pinned
 
     def _evictable(self, w: WorkerInfo) -> bool:
-        return w.active_jobs == 0 and w.state == "ready" and self._may_leave(w)
+        return w.active_jobs == 0 and w.state in ("ready", "asleep") and self._may_leave(w)
 
     def _candidates(self, g: int) -> list[evict.Candidate]:
+        """Every live worker on ``g`` as a candidate to leave it: put to sleep where it may
+        sleep (see ``evict``), else stopped."""
         out = []
         for w in self.live_on[g]:
             info = self.backends.get(w.backend)
-            cost = evict.eviction_cost(w, info, self.now)
-            if self.queued_jobs.get(w.backend, 0):
-                cost *= evict.QUEUED_WORK_FACTOR  # it will be loaded again soon
-            out.append(evict.Candidate(w, cost, 0 if info is None else info.priority))
+            factor = evict.QUEUED_WORK_FACTOR if self.queued_jobs.get(w.backend, 0) else 1.0
+            cost = evict.eviction_cost(w, info, self.now) * factor  # queued: back soon
+            priority = 0 if info is None else info.priority
+            if info is not None and evict.may_sleep(w, info, self.host_room):
+                wake = evict.eviction_cost(w, info, self.now, info.wake_cost_s) * factor
+                out.append(evict.Candidate(w, wake, priority, True, info.sleep_residual_mib,
+                                           info.sleep_host_mib, cost))
+            else:
+                out.append(evict.Candidate(w, cost, priority, stop_cost=cost))
         out.sort(key=lambda c: c.order)
         return out
 

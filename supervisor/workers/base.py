@@ -17,7 +17,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .handle import WorkerState
+from .handle import SleepOutcome, WorkerState
 
 
 @runtime_checkable
@@ -64,6 +64,15 @@ class Worker(Protocol):
 
     def begin_stop(self) -> None:
         """Take no more jobs and ask the worker to exit, now."""
+        ...
+
+    async def sleep(self, level: int, timeout: float) -> SleepOutcome:
+        """Ask a ready, idle worker that offered ``sleep`` in its ``features`` to give its
+        memory back, its process alive (``asleep`` from the call on); how it went."""
+        ...
+
+    async def wake(self, timeout: float) -> SleepOutcome:
+        """Ask a sleeping worker to take its memory again (``ready`` once it did)."""
         ...
 
     async def stop(self, grace: float = 10.0) -> None:

@@ -29,12 +29,16 @@ from worker_sdk.events import (
     Reply,
     Request,
     Shutdown,
+    SleepReply,
+    SleepRequest,
     Status,
+    WakeReply,
+    WakeRequest,
 )
 from worker_sdk.protocol import ProtocolError
 
 from . import process
-from .supervised import SupervisedProcess, WorkerState
+from .supervised import SleepOutcome, SupervisedProcess, WorkerState
 from .wire import WireConnection, WireListener
 
 log = logging.getLogger(__name__)
@@ -106,6 +110,7 @@ class WorkerHandle(SupervisedProcess):
         self.inflight: dict[int, Pending] = {}
         self.by_job: dict[str, int] = {}
         self._said_ready = False  # the worker said "ready" (maybe before its data socket came)
+        self._asked: dict[int, asyncio.Future[SleepOutcome]] = {}  # sleeps and wakes
         self._lost_reason: str | None = None  # why the engine killed it (not an init failure)
 
     # -- start ------------------------------------------------------------------------------
@@ -128,6 +133,9 @@ class WorkerHandle(SupervisedProcess):
                 conn.close()
         expected = self._stopping
         self._exited.set()
+        for fut in self._asked.values():
+            if not fut.done():
+                fut.set_result(SleepOutcome(False, f"the worker exited (code {code})"))
         if expected:
             reason = "stopped"
         elif self.init_error:
@@ -211,7 +219,8 @@ class WorkerHandle(SupervisedProcess):
             self.status_marks.append((stamp if stamp is not None else time.time(), status))
             if status == "failed":
                 self.init_error = event.error or "initialize failed"
-            elif status == "ready" and not self._stopping:
+            elif status == "ready" and not self._stopping and \
+                    self.state != WorkerState.ASLEEP:  # (only its wake's answer wakes it)
                 self._said_ready = True
                 if self.state in (WorkerState.STARTING, WorkerState.INITIALIZING):
                     self._maybe_ready()
@@ -256,6 +265,14 @@ class WorkerHandle(SupervisedProcess):
 
     def _on_data(self, event: Event) -> None:
         """A typed reply (the conversation matched it to an open request and validated it)."""
+        if type(event) is SleepReply or type(event) is WakeReply:
+            fut = self._asked.get(event.id)
+            if fut is not None and not fut.done():
+                error = event.error or "it failed" if event.status == "error" else None
+                kept = getattr(event, "kept_mib", None)
+                fut.set_result(SleepOutcome(error is None, error, kept,
+                                            getattr(event, "host_mib", None)))
+            return
         pending = self.inflight.get(event.id)
         if pending is None:
             return
@@ -324,9 +341,43 @@ class WorkerHandle(SupervisedProcess):
 
     def _on_refused(self, exc: ProtocolError) -> None:
         """A reply the conversation refused fails its request (the worker keeps serving)."""
+        fut = self._asked.get(exc.message_id) if exc.message_id is not None else None
+        if fut is not None and not fut.done():
+            fut.set_result(SleepOutcome(False, f"the worker sent a malformed answer: {exc}"))
         if exc.message_id is not None and exc.message_id in self.inflight:
             self._finish(exc.message_id, Outcome(
                 ok=False, status_code=502, error=f"the worker sent a malformed reply: {exc}"))
+
+    # -- sleep ------------------------------------------------------------------------------
+    async def sleep(self, level: int, timeout: float) -> SleepOutcome:
+        data = self.data
+        if self.state != WorkerState.READY or self.inflight or data is None \
+                or "sleep" not in self.features:
+            return SleepOutcome(False, f"it cannot sleep now (it is {self.state.value})")
+        self._set_state(WorkerState.ASLEEP)
+        return await self._ask(SleepRequest(data.next_id(), level), timeout)
+
+    async def wake(self, timeout: float) -> SleepOutcome:
+        data = self.data
+        if self.state != WorkerState.ASLEEP or data is None:
+            return SleepOutcome(False, f"it is not asleep (it is {self.state.value})")
+        outcome = await self._ask(WakeRequest(data.next_id()), timeout)
+        if outcome.ok and self.state == WorkerState.ASLEEP and not self._stopping:
+            self._set_state(WorkerState.READY)
+        return outcome
+
+    async def _ask(self, event: Event, timeout: float) -> SleepOutcome:
+        data = self.data
+        assert data is not None
+        fut: asyncio.Future[SleepOutcome] = asyncio.get_running_loop().create_future()
+        self._asked[event.id] = fut
+        try:
+            data.send(event)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return SleepOutcome(False, f"no answer within {timeout:g} s")
+        finally:
+            self._asked.pop(event.id, None)
 
     # -- stop -------------------------------------------------------------------------------
     def begin_stop(self) -> None:

@@ -1,9 +1,12 @@
 """A worker process's states and every move between them, as one table (the spec).
 
 A worker is ``starting`` from its spawn until it connects, ``initializing`` while it loads
-its model, ``ready`` for a request, ``busy`` while it runs one; ``stopping`` once the engine
-asked it to go; and it ends ``cold`` (it exited when asked) or ``crashed`` (any other end:
-a crash, a kill, a start that failed), states nothing leaves.  A worker that says "ready"
+its model, ``ready`` for a request, ``busy`` while it runs one; ``asleep`` from the moment
+the engine asks an idle worker that can sleep to give its memory back (its process stays)
+until it is awake again (``ready``: its next job can run) — a sleep or a wake that fails or
+hangs ends in ``stopping``; ``stopping`` once the engine asked it to go; and it ends ``cold``
+(it exited when asked) or ``crashed`` (any other end: a crash, a kill, a start that failed),
+states nothing leaves.  A worker that says "ready"
 with both its connections attached may skip ``initializing``.
 
 Every change of a worker's state goes through :func:`check` (``SupervisedProcess`` calls it);
@@ -25,6 +28,7 @@ class WorkerState(StrEnum):
     INITIALIZING = "initializing"
     READY = "ready"
     BUSY = "busy"
+    ASLEEP = "asleep"
     STOPPING = "stopping"
     CRASHED = "crashed"
 
@@ -34,7 +38,9 @@ _ENDS = frozenset({WorkerState.STOPPING, WorkerState.CRASHED})
 TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = MappingProxyType({
     WorkerState.STARTING: frozenset({WorkerState.INITIALIZING, WorkerState.READY, *_ENDS}),
     WorkerState.INITIALIZING: frozenset({WorkerState.READY, *_ENDS}),
-    WorkerState.READY: frozenset({WorkerState.BUSY, *_ENDS}),
+    WorkerState.READY: frozenset({WorkerState.BUSY, WorkerState.ASLEEP, *_ENDS}),
+    # its memory given back, its process alive: it wakes (ready), or is stopped
+    WorkerState.ASLEEP: frozenset({WorkerState.READY, *_ENDS}),
     WorkerState.BUSY: frozenset({WorkerState.READY, *_ENDS}),
     # asked to go: it exits (cold), or dies first (crashed)
     WorkerState.STOPPING: frozenset({WorkerState.COLD, WorkerState.CRASHED}),

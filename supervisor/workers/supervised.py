@@ -16,6 +16,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,18 @@ import psutil
 
 from . import process
 from .states import HOT, INITIAL, WorkerState, check
+
+
+@dataclass(slots=True)
+class SleepOutcome:
+    """How a sleep or a wake went, as the worker said it: ``error`` (None when ``ok``), and
+    what a sleeping worker says it keeps on the GPU and took in host memory (None: not said).
+    """
+
+    ok: bool
+    error: str | None = None
+    kept_mib: int | None = None
+    host_mib: int | None = None
 
 
 class SupervisedProcess:
@@ -104,6 +117,15 @@ class SupervisedProcess:
     def begin_stop(self) -> None:
         """Take no more jobs and ask the worker to exit, its own way."""
         raise NotImplementedError
+
+    async def sleep(self, level: int, timeout: float) -> SleepOutcome:
+        """Ask the (ready, idle) worker to give its memory back and stay alive: it is
+        ``asleep`` from now on.  A handle whose worker cannot sleep says so."""
+        return SleepOutcome(False, "this worker cannot sleep")
+
+    async def wake(self, timeout: float) -> SleepOutcome:
+        """Ask the sleeping worker to take its memory again: ``ready`` once it did."""
+        return SleepOutcome(False, "this worker cannot sleep")
 
     async def stop(self, grace: float = 10.0) -> None:
         """Ask the worker to go, then SIGTERM, then SIGKILL its process group; returns once

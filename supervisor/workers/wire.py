@@ -42,7 +42,7 @@ from worker_sdk.conversation import (
     ServerConversation,
 )
 from worker_sdk.events import Event, Ping, Pong, Registration
-from worker_sdk.protocol import DEFAULT_MAX_FRAME, EXTENSIONS, ProtocolError
+from worker_sdk.protocol import DEFAULT_MAX_FRAME, KNOWN_FEATURES, ProtocolError
 
 log = logging.getLogger(__name__)
 _UCRED = struct.Struct("3i")
@@ -259,7 +259,7 @@ class WireListener:
     """The control and data listening sockets shared by every worker of one engine."""
 
     def __init__(self, control_path: str, data_path: str,
-                 features: frozenset[str] = EXTENSIONS,
+                 features: frozenset[str] = KNOWN_FEATURES,
                  limits: WireLimits | None = None) -> None:
         self.control_path = control_path
         self.data_path = data_path

@@ -338,6 +338,19 @@ class VramApp(App[int]):
         self.run_command(f"preload {name}", lambda api: api.preload(name),
                          lambda _: f"Preloading {name}.")
 
+    def request_sleep_wake(self, name: str) -> None:
+        """Wake the backend when it sleeps, else put it to sleep (the engine says why not)."""
+        if self._refuse_readonly("sleep_wake"):
+            return
+        b = self.snap.backend(name) if self.snap is not None else None
+        if b is not None and b.state == "asleep":
+            self.run_command(f"wake {name}", lambda api: api.wake(name),
+                             lambda _: f"Waking {name}.")
+        else:
+            self.run_command(f"sleep {name}", lambda api: api.sleep(name),
+                             lambda _: f"Putting {name} to sleep (its GPU memory is given "
+                                       "back; its next job wakes it).")
+
     def request_cancel(self, job_id: str) -> None:
         if self._refuse_readonly("cancel"):
             return

@@ -34,6 +34,7 @@ BACKEND_STATE_STYLE = {
     "initializing": "yellow",
     "ready": "green",
     "busy": "bold cyan",
+    "asleep": "#61afef",  # its memory given back, its process kept: a wake away
     "stopping": "#c678dd",
     "crashed": "bold red",
     "failed": "bold reverse red",

@@ -1,5 +1,6 @@
 """The backends' commands: ``backends`` (the table, and which declare too little), the
-worker actions ``evict``, ``respawn``, ``preload`` and ``kill``, and ``zero``."""
+worker actions ``evict``, ``respawn``, ``preload``, ``kill``, ``sleep`` and ``wake``, and
+``zero``."""
 
 from __future__ import annotations
 
@@ -58,6 +59,15 @@ def preload(args: argparse.Namespace) -> int:
 
 def kill(args: argparse.Namespace) -> int:
     return _act(args, "kill", "killed its worker (its jobs fail)")
+
+
+def sleep(args: argparse.Namespace) -> int:
+    return _act(args, "sleep", "going to sleep (its GPU memory is given back; `vramtui wake "
+                f"{args.backend}` or its next job wakes it)")
+
+
+def wake(args: argparse.Namespace) -> int:
+    return _act(args, "wake", "waking (once what it takes fits)")
 
 
 def zero(args: argparse.Namespace) -> int:

@@ -12,13 +12,13 @@ from ..exits import Exit
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", action="append", metavar="KIND",
-                   choices=("log", "job", "worker", "chunk", "sample"),
-                   help="only these kinds (repeatable; default: log, job, worker)")
+                   choices=("log", "job", "worker", "chunk", "sample", "sleep"),
+                   help="only these kinds (repeatable; default: log, job, worker, sleep)")
 
 
 def run(args: argparse.Namespace) -> int:
     client = open_client(args)
-    kinds = args.kind or ["log", "job", "worker"]
+    kinds = args.kind or ["log", "job", "worker", "sleep"]
     sub = client.subscribe(kinds=kinds, maxsize=10_000)
     from ..output import event_line, jsonable
 

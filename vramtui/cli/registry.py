@@ -69,6 +69,9 @@ _BACKEND_ACTIONS = (
     ("respawn", "restart a backend's worker (new code, or after failures)"),
     ("preload", "start a backend's worker now, before any job"),
     ("kill", "SIGKILL a stuck backend's worker now (its jobs fail)"),
+    ("sleep", "put a backend's idle worker to sleep: its GPU memory given back, its process "
+              "kept (needs @worker_sdk.sleep/@wake)"),
+    ("wake", "wake a backend's sleeping worker"),
 )
 
 REGISTRY: tuple[Command, ...] = (

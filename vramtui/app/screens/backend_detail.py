@@ -128,6 +128,7 @@ class BackendDetail(ReadonlyKeys, DetailScreen):
             ("keep-alive", "pinned" if b.pinned else (
                 fmt.dur(b.keep_alive_left_s) + " left" if b.keep_alive_left_s is not None
                 else "–")),
+            ("sleep", _sleep_text(b)),
             ("features", ", ".join(b.features) or "–"),
             ("init failures", b.init_failures),
             ("last error", Text(b.last_error or "–", style="red" if b.last_error else "")),
@@ -271,3 +272,18 @@ def calibration_text(api: Any, name: str,
     text.append("m", style="bold cyan")
     text.append(" calibrates again", style="dim")
     return text
+
+
+def _sleep_text(b: BackendView) -> Text:
+    """Whether it can sleep, what it keeps asleep and what a wake costs (measured or prior),
+    or why it is no longer put to sleep."""
+    if b.no_sleep is not None:
+        return Text(f"stopped instead: {b.no_sleep}", style="yellow")
+    if not b.can_sleep and b.sleep_residual_mib is None:
+        return Text("–")
+    parts = ["can sleep" if b.can_sleep else "asleep before"]
+    if b.sleep_residual_mib is not None:
+        parts.append(f"keeps {fmt.mib(b.sleep_residual_mib)}")
+    if b.wake_cost_s is not None:
+        parts.append(f"wakes in ~{fmt.dur(b.wake_cost_s)}")
+    return Text(" · ".join(parts))

@@ -44,6 +44,9 @@ DASHBOARD_BINDINGS = [
                 key_display="-"),
     key_binding("p", "preload", "Preload",
                 "Start the selected backend's worker now, before any job"),
+    key_binding("S", "sleep_wake", "Sleep/Wake",
+                "Put the selected backend's idle worker to sleep (its GPU memory given back, "
+                "its process kept), or wake it"),
     key_binding("m", "calibrate", "Calibrate", "Measure the selected backend's real peak memory "
                 "(a calibration run alone on a GPU)"),
     key_binding("X", "kill", "Kill",
@@ -230,6 +233,10 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
     def action_preload(self) -> None:
         if name := self._need(self.selected_backend(), "backend"):
             self.vapp.request_preload(name)
+
+    def action_sleep_wake(self) -> None:
+        if name := self._need(self.selected_backend(), "backend"):
+            self.vapp.request_sleep_wake(name)
 
     def action_cancel_job(self) -> None:
         marked = self.marked_jobs()

@@ -22,7 +22,8 @@ def key_binding(key: str, action: str, description: str, tooltip: str, **kw: Any
 # The actions that change something: not offered in --readonly.
 MUTATING = frozenset({"evict", "respawn", "cancel_job", "preload", "zero", "submit",
                       "calibrate", "cancel_this", "demo", "cancel_run", "retry", "kill",
-                      "drain", "reload", "priority_up", "priority_down", "retry_this"})
+                      "drain", "reload", "priority_up", "priority_down", "retry_this",
+                      "sleep_wake"})
 
 # The actions that ask first (unless --no-confirm), as the help says.
 CONFIRMED = frozenset({"evict", "respawn", "cancel_job", "zero", "calibrate", "kill", "drain",
