@@ -87,6 +87,7 @@ def _png_colours(data: bytes) -> tuple[int, int, int]:
     return width, height, len(set(raw[: 200_000]))
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium on this machine")
 def test_headless_chromium_screenshot_of_the_dashboard(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "screenshots"))
