@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -161,7 +162,11 @@ def test_no_process_outlives_a_run(runs: dict[str, Run]) -> None:
     for run in runs.values():
         run.finish()
     assert marked_processes() == []
-    assert not list(Path("/tmp").glob("vtdc-*/stage-engine.json"))  # work dirs removed
+    # each run's own work dir (named in its log) is removed; other runs on the box don't count
+    works = [re.search(r"work in (\S+)", (run.out / "device-check.log").read_text())
+             for run in runs.values()]
+    assert all(works), "a run's log does not say where it worked"
+    assert [m.group(1) for m in works if m and Path(m.group(1)).exists()] == []
 
 
 @pytest.mark.process
