@@ -42,3 +42,7 @@ class EngineConfig:
     # Host memory that sleeping workers may take in all (their weights moved out of the
     # GPU); a sleep that would take more is a stop instead.
     sleep_host_budget_mib: int = field(default_factory=default_sleep_host_budget_mib)
+    # Strangers (processes on a GPU that are not ours): how long one must stay before memory
+    # is held back for it, and be gone before it is taken again (see scheduler/strangers.py).
+    others_arrive_s: float = 3.0
+    others_leave_s: float = 3.0

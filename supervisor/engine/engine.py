@@ -35,6 +35,7 @@ from ..ledger import Book
 from ..paths import Paths
 from ..results import CancelResult, JobRequest, ReloadResult
 from ..scheduler import model as sched
+from ..scheduler.strangers import StrangerWatch
 from ..snapshot import EngineSnapshot
 from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
@@ -46,6 +47,7 @@ from .durable import JobJournal
 from .loop import EngineLoop
 from .monitor import Monitor
 from .notes import Notes
+from .others import Others
 from .planner import Planner
 from .pool import WorkerPool
 from .runtime import BackendRuntime, Ghost
@@ -92,6 +94,8 @@ class Engine:
             self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.planner = Planner(config)
+        self.others = Others(self.notes.note, StrangerWatch(config.others_arrive_s,
+                                                            config.others_leave_s))
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)
         self.sleeper = Sleeper(self.pool, self.jobs, self.monitor, self.notes, self.run, clock,
@@ -517,6 +521,7 @@ class Engine:
     def _nothing_waits(self) -> bool:
         """No job, preload or draining GPU: a plan could neither start nor evict anything."""
         return not self.jobs.queue and not self.planner.draining and \
+            not self.others.pressing() and \
             not any(rt.preload_until is not None for rt in self.pool.runtimes())
 
     def book(self) -> Book:
@@ -531,7 +536,7 @@ class Engine:
             queue, counts = self.planner.with_extra(self.jobs.queue.scheduler_view(),
                                                     self.jobs.queue.counts, extra)
         return self.planner.inputs(self.monitor.readings, self.pool.runtimes(),
-                                   self.calibrations.facts(), self.monitor.foreign, queue,
+                                   self.calibrations.facts(), self.others.counted, queue,
                                    counts, self.sleeper.host_room_mib())
 
     def _step(self) -> None:
@@ -548,9 +553,10 @@ class Engine:
             if ev.sleep:
                 self.sleeper.sleep(rt, ev.reason)
             elif rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
-                self.notes.note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
+                self.notes.note("warning" if ev.others else "info", self.others.evicted(ev)
+                                if ev.others else f"evicting {ev.backend} from GPU{ev.gpu} "
                                 f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
-                self.notes.counters.evicted(ev.backend, "room")
+                self.notes.counters.evicted(ev.backend, "others" if ev.others else "room")
                 self.pool.evict_now(rt)
         queue = self.jobs.queue
         for job_id, passed in plan.passed.items():
@@ -688,7 +694,7 @@ class Engine:
         if rt is None or rt.worker is not handle:
             return
         self.run.cancel_timer(f"start:{handle.name}")
-        held = self.planner.holds(rt, self.monitor.readings, self.monitor.foreign)
+        held = self.planner.holds(rt, self.monitor.readings, self.others.counted)
         health, killed_for = rt.health, rt.health.kill_reason
         rt.worker = None
         rt.usage.idle_since = None
@@ -841,6 +847,8 @@ class Engine:
     def _on_sample(self, sample: Sample) -> None:
         if self.monitor.took(sample):
             self.watch.observe(sample, self.calibrations.runs())
+            self.others.observe(self.clock(), self.monitor, lambda: {
+                i: g.held_mib for i, g in self.book().gpus.items()})
             self.sleeper.check()
         self.calibrations.on_sample(sample)
         self.notes.sample()

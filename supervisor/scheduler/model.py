@@ -333,6 +333,7 @@ class Evict:
     frees_mib: int
     reason: str
     sleep: bool = False
+    others: bool = False  # it makes room for strangers' memory (the device is over-committed)
 
 
 @dataclass(frozen=True, slots=True)
