@@ -23,6 +23,7 @@ class GpuProcess:
     used_mib: int | None  # None: the driver would not say
     user: str  # "?" when it cannot be read
     backend: str | None  # None: not ours ("foreign")
+    name: str = ""  # the process's name, where the system gives it ("?" when it cannot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,12 @@ class GpuView:
     history: tuple[tuple[float, int], ...]  # (wall-clock t, used MiB)
     draining: bool = False  # admits nothing new; its idle workers are evicted
     processes: tuple[GpuProcess, ...] = ()  # at the last process sample, largest first
+    others_mib: int = 0  # what admission holds back for strangers (with hysteresis)
+
+    @property
+    def strangers(self) -> tuple[GpuProcess, ...]:
+        """The processes here that are not ours, largest first."""
+        return tuple(p for p in self.processes if p.backend is None)
 
     @property
     def budget_mib(self) -> int:

@@ -142,6 +142,9 @@ def gpu_json(g: GpuView, uuid: str | None) -> dict[str, Any]:
         "reserved_mib": g.reserved_mib, "ours_mib": g.ours_mib, "foreign_mib": g.foreign_mib,
         "reserve_mib": g.reserve_mib, "budget_mib": g.budget_mib, "util_pct": g.util_pct,
         "temp_c": g.temp_c, "power_w": g.power_w,
+        "others": {"held_back_mib": g.others_mib,
+                   "processes": [{"pid": p.pid, "name": p.name, "user": p.user,
+                                  "used_mib": p.used_mib} for p in g.strangers]},
     }
 
 

@@ -861,6 +861,6 @@ class Engine:
             notes=self.notes, descriptors=self.descriptors, paths=self.paths,
             reserve_mib=self.config.reserve_mib, draining=frozenset(self.planner.draining),
             notice=self.monitor.notice, stopping=self.stopping,
-            started_at=self.run.started_at), self.book())
+            started_at=self.run.started_at, others=self.others.counted), self.book())
 
 

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..clock import WallClock
@@ -20,6 +21,7 @@ from ..paths import Paths
 from ..snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView
 from .monitor import Monitor
 from .notes import Notes
+from .others import process_name
 from .pool import WorkerPool
 from .reload import Descriptors
 from .runtime import BackendRuntime
@@ -41,6 +43,7 @@ class Parts:
     notice: str | None
     stopping: bool
     started_at: float
+    others: Mapping[int, int]  # GPU -> what admission holds back for strangers
 
 
 def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
@@ -63,6 +66,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             simulated=probe.simulated, reserve_mib=parts.reserve_mib,
             history=tuple((t + offset, v) for t, v in monitor.history.points(index)),
             draining=index in parts.draining, processes=procs.get(index, ()),
+            others_mib=parts.others.get(index, 0),
         ))
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:
@@ -145,7 +149,9 @@ def gpu_processes(monitor: Monitor) -> dict[int, tuple[GpuProcess, ...]]:
     owners = monitor.owners
     out: dict[int, list[GpuProcess]] = {}
     for p in monitor.processes:
-        out.setdefault(p.gpu_index, []).append(GpuProcess(p.pid, p.used_mib, _user(p.pid),
-                                                          owners.get(p.pid)))
+        backend = owners.get(p.pid)
+        out.setdefault(p.gpu_index, []).append(GpuProcess(
+            p.pid, p.used_mib, _user(p.pid), backend,
+            process_name(p.pid) if backend is None else backend))
     return {gpu: tuple(sorted(ps, key=lambda x: -(x.used_mib or 0)))
             for gpu, ps in out.items()}
