@@ -239,15 +239,18 @@ def decide_inputs(
     foreign: Mapping[int, int] | None = None,
     draining: Iterable[int] = (),
     sleep_host_room_mib: int = 0,
+    closed: Mapping[int, str] | None = None,
 ) -> tuple[Snapshot, Book]:
-    """The scheduler's snapshot and the ledger's book, from the same facts."""
+    """The scheduler's snapshot and the ledger's book, from the same facts; ``closed`` GPUs
+    (yielded: why) are drained like ``draining`` ones, saying why."""
     accounts = book(
         devices,
         holders(devices, backends, workers, ghosts, runs, reserve_mib=reserve_mib,
                 foreign=foreign),
         reserve_mib=reserve_mib, foreign=foreign,
     )
-    draining = set(draining)
+    closed = closed or {}
+    draining = set(draining) | set(closed)
     leaving: dict[int, int] = {}
     for gpu in accounts.gpus.values():
         leaving[gpu.index] = sum(h.holds_mib for h in gpu.holders
@@ -255,7 +258,8 @@ def decide_inputs(
     gpus = tuple(
         GpuState(d.index, d.total_mib, d.free_mib, reserve_mib,
                  foreign_mib=accounts.gpus[d.index].foreign_mib,
-                 draining=d.index in draining, leaving_mib=leaving.get(d.index, 0))
+                 draining=d.index in draining, leaving_mib=leaving.get(d.index, 0),
+                 closed_why=closed.get(d.index, ""))
         for d in sorted(devices, key=lambda d: d.index)
     )
     held_by = {h.name: h for g in accounts.gpus.values() for h in g.holders}

@@ -116,3 +116,16 @@ class CancelResult:
     job_id: str
     state: str | None
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class YieldInfo:
+    """A GPU handed over to programs the engine does not manage (``vramtui yield``): nothing
+    of ours runs there until it is resumed, or ``until`` (epoch seconds; None: until asked)."""
+
+    gpu: int
+    by: str  # who asked: a user, or the ``yield_when`` rule that matched
+    since: float  # epoch seconds
+    until: float | None = None
+    now: bool = False  # its running jobs were cancelled rather than left to finish
+    rule: bool = False  # a ``yield_when`` rule asked (it resumes when the rule stops matching)

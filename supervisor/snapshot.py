@@ -45,6 +45,8 @@ class GpuView:
     draining: bool = False  # admits nothing new; its idle workers are evicted
     processes: tuple[GpuProcess, ...] = ()  # at the last process sample, largest first
     others_mib: int = 0  # what admission holds back for strangers (with hysteresis)
+    yielded_by: str | None = None  # handed over (vramtui yield): who asked; None: not yielded
+    yielded_until: float | None = None  # epoch seconds (None: until resumed)
 
     @property
     def strangers(self) -> tuple[GpuProcess, ...]:

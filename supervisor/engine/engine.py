@@ -33,9 +33,8 @@ from ..jobs.table import JobTable
 from ..journal import Journal
 from ..ledger import Book
 from ..paths import Paths
-from ..results import CancelResult, JobRequest, ReloadResult
+from ..results import CancelResult, JobRequest, ReloadResult, YieldInfo
 from ..scheduler import model as sched
-from ..scheduler.strangers import StrangerWatch
 from ..snapshot import EngineSnapshot
 from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
@@ -54,6 +53,7 @@ from .runtime import BackendRuntime, Ghost
 from .sleeper import Sleeper
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
+from .yielding import Yields, describe
 
 MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
@@ -94,8 +94,8 @@ class Engine:
             self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.planner = Planner(config)
-        self.others = Others(self.notes.note, StrangerWatch(config.others_arrive_s,
-                                                            config.others_leave_s))
+        self.yields = Yields(paths.yields_path if config.journal else None)
+        self.others = Others(self.notes.note, config.others_arrive_s, config.others_leave_s)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)
         self.sleeper = Sleeper(self.pool, self.jobs, self.monitor, self.notes, self.run, clock,
@@ -161,6 +161,8 @@ class Engine:
         for line in leftovers:
             self.notes.note("warning", line)
         self._recover()
+        for line in self.yields.load():
+            self.notes.note("warning", line)
         self.notes.note("info", f"engine started: {self.monitor.summary()}")
         if self.monitor.notice:
             self.notes.note("warning", self.monitor.notice)
@@ -211,6 +213,8 @@ class Engine:
             await asyncio.sleep(min(self.config.tick_s, self.config.ping_interval_s))
             self.watch.expire_ghosts()
             self.watch.expire_keep_alive()
+            for y in self.yields.expire():
+                self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
             now = time.monotonic()
             if now >= next_ping:
                 next_ping = now + self.config.ping_interval_s
@@ -502,6 +506,31 @@ class Engine:
             self.notes.note("info", said)
         self.run.schedule()
 
+    def yield_gpus(self, gpus: Sequence[int], *, for_s: float | None = None, now: bool = False,
+                   by: str = "", rule: bool = False) -> tuple[YieldInfo, ...]:
+        """Hand ``gpus`` over (:mod:`.yielding`); ``now`` cancels the jobs running there."""
+        given = self.yields.give(gpus, self.monitor.readings, for_s=for_s, now=now, by=by,
+                                 rule=rule)
+        gone = {y.gpu for y in given}
+        for y in given:
+            self.notes.note("warning", f"{describe(y)}: nothing of ours starts there, "
+                            + ("its jobs are cancelled" if now else "running jobs finish")
+                            + " and its models are unloaded")
+        for rt in self.pool.runtimes() if now else ():
+            if rt.worker is not None and rt.worker.gpu in gone:
+                for job_id in list(rt.admitted):
+                    self.cancel(job_id, note=f"cancelled: GPU{rt.worker.gpu} was yielded")
+        self.run.schedule()
+        return given
+
+    def resume_gpus(self, gpus: Sequence[int]) -> tuple[int, ...]:
+        """Open yielded ``gpus`` again (none: all of them)."""
+        back = self.yields.take_back(gpus, self.monitor.readings)
+        for g in back:
+            self.notes.note("info", f"GPU{g} resumed: jobs run there again")
+        self.run.schedule()
+        return back
+
     def apply_descriptors(self, loaded: Any) -> ReloadResult:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
@@ -521,7 +550,7 @@ class Engine:
     def _nothing_waits(self) -> bool:
         """No job, preload or draining GPU: a plan could neither start nor evict anything."""
         return not self.jobs.queue and not self.planner.draining and \
-            not self.others.pressing() and \
+            not self.others.pressing() and not self.yields.held and \
             not any(rt.preload_until is not None for rt in self.pool.runtimes())
 
     def book(self) -> Book:
@@ -537,7 +566,7 @@ class Engine:
                                                     self.jobs.queue.counts, extra)
         return self.planner.inputs(self.monitor.readings, self.pool.runtimes(),
                                    self.calibrations.facts(), self.others.counted, queue,
-                                   counts, self.sleeper.host_room_mib())
+                                   counts, self.sleeper.host_room_mib(), self.yields.closed())
 
     def _step(self) -> None:
         now = self.clock()
@@ -861,6 +890,7 @@ class Engine:
             notes=self.notes, descriptors=self.descriptors, paths=self.paths,
             reserve_mib=self.config.reserve_mib, draining=frozenset(self.planner.draining),
             notice=self.monitor.notice, stopping=self.stopping,
-            started_at=self.run.started_at, others=self.others.counted), self.book())
+            started_at=self.run.started_at, others=self.others.counted,
+            yielded=dict(self.yields.held)), self.book())
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..scheduler.model import Evict
-from ..scheduler.strangers import StrangerWatch
+from ..scheduler.strangers import ARRIVE_S, LEAVE_S, StrangerWatch
 from ..units import mib_text
 from .monitor import Monitor
 
@@ -60,8 +60,9 @@ class Stranger:
 class Others:
     """Strangers on every GPU (see the module doc)."""
 
-    def __init__(self, note: Callable[..., None], watch: StrangerWatch | None = None) -> None:
-        self.watch = watch or StrangerWatch()
+    def __init__(self, note: Callable[..., None], arrive_s: float = ARRIVE_S,
+                 leave_s: float = LEAVE_S) -> None:
+        self.watch = StrangerWatch(arrive_s, leave_s)
         self.note = note
         self.strangers: dict[int, tuple[Stranger, ...]] = {}  # GPU -> largest first
         self.over: dict[int, int] = {}  # GPU -> MiB over the device by what is counted

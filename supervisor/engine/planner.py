@@ -55,9 +55,10 @@ class Planner:
                runs: Sequence[admission.RunFacts], foreign: Mapping[int, int],
                queue: tuple[sched.QueuedJob, ...] = (),
                counts: Mapping[tuple[str, str], int] | None = None,
-               sleep_host_room_mib: int = 0,
+               sleep_host_room_mib: int = 0, closed: Mapping[int, str] | None = None,
                ) -> tuple[sched.Snapshot, Book]:
-        """The scheduler's snapshot and the ledger's book of the engine now."""
+        """The scheduler's snapshot and the ledger's book of the engine now; ``closed``: the
+        GPUs where nothing of ours may run (yielded), and why."""
         calibrating = {r.backend for r in runs}
         backends: dict[str, sched.BackendInfo] = {}
         workers: list[admission.WorkerFacts] = []
@@ -76,7 +77,8 @@ class Planner:
         return admission.decide_inputs(
             self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
             queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
-            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib)
+            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
+            closed=closed)
 
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None) -> admission.WorkerFacts:

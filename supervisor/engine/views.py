@@ -18,6 +18,7 @@ from ..clock import WallClock
 from ..jobs.table import JobTable
 from ..ledger import Book
 from ..paths import Paths
+from ..results import YieldInfo
 from ..snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView
 from .monitor import Monitor
 from .notes import Notes
@@ -44,6 +45,7 @@ class Parts:
     stopping: bool
     started_at: float
     others: Mapping[int, int]  # GPU -> what admission holds back for strangers
+    yielded: Mapping[int, YieldInfo]  # GPU -> its yield
 
 
 def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
@@ -67,6 +69,8 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             history=tuple((t + offset, v) for t, v in monitor.history.points(index)),
             draining=index in parts.draining, processes=procs.get(index, ()),
             others_mib=parts.others.get(index, 0),
+            yielded_by=y.by if (y := parts.yielded.get(index)) is not None else None,
+            yielded_until=y.until if y is not None else None,
         ))
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:

@@ -210,7 +210,8 @@ class _Planner:
                 self.closed[g] = f"GPU{g} is held by {holder}"
         for gpu in snapshot.gpus:
             if gpu.draining:
-                self.closed.setdefault(gpu.index, f"GPU{gpu.index} is draining")
+                self.closed.setdefault(gpu.index,
+                                       gpu.closed_why or f"GPU{gpu.index} is draining")
 
         self.asleep: dict[str, int] = {}  # backend -> what its sleeping worker keeps
         for w in snapshot.workers.values():
@@ -791,7 +792,7 @@ class _Planner:
             if gpu.draining:
                 idle = [w for w in self.live_on[g] if self._evictable(w)]
                 if idle:
-                    self._evict(idle, g, f"GPU{g} is draining")
+                    self._evict(idle, g, gpu.closed_why or f"GPU{g} is draining")
 
     def _room_for_others(self, g: int) -> None:
         """``g`` over-committed (what our workers hold plus strangers' memory exceeds the
