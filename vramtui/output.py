@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from supervisor.jobs import JobState, JobView
-from supervisor.snapshot import EngineSnapshot
-from supervisor.units import mib_text, seconds_text
+from supervisor.snapshot import EngineSnapshot, GpuView
+from supervisor.units import mib_text, seconds_text, wall_time_text
 
 from .plain import Cell, Table
 
@@ -117,27 +117,41 @@ def event_line(event: Any) -> str:
 
 def gpu_table(snap: EngineSnapshot) -> Table:
     table = Table("GPUs", [(c, "l" if c == "name" else "r") for c in (
-        "GPU", "name", "used / total", "reserved", "ours", "foreign", "budget", "util",
+        "GPU", "name", "used / total", "reserved", "ours", "others", "budget", "util",
         "temp")])
     for g in snap.gpus:
         used = f"{mib_text(g.used_mib)} / {mib_text(g.total_mib)}"
-        name: Cell = (f"{g.name} (draining)", "bold yellow") if g.draining else g.name
+        name: Cell = g.name
+        if g.yielded_by is not None:
+            name = (f"{g.name} ({yielded_text(g)})", "bold yellow")
+        elif g.draining:
+            name = (f"{g.name} (draining)", "bold yellow")
+        others = mib_text(g.foreign_mib)
+        if g.others_mib and g.others_mib != g.foreign_mib:
+            others += f" ({mib_text(g.others_mib)} held back)"
         table.add_row(str(g.index), name, used,
-                      mib_text(g.reserved_mib), mib_text(g.ours_mib), mib_text(g.foreign_mib),
+                      mib_text(g.reserved_mib), mib_text(g.ours_mib), others,
                       mib_text(g.budget_mib),
                       "–" if g.util_pct is None else f"{g.util_pct} %",
                       "–" if g.temp_c is None else f"{g.temp_c} °C")
     return table
 
 
+def yielded_text(g: GpuView) -> str:
+    """``yielded to ada (cli) until 14:05:09`` (or ``until resumed``)."""
+    if g.yielded_until is None:
+        return f"yielded to {g.yielded_by} until resumed"
+    return f"yielded to {g.yielded_by} until {wall_time_text(g.yielded_until)}"
+
+
 def process_table(snap: EngineSnapshot) -> Table | None:
-    """Each GPU's processes: ours by backend, the others foreign (None: there are none)."""
+    """Each GPU's processes: ours by backend, the others by name (None: there are none)."""
     table = Table("Processes on the GPUs", [("GPU", "r"), ("pid", "r"), ("user", "l"),
                                              ("memory", "r"), ("backend", "l")])
     for g in snap.gpus:
         for p in g.processes:
             table.add_row(str(g.index), str(p.pid), p.user, mib_text(p.used_mib),
-                          p.backend if p.backend else ("foreign", "magenta"))
+                          p.backend if p.backend else (f"others: {p.name or '?'}", "magenta"))
     return table if table.rows else None
 
 

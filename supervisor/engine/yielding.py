@@ -22,22 +22,15 @@ from pathlib import Path
 from ..atomicfile import write_atomic
 from ..errors import InvalidRequest, Refused
 from ..results import YieldInfo
+from ..units import wall_time_text
 
 log = logging.getLogger(__name__)
 MAX_FOR_S = 366 * 86400  # a yield's duration: at most a year (longer: no --for)
 
 
-def when(epoch: float) -> str:
-    """An epoch time as people read it here: ``14:05:09`` today, else ``2026-12-03 14:05``."""
-    local = time.localtime(epoch)
-    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
-        return time.strftime("%H:%M:%S", local)
-    return time.strftime("%Y-%m-%d %H:%M", local)
-
-
 def describe(y: YieldInfo) -> str:
     """``GPU0 yielded to alice until 14:05:09`` (or ``until resumed``)."""
-    until = f"until {when(y.until)}" if y.until is not None else "until resumed"
+    until = f"until {wall_time_text(y.until)}" if y.until is not None else "until resumed"
     return f"GPU{y.gpu} is yielded ({'rule ' if y.rule else ''}{y.by}, {until})"
 
 
