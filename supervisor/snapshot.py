@@ -49,6 +49,17 @@ class GpuView:
     yielded_until: float | None = None  # epoch seconds (None: until resumed)
 
     @property
+    def yielded_text(self) -> str:
+        """``yielded to ada (cli) until 14:05:09`` (or ``until resumed``); "" when open."""
+        if self.yielded_by is None:
+            return ""
+        if self.yielded_until is None:
+            return f"yielded to {self.yielded_by} until resumed"
+        from .units import wall_time_text
+
+        return f"yielded to {self.yielded_by} until {wall_time_text(self.yielded_until)}"
+
+    @property
     def strangers(self) -> tuple[GpuProcess, ...]:
         """The processes here that are not ours, largest first."""
         return tuple(p for p in self.processes if p.backend is None)

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from supervisor.jobs import JobState, JobView
-from supervisor.snapshot import EngineSnapshot, GpuView
-from supervisor.units import mib_text, seconds_text, wall_time_text
+from supervisor.snapshot import EngineSnapshot
+from supervisor.units import mib_text, seconds_text
 
 from .plain import Cell, Table
 
@@ -123,7 +123,7 @@ def gpu_table(snap: EngineSnapshot) -> Table:
         used = f"{mib_text(g.used_mib)} / {mib_text(g.total_mib)}"
         name: Cell = g.name
         if g.yielded_by is not None:
-            name = (f"{g.name} ({yielded_text(g)})", "bold yellow")
+            name = (f"{g.name} ({g.yielded_text})", "bold yellow")
         elif g.draining:
             name = (f"{g.name} (draining)", "bold yellow")
         others = mib_text(g.foreign_mib)
@@ -135,13 +135,6 @@ def gpu_table(snap: EngineSnapshot) -> Table:
                       "–" if g.util_pct is None else f"{g.util_pct} %",
                       "–" if g.temp_c is None else f"{g.temp_c} °C")
     return table
-
-
-def yielded_text(g: GpuView) -> str:
-    """``yielded to ada (cli) until 14:05:09`` (or ``until resumed``)."""
-    if g.yielded_until is None:
-        return f"yielded to {g.yielded_by} until resumed"
-    return f"yielded to {g.yielded_by} until {wall_time_text(g.yielded_until)}"
 
 
 def process_table(snap: EngineSnapshot) -> Table | None:
