@@ -81,6 +81,10 @@ def test_yield_over_http_for_two_seconds_resumes_by_itself(front: Front) -> None
     gpu = front.get("/v1/gpus").json()
     gpu0 = (gpu["data"] if isinstance(gpu, dict) else gpu)[0]
     assert gpu0["yielded"]["by"] == "ada"
+    metrics = front.get("/metrics").body.decode()
+    assert any(line.startswith("vramtui_gpu_yielded{") and 'gpu="0"' in line
+               and line.endswith(" 1.0") for line in metrics.splitlines()), metrics[-2000:]
+    assert "vramtui_gpu_memory_others_held_back_bytes{" in metrics
     job = front.sup.submit("m", b"{}")
     assert front.sup.job(job).state == "queued"
     assert front.sup.wait(job, 15).state == "succeeded"  # it resumed by itself
