@@ -129,3 +129,11 @@ class YieldInfo:
     until: float | None = None
     now: bool = False  # its running jobs were cancelled rather than left to finish
     rule: bool = False  # a ``yield_when`` rule asked (it resumes when the rule stops matching)
+
+    @property
+    def text(self) -> str:
+        """``GPU0 is yielded (ada (cli), until 14:05:09)`` (or ``until resumed``)."""
+        from .units import wall_time_text
+
+        until = "until resumed" if self.until is None else f"until {wall_time_text(self.until)}"
+        return f"GPU{self.gpu} is yielded ({'rule: ' if self.rule else ''}{self.by}, {until})"

@@ -4,16 +4,21 @@ resume, a duration and a restart do, and the refusals; the file that keeps yield
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 from fake_worker import Script, fake_engine
 from waiting import wait_until
 
+from supervisor.engine import EngineConfig
+from supervisor.engine.rules import BadRule, parse_rules
 from supervisor.engine.yielding import Yields
-from supervisor.errors import InvalidRequest, Refused
+from supervisor.errors import InvalidRequest, Refused, VramtuiError
 
 
 def desc(**extra: object) -> dict[str, object]:
@@ -98,3 +103,74 @@ def test_the_yields_file_drops_what_expired_and_survives_garbage(tmp_path: Path)
     path.write_text("{not json")
     broken = Yields(path, lambda: clock[0])
     assert "cannot read the yielded GPUs" in broken.load()[0] and not broken.held
+
+
+# -- rules and per-GPU reserves --------------------------------------------------------------
+
+def test_bad_rules_are_refused_in_one_line() -> None:
+    for raw, words in (("steam", "a list"), ([""], "a process name"),
+                       ([{"cmd": "x"}], "a process name, or"),
+                       ([{"command": "x", "every": "soon"}], "every:"),
+                       ([{"command": "x", "timeout": "0s"}], "between 0.1s and 1h"),
+                       ([{"command": "x", "gpus": "0"}], "gpus:"),
+                       ([{"command": "x", "when": 1}], "unknown key 'when'")):
+        with pytest.raises(BadRule, match=re.escape(words)):
+            parse_rules(raw, "config.yaml: engine: yield_when")
+    rules = parse_rules(["steam", {"command": "pgrep -x blender", "gpus": [1]}], "here")
+    assert rules[0].name == "steam" and rules[1].command == ("pgrep", "-x", "blender")
+
+
+def test_a_rule_yields_a_gpu_while_a_named_program_holds_memory_there() -> None:
+    me = psutil.Process().name()  # this test's process plays the program (on GPU0)
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       yield_when=parse_rules([me], "test"))
+    with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg,
+                     scripts={"a": script(job_s=0.01)}) as fe:
+        fe.gpu.hold(os.getpid(), 0, 512)
+        wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by == f"while {me} runs", 5,
+                   "GPU0 yielded by the rule")
+        assert fe.sup.snapshot().gpus[1].yielded_by is None
+        fe.gpu.release(os.getpid())
+        wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by is None, 5, "resumed")
+
+
+@pytest.mark.process
+def test_a_rule_command_decides_and_one_that_hangs_is_killed_and_counts_as_no() -> None:
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       yield_when=parse_rules([
+                           {"command": "true", "gpus": [1], "every": "0.2s"},
+                           {"command": ["sleep", "30"], "timeout": "0.3s", "every": "0.2s"}],
+                           "test"))
+    with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg,
+                     scripts={"a": script(job_s=0.01)}) as fe:
+        wait_until(lambda: fe.sup.snapshot().gpus[1].yielded_by == "while `true`", 5,
+                   "GPU1 yielded by the command")
+        wait_until(lambda: any("did not answer within 0.3 s (killed)" in line.text
+                               for line in fe.sup.snapshot().log), 5, "the hang said")
+        assert fe.sup.snapshot().gpus[0].yielded_by is None
+        assert fe.sup.wait(fe.sup.submit("a", b"x"), 5).state == "succeeded"  # not stuck
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] == ["sleep", "30"] and p.ppid() == os.getpid()]
+
+
+def test_a_per_gpu_reserve_is_kept_free(tmp_path: Path) -> None:
+    import argparse
+
+    from supervisor.paths import Paths
+    from vramtui.serve import engine_config
+
+    paths = Paths(tmp_path / "cfg", tmp_path / "state", tmp_path / "run")
+    paths.settings_file.parent.mkdir(parents=True)
+    paths.settings_file.write_text("engine:\n  reserve: {0: 4GiB}\n  yield_when: [steam]\n")
+    cfg = engine_config(argparse.Namespace(), paths, environ={})
+    assert cfg.gpu_reserve_mib == {0: 4096} and cfg.yield_when[0].name == "steam"
+    paths.settings_file.write_text("engine:\n  reserve: {gpu0: 4GiB}\n")
+    with pytest.raises(VramtuiError, match="a map of GPU index to size"):
+        engine_config(argparse.Namespace(), paths, environ={})
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       gpu_reserve_mib={0: 4096})
+    big = {"vram": {"weights": "5GiB", "activation": "256MiB"}, "safety": "0MiB"}
+    with fake_engine({"big": big}, config=cfg) as fe:
+        assert fe.sup.snapshot().gpus[0].reserve_mib == 4096
+        with pytest.raises(Refused, match="4096 MiB reserve"):
+            fe.sup.submit("big", b"x")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from .. import validate
+from .rules import YieldRule
 
 
 def default_sleep_host_budget_mib() -> int:
@@ -46,3 +47,5 @@ class EngineConfig:
     # is held back for it, and be gone before it is taken again (see scheduler/strangers.py).
     others_arrive_s: float = 3.0
     others_leave_s: float = 3.0
+    yield_when: tuple[YieldRule, ...] = ()  # yield a GPU while a program runs (rules.py)
+    gpu_reserve_mib: dict[int, int] = field(default_factory=dict)  # per GPU, over reserve_mib

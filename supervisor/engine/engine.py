@@ -49,11 +49,12 @@ from .notes import Notes
 from .others import Others
 from .planner import Planner
 from .pool import WorkerPool
+from .rules import Rules
 from .runtime import BackendRuntime, Ghost
 from .sleeper import Sleeper
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
-from .yielding import Yields, describe
+from .yielding import Yields, announce
 
 MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
@@ -95,6 +96,7 @@ class Engine:
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.planner = Planner(config)
         self.yields = Yields(paths.yields_path if config.journal else None)
+        self.rules = Rules(config.yield_when, self.notes.note)
         self.others = Others(self.notes.note, config.others_arrive_s, config.others_leave_s)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)
@@ -171,9 +173,10 @@ class Engine:
         for backend, warning in self.descriptors.warnings:
             self.notes.note("warning", f"descriptor warning: {warning}", backend)
         started(None)
-        ticker = loop.create_task(self._ticker())
+        tasks = (loop.create_task(self._ticker()), loop.create_task(self.rules.watch_commands()))
         await self.run.stopped()
-        ticker.cancel()
+        for task in tasks:
+            task.cancel()
         await self._shutdown()
 
     def request_stop(self) -> None:
@@ -215,6 +218,8 @@ class Engine:
             self.watch.expire_keep_alive()
             for y in self.yields.expire():
                 self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
+            self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
+                              self.yield_gpus, self.resume_gpus)
             now = time.monotonic()
             if now >= next_ping:
                 next_ping = now + self.config.ping_interval_s
@@ -511,15 +516,10 @@ class Engine:
         """Hand ``gpus`` over (:mod:`.yielding`); ``now`` cancels the jobs running there."""
         given = self.yields.give(gpus, self.monitor.readings, for_s=for_s, now=now, by=by,
                                  rule=rule)
-        gone = {y.gpu for y in given}
         for y in given:
-            self.notes.note("warning", f"{describe(y)}: nothing of ours starts there, "
-                            + ("its jobs are cancelled" if now else "running jobs finish")
-                            + " and its models are unloaded")
-        for rt in self.pool.runtimes() if now else ():
-            if rt.worker is not None and rt.worker.gpu in gone:
-                for job_id in list(rt.admitted):
-                    self.cancel(job_id, note=f"cancelled: GPU{rt.worker.gpu} was yielded")
+            self.notes.note("warning", announce(y, now))
+        for job_id in self.pool.admitted_on({y.gpu for y in given}) if now else ():
+            self.cancel(job_id, note="cancelled: its GPU was yielded now")
         self.run.schedule()
         return given
 
@@ -888,7 +888,8 @@ class Engine:
         return build_snapshot(Parts(
             wall=self.wall, monitor=self.monitor, pool=self.pool, jobs=self.jobs,
             notes=self.notes, descriptors=self.descriptors, paths=self.paths,
-            reserve_mib=self.config.reserve_mib, draining=frozenset(self.planner.draining),
+            reserve_mib=self.planner.reserves(self.monitor.readings),
+            draining=frozenset(self.planner.draining),
             notice=self.monitor.notice, stopping=self.stopping,
             started_at=self.run.started_at, others=self.others.counted,
             yielded=dict(self.yields.held)), self.book())

@@ -41,10 +41,15 @@ class Planner:
             max_queue_depth=config.max_queue_depth,
         )
         self.reserve_mib = config.reserve_mib
+        self.gpu_reserve_mib = dict(config.gpu_reserve_mib)  # per GPU, in its place
         self.draining: set[int] = set()
         # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
         self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
                                         str | None]] = {}
+
+    def reserves(self, readings: Mapping[int, GpuReading]) -> dict[int, int]:
+        """GPU -> what is kept free there (``reserve`` of config.yaml, else the default)."""
+        return {i: self.gpu_reserve_mib.get(i, self.reserve_mib) for i in readings}
 
     @staticmethod
     def devices(readings: Mapping[int, GpuReading]) -> list[Device]:
@@ -76,7 +81,8 @@ class Planner:
                                                    gh.observed_mib))
         return admission.decide_inputs(
             self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
-            queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
+            queued_counts=counts if counts is not None else {},
+            reserve_mib=self.reserves(readings),
             foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
             closed=closed)
 
@@ -157,7 +163,7 @@ class Planner:
             fact = replace(fact, state="asleep", sleep_mib=slumber.keeps_mib,
                            falling=slumber.phase == "falling")
         held = admission.holders(self.devices(readings), {rt.spec.name: rt.info()}, [fact],
-                                 reserve_mib=self.reserve_mib, foreign=foreign)
+                                 reserve_mib=self.reserves(readings), foreign=foreign)
         return sum(h.holds_mib for h in held)
 
     # -- refusals -------------------------------------------------------------------------------
@@ -182,6 +188,6 @@ class Planner:
               readings: Mapping[int, GpuReading]) -> sched.Snapshot:
         """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
         refusal at submit depends on sizes, never on what runs now)."""
-        gpus = [sched.GpuState(i, r.total_mib, None, self.reserve_mib)
+        gpus = [sched.GpuState(i, r.total_mib, None, self.gpu_reserve_mib.get(i, self.reserve_mib))
                 for i, r in sorted(readings.items())]
         return sched.Snapshot(gpus=gpus, backends={backend: info})

@@ -39,7 +39,7 @@ class Parts:
     notes: Notes
     descriptors: Descriptors
     paths: Paths
-    reserve_mib: int
+    reserve_mib: Mapping[int, int]  # GPU -> kept free there
     draining: frozenset[int]
     notice: str | None
     stopping: bool
@@ -65,7 +65,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             used_mib=r.used_mib, free_mib=r.free_mib,
             reserved_mib=accounts.held_mib if accounts is not None else 0, ours_mib=ours,
             foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
-            simulated=probe.simulated, reserve_mib=parts.reserve_mib,
+            simulated=probe.simulated, reserve_mib=parts.reserve_mib.get(index, 0),
             history=tuple((t + offset, v) for t, v in monitor.history.points(index)),
             draining=index in parts.draining, processes=procs.get(index, ()),
             others_mib=parts.others.get(index, 0),

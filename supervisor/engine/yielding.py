@@ -22,16 +22,16 @@ from pathlib import Path
 from ..atomicfile import write_atomic
 from ..errors import InvalidRequest, Refused
 from ..results import YieldInfo
-from ..units import wall_time_text
 
 log = logging.getLogger(__name__)
 MAX_FOR_S = 366 * 86400  # a yield's duration: at most a year (longer: no --for)
 
 
-def describe(y: YieldInfo) -> str:
-    """``GPU0 yielded to alice until 14:05:09`` (or ``until resumed``)."""
-    until = f"until {wall_time_text(y.until)}" if y.until is not None else "until resumed"
-    return f"GPU{y.gpu} is yielded ({'rule ' if y.rule else ''}{y.by}, {until})"
+def announce(y: YieldInfo, now: bool) -> str:
+    """The event log's line for a GPU just yielded."""
+    return f"{y.text}: nothing of ours starts there, " + (
+        "its jobs are cancelled" if now else "running jobs finish") + \
+        " and its models are unloaded"
 
 
 class Yields:
@@ -48,7 +48,7 @@ class Yields:
 
     def closed(self) -> dict[int, str]:
         """GPU -> why nothing of ours may run there (the waiting jobs' reason)."""
-        return {g: describe(y) for g, y in self.held.items()}
+        return {g: y.text for g, y in self.held.items()}
 
     # -- changes -------------------------------------------------------------------------------
     def give(self, gpus: Sequence[int], present: Iterable[int], *, for_s: float | None = None,
@@ -122,7 +122,7 @@ class Yields:
                     "open: yield again where needed"]
         now = self.wall()
         self.held = {y.gpu: y for y in loaded if y.until is None or y.until > now}
-        return [f"{describe(y)}: still yielded after the restart" for y in self.held.values()]
+        return [f"{y.text}: still yielded after the restart" for y in self.held.values()]
 
     def _save(self) -> None:
         if self.path is None:

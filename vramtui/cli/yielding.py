@@ -41,7 +41,6 @@ def _who() -> str:
 
 
 def yield_(args: argparse.Namespace) -> int:
-    from supervisor.engine.yielding import describe
     from supervisor.units import parse_duration
 
     for_s = None
@@ -62,7 +61,7 @@ def yield_(args: argparse.Namespace) -> int:
         print_json({"yielded": [yield_json(y) for y in given]})
         return Exit.OK
     for y in given:
-        print(f"{describe(y)}: nothing of ours starts there; "
+        print(f"{y.text}: nothing of ours starts there; "
               + ("its jobs are cancelled" if args.now else "running jobs finish")
               + f", its models are unloaded (vramtui resume {y.gpu} takes it back)")
     return Exit.OK
