@@ -63,7 +63,7 @@ def test_a_stranger_gets_the_memory_back_and_a_spike_changes_nothing() -> None:
         sup.preload("a")
         sup.preload("b")
         wait_until(lambda: states(sup)["a"] == states(sup)["b"] == "ready", 30, "a, b loaded")
-        running = sup.submit("c", json.dumps({"steps": 600, "step_s": 0.01}).encode())
+        running = sup.submit("c", json.dumps({"steps": 3000, "step_s": 0.01}).encode())
         wait_until(lambda: sup.job(running).state == "running", 30, "c's job running")
 
         # A one-second spike that the device holds beside ours: nothing moves.
@@ -90,4 +90,5 @@ def test_a_stranger_gets_the_memory_back_and_a_spike_changes_nothing() -> None:
             line = next(t.text for t in sup.snapshot().log if t.text.startswith("evicted"))
             assert f"evicted {gone[0]}: 10.2 GiB taken by pid" in line, line
         assert sup.wait(waiting, 30).state == "succeeded"
-        assert sup.wait(running, 30).state == "succeeded"
+        assert sup.job(running).state == "running"  # through it all; no need to wait it out
+        sup.cancel(running)

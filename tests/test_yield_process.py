@@ -67,17 +67,17 @@ def test_bad_yields_are_one_line_errors_with_their_exit_codes(front: Front) -> N
     assert not any(g.yielded_by for g in front.sup.snapshot().gpus)
 
 
-def test_yield_over_http_for_two_seconds_resumes_by_itself(front: Front) -> None:
+def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
     bad = front.post("/v1/gpus/0/yield", {"for": "-1s"})
     assert bad.status == 400 and "is not a duration" in bad.error["message"]
     bad = front.post("/v1/gpus/0/yield", {"for": -1})
     assert bad.status == 400 and "negative" in bad.error["message"]
     assert front.post("/v1/gpus/7/yield").status == 409
     assert front.post("/v1/gpus/1/resume").status == 409
-    r = front.post("/v1/gpus/0/yield", {"for": "2s", "by": "ada"})
+    r = front.post("/v1/gpus/0/yield", {"for": "1.5s", "by": "ada"})
     assert r.status == 200, r.json()
     y = r.json()["yielded"][0]
-    assert y["gpu"] == 0 and y["by"] == "ada" and 1.5 < y["until"] - y["since"] <= 2.0
+    assert y["gpu"] == 0 and y["by"] == "ada" and 1.0 < y["until"] - y["since"] <= 1.5
     gpu = front.get("/v1/gpus").json()
     gpu0 = (gpu["data"] if isinstance(gpu, dict) else gpu)[0]
     assert gpu0["yielded"]["by"] == "ada"
