@@ -138,3 +138,29 @@ def test_the_engine_evicts_for_a_stranger_and_says_who_took_the_memory() -> None
         fe.gpu.release(STRANGER + 1)
         assert fe.sup.wait(job, 10).state == "succeeded"
         assert all(used <= 8 * GIB for _g, used in fe.gpu.overcommits[2:])
+
+
+def test_how_long_a_device_stays_over_is_told() -> None:
+    w = StrangerWatch(urgent_s=0.0)
+    assert w.observe(0.0, 0, 0, 20 * GIB, 24 * GIB).over_for_s == 0
+    assert w.observe(0.1, 0, 6 * GIB, 20 * GIB, 24 * GIB).over_for_s == 0  # over from now
+    assert w.observe(1.1, 0, 6 * GIB, 20 * GIB, 24 * GIB).over_for_s == pytest.approx(1.0)
+    assert w.observe(1.2, 0, 6 * GIB, 18 * GIB, 24 * GIB).over_for_s == 0  # it fits
+
+
+@pytest.mark.parametrize("policy", ["wait", "cancel"])
+def test_a_running_job_is_cancelled_for_others_only_when_the_policy_says_so(policy: str
+                                                                            ) -> None:
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_policy=policy, others_cancel_after_s=0.3)
+    descs = {"a": {"vram": {"weights": "3GiB", "activation": "512MiB"}, "safety": "0MiB"}}
+    with fake_engine(descs, scripts={"a": Script(weights_mib=3 * GIB, activation_mib=512,
+                                                 job_s=1.2)}, config=cfg) as fe:
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
+        fe.gpu.hold(STRANGER, 0, 6 * GIB)  # 3.5 + 6 > 8 GiB, and nothing idle to evict
+        if policy == "cancel":
+            assert fe.sup.wait(job, 5).state == "cancelled"
+            assert "others need its GPU" in (fe.sup.job(job).error or "")
+        else:
+            assert fe.sup.wait(job, 5).state == "succeeded"

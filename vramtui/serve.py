@@ -82,7 +82,8 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args, group)
 
 
-ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget", "yield_when", "reserve"})
+ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget", "yield_when", "reserve",
+                         "on_others"})
 
 
 def engine_config(args: argparse.Namespace, paths: Paths,
@@ -94,6 +95,8 @@ def engine_config(args: argparse.Namespace, paths: Paths,
           sleep_host_budget: 16GiB  # host memory sleeping workers may take (half the host's)
           yield_when: [steam, blender]  # yield a GPU while one runs there (or {command: …})
           reserve: {0: 2GiB}        # kept free per GPU, for the desktop (default 256MiB)
+          on_others: wait           # others over-commit a GPU: its running jobs finish
+                                    # (wait), or are cancelled after 3 s (cancel)
 
     (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``, ``VRAMTUI_SLEEP_HOST_BUDGET``).  VramtuiError,
     one line, for a bad value.
@@ -130,6 +133,11 @@ def engine_config(args: argparse.Namespace, paths: Paths,
                                f"{paths.settings_file}: engine: yield_when")
     config.gpu_reserve_mib = _reserves(section().get("reserve"),
                                        f"{paths.settings_file}: engine: reserve")
+    policy = section().get("on_others", "wait")
+    if policy not in ("wait", "cancel"):
+        raise VramtuiError(f"{paths.settings_file}: engine: on_others: wait or cancel, not "
+                           f"{policy!r}")
+    config.others_policy = policy
     if depth is not None:
         config.max_queue_depth = depth
     if budget is not None:

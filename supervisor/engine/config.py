@@ -47,5 +47,9 @@ class EngineConfig:
     # is held back for it, and be gone before it is taken again (see scheduler/strangers.py).
     others_arrive_s: float = 3.0
     others_leave_s: float = 3.0
+    # "wait": running jobs finish even on a GPU others over-commit (the default); "cancel":
+    # they are cancelled once it has stayed over for CANCEL_AFTER_S with no idle model left.
+    others_policy: str = "wait"
+    others_cancel_after_s: float = 3.0
     yield_when: tuple[YieldRule, ...] = ()  # yield a GPU while a program runs (rules.py)
     gpu_reserve_mib: dict[int, int] = field(default_factory=dict)  # per GPU, over reserve_mib

@@ -97,7 +97,8 @@ class Engine:
         self.planner = Planner(config)
         self.yields = Yields(paths.yields_path if config.journal else None)
         self.rules = Rules(config.yield_when, self.notes.note)
-        self.others = Others(self.notes.note, config.others_arrive_s, config.others_leave_s)
+        self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
+            j, note="cancelled: others need its GPU") for j in self.pool.admitted_on(gpus)])
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)
         self.sleeper = Sleeper(self.pool, self.jobs, self.monitor, self.notes, self.run, clock,
@@ -876,8 +877,7 @@ class Engine:
     def _on_sample(self, sample: Sample) -> None:
         if self.monitor.took(sample):
             self.watch.observe(sample, self.calibrations.runs())
-            self.others.observe(self.clock(), self.monitor, lambda: {
-                i: g.held_mib for i, g in self.book().gpus.items()})
+            self.others.observe(self.clock(), self.monitor, self.book)
             self.sleeper.check()
         self.calibrations.on_sample(sample)
         self.notes.sample()

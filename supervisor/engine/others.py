@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ..ledger import Book
 from ..scheduler.model import Evict
-from ..scheduler.strangers import ARRIVE_S, LEAVE_S, StrangerWatch
+from ..scheduler.strangers import StrangerWatch
 from ..units import mib_text
+from .config import EngineConfig
 from .monitor import Monitor
 
 _NAMES: dict[int, tuple[float, str]] = {}  # pid -> (create time, process name)
@@ -60,10 +62,16 @@ class Stranger:
 class Others:
     """Strangers on every GPU (see the module doc)."""
 
-    def __init__(self, note: Callable[..., None], arrive_s: float = ARRIVE_S,
-                 leave_s: float = LEAVE_S) -> None:
-        self.watch = StrangerWatch(arrive_s, leave_s)
+    def __init__(self, note: Callable[..., None], config: EngineConfig | None = None,
+                 cancel: Callable[[set[int]], object] | None = None) -> None:
+        config = config or EngineConfig()
+        if config.others_policy not in ("wait", "cancel"):
+            raise ValueError(f"others_policy: wait or cancel, not {config.others_policy!r}")
+        self.watch = StrangerWatch(config.others_arrive_s, config.others_leave_s)
         self.note = note
+        self.policy, self.cancel = config.others_policy, cancel
+        self.cancel_after_s = config.others_cancel_after_s
+        self._cancelled: set[int] = set()  # GPUs whose jobs were cancelled in this episode
         self.strangers: dict[int, tuple[Stranger, ...]] = {}  # GPU -> largest first
         self.over: dict[int, int] = {}  # GPU -> MiB over the device by what is counted
 
@@ -76,10 +84,9 @@ class Others:
         """Some GPU is over-committed by strangers: a plan must run to evict."""
         return any(self.over.values())
 
-    def observe(self, now: float, monitor: Monitor, held: Callable[[], Mapping[int, int]]
-                ) -> None:
-        """Take in the monitor's last process sample; ``held`` gives what our workers hold
-        per GPU (the ledger), asked only where strangers are or were."""
+    def observe(self, now: float, monitor: Monitor, book: Callable[[], Book]) -> None:
+        """Take in the monitor's last process sample; ``book`` gives the ledger (what our
+        workers hold per GPU), asked only where strangers are or were."""
         per_gpu = monitor.per_gpu()
         owners = monitor.owners
         counted = self.watch.counted()
@@ -91,7 +98,7 @@ class Others:
                 self._gone(index)
                 continue
             if held_now is None:
-                held_now = held()
+                held_now = {i: g.held_mib for i, g in book().gpus.items()}
             self.strangers[index] = self._who(per_gpu.get(index, {}), owners)
             verdict = self.watch.observe(now, index, now_mib, held_now.get(index, 0),
                                          reading.total_mib)
@@ -104,8 +111,21 @@ class Others:
             elif was and not verdict.over_mib:
                 self.note("info", f"GPU{index} fits again beside others "
                           f"({mib_text(verdict.counted_mib)} held back for them)")
+            self._maybe_cancel(index, verdict.over_for_s)
             if counted.get(index) and not verdict.counted_mib:
                 self.note("info", f"others left GPU{index}; its memory is ours to use again")
+
+    def _maybe_cancel(self, index: int, over_for_s: float) -> None:
+        """With the ``cancel`` policy: cancel the jobs running on a GPU that stayed over."""
+        if not over_for_s:
+            self._cancelled.discard(index)
+        elif self.policy == "cancel" and self.cancel is not None and \
+                over_for_s >= self.cancel_after_s and index not in self._cancelled:
+            self._cancelled.add(index)
+            self.note("warning", f"GPU{index} stayed over-committed by others "
+                      f"({self.who(index)}) for {over_for_s:.1f} s: cancelling its running "
+                      "jobs (others_policy: cancel)")
+            self.cancel({index})
 
     def _gone(self, index: int) -> None:
         self.strangers.pop(index, None)

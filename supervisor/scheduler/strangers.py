@@ -16,6 +16,9 @@ Hysteresis, so that a brief spike changes nothing:
   evicts idle workers (``plan.py``: "others") until it fits, and admits nothing there before.
 
 The first reading of a GPU is counted whole (strangers present before the engine looked).
+``Verdict.over_for_s`` says how long a GPU has stayed over: once every idle model is gone,
+only running jobs hold it, and a policy (``EngineConfig.others_policy: cancel``) may cancel
+them after ``others_cancel_after_s``; by default they finish.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ _EPS = 1e-6  # readings' times are floats: 1.4 - 1.1 is a hair under 0.3
 class _Gpu:
     counted: int
     seen: deque[tuple[float, int]] = field(default_factory=deque)  # (t, strangers' MiB)
-    over_since: float | None = None
+    over_since: float | None = None  # over by what strangers hold now
+    counted_over_since: float | None = None  # over by what is counted for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class Verdict:
     counted_mib: int
     over_mib: int
     urgent: bool = False  # the counted figure jumped because the device was over-committed
+    over_for_s: float = 0.0  # how long it has been over by what is counted, without a break
 
 
 class StrangerWatch:
@@ -93,7 +98,13 @@ class StrangerWatch:
             if high is not None and high < state.counted:
                 state.counted = high
         over = max(0, held_mib + state.counted - total_mib)
-        return Verdict(strangers_mib, state.counted, over, urgent)
+        if not over:
+            state.counted_over_since = None
+        elif state.counted_over_since is None:
+            state.counted_over_since = now
+        since = state.counted_over_since
+        return Verdict(strangers_mib, state.counted, over, urgent,
+                       0.0 if since is None else now - since)
 
     def forget(self, gpu: int) -> None:
         """Start ``gpu`` afresh (it went away, or the reader restarted)."""
