@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from engine_support import sim_backend
 from http_support import Front, serve_http
-from serve_support import cli
+from serve_support import cli, make_env, new_root, reap, start_serve
 from spawning import spawns
 from waiting import wait_until
 
@@ -91,3 +91,23 @@ def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
     assert front.sup.snapshot().gpus[0].yielded_by is None
     assert front.post("/v1/gpus/0/yield").status == 200
     assert front.post("/v1/gpus/0/resume").json() == {"resumed": [0]}
+
+
+def test_a_yielded_gpu_stays_yielded_across_a_restart_of_vramtui_serve() -> None:
+    root = new_root()
+    env = make_env(root, [sim_backend("m", 1024, 256)])
+    served = start_serve(env, root)
+    try:
+        assert cli(env, "yield", "--for", "1h").returncode == 0
+        served.proc.terminate()
+        assert served.wait_exit() == 0
+        served = start_serve(env, root)
+        gpu = json.loads(cli(env, "status", "--json").stdout)["gpus"][0]
+        assert gpu["yielded_by"].endswith("(cli)") and gpu["yielded_until"] > time.time()
+        job = cli(env, "submit", "m", "--data", "{}").stdout.strip()
+        assert json.loads(cli(env, "result", job, "--json").stdout)["state"] == "queued"
+        assert cli(env, "resume").returncode == 0
+        assert json.loads(cli(env, "result", job, "--wait", "--json").stdout)["state"] \
+            == "succeeded"
+    finally:
+        reap(served)
