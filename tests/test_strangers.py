@@ -3,6 +3,8 @@ and the engine's answer on fake workers (a stranger is a pid the fake GPU holds 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from fake_worker import Script, fake_engine
 from waiting import wait_until
@@ -164,3 +166,33 @@ def test_a_running_job_is_cancelled_for_others_only_when_the_policy_says_so(poli
             assert "others need its GPU" in (fe.sup.job(job).error or "")
         else:
             assert fe.sup.wait(job, 5).state == "succeeded"
+
+
+def test_what_is_counted_stays_between_what_lasted_and_what_was_seen_lately() -> None:
+    """A fixed-seed walk: after every reading, once the windows are covered, the counted
+    figure is at least the least seen over ``arrive_s`` and at most the most seen over
+    ``leave_s`` (an over-committed device only lifts it to what is there now)."""
+    rng = random.Random(26)
+    for _ in range(20):
+        arrive, leave = rng.choice([0.5, 1.0, 3.0]), rng.choice([0.5, 1.0, 3.0])
+        w = StrangerWatch(arrive, leave, urgent_s=rng.choice([0.0, 0.3]))
+        seen: list[tuple[float, int]] = []
+        t, mib = 0.0, 0
+        for _ in range(300):
+            t = round(t + rng.choice([0.05, 0.1, 0.25]), 3)
+            mib = max(0, mib + rng.choice([-4, -1, 0, 0, 0, 1, 4]) * GIB)
+            held = rng.choice([0, 8, 16, 20]) * GIB
+            v = w.observe(t, 0, mib, held, 24 * GIB)
+            seen.append((t, mib))
+            if t < max(arrive, leave) + 0.3:
+                continue
+
+            assert v.counted_mib <= max(window(seen, t, leave)), (t, v)
+            if not v.urgent:
+                assert v.counted_mib >= min(window(seen, t, arrive)), (t, v)
+
+
+def window(seen: list[tuple[float, int]], t: float, span: float) -> list[int]:
+    """What was seen from ``span`` before ``t`` (the reading in force then included)."""
+    start = max(s for s, _ in seen if s <= t - span + 1e-6)
+    return [m for s, m in seen if s >= start]
