@@ -159,6 +159,12 @@ WAIT_TIMEOUT = Kind("seconds", _wait_timeout, "float")
 METADATA = Kind("metadata", _metadata, "dict[str, Any]")
 
 
+def _short_name(value: Any) -> str | None:
+    if len(value) <= 80 and value.isprintable():
+        return None
+    return "must be at most 80 printable characters"
+
+
 def _positive_duration(value: Any) -> str | None:
     if value > 0 and value <= 366 * 86400:
         return None
@@ -398,7 +404,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        Arg("for_s", NUM, None, "seconds until it resumes by itself (default: until resumed)",
            check=_positive_duration),
        Arg("now", BOOL, False, "cancel the jobs running there rather than let them finish"),
-       Arg("by", STR, "", "who asks (shown with the yield; default: the engine's user)"),
+       Arg("by", STR, "", "who asks (shown with the yield; default: the engine's user)",
+           check=_short_name),
        mutating=True),
     _m("resume_gpus", tuple[int, ...], "Take yielded GPUs back (none: every yielded GPU); "
        "the GPUs resumed.",

@@ -70,6 +70,10 @@ def test_bad_yields_and_resumes_are_refused_clearly() -> None:
             fe.sup.resume_gpus([1])
         with pytest.raises(Refused, match="no GPU is yielded"):
             fe.sup.resume_gpus()
+        with pytest.raises(InvalidRequest, match="at most 80 printable"):
+            fe.sup.yield_gpus([0], by="x" * 81)
+        with pytest.raises(InvalidRequest, match="list of GPU indexes"):
+            fe.sup.yield_gpus([-1])
         assert not any(g.yielded_by for g in fe.sup.snapshot().gpus)
 
 
