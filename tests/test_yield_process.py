@@ -74,8 +74,11 @@ def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
     assert bad.status == 400 and "negative" in bad.error["message"]
     assert front.post("/v1/gpus/7/yield").status == 409
     assert front.post("/v1/gpus/1/resume").status == 409
+    front.sup.preload("m")
+    wait_until(lambda: on_gpu0(front), 30, "m loaded on GPU0")
     r = front.post("/v1/gpus/0/yield", {"for": "1.5s", "by": "ada"})
     assert r.status == 200, r.json()
+    wait_until(lambda: not on_gpu0(front), 5, "no worker of ours on GPU0")
     y = r.json()["yielded"][0]
     assert y["gpu"] == 0 and y["by"] == "ada" and 1.0 < y["until"] - y["since"] <= 1.5
     gpu = front.get("/v1/gpus").json()
