@@ -60,6 +60,7 @@ def test_yield_and_resume_over_the_cli(front: Front) -> None:
 def test_bad_yields_are_one_line_errors_with_their_exit_codes(front: Front) -> None:
     for args, code, words in ((("yield", "7"), 5, "there is no GPU7 (present: GPU0, GPU1)"),
                               (("yield", "0", "--for=-1s"), 2, "--for: '-1s' is"),
+                              (("yield", "0", "--for", "-1s"), 2, "--for: '-1s' is"),
                               (("resume", "1"), 5, "GPU1 is not yielded")):
         done = cli(front.env, *args)
         lines = done.stderr.strip().splitlines()
