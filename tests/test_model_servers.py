@@ -110,3 +110,159 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         pid = front.engine.backends["llama"].worker.pid
         assert pid in server_pids()
     wait_until(lambda: server_pids() <= before, 10, "the server to be gone")
+
+
+def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:
+    # 2 x (5000 + 256) MiB on an 8 GiB simulated GPU: one at a time.
+    backends = [server_backend("a", 5000, args=("--tokens", "2")),
+                server_backend("b", 5000, args=("--tokens", "2"))]
+    with serve_http(backends) as front:
+        overlap: list[dict[int, int]] = []
+        seen: set[int] = set()
+        done = threading.Event()
+
+        def watch_ledger() -> None:  # the device's own ledger, sampled all along
+            while not done.is_set():
+                holders = sim_holders(front)
+                seen.update(holders)
+                if len(holders) > 1:
+                    overlap.append(holders)
+
+        watcher = threading.Thread(target=watch_ledger)
+        watcher.start()
+        try:
+            results: list[int] = []
+            threads = [threading.Thread(target=lambda m=m: results.append(
+                front.post("/v1/chat/completions", chat(m)).status)) for m in "abab"]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        finally:
+            done.set()
+            watcher.join()
+        assert results == [200] * 4
+        assert overlap == []
+        assert len(seen) >= 2  # both ran, one after the other
+        ends = front.get("/v1/jobs?state=succeeded").json()["data"]
+        assert sorted(j["backend"] for j in ends) == ["a", "a", "b", "b"]
+
+
+def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
+    slow = server_backend("slow", args=("--tokens", "200", "--token-s", "0.05"))
+    with serve_http([slow]) as front:
+        sse = front.sse("POST", "/v1/chat/completions", chat("slow", stream=True))
+        assert sse.resp.readline().startswith(b"data: ")
+        job_id = sse.headers["x-vramtui-job"]
+        url = front.engine.backends["slow"].worker.url
+        assert any(s["is_processing"] for s in _get_json(url + "/slots"))
+        sse.close()
+        front.wait_state(job_id, "cancelled")
+        wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
+                   "the server to free the slot")
+
+
+def _get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
+    one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
+    with serve_http([one]) as front:
+        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert first.resp.readline().startswith(b"data: ")
+        second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert second.wait_comment(10).startswith(": queued, position 1")
+        first.close()
+        body = second.resp.read()
+        second.close()
+        assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_the_official_openai_client_streams_through_the_engine() -> None:
+    from openai import OpenAI
+
+    with serve_http([server_backend("llama", args=("--tokens", "5"))]) as front:
+        client = OpenAI(base_url=front.base + "/v1", api_key="unused", max_retries=0)
+        parts = [c.choices[0].delta.content for c in client.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}], stream=True)]
+        assert "".join(p or "" for p in parts) == "t0 t1 t2 t3 t4 "
+        emb = client.embeddings.create(model="llama", input="x")
+        assert emb.data[0].embedding == [0.1, 0.2, 0.3]
+
+
+def _taken_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
+
+
+def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None:
+    before = server_pids()
+    taken = _taken_port()
+    port = taken.getsockname()[1]
+    fixed = server_backend("taken", args=())
+    fixed["command"][fixed["command"].index("${PORT}")] = str(port)
+    fixed["http"] = {"url": f"http://127.0.0.1:{port}"}
+    backends = [
+        server_backend("never", mode="never-healthy", http={"ready_timeout": "0.5s"}),
+        server_backend("exits", mode="exit"),
+        fixed,
+        server_backend("err500", mode="error500"),
+        server_backend("endless", mode="endless"),
+        server_backend("broken", mode="broken"),
+        server_backend("good", 256),
+    ]
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, max_result_bytes=256 * 1024)
+    try:
+        with serve_http(backends, engine_config=config) as front:
+            wanted = {
+                "never": "not healthy after 0.5 s (http.ready_timeout)",
+                "exits": "failed to load model 'x.gguf'",
+                "taken": f"something already listens on http://127.0.0.1:{port}",
+                "err500": "answered HTTP 500: {\"error\": {\"code\": 500, \"message\": \"KV",
+                "endless": "went over the result limit of 262144 bytes",
+                "broken": "its answer broke off",
+            }
+            for name, text in wanted.items():
+                stream = name in ("endless", "broken")
+                reply = front.post("/v1/chat/completions", chat(name, stream=stream))
+                message = _error_text(reply.body)
+                assert text in message, (name, reply.status, message)
+                assert "\n" not in message and "Traceback" not in message, message
+                assert front.post("/v1/chat/completions", chat("good")).status == 200
+            assert front.get("/v1/jobs?state=queued").json()["data"] == []
+        assert server_pids() <= before  # no orphan server
+    finally:
+        taken.close()
+
+
+def _error_text(body: bytes) -> str:
+    """The error an answer carries: the JSON error's message, or an SSE error event's."""
+    for line in body.splitlines():
+        text = line.removeprefix(b"data: ")
+        if text.startswith(b'{"error"'):
+            return str(json.loads(text)["error"]["message"])
+    return body.decode(errors="replace")
+
+
+def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
+    with serve_http([server_backend("llama")], max_body=1024 * 1024) as front:
+        with socket.create_connection(("127.0.0.1", front.port), timeout=30) as sock:
+            host = f"Host: 127.0.0.1:{front.port}\r\n".encode()
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host +
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: 1073741824\r\n\r\n")
+            try:
+                for _ in range(64):
+                    sock.sendall(b"x" * 65536)
+            except OSError:
+                pass  # the door closed it: the answer is already there
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"request body too large" in answer
+        assert front.post("/v1/chat/completions", chat("llama")).status == 200

@@ -127,7 +127,8 @@ async def _note_queue(srv: HttpServer, request: web.Request, job_id: str,
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no", "X-Vramtui-Job": job_id})
         await response.prepare(request)
-    where = f"position {view.position}" if view.position is not None else view.state.value
+    position = watch.queue_position(srv.engine, job_id)
+    where = f"position {position}" if position is not None else view.state.value
     await response.write(f": queued, {where}\n\n".encode())
     return response
 

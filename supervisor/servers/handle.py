@@ -51,13 +51,24 @@ TAIL_BYTES = 600  # of its log, in the reason a server failed to start
 SNIPPET = 300  # characters of a 5xx answer in the job's error
 
 
-def log_tail(path: Path, nbytes: int = TAIL_BYTES) -> str:
-    """The last lines of a log on one line (`` | `` between them), '' when there are none."""
-    text = process.tail(path, nbytes)
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def log_tail(path: Path, since: int = 0, nbytes: int = TAIL_BYTES) -> str:
+    """The last lines of a log written past offset ``since``, on one line (`` | `` between
+    them); '' when there are none."""
+    size = log_size(path)
+    if size < since:  # rotated since
+        since = 0
+    text = process.tail(path, min(nbytes, size - since))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(text) >= nbytes and lines:
+    if size - since > nbytes and lines:
         lines = lines[1:]  # the first may be cut
-    return " | ".join(lines[-5:])
+    return " | ".join(lines[-3:])
 
 
 def one_line(data: bytes, limit: int = SNIPPET) -> str:
@@ -86,6 +97,7 @@ class ServerHandle(SupervisedProcess):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ping_sent: float | None = None
         self._ping_task: asyncio.Task[None] | None = None
+        self._log_from = 0  # the size of its log when it started: its own lines come after
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -99,6 +111,7 @@ class ServerHandle(SupervisedProcess):
             self._refuse(f"something already listens on {self.url} (http.url): stop it, or "
                          "let the engine pick a free port with ${PORT}")
             return
+        self._log_from = log_size(self.log_path)
         if not await self._start_process():
             return
         self._session = aiohttp.ClientSession(
@@ -194,7 +207,7 @@ class ServerHandle(SupervisedProcess):
             why = self.init_error or f"server exited with code {code}"
             if self.ready_at is None:
                 why = f"initialize failed: {why}"
-            tail = log_tail(self.log_path)
+            tail = log_tail(self.log_path, self._log_from)
             reason = f"{why}; its log ends: {tail}" if tail else why
             if self.ready_at is None:
                 self.init_error = reason.removeprefix("initialize failed: ")
