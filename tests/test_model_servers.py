@@ -266,3 +266,26 @@ def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert b"request body too large" in answer
         assert front.post("/v1/chat/completions", chat("llama")).status == 200
+
+
+def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
+    before = server_pids()
+    backends = [server_backend("crashy", mode="crash"),
+                server_backend("hangs", mode="hang", timeouts={"ping": "0.5s", "start": "20s",
+                                                               "stop_grace": "1s"})]
+    with serve_http(backends) as front:
+        for name, text in (("crashy", "server exited with code 3; its log ends: model_server: "
+                            "GGML_ASSERT failed"),
+                           ("hangs", "hangs hung: its worker")):
+            reply = front.post("/v1/chat/completions", chat(name))
+            message = _error_text(reply.body)
+            assert reply.status == 502 and text in message, message
+            job_id = message.split()[1]  # "job j-… failed: …"
+            history = front.get(f"/v1/jobs/{job_id}").json()["history"]
+            assert any("requeued once" in str(h) for h in history), history  # retried once
+        # The next request starts it again (and it crashes again).
+        assert front.post("/v1/chat/completions", chat("crashy")).status == 502
+        crashes = [line for line in front.get("/metrics").body.decode().splitlines()
+                   if line.startswith('vramtui_backend_crashes_total{backend="crashy"}')]
+        assert crashes and float(crashes[0].split()[-1]) >= 3, crashes
+    wait_until(lambda: server_pids() <= before, 10, "every server to be gone")

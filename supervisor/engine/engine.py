@@ -729,6 +729,10 @@ class Engine:
                 self._stopped_during(job)
             elif job.cancel_requested:
                 self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
+            elif "retry" in handle.features and not never_ready and not job.retried \
+                    and job.status_code is None:
+                job.retried = True  # its server died before answering it: once more
+                self._requeue(job, f"requeued once: {killed_for or name + ' ' + reason}")
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:

@@ -90,7 +90,8 @@ class ServerHandle(SupervisedProcess):
         self.url = launch.url  # its base URL: the doors' /upstream goes there too
         self.launch = launch
         self.max_result = max_result
-        self.features = frozenset({"cancel"})
+        # retry: a job it dies under before answering may run again (once)
+        self.features = frozenset({"cancel", "retry"})
         self._session: Any = None  # an aiohttp.ClientSession once started
         self._jobs: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[str] = set()
