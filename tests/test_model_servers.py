@@ -289,3 +289,14 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
                    if line.startswith('vramtui_backend_crashes_total{backend="crashy"}')]
         assert crashes and float(crashes[0].split()[-1]) >= 3, crashes
     wait_until(lambda: server_pids() <= before, 10, "every server to be gone")
+
+
+def test_a_server_is_calibrated_like_a_worker() -> None:
+    unmeasured = server_backend("fresh", 700)
+    del unmeasured["vram"]
+    with serve_http([unmeasured]) as front:
+        job = front.post("/v1/backends/fresh/calibrate", {"repeats": 1, "settle_s": 0.3}).json()
+        assert front.wait_state(job["id"], "succeeded", "failed", timeout=60) == "succeeded"
+        report = front.get("/v1/backends/fresh/calibration").json()
+        assert report["record"]["source"] == "simulated"
+        assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]
