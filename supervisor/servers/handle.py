@@ -237,9 +237,8 @@ class ServerHandle(SupervisedProcess):
 
         outcome: Outcome | None = None
         try:
-            async with self._session.request(up.method, self.url + up.path, data=up.body,
-                                             headers=up.headers,
-                                             allow_redirects=False) as resp:
+            resp = await self._request(up)
+            try:
                 status = int(resp.status)
                 headers = dict(end_to_end(resp.headers.items(), also=("content-length",)))
                 if stream:
@@ -249,6 +248,8 @@ class ServerHandle(SupervisedProcess):
                     outcome = await self._collect(resp, status, headers)
                 if outcome.too_large:
                     resp.close()
+            finally:
+                resp.release()
         except asyncio.CancelledError:
             if job_id not in self._cancelled:
                 raise
@@ -269,6 +270,21 @@ class ServerHandle(SupervisedProcess):
             self.observer.request_done(self, job_id, outcome)
         if not self._jobs and self.state == WorkerState.BUSY:
             self._set_state(WorkerState.READY)
+
+    async def _request(self, up: Any) -> Any:
+        """The server's response to ``up`` (its head read). A kept-alive connection the
+        server closed just as it was reused is tried once more, on a new one: nothing of the
+        request reached the server."""
+        import aiohttp
+
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(up.method, self.url + up.path, data=up.body,
+                                                   headers=up.headers, allow_redirects=False)
+            except aiohttp.ServerDisconnectedError:
+                if attempt == 2 or self._exited.is_set():
+                    raise
+        raise AssertionError("unreachable")
 
     def _too_large(self) -> Outcome:
         return Outcome(ok=False, too_large=True, status_code=502, error=(
