@@ -219,9 +219,11 @@ def through_engine(server: Server, n: int, switches: int) -> tuple[dict[str, flo
 
 
 def llama(path: str, model: str) -> Server:
+    # One thread: its spinning threads would otherwise take both cores of a small machine
+    # from whatever relays its answer (the engine, or the client).
     return Server("llama-server", lambda port: [
         path, "-m", model, "--host", "127.0.0.1", "--port", port, "-np", "4", "-c", "2048",
-        "-t", "2", "--no-warmup"], tokens=128)
+        "-t", "1", "--no-warmup"], tokens=128)
 
 
 def find_model(args: argparse.Namespace) -> str:
@@ -245,7 +247,8 @@ def main() -> int:
     parser.add_argument("--vocab", help="a vocab-only GGUF for the tiny model")
     args = parser.parse_args()
     servers = [Server("test server", lambda port: [
-        sys.executable, str(TEST_SERVER), "--port", port, "--tokens", "64", "--load-s", "0.2"],
+        sys.executable, str(TEST_SERVER), "--port", port, "--tokens", "64", "--load-s", "0.2",
+        "--token-s", "0.0005"],
         tokens=64)]
     if args.llama_server:
         servers.append(llama(args.llama_server, find_model(args)))

@@ -44,8 +44,9 @@ from .request import end_to_end, upstream_of
 log = logging.getLogger(__name__)
 
 CANCELLED_STATUS = 499
-FIRST_POLL_S = 0.02  # the health path is polled this often at first …
-MAX_POLL_S = 0.1  # … then no less often than this while it loads
+FIRST_POLL_S = 0.02  # the health path is polled this often for its first …
+FAST_POLL_FOR_S = 3.0  # … seconds (a small model is up in a fraction of one) …
+SLOW_POLL_S = 0.1  # … then this often while it loads
 HEALTH_TIMEOUT_S = 30.0  # one health request that takes longer is given up (a ping stays due)
 TAIL_BYTES = 600  # of its log, in the reason a server failed to start
 SNIPPET = 300  # characters of a 5xx answer in the job's error
@@ -142,7 +143,6 @@ class ServerHandle(SupervisedProcess):
     async def _until_ready(self) -> None:
         limit = self.http.ready_timeout_s
         deadline = self.started_at + limit if limit is not None else math.inf
-        delay = FIRST_POLL_S
         while not self._exited.is_set() and not self._stopping:
             if await self._healthy():
                 if self._exited.is_set() or self._stopping:
@@ -154,9 +154,9 @@ class ServerHandle(SupervisedProcess):
                 self.init_error = f"not healthy after {limit:g} s (http.ready_timeout)"
                 self.kill()
                 return
-            if await self._wait_exit(delay):
+            fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S
+            if await self._wait_exit(FIRST_POLL_S if fast else SLOW_POLL_S):
                 return
-            delay = min(MAX_POLL_S, delay * 1.5)
 
     async def _healthy(self) -> bool:
         """Ready: its health path answers 200 (``health: none``: its port connects)."""
