@@ -261,6 +261,8 @@ def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None
                 assert "\n" not in message and "Traceback" not in message, message
                 assert front.post("/v1/chat/completions", chat("good")).status == 200
             assert front.get("/v1/jobs?state=queued").json()["data"] == []
+            held = {b["name"]: b["jobs"] for b in front.get("/v1/backends").json()["data"]}
+            assert all(j["running"] == 0 and j["queued"] == 0 for j in held.values()), held
         assert server_pids() <= before  # no orphan server
     finally:
         taken.close()

@@ -91,7 +91,10 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str) -> web.Stre
             try:
                 await asyncio.wait_for(stream.wake.wait(), QUEUE_NOTE_S)
             except TimeoutError:
-                response = await _note_queue(srv, request, job_id, response)
+                try:
+                    response = await _note_queue(srv, request, job_id, response)
+                except (ConnectionError, RuntimeError):  # the client went away meanwhile
+                    raise asyncio.CancelledError from None  # (the job is cancelled below)
         first = stream.pending[0] if stream.pending else None
         if first is None and not stream.lagged:
             raise from_engine(EngineStopped("the engine stopped before the job answered"))
