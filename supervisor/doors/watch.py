@@ -62,6 +62,14 @@ def job_view(engine: Engine, job_id: str) -> JobView:
     return engine.job_view(job_id)
 
 
+def answer_head(engine: Engine, job_id: str) -> tuple[int, dict[str, Any]]:
+    """The status and headers a running job's answer began with (200 and none until then)."""
+    job = engine.jobs.get(job_id)
+    if job is None:
+        return 200, {}
+    return job.status_code or 200, dict(job.headers)
+
+
 def queue_position(engine: Engine, job_id: str) -> int | None:
     """The job's place in the run order while it waits (1 runs next); None otherwise."""
     job = engine.jobs.get(job_id)

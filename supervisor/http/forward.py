@@ -86,15 +86,21 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str) -> web.Stre
     srv.hub.streams.add(stream)  # right after submit: no chunk is missed
     response: web.StreamResponse | None = None
     try:
-        while not stream.pending and not stream.lagged and not srv.hub.closed:
+        loop = asyncio.get_running_loop()
+        while not stream.pending and not stream.lagged and not srv.hub.closed \
+                and not stream.ended:
             stream.wake.clear()
-            try:
-                await asyncio.wait_for(stream.wake.wait(), QUEUE_NOTE_S)
-            except TimeoutError:
+            timer = loop.call_later(QUEUE_NOTE_S, stream.wake.set)  # no task per wait
+            await stream.wake.wait()
+            timer.cancel()
+            if not stream.pending and not stream.lagged and not srv.hub.closed \
+                    and not stream.ended:
                 try:
                     response = await _note_queue(srv, request, job_id, response)
                 except (ConnectionError, RuntimeError):  # the client went away meanwhile
                     raise asyncio.CancelledError from None  # (the job is cancelled below)
+        if stream.client_gone:
+            raise asyncio.CancelledError  # (the job is cancelled below)
         first = stream.pending[0] if stream.pending else None
         if first is None and not stream.lagged:
             raise from_engine(EngineStopped("the engine stopped before the job answered"))
@@ -142,8 +148,7 @@ async def _note_queue(srv: HttpServer, request: web.Request, job_id: str,
 async def _open(srv: HttpServer, request: web.Request, job_id: str,
                 enc: _RawEncoder) -> web.StreamResponse:
     """The answer under the server's status and headers (those the door lets through)."""
-    view = watch.live_view(srv.engine, job_id)
-    status, headers = (view.status_code or 200, view.headers) if view else (200, {})
+    status, headers = watch.answer_head(srv.engine, job_id)
     try:
         allowed = worker_headers(headers)
     except BadWorkerHeader:
