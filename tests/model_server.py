@@ -9,7 +9,9 @@
   and KV cache at start.
 - ``POST /v1/chat/completions`` and ``/v1/completions``: OpenAI's JSON, or with
   ``"stream": true`` its SSE chunks (``--tokens`` of them, ``--token-s`` apart) then
-  ``data: [DONE]``; ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
+  ``data: [DONE]``; the next request on that connection finds it closed (llama-server
+  closes it after a stream without saying so);
+  ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
   ``is_processing``; a client that goes away frees its slot, as llama-server's does);
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
   ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes.
@@ -42,6 +44,7 @@ class Server:
         self.slots = [False] * args.slots
         self.loaded = False
         self.frozen = asyncio.Event()
+        self.streamed: set[object] = set()  # connections that carried a stream
 
     # -- loading ----------------------------------------------------------------------------
     async def load(self) -> None:
@@ -65,6 +68,9 @@ class Server:
     # -- the OpenAI routes --------------------------------------------------------------------
     async def completion(self, request: web.Request) -> web.StreamResponse:
         await self._maybe_frozen()
+        if request.transport in self.streamed:
+            request.transport.close()  # type: ignore[union-attr]
+            return web.Response()  # never sent
         body = await request.json()
         mode = self.args.mode
         if mode == "crash":
@@ -122,6 +128,10 @@ class Server:
                 await asyncio.sleep(self.args.token_s)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+        # llama-server closes a connection after a stream, saying nothing; a client that
+        # reuses it at once loses the race with the close: this server closes it when the
+        # next request comes on it, which is the same, every time.
+        self.streamed.add(request.transport)
         return resp
 
     async def embeddings(self, request: web.Request) -> web.Response:

@@ -102,6 +102,10 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         body = sse.resp.read()
         sse.close()
         assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n"), body
+        # The server closed that connection without saying so: the next requests still go.
+        for _ in range(3):
+            assert front.post("/v1/chat/completions", chat("llama", stream=True)).status == 200
+            assert front.post("/v1/chat/completions", chat("llama")).status == 200
         # Any request through /upstream: body, query and status as they were.
         raw = b'{"z": 1,  "a" : [1,2]}\n'
         reply = front.request("POST", "/upstream/llama/echo?x=1&y=2", raw=raw,

@@ -246,7 +246,9 @@ class ServerHandle(SupervisedProcess):
                     outcome = await self._relay(job_id, resp, status, headers)
                 else:
                     outcome = await self._collect(resp, status, headers)
-                if outcome.too_large:
+                if outcome.too_large or stream:
+                    # llama-server closes a connection after a stream without saying so: a
+                    # streamed answer's connection is never used again.
                     resp.close()
             finally:
                 resp.release()
@@ -273,15 +275,15 @@ class ServerHandle(SupervisedProcess):
 
     async def _request(self, up: Any) -> Any:
         """The server's response to ``up`` (its head read). A kept-alive connection the
-        server closed just as it was reused is tried once more, on a new one: nothing of the
-        request reached the server."""
+        server closed just as it was reused is tried once more, on a new one (the request
+        could not be written, or no answer began)."""
         import aiohttp
 
         for attempt in (1, 2):
             try:
                 return await self._session.request(up.method, self.url + up.path, data=up.body,
                                                    headers=up.headers, allow_redirects=False)
-            except aiohttp.ServerDisconnectedError:
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                 if attempt == 2 or self._exited.is_set():
                     raise
         raise AssertionError("unreachable")
