@@ -164,7 +164,9 @@ def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None
 
 def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
     slow = server_backend("slow", args=("--tokens", "200", "--token-s", "0.05"))
-    with serve_http([slow]) as front:
+    capped = server_backend("capped", args=("--tokens", "200", "--token-s", "0.05"),
+                            timeouts={"request": "0.5s", "start": "20s", "stop_grace": "3s"})
+    with serve_http([slow, capped]) as front:
         sse = front.sse("POST", "/v1/chat/completions", chat("slow", stream=True))
         assert first_data(sse).startswith(b"data: ")
         job_id = sse.headers["x-vramtui-job"]
@@ -174,6 +176,12 @@ def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
         front.wait_state(job_id, "cancelled")
         wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
                    "the server to free the slot")
+        # timeouts.request bounds a request the same way.
+        reply = front.post("/v1/chat/completions", chat("capped", stream=True))
+        assert "timed out after 0.5 s" in _error_text(reply.body), reply.body[-300:]
+        url = front.engine.backends["capped"].worker.url
+        wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
+                   "the server to free the slot of the request that timed out")
 
 
 async def _ws_echo(url: str) -> str:
