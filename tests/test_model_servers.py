@@ -121,6 +121,8 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
             "Content-Type": "multipart/form-data; boundary=XX"})
         assert (reply.status, reply.body) == (201, form)
         assert asyncio.run(_ws_echo(front.base + "/upstream/llama/ws")) == "echo:ping"
+        server = front.get("/v1/backends/llama").json()["server"]
+        assert server == {"url": front.engine.backends["llama"].worker.url, "health": "/health"}
         pid = front.engine.backends["llama"].worker.pid
         assert pid in server_pids()
     wait_until(lambda: server_pids() <= before, 10, "the server to be gone")
