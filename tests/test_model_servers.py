@@ -71,22 +71,25 @@ def sim_holders(front: Front) -> dict[int, int]:
     return out
 
 
-def server_pids() -> set[int]:
-    """Every live process running tests/model_server.py (an orphan shows here)."""
+def server_pids(root: Path) -> set[int]:
+    """Live processes running tests/model_server.py for the engine under ``root`` (an orphan
+    shows here; servers of other test runs do not)."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if str(SERVER).encode() not in cmd:
+                    continue
+                env = Path(f"/proc/{entry}/environ").read_bytes()
             except OSError:
                 continue
-            if str(SERVER).encode() in cmd:
+            if str(root).encode() in env:
                 found.add(int(entry))
     return found
 
 
 def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
-    before = server_pids()
     api = ["chat", "completions", "embeddings", "transcriptions"]
     with serve_http([server_backend("llama", api=api, args=("--tokens", "3"))]) as front:
         reply = front.post("/v1/chat/completions", chat("llama"))
@@ -124,8 +127,8 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         server = front.get("/v1/backends/llama").json()["server"]
         assert server == {"url": front.engine.backends["llama"].worker.url, "health": "/health"}
         pid = front.engine.backends["llama"].worker.pid
-        assert pid in server_pids()
-    wait_until(lambda: server_pids() <= before, 10, "the server to be gone")
+        assert pid in server_pids(front.root)
+    wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
 
 
 def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:
@@ -241,7 +244,6 @@ def _taken_port() -> socket.socket:
 
 
 def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None:
-    before = server_pids()
     taken = _taken_port()
     port = taken.getsockname()[1]
     fixed = server_backend("taken", args=())
@@ -277,7 +279,7 @@ def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None
             assert front.get("/v1/jobs?state=queued").json()["data"] == []
             held = {b["name"]: b["jobs"] for b in front.get("/v1/backends").json()["data"]}
             assert all(j["running"] == 0 and j["queued"] == 0 for j in held.values()), held
-        assert server_pids() <= before  # no orphan server
+        assert not server_pids(front.root)  # no orphan server
     finally:
         taken.close()
 
@@ -310,7 +312,6 @@ def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
 
 
 def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
-    before = server_pids()
     backends = [server_backend("crashy", mode="crash"),
                 server_backend("hangs", mode="hang", timeouts={"ping": "0.5s", "start": "20s",
                                                                "stop_grace": "1s"})]
@@ -329,7 +330,7 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
         crashes = [line for line in front.get("/metrics").body.decode().splitlines()
                    if line.startswith('vramtui_backend_crashes_total{backend="crashy"}')]
         assert crashes and float(crashes[0].split()[-1]) >= 3, crashes
-    wait_until(lambda: server_pids() <= before, 10, "every server to be gone")
+    wait_until(lambda: not server_pids(front.root), 10, "every server to be gone")
 
 
 def test_a_server_is_calibrated_like_a_worker() -> None:
