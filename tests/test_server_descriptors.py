@@ -131,3 +131,11 @@ def test_a_start_fills_in_the_macros_and_picks_a_free_port(tmp_path: Path) -> No
     assert upstream_of(spec, body, {"http": {"path": "/v1/embeddings"}}).body == \
         b'{"model":"Qwen/Q","input":"x"}'
     assert upstream_of(spec, body, {"api": "upstream", "http": {"path": "/x"}}).body == body
+
+
+def test_the_example_servers_load() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "servers" / "backends.yaml"
+    result = load_backends([example], environ={"HOME": "/home/t"}, demo_fallback=False)
+    assert not result.errors, [str(e) for e in result.errors]
+    assert all(spec.server for spec in result.backends.values())
+    assert len(result.backends) == 3
