@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 
 QUEUE_NOTE_S = 0.5  # a streamed request still waiting after this hears its queue position
 WAITING = frozenset({JobState.QUEUED, JobState.STARTING})
-NO_HEARTBEAT_S = 1e9  # a body that is not SSE gets no comment lines
+# The server's body goes out as it wrote it: no heartbeat comment is ever put in (one could
+# land in the middle of an event the server split across two writes).
+NO_HEARTBEAT_S = 1e9
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "origin",
                                "referer"}
 
@@ -115,7 +117,6 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str) -> web.Stre
             response = await _open(srv, request, job_id, enc)
         else:
             enc.sse = True
-        stream.heartbeat_s = srv.config.heartbeat_s if enc.sse else NO_HEARTBEAT_S
         await stream.run(response)
     except asyncio.CancelledError:
         cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
