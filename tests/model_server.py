@@ -117,7 +117,8 @@ class Server:
         while self.args.mode == "endless" or n < self.args.tokens:
             if self.args.mode == "broken" and n == 1:
                 assert request.transport is not None
-                request.transport.close()  # cut in the middle of a chunked body
+                await resp.write(b'data: {"choices": [{"ind')  # an event cut short …
+                request.transport.close()  # … and the chunked body with it
                 return resp
             delta = {"choices": [{"index": 0, "delta": {"content": f"t{n} "}}]} if chat \
                 else {"choices": [{"index": 0, "text": f"t{n} "}]}

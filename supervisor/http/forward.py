@@ -170,6 +170,7 @@ class _RawEncoder:
         self.job_id = job_id
         self.sent = 0
         self.sse = False
+        self.tail = b""  # the last bytes written of the server's body
 
     def wants(self, item: Item) -> bool:
         ev = item.event
@@ -182,14 +183,21 @@ class _RawEncoder:
         ev = item.event
         if ev.kind == "chunk":
             self.sent += 1
+            self._note_tail(ev.data or b"")
             return ev.data or b"", False
         return self.end(ev.job), True
+
+    def _note_tail(self, data: bytes) -> None:
+        if data:
+            self.tail = (self.tail + data)[-2:]
 
     def end(self, view: Any) -> bytes:
         if view is None or view.state is JobState.SUCCEEDED or not self.sse:
             return b""
         err = outcome_error(view)
-        return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+        # An event the server left unfinished is ended first, so the error stands alone.
+        cut = b"" if self.tail in (b"", b"\n\n") else b"\n\n"
+        return cut + b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
     def resync(self, lagged: int, seq: int) -> Encoded:
         """Fell behind: the chunks it missed, read back from the job, then the end if due."""
@@ -197,6 +205,7 @@ class _RawEncoder:
         if view is None:
             return b"", True
         out = b"".join(view.chunks[self.sent:])
+        self._note_tail(out)
         self.sent = max(self.sent, len(view.chunks))
         if view.finished:
             return out + self.end(view), True
