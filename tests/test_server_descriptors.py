@@ -6,6 +6,7 @@ line for each mistake.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from supervisor.backends import LoadResult, load_backends
 from supervisor.backends.http import DEFAULT_URL, HttpSpec, fill
+from supervisor.backends.schema import VramSpec
 
 
 def _load(tmp_path: Path, text: str) -> LoadResult:
@@ -118,6 +120,10 @@ def test_a_start_fills_in_the_macros_and_picks_a_free_port(tmp_path: Path) -> No
         vram: 6GiB
         """).backends["vllm"]
     launch = plan_launch(spec, 1, {"PATH": "/bin"}, gpu_total_mib=24576)
+    measured = plan_launch(spec, 1, {}, gpu_total_mib=24576, budget_mib=12288)
+    assert measured.argv[4:] == ("0.500", "--mib", "12288")  # the peak it is admitted at
+    alone = plan_launch(dataclasses.replace(spec, vram=VramSpec()), 0, {}, 24576)
+    assert alone.argv[4:] == ("1.000", "--mib", "24576")  # unmeasured: it runs alone
     port = str(launch.port)
     assert launch.argv == ("serve", "--port", port, "--util", "0.250", "--mib", "6144")
     assert launch.env == {"PATH": "/bin", "WHERE": "gpu 1 of vllm"}

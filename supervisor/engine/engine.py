@@ -89,7 +89,8 @@ class Engine:
         self.journal = JobJournal(None, self.wall, self.notes.note)
         self.pool = WorkerPool(backends, workers or ProcessWorkers(
             paths, simulated=probe.simulated, max_result=config.max_result_bytes,
-            gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu)), self.run, clock)
+            gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
+            budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.planner = Planner(config)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,

@@ -55,9 +55,12 @@ class ProcessWorkers:
     """Real worker processes (see the module doc)."""
 
     def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None,
-                 gpu_total_mib: Callable[[int], int | None] = lambda gpu: None) -> None:
+                 gpu_total_mib: Callable[[int], int | None] = lambda gpu: None,
+                 budget_mib: Callable[[str], int | None] = lambda backend: None) -> None:
         self.paths = paths
-        self.gpu_total_mib = gpu_total_mib  # for a server's ${VRAM_FRACTION}
+        # for a server's ${VRAM_MIB} and ${VRAM_FRACTION}: its GPU's size, its admitted peak
+        self.gpu_total_mib = gpu_total_mib
+        self.budget_mib = budget_mib
         self.simulated = simulated
         self.max_result = max_result
         self.listener = WireListener(str(paths.worker_control_socket),
@@ -99,7 +102,8 @@ class ProcessWorkers:
             from ..servers.handle import ServerHandle
             from ..servers.launch import plan_launch
 
-            launch = plan_launch(spec, gpu, env, self.gpu_total_mib(gpu))
+            launch = plan_launch(spec, gpu, env, self.gpu_total_mib(gpu),
+                                 self.budget_mib(spec.name))
             return ServerHandle(spec=spec, name=name, gpu=gpu, launch=launch, cwd=cwd,
                                 log_path=log_path, observer=observer,
                                 max_result=self.max_result)
