@@ -238,12 +238,12 @@ async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
         if rt is not None and rt.health.failed:
             raise HttpError(502, f"{backend} failed to start: {rt.health.last_error}",
                             "server_error", "backend_failed")
-        if not asked or worker is None:
+        if worker is None and not asked:  # asked once; again only if it went away
             try:
                 engine.preload(backend)
             except VramtuiError as exc:
                 raise from_engine(exc) from None
-            asked = True
+        asked = worker is None
         if time.monotonic() > deadline:
             raise HttpError(504, f"{backend} was not ready within {timeout:g} s",
                             "timeout_error", "not_ready")
@@ -258,8 +258,11 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
     await client.prepare(request)
     async with ClientSession() as session:
         try:
+            # The handshake to the server is the engine's own, not the client's.
+            own = {k: v for k, v in forwarded_headers(request).items()
+                   if not k.lower().startswith("sec-websocket-")}
             upstream_ws = await session.ws_connect(base.replace("http", "ws", 1) + target,
-                                                   headers=forwarded_headers(request))
+                                                   headers=own)
         except Exception as exc:  # noqa: BLE001 - any failure closes the client's socket
             await client.close(message=f"{backend}'s server refused the websocket: "
                                f"{exc}".encode()[:120])
