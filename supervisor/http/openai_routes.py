@@ -35,6 +35,7 @@ from . import forward
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
 from .routes import json_response, read_json
+from .server import streaming
 from .sse import Item, Stream, open_response
 
 if TYPE_CHECKING:
@@ -187,6 +188,7 @@ class _OpenAI:
                                      path=request.path_qs,
                                      metadata={"api": kind, "model": model})
 
+    @streaming  # websockets and event streams stay open: counted among the streams
     async def upstream(self, request: web.Request) -> web.StreamResponse:
         """``/upstream/{model}/{path}``: anything, to the model's own server."""
         model = request.match_info["model"]
