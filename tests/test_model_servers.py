@@ -325,6 +325,8 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
             job_id = message.split()[1]  # "job j-… failed: …"
             history = front.get(f"/v1/jobs/{job_id}").json()["history"]
             assert any("requeued once" in str(h) for h in history), history  # retried once
+        # Its stderr is in its log, where `vramtui logs crashy` reads it.
+        assert b"GGML_ASSERT failed" in front.get("/v1/backends/crashy/logs").body
         # The next request starts it again (and it crashes again).
         assert front.post("/v1/chat/completions", chat("crashy")).status == 502
         crashes = [line for line in front.get("/metrics").body.decode().splitlines()
