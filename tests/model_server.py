@@ -14,7 +14,8 @@
   ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
   ``is_processing``; a client that goes away frees its slot, as llama-server's does);
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
-  ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes.
+  ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
+  ``POST /quit``: exits (what a descriptor's ``http.stop`` may call).
 - ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``exit`` (exits at once, a line on
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
@@ -156,6 +157,12 @@ class Server:
             "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
             "X-Query": request.query_string, **seen})
 
+    async def quit(self, request: web.Request) -> web.Response:
+        sys.stderr.write("model_server: stopped by POST /quit\n")
+        sys.stderr.flush()
+        asyncio.get_running_loop().call_later(0.05, os._exit, 0)
+        return web.Response(text="bye")
+
     async def ws(self, request: web.Request) -> web.WebSocketResponse:
         sock = web.WebSocketResponse()
         await sock.prepare(request)
@@ -188,7 +195,7 @@ def main() -> None:
         web.post("/v1/completions", server.completion),
         web.post("/v1/embeddings", server.embeddings), web.get("/slots", server.slots_view),
         web.post("/echo", server.echo), web.post("/v1/audio/transcriptions", server.echo),
-        web.get("/ws", server.ws)])
+        web.post("/quit", server.quit), web.get("/ws", server.ws)])
 
     async def on_startup(app: web.Application) -> None:
         app["load"] = asyncio.get_running_loop().create_task(server.load())

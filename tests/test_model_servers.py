@@ -344,3 +344,15 @@ def test_a_server_is_calibrated_like_a_worker() -> None:
         report = front.get("/v1/backends/fresh/calibration").json()
         assert report["record"]["source"] == "simulated"
         assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]
+
+
+def test_a_stop_command_stops_the_server() -> None:
+    quit_it = [sys.executable, "-c", "import urllib.request as r; r.urlopen("
+               "'http://127.0.0.1:${PORT}/quit', data=b'')"]
+    with serve_http([server_backend("polite", http={"stop": quit_it})]) as front:
+        assert front.post("/v1/chat/completions", chat("polite")).status == 200
+        assert front.post("/v1/backends/polite/unload").status in (200, 202)
+        wait_until(lambda: front.get("/v1/backends/polite").json()["state"] == "cold", 10,
+                   "the server to stop")
+        assert b"stopped by POST /quit" in front.get("/v1/backends/polite/logs").body
+        assert not server_pids(front.root)
