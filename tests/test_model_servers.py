@@ -346,10 +346,12 @@ def test_a_server_is_calibrated_like_a_worker() -> None:
         assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]
 
 
-def test_a_stop_command_stops_the_server() -> None:
+def test_a_stop_command_stops_the_server_and_a_port_can_be_its_health() -> None:
     quit_it = [sys.executable, "-c", "import urllib.request as r; r.urlopen("
                "'http://127.0.0.1:${PORT}/quit', data=b'')"]
-    with serve_http([server_backend("polite", http={"stop": quit_it})]) as front:
+    # health: none: ready once its port answers, and alive while it does
+    polite = server_backend("polite", http={"stop": quit_it, "health": "none"})
+    with serve_http([polite]) as front:
         assert front.post("/v1/chat/completions", chat("polite")).status == 200
         assert front.post("/v1/backends/polite/unload").status in (200, 202)
         wait_until(lambda: front.get("/v1/backends/polite").json()["state"] == "cold", 10,
