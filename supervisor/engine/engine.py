@@ -157,6 +157,9 @@ class Engine:
         for line in leftovers:
             self.notes.note("warning", line)
         self._recover()
+        for rt in self.pool.runtimes():
+            if rt.spec.preload:
+                self._request_preload(rt)
         self.notes.note("info", f"engine started: {self.monitor.summary()}")
         if self.monitor.notice:
             self.notes.note("warning", self.monitor.notice)

@@ -72,7 +72,8 @@ class _Ollama:
         return json_response({"models": [
             {"name": b.name, "model": b.name, "modified_at": modified,
              "size": (b.peak_mib or 0) * MIB, "digest": _digest(b.name),
-             "details": self._details(b.name)} for b in snap.backends]})
+             "details": self._details(b.name)} for b in snap.backends
+            if not self.engine.backends[b.name].spec.unlisted]})
 
     async def version(self, request: web.Request) -> web.Response:
         return json_response({"version": self.server.version})

@@ -96,7 +96,8 @@ class _OpenAI:
 
     async def models(self, request: web.Request) -> web.Response:
         states = {b.name: b.state for b in self.engine.snapshot().backends}
-        names = sorted({b for b in self.table.names.values()})
+        names = sorted({b for b in self.table.names.values()
+                        if not self.engine.backends[b].spec.unlisted})
         return json_response({"object": "list",
                               "data": [self._model_json(n, states) for n in names]})
 

@@ -1,0 +1,189 @@
+"""llama-swap's config.yaml read as our descriptors: macros, multi-line cmd, groups, hooks, and a
+one-line report for everything that is not mapped (never silent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.backends.errors import DescriptorError, DescriptorWarning
+from supervisor.backends.llama_swap import from_llama_swap, is_llama_swap
+from supervisor.backends.yamlio import load_documents
+
+CONFIG = """\
+# a llama-swap config, as its users write them
+healthCheckTimeout: 300
+startPort: 10001
+logLevel: info
+apiKeys: [sk-local]
+globalTTL: 600
+
+macros:
+  "llama": >
+    /opt/llama.cpp/llama-server
+    --host 127.0.0.1 --port ${PORT}
+  "ctx": 16384
+  "gguf": "/models/${MODEL_ID}.gguf"
+
+models:
+  "qwen2.5-7b":
+    name: Qwen 2.5 7B
+    description: "general chat"
+    cmd: |
+      ${llama}
+      # the model file, from a macro that uses another
+      -m ${gguf}
+      -c ${ctx} \\
+        -np 4
+      --alias "${MODEL_ID}" --api-key '$SECRET'
+    aliases: [gpt-4o-mini, "qwen"]
+    env:
+      - "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+      - "HF_TOKEN=${env.HF_TOKEN}"
+    ttl: 120
+    concurrencyLimit: 2
+    filters:
+      stripParams: "temperature, top_p"
+
+  "org/embed:v1":
+    macros:
+      ctx: 2048
+    cmd: ${llama} -m /models/embed.gguf -c ${ctx} --embeddings
+    checkEndpoint: none
+    useModelName: nomic-embed
+    unlisted: true
+    ttl: 0
+
+  "vllm":
+    cmd: >
+      docker run --name ${MODEL_ID} --rm -p 9000:8000 vllm/vllm-openai
+      --model Qwen/Qwen2.5-1.5B
+    cmdStop: docker stop ${MODEL_ID}
+    proxy: http://127.0.0.1:9000
+    checkEndpoint: /v1/models
+    unloadTimeout: 30
+    healthCheckTimeout: 600
+
+groups:
+  "chat":
+    swap: true
+    exclusive: false
+    members: ["qwen2.5-7b", "vllm", "nonesuch"]
+  "always":
+    persistent: true
+    members: ["org/embed:v1"]
+
+hooks:
+  on_startup:
+    preload: ["qwen2.5-7b"]
+"""
+
+
+def _read(tmp_path: Path, text: str = CONFIG, environ: dict[str, str] | None = None):
+    file = tmp_path / "config.yaml"
+    file.write_text(text)
+    (doc,) = load_documents(file)
+    assert is_llama_swap(doc)
+    items = list(from_llama_swap(doc, file, environ or {}))
+    entries = {e["name"]: e for e, _ in (i for i in items if isinstance(i, tuple))}
+    warnings = [i for i in items if isinstance(i, DescriptorWarning)]
+    errors = [i for i in items if isinstance(i, DescriptorError)
+              and not isinstance(i, DescriptorWarning)]
+    return entries, warnings, errors
+
+
+def test_models_become_server_backends(tmp_path: Path) -> None:
+    entries, warnings, errors = _read(tmp_path)
+    assert errors == []
+    assert set(entries) == {"qwen2.5-7b", "org-embed-v1", "vllm"}
+    qwen = entries["qwen2.5-7b"]
+    # the multi-line cmd: macros in macros, a comment line, a backslash-newline, quotes,
+    # and a literal $ (llama-swap starts no shell) written $$ in our spelling
+    assert qwen["command"] == [
+        "/opt/llama.cpp/llama-server", "--host", "127.0.0.1", "--port", "${PORT}",
+        "-m", "/models/qwen2.5-7b.gguf", "-c", "16384", "-np", "4",
+        "--alias", "qwen2.5-7b", "--api-key", "$$SECRET"]
+    assert qwen["env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_TOKEN": "${HF_TOKEN}"}
+    assert qwen["http"] == {"ready_timeout": "300s"}  # the default proxy and /health
+    assert qwen["keep_alive"] == "120s"
+    assert qwen["concurrency"] == 2
+    assert qwen["aliases"] == ["gpt-4o-mini", "qwen"]
+    assert qwen["description"] == "Qwen 2.5 7B — general chat"
+    assert qwen["api"] == ["chat", "completions", "embeddings"]
+    assert qwen["preload"] is True and "pinned" not in qwen
+    # each key keeps the line it came from, so a bad value is reported where it was written
+    assert qwen.key_line("command") == CONFIG.splitlines().index("    cmd: |") + 1
+
+    embed = entries["org-embed-v1"]
+    assert embed["command"][-3:] == ["-c", "2048", "--embeddings"]  # the model's own macro
+    assert embed["http"]["health"] == "none"
+    assert embed["http"]["model_name"] == "nomic-embed"
+    assert embed["aliases"] == ["org/embed:v1"]  # its ID still reaches it
+    assert embed["unlisted"] is True and embed["pinned"] is True
+    assert embed["keep_alive"] == "never"
+
+    vllm = entries["vllm"]
+    assert vllm["http"] == {"url": "http://127.0.0.1:9000", "health": "/v1/models",
+                            "stop": ["docker", "stop", "vllm"], "ready_timeout": "600s"}
+    assert vllm["timeouts"] == {"stop_grace": "30s"}
+    assert vllm["keep_alive"] == "600s"  # globalTTL
+    assert "concurrency" not in vllm
+
+
+def test_what_is_not_mapped_is_said_once_each(tmp_path: Path) -> None:
+    _, warnings, _ = _read(tmp_path)
+    text = [str(w) for w in warnings]
+    assert all("\n" not in t for t in text)
+    for needle in ("'logLevel' is not used", "'apiKeys' is not used", "startPort",
+                   "'filters' is not used", "model 'org/embed:v1' is backend 'org-embed-v1'",
+                   "'nonesuch' is not a model of this file",
+                   "group 'chat' (qwen2.5-7b, vllm; swap: true, exclusive: false)",
+                   "persistent: its members are pinned"):
+        assert sum(needle in t for t in text) == 1, (needle, text)
+    assert any(t.startswith("config.yaml:") or "/config.yaml:" in t for t in text)
+
+
+@pytest.mark.parametrize(("change", "field", "message"), [
+    ({"cmd": "${nope} -m x"}, "cmd", "unknown macro '${nope}'"),
+    ({"cmd": "server 'unclosed"}, "cmd", "cannot be split"),
+    ({"cmd": "server --port 9", "proxy": "http://localhost:${PORT}"}, "proxy",
+     "proxy uses ${PORT} but cmd does not"),
+    ({"cmd": "server --port ${PORT}", "ttl": "soon"}, "ttl", "not a whole number of seconds"),
+    ({"cmd": "server --port ${PORT}", "env": ["NOEQUALS"]}, "env", "is not K=V"),
+    ({"cmd": "server --port 9"}, "cmd", "cmd does not take ${PORT}"),
+    ({}, "cmd", "a model needs 'cmd'"),
+])
+def test_a_bad_model_is_one_error_and_the_others_load(tmp_path: Path, change: dict,
+                                                      field: str, message: str) -> None:
+    import yaml
+
+    bad = {"models": {"bad": change, "good": {"cmd": "server --port ${PORT}"}}}
+    entries, _, errors = _read(tmp_path, yaml.safe_dump(bad))
+    assert set(entries) == {"good"}
+    assert len(errors) == 1 and errors[0].field == field and message in errors[0].message
+    assert errors[0].backend == "bad"
+
+
+def test_reserved_and_self_referring_macros_are_refused(tmp_path: Path) -> None:
+    for macros, message in (({"PORT": 1}, "reserved"), ({"a": "x${a}"}, "refers to itself")):
+        import yaml
+
+        text = yaml.safe_dump({"macros": macros, "models": {"m": {"cmd": "s ${PORT}"}}})
+        entries, _, errors = _read(tmp_path, text)
+        assert entries == {} and message in errors[0].message
+
+
+def test_env_macros_outside_cmd_are_read_now(tmp_path: Path) -> None:
+    text = ("models:\n  m:\n    cmd: s --port ${PORT}\n"
+            "    proxy: http://${env.HOST_X}:${PORT}\n")
+    entries, _, errors = _read(tmp_path, text, {"HOST_X": "10.0.0.2"})
+    assert errors == [] and entries["m"]["http"]["url"] == "http://10.0.0.2:${PORT}"
+    _, _, errors = _read(tmp_path, text, {})
+    assert "HOST_X is not set" in errors[0].message
+
+
+def test_other_files_are_not_taken_for_llama_swap() -> None:
+    assert not is_llama_swap({"name": "x", "models": {}})
+    assert not is_llama_swap({"backends": [], "models": {}})
+    assert not is_llama_swap({"models": ["a"]})
