@@ -187,3 +187,39 @@ def test_other_files_are_not_taken_for_llama_swap() -> None:
     assert not is_llama_swap({"name": "x", "models": {}})
     assert not is_llama_swap({"backends": [], "models": {}})
     assert not is_llama_swap({"models": ["a"]})
+
+
+def test_backends_flag_loads_the_file_unchanged(tmp_path: Path) -> None:
+    """What --backends config.yaml does: the loader takes the file as it is."""
+    import math
+    import sys
+
+    from supervisor.backends.loader import load_backends
+
+    file = tmp_path / "config.yaml"
+    file.write_text(CONFIG.replace("/opt/llama.cpp/llama-server", sys.executable))
+    result = load_backends([file], environ={"HF_TOKEN": "hf-1", "HOME": str(tmp_path)},
+                           demo_fallback=False)
+    assert [str(e) for e in result.errors] == []
+    assert set(result.backends) == {"qwen2.5-7b", "org-embed-v1", "vllm"}
+    qwen = result.backends["qwen2.5-7b"]
+    assert qwen.server and qwen.http is not None and qwen.http.health == "/health"
+    assert qwen.command[3:5] == ("--port", "${PORT}")  # filled in by the engine at start
+    assert qwen.command[-1] == "$SECRET" and qwen.env["HF_TOKEN"] == "hf-1"
+    assert (qwen.keep_alive_s, qwen.concurrency, qwen.preload) == (120.0, 2, True)
+    assert qwen.http.ready_timeout_s == 300.0
+    embed = result.backends["org-embed-v1"]
+    assert embed.http is not None and embed.http.health is None
+    assert embed.http.model_name == "nomic-embed" and embed.aliases == ("org/embed:v1",)
+    assert embed.unlisted and embed.pinned and math.isinf(embed.keep_alive_s)
+    vllm = result.backends["vllm"]
+    assert vllm.http is not None and vllm.http.stop == ("docker", "stop", "vllm")
+    assert vllm.http.url == "http://127.0.0.1:9000" and vllm.timeouts.stop_grace_s == 30.0
+    assert any("'logLevel' is not used" in str(w) for w in result.warnings)
+
+
+def test_cmd_stop_on_the_pid_is_left_to_the_engine(tmp_path: Path) -> None:
+    text = ("models:\n  m:\n    cmd: s --port ${PORT}\n    cmdStop: kill -TERM ${PID}\n")
+    entries, warnings, errors = _read(tmp_path, text)
+    assert errors == [] and "stop" not in entries["m"]["http"]
+    assert any("signals ${PID}" in str(w) for w in warnings)

@@ -48,7 +48,7 @@ _MACRO_NAME = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _MACRO_USE = re.compile(r"\$\{([A-Za-z0-9_-]+)\}")
 _ENV_USE = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 # One piece of a word in our spelling: an env macro, a macro we keep, or any other ``$``.
-_DOLLAR = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}|\$\{(PORT|PID)\}|\$")
+_DOLLAR = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}|\$\{(PORT)\}|\$")
 _PARALLEL = frozenset({"-np", "--parallel"})
 
 # What each model key becomes (the ones read below), and what each unmapped key means.
@@ -325,7 +325,7 @@ class _Translator:
         cmd = values.get("cmd")
         if not isinstance(cmd, str) or not cmd.strip():
             raise _Bad("cmd", "a model needs 'cmd': the command line that starts its server")
-        argv = self._words(cmd, "cmd", keep_env=True)
+        argv = self._words(cmd, "cmd")
         self._left_macros(values)
         proxy = values.get("proxy", DEFAULT_PROXY)
         if not isinstance(proxy, str):
@@ -355,8 +355,13 @@ class _Translator:
                 http["health"] = check
         if values.get("useModelName"):
             http["model_name"] = str(values["useModelName"])
-        if values.get("cmdStop"):
-            http["stop"] = self._words(str(values["cmdStop"]), "cmdStop", keep_env=True)
+        stop = values.get("cmdStop")
+        if stop and "${PID}" in str(stop):
+            self.out.warn(_line(body, "cmdStop", line), "cmdStop", name, "left out: it "
+                          "signals ${PID}, and vramtui stops a server's whole process group "
+                          "itself (SIGTERM, then SIGKILL after timeouts.stop_grace)")
+        elif stop:
+            http["stop"] = self._words(str(stop), "cmdStop")
         if "healthCheckTimeout" in values:
             ready = _seconds(values["healthCheckTimeout"], "healthCheckTimeout")
             http["ready_timeout"] = f"{ready}s"
@@ -381,7 +386,7 @@ class _Translator:
             put("preload", True, None)
         return entry
 
-    def _words(self, text: str, key: str, *, keep_env: bool) -> list[str]:
+    def _words(self, text: str, key: str) -> list[str]:
         lines = []
         for raw in text.split("\n"):
             trimmed = raw.strip()
@@ -392,15 +397,15 @@ class _Translator:
             raise _Bad(key, f"cannot be split into words as a shell would: {exc}") from None
         if not words:
             raise _Bad(key, "an empty command")
-        return [self._ours(word, key) for word in words]
+        return [self._ours(word) for word in words]
 
-    def _ours(self, word: str, key: str) -> str:
-        """One word in our spelling: ``${env.X}`` → ``${X}``, ``${PORT}`` (and ``${PID}``
-        in cmdStop) kept, any other ``$`` doubled."""
+    def _ours(self, word: str) -> str:
+        """One word in our spelling: ``${env.X}`` → ``${X}``, ``${PORT}`` kept, any other
+        ``$`` doubled."""
         def piece(match: re.Match[str]) -> str:
             if match.group(1):
                 return f"${{{match.group(1)}}}"
-            if match.group(2) == "PORT" or (match.group(2) == "PID" and key == "cmdStop"):
+            if match.group(2):
                 return match.group(0)
             return "$$"
         return _DOLLAR.sub(piece, word)
@@ -430,7 +435,7 @@ class _Translator:
             key, sep, val = str(item).partition("=")
             if not sep or not key:
                 raise _Bad("env", f"{brief(item)} is not K=V")
-            env[key] = self._ours(val, "env")
+            env[key] = self._ours(val)
         return env
 
     def _concurrency(self, limit: Any, argv: list[str]) -> int | None:
