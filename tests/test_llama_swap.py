@@ -223,3 +223,41 @@ def test_cmd_stop_on_the_pid_is_left_to_the_engine(tmp_path: Path) -> None:
     entries, warnings, errors = _read(tmp_path, text)
     assert errors == [] and "stop" not in entries["m"]["http"]
     assert any("signals ${PID}" in str(w) for w in warnings)
+
+
+def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from supervisor.backends.loader import load_backends
+    from vramtui.cli import main
+
+    monkeypatch.setenv("HF_TOKEN", "s3cret")
+    file = tmp_path / "llama-swap" / "config.yaml"
+    file.parent.mkdir()
+    file.write_text(CONFIG.replace("/opt/llama.cpp/llama-server", sys.executable))
+    out = tmp_path / "backends.d"
+    assert main(["import-llama-swap", str(file), "-o", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["org-embed-v1.yaml", "qwen2.5-7b.yaml", "vllm.yaml"]
+    qwen = (out / "qwen2.5-7b.yaml").read_text()
+    assert "s3cret" not in qwen and "${HF_TOKEN}" in qwen
+    err = capsys.readouterr().err
+    assert "vramtui: note: " in err and "'apiKeys' is not used" in err
+    direct = load_backends([file], demo_fallback=False).backends
+    back = load_backends([out], demo_fallback=False).backends
+    assert {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in back.items()} == \
+        {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in direct.items()}
+    # nothing is replaced without --force, and then every file is
+    (out / "vllm.yaml").write_text("# mine\n")
+    assert main(["import-llama-swap", str(file), "-o", str(out)]) == 2
+    assert (out / "vllm.yaml").read_text() == "# mine\n"
+    assert "exist(s) already: pass --force" in capsys.readouterr().err
+    assert main(["import-llama-swap", str(file), "-o", str(out), "--force"]) == 0
+    assert (out / "vllm.yaml").read_text().startswith("# vllm: converted")
+    # not a llama-swap file: one line, no traceback
+    other = tmp_path / "other.yaml"
+    other.write_text("name: x\ncommand: [x]\n")
+    assert main(["import-llama-swap", str(other), "-o", str(out)]) == 2
+    assert "not a llama-swap config" in capsys.readouterr().err

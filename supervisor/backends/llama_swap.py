@@ -68,12 +68,11 @@ MODEL_UNMAPPED = {
 TOP_KEYS = frozenset({"models", "macros", "startPort", "healthCheckTimeout", "globalTTL",
                       "unloadTimeout", "groups", "hooks"})
 TOP_UNMAPPED = {
-    "apiKeys": "vramtui's HTTP door takes a token instead (--token, or http.token in "
-               "config.yaml)",
+    "apiKeys": "vramtui's HTTP door takes one bearer token instead (--http-token-file)",
     "includeAliasesInList": "vramtui's /v1/models lists each model once, with its aliases",
     "sendLoadingState": "vramtui sends no loading text; waiting streams get their queue "
                         "position as SSE comments",
-    "logLevel": "vramtui's log level is its own (--log-level)",
+    "logLevel": "vramtui's log is its own (--log-file)",
     "logRequests": "every request is a job: `vramtui jobs` lists them",
     "logTimeFormat": "vramtui's log format is its own",
     "logToStdout": "each model's output is its backend's log (`vramtui logs NAME`)",
