@@ -53,6 +53,7 @@ DONE = b"data: [DONE]\n\n"
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OpenAI(server)
+    app[OPENAI] = r  # the other doors' shapes (Ollama's) submit through it
     app.add_routes([web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
                     *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items())])
 
@@ -133,7 +134,14 @@ class _OpenAI:
             if not isinstance(body, dict):
                 raise bad_request("the body must be a JSON object")
             payload = await request.read()
-        model = body.get("model")
+        job_id, stream = self.submit(kind, body, payload)
+        if not stream:
+            view = await wait_done(self.server, job_id)
+            return result_response(self.server, finished_view(self.server, job_id, view))
+        return await self._stream(request, job_id)
+
+    def backend_for(self, model: object, kind: str | None = None) -> str:
+        """The backend a request's ``model`` names (that speaks ``kind``), or the error."""
         if not isinstance(model, str) or not model:
             raise bad_request("model: the name of a model (GET /v1/models lists them)",
                               param="model")
@@ -141,19 +149,24 @@ class _OpenAI:
         if backend is None:
             raise self._unknown(model)
         spec = self.engine.backends[backend].spec
-        if kind not in spec.api:
+        if kind is not None and kind not in spec.api:
             raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
                               "wrong_api", param="model")
+        return backend
+
+    def submit(self, kind: str, body: dict[str, Any], payload: bytes) -> tuple[str, bool]:
+        """The job of one request of OpenAI's ``kind`` (``body``: its JSON, ``payload``: its
+        bytes): its id, and whether it streams.  Every door that speaks another API's shape
+        (Ollama's) comes through here, so its requests run as these do."""
+        model = body.get("model")
+        backend = self.backend_for(model, kind)
         stream = body.get("stream") is True and kind in STREAMABLE
         try:
             job = self.engine.submit(backend, payload, stream=stream,
                                      metadata={"api": kind, "model": model})
         except VramtuiError as exc:
             raise from_engine(exc, submitting=True) from None
-        if not stream:
-            view = await wait_done(self.server, job.id)
-            return result_response(self.server, finished_view(self.server, job.id, view))
-        return await self._stream(request, job.id)
+        return job.id, stream
 
     async def _form_body(self, request: web.Request) -> tuple[dict[str, Any], bytes]:
         ctype = request.headers.get("Content-Type", "")
@@ -207,6 +220,9 @@ class _OpenAI:
         if stream.client_gone and not stream.finished:
             cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
         return response
+
+
+OPENAI = web.AppKey("openai_routes", _OpenAI)
 
 
 class _ChunkEncoder:

@@ -24,7 +24,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    method: str  # GET or POST
+    method: str  # GET or POST (DELETE for another API's route)
     path: str  # as aiohttp takes it ({name} for a part; {name:regex} to constrain it)
     what: str
     api: str | None = None  # the apispec method it carries
@@ -104,6 +104,19 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/ps", "Ollama: loaded models", module="ollama"),
     Route("GET", "/api/version", "Ollama: version", module="ollama"),
     Route("GET", "/api/tags", "Ollama: models", module="ollama"),
+    Route("POST", "/api/show", "Ollama: one model", module="ollama"),
+    Route("POST", "/api/chat", "Ollama chat (NDJSON stream unless stream: false)",
+          module="ollama"),
+    Route("POST", "/api/generate", "Ollama generate (NDJSON stream unless stream: false)",
+          module="ollama"),
+    Route("POST", "/api/embed", "Ollama embeddings", module="ollama"),
+    Route("POST", "/api/embeddings", "Ollama embeddings (the legacy route)", module="ollama"),
+    Route("POST", "/api/pull", "Ollama: not supported (vramtui downloads no models)",
+          module="ollama"),
+    Route("POST", "/api/push", "Ollama: not supported", module="ollama"),
+    Route("POST", "/api/create", "Ollama: not supported", module="ollama"),
+    Route("POST", "/api/copy", "Ollama: not supported", module="ollama"),
+    Route("DELETE", "/api/delete", "Ollama: not supported", module="ollama"),
 )
 
 NOT_ON_HTTP: dict[str, str] = {
