@@ -29,7 +29,7 @@ class Route:
     what: str
     api: str | None = None  # the apispec method it carries
     handler: str = ""  # native routes: the handler's name on routes._Routes
-    module: str = "native"  # or "openai", "ollama": added by those modules
+    module: str = "native"  # or "openai", "ollama", "llama-swap": added by those modules
 
 
 def _n(method: str, path: str, handler: str, what: str, api: str | None = None) -> Route:
@@ -117,6 +117,18 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/create", "Ollama: not supported", module="ollama"),
     Route("POST", "/api/copy", "Ollama: not supported", module="ollama"),
     Route("DELETE", "/api/delete", "Ollama: not supported", module="ollama"),
+    Route("GET", "/health", "llama-swap: OK", module="llama-swap"),
+    Route("GET", "/running", "llama-swap: the models whose process is up", module="llama-swap"),
+    Route("GET", "/unload", "llama-swap: unload every idle model (guarded as a POST)",
+          module="llama-swap"),
+    Route("POST", "/api/models/unload", "llama-swap: unload every idle model",
+          module="llama-swap"),
+    Route("POST", "/api/models/unload/{model:.+}", "llama-swap: unload one model",
+          module="llama-swap"),
+    Route("GET", "/logs", "llama-swap: the recent event log (text)", module="llama-swap"),
+    Route("GET", "/log", "llama-swap: the recent event log (text)", module="llama-swap"),
+    Route("GET", "/logs/stream/{model:.+}", "llama-swap: a model's log, followed (a "
+          "redirect)", module="llama-swap"),
 )
 
 NOT_ON_HTTP: dict[str, str] = {
