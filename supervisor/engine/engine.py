@@ -88,8 +88,8 @@ class Engine:
                              max_recent_bytes=config.max_recent_result_bytes)
         self.journal = JobJournal(None, self.wall, self.notes.note)
         self.pool = WorkerPool(backends, workers or ProcessWorkers(
-            paths, simulated=probe.simulated, max_result=config.max_result_bytes),
-            self.run, clock)
+            paths, simulated=probe.simulated, max_result=config.max_result_bytes,
+            gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu)), self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.planner = Planner(config)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
@@ -732,6 +732,10 @@ class Engine:
                 self._stopped_during(job)
             elif job.cancel_requested:
                 self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
+            elif "retry" in handle.features and not never_ready and not job.retried \
+                    and job.status_code is None:
+                job.retried = True  # its server died before answering it: once more
+                self._requeue(job, f"requeued once: {killed_for or name + ' ' + reason}")
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:
@@ -806,6 +810,11 @@ class Engine:
         if job is not None:
             job.chunks.append(chunk)
             self.notes.chunk(job.backend, job_id, chunk)
+
+    def request_head(self, job_id: str, status: int, headers: dict[str, str]) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and not job.state.finished:
+            job.status_code, job.headers = status, headers
 
     # ===================================================================== ends ===========
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:

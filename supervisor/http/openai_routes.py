@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
+from . import forward
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
 from .routes import json_response, read_json
@@ -46,6 +47,8 @@ ENDPOINTS = {
     "/v1/images/generations": "images",
     "/v1/audio/speech": "speech",
     "/v1/audio/transcriptions": "transcriptions",
+    "/v1/responses": "responses",
+    "/v1/rerank": "rerank",
 }
 STREAMABLE = frozenset({"chat", "completions"})
 DONE = b"data: [DONE]\n\n"
@@ -55,7 +58,8 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OpenAI(server)
     app[OPENAI] = r  # the other doors' shapes (Ollama's) submit through it
     app.add_routes([web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
-                    *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items())])
+                    *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items()),
+                    web.route("*", "/upstream/{model}/{path:.*}", r.upstream)])
 
 
 class ModelTable:
@@ -127,6 +131,10 @@ class _OpenAI:
         return handle
 
     async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if kind != "transcriptions" or not request.content_type.startswith("multipart/"):
+            served = await self._served(request, kind)
+            if served is not None:
+                return served
         if kind == "transcriptions":
             body, payload = await self._form_body(request)
         else:
@@ -167,6 +175,35 @@ class _OpenAI:
         except VramtuiError as exc:
             raise from_engine(exc, submitting=True) from None
         return job.id, stream
+
+    async def _served(self, request: web.Request, kind: str) -> web.StreamResponse | None:
+        """A request for a model server, forwarded as it came (None: not for a server)."""
+        payload = await request.read()
+        try:
+            body = json.loads(payload) if payload[:1] == b"{" else None
+        except (ValueError, RecursionError):
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        backend = self.table.resolve(model) if isinstance(model, str) else None
+        spec = self.engine.backends[backend].spec if backend is not None else None
+        if spec is None or not spec.server:
+            return None
+        if kind not in spec.api:
+            raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
+                              "wrong_api", param="model")
+        assert isinstance(body, dict)
+        return await forward.forward(self.server, request, backend, payload,
+                                     stream=body.get("stream") is True, path=request.path_qs,
+                                     metadata={"api": kind, "model": model})
+
+    async def upstream(self, request: web.Request) -> web.StreamResponse:
+        """``/upstream/{model}/{path}``: anything, to the model's own server."""
+        model = request.match_info["model"]
+        backend = self.table.resolve(model) or (model if model in self.engine.backends
+                                                else None)
+        if backend is None or not self.engine.backends[backend].spec.server:
+            raise forward.unknown_server(model)
+        return await forward.upstream(self.server, request, backend, request.match_info["path"])
 
     async def _form_body(self, request: web.Request) -> tuple[dict[str, Any], bytes]:
         ctype = request.headers.get("Content-Type", "")

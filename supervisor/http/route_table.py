@@ -101,6 +101,11 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/audio/speech", "OpenAI text to speech", module="openai"),
     Route("POST", "/v1/audio/transcriptions", "OpenAI speech to text (multipart)",
           module="openai"),
+    Route("POST", "/v1/responses", "OpenAI responses (backends that list it)",
+          module="openai"),
+    Route("POST", "/v1/rerank", "rerank (backends that list it)", module="openai"),
+    Route("*", "/upstream/{model}/{path:.*}", "any request to a model server (websockets "
+          "too), loading it first", module="openai"),
     Route("GET", "/api/ps", "Ollama: loaded models", module="ollama"),
     Route("GET", "/api/version", "Ollama: version", module="ollama"),
     Route("GET", "/api/tags", "Ollama: models", module="ollama"),

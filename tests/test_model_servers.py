@@ -1,0 +1,291 @@
+"""HTTP model servers as backends (issue 24), end to end: a real engine on the simulated GPU,
+real server processes (``tests/model_server.py``, which behaves like llama-server), real
+clients (http.client, the official ``openai`` client).
+
+What is checked: requests forwarded byte for byte and answered as the server answers (JSON,
+SSE chunk by chunk, status and headers); each request an ordinary job; two servers that
+cannot co-reside alternate and are never both on the simulated GPU (its own ledger says so);
+a client that goes away frees the server's slot; bad servers (never healthy, exiting at once,
+a port taken, 500s, endless and broken streams) and a too-large body each get one clear error,
+leave no process behind and the queue goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from http_support import Front, serve_http
+from waiting import wait_until
+
+from supervisor.engine import EngineConfig
+
+pytestmark = pytest.mark.process
+
+SERVER = Path(__file__).resolve().parent / "model_server.py"
+CONTEXT_MIB = 256  # the simulated GPU's CUDA context per process
+
+
+def server_backend(name: str, mib: int = 512, *, mode: str = "ok", api: Any = None,
+                   args: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    """A descriptor for ``tests/model_server.py``: it holds ``mib`` (+ its context)."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "command": [sys.executable, str(SERVER), "--port", "${PORT}", "--mib", str(mib),
+                    "--mode", mode, *args],
+        "http": {"health": "/health"},
+        "api": api or ["chat", "completions", "embeddings"],
+        "vram": {"weights": f"{mib}MiB", "activation": "0MiB", "context": f"{CONTEXT_MIB}MiB"},
+        "safety": "0MiB",
+        "simulated": True,
+        "concurrency": 4,
+        "timeouts": {"start": "20s", "stop_grace": "3s"},
+    }
+    spec.update(extra)
+    return spec
+
+
+def chat(model: str, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream, **extra}
+
+
+def sim_holders(front: Front) -> dict[int, int]:
+    """pid -> MiB, as the simulated GPU's own ledger has it (not the engine's view)."""
+    out = {}
+    for path in Path(front.sup.paths.sim_dir).glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(entry["pid"])
+        if os.path.exists(f"/proc/{pid}"):
+            out[pid] = int(entry["mib"])
+    return out
+
+
+def server_pids() -> set[int]:
+    """Every live process running tests/model_server.py (an orphan shows here)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(SERVER).encode() in cmd:
+                found.add(int(entry))
+    return found
+
+
+def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
+    before = server_pids()
+    with serve_http([server_backend("llama", args=("--tokens", "3"))]) as front:
+        reply = front.post("/v1/chat/completions", chat("llama"))
+        assert reply.status == 200, reply.body
+        assert reply.json()["choices"][0]["message"]["content"] == "tok tok tok"
+        # The job is an ordinary job, seen by every face.
+        jobs = front.get("/v1/jobs?backend=llama").json()
+        assert any(j["state"] == "succeeded" for j in jobs["data"]), jobs
+        # Streamed: the server's own bytes, chunk by chunk, under its headers.
+        sse = front.sse("POST", "/v1/chat/completions", chat("llama", stream=True))
+        assert sse.resp.status == 200
+        assert sse.headers["x-server"] == "model_server"
+        body = sse.resp.read()
+        sse.close()
+        assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n"), body
+        # Any request through /upstream: body, query and status as they were.
+        raw = b'{"z": 1,  "a" : [1,2]}\n'
+        reply = front.request("POST", "/upstream/llama/echo?x=1&y=2", raw=raw,
+                              headers={"X-Custom": "yes"})
+        assert (reply.status, reply.body) == (201, raw)
+        assert reply.headers["x-query"] == "x=1&y=2" and reply.headers["x-seen-x-custom"] == "yes"
+        assert "x-seen-connection" not in reply.headers  # hop-by-hop: never forwarded
+        pid = front.engine.backends["llama"].worker.pid
+        assert pid in server_pids()
+    wait_until(lambda: server_pids() <= before, 10, "the server to be gone")
+
+
+def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:
+    # 2 x (5000 + 256) MiB on an 8 GiB simulated GPU: one at a time.
+    backends = [server_backend("a", 5000, args=("--tokens", "2")),
+                server_backend("b", 5000, args=("--tokens", "2"))]
+    with serve_http(backends) as front:
+        overlap: list[dict[int, int]] = []
+        seen: set[int] = set()
+        done = threading.Event()
+
+        def watch_ledger() -> None:  # the device's own ledger, sampled all along
+            while not done.is_set():
+                holders = sim_holders(front)
+                seen.update(holders)
+                if len(holders) > 1:
+                    overlap.append(holders)
+
+        watcher = threading.Thread(target=watch_ledger)
+        watcher.start()
+        try:
+            results: list[int] = []
+            threads = [threading.Thread(target=lambda m=m: results.append(
+                front.post("/v1/chat/completions", chat(m)).status)) for m in "abab"]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        finally:
+            done.set()
+            watcher.join()
+        assert results == [200] * 4
+        assert overlap == []
+        assert len(seen) >= 2  # both ran, one after the other
+        ends = front.get("/v1/jobs?state=succeeded").json()["data"]
+        assert sorted(j["backend"] for j in ends) == ["a", "a", "b", "b"]
+
+
+def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
+    slow = server_backend("slow", args=("--tokens", "200", "--token-s", "0.05"))
+    with serve_http([slow]) as front:
+        sse = front.sse("POST", "/v1/chat/completions", chat("slow", stream=True))
+        assert sse.resp.readline().startswith(b"data: ")
+        job_id = sse.headers["x-vramtui-job"]
+        url = front.engine.backends["slow"].worker.url
+        assert any(s["is_processing"] for s in _get_json(url + "/slots"))
+        sse.close()
+        front.wait_state(job_id, "cancelled")
+        wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
+                   "the server to free the slot")
+
+
+def _get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
+    one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
+    with serve_http([one]) as front:
+        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert first.resp.readline().startswith(b"data: ")
+        second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert second.wait_comment(10).startswith(": queued, position 1")
+        first.close()
+        body = second.resp.read()
+        second.close()
+        assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_the_official_openai_client_streams_through_the_engine() -> None:
+    from openai import OpenAI
+
+    with serve_http([server_backend("llama", args=("--tokens", "5"))]) as front:
+        client = OpenAI(base_url=front.base + "/v1", api_key="unused", max_retries=0)
+        parts = [c.choices[0].delta.content for c in client.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}], stream=True)]
+        assert "".join(p or "" for p in parts) == "t0 t1 t2 t3 t4 "
+        emb = client.embeddings.create(model="llama", input="x")
+        assert emb.data[0].embedding == [0.1, 0.2, 0.3]
+
+
+def _taken_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
+
+
+def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None:
+    before = server_pids()
+    taken = _taken_port()
+    port = taken.getsockname()[1]
+    fixed = server_backend("taken", args=())
+    fixed["command"][fixed["command"].index("${PORT}")] = str(port)
+    fixed["http"] = {"url": f"http://127.0.0.1:{port}"}
+    backends = [
+        server_backend("never", mode="never-healthy", http={"ready_timeout": "0.5s"}),
+        server_backend("exits", mode="exit"),
+        fixed,
+        server_backend("err500", mode="error500"),
+        server_backend("endless", mode="endless"),
+        server_backend("broken", mode="broken"),
+        server_backend("good", 256),
+    ]
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, max_result_bytes=256 * 1024)
+    try:
+        with serve_http(backends, engine_config=config) as front:
+            wanted = {
+                "never": "not healthy after 0.5 s (http.ready_timeout)",
+                "exits": "failed to load model 'x.gguf'",
+                "taken": f"something already listens on http://127.0.0.1:{port}",
+                "err500": "answered HTTP 500: {\"error\": {\"code\": 500, \"message\": \"KV",
+                "endless": "went over the result limit of 262144 bytes",
+                "broken": "its answer broke off",
+            }
+            for name, text in wanted.items():
+                stream = name in ("endless", "broken")
+                reply = front.post("/v1/chat/completions", chat(name, stream=stream))
+                message = _error_text(reply.body)
+                assert text in message, (name, reply.status, message)
+                assert "\n" not in message and "Traceback" not in message, message
+                assert front.post("/v1/chat/completions", chat("good")).status == 200
+            assert front.get("/v1/jobs?state=queued").json()["data"] == []
+        assert server_pids() <= before  # no orphan server
+    finally:
+        taken.close()
+
+
+def _error_text(body: bytes) -> str:
+    """The error an answer carries: the JSON error's message, or an SSE error event's."""
+    for line in body.splitlines():
+        text = line.removeprefix(b"data: ")
+        if text.startswith(b'{"error"'):
+            return str(json.loads(text)["error"]["message"])
+    return body.decode(errors="replace")
+
+
+def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
+    with serve_http([server_backend("llama")], max_body=1024 * 1024) as front:
+        with socket.create_connection(("127.0.0.1", front.port), timeout=30) as sock:
+            host = f"Host: 127.0.0.1:{front.port}\r\n".encode()
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host +
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: 1073741824\r\n\r\n")
+            try:
+                for _ in range(64):
+                    sock.sendall(b"x" * 65536)
+            except OSError:
+                pass  # the door closed it: the answer is already there
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"request body too large" in answer
+        assert front.post("/v1/chat/completions", chat("llama")).status == 200
+
+
+def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
+    before = server_pids()
+    backends = [server_backend("crashy", mode="crash"),
+                server_backend("hangs", mode="hang", timeouts={"ping": "0.5s", "start": "20s",
+                                                               "stop_grace": "1s"})]
+    with serve_http(backends) as front:
+        for name, text in (("crashy", "server exited with code 3; its log ends: model_server: "
+                            "GGML_ASSERT failed"),
+                           ("hangs", "hangs hung: its worker")):
+            reply = front.post("/v1/chat/completions", chat(name))
+            message = _error_text(reply.body)
+            assert reply.status == 502 and text in message, message
+            job_id = message.split()[1]  # "job j-… failed: …"
+            history = front.get(f"/v1/jobs/{job_id}").json()["history"]
+            assert any("requeued once" in str(h) for h in history), history  # retried once
+        # The next request starts it again (and it crashes again).
+        assert front.post("/v1/chat/completions", chat("crashy")).status == 502
+        crashes = [line for line in front.get("/metrics").body.decode().splitlines()
+                   if line.startswith('vramtui_backend_crashes_total{backend="crashy"}')]
+        assert crashes and float(crashes[0].split()[-1]) >= 3, crashes
+    wait_until(lambda: server_pids() <= before, 10, "every server to be gone")
