@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.process]
 @pytest.fixture(scope="module")
 @spawns
 def front() -> Iterator[Front]:
-    with serve_http([b for b in openai_backends() if b["name"] == "chat-sim"],
-                    gpus="sim:4GiB") as f:
+    backends = [b for b in openai_backends() if b["name"] == "chat-sim"]
+    for b in backends:  # honest figures: the simulated GPU's context counts too
+        b["vram"]["context"] = "256MiB"
+    with serve_http(backends, gpus="sim:4GiB") as f:
         yield f
 
 

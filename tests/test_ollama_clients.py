@@ -21,6 +21,8 @@ TEXT = "Hello from a simulated model on vramtui."
 @spawns
 def front() -> Iterator[Front]:
     backends = [b for b in openai_backends() if b["name"] in ("chat-sim", "embed-sim")]
+    for b in backends:  # honest figures: the simulated GPU's context counts too
+        b["vram"]["context"] = "256MiB"
     with serve_http(backends, gpus="sim:4GiB") as f:
         yield f
 

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
+from ..servers.request import API_PATHS, job_metadata
 from . import forward
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
@@ -169,9 +170,12 @@ class _OpenAI:
         model = body.get("model")
         backend = self.backend_for(model, kind)
         stream = body.get("stream") is True and kind in STREAMABLE
+        metadata: dict[str, Any] = {"api": kind, "model": model}
+        if self.engine.backends[backend].spec.server:  # the route of the server it goes to
+            metadata.update(job_metadata("POST", API_PATHS[kind],
+                                         {"content-type": "application/json"}))
         try:
-            job = self.engine.submit(backend, payload, stream=stream,
-                                     metadata={"api": kind, "model": model})
+            job = self.engine.submit(backend, payload, stream=stream, metadata=metadata)
         except VramtuiError as exc:
             raise from_engine(exc, submitting=True) from None
         return job.id, stream
