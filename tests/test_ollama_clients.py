@@ -20,7 +20,8 @@ TEXT = "Hello from a simulated model on vramtui."
 @pytest.fixture(scope="module")
 @spawns
 def front() -> Iterator[Front]:
-    backends = [b for b in openai_backends() if b["name"] in ("chat-sim", "embed-sim")]
+    backends = [b for b in openai_backends()
+                if b["name"] in ("chat-sim", "embed-sim", "slow-chat")]
     for b in backends:  # honest figures: the simulated GPU's context counts too
         b["vram"]["context"] = "256MiB"
     with serve_http(backends, gpus="sim:4GiB") as f:
@@ -117,3 +118,17 @@ def test_an_empty_prompt_loads_and_keep_alive_0_unloads(client: ollama.Client,
     (loaded,) = list(client.chat(model="chat-sim", messages=[], stream=True))  # one line
     assert loaded.done and loaded.done_reason == "load"
     wait_until(lambda: state() == "ready", 10, "chat-sim to load")
+
+
+def test_a_client_that_goes_away_cancels_its_job(front: Front) -> None:
+    conn = front.conn()
+    conn.request("POST", "/api/chat", body=json.dumps({
+        "model": "slow-chat", "messages": [{"role": "user", "content": "hi"}]}),
+        headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert json.loads(resp.readline())["done"] is False  # it streams …
+    resp.close()
+    conn.close()  # … and its client goes
+    job = wait_until(lambda: front.get("/v1/jobs?backend=slow-chat&state=cancelled")
+                     .json()["data"], 10, "the abandoned job to be cancelled")[0]
+    assert "went away" in job["error"]
