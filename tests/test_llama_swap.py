@@ -153,6 +153,7 @@ def test_what_is_not_mapped_is_said_once_each(tmp_path: Path) -> None:
     ({"cmd": "server --port ${PORT}", "env": ["NOEQUALS"]}, "env", "is not K=V"),
     ({"cmd": "server --port 9"}, "cmd", "cmd does not take ${PORT}"),
     ({}, "cmd", "a model needs 'cmd'"),
+    ({"cmd": ["s", "${PORT}"]}, "cmd", "is not a command line"),
 ])
 def test_a_bad_model_is_one_error_and_the_others_load(tmp_path: Path, change: dict,
                                                       field: str, message: str) -> None:
@@ -216,6 +217,17 @@ def test_backends_flag_loads_the_file_unchanged(tmp_path: Path) -> None:
     assert vllm.http is not None and vllm.http.stop == ("docker", "stop", "vllm")
     assert vllm.http.url == "http://127.0.0.1:9000" and vllm.timeouts.stop_grace_s == 30.0
     assert any("'logLevel' is not used" in str(w) for w in result.warnings)
+
+
+def test_a_gpu_pinned_by_cuda_visible_devices_is_our_gpus(tmp_path: Path) -> None:
+    text = ("models:\n  one:\n    cmd: s --port ${PORT}\n"
+            "    env: [CUDA_VISIBLE_DEVICES=1, A=b]\n"
+            "  two:\n    cmd: s --port ${PORT}\n    env: ['CUDA_VISIBLE_DEVICES=0,1']\n")
+    entries, warnings, errors = _read(tmp_path, text)
+    assert errors == []
+    assert entries["one"]["gpus"] == [1] and entries["one"]["env"] == {"A": "b"}
+    assert entries["two"]["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"} and "gpus" not in entries["two"]
+    assert any("CUDA_VISIBLE_DEVICES=0,1 is kept" in str(w) for w in warnings)
 
 
 def test_cmd_stop_on_the_pid_is_left_to_the_engine(tmp_path: Path) -> None:

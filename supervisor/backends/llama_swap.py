@@ -17,7 +17,9 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
   the top-level one) → ``http.ready_timeout``; ``ttl`` (else ``globalTTL``; 0 or none: never)
   → ``keep_alive``, ``unloadTimeout`` → ``timeouts.stop_grace``, ``concurrencyLimit`` (else
   llama-server's ``-np``/``--parallel`` in ``cmd``) → ``concurrency``; ``env`` (``K=V``
-  items) → ``env``; ``aliases``, ``unlisted``; ``name``/``description`` → ``description``;
+  items) → ``env``, but ``CUDA_VISIBLE_DEVICES=N`` → ``gpus: [N]`` (the engine places a
+  server and sets that variable itself); ``aliases``, ``unlisted``; ``name``/``description``
+  → ``description``;
 - ``hooks.on_startup.preload`` → ``preload: true``; ``groups`` are read and explained:
   vramtui decides which models share a GPU from their measured memory, so ``swap`` and
   ``exclusive`` have nothing left to say, and ``persistent: true`` makes its members pinned.
@@ -322,8 +324,11 @@ class _Translator:
 
         put("name", name, None)
         cmd = values.get("cmd")
-        if not isinstance(cmd, str) or not cmd.strip():
+        if cmd is None or isinstance(cmd, str) and not cmd.strip():
             raise _Bad("cmd", "a model needs 'cmd': the command line that starts its server")
+        if not isinstance(cmd, str):
+            raise _Bad("cmd", f"{brief(cmd)} is not a command line (llama-swap's 'cmd' is "
+                       "text, split as a shell would)")
         argv = self._words(cmd, "cmd")
         self._left_macros(values)
         proxy = values.get("proxy", DEFAULT_PROXY)
@@ -341,7 +346,17 @@ class _Translator:
                 values else "name")
         put("command", argv, "cmd")
         if "env" in values:
-            put("env", self._env(values["env"]), "env")
+            env = self._env(values["env"])
+            pinned_gpu = env.get("CUDA_VISIBLE_DEVICES", "")
+            if pinned_gpu.isdigit():  # the engine places it, and sets the variable itself
+                del env["CUDA_VISIBLE_DEVICES"]
+                put("gpus", [int(pinned_gpu)], "env")
+            elif pinned_gpu:
+                self.out.warn(_line(body, "env", line), "env", name, f"CUDA_VISIBLE_DEVICES="
+                              f"{pinned_gpu} is kept: the server spans those GPUs, but "
+                              "vramtui admits it by its memory on the one it places it on")
+            if env:
+                put("env", env, "env")
         http = LinedDict(line=_line(body, "cmd", line))
         if proxy not in _DEFAULT_PROXIES:
             http["url"] = self._resolve_env(proxy, "proxy")
