@@ -91,6 +91,12 @@ def test_ollama_and_openai_clients_reach_the_servers(served: Served) -> None:
     parts = list(o.generate(model="qwen2.5:7b", prompt="hi", stream=True))
     assert "".join(p.response for p in parts) == "t0 t1 t2 " and parts[-1].done  # its stream
     assert o.embed(model="nomic-embed", input="x").embeddings == [[0.1, 0.2, 0.3]]
+    raw = o.generate(model="qwen2.5:7b", prompt="hi", raw=True, stream=False)
+    assert raw.response == "tok tok tok"  # a completion, the prompt as it is
+    running = json.loads(_get(url + "/running")[1])["running"]
+    qwen = next(r for r in running if r["model"] == "qwen2.5-7b")
+    assert qwen["proxy"].startswith("http://127.0.0.1:") and "${" not in qwen["proxy"]
+    assert qwen["ttl"] == 60 and "--tokens 3" in qwen["cmd"]
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
     chunks = c.chat.completions.create(model="qwen2.5:7b", stream=True,
                                        messages=[{"role": "user", "content": "hi"}])

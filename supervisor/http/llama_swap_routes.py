@@ -67,10 +67,13 @@ class _LlamaSwap:
             state = STATES.get(b.state)
             if state is None:
                 continue
-            spec = self.engine.backends[b.name].spec
+            rt = self.engine.backends[b.name]
+            spec = rt.spec
             ttl = 0 if math.isinf(spec.keep_alive_s) else int(spec.keep_alive_s)
+            # a running server's own URL (its port filled in), else the descriptor's
+            proxy = getattr(rt.worker, "url", None) or (spec.http.url if spec.http else "")
             listed.append({"model": b.name, "state": state, "cmd": shlex.join(spec.command),
-                           "proxy": spec.http.url if spec.http is not None else "",
+                           "proxy": proxy,
                            "ttl": ttl, "name": b.name, "description": spec.description})
         return web.json_response({"running": listed})
 

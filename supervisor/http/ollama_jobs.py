@@ -119,7 +119,9 @@ class _OllamaJobs:
         door = self.app[OPENAI]
         backend = door.backend_for(model)
         api = self.engine.backends[backend].spec.api
-        openai = "chat" if "chat" in api else "completions" if (
+        # /api/generate with "raw": the prompt as it is, when the model takes completions
+        raw = kind == "generate" and body.get("raw") is True and "completions" in api
+        openai = "completions" if raw else "chat" if "chat" in api else "completions" if (
             kind == "generate" and "completions" in api) else None
         if openai is None:
             raise bad_request(f"model {model!r} speaks {', '.join(api)}, not chat "
