@@ -268,6 +268,13 @@ def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
     assert "exist(s) already: pass --force" in capsys.readouterr().err
     assert main(["import-llama-swap", str(file), "-o", str(out), "--force"]) == 0
     assert (out / "vllm.yaml").read_text().startswith("# vllm: converted")
+    # a model that cannot be read: named with the reason, and nothing is written
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models:\n  ok:\n    cmd: s --port ${PORT}\n  bad:\n    cmd: ${nope}\n")
+    assert main(["import-llama-swap", str(broken), "-o", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "not converted" in err and "unknown macro '${nope}'" in err
+    assert "nothing written" in err and not (tmp_path / "none").exists()
     # not a llama-swap file: one line, no traceback
     other = tmp_path / "other.yaml"
     other.write_text("name: x\ncommand: [x]\n")
