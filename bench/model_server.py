@@ -142,7 +142,7 @@ def measure(base: str, server: Server, model: str, n: int) -> dict[str, float]:
             resp.read()
             if first is not None:
                 ttft.append(first - t0)
-                if last is not None and last > first and chunks > 1:
+                if last is not None and last - first > 0.001 and chunks > 1:
                     rates.append((chunks - 1) / (last - first))
         return {"latency_ms": statistics.median(lat) * 1000,
                 "ttft_ms": statistics.median(ttft) * 1000,
@@ -221,7 +221,7 @@ def through_engine(server: Server, n: int, switches: int) -> tuple[dict[str, flo
 def llama(path: str, model: str) -> Server:
     return Server("llama-server", lambda port: [
         path, "-m", model, "--host", "127.0.0.1", "--port", port, "-np", "4", "-c", "2048",
-        "-t", "2", "--no-warmup"], tokens=32)
+        "-t", "2", "--no-warmup"], tokens=128)
 
 
 def find_model(args: argparse.Namespace) -> str:

@@ -12,7 +12,7 @@
   ``data: [DONE]``; ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
   ``is_processing``; a client that goes away frees its slot, as llama-server's does);
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
-  ``X-Seen-*``; ``GET /ws``: a websocket that echoes.
+  ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes.
 - ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``exit`` (exits at once, a line on
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
@@ -176,7 +176,8 @@ def main() -> None:
         web.post("/v1/chat/completions", server.completion),
         web.post("/v1/completions", server.completion),
         web.post("/v1/embeddings", server.embeddings), web.get("/slots", server.slots_view),
-        web.post("/echo", server.echo), web.get("/ws", server.ws)])
+        web.post("/echo", server.echo), web.post("/v1/audio/transcriptions", server.echo),
+        web.get("/ws", server.ws)])
 
     async def on_startup(app: web.Application) -> None:
         app["load"] = asyncio.get_running_loop().create_task(server.load())

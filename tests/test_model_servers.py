@@ -12,6 +12,7 @@ leave no process behind and the queue goes on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -86,7 +87,8 @@ def server_pids() -> set[int]:
 
 def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
     before = server_pids()
-    with serve_http([server_backend("llama", args=("--tokens", "3"))]) as front:
+    api = ["chat", "completions", "embeddings", "transcriptions"]
+    with serve_http([server_backend("llama", api=api, args=("--tokens", "3"))]) as front:
         reply = front.post("/v1/chat/completions", chat("llama"))
         assert reply.status == 200, reply.body
         assert reply.json()["choices"][0]["message"]["content"] == "tok tok tok"
@@ -107,6 +109,14 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         assert (reply.status, reply.body) == (201, raw)
         assert reply.headers["x-query"] == "x=1&y=2" and reply.headers["x-seen-x-custom"] == "yes"
         assert "x-seen-connection" not in reply.headers  # hop-by-hop: never forwarded
+        # A multipart upload (audio to transcribe), as it came.
+        form = (b'--XX\r\nContent-Disposition: form-data; name="model"\r\n\r\nllama\r\n'
+                b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+                b'Content-Type: audio/wav\r\n\r\nRIFF\x00\x01\r\n--XX--\r\n')
+        reply = front.request("POST", "/v1/audio/transcriptions", raw=form, headers={
+            "Content-Type": "multipart/form-data; boundary=XX"})
+        assert (reply.status, reply.body) == (201, form)
+        assert asyncio.run(_ws_echo(front.base + "/upstream/llama/ws")) == "echo:ping"
         pid = front.engine.backends["llama"].worker.pid
         assert pid in server_pids()
     wait_until(lambda: server_pids() <= before, 10, "the server to be gone")
@@ -160,6 +170,14 @@ def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
         front.wait_state(job_id, "cancelled")
         wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
                    "the server to free the slot")
+
+
+async def _ws_echo(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as sock:
+        await sock.send_str("ping")
+        return str((await sock.receive(timeout=10)).data)
 
 
 def _get_json(url: str) -> Any:
@@ -289,3 +307,14 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
                    if line.startswith('vramtui_backend_crashes_total{backend="crashy"}')]
         assert crashes and float(crashes[0].split()[-1]) >= 3, crashes
     wait_until(lambda: server_pids() <= before, 10, "every server to be gone")
+
+
+def test_a_server_is_calibrated_like_a_worker() -> None:
+    unmeasured = server_backend("fresh", 700)
+    del unmeasured["vram"]
+    with serve_http([unmeasured]) as front:
+        job = front.post("/v1/backends/fresh/calibrate", {"repeats": 1, "settle_s": 0.3}).json()
+        assert front.wait_state(job["id"], "succeeded", "failed", timeout=60) == "succeeded"
+        report = front.get("/v1/backends/fresh/calibration").json()
+        assert report["record"]["source"] == "simulated"
+        assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]

@@ -103,3 +103,31 @@ def test_a_server_is_no_worker_script_nor_a_vramd_worker(tmp_path: Path) -> None
     (error,) = _load(tmp_path, "name: s\ncommand: [s]\nprotocol: vramd\n"
                                "http: {url: 'http://h:1'}\n").errors
     assert "field 'protocol': an http: backend speaks HTTP" in str(error)
+
+
+def test_a_start_fills_in_the_macros_and_picks_a_free_port(tmp_path: Path) -> None:
+    from supervisor.servers.launch import plan_launch
+    from supervisor.servers.request import upstream_of
+
+    spec = _load(tmp_path, """
+        name: vllm
+        command: [serve, --port, "${PORT}", --util, "${VRAM_FRACTION}", --mib, "${VRAM_MIB}"]
+        env: {WHERE: "gpu ${GPU} of ${MODEL}"}
+        http: {model_name: Qwen/Q, stop: [kill-it, "${PORT}"]}
+        api: [embeddings]
+        vram: 6GiB
+        """).backends["vllm"]
+    launch = plan_launch(spec, 1, {"PATH": "/bin"}, gpu_total_mib=24576)
+    port = str(launch.port)
+    assert launch.argv == ("serve", "--port", port, "--util", "0.250", "--mib", "6144")
+    assert launch.env == {"PATH": "/bin", "WHERE": "gpu 1 of vllm"}
+    assert launch.url == f"http://127.0.0.1:{port}" and launch.stop == ("kill-it", port)
+    # A job from elsewhere (the CLI, a calibration) goes to its first API's route, and the
+    # server is sent its own model name; /upstream passes the body as it came.
+    up = upstream_of(spec, b"", None)
+    assert (up.method, up.path) == ("POST", "/v1/embeddings")
+    assert b'"model": "Qwen/Q"' in up.body
+    body = b'{"model": "mine",  "input": "x"}'
+    assert upstream_of(spec, body, {"http": {"path": "/v1/embeddings"}}).body == \
+        b'{"model":"Qwen/Q","input":"x"}'
+    assert upstream_of(spec, body, {"api": "upstream", "http": {"path": "/x"}}).body == body

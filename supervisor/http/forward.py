@@ -67,7 +67,9 @@ async def forward(server: HttpServer, request: web.Request, backend: str, payloa
     meta = {**job_metadata(request.method, path, headers if headers is not None
                            else request.headers, every_header=headers is not None), **metadata}
     try:
-        job = server.engine.submit(backend, payload, stream=stream, metadata=meta)
+        # Not journaled: its client goes with the engine, so it is never run again after one.
+        job = server.engine.submit(backend, payload, stream=stream, metadata=meta,
+                                   durable=False)
     except VramtuiError as exc:
         raise from_engine(exc, submitting=True) from None
     if not stream:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.parser
+import email.policy
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -132,10 +134,9 @@ class _OpenAI:
         return handle
 
     async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
-        if kind != "transcriptions" or not request.content_type.startswith("multipart/"):
-            served = await self._served(request, kind)
-            if served is not None:
-                return served
+        served = await self._served(request, kind)
+        if served is not None:
+            return served
         if kind == "transcriptions":
             body, payload = await self._form_body(request)
         else:
@@ -183,10 +184,13 @@ class _OpenAI:
     async def _served(self, request: web.Request, kind: str) -> web.StreamResponse | None:
         """A request for a model server, forwarded as it came (None: not for a server)."""
         payload = await request.read()
-        try:
-            body = json.loads(payload) if payload[:1] == b"{" else None
-        except (ValueError, RecursionError):
-            body = None
+        if request.content_type.startswith("multipart/"):
+            body: Any = {"model": form_field(payload, request.headers["Content-Type"], "model")}
+        else:
+            try:
+                body = json.loads(payload) if payload[:1] == b"{" else None
+            except (ValueError, RecursionError):
+                body = None
         model = body.get("model") if isinstance(body, dict) else None
         backend = self.table.resolve(model) if isinstance(model, str) else None
         spec = self.engine.backends[backend].spec if backend is not None else None
@@ -197,7 +201,8 @@ class _OpenAI:
                               "wrong_api", param="model")
         assert isinstance(body, dict)
         return await forward.forward(self.server, request, backend, payload,
-                                     stream=body.get("stream") is True, path=request.path_qs,
+                                     stream=body.get("stream") in (True, "true"),
+                                     path=request.path_qs,
                                      metadata={"api": kind, "model": model})
 
     async def upstream(self, request: web.Request) -> web.StreamResponse:
@@ -309,6 +314,20 @@ class _ChunkEncoder:
             out += self._end(view.state.value, view)
             return bytes(out), True
         return bytes(out), False
+
+
+def form_field(raw: bytes, content_type: str, name: str) -> str | None:
+    """One text field of a multipart/form-data body (None when it has none)."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+    if not message.is_multipart():
+        return None
+    for part in message.iter_parts():
+        if part.get_param("name", header="content-disposition") == name \
+                and part.get_filename() is None:
+            value = part.get_payload(decode=True)
+            return value.decode("utf-8", "replace").strip() if isinstance(value, bytes) else None
+    return None
 
 
 def data_lines(chunk: bytes) -> bytes:

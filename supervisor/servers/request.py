@@ -97,7 +97,8 @@ def upstream_of(spec: BackendSpec, payload: bytes, metadata: Mapping[str, Any] |
     if not path.startswith("/"):
         path = "/" + path
     http = spec.http
-    if http is not None and http.model_name and payload[:1] == b"{":
+    raw_pass = (metadata or {}).get("api") == "upstream"  # /upstream: exactly as it came
+    if http is not None and http.model_name and payload[:1] == b"{" and not raw_pass:
         payload = _renamed(payload, http.model_name)
     return Upstream(method, path, headers, payload)
 
