@@ -162,7 +162,7 @@ def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
     slow = server_backend("slow", args=("--tokens", "200", "--token-s", "0.05"))
     with serve_http([slow]) as front:
         sse = front.sse("POST", "/v1/chat/completions", chat("slow", stream=True))
-        assert sse.resp.readline().startswith(b"data: ")
+        assert first_data(sse).startswith(b"data: ")
         job_id = sse.headers["x-vramtui-job"]
         url = front.engine.backends["slow"].worker.url
         assert any(s["is_processing"] for s in _get_json(url + "/slots"))
@@ -180,6 +180,13 @@ async def _ws_echo(url: str) -> str:
         return str((await sock.receive(timeout=10)).data)
 
 
+def first_data(sse: Any) -> bytes:
+    """The first line of an answer that is not an SSE comment (a waiting request's place)."""
+    while (line := sse.resp.readline()).startswith(b":") or line == b"\n":
+        pass
+    return bytes(line)
+
+
 def _get_json(url: str) -> Any:
     import urllib.request
 
@@ -191,7 +198,7 @@ def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
     one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
     with serve_http([one]) as front:
         first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
-        assert first.resp.readline().startswith(b"data: ")
+        assert first_data(first).startswith(b"data: ")
         second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
         assert second.wait_comment(10).startswith(": queued, position 1")
         first.close()

@@ -130,8 +130,9 @@ async def _note_queue(srv: HttpServer, request: web.Request, job_id: str,
             "X-Accel-Buffering": "no", "X-Vramtui-Job": job_id})
         await response.prepare(request)
     position = watch.queue_position(srv.engine, job_id)
-    where = f"position {position}" if position is not None else view.state.value
-    await response.write(f": queued, {where}\n\n".encode())
+    note = f"queued, position {position}" if position is not None else \
+        "starting the model server"
+    await response.write(f": {note}\n\n".encode())
     return response
 
 

@@ -218,18 +218,16 @@ class _OpenAI:
         ctype = request.headers.get("Content-Type", "")
         if not ctype.startswith("multipart/form-data"):
             raise bad_request("send the audio as multipart/form-data (file, model, …)")
-        try:
-            form = await request.post()
-        except ValueError as exc:
-            raise bad_request(f"malformed form: {exc}") from None
+        parts = form_parts(await request.read(), ctype)
+        if parts is None:
+            raise bad_request("malformed form: not multipart/form-data with a boundary")
         body: dict[str, Any] = {}
-        for key, value in form.items():
-            if isinstance(value, web.FileField):
-                data = value.file.read()
-                body[key] = {"filename": value.filename, "content_type": value.content_type,
-                             "b64": base64.b64encode(data).decode("ascii")}
+        for name, filename, content_type, data in parts:
+            if filename is not None:
+                body[name] = {"filename": filename, "content_type": content_type,
+                              "b64": base64.b64encode(data).decode("ascii")}
             else:
-                body[key] = value
+                body[name] = data.decode("utf-8", "replace")
         if "file" not in body:
             raise bad_request("file: the audio to transcribe", param="file")
         if body.get("stream") in ("true", "True", "1"):
@@ -316,17 +314,29 @@ class _ChunkEncoder:
         return bytes(out), False
 
 
-def form_field(raw: bytes, content_type: str, name: str) -> str | None:
-    """One text field of a multipart/form-data body (None when it has none)."""
+FormPart = tuple[str, str | None, str, bytes]  # name, filename, content type, bytes
+
+
+def form_parts(raw: bytes, content_type: str) -> list[FormPart] | None:
+    """The parts of a multipart/form-data body (None: it is not one)."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + raw)
     if not message.is_multipart():
         return None
+    parts: list[FormPart] = []
     for part in message.iter_parts():
-        if part.get_param("name", header="content-disposition") == name \
-                and part.get_filename() is None:
-            value = part.get_payload(decode=True)
-            return value.decode("utf-8", "replace").strip() if isinstance(value, bytes) else None
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True)
+        if isinstance(name, str) and isinstance(data, bytes):
+            parts.append((name, part.get_filename(), part.get_content_type(), data))
+    return parts
+
+
+def form_field(raw: bytes, content_type: str, name: str) -> str | None:
+    """One text field of a multipart/form-data body (None when it has none)."""
+    for field_name, filename, _ctype, data in form_parts(raw, content_type) or ():
+        if field_name == name and filename is None:
+            return data.decode("utf-8", "replace").strip()
     return None
 
 
