@@ -56,7 +56,7 @@ _PARALLEL = frozenset({"-np", "--parallel"})
 # What each model key becomes (the ones read below), and what each unmapped key means.
 MODEL_KEYS = frozenset({"cmd", "cmdStop", "proxy", "aliases", "env", "checkEndpoint", "ttl",
                         "unloadTimeout", "unlisted", "useModelName", "name", "description",
-                        "concurrencyLimit", "macros", "healthCheckTimeout", "metadata"})
+                        "concurrencyLimit", "macros", "healthCheckTimeout"})
 MODEL_UNMAPPED = {
     "filters": "vramtui forwards the request unchanged (no stripParams/setParams)",
     "sendLoadingState": "vramtui sends no loading text; a streaming client waiting for a "
@@ -66,6 +66,7 @@ MODEL_UNMAPPED = {
     "capabilities": "vramtui lists what a model speaks in 'api:' (chat, completions, "
                     "embeddings here)",
     "compat": "vramtui forwards requests unchanged",
+    "metadata": "vramtui's /v1/models shows a model's description and aliases, not metadata",
 }
 TOP_KEYS = frozenset({"models", "macros", "startPort", "healthCheckTimeout", "globalTTL",
                       "unloadTimeout", "groups", "hooks"})
