@@ -76,7 +76,7 @@ groups:
 
 hooks:
   on_startup:
-    preload: ["qwen2.5-7b"]
+    preload: ["qwen"]   # an alias names a model here too
 """
 
 

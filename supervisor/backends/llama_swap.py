@@ -232,10 +232,14 @@ class _Translator:
             self.out.warn(line, what, None, f"{brief(value)} is not a list of model IDs; "
                           "ignored")
             return []
+        aliases = {str(a): str(model_id) for model_id, body in self.doc["models"].items()
+                   if isinstance(body, Mapping) and isinstance(body.get("aliases"), list)
+                   for a in body["aliases"]}
         found = []
         for member in value:
-            if str(member) in self.names:
-                found.append(str(member))
+            model_id = str(member) if str(member) in self.names else aliases.get(str(member))
+            if model_id is not None:
+                found.append(model_id)
             else:
                 self.out.warn(line, what, None, f"{brief(member)} is not a model of this "
                               "file; ignored")
