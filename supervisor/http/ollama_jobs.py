@@ -163,6 +163,7 @@ class _OllamaJobs:
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
                         buffer_limit=srv.config.subscriber_buffer, heartbeat=None)
         srv.hub.streams.add(stream)  # right after submit: no chunk is missed
+        watch.hurry(srv.engine)  # a hot model starts on it now, not on the loop's next turn
         response: web.StreamResponse | None = None
         try:
             while not stream.pending and not stream.lagged and not srv.hub.closed:

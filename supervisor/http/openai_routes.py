@@ -172,11 +172,14 @@ class _OpenAI:
         backend = self.backend_for(model, kind)
         stream = body.get("stream") is True and kind in STREAMABLE
         metadata: dict[str, Any] = {"api": kind, "model": model}
-        if self.engine.backends[backend].spec.server:  # the route of the server it goes to
+        server = self.engine.backends[backend].spec.server
+        if server:  # the route of the server it goes to
             metadata.update(job_metadata("POST", API_PATHS[kind],
                                          {"content-type": "application/json"}))
         try:
-            job = self.engine.submit(backend, payload, stream=stream, metadata=metadata)
+            # A server's job is not journaled, as forward's are: its client goes with the engine.
+            job = self.engine.submit(backend, payload, stream=stream, metadata=metadata,
+                                     durable=not server)
         except VramtuiError as exc:
             raise from_engine(exc, submitting=True) from None
         return job.id, stream
