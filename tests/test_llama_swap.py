@@ -184,6 +184,13 @@ def test_env_macros_outside_cmd_are_read_now(tmp_path: Path) -> None:
     assert "HOST_X is not set" in errors[0].message
 
 
+def test_odd_groups_and_hooks_are_said_and_ignored(tmp_path: Path) -> None:
+    text = ("models:\n  m:\n    cmd: s --port ${PORT}\ngroups: [a]\nhooks: nope\n")
+    entries, warnings, errors = _read(tmp_path, text)
+    assert errors == [] and set(entries) == {"m"}
+    assert sorted(w.field for w in warnings) == ["groups", "hooks"]
+
+
 def test_other_files_are_not_taken_for_llama_swap() -> None:
     assert not is_llama_swap({"name": "x", "models": {}})
     assert not is_llama_swap({"backends": [], "models": {}})

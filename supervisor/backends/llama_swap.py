@@ -272,8 +272,11 @@ class _Translator:
     def _hooks(self, hooks: Any, line: int | None) -> None:
         if hooks is None:
             return
-        startup = hooks.get("on_startup") if isinstance(hooks, Mapping) else None
-        for key in (hooks if isinstance(hooks, Mapping) else {"hooks": None}):
+        if not isinstance(hooks, Mapping):
+            self.out.warn(line, "hooks", None, "'hooks' is not a mapping; ignored")
+            return
+        startup = hooks.get("on_startup")
+        for key in hooks:
             if key != "on_startup":
                 self.out.warn(_line(hooks, key, line), f"hooks.{key}", None,
                               "not a hook vramtui runs; ignored")
