@@ -72,6 +72,9 @@ def spec_document(spec: Any) -> dict[str, Any]:
             out[key] = getattr(spec, key)
     if not getattr(spec, "unload_frees_vram", True):
         out["unload_frees_vram"] = False
+    for key in ("preload", "unlisted"):
+        if getattr(spec, key, False):
+            out[key] = True
     for key in ("api", "aliases"):
         if getattr(spec, key, ()):
             out[key] = list(getattr(spec, key))

@@ -52,6 +52,8 @@ TOP_KEYS = frozenset(
         "gpus",
         "keep_alive",
         "pinned",
+        "preload",
+        "unlisted",
         "stream",
         "inline_results",
         "concurrency",
@@ -215,6 +217,8 @@ class BackendSpec:
     gpus: tuple[int, ...] | None = None  # None: any GPU
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # math.inf: never unloaded for idleness
     pinned: bool = False
+    preload: bool = False  # started when the engine starts (llama-swap's on_startup.preload)
+    unlisted: bool = False  # answers by name over HTTP, but left out of the model lists
     stream: bool = False
     inline_results: bool = False  # HTML/SVG results shown in a browser, not downloaded
     concurrency: int = 1
@@ -678,6 +682,8 @@ def build_spec(
     take("gpus", "gpus", _gpus)
     take("keep_alive", "keep_alive_s", _infinite_duration)
     take("pinned", "pinned", _bool)
+    take("preload", "preload", _bool)
+    take("unlisted", "unlisted", _bool)
     take("stream", "stream", _bool)
     take("inline_results", "inline_results", _bool)
     take("concurrency", "concurrency", lambda v: _int(v, minimum=1))

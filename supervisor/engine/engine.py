@@ -50,13 +50,12 @@ from .others import Others
 from .planner import Planner
 from .pool import WorkerPool
 from .rules import Rules
-from .runtime import BackendRuntime, Ghost
+from .runtime import MAX_INIT_FAILURES, BackendRuntime, Ghost
 from .sleeper import Sleeper
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
 from .yielding import Yields, announce
 
-MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
 PRELOAD_PATIENCE_S = 30.0
 STEP_NOW_MAX_QUEUE = 8  # step_now decides at once only while the queue is this short
@@ -162,18 +161,14 @@ class Engine:
             started(exc)
             self.journal.close()
             return
-        for line in leftovers:
-            self.notes.note("warning", line)
+        self.notes.warn_each(leftovers)
         self._recover()
-        for line in self.yields.load():
-            self.notes.note("warning", line)
-        self.notes.note("info", f"engine started: {self.monitor.summary()}")
-        if self.monitor.notice:
-            self.notes.note("warning", self.monitor.notice)
-        for err in self.descriptors.errors:
-            self.notes.note("error", err)
-        for backend, warning in self.descriptors.warnings:
-            self.notes.note("warning", f"descriptor warning: {warning}", backend)
+        self.notes.warn_each(self.yields.load())
+        for rt in self.pool.runtimes():
+            if rt.spec.preload:
+                self._request_preload(rt)
+        self.notes.started(self.monitor.summary(), self.monitor.notice, self.descriptors.errors,
+                           self.descriptors.warnings)
         started(None)
         tasks = (loop.create_task(self._ticker()), loop.create_task(self.rules.watch_commands()))
         await self.run.stopped()
@@ -744,19 +739,10 @@ class Engine:
         self.notes.counters.worker_exited(handle, expected=expected, never_ready=never_ready)
         log_hint = f"log: {handle.log_path}"
         name = rt.spec.name
-        if killed_for is not None:
-            health.last_error = killed_for
-        elif expected:
-            self.notes.note("info", f"{name} stopped", name)
-        elif never_ready:
-            health.init_failures += 1
-            health.last_error = handle.init_error or reason
-            self.notes.note("error", f"{name} failed to start ({health.init_failures}/"
-                            f"{MAX_INIT_FAILURES}): {health.last_error}; {log_hint}", name)
-            health.failed = health.init_failures >= MAX_INIT_FAILURES
-        else:
-            health.last_error = f"{reason}; {log_hint}"
-            self.notes.note("error", f"{name} crashed: {health.last_error}", name)
+        said = health.record_exit(name, reason, handle.init_error, log_hint,
+                                  killed_for=killed_for, expected=expected, never_ready=never_ready)
+        if said is not None:
+            self.notes.note(*said, name)
         for job_id in list(rt.admitted):
             job = self.jobs.get(job_id)
             rt.admitted.remove(job_id)

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
+from ..servers.request import API_PATHS, job_metadata
 from . import forward
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
@@ -59,6 +60,7 @@ DONE = b"data: [DONE]\n\n"
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OpenAI(server)
+    app[OPENAI] = r  # the other doors' shapes (Ollama's) submit through it
     app.add_routes([web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
                     *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items()),
                     web.route("*", "/upstream/{model}/{path:.*}", r.upstream)])
@@ -103,7 +105,8 @@ class _OpenAI:
 
     async def models(self, request: web.Request) -> web.Response:
         states = {b.name: b.state for b in self.engine.snapshot().backends}
-        names = sorted({b for b in self.table.names.values()})
+        names = sorted({b for b in self.table.names.values()
+                        if not self.engine.backends[b].spec.unlisted})
         return json_response({"object": "list",
                               "data": [self._model_json(n, states) for n in names]})
 
@@ -142,7 +145,14 @@ class _OpenAI:
             if not isinstance(body, dict):
                 raise bad_request("the body must be a JSON object")
             payload = await request.read()
-        model = body.get("model")
+        job_id, stream = self.submit(kind, body, payload)
+        if not stream:
+            view = await wait_done(self.server, job_id)
+            return result_response(self.server, finished_view(self.server, job_id, view))
+        return await self._stream(request, job_id)
+
+    def backend_for(self, model: object, kind: str | None = None) -> str:
+        """The backend a request's ``model`` names (that speaks ``kind``), or the error."""
         if not isinstance(model, str) or not model:
             raise bad_request("model: the name of a model (GET /v1/models lists them)",
                               param="model")
@@ -150,19 +160,30 @@ class _OpenAI:
         if backend is None:
             raise self._unknown(model)
         spec = self.engine.backends[backend].spec
-        if kind not in spec.api:
+        if kind is not None and kind not in spec.api:
             raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
                               "wrong_api", param="model")
+        return backend
+
+    def submit(self, kind: str, body: dict[str, Any], payload: bytes) -> tuple[str, bool]:
+        """The job of one request of OpenAI's ``kind`` (``body``: its JSON, ``payload``: its
+        bytes): its id, and whether it streams.  Every door that speaks another API's shape
+        (Ollama's) comes through here, so its requests run as these do."""
+        model = body.get("model")
+        backend = self.backend_for(model, kind)
         stream = body.get("stream") is True and kind in STREAMABLE
+        metadata: dict[str, Any] = {"api": kind, "model": model}
+        server = self.engine.backends[backend].spec.server
+        if server:  # the route of the server it goes to
+            metadata.update(job_metadata("POST", API_PATHS[kind],
+                                         {"content-type": "application/json"}))
         try:
-            job = self.engine.submit(backend, payload, stream=stream,
-                                     metadata={"api": kind, "model": model})
+            # A server's job is not journaled, as forward's are: its client goes with the engine.
+            job = self.engine.submit(backend, payload, stream=stream, metadata=metadata,
+                                     durable=not server)
         except VramtuiError as exc:
             raise from_engine(exc, submitting=True) from None
-        if not stream:
-            view = await wait_done(self.server, job.id)
-            return result_response(self.server, finished_view(self.server, job.id, view))
-        return await self._stream(request, job.id)
+        return job.id, stream
 
     async def _served(self, request: web.Request, kind: str) -> web.StreamResponse | None:
         """A request for a model server, forwarded as it came (None: not for a server)."""
@@ -248,6 +269,9 @@ class _OpenAI:
         if stream.client_gone and not stream.finished:
             cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
         return response
+
+
+OPENAI = web.AppKey("openai_routes", _OpenAI)
 
 
 class _ChunkEncoder:

@@ -189,7 +189,8 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
     for problem in loaded.errors:
         r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
     for warning in loaded.warnings:
-        r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd'")
+        r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd' or "
+              "'Coming from llama-swap'")
     if loaded.demo:
         r.add(WARN, "backends", "none configured: the simulated demo backends are used",
               f"add descriptors to {paths.backends_dir}")
