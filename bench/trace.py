@@ -337,23 +337,27 @@ def chat_beside_batch() -> Trace:
                  (llm, small, big), chat + batch)
 
 
+def later_batch(base: Trace, at: float) -> tuple[TraceJob, ...]:
+    return tuple(dataclasses.replace(j, at=at) for j in base.jobs if j.priority == 0)
+
+
 def chat_poisson(rng: random.Random) -> Trace:
-    """The same batch beside chat requests arriving at random (Poisson, one per 2 s on
-    average) for 40 s."""
+    """The same batch, submitted 5 s into a chat whose requests arrive at random (Poisson,
+    one per 2 s on average) for 40 s."""
     base = chat_beside_batch()
     chat = arrivals.jobs(arrivals.poisson(0.5, 40.0, rng), "chat-llm", 0.3, 10,
                          prefix="chat")
-    batch = tuple(j for j in base.jobs if j.priority == 0)
+    batch = later_batch(base, 5.0)
     return Trace("Poisson chat (1 per 2 s) beside the batch", base.gpus, base.backends,
                  chat + batch)
 
 
 def chat_bursts(rng: random.Random) -> Trace:
-    """The same batch beside bursts of four chat requests every 6 s for 40 s."""
+    """The same batch, submitted 5 s into bursts of four chat requests every 6 s for 40 s."""
     base = chat_beside_batch()
     chat = arrivals.jobs(arrivals.bursts(6.0, 4, 40.0, rng, spread=1.0), "chat-llm", 0.3, 10,
                          prefix="chat")
-    batch = tuple(j for j in base.jobs if j.priority == 0)
+    batch = later_batch(base, 5.0)
     return Trace("bursts of chat (4 every 6 s) beside the batch", base.gpus, base.backends,
                  chat + batch)
 

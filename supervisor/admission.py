@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .backends.schema import BackendSpec, VramSpec
 from .ledger import Book, Declared, Device, Holder, Learned, book, figures
+from .scheduler.expect import Expectations
 from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerInfo
 
 #: What a reload costs before any load was measured, when the descriptor does not say.
@@ -239,6 +240,7 @@ def decide_inputs(
     foreign: Mapping[int, int] | None = None,
     draining: Iterable[int] = (),
     sleep_host_room_mib: int = 0,
+    expected: Expectations | None = None,
 ) -> tuple[Snapshot, Book]:
     """The scheduler's snapshot and the ledger's book, from the same facts."""
     accounts = book(
@@ -272,5 +274,5 @@ def decide_inputs(
     held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
                         queued_counts=queued_counts, held=held,
-                        sleep_host_room_mib=max(0, sleep_host_room_mib))
+                        sleep_host_room_mib=max(0, sleep_host_room_mib), expected=expected)
     return snapshot, accounts
