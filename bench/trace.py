@@ -458,6 +458,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=11, help="for the random traces")
     parser.add_argument("--engine", action="store_true",
                         help="also run the interleaved trace through the real engine")
+    parser.add_argument("--engine-chat", action="store_true",
+                        help="also run issue 28's chat-beside-a-batch trace through the real "
+                        "engine (about a minute)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     traces = [interleaved(), vramd_card(rng), box_bursts(rng), interactive_and_batch(rng),
@@ -503,7 +506,27 @@ def main() -> int:
         bound = lower_bound(Trace(trace.name, trace.gpus, backends, trace.jobs))
         print(row(real, bound))
         print(row(sim, bound) + "   (the simulator, with the engine's load times)")
+    if args.engine_chat:
+        engine_chat()
     return 0
+
+
+def engine_chat() -> None:
+    """Issue 28's trace through the real engine, real simulated workers, on sim:24GiB."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from engine_support import play_trace
+
+    trace = chat_beside_batch()
+    bound = served_bound(trace) or lower_bound(trace)
+    played = play_trace(trace, "sim:24GiB")
+    bad = {t: s for t, s in played.states.items() if s != "succeeded"}
+    real = Result(trace.name, "engine", played.makespan_s, played.loads, math.nan,
+                  played.waits, [], False)
+    print(f"{trace.name} through the real engine (simulated workers, sim:24GiB); bound "
+          f"{bound:.1f} s")
+    print(row(real, bound) + (f"   {len(bad)} NOT SUCCEEDED" if bad else
+                              "   every job succeeded"))
+    print(row(simulate(trace, name="sim"), bound) + "   (the simulator)")
 
 
 if __name__ == "__main__":

@@ -278,6 +278,7 @@ class Engine:
         if self.journal.durable(job):  # durable before the submitter hears "accepted"
             self.journal.submitted(job)
         self.jobs.add(job, keep_request=True)
+        self.planner.arrived(job)
         self._job_event(job)
         self.run.schedule()
         return job
@@ -523,8 +524,8 @@ class Engine:
         """The memory ledger's accounts of the engine now."""
         return self._inputs(with_queue=False)[1]
 
-    def _inputs(self, extra: tuple[sched.QueuedJob, ...] = (), *, with_queue: bool = True
-                ) -> tuple[sched.Snapshot, Book]:
+    def _inputs(self, extra: tuple[sched.QueuedJob, ...] = (), *, with_queue: bool = True,
+                now: float | None = None) -> tuple[sched.Snapshot, Book]:
         queue: tuple[sched.QueuedJob, ...] = ()
         counts: Mapping[tuple[str, str], int] = {}
         if with_queue:
@@ -532,7 +533,7 @@ class Engine:
                                                     self.jobs.queue.counts, extra)
         return self.planner.inputs(self.monitor.readings, self.pool.runtimes(),
                                    self.calibrations.facts(), self.monitor.foreign, queue,
-                                   counts, self.sleeper.host_room_mib())
+                                   counts, self.sleeper.host_room_mib(), now)
 
     def _step(self) -> None:
         now = self.clock()
@@ -541,7 +542,7 @@ class Engine:
         extra = tuple(sched.QueuedJob(f"preload-{rt.spec.name}", rt.spec.name, -(10**9),
                                       10**15 + i, now, 0, kind="preload")
                       for i, rt in enumerate(preloads))
-        snap, _book = self._inputs(extra)
+        snap, _book = self._inputs(extra, now=now)
         plan = self.planner.plan(snap, now)
         for ev in plan.evictions:
             rt = self.pool.runtime(ev.backend)
@@ -820,6 +821,7 @@ class Engine:
         self.jobs.ended(job)
         if job.kind == "job":
             self.notes.job_ended(job)
+            self.planner.ended(job)
         self._job_event(job)  # events carry no result: whoever wants it asks (wait, job)
 
     def _stopped_during(self, job: Job) -> None:

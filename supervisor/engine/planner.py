@@ -6,7 +6,9 @@ backend's admission figures, each live worker, ghost and calibration run, the qu
 scheduler's snapshot; :meth:`Planner.plan` asks the pure :func:`~supervisor.scheduler.plan.plan`
 what to evict and start.  The planner also holds what outlives one step: the GPUs being
 drained, and why a backend's jobs could never run here (remembered while its figures and the
-GPUs' sizes stay the same, so a submit does not pay for the check each time).
+GPUs' sizes stay the same, so a submit does not pay for the check each time), and how each
+backend's requests arrive and how long its jobs run (``supervisor.scheduler.expect``: what
+the scheduler expects of the requests that have not come yet).
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from dataclasses import replace
 from .. import admission
 from ..errors import Refused
 from ..gpu.model import GpuReading
+from ..jobs.record import Job
+from ..jobs.states import JobState
 from ..ledger import Book, Device
 from ..scheduler import model as sched
+from ..scheduler.expect import Learner
 from ..scheduler.plan import Plan
 from ..scheduler.plan import plan as make_plan
 from ..scheduler.submit import check_submit
@@ -42,6 +47,7 @@ class Planner:
         )
         self.reserve_mib = config.reserve_mib
         self.draining: set[int] = set()
+        self.expect = Learner()  # how requests arrive, per backend and priority
         # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
         self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
                                         str | None]] = {}
@@ -55,16 +61,20 @@ class Planner:
                runs: Sequence[admission.RunFacts], foreign: Mapping[int, int],
                queue: tuple[sched.QueuedJob, ...] = (),
                counts: Mapping[tuple[str, str], int] | None = None,
-               sleep_host_room_mib: int = 0,
+               sleep_host_room_mib: int = 0, now: float | None = None,
                ) -> tuple[sched.Snapshot, Book]:
-        """The scheduler's snapshot and the ledger's book of the engine now."""
+        """The scheduler's snapshot and the ledger's book of the engine now (with ``now``,
+        what is expected of requests yet to come)."""
         calibrating = {r.backend for r in runs}
         backends: dict[str, sched.BackendInfo] = {}
+        targets: dict[str, float] = {}
         workers: list[admission.WorkerFacts] = []
         ghosts: list[admission.GhostFacts] = []
         for rt in runtimes:
             name = rt.spec.name
             backends[name] = rt.info()
+            if rt.spec.target_wait_s is not None:
+                targets[name] = rt.spec.target_wait_s
             w = rt.worker
             if w is not None and w.state not in GONE:
                 # A backend being calibrated takes no new job on its old worker, which the
@@ -76,7 +86,21 @@ class Planner:
         return admission.decide_inputs(
             self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
             queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
-            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib)
+            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
+            expected=None if now is None else self.expect.view(now, targets))
+
+    def arrived(self, job: Job) -> None:
+        """A job was submitted: learn when its backend's requests come."""
+        if job.kind == "job":
+            self.expect.arrived(job.backend, job.priority, job.submitted_at)
+
+    def ended(self, job: Job) -> None:
+        """A job ended: a success teaches how long its backend's jobs run."""
+        if job.kind != "job" or job.state is not JobState.SUCCEEDED or job.finished_at is None:
+            return
+        start = next((t for t, state, _ in reversed(job.history) if state == "running"), None)
+        if start is not None:
+            self.expect.ran(job.backend, job.finished_at - start)
 
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None) -> admission.WorkerFacts:
