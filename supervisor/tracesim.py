@@ -101,6 +101,7 @@ class Result:
     unfinished: list[str] = field(default_factory=list)
     sleeps: int = 0
     wakes: int = 0
+    started_at: dict[str, float] = field(default_factory=dict)  # job -> when it ran
 
     def wait_p(self, priority: int, q: float) -> float:
         """The ``q`` quantile of the waits of ``priority`` (nearest rank)."""
@@ -305,7 +306,7 @@ class _Sim:
         unfinished = sorted(set(self.jobs) - self.done)
         return Result(self.trace.name, "", makespan, self.n_loads, busy, waits, self.starts,
                       self.overcommitted, unfinished, self.n_sleeps,
-                      sum(len(w) for w in self.wakes.values()))
+                      sum(len(w) for w in self.wakes.values()), dict(self.started_at))
 
     def handle(self, kind: str, what: str, now: float, seqs: itertools.count[int]) -> None:
         if kind == "arrive":

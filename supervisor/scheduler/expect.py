@@ -8,21 +8,30 @@ long its jobs run; ``Learner.view(now)`` gives the frozen ``Expectations`` the s
 
 A ``Stream`` is a backend's requests of one priority that came with gaps between them
 (requests closer than ``MIN_GAP_S`` are one burst: a batch submitted at once is no stream).
-It is *alive* until it has been silent longer than its longest gap, stretched by
-``QUIET_FACTOR``, plus ``SPREAD_FACTOR`` times the spread (standard deviation) of its gaps
-and ``QUIET_PAD_S`` (then it has stopped: nothing is expected of it). While
-alive, the chance that its next request comes within ``w`` seconds is read from its own gaps:
-among the gaps longer than the silence so far, the (weighted) share that ends within ``w``
-more; a stream silent longer than every gap it had is overdue (a request is expected now).
+It is *alive* until it has been silent for longer than its gaps make likely; then it has
+stopped and nothing is expected of it. A regular stream (its gaps' spread, the standard
+deviation over the mean, near 0) stops after its longest gap times ``QUIET_FACTOR``; a random
+one (spread near 1, as independent requests: any silence is possible, a long one only
+improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
+that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the longer it
+has gone on, the longer the silence it takes); in between, in proportion. Plus
+``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``.
+
+While alive, the chance that its next request comes within ``w`` seconds is read from its
+own gaps: among the gaps longer than the silence so far, the (weighted) share that ends
+within ``w`` more, blended with what a memoryless stream of the same mean gap would say as
+those gaps get few (``PRIOR_GAPS``: after a silence longer than most gaps, a random stream's
+next request is still as near as ever; a periodic one's gaps tell exactly when).
 
 What the scheduler does with it (``supervisor.scheduler.plan``): evicting a worker whose
 stream is alive costs its next request, if it comes while the evicting job loads and runs
 and the worker reloads (``window``), that much wait: ``p_within(window) * window``. Against
-a barrier of lower priority than the stream, that cost must stay within the stream's target
-wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the barrier waits
-for a gap long enough, or for the stream to stop (at most ``max_patience_s``). At equal
-priority an alive stream counts as queued work (the barrier is patient); a stream of lower
-priority than the barrier counts for nothing.
+a job of lower priority than the stream, that cost must stay within the stream's target
+wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
+a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``). At
+equal priority an alive stream makes its worker dearer to evict, as queued work does, and
+keeps it while a patient barrier waits if its next request is due within a reload; a stream
+of lower priority than the job counts for nothing.
 """
 
 from __future__ import annotations
@@ -42,8 +51,11 @@ HALF_LIFE_S = 600.0
 MIN_GAP_S = 0.05
 #: A stream has stopped once silent for longer than its longest gap times this, plus the pad.
 QUIET_FACTOR = 1.25
+RANDOM_QUIET = 5.0
 QUIET_PAD_S = 0.5
-SPREAD_FACTOR = 2.0
+FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
+#: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
+PRIOR_GAPS = 2.0
 #: How long the next request of a stream may be made to wait, unless its backend says.
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
@@ -60,18 +72,22 @@ class Stream:
     last_at: float
     gaps: tuple[float, ...]
     weights: tuple[float, ...]
+    seen: int = 0  # gaps learned in all (more than those kept)
 
     @property
     def quiet_at(self) -> float:
-        """When it counts as stopped if nothing more comes: after its longest gap stretched,
-        plus twice the spread of its gaps (a regular stream stops soon, a random one
-        later)."""
+        """When it counts as stopped if nothing more comes (see the module doc)."""
         gaps = self.gaps
         if not gaps:
             return self.last_at
-        mean = sum(gaps) / len(gaps)
-        spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
-        return self.last_at + max(gaps) * QUIET_FACTOR + SPREAD_FACTOR * spread + QUIET_PAD_S
+        n = len(gaps)
+        mean = sum(gaps) / n
+        spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
+        random = min(1.0, spread / mean) if mean > 0 else 0.0
+        quiet = RANDOM_QUIET + math.log(1 + max(n, self.seen))
+        silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR + random * quiet * mean
+                   + mean * FEW_GAPS / n + QUIET_PAD_S)
+        return self.last_at + silence
 
     def alive(self, now: float) -> bool:
         return bool(self.gaps) and now < self.quiet_at
@@ -83,28 +99,38 @@ class Stream:
                 if g > silent and w > 0]
 
     def p_within(self, now: float, window: float) -> float:
-        """The chance that its next request comes within ``window`` seconds of ``now``."""
+        """The chance that its next request comes within ``window`` seconds of ``now``: what
+        its gaps longer than the silence so far say, blended with a memoryless stream of its
+        mean gap as those gaps get few (``PRIOR_GAPS``)."""
         if not self.alive(now):
             return 0.0
+        total_w = sum(self.weights)
+        mean = sum(g * w for g, w in zip(self.gaps, self.weights, strict=True)) / total_w \
+            if total_w > 0 else 0.0
+        memoryless = 1.0 - math.exp(-window / mean) if mean > 0 else 1.0
         tail = self._tail(now)
         total = sum(w for _, w in tail)
         if total <= 0:
-            return 1.0  # overdue
-        return sum(w for left, w in tail if left <= window) / total
+            return memoryless  # overdue
+        seen = sum(w for left, w in tail if left <= window) / total
+        n = len(tail)
+        return (n * seen + PRIOR_GAPS * memoryless) / (n + PRIOR_GAPS)
 
     def due_in(self, now: float) -> float:
-        """In how many seconds its next request is expected (the weighted median of what is
-        left of its gaps; 0 when overdue, inf when stopped)."""
+        """In how many seconds its next request is expected: when the chance that it has
+        come (``p_within``) reaches a half; inf when stopped."""
         if not self.alive(now):
             return math.inf
-        tail = sorted(self._tail(now))
-        total = sum(w for _, w in tail)
-        acc = 0.0
-        for left, w in tail:
-            acc += w
-            if acc >= total / 2:
-                return left
-        return 0.0
+        lo, hi = 0.0, max(self.gaps)
+        while self.p_within(now, hi) < 0.5 and hi < 1e6:
+            hi *= 2
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            if self.p_within(now, mid) >= 0.5:
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +168,7 @@ class Expectations:
 @dataclass
 class _History:
     last_at: float
+    seen: int = 0
     gaps: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=GAPS_KEPT))  # (gap, observed at)
 
@@ -166,6 +193,7 @@ class Learner:
             gap = at - h.last_at
             if gap >= MIN_GAP_S:
                 h.gaps.append((gap, at))
+                h.seen += 1
             h.last_at = max(h.last_at, at)
         self._streams[key] = h
 
@@ -194,7 +222,8 @@ class Learner:
                 continue
             weights = tuple(0.5 ** (max(0.0, now - seen) / HALF_LIFE_S) for _, seen in h.gaps)
             streams.setdefault(backend, []).append(
-                Stream(backend, priority, h.last_at, tuple(g for g, _ in h.gaps), weights))
+                Stream(backend, priority, h.last_at, tuple(g for g, _ in h.gaps), weights,
+                       h.seen))
         return Expectations(
             {b: tuple(sorted(ss, key=lambda s: -s.priority)) for b, ss in streams.items()},
             dict(self._job_s), dict(target_wait_s or {}))
