@@ -165,6 +165,7 @@ class Played:
     makespan_s: float  # first submission to the last end, wall clock
     loads: int  # workers started
     waits: dict[int, list[float]]  # priority -> each job's submission to its start
+    job_waits: dict[str, float]  # trace job id -> its submission to its start
     states: dict[str, str]  # trace job id -> its final state
     reasons: list[str]  # why jobs waited, as their views said while the trace played
     log: list[str]
@@ -209,5 +210,8 @@ def play_trace(trace: Any, gpus: str, *, step_s: float = 0.1,
     for v in views.values():
         if v.started_at is not None:
             waits.setdefault(v.priority, []).append(v.started_at - v.submitted_at)
+    job_waits = {tid: v.started_at - v.submitted_at for tid, v in views.items()
+                 if v.started_at is not None}
     return Played(last - first, sum(1 for text in log if text.startswith("starting ")),
-                  waits, {tid: v.state.value for tid, v in views.items()}, reasons, log)
+                  waits, job_waits, {tid: v.state.value for tid, v in views.items()}, reasons,
+                  log)

@@ -209,8 +209,8 @@ def issue_trace() -> Trace:
     small = TraceBackend("embed", 1.0, 7 * GIB, 3 * GIB, safety_mib=128)
     big = TraceBackend("big", 4.0, 16 * GIB, 4 * GIB, safety_mib=128)
     chat = arrivals.jobs(arrivals.periodic(1.5, 28.5), llm.name, 0.3, 10, prefix="chat")
-    batch = tuple(TraceJob(f"embed-{i}", 0.0, small.name, 2.0) for i in range(8)) + \
-        tuple(TraceJob(f"big-{i}", 0.0, big.name, 3.0) for i in range(4))
+    batch = tuple(TraceJob(f"embed-{i}", 3.0, small.name, 2.0) for i in range(8)) + \
+        tuple(TraceJob(f"big-{i}", 3.0, big.name, 3.0) for i in range(4))
     return Trace("issue 28", (24 * GIB,), (llm, small, big), chat + batch)
 
 
