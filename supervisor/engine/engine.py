@@ -503,6 +503,7 @@ class Engine:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
                               self.notes.note, self.pool.evict_now)
+        self.planner.forget(result.removed)
         self.run.schedule()
         return result
 

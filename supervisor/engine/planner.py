@@ -94,6 +94,11 @@ class Planner:
         if job.kind == "job":
             self.expect.arrived(job.backend, job.priority, job.submitted_at)
 
+    def forget(self, backends: Iterable[str]) -> None:
+        """Backends removed: what was learned of their requests goes with them."""
+        for name in backends:
+            self.expect.forget(name)
+
     def ended(self, job: Job) -> None:
         """A job ended: a success teaches how long its backend's jobs run."""
         if job.kind != "job" or job.state is not JobState.SUCCEEDED or job.finished_at is None:
