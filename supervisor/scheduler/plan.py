@@ -34,6 +34,15 @@ barrier waits for. No job starves: aging lifts a waiting job one level per
 ``aging_interval_s`` until it is first in line, and then it waits at most ``max_patience_s``
 plus the running jobs of its victims.
 
+Expected arrivals. With ``Snapshot.expected`` (``supervisor.scheduler.expect``), a job that
+would evict the worker of a stream of higher priority than its own first counts what that
+costs the stream's next request (the chance it comes while the job loads and runs and the
+worker reloads, times that time); beyond the stream's target wait, the job waits (for a gap
+long enough, or the stream's end, at most ``max_patience_s``) without becoming a barrier, so
+work that fits beside the stream goes on, and its reason says what it waits for. A worker
+whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
+keeps an idle victim whose stream of at least its priority is due within a reload.
+
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
 barrier only in room the barrier does not need. When room is needed, an idle worker that can
