@@ -116,8 +116,6 @@ def test_job_times_are_a_moving_mean_and_nonsense_is_ignored() -> None:
     learner.ran("big", -1.0)
     assert learner.view(0.0).job_time("big", 1.0) == pytest.approx(13.0)
     assert learner.view(0.0).job_time("other", 1.0) == 1.0
-    learner.forget("big")
-    assert learner.view(0.0).job_s == {}
 
 
 # --------------------------------------------------------------------------- the decision

@@ -14,7 +14,7 @@ the scheduler expects of the requests that have not come yet).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .. import admission
@@ -38,7 +38,8 @@ GONE = frozenset({WorkerState.CRASHED, WorkerState.COLD})
 class Planner:
     """Admission's inputs and memory between steps (see the module doc)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, clock: Callable[[], float]) -> None:
+        self.clock = clock  # the engine's: when requests arrive, and now
         self.config = sched.SchedulerConfig(
             patience_factor=config.patience_factor,
             max_patience_s=config.max_patience_s,
@@ -46,11 +47,16 @@ class Planner:
             max_queue_depth=config.max_queue_depth,
         )
         self.reserve_mib = config.reserve_mib
+        self.gpu_reserve_mib = dict(config.gpu_reserve_mib)  # per GPU, in its place
         self.draining: set[int] = set()
         self.expect = Learner()  # how requests arrive, per backend and priority
         # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
         self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
                                         str | None]] = {}
+
+    def reserves(self, readings: Mapping[int, GpuReading]) -> dict[int, int]:
+        """GPU -> what is kept free there (``reserve`` of config.yaml, else the default)."""
+        return {i: self.gpu_reserve_mib.get(i, self.reserve_mib) for i in readings}
 
     @staticmethod
     def devices(readings: Mapping[int, GpuReading]) -> list[Device]:
@@ -61,10 +67,11 @@ class Planner:
                runs: Sequence[admission.RunFacts], foreign: Mapping[int, int],
                queue: tuple[sched.QueuedJob, ...] = (),
                counts: Mapping[tuple[str, str], int] | None = None,
-               sleep_host_room_mib: int = 0, now: float | None = None,
+               sleep_host_room_mib: int = 0, closed: Mapping[int, str] | None = None,
                ) -> tuple[sched.Snapshot, Book]:
-        """The scheduler's snapshot and the ledger's book of the engine now (with ``now``,
-        what is expected of requests yet to come)."""
+        """The scheduler's snapshot and the ledger's book of the engine now; ``closed``: the
+        GPUs where nothing of ours may run (yielded), and why; with a queue, what is expected
+        of requests yet to come."""
         calibrating = {r.backend for r in runs}
         backends: dict[str, sched.BackendInfo] = {}
         targets: dict[str, float] = {}
@@ -85,19 +92,16 @@ class Planner:
                                                    gh.observed_mib))
         return admission.decide_inputs(
             self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
-            queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
+            queued_counts=counts if counts is not None else {},
+            reserve_mib=self.reserves(readings),
             foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
-            expected=None if now is None else self.expect.view(now, targets))
+            closed=closed,
+            expected=self.expect.view(self.clock(), targets) if queue else None)
 
     def arrived(self, job: Job) -> None:
         """A job was submitted: learn when its backend's requests come."""
         if job.kind == "job":
             self.expect.arrived(job.backend, job.priority, job.submitted_at)
-
-    def forget(self, backends: Iterable[str]) -> None:
-        """Backends removed: what was learned of their requests goes with them."""
-        for name in backends:
-            self.expect.forget(name)
 
     def ended(self, job: Job) -> None:
         """A job ended: a success teaches how long its backend's jobs run."""
@@ -184,7 +188,7 @@ class Planner:
             fact = replace(fact, state="asleep", sleep_mib=slumber.keeps_mib,
                            falling=slumber.phase == "falling")
         held = admission.holders(self.devices(readings), {rt.spec.name: rt.info()}, [fact],
-                                 reserve_mib=self.reserve_mib, foreign=foreign)
+                                 reserve_mib=self.reserves(readings), foreign=foreign)
         return sum(h.holds_mib for h in held)
 
     # -- refusals -------------------------------------------------------------------------------
@@ -209,6 +213,6 @@ class Planner:
               readings: Mapping[int, GpuReading]) -> sched.Snapshot:
         """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
         refusal at submit depends on sizes, never on what runs now)."""
-        gpus = [sched.GpuState(i, r.total_mib, None, self.reserve_mib)
+        gpus = [sched.GpuState(i, r.total_mib, None, self.gpu_reserve_mib.get(i, self.reserve_mib))
                 for i, r in sorted(readings.items())]
         return sched.Snapshot(gpus=gpus, backends={backend: info})

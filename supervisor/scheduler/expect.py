@@ -207,12 +207,6 @@ class Learner:
         self._job_s[backend] = seconds if old is None else \
             old + JOB_TIME_WEIGHT * (seconds - old)
 
-    def forget(self, backend: str) -> None:
-        """Drop what was learned of ``backend`` (removed, or changed)."""
-        for key in [k for k in self._streams if k[0] == backend]:
-            del self._streams[key]
-        self._job_s.pop(backend, None)
-
     def view(self, now: float, target_wait_s: Mapping[str, float] | None = None
              ) -> Expectations:
         """What is expected at ``now`` (only backends with at least one gap learned)."""
