@@ -584,7 +584,9 @@ def engine_chat() -> None:
     def p95(waits: list[float]) -> float:
         return sorted(waits)[math.ceil(0.95 * len(waits)) - 1]
 
-    print(f"  chat requests once the batch is queued: wait p95 "
+    chat = [j for j in trace.jobs if j.priority == 10]
+    print(f"  chat wait p95: {p95([played.job_waits[j.id] for j in chat]):.2f} s (the first "
+          f"requests wait for the cold load); once the batch is queued "
           f"{p95([played.job_waits[j.id] for j in beside]):.2f} s (the simulator "
           f"{p95([sim.started_at[j.id] - j.at for j in beside]):.2f} s)")
 
