@@ -61,6 +61,7 @@ TOP_KEYS = frozenset(
         "calibration",
         "reload_cost",
         "wake_cost",
+        "target_wait",
         "sleep",
         "simulated",
         "on_overuse",
@@ -226,6 +227,7 @@ class BackendSpec:
     calibration_request: bytes | None = None
     reload_cost_s: float | None = None
     wake_cost_s: float | None = None  # a wake's cost until one was measured
+    target_wait_s: float | None = None  # how long its next expected request may wait
     sleep: SleepSpec = SleepSpec()
     description: str = ""
     source: str = ""
@@ -691,6 +693,7 @@ def build_spec(
     take("calibration", "calibration_request", _calibration)
     take("reload_cost", "reload_cost_s", parse_duration)
     take("wake_cost", "wake_cost_s", parse_duration)
+    take("target_wait", "target_wait_s", parse_duration)
     take("sleep", "sleep", _sleep)
     take("description", "description", _str)
     take("simulated", "simulated", _bool)

@@ -94,7 +94,7 @@ class Engine:
             gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
             budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
-        self.planner = Planner(config)
+        self.planner = Planner(config, clock)
         self.yields = Yields(paths.yields_path if config.journal else None)
         self.rules = Rules(config.yield_when, self.notes.note)
         self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
@@ -288,6 +288,7 @@ class Engine:
         if self.journal.durable(job):  # durable before the submitter hears "accepted"
             self.journal.submitted(job)
         self.jobs.add(job, keep_request=True)
+        self.planner.arrived(job)
         self._job_event(job)
         self.run.schedule()
         return job
@@ -852,6 +853,7 @@ class Engine:
         self.jobs.ended(job)
         if job.kind == "job":
             self.notes.job_ended(job)
+            self.planner.ended(job)
         self._job_event(job)  # events carry no result: whoever wants it asks (wait, job)
 
     def _stopped_during(self, job: Job) -> None:
