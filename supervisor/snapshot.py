@@ -43,6 +43,17 @@ class GpuView:
     history: tuple[tuple[float, int], ...]  # (wall-clock t, used MiB)
     draining: bool = False  # admits nothing new; its idle workers are evicted
     processes: tuple[GpuProcess, ...] = ()  # at the last process sample, largest first
+    source: str = "nvml"  # what measures it: "nvml", "simulated", or "host" (host memory)
+
+    @property
+    def host(self) -> bool:
+        """The host device (``--gpus host``): its figures are host memory, read from /proc."""
+        return self.source == "host"
+
+    @property
+    def kind(self) -> str:
+        """How its figures are labelled: ``SIMULATED``, ``host memory`` or ``GPU``."""
+        return "SIMULATED" if self.simulated else "host memory" if self.host else "GPU"
 
     @property
     def budget_mib(self) -> int:

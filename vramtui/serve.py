@@ -82,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args, group)
 
 
-ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget"})
+ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget", "gpus", "host_reserve"})
 
 
 def engine_config(args: argparse.Namespace, paths: Paths,
@@ -92,6 +92,8 @@ def engine_config(args: argparse.Namespace, paths: Paths,
         engine:
           max_queue: 64             # jobs that may wait before new ones are refused (512)
           sleep_host_budget: 16GiB  # host memory sleeping workers may take (half the host's)
+          gpus: [auto, host]        # the devices when --gpus is not given (auto)
+          host_reserve: 2GiB        # what the host device leaves to the rest (1GiB)
 
     (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``, ``VRAMTUI_SLEEP_HOST_BUDGET``).  VramtuiError,
     one line, for a bad value.
@@ -124,6 +126,13 @@ def engine_config(args: argparse.Namespace, paths: Paths,
         budget = _size(section()["sleep_host_budget"],
                        f"{paths.settings_file}: engine: sleep_host_budget")
     config = EngineConfig()
+    if getattr(args, "gpus", None):
+        config.gpus = str(args.gpus)
+    elif "gpus" in section():
+        config.gpus = _gpus(section()["gpus"], f"{paths.settings_file}: engine: gpus")
+    if "host_reserve" in section():
+        config.host_reserve_mib = _size(section()["host_reserve"],
+                                        f"{paths.settings_file}: engine: host_reserve")
     if depth is not None:
         config.max_queue_depth = depth
     if budget is not None:
@@ -138,6 +147,15 @@ def _size(value: object, where: str) -> int:
         return parse_size(value)
     except ValueError as exc:
         raise VramtuiError(f"{where}: {exc}") from None
+
+
+def _gpus(value: object, where: str) -> str:
+    """``[auto, host]`` or ``host:48GiB``: what ``--gpus`` would say."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(i, str) and i.strip() for i in items):
+        raise VramtuiError(f"{where}={value!r}: expected what --gpus takes, e.g. [host], "
+                           "host:48GiB or [auto, host]")
+    return ",".join(i.strip() for i in items)
 
 
 def _queue_depth(value: object, where: str) -> int:
@@ -162,7 +180,7 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
     except VramtuiError as exc:
         return _fail(str(exc), Exit.USAGE)
     try:
-        sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends, config=config)
+        sup = Supervisor.from_config(gpus=config.gpus, backends=args.backends, config=config)
     except (BadGpuSpec, PathsError, BadLimit) as exc:
         return _fail(str(exc), Exit.USAGE)
     except GpuUnavailable as exc:
@@ -170,8 +188,10 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
 
     def ready(server: object) -> None:
         snap = sup.engine.snapshot()
-        sizes = ", ".join(f"GPU{g.index} {g.total_mib} MiB" for g in snap.gpus) or "no GPU"
-        kind = "SIMULATED" if snap.simulated else "NVIDIA"
+        sizes = ", ".join(f"GPU{g.index} {g.total_mib} MiB"
+                          + (" host memory" if g.host else "") for g in snap.gpus) or "no GPU"
+        kind = "SIMULATED" if snap.simulated else "NVIDIA" if any(
+            not g.host for g in snap.gpus) else "none, host memory"
         print(f"vramtui {__version__}: engine pid {os.getpid()} serving "
               f"{sup.paths.control_socket} — GPU {kind}: {sizes}"
               + (f" ({snap.notice})" if snap.notice else ""), flush=True)

@@ -87,10 +87,11 @@ class Engine:
         self.jobs = JobTable(self.wall, recent_jobs=config.recent_jobs,
                              max_recent_bytes=config.max_recent_result_bytes)
         self.journal = JobJournal(None, self.wall, self.notes.note)
-        self.pool = WorkerPool(backends, workers or ProcessWorkers(
-            paths, simulated=probe.simulated, max_result=config.max_result_bytes),
-            self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
+        self.pool = WorkerPool(backends, workers or ProcessWorkers(
+            paths, simulated="simulated" in self.monitor.kinds(),
+            host_gpus=self.monitor.host_gpus(), max_result=config.max_result_bytes),
+            self.run, clock)
         self.planner = Planner(config)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)

@@ -33,6 +33,7 @@ class Monitor:
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
         self._sampler: Sampler | None = None
         self._history_at: dict[int, float] = {}
+        self._sources = {r.index: r.source or probe.source for r in probe.devices()}
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
         """Read the devices once, then sample them on a thread (``on_sample`` is called on
@@ -93,6 +94,22 @@ class Monitor:
                 for i, r in sorted(self.readings.items())]
 
     def summary(self) -> str:
-        kind = "SIMULATED" if self.probe.simulated else (self.probe.source or "GPU")
-        parts = [f"GPU{i} {r.total_mib} MiB" for i, r in sorted(self.readings.items())]
-        return f"{kind}: " + (", ".join(parts) or "no GPU")
+        """``SIMULATED: GPU0 24576 MiB``, ``host memory: GPU0 22057 MiB``, each kind once."""
+        kinds: dict[str, list[str]] = {}
+        for i, r in sorted(self.readings.items()):
+            kinds.setdefault(device_kind(r, self.probe), []).append(f"GPU{i} {r.total_mib} MiB")
+        return "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()) or "no GPU"
+
+    def host_gpus(self) -> frozenset[int]:
+        """The host device's index (``--gpus host``), if there is one."""
+        return frozenset(i for i, s in self._sources.items() if s == "host")
+
+    def kinds(self) -> set[str]:
+        """The sources of the devices: ``nvml``, ``simulated``, ``host``."""
+        return set(self._sources.values())
+
+
+def device_kind(reading: GpuReading, probe: Probe) -> str:
+    """How a device's figures are labelled: SIMULATED, host memory, or its source (nvml)."""
+    source = reading.source or probe.source
+    return {"simulated": "SIMULATED", "host": "host memory"}.get(source, source or "GPU")

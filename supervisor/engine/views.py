@@ -60,9 +60,11 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             used_mib=r.used_mib, free_mib=r.free_mib,
             reserved_mib=accounts.held_mib if accounts is not None else 0, ours_mib=ours,
             foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
-            simulated=probe.simulated, reserve_mib=parts.reserve_mib,
+            simulated=(r.source or probe.source) == "simulated",
+            reserve_mib=parts.reserve_mib,
             history=tuple((t + offset, v) for t, v in monitor.history.points(index)),
             draining=index in parts.draining, processes=procs.get(index, ()),
+            source=r.source or probe.source,
         ))
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:

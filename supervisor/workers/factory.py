@@ -53,9 +53,11 @@ class WorkerFactory(Protocol):
 class ProcessWorkers:
     """Real worker processes (see the module doc)."""
 
-    def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None) -> None:
+    def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None,
+                 host_gpus: frozenset[int] = frozenset()) -> None:
         self.paths = paths
         self.simulated = simulated
+        self.host_gpus = host_gpus  # the host device: its workers see no GPU
         self.max_result = max_result
         self.listener = WireListener(str(paths.worker_control_socket),
                                      str(paths.worker_data_socket))
@@ -80,7 +82,10 @@ class ProcessWorkers:
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["VRAMTUI_BACKEND"] = spec.name
-        if self.simulated:
+        if gpu in self.host_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # on the host device: no GPU to take by mistake
+            env.pop("VRAMTUI_SIM_DIR", None)
+        elif self.simulated:
             env["VRAMTUI_SIM_DIR"] = str(self.paths.sim_dir)
             env["VRAMTUI_SIM_GPU"] = str(gpu)
         else:
