@@ -90,7 +90,8 @@ class Engine:
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.pool = WorkerPool(backends, workers or ProcessWorkers(
             paths, simulated="simulated" in self.monitor.kinds(),
-            host_gpus=self.monitor.host_gpus(), max_result=config.max_result_bytes),
+            host_gpus=self.monitor.host_gpus(), max_result=config.max_result_bytes,
+            on_launch=self.monitor.track),
             self.run, clock)
         self.planner = Planner(config)
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..gpu.model import GpuReading, Probe, ProcessReading
+from ..gpu.model import GpuReading, Probe, ProcessReading, track
 from ..gpu.sampler import History, Sample, Sampler
 from ..ledger import Device, foreign_mib
 
@@ -43,6 +43,10 @@ class Monitor:
         self._sampler = Sampler(self.probe, on_sample, device_hz=self.sample_hz,
                                 process_hz=self.sample_hz)
         self._sampler.start()
+
+    def track(self, pid: int) -> None:
+        """A worker started: a probe that follows processes itself reads it from now on."""
+        track(self.probe, pid)
 
     def stop(self) -> None:
         if self._sampler is not None:

@@ -33,6 +33,13 @@ class CombinedProbe:
         """The first probe of type ``cls`` (the host probe, for its host figures)."""
         return next((p for p in self.probes if isinstance(p, cls)), None)
 
+    def track(self, pid: int) -> None:
+        """Tell the probes that follow processes (the host's) of a new worker."""
+        for p in self.probes:
+            track = getattr(p, "track", None)
+            if track is not None:
+                track(pid)
+
     def devices(self) -> list[GpuReading]:
         out: list[GpuReading] = []
         for offset, p in zip(self.offsets, self.probes, strict=True):

@@ -13,14 +13,17 @@ GpuReading`, with ``ours`` what the engine's process trees hold:
   ``used - ours`` foreign, as on a GPU.
 
 Each process's memory is its PSS (``supervisor.gpu.procmem``): the processes listed are every
-descendant of ``root`` (the engine), and any process once seen as one that outlived its parent
-(an orphan, re-parented to init), until it is gone; summing PSS over processes counts a shared
+descendant of ``root`` (the engine), and every process that outlived its parent (an orphan,
+re-parented to init) and was one, until it is gone: known as one when seen before, else by
+the mark its worker's environment passed on (``VRAMTUI_ENGINE_PID=<root>``, set by the
+worker factory; :data:`ENGINE_MARK`); summing PSS over processes counts a shared
 page once. Descendants are discovered by one pass over ``/proc`` when a process started on
 the host since the last pass (the last pid given out moved), at most every 0.1 s, and every
 ``discover_s`` whatever (the pause grows when a pass is expensive: at most ~0.2 % of a core
 goes to them); between passes, only the known processes are read. A process whose PSS
 cannot be read (another user's) is counted at its RSS, an over-estimate, and logged once:
-never a silent zero.
+never a silent zero. The engine tells it of each worker it starts (:meth:`HostProbe.track`),
+so a worker is read from its first instant.
 
 :meth:`HostProbe.host_used_mib` is the host's own used total (for yielding to other programs).
 """
@@ -41,6 +44,7 @@ from supervisor.gpu.procmem import (
     HostMemory,
     cgroup_dirs,
     cgroup_memory,
+    has_env,
     last_pid,
     meminfo,
     parents,
@@ -56,6 +60,7 @@ DEFAULT_RESERVE_MIB = 1024
 HOST_FORM = "host or host:<size> (like host:48GiB or host:3500MiB)"
 DISCOVERY_SHARE = 0.002  # of one core: what finding new descendants may cost at most
 MIN_DISCOVER_S, MAX_DISCOVER_S = 0.1, 2.0
+ENGINE_MARK = "VRAMTUI_ENGINE_PID"  # in every worker's environment: the engine's pid
 _SPEC = re.compile(r"^host(?::(.*))?$", re.IGNORECASE)
 
 
@@ -111,6 +116,10 @@ class HostProbe:
         self._ours_mib = 0.0
         self._ours_at: float | None = None
         self._estimated: set[int] = set()  # pids counted at their RSS (PSS unreadable)
+        self._checked: dict[int, int] = {}  # pid -> start: looked at for the mark, not ours
+        root_stat = start_ticks(self.root, proc)
+        self._root_start = root_stat[2] if root_stat is not None else 0
+        self._mark = f"{ENGINE_MARK}={self.root}".encode()
         self.orphans: set[int] = set()  # tracked processes no longer under the root
         self._closed = False
         host = meminfo(proc)
@@ -199,6 +208,14 @@ class HostProbe:
             self._ours_at = now
             return out
 
+    def track(self, pid: int) -> None:
+        """``pid`` (a worker just started) is ours: read from the next sample on, not from the
+        next pass over /proc."""
+        stat = start_ticks(pid, self._proc)
+        if stat is not None:
+            with self._lock:
+                self._tracked.setdefault(pid, stat[2])
+
     @property
     def estimated(self) -> frozenset[int]:
         """Processes counted at their RSS because their PSS could not be read."""
@@ -228,6 +245,15 @@ class HostProbe:
         for pid in list(self._tracked):
             if pid not in table or table[pid][1] != self._tracked[pid]:
                 self._forget(pid)
+        self._checked = {p: s for p, s in self._checked.items() if table.get(p, (0, -1))[1] == s}
+        for pid, (_ppid, started) in table.items():
+            if pid in under_root or pid in self._tracked or pid in self._checked \
+                    or started < self._root_start:
+                continue
+            if has_env(pid, self._mark, self._proc):  # an orphan of ours, never seen before
+                self._tracked[pid] = started
+            else:
+                self._checked[pid] = started
         found = set(under_root)
         stack = [pid for pid in self._tracked if pid not in under_root]
         while stack:

@@ -68,3 +68,11 @@ class Probe(Protocol):
     def close(self) -> None:
         """Release the source; idempotent."""
         ...
+
+
+def track(probe: Probe, pid: int) -> None:
+    """Tell ``probe`` that ``pid`` (a worker just started) is the engine's, when it follows
+    processes itself (the host device's; a GPU's driver lists them on its own)."""
+    hook = getattr(probe, "track", None)
+    if hook is not None:
+        hook(pid)

@@ -12,6 +12,7 @@ point them at a directory of its own), in MiB (2**20 bytes) unless said otherwis
   page at most once), falling back to its resident set from ``statm`` — an over-estimate,
   said so — when ``smaps_rollup`` cannot be read (another user's process);
 - :func:`parents`: pid -> (parent pid, start time) of every process (one pass over ``/proc``);
+- :func:`has_env`: whether a process's environment holds an item (a mark it inherited);
 - :func:`last_pid`: the last pid given out (a new process started when it moves);
 - :func:`start_ticks`: one process's state letter and start time (tells a reused pid apart).
 """
@@ -149,6 +150,15 @@ def start_ticks(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
         return fields[0].decode(), int(fields[1]), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def has_env(pid: int, item: bytes, proc: str = "/proc") -> bool:
+    """Whether ``pid``'s environment holds ``item`` (``NAME=value``); False if unreadable."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as f:
+            return item in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def last_pid(proc: str = "/proc") -> int | None:

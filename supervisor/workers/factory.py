@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 from ..backends.schema import BackendSpec
+from ..gpu.host import ENGINE_MARK
 from ..paths import Paths
 from .base import Worker
 from .handle import WorkerHandle, WorkerObserver
@@ -54,8 +56,10 @@ class ProcessWorkers:
     """Real worker processes (see the module doc)."""
 
     def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None,
-                 host_gpus: frozenset[int] = frozenset()) -> None:
+                 host_gpus: frozenset[int] = frozenset(),
+                 on_launch: Callable[[int], None] | None = None) -> None:
         self.paths = paths
+        self.on_launch = on_launch  # told each new worker's pid (the host device reads it)
         self.simulated = simulated
         self.host_gpus = host_gpus  # the host device: its workers see no GPU
         self.max_result = max_result
@@ -82,6 +86,7 @@ class ProcessWorkers:
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["VRAMTUI_BACKEND"] = spec.name
+        env[ENGINE_MARK] = str(os.getpid())  # its children, orphaned, are still ours
         if gpu in self.host_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ""  # on the host device: no GPU to take by mistake
             env.pop("VRAMTUI_SIM_DIR", None)
@@ -116,6 +121,8 @@ class ProcessWorkers:
     def launched(self, worker: Worker) -> None:
         if worker.pid is not None and not worker.exited:
             self.lifeline.add(worker.pid, worker.backend)
+            if self.on_launch is not None:
+                self.on_launch(worker.pid)
 
     def exited(self, worker: Worker) -> None:
         if worker.pid is not None:

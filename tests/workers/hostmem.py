@@ -7,7 +7,7 @@
   HOSTMEM_ORPHAN_MIB      with it, initialize starts a child in its own session that holds
                           this much and outlives the worker (until HOSTMEM_ORPHAN_S, 30 s)
 
-A request's JSON may set ``step_s``.  The reply is the worker's pid.
+Unloading frees the weights.  A request's JSON may set ``step_s``.  The reply is the worker's pid.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def load() -> None:
         assert child.stdout is not None
         child.stdout.readline()  # it holds its memory now
     time.sleep(LOAD_S)
+
+
+@worker_sdk.unload
+def unload() -> None:
+    held.clear()  # the weights go back to the kernel at once (a large block is its own mapping)
 
 
 @worker_sdk.predict
