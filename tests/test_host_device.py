@@ -316,3 +316,35 @@ def _no_leftovers() -> Iterator[None]:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# -- every face says "host memory" --------------------------------------------------------------
+@pytest.mark.process
+def test_every_face_labels_the_host_device_host_memory() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from supervisor.doors.codec import backend_json, gpu_json
+    from supervisor.http.gpu_ids import device_uuids
+    from supervisor.http.metrics import EngineCollector
+    from vramtui.output import backend_table, devices_kind, gpu_table
+
+    backends = [host_backend("host-x", 10, 0, vram={"peak": "64MiB"})]
+    with engine(backends, gpus="sim:1GiB,host:512MiB") as sup:
+        snap = sup.snapshot()
+        sim, host = snap.gpus
+        assert (sim.kind, host.kind, host.name, host.simulated) == \
+            ("SIMULATED", "host memory", "host memory", False)
+        assert gpu_json(host, "HOST-1")["kind"] == "host memory"
+        assert device_uuids({0: "simulated", 1: "host"}) == {0: "SIM-0", 1: "HOST-1"}
+        view = snap.backend("host-x")
+        assert view is not None
+        assert backend_json(view, snap, {})["memory"]["kind"] is None  # runs nowhere yet
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(sup.engine, "test", {1: "HOST-1"}))
+        metrics = generate_latest(registry).decode()
+        assert 'kind="host memory"' in metrics and 'modelName="host memory"' in metrics
+        assert devices_kind(snap) == "SIMULATED + host memory"
+        table = gpu_table(snap).render() + backend_table(snap).render()
+        assert "host memory" in table
+        assert "engine started: SIMULATED: GPU0 1024 MiB; host memory: GPU1 512 MiB" in \
+            [line.text for line in snap.log]

@@ -172,7 +172,7 @@ def test_metrics_parse_with_prometheus_clients_own_parser(front: Front,
     assert labels["gpu"] == "0" and labels["UUID"] == "SIM-0"
     assert after[("vramtui_gpu_info", (("UUID", "SIM-0"), ("gpu", "0"),
                                        ("modelName", labels["modelName"]),
-                                       ("simulated", "true")))] == 1
+                                       ("simulated", "true"), ("kind", "SIMULATED")))] == 1
     states = {dict(k[1])["state"]: v for k, v in after.items()
               if k[0] == "vramtui_backend_state" and dict(k[1])["backend"] == "embed-sim"}
     assert sum(states.values()) == 1
