@@ -76,3 +76,11 @@ def track(probe: Probe, pid: int) -> None:
     hook = getattr(probe, "track", None)
     if hook is not None:
         hook(pid)
+
+
+def device_label(source: str, index: int | None) -> str:
+    """``nvml GPU 0``, ``simulated GPU 1``, or ``host memory (device 2)``: a device named by
+    what measures it."""
+    if source == "host":
+        return "host memory" + (f" (device {index})" if index is not None else "")
+    return f"{source} GPU" + (f" {index}" if index is not None else "")
