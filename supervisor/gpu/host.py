@@ -19,8 +19,12 @@ the mark its worker's environment passed on (``VRAMTUI_ENGINE_PID=<root>``, set 
 worker factory; :data:`ENGINE_MARK`); summing PSS over processes counts a shared
 page once. Descendants are discovered by one pass over ``/proc`` when a process started on
 the host since the last pass (the last pid given out moved), at most every 0.1 s, and every
-``discover_s`` whatever (the pause grows when a pass is expensive: at most ~0.2 % of a core
-goes to them); between passes, only the known processes are read. A process whose PSS
+``discover_s`` whatever (the pause grows when a pass is expensive: at most
+goes to them, ~0.1 %); between passes, only the known processes are read. Reading a PSS walks the
+process's page tables (~0.1 ms for a small Python process), so each sample reads the cheap
+resident-set count (``statm``) first and reads the PSS again only when it moved, or every
+``PSS_REFRESH_S`` (2 s): an unchanged resident set means no page came or went (the sharing
+among processes may still move: the periodic read catches that). A process whose PSS
 cannot be read (another user's) is counted at its RSS, an over-estimate, and logged once:
 never a silent zero. The engine tells it of each worker it starts (:meth:`HostProbe.track`),
 so a worker is read from its first instant.
@@ -42,6 +46,7 @@ from supervisor.gpu.model import GpuReading, ProcessReading
 from supervisor.gpu.procmem import (
     CgroupMemory,
     HostMemory,
+    ProcessMemory,
     cgroup_dirs,
     cgroup_memory,
     has_env,
@@ -49,6 +54,7 @@ from supervisor.gpu.procmem import (
     meminfo,
     parents,
     process_memory,
+    resident_pages,
     start_ticks,
 )
 from supervisor.units import mib_exact, parse_size
@@ -58,8 +64,9 @@ log = logging.getLogger(__name__)
 HOST_NAME = "host memory"
 DEFAULT_RESERVE_MIB = 1024
 HOST_FORM = "host or host:<size> (like host:48GiB or host:3500MiB)"
-DISCOVERY_SHARE = 0.002  # of one core: what finding new descendants may cost at most
+DISCOVERY_SHARE = 0.001  # of one core: what finding new descendants may cost at most
 MIN_DISCOVER_S, MAX_DISCOVER_S = 0.1, 2.0
+PSS_REFRESH_S = 2.0  # a process's PSS is read again at least this often
 ENGINE_MARK = "VRAMTUI_ENGINE_PID"  # in every worker's environment: the engine's pid
 _SPEC = re.compile(r"^host(?::(.*))?$", re.IGNORECASE)
 
@@ -117,6 +124,7 @@ class HostProbe:
         self._ours_at: float | None = None
         self._estimated: set[int] = set()  # pids counted at their RSS (PSS unreadable)
         self._checked: dict[int, int] = {}  # pid -> start: looked at for the mark, not ours
+        self._pss: dict[int, tuple[int, float, ProcessMemory]] = {}  # pid -> (rss, at, read)
         root_stat = start_ticks(self.root, proc)
         self._root_start = root_stat[2] if root_stat is not None else 0
         self._mark = f"{ENGINE_MARK}={self.root}".encode()
@@ -188,12 +196,8 @@ class HostProbe:
                 self._next_discovery = now + max(self._discover_s, pause)
             out: list[ProcessReading] = []
             total = 0.0
-            for pid, started in list(self._tracked.items()):
-                stat = start_ticks(pid, self._proc)
-                if stat is None or stat[0] in ("Z", "X", "x") or stat[2] != started:
-                    self._forget(pid)
-                    continue
-                mem = process_memory(pid, self._proc)
+            for pid in list(self._tracked):
+                mem = self._memory(pid, now)
                 if mem is None:
                     self._forget(pid)
                     continue
@@ -207,6 +211,21 @@ class HostProbe:
             self._ours_mib = total
             self._ours_at = now
             return out
+
+    def _memory(self, pid: int, now: float) -> ProcessMemory | None:
+        """``pid``'s PSS: read again when its resident set moved or PSS_REFRESH_S passed (a pid
+        reused meanwhile is told apart at the next pass over /proc); None once it is gone
+        (a zombie holds no page)."""
+        rss = resident_pages(pid, self._proc)
+        if not rss:
+            return None
+        known = self._pss.get(pid)
+        if known is not None and known[0] == rss and now - known[1] < PSS_REFRESH_S:
+            return known[2]
+        mem = process_memory(pid, self._proc)
+        if mem is not None:
+            self._pss[pid] = (rss, now, mem)
+        return mem
 
     def track(self, pid: int) -> None:
         """``pid`` (a worker just started) is ours: read from the next sample on, not from the
@@ -224,6 +243,7 @@ class HostProbe:
 
     def _forget(self, pid: int) -> None:
         self._tracked.pop(pid, None)
+        self._pss.pop(pid, None)
         self._estimated.discard(pid)
         self.orphans.discard(pid)
 

@@ -11,6 +11,8 @@ point them at a directory of its own), in MiB (2**20 bytes) unless said otherwis
   shared by n processes counts 1/n in each, so a sum of PSS over any processes counts every
   page at most once), falling back to its resident set from ``statm`` — an over-estimate,
   said so — when ``smaps_rollup`` cannot be read (another user's process);
+- :func:`resident_pages`: one process's RSS in pages from ``statm`` (it says whether the PSS
+  may have moved, for a fraction of a ``smaps_rollup`` read's cost);
 - :func:`parents`: pid -> (parent pid, start time) of every process (one pass over ``/proc``);
 - :func:`has_env`: whether a process's environment holds an item (a mark it inherited);
 - :func:`last_pid`: the last pid given out (a new process started when it moves);
@@ -51,14 +53,23 @@ class ProcessMemory:
     measured: bool
 
 
+def _read(path: str, size: int = 65536) -> bytes:
+    """A small /proc file in one read, without a Python file object (these are read many
+    times a second: the cheapest way there is). OSError as ``open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def meminfo(proc: str = "/proc") -> HostMemory:
     """MemTotal and MemAvailable (OSError when ``/proc/meminfo`` cannot be read)."""
     fields: dict[str, int] = {}
-    with open(f"{proc}/meminfo", "rb") as f:
-        for line in f:
-            key, _, rest = line.partition(b":")
-            if key in (b"MemTotal", b"MemAvailable"):
-                fields[key.decode()] = int(rest.split()[0])
+    for line in _read(f"{proc}/meminfo").splitlines():
+        key, _, rest = line.partition(b":")
+        if key in (b"MemTotal", b"MemAvailable"):
+            fields[key.decode()] = int(rest.split()[0])
     total = fields["MemTotal"] // KIB_PER_MIB
     return HostMemory(total, fields.get("MemAvailable", fields["MemTotal"]) // KIB_PER_MIB)
 
@@ -124,8 +135,7 @@ def cgroup_memory(dirs: list[str]) -> CgroupMemory | None:
 def process_memory(pid: int, proc: str = "/proc") -> ProcessMemory | None:
     """``pid``'s PSS, else its RSS (``measured`` False); None when the process is gone."""
     try:
-        with open(f"{proc}/{pid}/smaps_rollup", "rb") as f:
-            data = f.read()
+        data = _read(f"{proc}/{pid}/smaps_rollup")
         at = data.index(b"\nPss:")
         kib = int(data[at + 5: data.index(b"kB", at)])
         return ProcessMemory(pid, kib / KIB_PER_MIB, True)
@@ -134,18 +144,24 @@ def process_memory(pid: int, proc: str = "/proc") -> ProcessMemory | None:
     except (OSError, ValueError):
         pass  # another user's process, or a kernel without smaps_rollup: its RSS
     try:
-        with open(f"{proc}/{pid}/statm", "rb") as f:
-            resident = int(f.read().split()[1])
+        resident = int(_read(f"{proc}/{pid}/statm").split()[1])
     except (OSError, ValueError, IndexError):
         return None
     return ProcessMemory(pid, resident * PAGE_BYTES / 2**20, False)
 
 
+def resident_pages(pid: int, proc: str = "/proc") -> int | None:
+    """``pid``'s resident set in pages (``statm``: cheap, no page-table walk); None if gone."""
+    try:
+        return int(_read(f"{proc}/{pid}/statm").split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def start_ticks(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
     """(state letter, parent pid, start time in ticks after boot), None if gone."""
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = _read(f"{proc}/{pid}/stat")
         fields = data[data.rindex(b")") + 2:].split()
         return fields[0].decode(), int(fields[1]), int(fields[19])
     except (OSError, ValueError, IndexError):
@@ -165,8 +181,7 @@ def last_pid(proc: str = "/proc") -> int | None:
     """The pid most recently given out on the host (``/proc/loadavg``): it moves when any
     process starts (None: unknown)."""
     try:
-        with open(f"{proc}/loadavg", "rb") as f:
-            return int(f.read().split()[4])
+        return int(_read(f"{proc}/loadavg").split()[4])
     except (OSError, ValueError, IndexError):
         return None
 
