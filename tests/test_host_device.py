@@ -348,3 +348,40 @@ def test_every_face_labels_the_host_device_host_memory() -> None:
         assert "host memory" in table
         assert "engine started: SIMULATED: GPU0 1024 MiB; host memory: GPU1 512 MiB" in \
             [line.text for line in snap.log]
+
+
+def test_config_yaml_chooses_the_host_device_and_its_reserve(tmp_path: Path) -> None:
+    import argparse
+
+    from supervisor.errors import VramtuiError
+    from supervisor.paths import Paths
+    from vramtui.serve import engine_config
+
+    paths = Paths(config_dir=tmp_path, state_dir=tmp_path, runtime_dir=tmp_path)
+    settings = tmp_path / "config.yaml"
+    settings.write_text("engine:\n  gpus: [auto, host]\n  host_reserve: 2GiB\n")
+    config = engine_config(argparse.Namespace(gpus=None), paths, {})
+    assert (config.gpus, config.host_reserve_mib) == ("auto,host", 2048)
+    settings.write_text("engine:\n  gpus: host:48GiB\n")
+    assert engine_config(argparse.Namespace(gpus=None), paths, {}).gpus == "host:48GiB"
+    assert engine_config(argparse.Namespace(gpus="sim:8GiB"), paths, {}).gpus == "sim:8GiB"
+    settings.write_text("engine:\n  gpus: [3]\n")
+    with pytest.raises(VramtuiError, match="expected what --gpus takes"):
+        engine_config(argparse.Namespace(gpus=None), paths, {})
+    settings.write_text("engine:\n  host_reserve: lots\n")
+    with pytest.raises(VramtuiError, match="host_reserve"):
+        engine_config(argparse.Namespace(gpus=None), paths, {})
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("spec", "says"), [("host:0", "at least 1 MiB"),
+                                            ("host:99TiB", "more than this machine")])
+def test_serve_refuses_a_bad_host_device_in_one_line(tmp_path: Path, spec: str,
+                                                     says: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
+    env.update(VRAMTUI_RUNTIME_DIR=str(tmp_path / "run"), VRAMTUI_STATE_DIR=str(tmp_path / "s"),
+               VRAMTUI_CONFIG_DIR=str(tmp_path / "cfg"))
+    done = cli(env, "--serve", "--gpus", spec)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr
