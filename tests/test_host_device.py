@@ -385,3 +385,26 @@ def test_serve_refuses_a_bad_host_device_in_one_line(tmp_path: Path, spec: str,
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr
+
+
+@pytest.mark.process
+def test_what_is_built_on_measurements_works_on_the_host() -> None:
+    """Unmeasured runs alone until measured, learned peaks, a liar caught (on_overuse: kill),
+    memory freed once the process is gone."""
+    backends = [host_backend("host-new", 40, 20),  # nothing declared: measured first
+                host_backend("host-liar", 100, 0, vram={"peak": "30MiB"}, on_overuse="kill")]
+    with engine(backends, gpus="host:600MiB") as sup:
+        first = sup.submit("host-new", b'{"step_s": 0.5}')
+        wait_until(lambda: sup.snapshot().backend("host-new").reserved_mib >= 600,
+                   what="the unmeasured backend holding the device whole")
+        assert sup.wait(first, 60).state is JobState.SUCCEEDED
+        new = sup.snapshot().backend("host-new")
+        assert new.learned_peak_mib is not None and new.learned_peak_mib >= 60
+        assert new.reserved_mib < 600  # measured: it shares now
+        lie = sup.wait(sup.submit("host-liar", b'{"step_s": 1.5}'), 60)
+        assert lie.state is JobState.FAILED, lie
+        log = [line.text for line in sup.snapshot().log]
+        assert any("host-liar killed" in line for line in log), log[-8:]
+        liar = wait_until(lambda: (b := sup.snapshot().backend("host-liar")).pid is None and
+                          b.reserved_mib == 0 and b, what="the liar's memory freed once gone")
+        assert liar.learned_peak_mib is not None and liar.learned_peak_mib >= 100
