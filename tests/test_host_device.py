@@ -408,3 +408,11 @@ def test_what_is_built_on_measurements_works_on_the_host() -> None:
         liar = wait_until(lambda: (b := sup.snapshot().backend("host-liar")).pid is None and
                           b.reserved_mib == 0 and b, what="the liar's memory freed once gone")
         assert liar.learned_peak_mib is not None and liar.learned_peak_mib >= 100
+
+
+def test_without_proc_the_host_device_says_why(tmp_path: Path) -> None:
+    from supervisor.gpu.errors import GpuUnavailable
+
+    with pytest.raises(GpuUnavailable, match="needs Linux's /proc") as info:
+        HostProbe("host", proc=str(tmp_path / "nothing"))
+    assert "\n" not in str(info.value)

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from supervisor.gpu.errors import BadGpuSpec
+from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
 from supervisor.gpu.model import GpuReading, ProcessReading
 from supervisor.gpu.procmem import (
     CgroupMemory,
@@ -130,7 +130,11 @@ class HostProbe:
         self._mark = f"{ENGINE_MARK}={self.root}".encode()
         self.orphans: set[int] = set()  # tracked processes no longer under the root
         self._closed = False
-        host = meminfo(proc)
+        try:
+            host = meminfo(proc)
+        except (OSError, KeyError, ValueError, IndexError) as exc:
+            raise GpuUnavailable(f"host memory: cannot read {proc}/meminfo ({exc}); the host "
+                                 "device needs Linux's /proc") from None
         limit = self._cgroup()
         machine = host.total_mib if limit is None or limit.limit_mib is None \
             else min(host.total_mib, limit.limit_mib)
