@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from engine_support import ROOT, engine
 from serve_support import cli, in_process
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 from supervisor import JobState
 from supervisor.backends.schema import HOST_GPU, build_spec
@@ -416,3 +416,28 @@ def test_without_proc_the_host_device_says_why(tmp_path: Path) -> None:
     with pytest.raises(GpuUnavailable, match="needs Linux's /proc") as info:
         HostProbe("host", proc=str(tmp_path / "nothing"))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.process
+def test_the_dashboard_labels_the_host_device() -> None:
+    import asyncio
+
+    from vramtui.app import VramApp
+    from vramtui.app.widgets.engine_header import EngineHeader
+    from vramtui.app.widgets.gpu_panel import GpuPanel
+
+    async def look(sup: Any) -> tuple[str, str, str]:
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=(160, 48)) as pilot:
+            panels = await wait_until_async(lambda: list(app.screen.query(GpuPanel)), 20,
+                                            "the device's panel",
+                                            pause=lambda: pilot.pause(0.05))
+            header = app.screen.query_one(EngineHeader).render().plain
+            return header, str(panels[0].border_title), str(panels[0].border_subtitle)
+
+    with engine([host_backend("host-t", 10, 0, vram={"peak": "64MiB"})],
+                gpus="host:512MiB") as sup:
+        header, title, subtitle = asyncio.run(asyncio.wait_for(look(sup), 30))
+    assert "HOST MEMORY" in header and "SIMULATED" not in header
+    assert "host memory" in title and "SIM" not in title
+    assert "host memory" in subtitle

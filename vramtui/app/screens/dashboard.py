@@ -137,8 +137,12 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         sub = f"{len(snap.backends)} configured"
         if sim:
             sub += " · [b #d7afff]memory figures are SIMULATED[/]"
-        elif any(g.host for g in snap.gpus):
-            sub += " · [b]on HOST: figures are host memory (PSS)[/]"
+        else:
+            sims = [f"GPU{g.index}" for g in snap.gpus if g.simulated]
+            if sims:
+                sub += f" · [b #d7afff]figures on {', '.join(sims)} are SIMULATED[/]"
+            if any(g.host for g in snap.gpus):
+                sub += " · [b]on HOST: figures are host memory (PSS)[/]"
         if app.demo_mode and not app.readonly:
             sub += " · demo: [b]d[/] runs a demo workload"
         titles(backends, subtitle=sub)
