@@ -188,12 +188,16 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
 
     def ready(server: object) -> None:
         snap = sup.engine.snapshot()
-        sizes = ", ".join(f"GPU{g.index} {g.total_mib} MiB"
-                          + (" host memory" if g.host else "") for g in snap.gpus) or "no GPU"
-        kind = "SIMULATED" if snap.simulated else "NVIDIA" if any(
-            not g.host for g in snap.gpus) else "none, host memory"
+        sizes = ", ".join(f"HOST{g.index} {g.total_mib} MiB" if g.host
+                          else f"GPU{g.index} {g.total_mib} MiB" for g in snap.gpus) or "no GPU"
+        gpus = [g for g in snap.gpus if not g.host]
+        kinds = ["GPU SIMULATED" if any(g.simulated for g in gpus) else "GPU NVIDIA"] \
+            if gpus else []
+        if len(gpus) < len(snap.gpus):
+            kinds.append("host memory")
+        kind = " + ".join(kinds) or "no device"
         print(f"vramtui {__version__}: engine pid {os.getpid()} serving "
-              f"{sup.paths.control_socket} — GPU {kind}: {sizes}"
+              f"{sup.paths.control_socket} — {kind}: {sizes}"
               + (f" ({snap.notice})" if snap.notice else ""), flush=True)
 
     serve_control(sup, mode="serve", allow_group=group, on_ready=ready)

@@ -42,7 +42,7 @@ def _status(client: Client, args: argparse.Namespace) -> None:
 
     kind = devices_kind(snap)
     show(f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
-         f"{seconds_text(snap.uptime_s)}, GPU {kind}"
+         f"{seconds_text(snap.uptime_s)}, " + (kind if "host" in kind else f"GPU {kind}")
          + (f", driver {snap.driver_version}" if snap.driver_version else ""),
          ("  stopping" if snap.stopping else "", "bold yellow"))
     show(f"socket {client.path}")
