@@ -429,8 +429,9 @@ def test_the_dashboard_labels_the_host_device() -> None:
     async def look(sup: Any) -> tuple[str, str, str]:
         app = VramApp(sup, "embedded")
         async with app.run_test(size=(160, 48)) as pilot:
-            panels = await wait_until_async(lambda: list(app.screen.query(GpuPanel)), 20,
-                                            "the device's panel",
+            panels = await wait_until_async(
+                lambda: [p for p in app.screen.query(GpuPanel) if p.border_subtitle], 20,
+                "the device's panel, shown",
                                             pause=lambda: pilot.pause(0.05))
             header = app.screen.query_one(EngineHeader).render().plain
             return header, str(panels[0].border_title), str(panels[0].border_subtitle)
