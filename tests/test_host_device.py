@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from engine_support import ROOT, engine
+from other_user import needs_other_user, run_as_other_user
 from serve_support import cli, in_process
 from waiting import wait_until, wait_until_async
 
@@ -442,3 +443,47 @@ def test_the_dashboard_labels_the_host_device() -> None:
     assert "HOST MEMORY" in header and "SIMULATED" not in header
     assert "host memory" in title and "SIM" not in title
     assert "host memory" in subtitle
+
+
+@pytest.mark.process
+@needs_other_user
+def test_another_users_process_is_counted_at_its_rss_not_zero() -> None:
+    """Read as uid 65534, a root process's smaps_rollup is closed: the reader (its own source,
+    run by that user) falls back to the RSS, an over-estimate, and says it did."""
+    import subprocess
+    import sys
+
+    from supervisor.gpu import procmem
+
+    hold = "b = bytearray(30 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n" \
+           "print(1, flush=True)\ninput()\n"
+    child = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline()
+        code = Path(procmem.__file__).read_text() + (
+            "\nimport sys\nm = process_memory(int(sys.argv[1]))\n"
+            "print(m.measured, round(m.mib))\n")
+        done = run_as_other_user(code, child.pid)
+        assert done.returncode == 0, done.stderr
+        measured, mib = done.stdout.split()
+        assert measured == "False" and int(mib) >= 30
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.process
+def test_gpus_host_in_a_descriptor_places_a_backend_on_the_host_device() -> None:
+    from supervisor.errors import Refused
+
+    cpu = host_backend("host-cpu", 10, 0, vram={"peak": "64MiB"}, gpus=["host"])
+    with engine([cpu], gpus="sim:1GiB,host:512MiB") as sup:
+        assert sup.wait(sup.submit("host-cpu", b"{}"), 60).state is JobState.SUCCEEDED
+        view = sup.snapshot().backend("host-cpu")
+        assert view is not None and view.gpu == 1 and view.pid is not None
+        environ = Path(f"/proc/{view.pid}/environ").read_bytes().split(b"\0")
+        assert b"CUDA_VISIBLE_DEVICES=" in environ and b"VRAMTUI_SIM_GPU=1" not in environ
+    with engine([cpu], gpus="sim:1GiB") as sup, \
+            pytest.raises(Refused, match="allows the host device but none of them is present"):
+        sup.submit("host-cpu", b"{}")
