@@ -34,6 +34,7 @@ class Monitor:
         self._sampler: Sampler | None = None
         self._history_at: dict[int, float] = {}
         self._sources = {r.index: r.source or probe.source for r in probe.devices()}
+        self._estimated: frozenset[int] = frozenset()  # pids the probe counts at their RSS
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
         """Read the devices once, then sample them on a thread (``on_sample`` is called on
@@ -107,6 +108,13 @@ class Monitor:
     def host_gpus(self) -> frozenset[int]:
         """The host device's index (``--gpus host``), if there is one."""
         return frozenset(i for i, s in self._sources.items() if s == "host")
+
+    def newly_estimated(self) -> frozenset[int]:
+        """Processes the probe has just begun to count at their RSS, their PSS unreadable
+        (the host device; another user's process): to be said once each."""
+        now = frozenset(getattr(self.probe, "estimated", frozenset()))
+        new, self._estimated = now - self._estimated, now
+        return new
 
     def kinds(self) -> set[str]:
         """The sources of the devices: ``nvml``, ``simulated``, ``host``."""

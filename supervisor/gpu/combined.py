@@ -40,6 +40,11 @@ class CombinedProbe:
             if track is not None:
                 track(pid)
 
+    @property
+    def estimated(self) -> frozenset[int]:
+        """The processes a probe counts at their RSS (the host's: PSS unreadable)."""
+        return frozenset().union(*(getattr(p, "estimated", frozenset()) for p in self.probes))
+
     def devices(self) -> list[GpuReading]:
         out: list[GpuReading] = []
         for offset, p in zip(self.offsets, self.probes, strict=True):
