@@ -275,8 +275,10 @@ class WorkerWatch:
             for gh in list(rt.ghosts):
                 if now >= gh.deadline:
                     if gh.pids & on_gpu:
+                        what = "host memory" if gh.gpu in self.monitor.host_gpus() \
+                            else "GPU memory"
                         self.notes.note("warning", f"{rt.spec.name}: processes "
-                                        f"{sorted(gh.pids)} still hold GPU memory after "
+                                        f"{sorted(gh.pids)} still hold {what} after "
                                         "exiting; counting it as foreign", rt.spec.name)
                     rt.ghosts.remove(gh)
 
