@@ -292,6 +292,8 @@ def test_a_child_outliving_its_worker_stays_counted() -> None:
             assert worker not in held
             for pid in orphans:
                 assert held.get(pid, 0) >= 40  # counted: foreign, as its worker is gone
+            log = [line.text for line in sup.snapshot().log]
+            assert any("outlived it: counted as foreign" in line for line in log), log[-5:]
         finally:
             for pid in orphans:
                 os.kill(pid, signal.SIGKILL)

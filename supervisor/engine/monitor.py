@@ -34,7 +34,7 @@ class Monitor:
         self._sampler: Sampler | None = None
         self._history_at: dict[int, float] = {}
         self._sources = {r.index: r.source or probe.source for r in probe.devices()}
-        self._estimated: frozenset[int] = frozenset()  # pids the probe counts at their RSS
+        self._told: dict[str, frozenset[int]] = {}  # what the probe said of processes, by kind
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
         """Read the devices once, then sample them on a thread (``on_sample`` is called on
@@ -109,11 +109,13 @@ class Monitor:
         """The host device's index (``--gpus host``), if there is one."""
         return frozenset(i for i, s in self._sources.items() if s == "host")
 
-    def newly_estimated(self) -> frozenset[int]:
-        """Processes the probe has just begun to count at their RSS, their PSS unreadable
-        (the host device; another user's process): to be said once each."""
-        now = frozenset(getattr(self.probe, "estimated", frozenset()))
-        new, self._estimated = now - self._estimated, now
+    def news(self, kind: str) -> frozenset[int]:
+        """Processes the probe has just begun to list as ``kind``: ``estimated`` (counted at
+        their RSS, their PSS unreadable: another user's) or ``orphans`` (ours, outliving
+        their parent); the host device's, to be said once each."""
+        now = frozenset(getattr(self.probe, kind, frozenset()))
+        new = now - self._told.get(kind, frozenset())
+        self._told[kind] = now
         return new
 
     def kinds(self) -> set[str]:

@@ -45,6 +45,11 @@ class CombinedProbe:
         """The processes a probe counts at their RSS (the host's: PSS unreadable)."""
         return frozenset().union(*(getattr(p, "estimated", frozenset()) for p in self.probes))
 
+    @property
+    def orphans(self) -> frozenset[int]:
+        """Processes of ours a probe follows after their parent exited (the host's)."""
+        return frozenset().union(*(getattr(p, "orphans", frozenset()) for p in self.probes))
+
     def devices(self) -> list[GpuReading]:
         out: list[GpuReading] = []
         for offset, p in zip(self.offsets, self.probes, strict=True):

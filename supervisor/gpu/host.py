@@ -128,7 +128,7 @@ class HostProbe:
         root_stat = start_ticks(self.root, proc)
         self._root_start = root_stat[2] if root_stat is not None else 0
         self._mark = f"{ENGINE_MARK}={self.root}".encode()
-        self.orphans: set[int] = set()  # tracked processes no longer under the root
+        self._orphans: set[int] = set()  # tracked processes no longer under the root
         self._closed = False
         try:
             host = meminfo(proc)
@@ -240,6 +240,12 @@ class HostProbe:
                 self._tracked.setdefault(pid, stat[2])
 
     @property
+    def orphans(self) -> frozenset[int]:
+        """Processes of ours that outlived their parent (counted until they exit)."""
+        with self._lock:
+            return frozenset(self._orphans)
+
+    @property
     def estimated(self) -> frozenset[int]:
         """Processes counted at their RSS because their PSS could not be read."""
         with self._lock:
@@ -249,7 +255,7 @@ class HostProbe:
         self._tracked.pop(pid, None)
         self._pss.pop(pid, None)
         self._estimated.discard(pid)
-        self.orphans.discard(pid)
+        self._orphans.discard(pid)
 
     def _discover(self) -> float:
         """One pass over /proc: the root's descendants, and those of the tracked processes
@@ -287,11 +293,7 @@ class HostProbe:
         for pid in found:
             if pid not in self._tracked and pid in table:
                 self._tracked[pid] = table[pid][1]
-        new_orphans = (set(self._tracked) - under_root) - self.orphans
-        for pid in new_orphans:
-            log.warning("host memory: process %d outlived its parent; still counted (%s) until "
-                        "it exits", pid, "foreign once its worker's ghost expires")
-        self.orphans = set(self._tracked) - under_root
+        self._orphans = set(self._tracked) - under_root
         return time.thread_time() - began
 
     def close(self) -> None:
