@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gpu.model import kind_label
 from .jobs import JobView
 
 
@@ -53,7 +54,7 @@ class GpuView:
     @property
     def kind(self) -> str:
         """How its figures are labelled: ``SIMULATED``, ``host memory`` or ``GPU``."""
-        return "SIMULATED" if self.simulated else "host memory" if self.host else "GPU"
+        return kind_label("simulated" if self.simulated else self.source)
 
     @property
     def budget_mib(self) -> int:

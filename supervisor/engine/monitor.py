@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..gpu.model import GpuReading, Probe, ProcessReading, track
+from ..gpu.model import KIND_LABELS, GpuReading, Probe, ProcessReading, track
 from ..gpu.sampler import History, Sample, Sampler
 from ..ledger import Device, foreign_mib
 
@@ -126,4 +126,4 @@ class Monitor:
 def device_kind(reading: GpuReading, probe: Probe) -> str:
     """How a device's figures are labelled: SIMULATED, host memory, or its source (nvml)."""
     source = reading.source or probe.source
-    return {"simulated": "SIMULATED", "host": "host memory"}.get(source, source or "GPU")
+    return KIND_LABELS.get(source, source or "GPU")

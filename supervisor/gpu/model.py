@@ -78,6 +78,15 @@ def track(probe: Probe, pid: int) -> None:
         hook(pid)
 
 
+KIND_LABELS = {"simulated": "SIMULATED", "host": "host memory"}  # the rest: a real GPU's
+
+
+def kind_label(source: str) -> str:
+    """How figures read from ``source`` are labelled: ``SIMULATED``, ``host memory``, or
+    ``GPU`` (NVML): the one place that says it."""
+    return KIND_LABELS.get(source, "GPU")
+
+
 def device_label(source: str, index: int | None) -> str:
     """``nvml GPU 0``, ``simulated GPU 1``, or ``host memory (device 2)``: a device named by
     what measures it."""
