@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpu.model import device_label
+from ..snapshot import device_label
 from ..units import format_duration, format_size_mib
 
 ANALYSIS_VERSION = 1

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..gpu.model import KIND_LABELS, GpuReading, Probe, ProcessReading, track
+from ..gpu.model import GpuReading, Probe, ProcessReading, track
 from ..gpu.sampler import History, Sample, Sampler
 from ..ledger import Device, foreign_mib
+from ..snapshot import KIND_LABELS
 
 HISTORY_STEP_S = 0.25  # at most 4 points a second in the GPU history, whatever the sample rate
 

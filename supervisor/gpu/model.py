@@ -76,20 +76,3 @@ def track(probe: Probe, pid: int) -> None:
     hook = getattr(probe, "track", None)
     if hook is not None:
         hook(pid)
-
-
-KIND_LABELS = {"simulated": "SIMULATED", "host": "host memory"}  # the rest: a real GPU's
-
-
-def kind_label(source: str) -> str:
-    """How figures read from ``source`` are labelled: ``SIMULATED``, ``host memory``, or
-    ``GPU`` (NVML): the one place that says it."""
-    return KIND_LABELS.get(source, "GPU")
-
-
-def device_label(source: str, index: int | None) -> str:
-    """``nvml GPU 0``, ``simulated GPU 1``, or ``host memory (device 2)``: a device named by
-    what measures it."""
-    if source == "host":
-        return "host memory" + (f" (device {index})" if index is not None else "")
-    return f"{source} GPU" + (f" {index}" if index is not None else "")

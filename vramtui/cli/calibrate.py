@@ -32,8 +32,8 @@ from supervisor.calibration.record import CalibrationError
 from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.client import Client
 from supervisor.errors import VramtuiError
-from supervisor.gpu.model import device_label
 from supervisor.jobs import JobState, JobView
+from supervisor.snapshot import device_label
 from supervisor.units import mib_whole
 
 from ..connect import open_client

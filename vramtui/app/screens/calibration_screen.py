@@ -34,9 +34,8 @@ from textual.widgets import Static
 from supervisor.calibration.record import CalibrationRecord
 from supervisor.calibration.report import parse_report
 from supervisor.calibration.result import Finding, Measure, Report
-from supervisor.gpu.model import device_label
 from supervisor.jobs import JobState, JobView
-from supervisor.snapshot import EngineSnapshot
+from supervisor.snapshot import EngineSnapshot, device_label
 
 from .. import fmt
 from ..widgets.key_footer import KeyFooter
