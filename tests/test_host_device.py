@@ -267,6 +267,13 @@ def test_backends_json_is_within_ten_percent_of_proc_and_labelled_host_memory() 
         assert row["observed_mib"] >= 80
         status = cli(env, "status")
         assert "host memory" in status.stdout and "SIMULATED" not in status.stdout
+        gpus = cli(env, "gpus", "--json")
+        assert gpus.returncode == 0, gpus.stderr
+        (device,) = json.loads(gpus.stdout)
+        assert (device["kind"], device["name"], device["simulated"]) == \
+            ("host memory", "host memory", False)
+        listed = cli(env, "gpus").stdout
+        assert "devices: host memory" in listed and str(pid) in listed
 
 
 @pytest.mark.process
