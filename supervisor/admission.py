@@ -25,9 +25,9 @@ own state, and ``plan(snapshot, now)`` decides.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .backends.schema import BackendSpec, VramSpec
+from .backends.schema import HOST_GPU, BackendSpec, VramSpec
 from .ledger import Book, Declared, Device, Holder, Learned, Reserve, book, figures, reserve_on
 from .scheduler.expect import Expectations
 from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerInfo
@@ -120,6 +120,16 @@ def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | Non
         pinned=spec.pinned, reload_cost_s=reload_cost_s, wake_cost_s=wake_s,
         sleep_residual_mib=residual, sleep_host_mib=host,
     )
+
+
+def placed(info: BackendInfo, host_gpus: Sequence[int]) -> BackendInfo:
+    """``info`` with ``gpus: [host]`` turned into the host device's index (kept as is, and so
+    present nowhere, when there is no host device)."""
+    allowed = info.allowed_gpus
+    if allowed is None or HOST_GPU not in allowed or not host_gpus:
+        return info
+    return replace(info, allowed_gpus=tuple(
+        dict.fromkeys(g for a in allowed for g in (host_gpus if a == HOST_GPU else (a,)))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .backends.schema import HOST_GPU
 from .errors import NoReport, VramtuiError
 from .paths import parse_report_name
 from .results import DescriptorInfo, DescriptorLayer, ReportFile
@@ -56,7 +57,8 @@ def spec_document(spec: Any) -> dict[str, Any]:
     out["vram"] = vram or "unmeasured (runs alone on a GPU until measured)"
     out["safety"] = format_size_mib(spec.safety_mib)
     out["priority"] = spec.priority
-    out["gpus"] = list(spec.gpus) if spec.gpus is not None else "any"
+    out["gpus"] = ["host" if g == HOST_GPU else g for g in spec.gpus] \
+        if spec.gpus is not None else "any"
     out["keep_alive"] = ("forever" if math.isinf(spec.keep_alive_s)
                          else format_seconds(spec.keep_alive_s))
     for key in ("pinned", "stream", "concurrency", "simulated"):

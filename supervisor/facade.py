@@ -134,7 +134,8 @@ class Supervisor:
         """Read the configuration and build an engine (not started yet)."""
         limits = Limits.from_env(environ)
         paths = (paths or Paths.from_env(environ)).ensure()
-        probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir)
+        probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir, host_reserve_mib=(
+            config or EngineConfig()).host_reserve_mib)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
         loaded = load_backends(layers, environ=environ)
         if loaded.demo:

@@ -6,6 +6,22 @@ from dataclasses import dataclass
 
 from .jobs import JobView
 
+KIND_LABELS = {"simulated": "SIMULATED", "host": "host memory"}  # the rest: a real GPU's
+
+
+def kind_label(source: str) -> str:
+    """How figures read from ``source`` are labelled: ``SIMULATED``, ``host memory``, or
+    ``GPU`` (NVML): the one place that says it."""
+    return KIND_LABELS.get(source, "GPU")
+
+
+def device_label(source: str, index: int | None) -> str:
+    """``nvml GPU 0``, ``simulated GPU 1``, or ``host memory (device 2)``: a device named by
+    what measures it."""
+    if source == "host":
+        return "host memory" + (f" (device {index})" if index is not None else "")
+    return f"{source} GPU" + (f" {index}" if index is not None else "")
+
 
 @dataclass(frozen=True, slots=True)
 class LogLine:
@@ -47,6 +63,7 @@ class GpuView:
     others_mib: int = 0  # what admission holds back for strangers (with hysteresis)
     yielded_by: str | None = None  # handed over (vramtui yield): who asked; None: not yielded
     yielded_until: float | None = None  # epoch seconds (None: until resumed)
+    source: str = "nvml"  # what measures it: "nvml", "simulated", or "host" (host memory)
 
     @property
     def yielded_text(self) -> str:
@@ -63,6 +80,16 @@ class GpuView:
     def strangers(self) -> tuple[GpuProcess, ...]:
         """The processes here that are not ours, largest first."""
         return tuple(p for p in self.processes if p.backend is None)
+
+    @property
+    def host(self) -> bool:
+        """The host device (``--gpus host``): its figures are host memory, read from /proc."""
+        return self.source == "host"
+
+    @property
+    def kind(self) -> str:
+        """How its figures are labelled: ``SIMULATED``, ``host memory`` or ``GPU``."""
+        return kind_label("simulated" if self.simulated else self.source)
 
     @property
     def budget_mib(self) -> int:

@@ -19,7 +19,8 @@ Properties (``Verdict.problems`` names each one that broke):
   for a liar's job; none left waiting.
 
 ``tests/test_admission_random.py`` runs a few fixed seeds; ``scripts/admission-soak`` runs
-as many as asked.
+as many as asked.  Its host mode, on real memory with /proc as the oracle, is
+``tests/host_checker.py`` (``scripts/host-soak``).
 """
 
 from __future__ import annotations

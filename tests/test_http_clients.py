@@ -170,7 +170,7 @@ def test_metrics_parse_with_prometheus_clients_own_parser(front: Front,
     assert list(gpu.values()) == [4 * 1024**3]
     labels = dict(next(iter(gpu))[1])
     assert labels["gpu"] == "0" and labels["UUID"] == "SIM-0"
-    assert after[("vramtui_gpu_info", (("UUID", "SIM-0"), ("gpu", "0"),
+    assert after[("vramtui_gpu_info", (("UUID", "SIM-0"), ("gpu", "0"), ("kind", "SIMULATED"),
                                        ("modelName", labels["modelName"]),
                                        ("simulated", "true")))] == 1
     states = {dict(k[1])["state"]: v for k, v in after.items()

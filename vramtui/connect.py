@@ -128,9 +128,10 @@ def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:
     try:
         from .serve import engine_config  # the same settings as --serve: flags, env, file
 
-        sup = Supervisor.from_config(gpus=getattr(args, "gpus", "auto"),
+        config = engine_config(args, paths)
+        sup = Supervisor.from_config(gpus=config.gpus,
                                      backends=getattr(args, "backends", None) or (),
-                                     config=engine_config(args, paths))
+                                     config=config)
     except (BadGpuSpec, PathsError, BadLimit) as exc:
         raise EngineStartError(str(exc)) from None
     except VramtuiError as exc:  # a bad --max-queue, VRAMTUI_MAX_QUEUE or config.yaml

@@ -115,6 +115,13 @@ def event_line(event: Any) -> str:
 
 # -- tables -------------------------------------------------------------------------------------
 
+def devices_kind(snap: EngineSnapshot) -> str:
+    """What measures the devices: ``SIMULATED``, ``nvml``, ``host memory``, or several."""
+    kinds = dict.fromkeys(g.kind if g.kind != "GPU" else (snap.source.split("+")[0] or "GPU")
+                          for g in snap.gpus)
+    return " + ".join(kinds) or ("SIMULATED" if snap.simulated else snap.source or "GPU")
+
+
 def gpu_table(snap: EngineSnapshot) -> Table:
     table = Table("GPUs", [(c, "l" if c == "name" else "r") for c in (
         "GPU", "name", "used / total", "reserved", "ours", "others", "budget", "util",
@@ -155,6 +162,7 @@ def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
         cols += ["p95", "priority", "keep-alive", "description"]
     table = Table("Backends", [(c, "l" if c in ("backend", "state", "description") else "r")
                                for c in cols])
+    hosts = {g.index for g in snap.gpus if g.host}
     for b in snap.backends:
         learned = b.declared_peak_mib is None and b.peak_mib is not None
         peak = mib_text(b.peak_mib) + (" (learned)" if learned else "")
@@ -162,7 +170,9 @@ def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
                        "bold red" if b.over_declared else WORKER_STYLE.get(b.state, ""))
         row: list[Cell] = [b.name, state, str(b.pid or "–"),
                            "–" if b.gpu is None else str(b.gpu), peak,
-                           mib_text(b.observed_mib),
+                           mib_text(b.observed_mib)
+                           + (" host memory" if b.gpu in hosts and b.observed_mib is not None
+                              else ""),
                            str(b.queued), str(b.running), str(b.jobs_served)]
         if wide:
             keep = "pinned" if b.pinned else seconds_text(b.keep_alive_left_s)

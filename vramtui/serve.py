@@ -83,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget", "yield_when", "reserve",
-                         "on_others"})
+                         "on_others", "gpus", "host_reserve"})
 
 
 def engine_config(args: argparse.Namespace, paths: Paths,
@@ -97,6 +97,8 @@ def engine_config(args: argparse.Namespace, paths: Paths,
           reserve: {0: 2GiB}        # kept free per GPU, for the desktop (default 256MiB)
           on_others: wait           # others over-commit a GPU: its running jobs finish
                                     # (wait), or are cancelled after 3 s (cancel)
+          gpus: [auto, host]        # the devices when --gpus is not given (auto)
+          host_reserve: 2GiB        # what the host device leaves to the rest (1GiB)
 
     (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``, ``VRAMTUI_SLEEP_HOST_BUDGET``).  VramtuiError,
     one line, for a bad value.
@@ -138,6 +140,13 @@ def engine_config(args: argparse.Namespace, paths: Paths,
         raise VramtuiError(f"{paths.settings_file}: engine: on_others: wait or cancel, not "
                            f"{policy!r}")
     config.others_policy = policy
+    if getattr(args, "gpus", None):
+        config.gpus = str(args.gpus)
+    elif "gpus" in section():
+        config.gpus = _gpus(section()["gpus"], f"{paths.settings_file}: engine: gpus")
+    if "host_reserve" in section():
+        config.host_reserve_mib = _size(section()["host_reserve"],
+                                        f"{paths.settings_file}: engine: host_reserve")
     if depth is not None:
         config.max_queue_depth = depth
     if budget is not None:
@@ -170,6 +179,15 @@ def _reserves(value: object, where: str) -> dict[int, int]:
     return {int(k): _size(v, f"{where}: {k}") for k, v in value.items()}
 
 
+def _gpus(value: object, where: str) -> str:
+    """``[auto, host]`` or ``host:48GiB``: what ``--gpus`` would say."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(i, str) and i.strip() for i in items):
+        raise VramtuiError(f"{where}={value!r}: expected what --gpus takes, e.g. [host], "
+                           "host:48GiB or [auto, host]")
+    return ",".join(i.strip() for i in items)
+
+
 def _queue_depth(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise VramtuiError(f"{where}={value!r} is not a number of jobs")
@@ -192,7 +210,7 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
     except VramtuiError as exc:
         return _fail(str(exc), Exit.USAGE)
     try:
-        sup = Supervisor.from_config(gpus=args.gpus, backends=args.backends, config=config)
+        sup = Supervisor.from_config(gpus=config.gpus, backends=args.backends, config=config)
     except (BadGpuSpec, PathsError, BadLimit) as exc:
         return _fail(str(exc), Exit.USAGE)
     except GpuUnavailable as exc:
@@ -200,10 +218,16 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
 
     def ready(server: object) -> None:
         snap = sup.engine.snapshot()
-        sizes = ", ".join(f"GPU{g.index} {g.total_mib} MiB" for g in snap.gpus) or "no GPU"
-        kind = "SIMULATED" if snap.simulated else "NVIDIA"
+        sizes = ", ".join(f"HOST{g.index} {g.total_mib} MiB" if g.host
+                          else f"GPU{g.index} {g.total_mib} MiB" for g in snap.gpus) or "no GPU"
+        gpus = [g for g in snap.gpus if not g.host]
+        kinds = ["GPU SIMULATED" if any(g.simulated for g in gpus) else "GPU NVIDIA"] \
+            if gpus else []
+        if len(gpus) < len(snap.gpus):
+            kinds.append("host memory")
+        kind = " + ".join(kinds) or "no device"
         print(f"vramtui {__version__}: engine pid {os.getpid()} serving "
-              f"{sup.paths.control_socket} — GPU {kind}: {sizes}"
+              f"{sup.paths.control_socket} — {kind}: {sizes}"
               + (f" ({snap.notice})" if snap.notice else ""), flush=True)
 
     serve_control(sup, mode="serve", allow_group=group, on_ready=ready)

@@ -215,7 +215,7 @@ class BackendSpec:
     vram: VramSpec = VramSpec()
     safety_mib: int = DEFAULT_SAFETY_MIB
     priority: int = 0
-    gpus: tuple[int, ...] | None = None  # None: any GPU
+    gpus: tuple[int, ...] | None = None  # None: any GPU; HOST_GPU: the host device
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # math.inf: never unloaded for idleness
     pinned: bool = False
     preload: bool = False  # started when the engine starts (llama-swap's on_startup.preload)
@@ -366,17 +366,27 @@ def _vram(value: object) -> VramSpec:
     return vram
 
 
-_GPUS_HELP = "{value} is not a list of GPU indices (e.g. [0, 1] or 'all')"
+_GPUS_HELP = "{value} is not a list of GPU indices (e.g. [0, 1], [host] or 'all')"
+HOST_GPU = -1  # ``gpus: [host]``: the host device (``--gpus host``), whatever its index
+
+
+def _gpu_item(item: object) -> object:
+    """``host`` is the host device; anything else must be an index."""
+    if isinstance(item, str) and item.strip().lower() == "host":
+        return HOST_GPU
+    if isinstance(item, str):
+        try:
+            return int(item)
+        except ValueError:
+            raise ValueError(_GPUS_HELP.format(value=brief(item))) from None
+    return item
 
 
 def _gpus(value: object) -> tuple[int, ...] | None:
     if isinstance(value, str):
         if value.strip().lower() in ("all", "any"):
             return None
-        try:
-            items: list[object] = [int(part) for part in value.split(",")]
-        except ValueError:
-            raise ValueError(_GPUS_HELP.format(value=brief(value))) from None
+        items: list[object] = [part.strip() for part in value.split(",")]
     elif isinstance(value, int) and not isinstance(value, bool):
         items = [value]
     elif isinstance(value, list | tuple):
@@ -387,9 +397,10 @@ def _gpus(value: object) -> tuple[int, ...] | None:
         raise ValueError("is empty (leave it out, or write 'all', to allow any GPU)")
     gpus: list[int] = []
     for item in items:
-        index = _int(item, minimum=0)
+        index = HOST_GPU if isinstance(item, str) and _gpu_item(item) == HOST_GPU \
+            else _int(_gpu_item(item), minimum=0)
         if index in gpus:
-            raise ValueError(f"GPU {index} is listed twice")
+            raise ValueError(f"GPU {'host' if index == HOST_GPU else index} is listed twice")
         gpus.append(index)
     return tuple(gpus)
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..snapshot import device_label
 from ..units import format_duration, format_size_mib
 
 ANALYSIS_VERSION = 1
@@ -160,7 +161,7 @@ class Report:
         """Lines for ``write_overlay(..., comment=...)``: when, how sure, and what was seen."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started_wall))
         lines = [
-            f"calibrated by vramtui on {stamp} ({self.source} GPU {self.gpu}): "
+            f"calibrated by vramtui on {stamp} ({device_label(self.source, self.gpu)}): "
             f"{self.sample_count} samples, {self.repeats} repeats",
             f"confidence {self.confidence}: {self.reason}",
         ]

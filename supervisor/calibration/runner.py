@@ -324,7 +324,8 @@ class CalibrationRun:
         reading = host.monitor.readings.get(self.gpu)
         total = reading.total_mib if reading is not None else 0
         record = CalibrationRecord(
-            backend=spec.name, gpu=self.gpu, source=probe.source,
+            backend=spec.name, gpu=self.gpu,
+            source=(reading.source if reading is not None else None) or probe.source,
             per_process=self.saw_numbers or not self.samples, sample_hz=SAMPLE_HZ,
             repeats=self.repeats,
             request=self.job.payload, started_wall=self.wall0,

@@ -119,7 +119,8 @@ def backend_json(b: BackendView, snap: EngineSnapshot, extra: dict[str, Any]) ->
     return {
         "name": b.name, "object": "backend", "state": b.state, "description": b.description,
         "pid": b.pid, "gpu": b.gpu, "simulated": b.simulated or snap.simulated,
-        "memory": {"observed_mib": b.observed_mib, "reserved_mib": b.reserved_mib},
+        "memory": {"observed_mib": b.observed_mib, "reserved_mib": b.reserved_mib,
+                   "kind": memory_kind(snap, b.gpu)},
         "peaks": {"declared_mib": b.declared_peak_mib, "learned_mib": b.learned_peak_mib,
                   "observed_p95_mib": b.observed_p95_mib, "used_for_admission_mib": b.peak_mib,
                   "over_declared": b.over_declared},
@@ -135,10 +136,18 @@ def backend_json(b: BackendView, snap: EngineSnapshot, extra: dict[str, Any]) ->
     }
 
 
+def memory_kind(snap: EngineSnapshot, gpu: int | None) -> str | None:
+    """What a backend's memory figures are, on the device it runs on: ``GPU``, ``SIMULATED``
+    or ``host memory`` (None: it runs nowhere now)."""
+    view = next((g for g in snap.gpus if g.index == gpu), None)
+    return view.kind if view is not None else None
+
+
 def gpu_json(g: GpuView, uuid: str | None) -> dict[str, Any]:
     """A GPU as HTTP shows it (without its history)."""
     return {
         "index": g.index, "uuid": uuid, "name": g.name, "simulated": g.simulated,
+        "kind": g.kind, "source": g.source,
         "total_mib": g.total_mib, "used_mib": g.used_mib, "free_mib": g.free_mib,
         "reserved_mib": g.reserved_mib, "ours_mib": g.ours_mib, "foreign_mib": g.foreign_mib,
         "reserve_mib": g.reserve_mib, "budget_mib": g.budget_mib, "util_pct": g.util_pct,

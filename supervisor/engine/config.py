@@ -19,6 +19,8 @@ def default_sleep_host_budget_mib() -> int:
 @dataclass
 class EngineConfig:
     reserve_mib: int = 256  # kept free on every GPU for the driver and foreign processes
+    gpus: str = "auto"  # the devices when --gpus is not given (config.yaml's engine: gpus)
+    host_reserve_mib: int = 1024  # the host device leaves this to the desktop and the engine
     max_queue_depth: int = 512
     patience_factor: float = 4.0  # see SchedulerConfig: batching against switch costs
     max_patience_s: float = 300.0  # the hard bound on how long a job first in line is passed

@@ -89,11 +89,12 @@ class Engine:
         self.jobs = JobTable(self.wall, recent_jobs=config.recent_jobs,
                              max_recent_bytes=config.max_recent_result_bytes)
         self.journal = JobJournal(None, self.wall, self.notes.note)
-        self.pool = WorkerPool(backends, workers or ProcessWorkers(
-            paths, simulated=probe.simulated, max_result=config.max_result_bytes,
-            gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
-            budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
+        self.pool = WorkerPool(backends, workers or ProcessWorkers(
+            paths, simulated="simulated" in self.monitor.kinds(),
+            host_gpus=self.monitor.host_gpus(), max_result=config.max_result_bytes,
+            on_launch=self.monitor.track, gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
+            budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.planner = Planner(config, clock)
         self.yields = Yields(paths.yields_path if config.journal else None)
         self.rules = Rules(config.yield_when, self.notes.note)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..gpu.model import GpuReading, Probe, ProcessReading
+from ..gpu.model import GpuReading, Probe, ProcessReading, track
 from ..gpu.sampler import History, Sample, Sampler
 from ..ledger import Device, foreign_mib
+from ..snapshot import KIND_LABELS
 
 HISTORY_STEP_S = 0.25  # at most 4 points a second in the GPU history, whatever the sample rate
 
@@ -33,6 +34,8 @@ class Monitor:
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
         self._sampler: Sampler | None = None
         self._history_at: dict[int, float] = {}
+        self._sources = {r.index: r.source or probe.source for r in probe.devices()}
+        self._told: dict[str, frozenset[int]] = {}  # what the probe said of processes, by kind
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
         """Read the devices once, then sample them on a thread (``on_sample`` is called on
@@ -42,6 +45,10 @@ class Monitor:
         self._sampler = Sampler(self.probe, on_sample, device_hz=self.sample_hz,
                                 process_hz=self.sample_hz)
         self._sampler.start()
+
+    def track(self, pid: int) -> None:
+        """A worker started: a probe that follows processes itself reads it from now on."""
+        track(self.probe, pid)
 
     def stop(self) -> None:
         if self._sampler is not None:
@@ -98,6 +105,31 @@ class Monitor:
                 for i, r in sorted(self.readings.items())]
 
     def summary(self) -> str:
-        kind = "SIMULATED" if self.probe.simulated else (self.probe.source or "GPU")
-        parts = [f"GPU{i} {r.total_mib} MiB" for i, r in sorted(self.readings.items())]
-        return f"{kind}: " + (", ".join(parts) or "no GPU")
+        """``SIMULATED: GPU0 24576 MiB``, ``host memory: GPU0 22057 MiB``, each kind once."""
+        kinds: dict[str, list[str]] = {}
+        for i, r in sorted(self.readings.items()):
+            kinds.setdefault(device_kind(r, self.probe), []).append(f"GPU{i} {r.total_mib} MiB")
+        return "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()) or "no GPU"
+
+    def host_gpus(self) -> frozenset[int]:
+        """The host device's index (``--gpus host``), if there is one."""
+        return frozenset(i for i, s in self._sources.items() if s == "host")
+
+    def news(self, kind: str) -> frozenset[int]:
+        """Processes the probe has just begun to list as ``kind``: ``estimated`` (counted at
+        their RSS, their PSS unreadable: another user's) or ``orphans`` (ours, outliving
+        their parent); the host device's, to be said once each."""
+        now = frozenset(getattr(self.probe, kind, frozenset()))
+        new = now - self._told.get(kind, frozenset())
+        self._told[kind] = now
+        return new
+
+    def kinds(self) -> set[str]:
+        """The sources of the devices: ``nvml``, ``simulated``, ``host``."""
+        return set(self._sources.values())
+
+
+def device_kind(reading: GpuReading, probe: Probe) -> str:
+    """How a device's figures are labelled: SIMULATED, host memory, or its source (nvml)."""
+    source = reading.source or probe.source
+    return KIND_LABELS.get(source, source or "GPU")

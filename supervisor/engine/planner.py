@@ -35,6 +35,11 @@ from .runtime import BackendRuntime
 GONE = frozenset({WorkerState.CRASHED, WorkerState.COLD})
 
 
+def host_gpus(readings: Mapping[int, GpuReading]) -> list[int]:
+    """The indices of the host device (``--gpus host``): none, or one."""
+    return [i for i, r in sorted(readings.items()) if r.source == "host"]
+
+
 class Planner:
     """Admission's inputs and memory between steps (see the module doc)."""
 
@@ -77,9 +82,10 @@ class Planner:
         targets: dict[str, float] = {}
         workers: list[admission.WorkerFacts] = []
         ghosts: list[admission.GhostFacts] = []
+        hosts = host_gpus(readings)
         for rt in runtimes:
             name = rt.spec.name
-            backends[name] = rt.info()
+            backends[name] = admission.placed(rt.info(), hosts)
             if rt.spec.target_wait_s is not None:
                 targets[name] = rt.spec.target_wait_s
             w = rt.worker
@@ -215,4 +221,5 @@ class Planner:
         refusal at submit depends on sizes, never on what runs now)."""
         gpus = [sched.GpuState(i, r.total_mib, None, self.gpu_reserve_mib.get(i, self.reserve_mib))
                 for i, r in sorted(readings.items())]
-        return sched.Snapshot(gpus=gpus, backends={backend: info})
+        return sched.Snapshot(gpus=gpus,
+                              backends={backend: admission.placed(info, host_gpus(readings))})

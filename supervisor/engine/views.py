@@ -65,12 +65,14 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             used_mib=r.used_mib, free_mib=r.free_mib,
             reserved_mib=accounts.held_mib if accounts is not None else 0, ours_mib=ours,
             foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
-            simulated=probe.simulated, reserve_mib=parts.reserve_mib.get(index, 0),
+            simulated=(r.source or probe.source) == "simulated",
+            reserve_mib=parts.reserve_mib.get(index, 0),
             history=tuple((t + offset, v) for t, v in monitor.history.points(index)),
             draining=index in parts.draining, processes=procs.get(index, ()),
             others_mib=parts.others.get(index, 0),
             yielded_by=y.by if (y := parts.yielded.get(index)) is not None else None,
             yielded_until=y.until if y is not None else None,
+            source=r.source or probe.source,
         ))
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:

@@ -106,6 +106,18 @@ class WorkerWatch:
             owners.update(dict.fromkeys(pids & on_gpu, run.backend))
             run.observed_mib = sum(per_gpu.get(run.gpu, {}).get(pid, 0) for pid in pids)
         self.monitor.attributed(ours, owners, per_gpu)
+        for pid in sorted(self.monitor.news("estimated")):
+            whose = owners.get(pid)
+            self.notes.note("warning", f"host memory: the PSS of pid {pid}"
+                            + (f" ({whose})" if whose else "") + " cannot be read (another "
+                            "user's process?): counted at its resident set, an over-estimate",
+                            whose)
+        for pid in sorted(self.monitor.news("orphans")):
+            whose = owners.get(pid)
+            self.notes.note("warning", f"host memory: pid {pid}, a child of a worker"
+                            + (f" of {whose}" if whose else "") + ", outlived it: counted "
+                            + ("as its backend's" if whose else "as foreign")
+                            + " until it exits", whose)
         self.check_overuse()
 
     def learn(self, rt: BackendRuntime, job: Job, ok: bool) -> None:
@@ -269,8 +281,10 @@ class WorkerWatch:
             for gh in list(rt.ghosts):
                 if now >= gh.deadline:
                     if gh.pids & on_gpu:
+                        what = "host memory" if gh.gpu in self.monitor.host_gpus() \
+                            else "GPU memory"
                         self.notes.note("warning", f"{rt.spec.name}: processes "
-                                        f"{sorted(gh.pids)} still hold GPU memory after "
+                                        f"{sorted(gh.pids)} still hold {what} after "
                                         "exiting; counting it as foreign", rt.spec.name)
                     rt.ghosts.remove(gh)
 

@@ -27,6 +27,7 @@ class GpuReading:
     util_pct: int | None
     temp_c: int | None
     power_w: float | None
+    source: str | None = None  # where it was read ("nvml", "simulated", "host"); None: the probe's
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +47,13 @@ class ProcessReading:
 
 @runtime_checkable
 class Probe(Protocol):
-    """What the engine reads GPUs through: NVML or the simulated device.
+    """What the engine reads GPUs through: NVML, the simulated device, the host's memory.
 
     Implementations must be safe to call from the sampler thread; the methods may block
     (NVML calls do) but must not raise for a single unreadable field.
     """
 
-    source: str  # "nvml" or "simulated"
+    source: str  # "nvml", "simulated", "host", or several joined by "+"
     simulated: bool
     driver_version: str | None
 
@@ -67,3 +68,11 @@ class Probe(Protocol):
     def close(self) -> None:
         """Release the source; idempotent."""
         ...
+
+
+def track(probe: Probe, pid: int) -> None:
+    """Tell ``probe`` that ``pid`` (a worker just started) is the engine's, when it follows
+    processes itself (the host device's; a GPU's driver lists them on its own)."""
+    hook = getattr(probe, "track", None)
+    if hook is not None:
+        hook(pid)

@@ -1,11 +1,14 @@
-"""Choosing the GPU source from the ``--gpus`` value: ``auto``, ``nvml`` or ``sim:...``."""
+"""Choosing the GPU source from the ``--gpus`` value: ``auto``, ``nvml``, ``sim:...``, and
+``host[:SIZE]`` alone or after any of them (``auto,host``: the GPUs, then the host device)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from supervisor.gpu.combined import CombinedProbe
 from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
+from supervisor.gpu.host import DEFAULT_RESERVE_MIB, HOST_FORM, HostProbe, is_host_spec
 from supervisor.gpu.model import Probe
 from supervisor.gpu.nvml import NvmlProbe
 from supervisor.gpu.sim import SPEC_FORM, SimulatedProbe, parse_sim_spec
@@ -15,23 +18,48 @@ FALLBACK_SPEC = "sim:24GiB"
 
 
 def open_probe(
-    gpus: str = "auto", *, ledger_dir: Path, nvml_module: Any | None = None
+    gpus: str = "auto", *, ledger_dir: Path, nvml_module: Any | None = None,
+    host_reserve_mib: int = DEFAULT_RESERVE_MIB,
 ) -> tuple[Probe, str | None]:
     """Open the probe ``gpus`` names; returns it with a one-line notice for the user or None.
 
     - ``auto``: NVML when it initialises and sees at least one device, else a simulated
       24 GiB GPU and a notice saying so;
     - ``nvml``: NVML or ``GpuUnavailable`` with the reason;
-    - ``sim:<size>[,sim:<size>...]``: simulated GPUs, their ledger in ``ledger_dir``.
+    - ``sim:<size>[,sim:<size>...]``: simulated GPUs, their ledger in ``ledger_dir``;
+    - ``host[:SIZE]``: the host's memory as a device (``supervisor/gpu/host.py``), alone or
+      last, after any of the above (``auto,host``), ``host_reserve_mib`` left to the rest.
 
     ``nvml_module`` replaces ``pynvml`` (tests). Raises ``BadGpuSpec`` for anything else.
     """
+    parts = [p.strip() for p in str(gpus).split(",")]
+    hosts = [p for p in parts if is_host_spec(p)]
+    if not hosts:
+        return _open_gpus(gpus, ledger_dir, nvml_module)
+    if len(hosts) > 1 or parts[-1] not in hosts:
+        raise BadGpuSpec(f"bad --gpus value {gpus!r}: one host device at most, and last "
+                         f"(e.g. 'host', 'auto,host' or 'sim:24GiB,host:8GiB'); {HOST_FORM}")
+    host = HostProbe(hosts[0], reserve_mib=host_reserve_mib)
+    rest = ",".join(parts[:-1])
+    if not rest:
+        return host, None
+    try:
+        gpus_probe, notice = _open_gpus(rest, ledger_dir, nvml_module)
+    except BaseException:
+        host.close()
+        raise
+    return CombinedProbe([gpus_probe, host]), notice
+
+
+def _open_gpus(gpus: str, ledger_dir: Path, nvml_module: Any | None
+               ) -> tuple[Probe, str | None]:
     choice = str(gpus).strip()
     lowered = choice.lower()
     if lowered.startswith("sim:"):
         return SimulatedProbe(choice, ledger_dir), None
     if lowered not in ("auto", "nvml"):
-        raise BadGpuSpec(f"bad --gpus value {gpus!r}: expected 'auto', 'nvml' or {SPEC_FORM}")
+        raise BadGpuSpec(f"bad --gpus value {gpus!r}: expected 'auto', 'nvml' or {SPEC_FORM}; "
+                         f"or {HOST_FORM}, alone or after one of them")
     try:
         probe = NvmlProbe(nvml_module)
     except GpuUnavailable as exc:

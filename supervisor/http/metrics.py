@@ -5,7 +5,8 @@ Built from one snapshot and the engine's :class:`~supervisor.counters.Counters` 
 prefix, base units (bytes, seconds), ``_total`` on counters, and no label that input can
 grow (no job ids).  GPU series carry ``gpu`` (the index, as a string) and ``UUID`` — the
 labels NVIDIA's dcgm-exporter uses — and ``modelName``, so the two exporters join on them.
-``vramtui_gpu_info{simulated="true"}`` marks a simulated GPU.
+``vramtui_gpu_info{simulated="true"}`` marks a simulated GPU, ``kind="host memory"`` the host
+device (``--gpus host``: RAM read from /proc, UUID ``HOST-<index>``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class EngineCollector(Collector):
 
         gpu_labels = ["gpu", "UUID", "modelName"]
         gpu_info = GaugeMetricFamily("vramtui_gpu_info", "Each GPU (always 1); simulated=\"true\" "
-                                     "for a simulated GPU", labels=[*gpu_labels, "simulated"])
+                                     "for a simulated GPU; kind: GPU, SIMULATED or host memory "
+                                     "(--gpus host: the host's RAM, read from /proc)",
+                                     labels=[*gpu_labels, "simulated", "kind"])
         fams = {
             "total": GaugeMetricFamily("vramtui_gpu_memory_total_bytes", "GPU memory in all",
                                        labels=gpu_labels),
@@ -90,7 +93,7 @@ class EngineCollector(Collector):
                                  labels=gpu_labels)
         for g in snap.gpus:
             labels = [str(g.index), self.uuids.get(g.index, ""), g.name]
-            gpu_info.add_metric([*labels, "true" if g.simulated else "false"], 1)
+            gpu_info.add_metric([*labels, "true" if g.simulated else "false", g.kind], 1)
             fams["total"].add_metric(labels, g.total_mib * MIB)
             if g.used_mib is not None:
                 fams["used"].add_metric(labels, g.used_mib * MIB)

@@ -33,7 +33,7 @@ from .auth import DECISION, Guard
 from .config import HttpConfig, bind_socket
 from .errors import HttpError
 from .gate import KEEPALIVE_TIMEOUT_S, ConnectionGate, GatedSite
-from .gpu_ids import read_uuids
+from .gpu_ids import device_uuids
 from .sse import Hub
 
 if TYPE_CHECKING:
@@ -105,9 +105,9 @@ class HttpServer:
         assert self.app is not None
         loop = asyncio.get_running_loop()
         try:
-            self.uuids = await loop.run_in_executor(
-                None, lambda: read_uuids(sorted(self.engine.readings),
-                                         simulated=self.engine.probe.simulated))
+            sources = {i: r.source or self.engine.probe.source
+                       for i, r in self.engine.readings.items()}
+            self.uuids = await loop.run_in_executor(None, lambda: device_uuids(sources))
         except Exception:  # noqa: BLE001 - the UUID label stays empty
             log.exception("cannot read the GPUs' UUIDs")
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False,

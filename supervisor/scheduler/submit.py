@@ -35,7 +35,8 @@ def check_submit(
         wanted = (
             "any GPU"
             if info.allowed_gpus is None
-            else ", ".join(f"GPU{i}" for i in info.allowed_gpus) or "no GPU"
+            else ", ".join("the host device" if i < 0 else f"GPU{i}"
+                           for i in info.allowed_gpus) or "no GPU"
         )
         return f"{backend} allows {wanted} but none of them is present (present: {present})"
     if info.peak_mib is not None and kind == "job":

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..backends.schema import BackendSpec
+from ..gpu.host import ENGINE_MARK
 from ..paths import Paths
 from .base import Worker
 from .handle import WorkerHandle, WorkerObserver
@@ -55,13 +56,17 @@ class ProcessWorkers:
     """Real worker processes (see the module doc)."""
 
     def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None,
+                 host_gpus: frozenset[int] = frozenset(),
+                 on_launch: Callable[[int], None] | None = None,
                  gpu_total_mib: Callable[[int], int | None] = lambda gpu: None,
                  budget_mib: Callable[[str], int | None] = lambda backend: None) -> None:
         self.paths = paths
+        self.on_launch = on_launch  # told each new worker's pid (the host device reads it)
         # for a server's ${VRAM_MIB} and ${VRAM_FRACTION}: its GPU's size, its admitted peak
         self.gpu_total_mib = gpu_total_mib
         self.budget_mib = budget_mib
         self.simulated = simulated
+        self.host_gpus = host_gpus  # the host device: its workers see no GPU
         self.max_result = max_result
         self.listener = WireListener(str(paths.worker_control_socket),
                                      str(paths.worker_data_socket))
@@ -87,7 +92,11 @@ class ProcessWorkers:
             env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["VRAMTUI_BACKEND"] = spec.name
-        if self.simulated:
+        env[ENGINE_MARK] = str(os.getpid())  # its children, orphaned, are still ours
+        if gpu in self.host_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # on the host device: no GPU to take by mistake
+            env.pop("VRAMTUI_SIM_DIR", None)
+        elif self.simulated:
             env["VRAMTUI_SIM_DIR"] = str(self.paths.sim_dir)
             env["VRAMTUI_SIM_GPU"] = str(gpu)
         else:
@@ -127,6 +136,8 @@ class ProcessWorkers:
     def launched(self, worker: Worker) -> None:
         if worker.pid is not None and not worker.exited:
             self.lifeline.add(worker.pid, worker.backend)
+            if self.on_launch is not None:
+                self.on_launch(worker.pid)
 
     def exited(self, worker: Worker) -> None:
         if worker.pid is not None:

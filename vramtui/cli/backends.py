@@ -14,10 +14,13 @@ from ..peaks import over_declared_line, suggested_peak_mib
 def run(args: argparse.Namespace) -> int:
     snap = open_client(args).snapshot(data_limit=0, light=True)
     if args.json:
+        from supervisor.doors.codec import memory_kind
+
         from ..output import jsonable, print_json
 
         print_json([{**jsonable(b), "over_declared": b.over_declared,
-                     "suggested_peak_mib": suggested_peak_mib(b)} for b in snap.backends])
+                     "suggested_peak_mib": suggested_peak_mib(b),
+                     "memory_kind": memory_kind(snap, b.gpu)} for b in snap.backends])
         return Exit.OK
     from ..output import backend_table
     from ..plain import show

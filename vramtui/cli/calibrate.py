@@ -33,6 +33,7 @@ from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.client import Client
 from supervisor.errors import VramtuiError
 from supervisor.jobs import JobState, JobView
+from supervisor.snapshot import device_label
 from supervisor.units import mib_whole
 
 from ..connect import open_client
@@ -360,7 +361,7 @@ def render_report(report: Report) -> None:
     """The figures with their spread, the confidence and the findings with their numbers."""
     from ..output import out
 
-    out.print(f"{escape(report.backend)} on {escape(report.source)} GPU {report.gpu}: "
+    out.print(f"{escape(report.backend)} on {escape(device_label(report.source, report.gpu))}: "
               f"{report.repeats} repeats, {report.sample_count} samples in "
               f"{report.duration_s:.1f} s, run {escape(report.outcome)}")
     out.print(figures_table(report))

@@ -51,7 +51,7 @@ def check_nvml(r: Report) -> None:
         reason = str(exc).removeprefix("NVML: ")
         r.add(WARN, "NVML", f"{reason}; the engine will use a SIMULATED GPU",
               "install the NVIDIA driver (nvidia-smi should work), or use --gpus sim:24GiB "
-              "on purpose")
+              "on purpose, or --gpus host for models on the CPU")
         return
     try:
         devices = probe.devices()
@@ -127,8 +127,10 @@ def check_engine(r: Report, paths: Paths, socket_path: Path) -> int | None:
         r.add(OK if smode & 0o007 == 0 else FAIL, "control socket", f"mode {smode:04o}",
               "" if smode & 0o007 == 0 else f"chmod 600 {socket_path}")
         snap = client.snapshot(light=True, data_limit=0)
-        kind = "SIMULATED" if snap.simulated else (snap.source or "GPU")
-        r.add(OK, "engine state", f"{kind}: {len(snap.gpus)} GPU(s), {len(snap.backends)} "
+        from ..output import devices_kind
+
+        kind = devices_kind(snap)
+        r.add(OK, "engine state", f"{kind}: {len(snap.gpus)} device(s), {len(snap.backends)} "
               f"backend(s), {len(snap.running)} job(s) running, {len(snap.queued)} queued"
               + (", stopping" if snap.stopping else ""))
         for problem in snap.descriptor_errors:

@@ -57,9 +57,11 @@ def _queue_limit(text: str) -> int:
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpus", default="auto", metavar="SPEC",
-                        help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', or "
-                             "'sim:24GiB[,sim:8GiB…]' (default: auto)")
+    parser.add_argument("--gpus", default=None, metavar="SPEC",
+                        help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', "
+                             "'sim:24GiB[,sim:8GiB…]', 'host[:SIZE]' (the host's memory), "
+                             "or one of them then the host ('auto,host') (default: "
+                             "config.yaml's engine: gpus, else auto)")
     parser.add_argument("--backends", action="append", default=[], metavar="PATH",
                         help="a backend descriptor file or directory (repeatable)")
 

@@ -79,6 +79,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("status", "the engine, its GPUs and backends at a glance", "status", "run",
             "arguments"),
     Command("queue", "jobs waiting, in the order they will run", "queue", "run", "arguments"),
+    Command("gpus", "the devices (GPUs, or the host's memory) and what is on them", "gpus",
+            "run", "arguments"),
     Command("jobs", "running, queued and recent jobs (newest first)", "jobs", "run",
             "arguments"),
     Command("result", "the result of a job", "job", "result", "result_arguments"),

@@ -37,12 +37,12 @@ def _status(client: Client, args: argparse.Namespace) -> None:
         return
     from supervisor.units import mib_text, seconds_text
 
-    from ..output import backend_table, gpu_table, process_table
+    from ..output import backend_table, devices_kind, gpu_table, process_table
     from ..plain import show
 
-    kind = "SIMULATED" if snap.simulated else (snap.source or "GPU")
+    kind = devices_kind(snap)
     show(f"vramtui engine pid {snap.pid} ({client.info.get('mode', '?')}), up "
-         f"{seconds_text(snap.uptime_s)}, GPU {kind}"
+         f"{seconds_text(snap.uptime_s)}, " + (kind if "host" in kind else f"GPU {kind}")
          + (f", driver {snap.driver_version}" if snap.driver_version else ""),
          ("  stopping" if snap.stopping else "", "bold yellow"))
     show(f"socket {client.path}")

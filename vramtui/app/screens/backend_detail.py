@@ -121,7 +121,8 @@ class BackendDetail(ReadonlyKeys, DetailScreen):
             ("description", b.description or "–"),
             ("state", state),
             ("pid", b.pid or "–"),
-            ("GPU", "–" if b.gpu is None else f"GPU{b.gpu}"),
+            ("GPU", "–" if b.gpu is None else f"HOST{b.gpu} · host memory"
+             if any(g.host and g.index == b.gpu for g in snap.gpus) else f"GPU{b.gpu}"),
             ("priority", b.priority),
             ("jobs", f"{b.jobs_served} served · {b.running} running · {b.queued} queued"),
             ("last use", fmt.ago(clocks.wall() - b.last_used) if b.last_used else "never"),

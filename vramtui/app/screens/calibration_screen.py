@@ -35,7 +35,7 @@ from supervisor.calibration.record import CalibrationRecord
 from supervisor.calibration.report import parse_report
 from supervisor.calibration.result import Finding, Measure, Report
 from supervisor.jobs import JobState, JobView
-from supervisor.snapshot import EngineSnapshot
+from supervisor.snapshot import EngineSnapshot, device_label
 
 from .. import fmt
 from ..widgets.key_footer import KeyFooter
@@ -95,8 +95,10 @@ def results_table(report: Report, declared_before: int | None) -> Group:
         extra.add_row("declared", Text.assemble(
             fmt.mib(declared_before), (f"  measured peak {how} it",
                                        "bold red" if diff > 0 else "green")))
+    where = device_label(report.source, report.gpu) if report.source == "host" \
+        else f"{report.source} GPU{report.gpu}"
     extra.add_row("duration", f"{fmt.dur(report.duration_s)}, {report.sample_count} samples, "
-                              f"{report.repeats} repeats ({report.source} GPU{report.gpu})")
+                              f"{report.repeats} repeats ({where})")
     parts.append(extra)
     conf = Text.assemble(("confidence ", "dim"),
                          (report.confidence, CONFIDENCE_STYLE.get(report.confidence, "")),

@@ -140,6 +140,12 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         sub = f"{len(snap.backends)} configured"
         if sim:
             sub += " · [b #d7afff]memory figures are SIMULATED[/]"
+        else:
+            sims = [f"GPU{g.index}" for g in snap.gpus if g.simulated]
+            if sims:
+                sub += f" · [b #d7afff]figures on {', '.join(sims)} are SIMULATED[/]"
+            if any(g.host for g in snap.gpus):
+                sub += " · [b]on HOST: figures are host memory (PSS)[/]"
         if app.demo_mode and not app.readonly:
             sub += " · demo: [b]d[/] runs a demo workload"
         titles(backends, subtitle=sub)
@@ -155,7 +161,8 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
             procs.sync(procs.rows_for(snap, query))
             n = sum(len(g.processes) for g in snap.gpus)
             titles(procs, subtitle=f"{n} on {len(snap.gpus)} GPU(s)"
-                   + (" · SIMULATED" if snap.simulated else ""))
+                   + (" · SIMULATED" if snap.simulated else "")
+                   + (" · host memory on HOST" if any(g.host for g in snap.gpus) else ""))
         log = self.query_one(EventLog)
         if log.display:
             log.show(snap.log, query, wrap=True)

@@ -49,15 +49,17 @@ class BackendsTable(RowTable):
                  ) -> list[tuple[str, dict[str, object]]]:
         rows = []
         now = clocks.wall()
-        mem_style = fmt.SIM_FIGURE if snap.simulated else ""
+        simulated = {g.index for g in snap.gpus if g.simulated}
         err_w = self.last_width()
         for b in snap.backends:
+            # a simulated figure is always marked so, and only one (``--gpus sim:…,host``)
+            mem_style = fmt.SIM_FIGURE if snap.simulated or b.gpu in simulated else ""
             if not fmt.matches(query, b.name, b.state, b.description):
                 continue
             last = fmt.ago(now - b.last_used) if b.last_used is not None else "never"
             sig = (b, last, mem_style, err_w, self.narrow)
-            rows.append((b.name, self.memo(b.name, sig, lambda b=b, last=last: self._row(
-                b, last, mem_style, err_w))))
+            rows.append((b.name, self.memo(b.name, sig, lambda b=b, last=last, style=mem_style:
+                                             self._row(b, last, style, err_w))))
         return rows
 
     def _row(self, b: BackendView, last: str, mem_style: str, err_w: int

@@ -63,7 +63,9 @@ class EngineHeader(Widget):
             t.append(" SIM GPU " if short else " SIMULATED GPU ", style=fmt.SIM_BADGE)
         else:
             drv = f" driver {snap.driver_version}" if snap.driver_version else ""
-            t.append(f"{(snap.source or 'GPU').upper()}{drv}", style="bold green")
+            kinds = [("HOST MEMORY" if k == "host" else k.upper())
+                     for k in (snap.source or "GPU").split("+")]
+            t.append(" + ".join(kinds) + drv, style="bold green")
         if self.gone is not None:
             t.append("  ")
             t.append(f" ENGINE GONE: {self.gone} ", style="bold reverse red")

@@ -17,6 +17,8 @@ from .titles import titles
 def gpu_stats(g: GpuView) -> str:
     if g.simulated:
         return "[b yellow on #8b008b] SIMULATED [/] no util/temp/power"
+    if g.host:
+        return "[b] host memory [/] PSS from /proc · no util/temp/power"
     parts = []
     parts.append(f"util {g.util_pct}%" if g.util_pct is not None else "util n/a")
     parts.append(f"{g.temp_c} °C" if g.temp_c is not None else "temp n/a")
@@ -45,7 +47,8 @@ class GpuPanel(Vertical):
         drain = " [b reverse yellow] DRAINING [/]" if g.draining else ""
         if g.yielded_by is not None:
             drain = f" [b reverse yellow] {g.yielded_text.upper()} [/]"
-        titles(self, f"GPU{g.index} · {g.name}{sim}{drain}", gpu_stats(g))
+        titles(self, f"{'HOST' if g.host else 'GPU'}{g.index} · {g.name}{sim}{drain}",
+               gpu_stats(g))
         self.bar.show(g)
         key = (g.ours_mib, g.reserved_mib, g.foreign_mib, g.total_mib, g.budget_mib, short)
         if key != self._legend_key:

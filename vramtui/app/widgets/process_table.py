@@ -31,8 +31,8 @@ class ProcessTable(RowTable):
     def rows_for(self, snap: EngineSnapshot, query: str) -> list[tuple[str, dict[str, object]]]:
         rows = []
         self._owners = {}
-        style = fmt.SIM_FIGURE if snap.simulated else ""
         for g in snap.gpus:
+            style = fmt.SIM_FIGURE if g.simulated else ""
             for p in g.processes:
                 owner = p.backend
                 if not fmt.matches(query, str(p.pid), p.user, owner or "others", p.name):
