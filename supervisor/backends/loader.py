@@ -109,15 +109,20 @@ def load_backends(
 ) -> LoadResult:
     """Load and validate the backends of ``paths`` (layers, lowest first).
 
-    When nothing at all was found (no backend entry, no error) and ``demo_fallback`` is set,
-    the demo backends of ``demo_backends_dir()`` are loaded instead and ``demo`` is true.
+    When nothing at all was found (no backend entry, no error), or when the files have errors
+    and not one backend of theirs loads (but every path named exists), and ``demo_fallback``
+    is set, the demo backends of
+    ``demo_backends_dir()`` are loaded instead and ``demo`` is true (a first file that fails
+    to load never takes the demo away; its errors are still reported).
     ``workdir`` is where relative paths of vramd files resolve (default: the working directory).
     """
     vramd = VramdContext(environ=environ, workdir=workdir or working_directory())
     collector = _Collector(environ, vramd)
     for path in paths:
         collector.add_path(path)
-    if demo_fallback and collector.entries == 0 and not collector.errors:
+    result = collector.finish()
+    nothing_valid = collector.entries == 0 or (bool(result.errors) and not result.backends)
+    if demo_fallback and nothing_valid and not collector.missing:
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
             # The demo is the base layer; overlays (calibrations of demo backends) go on it.
@@ -126,7 +131,7 @@ def load_backends(
             for path in paths:
                 demo.add_path(path)
             return demo.finish(demo=True)
-    return collector.finish()
+    return result
 
 
 class _Collector:
@@ -142,6 +147,7 @@ class _Collector:
         self.files: list[Path] = []
         self.entries = 0  # entries that define a backend (overlays do not count)
         self.defined: set[str] = set()
+        self.missing = False  # a layer named explicitly could not be read at all
 
     # -- reading -----------------------------------------------------------------------------
     def add_path(self, path: str | Path) -> None:
@@ -150,6 +156,7 @@ class _Collector:
             try:
                 children = sorted(layer.iterdir(), key=lambda p: p.name)
             except OSError as exc:
+                self.missing = True
                 self.errors.append(
                     DescriptorError(layer, None, None, None, f"cannot list: {exc.strerror}")
                 )
@@ -164,6 +171,7 @@ class _Collector:
         elif layer.exists():
             self.add_file(layer)
         else:
+            self.missing = True
             self.errors.append(
                 DescriptorError(layer, None, None, None, "no such file or directory")
             )

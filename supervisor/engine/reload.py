@@ -86,6 +86,9 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
         else:
             pool.remove(name)
             removed.append(name)
+    if loaded.demo and errors:
+        kept.insert(0, "the demo backends stay: no configured backend loads (fix the errors "
+                    "below, then reload)")
     descriptors.errors = tuple(str(e) for e in errors)
     result = ReloadResult(tuple(added), tuple(removed), tuple(changed), tuple(kept),
                           tuple(str(e) for e in errors),
