@@ -150,6 +150,7 @@ class Supervisor:
             config=config,
             descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
+        engine.descriptors.demo = loaded.demo
         sup = cls(engine, paths)
         sup.limits = limits
         return sup

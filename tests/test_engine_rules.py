@@ -25,6 +25,7 @@ from supervisor.errors import (
     InvalidRequest,
     Refused,
     UnknownBackend,
+    UnknownGpu,
     UnknownJob,
 )
 from supervisor.jobs import JobState, JobView
@@ -337,7 +338,7 @@ def test_a_draining_gpu_finishes_its_work_and_admits_nothing_new() -> None:
         fe.on_loop(lambda: fe.worker("a").reply(running, b"done"))
         assert fe.sup.wait(running, 5).state is JobState.SUCCEEDED
         wait_until(lambda: state_of(fe, "a") == "cold", what="a evicted from the drained GPU")
-        with pytest.raises(Refused, match="no GPU7"):
+        with pytest.raises(UnknownGpu, match="no GPU7"):
             fe.sup.drain(7)
         assert fe.sup.drain(0, on=False) == ()
         assert fe.sup.wait(waiting, 5).state is JobState.SUCCEEDED

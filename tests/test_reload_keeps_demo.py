@@ -61,4 +61,7 @@ def test_a_configuration_that_disables_everything_is_not_replaced_by_the_demo(
     (tmp_path / "off.yaml").write_text("name: unused\nscript: w.py\nenabled: false\n")
     loaded = load_backends([tmp_path])
     assert not loaded.demo and not loaded.backends and not loaded.errors
-    assert not load_backends([tmp_path / "gone.yaml"]).demo  # a path named must exist
+    (tmp_path / "bad.yaml").write_text("name: [\n")
+    assert not load_backends([tmp_path]).demo  # at start: the errors, no demo
+    assert load_backends([tmp_path], keep_demo=True).demo  # while it runs: it stays
+    assert not load_backends([tmp_path / "gone.yaml"], keep_demo=True).demo  # named: must exist

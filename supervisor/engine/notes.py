@@ -49,8 +49,9 @@ class Notes:
 
     def job(self, view: JobView | None, backend: str, state: str) -> None:
         """A job changed (``view`` is light: no result)."""
-        self.events.publish(EngineEvent("job", time.time(), job=view, backend=backend,
-                                        state=state))
+        self.events.publish(EngineEvent("job", time.time(), job=view,
+                                        job_id=view.id if view is not None else None,
+                                        backend=backend, state=state))
 
     def job_ended(self, job: Job) -> None:
         """The end of a job in the event log: the queue's story, told from admission to end

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .. import admission
-from ..errors import Refused
+from ..errors import UnknownGpu
 from ..gpu.model import GpuReading
 from ..ledger import Book, Device
 from ..scheduler import model as sched
@@ -116,7 +116,7 @@ class Planner:
         Refused for a GPU that is not there."""
         if gpu not in readings:
             present = ", ".join(f"GPU{i}" for i in sorted(readings)) or "none"
-            raise Refused(f"there is no GPU{gpu} (present: {present})")
+            raise UnknownGpu(f"unknown GPU {gpu}: there is no GPU{gpu} (present: {present})")
         if on and gpu not in self.draining:
             self.draining.add(gpu)
             return (f"draining GPU{gpu}: running jobs finish, nothing new starts there, idle "

@@ -16,7 +16,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from ..output import jsonable, print_json
 
-        print_json([{**jsonable(b), "over_declared": b.over_declared,
+        # simulated: as HTTP says it (a figure on a simulated GPU is simulated too)
+        print_json([{**jsonable(b), "simulated": b.simulated or snap.simulated,
+                     "over_declared": b.over_declared,
                      "suggested_peak_mib": suggested_peak_mib(b)} for b in snap.backends])
         return Exit.OK
     from ..output import backend_table
@@ -46,6 +48,18 @@ def _act(args: argparse.Namespace, verb: str, done: str) -> int:
 
 
 def evict(args: argparse.Namespace) -> int:
+    client = open_client(args)
+    snap = client.snapshot(data_limit=0, light=True)
+    view = next((b for b in snap.backends if b.name == args.backend), None)
+    if view is not None and view.pid is None and view.state in ("cold", "failed"):
+        if args.json:
+            from ..output import print_json
+
+            print_json({"backend": args.backend, "action": "evict", "ok": True,
+                        "nothing_to_do": True})
+        else:
+            print(f"{args.backend} is not loaded: nothing to evict")
+        return Exit.NOTHING_TO_DO
     return _act(args, "evict", "evicting (its worker stops once idle)")
 
 

@@ -131,7 +131,10 @@ def _follow(client: Client, job_id: str, sub: RemoteSubscription,
                 break
             if event.kind == "chunk" and event.job_id == job_id:
                 if args.stream and not sub.lagged and event.data is not None:
-                    progress.write(event.data)
+                    if args.json:
+                        chunk_line(job_id, printed, event.data)
+                    else:
+                        progress.write(event.data)
                     printed += 1
             elif event.kind == "job" and event.job is not None and event.job.id == job_id:
                 view = event.job
@@ -222,13 +225,26 @@ def write_out(data: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
+def chunk_line(job_id: str, index: int, data: bytes) -> None:
+    """``--stream --json``: one JSON line for one chunk (text as text, else base64)."""
+    from ..output import print_json
+
+    print_json({"job_id": job_id, "chunk": index, "data": data}, compact=True)
+
+
 def finish(view: JobView, args: argparse.Namespace, printed: int) -> int:
     """Print a finished job's result (the chunks not printed yet when streamed); its exit code.
 
     The data goes to stdout as it is; on a terminal, a result that does not end its last
     line gets a newline, so that the prompt comes back on a line of its own.
     """
-    if args.json:
+    if args.json and getattr(args, "stream", False):
+        from ..output import print_json
+
+        for index, chunk in enumerate(view.chunks[printed:], start=printed):
+            chunk_line(view.id, index, chunk)
+        print_json(view, compact=True)  # the last line: the job as it ended
+    elif args.json:
         from ..output import print_json
 
         print_json(view)
