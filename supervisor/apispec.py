@@ -426,8 +426,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        Arg("sub", INT, doc="the subscription's id"), facade=False, client=None),
     _m("stats", dict, "The control server's counters and connections.", facade=False,
        safe=True),
-    _m("shutdown", type(None), "Stop the engine, as SIGTERM does.", facade=False,
-       client="shutdown_engine", mutating=True),
+    _m("shutdown", tuple[str, ...], "Stop the engine, as SIGTERM does; the running jobs it "
+       "lets finish first (within their stop grace).",
+       Arg("now", BOOL, False, "stop at once, as a second SIGTERM does: running jobs are "
+           "interrupted (journaled ones run again on the next start)"),
+       facade=False, client="shutdown_engine", mutating=True),
 )}
 
 WIRE_METHODS = frozenset(name for name, m in METHODS.items() if m.how != "local")

@@ -40,7 +40,7 @@ from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
 from ..workers.handle import Outcome
 from ..workers.states import WorkerState
-from . import reload
+from . import reload, stopping
 from .config import EngineConfig
 from .durable import JobJournal
 from .loop import EngineLoop
@@ -170,8 +170,12 @@ class Engine:
         ticker.cancel()
         await self._shutdown()
 
-    def request_stop(self) -> None:
+    def request_stop(self, now: bool = False) -> tuple[str, ...]:
+        """Stop (see :mod:`.stopping`); the running jobs the stop waits for (none: ``now``)."""
+        if now:
+            self.pool.hurry()
         self.run.request_stop()
+        return () if now else tuple(w.job_id for w in stopping.waiting(self.pool))
 
     async def _shutdown(self) -> None:
         now = self.clock()
@@ -186,6 +190,8 @@ class Engine:
                 self.jobs.abandoned(job, "the engine stopped before the job ran")
                 self._finish(job, JobState.CANCELLED,
                              error="the engine stopped before the job ran")
+        self.notes.note("info", stopping.stop_line(stopping.waiting(self.pool),
+                                                   self.pool.hurrying))
         await self.pool.stop_all()
         for job in self.jobs.live():
             self._stopped_during(job)
