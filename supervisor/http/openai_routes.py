@@ -88,24 +88,27 @@ class _OpenAI:
         self.table = ModelTable(server)
 
     # -- models -------------------------------------------------------------------------------
-    def _model_json(self, name: str, states: dict[str, str]) -> dict[str, Any]:
+    def _model_json(self, model: str, name: str, states: dict[str, str]) -> dict[str, Any]:
         spec = self.engine.backends[name].spec
-        return {"id": name, "object": "model", "created": int(self.engine.wall_started),
-                "owned_by": "vramtui", "api": list(spec.api), "aliases": list(spec.aliases),
-                "state": states.get(name, "cold"), "description": spec.description}
+        return {"id": model, "object": "model", "created": int(self.engine.wall_started),
+                "owned_by": "vramtui", "backend": name, "api": list(spec.api),
+                "aliases": list(spec.aliases), "state": states.get(name, "cold"),
+                "description": spec.description}
 
     async def models(self, request: web.Request) -> web.Response:
+        """Every name a request may give: backends and their aliases (UIs offer only these)."""
         states = {b.name: b.state for b in self.engine.snapshot().backends}
-        names = sorted({b for b in self.table.names.values()})
-        return json_response({"object": "list",
-                              "data": [self._model_json(n, states) for n in names]})
+        return json_response({"object": "list", "data": [
+            self._model_json(model, name, states) for model, name in sorted(
+                self.table.names.items())]})
 
     async def model(self, request: web.Request) -> web.Response:
-        name = self.table.resolve(request.match_info["model"])
+        model = request.match_info["model"]
+        name = self.table.resolve(model)
         if name is None:
-            raise self._unknown(request.match_info["model"])
+            raise self._unknown(model)
         states = {b.name: b.state for b in self.engine.snapshot().backends}
-        return json_response(self._model_json(name, states))
+        return json_response(self._model_json(model, name, states))
 
     def _unknown(self, model: str) -> HttpError:
         hint = ""
@@ -143,6 +146,9 @@ class _OpenAI:
         if kind not in spec.api:
             raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
                               "wrong_api", param="model")
+        if kind == "chat" and not (isinstance(body.get("messages"), list) and body["messages"]):
+            raise bad_request("messages: a non-empty list of {role, content} is required",
+                              param="messages")
         stream = body.get("stream") is True and kind in STREAMABLE
         try:
             job = self.engine.submit(backend, payload, stream=stream,
