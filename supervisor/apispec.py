@@ -318,7 +318,8 @@ _SUBMIT_ARGS = (
     Arg("backend", STR, doc="the backend to run the request on", positional=True),
     Arg("payload", BYTES, b"", "the request's bytes (text is sent as UTF-8)", positional=True),
     Arg("priority", PRIORITY, None, "higher runs first (default: the backend's priority)"),
-    Arg("timeout", TIMEOUT, None, "seconds from submission until the job is timed out"),
+    Arg("timeout", TIMEOUT, None, "seconds from its dispatch to a worker until the job is "
+        "timed out (the queue's wait not counted)"),
     Arg("metadata", METADATA, None, "plain data passed to the worker with the request"),
     Arg("stream", BOOL, False, "collect the result as a stream of chunks"),
 )

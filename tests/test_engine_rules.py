@@ -207,6 +207,13 @@ def test_a_job_timeout_counts_from_dispatch_and_ends_it_as_timed_out() -> None:
         assert late.state is JobState.TIMED_OUT and "timed out after 0.2 s" in (late.error or "")
 
 
+def test_the_descriptors_timeouts_request_counts_from_dispatch_too() -> None:
+    with fake_engine({"b": mib(512, 256, timeouts={"request": "0.5s"})},
+                     scripts={"b": honest(512, 256, job_s=0.3)}) as fe:
+        jobs = [fe.sup.submit("b", b"") for _ in range(2)]  # the second waits ~0.3 s first
+        assert [fe.sup.wait(j, 5).state for j in jobs] == [JobState.SUCCEEDED] * 2
+
+
 def test_progress_chunks_and_metadata_reach_the_job() -> None:
     with fake_engine({"a": mib(512, 256, stream=True)},
                      scripts={"a": honest(512, 256, manual=True)}) as fe:

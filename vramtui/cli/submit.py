@@ -31,7 +31,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--data-file", metavar="FILE", help="the request, read from FILE")
     source.add_argument("-", dest="stdin", action="store_true", help="read the request from stdin")
     p.add_argument("--priority", type=int, help="higher runs first (default: the backend's)")
-    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="time the job out after it has run S seconds (from its dispatch)")
     p.add_argument("--wait", action="store_true", help="wait for the result, with progress")
     p.add_argument("--stream", action="store_true", help="print streamed chunks as they come")
     p.add_argument("--metadata", metavar="JSON", help="metadata passed to the worker (JSON)")
