@@ -1,0 +1,68 @@
+"""The dashboard as a newcomer meets it, on fixed scenes (no process): the command palette is
+generated from the bindings, so every key is there under its own key."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fixed_source import FixedSource, demo_snapshot, fixed_clocks
+from textual.pilot import Pilot
+from waiting import wait_until_async
+
+from vramtui.app import VramApp
+from vramtui.app.commands import VramCommands
+from vramtui.app.screens.dashboard import DASHBOARD_BINDINGS
+from vramtui.app.widgets.process_table import ProcessTable
+
+WIDE = (160, 48)
+
+
+def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+async def until(pilot: Pilot[int], predicate: Callable[[], object], what: str) -> object:
+    return await wait_until_async(predicate, 20.0, what, pause=lambda: pilot.pause(0.05))
+
+
+async def shown(pilot: Pilot[int]) -> None:
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    await until(pilot, lambda: app.polls >= 1, "a snapshot")
+    await pilot.pause()
+
+
+@aio
+async def test_the_palette_offers_every_key_under_its_own_key() -> None:
+    app = VramApp(FixedSource(demo_snapshot()), "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        general = VramCommands(app.screen).general()
+        by_name = {name.split(":")[0]: (help_text, callback) for name, callback, help_text
+                   in general}
+        for b in DASHBOARD_BINDINGS:
+            assert by_name[b.description][0] == f"key {b.key_display or b.key}", b.action
+        assert by_name["Calibrate"][0] == "key m" and by_name["1m/10m"][0] == "key t"
+        for wanted in ("Reload", "Drain", "Kill", "Processes", "Retry", "Pri+", "Help",
+                       "Quit"):
+            assert wanted in by_name, wanted
+        by_name["Processes"][1]()  # a palette command does what its key does
+        await pilot.pause()
+        assert app.screen.query_one(ProcessTable).display
+
+
+@aio
+async def test_the_palette_leaves_out_what_the_dashboard_does_not_offer() -> None:
+    app = VramApp(FixedSource(demo_snapshot()), "attached to /tmp/x.sock", readonly=True,
+                  clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        names = {name.split(":")[0] for name, _cb, _help in VramCommands(app.screen).general()}
+        assert "Evict" not in names and "Reload" not in names  # read-only: not offered
+        assert {"Details", "Processes", "Filter", "Help", "Quit"} <= names
