@@ -1,11 +1,13 @@
 """The dashboard as a newcomer meets it, on fixed scenes (no process): the command palette is
-generated from the bindings, so every key is there under its own key."""
+generated from the bindings, so every key is there under its own key; cancel acts on the job
+shown when the key was pressed; the rows say what is true."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
@@ -14,7 +16,9 @@ from waiting import wait_until_async
 
 from vramtui.app import VramApp
 from vramtui.app.commands import VramCommands
+from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import DASHBOARD_BINDINGS
+from vramtui.app.widgets.jobs_table import JobsTable
 from vramtui.app.widgets.process_table import ProcessTable
 
 WIDE = (160, 48)
@@ -66,3 +70,56 @@ async def test_the_palette_leaves_out_what_the_dashboard_does_not_offer() -> Non
         names = {name.split(":")[0] for name, _cb, _help in VramCommands(app.screen).general()}
         assert "Evict" not in names and "Reload" not in names  # read-only: not offered
         assert {"Details", "Processes", "Filter", "Help", "Quit"} <= names
+
+
+async def select_job(pilot: Pilot[int], job_id: str) -> JobsTable:
+    table = pilot.app.screen.query_one(JobsTable)
+    table.focus()
+    table.move_cursor(table.get_row_index(job_id))
+    await pilot.pause()
+    assert table.selected_key() == job_id
+    return table
+
+
+@aio
+async def test_cancel_acts_on_the_job_shown_when_the_key_was_pressed() -> None:
+    snap = demo_snapshot()
+    source = FixedSource(snap)
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        second = snap.queued[1]
+        await select_job(pilot, second.id)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the dialog")
+        assert app.screen.title_text == (f"Cancel job {second.id} ({second.backend}, queued, "
+                                         "position 2)?")
+        # The queue moves under the dialog: the first job runs, the cursor's row changes.
+        source.snapshot_value = replace(snap, running=(*snap.running, snap.queued[0]),
+                                        queued=(replace(second, position=1),))
+        polls = app.polls
+        await until(pilot, lambda: app.polls > polls + 1, "the queue to move")
+        await pilot.press("y")
+        await until(pilot, lambda: ("cancel", (second.id,)) in source.calls, "the cancel")
+        assert [c for c in source.calls if c[0] == "cancel"] == [("cancel", (second.id,))]
+
+
+@aio
+async def test_a_selected_job_that_left_the_table_is_not_replaced_by_another() -> None:
+    snap = demo_snapshot()
+    source = FixedSource(snap)
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        gone = snap.queued[0]
+        table = await select_job(pilot, gone.id)
+        source.snapshot_value = replace(snap, queued=snap.queued[1:])  # it went away
+        polls = app.polls
+        await until(pilot, lambda: app.polls > polls + 1, "the job to leave")
+        assert table.selected_key() is None
+        await pilot.press("c")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmDialog)
+        assert not [c for c in source.calls if c[0] == "cancel"]
+        await pilot.press("down")  # moving the cursor selects again
+        assert table.selected_key() is not None

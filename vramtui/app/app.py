@@ -362,15 +362,26 @@ class VramApp(App[int]):
         if view is not None and view.finished:
             self.notify(f"Job {job_id} already {view.state.value}.", severity="warning")
             return
+        # The job as it was shown when the key was pressed: the dialog names it, and the
+        # cancel goes to it (by id), wherever the table has moved it since.
+        shown = "" if view is None else f" ({view.backend}, {view.state.value}" + (
+            f", position {view.position}" if view.position else "") + ")"
         what = (f"It is {view.state.value} on {view.backend}"
                 + (f" ({view.progress * 100:.0f}%)" if view.progress is not None else "")
                 if view is not None else "")
-        self._confirmed(f"Cancel job {job_id}?", f"{what}.\nThe worker is asked to stop; "
-                        "a worker that does not is killed after the grace.",
-                        lambda: self.run_command(
-                            f"cancel {job_id}", lambda api: api.cancel(job_id),
-                            lambda v: f"Job {job_id}: {v.state.value}"
-                            + (" (stopping)" if not v.finished else "") + "."))
+
+        def go() -> None:
+            now = self._view(job_id)
+            if now is not None and now.finished:
+                self.notify(f"Job {job_id} had already {now.state.value}: nothing cancelled.",
+                            severity="warning")
+                return
+            self.run_command(f"cancel {job_id}", lambda api: api.cancel(job_id),
+                             lambda v: f"Job {job_id}: {v.state.value}"
+                             + (" (stopping)" if not v.finished else "") + ".")
+
+        self._confirmed(f"Cancel job {job_id}{shown}?", f"{what}.\nThe worker is asked to "
+                        "stop; a worker that does not is killed after the grace.", go)
 
     def _view(self, job_id: str) -> JobView | None:
         snap = self.snap
