@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -18,6 +19,8 @@ from vramtui.app import VramApp
 from vramtui.app.commands import VramCommands
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import DASHBOARD_BINDINGS
+from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.jobs_table import JobsTable
 from vramtui.app.widgets.process_table import ProcessTable
 
@@ -123,3 +126,65 @@ async def test_a_selected_job_that_left_the_table_is_not_replaced_by_another() -
         assert not [c for c in source.calls if c[0] == "cancel"]
         await pilot.press("down")  # moving the cursor selects again
         assert table.selected_key() is not None
+
+
+def notes(app: VramApp) -> str:
+    return " | ".join(str(n.message) for n in app._notifications)
+
+
+@aio
+async def test_evicting_a_cold_backend_says_there_is_nothing_to_evict() -> None:
+    app = VramApp(FixedSource(demo_snapshot()), "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        table = app.screen.query_one(BackendsTable)
+        table.focus()
+        table.move_cursor(table.get_row_index("flux-sim"))  # cold
+        await pilot.press("e")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmDialog)
+        assert "flux-sim is not loaded: nothing to evict." in notes(app)
+        assert table.column_width("jobs") and "Served" in str(table.render_line(0).text)
+
+
+@aio
+async def test_the_quit_dialog_counts_the_jobs_while_it_is_open() -> None:
+    snap = demo_snapshot()
+    source = FixedSource(snap)
+    app = VramApp(source, "embedded", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the dialog")
+        dialog = app.screen
+        assert isinstance(dialog, ConfirmDialog) and dialog.body.startswith("3 jobs are")
+        source.snapshot_value = replace(snap, running=(), queued=())
+        await until(pilot, lambda: dialog.body.startswith("No job is running or queued now"),
+                    "the count to follow")
+
+
+@aio
+async def test_the_job_screen_times_history_and_progress_from_one_origin() -> None:
+    snap = demo_snapshot()
+    job = snap.running[0]
+    app = VramApp(FixedSource(snap), "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        app.progress[job.id] = deque([(job.submitted_at + 3.0, 0.5, "step 10/20")])
+        app.open_job(job.id)
+        await until(pilot, lambda: isinstance(app.screen, JobDetail), "the job screen")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, JobDetail)
+        text = _plain(screen._timeline(job))
+        assert "+1.60s running" in text and "+3.00s 50% step 10/20" in text
+
+
+def _plain(renderable: object) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(renderable)
+    return " ".join(console.export_text().split())

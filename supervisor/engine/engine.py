@@ -680,6 +680,9 @@ class Engine:
             loaded = max(0.0, handle.ready_at - handle.started_at)
             m.load_times.append(loaded)
             self.notes.counters.loaded(rt.spec.name, loaded)
+            if not rt.admitted:  # a preload: nobody else says it is ready
+                self.notes.note("info", f"{rt.spec.name} ready on GPU{handle.gpu} after "
+                                f"{loaded:.1f} s (preloaded)", rt.spec.name)
         for job_id in list(rt.admitted):
             job = self.jobs.get(job_id)
             # While stopping, admitted jobs stay unstarted: they run after a restart.
