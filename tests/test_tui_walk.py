@@ -13,6 +13,7 @@ from typing import Any
 
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from textual.pilot import Pilot
+from textual.widgets import Select, TextArea
 from waiting import wait_until_async
 
 from vramtui.app import VramApp
@@ -20,6 +21,7 @@ from vramtui.app.commands import VramCommands
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import DASHBOARD_BINDINGS
 from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.screens.submit_dialog import SubmitDialog
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.jobs_table import JobsTable
 from vramtui.app.widgets.process_table import ProcessTable
@@ -188,3 +190,20 @@ def _plain(renderable: object) -> str:
     console = Console(width=100, record=True, file=io.StringIO())
     console.print(renderable)
     return " ".join(console.export_text().split())
+
+
+@aio
+async def test_the_submit_dialogs_example_fits_the_backends_api() -> None:
+    snap = demo_snapshot()
+    chat = replace(snap.backends[0], name="chat-sim", api=("chat",))
+    source = FixedSource(replace(snap, backends=(*snap.backends, chat)))
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        app.open_submit("chat-sim")
+        await until(pilot, lambda: isinstance(app.screen, SubmitDialog)
+                    and app.screen.query("#payload"), "the dialog")
+        payload = app.screen.query_one("#payload", TextArea)
+        assert '"model": "chat-sim", "messages": [' in payload.text
+        app.screen.query_one("#backend", Select).value = "sdxl-sim"
+        await until(pilot, lambda: payload.text == '{"steps": 10}', "the demo's example")

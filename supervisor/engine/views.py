@@ -114,7 +114,7 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
         accepting=rt.conduct.accepting, on_overuse=spec.on_overuse,
         reload_cost_s=info.reload_cost_s, distrusted=m.distrusted,
         can_sleep=rt.can_sleep, sleep_residual_mib=m.sleep_residual_mib,
-        wake_cost_s=info.wake_cost_s, no_sleep=rt.health.no_sleep,
+        wake_cost_s=info.wake_cost_s, no_sleep=rt.health.no_sleep, api=tuple(spec.api),
     )
 
 
