@@ -26,6 +26,7 @@ def test_a_unit_that_could_not_start_is_refused_with_the_reason(tmp_path: Path) 
         assert done.returncode == 2 and not unit.exists()
         assert done.stderr.startswith("vramtui install-service: the unit could not start: "
                                       "listening on http://0.0.0.0:8080 lets other machines in")
+        assert "set a token first (--http-token-file or http.token_file)" in done.stderr
         done = cli(env, "install-service", "--http", "0.0.0.0:8080", "--http-token-file",
                    str(token))
         assert done.returncode == 2 and "cannot read the token file" in done.stderr

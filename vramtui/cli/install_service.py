@@ -56,8 +56,9 @@ def unit_problem(args: argparse.Namespace) -> str | None:
     try:
         load_http_config(listen=args.http, token_file=args.http_token_file,
                          config_file=Paths.from_env().settings_file, environ=environ)
-    except VramtuiError as exc:
-        return str(exc)
+    except VramtuiError as exc:  # (the unit never carries the token's variable: not an answer)
+        return str(exc).replace(f"{TOKEN_ENV}, --http-token-file or http.token_file",
+                                "--http-token-file or http.token_file")
     return None
 
 
