@@ -35,11 +35,14 @@ def test_a_broken_first_file_keeps_the_demo_and_the_reload_says_so() -> None:
     try:
         demo = {b.name for b in sup.snapshot().backends}
         assert len(demo) == 5 and "sdxl-sim" in demo
+        overlay = root / "cfg" / "backends.d" / "zz-calibrated-sdxl-sim.yaml"
+        overlay.write_text("name: sdxl-sim\noverlay: true\nvram: {peak: 10GiB}\n")
+        assert sup.reload().changed  # a calibration's overlay over the demo
         broken = root / "cfg" / "backends.d" / "mine.yaml"
         broken.write_text("name: mine\nscript: x.py\n\tvram: 2GiB\n")  # a tab: bad YAML
         result = sup.reload()
-        assert result.removed == () and result.added == ()
-        assert result.errors and "mine.yaml" in result.errors[0]
+        assert result.removed == () and result.added == () and result.changed == ()
+        assert len(result.errors) == 1 and "mine.yaml" in result.errors[0]  # the overlay holds
         assert result.kept[0].startswith("the demo backends stay")
         assert {b.name for b in sup.snapshot().backends} == demo
         # A file that is valid YAML but whose one backend is invalid: the same.
@@ -47,7 +50,8 @@ def test_a_broken_first_file_keeps_the_demo_and_the_reload_says_so() -> None:
         result = sup.reload()
         assert result.removed == () and result.kept and result.errors
         assert {b.name for b in sup.snapshot().backends} == demo
-        # Something valid replaces the demo.
+        # Something valid replaces the demo (and the demo's overlay goes with it).
+        overlay.unlink()
         (root / "w.py").write_text("")
         broken.write_text(f"name: mine\nscript: {root / 'w.py'}\nvram: 2GiB\n")
         result = sup.reload()
