@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .backends.schema import BackendSpec, VramSpec
-from .ledger import Book, Declared, Device, Holder, Learned, book, figures
+from .ledger import Book, Declared, Device, Holder, Learned, Reserve, book, figures, reserve_on
 from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerInfo
 
 #: What a reload costs before any load was measured, when the descriptor does not say.
@@ -177,13 +177,14 @@ def holders(
     ghosts: Iterable[GhostFacts] = (),
     runs: Iterable[RunFacts] = (),
     *,
-    reserve_mib: int = 0,
+    reserve_mib: Reserve = 0,
     foreign: Mapping[int, int] | None = None,
 ) -> list[Holder]:
     """Every ledger holder: live workers by their figures, ghosts by what they held, runs by
     their whole GPU."""
     foreign = foreign or {}
-    whole = {d.index: max(0, d.total_mib - reserve_mib - int(foreign.get(d.index, 0)))
+    whole = {d.index: max(0, d.total_mib - reserve_on(reserve_mib, d.index)
+                          - int(foreign.get(d.index, 0)))
              for d in devices}
     out: list[Holder] = []
     for w in workers:
@@ -235,27 +236,31 @@ def decide_inputs(
     ghosts: Sequence[GhostFacts] = (),
     runs: Sequence[RunFacts] = (),
     queued_counts: Mapping[tuple[str, str], int] | None = None,
-    reserve_mib: int = 0,
+    reserve_mib: Reserve = 0,
     foreign: Mapping[int, int] | None = None,
     draining: Iterable[int] = (),
     sleep_host_room_mib: int = 0,
+    closed: Mapping[int, str] | None = None,
 ) -> tuple[Snapshot, Book]:
-    """The scheduler's snapshot and the ledger's book, from the same facts."""
+    """The scheduler's snapshot and the ledger's book, from the same facts; ``closed`` GPUs
+    (yielded: why) are drained like ``draining`` ones, saying why."""
     accounts = book(
         devices,
         holders(devices, backends, workers, ghosts, runs, reserve_mib=reserve_mib,
                 foreign=foreign),
         reserve_mib=reserve_mib, foreign=foreign,
     )
-    draining = set(draining)
+    closed = closed or {}
+    draining = set(draining) | set(closed)
     leaving: dict[int, int] = {}
     for gpu in accounts.gpus.values():
         leaving[gpu.index] = sum(h.holds_mib for h in gpu.holders
                                  if h.kind in ("ghost", "settling"))
     gpus = tuple(
-        GpuState(d.index, d.total_mib, d.free_mib, reserve_mib,
+        GpuState(d.index, d.total_mib, d.free_mib, reserve_on(reserve_mib, d.index),
                  foreign_mib=accounts.gpus[d.index].foreign_mib,
-                 draining=d.index in draining, leaving_mib=leaving.get(d.index, 0))
+                 draining=d.index in draining, leaving_mib=leaving.get(d.index, 0),
+                 closed_why=closed.get(d.index, ""))
         for d in sorted(devices, key=lambda d: d.index)
     )
     held_by = {h.name: h for g in accounts.gpus.values() for h in g.holders}

@@ -20,6 +20,7 @@ from .results import (
     LogChunk,
     ReloadResult,
     ReportFile,
+    YieldInfo,
 )
 from .snapshot import EngineSnapshot
 
@@ -59,6 +60,11 @@ class EngineAPI(Protocol):
     def zero(self) -> list[str]: ...
 
     def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]: ...
+
+    def yield_gpus(self, gpus: Sequence[int] = (), *, for_s: float | None = None,
+                   now: bool = False, by: str = "") -> tuple[YieldInfo, ...]: ...
+
+    def resume_gpus(self, gpus: Sequence[int] = ()) -> tuple[int, ...]: ...
 
     def reload(self) -> ReloadResult: ...
 

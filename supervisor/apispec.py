@@ -107,6 +107,12 @@ def _strs(value: Any) -> tuple[str, ...]:
     raise _Bad("a list of strings")
 
 
+def _ints(value: Any) -> tuple[int, ...]:
+    if isinstance(value, list | tuple) and all(_is_int(v) and v >= 0 for v in value):
+        return tuple(int(v) for v in value)
+    raise _Bad("a list of GPU indexes (whole numbers, 0 or more)")
+
+
 def _any(value: Any) -> Any:
     return value
 
@@ -145,11 +151,24 @@ NUM = Kind("number", _num, "float")
 BOOL = Kind("bool", _bool, "bool")
 MAP = Kind("map", _map, "dict[str, Any]")
 STRS = Kind("list of str", _strs, "Sequence[str]")
+INTS = Kind("list of int", _ints, "Sequence[int]")
 ANY = Kind("any", _any, "Any")  # local arguments only (a callback)
 PRIORITY = Kind("priority", _priority, "int")
 TIMEOUT = Kind("seconds", _timeout, "float")
 WAIT_TIMEOUT = Kind("seconds", _wait_timeout, "float")
 METADATA = Kind("metadata", _metadata, "dict[str, Any]")
+
+
+def _short_name(value: Any) -> str | None:
+    if len(value) <= 80 and value.isprintable():
+        return None
+    return "must be at most 80 printable characters"
+
+
+def _positive_duration(value: Any) -> str | None:
+    if value > 0 and value <= 366 * 86400:
+        return None
+    return "must be a duration of more than 0 s and at most a year"
 
 
 def between(low: float, high: float) -> Callable[[Any], str | None]:
@@ -378,6 +397,20 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        "is admitted there) or open it again; the GPUs draining now.",
        Arg("gpu", INT, doc="the GPU's index", positional=True, check=at_least(0)),
        Arg("on", BOOL, True, "True: drain; False: admit work there again", positional=True),
+       mutating=True),
+    _m("yield_gpus", "YieldInfo...", "Hand GPUs over to programs the engine does not manage: "
+       "nothing new starts there, running jobs finish (or are cancelled with now), every "
+       "model there is unloaded, until resumed or the duration ends; queued jobs wait.",
+       Arg("gpus", INTS, (), "the GPUs' indexes (none: every GPU)", positional=True),
+       Arg("for_s", NUM, None, "seconds until it resumes by itself (default: until resumed)",
+           check=_positive_duration),
+       Arg("now", BOOL, False, "cancel the jobs running there rather than let them finish"),
+       Arg("by", STR, "", "who asks (shown with the yield; default: the engine's user)",
+           check=_short_name),
+       mutating=True),
+    _m("resume_gpus", tuple[int, ...], "Take yielded GPUs back (none: every yielded GPU); "
+       "the GPUs resumed.",
+       Arg("gpus", INTS, (), "the GPUs' indexes (none: every yielded GPU)", positional=True),
        mutating=True),
     _m("reload", "ReloadResult", "Read the backend descriptors again and apply what changed "
        "(a file with errors leaves its backends as they were).", mutating=True),

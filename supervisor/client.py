@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         LogChunk,
         ReloadResult,
         ReportFile,
+        YieldInfo,
     )
 
 __all__ = ["Client", "LogChunk", "RemoteSubscription", "RequestTooLarge"]
@@ -394,6 +395,16 @@ class Client:
     def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
         """Drain a GPU (running work finishes, nothing new admitted there), or reopen it."""
         return tuple(self._invoke("drain", {"gpu": gpu, "on": on}) or ())
+
+    def yield_gpus(self, gpus: Sequence[int] = (), *, for_s: float | None = None,
+                   now: bool = False, by: str = "") -> tuple[YieldInfo, ...]:
+        """Hand GPUs over to programs we do not manage, until resumed or ``for_s`` ends."""
+        return tuple(self._invoke("yield_gpus", {"gpus": list(gpus), "for_s": for_s,
+                                                 "now": now, "by": by}) or ())
+
+    def resume_gpus(self, gpus: Sequence[int] = ()) -> tuple[int, ...]:
+        """Take yielded GPUs back (none: all of them)."""
+        return tuple(self._invoke("resume_gpus", {"gpus": list(gpus)}) or ())
 
     def reload(self) -> ReloadResult:
         """Read the backend descriptors again and apply what changed."""

@@ -25,7 +25,7 @@ TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
                 120.0, 300.0, 600.0, 1800.0, 3600.0)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
-EVICTION_REASONS = ("asked", "room", "idle", "overuse")
+EVICTION_REASONS = ("asked", "room", "idle", "overuse", "others")
 WAKE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REFUSAL_REASONS = ("queue_full", "too_large", "stopping", "backend_failed", "other")
 OUTCOMES = ("succeeded", "failed", "cancelled", "timed_out")

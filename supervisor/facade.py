@@ -38,6 +38,7 @@ from .results import (
     LogChunk,
     ReloadResult,
     ReportFile,
+    YieldInfo,
 )
 from .snapshot import EngineSnapshot
 from .validate import check_seconds
@@ -403,6 +404,15 @@ class Supervisor:
     def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
         """Drain a GPU (running work finishes, nothing new admitted there), or reopen it."""
         return self._op("drain", gpu=gpu, on=on)
+
+    def yield_gpus(self, gpus: Sequence[int] = (), *, for_s: float | None = None,
+                   now: bool = False, by: str = "") -> tuple[YieldInfo, ...]:
+        """Hand GPUs over to programs we do not manage, until resumed or ``for_s`` ends."""
+        return self._op("yield_gpus", gpus=list(gpus), for_s=for_s, now=now, by=by)
+
+    def resume_gpus(self, gpus: Sequence[int] = ()) -> tuple[int, ...]:
+        """Take yielded GPUs back (none: all of them)."""
+        return self._op("resume_gpus", gpus=list(gpus))
 
     def reload(self) -> ReloadResult:
         """Read the backend descriptors again and apply what changed."""

@@ -180,11 +180,19 @@ def foreign_mib(used_mib: int | None, process_mib: Mapping[int, int], ours: Iter
     return max(0, used_mib - seen)
 
 
+Reserve = int | Mapping[int, int]  # kept free on every GPU, or per GPU index
+
+
+def reserve_on(reserve: Reserve, index: int) -> int:
+    """What ``reserve`` keeps free on GPU ``index`` (a mapping without it: 0)."""
+    return reserve if isinstance(reserve, int) else int(reserve.get(index, 0))
+
+
 def book(
     devices: Sequence[Device],
     holders: Iterable[Holder],
     *,
-    reserve_mib: int = 0,
+    reserve_mib: Reserve = 0,
     foreign: Mapping[int, int] | None = None,
 ) -> Book:
     """The accounts of every device; holders on a device that is not present are dropped."""
@@ -195,7 +203,7 @@ def book(
     foreign = foreign or {}
     return Book({
         d.index: GpuBook(
-            index=d.index, total_mib=d.total_mib, reserve_mib=reserve_mib,
+            index=d.index, total_mib=d.total_mib, reserve_mib=reserve_on(reserve_mib, d.index),
             used_mib=d.used_mib, free_mib=d.free_mib,
             foreign_mib=max(0, int(foreign.get(d.index, 0))),
             holders=tuple(sorted(by_gpu[d.index], key=lambda h: h.name)),

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import Refused
 from .jobs import JobState, JobView
-from .results import CancelResult, JobRequest, LogChunk
+from .results import CancelResult, JobRequest, LogChunk, YieldInfo
 from .snapshot import EngineSnapshot
 
 if TYPE_CHECKING:
@@ -100,6 +100,24 @@ def wake(engine: Engine, backend: str) -> None:
 def drain(engine: Engine, gpu: int, on: bool) -> tuple[int, ...]:
     engine.drain(gpu, on)
     return tuple(sorted(engine.planner.draining))
+
+
+def yield_gpus(engine: Engine, gpus: tuple[int, ...], for_s: float | None, now: bool,
+               by: str) -> tuple[YieldInfo, ...]:
+    return engine.yield_gpus(gpus, for_s=for_s, now=now, by=by or _user())
+
+
+def resume_gpus(engine: Engine, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    return engine.resume_gpus(gpus)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "asked"
 
 
 def reload(engine: Engine) -> Blocking:

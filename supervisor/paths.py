@@ -174,6 +174,11 @@ class Paths:
         return self.state_dir / "calibration"
 
     @property
+    def yields_path(self) -> Path:
+        """The GPUs handed over (``vramtui yield``): they stay so across a restart."""
+        return self.state_dir / "yielded.json"
+
+    @property
     def runtime_pointer(self) -> Path:
         """Where the engine records the runtime directory it moved to (see the module doc)."""
         return self.state_dir / RUNTIME_POINTER

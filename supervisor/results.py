@@ -116,3 +116,24 @@ class CancelResult:
     job_id: str
     state: str | None
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class YieldInfo:
+    """A GPU handed over to programs the engine does not manage (``vramtui yield``): nothing
+    of ours runs there until it is resumed, or ``until`` (epoch seconds; None: until asked)."""
+
+    gpu: int
+    by: str  # who asked: a user, or the ``yield_when`` rule that matched
+    since: float  # epoch seconds
+    until: float | None = None
+    now: bool = False  # its running jobs were cancelled rather than left to finish
+    rule: bool = False  # a ``yield_when`` rule asked (it resumes when the rule stops matching)
+
+    @property
+    def text(self) -> str:
+        """``GPU0 is yielded (ada (cli), until 14:05:09)`` (or ``until resumed``)."""
+        from .units import wall_time_text
+
+        until = "until resumed" if self.until is None else f"until {wall_time_text(self.until)}"
+        return f"GPU{self.gpu} is yielded ({'rule: ' if self.rule else ''}{self.by}, {until})"

@@ -23,6 +23,7 @@ class GpuProcess:
     used_mib: int | None  # None: the driver would not say
     user: str  # "?" when it cannot be read
     backend: str | None  # None: not ours ("foreign")
+    name: str = ""  # the process's name, where the system gives it ("?" when it cannot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,25 @@ class GpuView:
     history: tuple[tuple[float, int], ...]  # (wall-clock t, used MiB)
     draining: bool = False  # admits nothing new; its idle workers are evicted
     processes: tuple[GpuProcess, ...] = ()  # at the last process sample, largest first
+    others_mib: int = 0  # what admission holds back for strangers (with hysteresis)
+    yielded_by: str | None = None  # handed over (vramtui yield): who asked; None: not yielded
+    yielded_until: float | None = None  # epoch seconds (None: until resumed)
+
+    @property
+    def yielded_text(self) -> str:
+        """``yielded to ada (cli) until 14:05:09`` (or ``until resumed``); "" when open."""
+        if self.yielded_by is None:
+            return ""
+        if self.yielded_until is None:
+            return f"yielded to {self.yielded_by} until resumed"
+        from .units import wall_time_text
+
+        return f"yielded to {self.yielded_by} until {wall_time_text(self.yielded_until)}"
+
+    @property
+    def strangers(self) -> tuple[GpuProcess, ...]:
+        """The processes here that are not ours, largest first."""
+        return tuple(p for p in self.processes if p.backend is None)
 
     @property
     def budget_mib(self) -> int:

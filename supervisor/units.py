@@ -331,3 +331,13 @@ def seconds_ago(seconds: float | None) -> str:
         return f"{int(seconds) // 10 * 10}s ago"
     m = int(seconds // 60)
     return f"{m}m ago" if m < 60 else f"{m // 60}h{m % 60:02d}m ago"
+
+
+def wall_time_text(epoch: float) -> str:
+    """An epoch time as people read it here: ``14:05:09`` today, else ``2026-12-03 14:05``."""
+    import time
+
+    local = time.localtime(epoch)
+    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", local)
+    return time.strftime("%Y-%m-%d %H:%M", local)

@@ -34,6 +34,7 @@ from supervisor.results import (
     LogChunk,
     ReloadResult,
     ReportFile,
+    YieldInfo,
 )
 from supervisor.snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView, LogLine
 from vramtui.app.fmt import Clocks
@@ -217,6 +218,16 @@ class FixedSource:
     def drain(self, gpu: int, on: bool = True) -> tuple[int, ...]:
         self._record("drain", gpu, on)
         return (gpu,) if on else ()
+
+    def yield_gpus(self, gpus: Sequence[int] = (), *, for_s: float | None = None,
+                   now: bool = False, by: str = "") -> tuple[YieldInfo, ...]:
+        self._record("yield_gpus", tuple(gpus), for_s, now, by)
+        until = None if for_s is None else time.time() + for_s
+        return tuple(YieldInfo(g, by or "ada", time.time(), until, now) for g in gpus or (0,))
+
+    def resume_gpus(self, gpus: Sequence[int] = ()) -> tuple[int, ...]:
+        self._record("resume_gpus", tuple(gpus))
+        return tuple(gpus)
 
     def reload(self) -> ReloadResult:
         """A reload that found one file changed and one broken (what the screen shows)."""

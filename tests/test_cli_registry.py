@@ -147,3 +147,11 @@ def test_a_command_imports_its_own_module_only() -> None:
     mods = loaded_after("from vramtui.cli.parser import parse; parse(['--readonly'])")
     assert {m for m in mods if m.startswith("vramtui.cli.")} == {
         "vramtui.cli.parser", "vramtui.cli.registry"}
+
+
+def test_a_value_that_looks_like_a_negative_number_reaches_its_options_check() -> None:
+    # argparse would call "-1s" an unknown option ("expected one argument")
+    args = parse(["yield", "0", "--for", "-1s"])[1]
+    assert args.duration == "-1s" and args.gpus == [0]
+    assert parse(["submit", "echo", "--priority", "-5"])[1].priority == -5
+    assert parse(["yield", "--now", "0"])[1].now  # a flag is left as it is

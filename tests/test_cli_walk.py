@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -80,18 +82,21 @@ def test_cancel_twice_evict_cold_and_an_unknown_gpu_say_so(served: Served) -> No
 def test_events_json_names_the_job_and_stream_json_is_one_line_a_chunk(served: Served) -> None:
     events = subprocess.Popen([*cli_argv(), "events", "--json", "--kind", "job"],
                               env=served.env, stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    assert events.stdout is not None
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in events.stdout], daemon=True)
+    reader.start()
     try:
-        wait_until(lambda: len(served.client().snapshot(light=True).backends) > 0, 10,
-                   "the engine")
-        job = run(served, "submit", "echo", "--data", "{}", "--wait", "--json")
-        job_id = json.loads(job.stdout)["id"]
-        assert events.stdout is not None
-        first = json.loads(events.stdout.readline())
+        def a_job_event() -> dict | None:  # (submitting until the subscription is there)
+            if lines.empty():
+                run(served, "submit", "echo", "--data", "{}")
+                return None
+            return json.loads(lines.get())
+        first = wait_until(a_job_event, 30, "a job event")
         assert first["kind"] == "job" and first["job_id"] == first["job"]["id"]
     finally:
         events.terminate()
         events.wait(10)
-    assert job_id
     done = run(served, "submit", "echo", "--data", '{"stream": 3}', "--stream", "--json")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]

@@ -117,13 +117,20 @@ def event_line(event: Any) -> str:
 
 def gpu_table(snap: EngineSnapshot) -> Table:
     table = Table("GPUs", [(c, "l" if c == "name" else "r") for c in (
-        "GPU", "name", "used / total", "reserved", "ours", "foreign", "budget", "util",
+        "GPU", "name", "used / total", "reserved", "ours", "others", "budget", "util",
         "temp")])
     for g in snap.gpus:
         used = f"{mib_text(g.used_mib)} / {mib_text(g.total_mib)}"
-        name: Cell = (f"{g.name} (draining)", "bold yellow") if g.draining else g.name
+        name: Cell = g.name
+        if g.yielded_by is not None:
+            name = (f"{g.name} ({g.yielded_text})", "bold yellow")
+        elif g.draining:
+            name = (f"{g.name} (draining)", "bold yellow")
+        others = mib_text(g.foreign_mib)
+        if g.others_mib and g.others_mib != g.foreign_mib:
+            others += f" ({mib_text(g.others_mib)} held back)"
         table.add_row(str(g.index), name, used,
-                      mib_text(g.reserved_mib), mib_text(g.ours_mib), mib_text(g.foreign_mib),
+                      mib_text(g.reserved_mib), mib_text(g.ours_mib), others,
                       mib_text(g.budget_mib),
                       "–" if g.util_pct is None else f"{g.util_pct} %",
                       "–" if g.temp_c is None else f"{g.temp_c} °C")
@@ -131,13 +138,13 @@ def gpu_table(snap: EngineSnapshot) -> Table:
 
 
 def process_table(snap: EngineSnapshot) -> Table | None:
-    """Each GPU's processes: ours by backend, the others foreign (None: there are none)."""
+    """Each GPU's processes: ours by backend, the others by name (None: there are none)."""
     table = Table("Processes on the GPUs", [("GPU", "r"), ("pid", "r"), ("user", "l"),
                                              ("memory", "r"), ("backend", "l")])
     for g in snap.gpus:
         for p in g.processes:
             table.add_row(str(g.index), str(p.pid), p.user, mib_text(p.used_mib),
-                          p.backend if p.backend else ("foreign", "magenta"))
+                          p.backend if p.backend else (f"others: {p.name or '?'}", "magenta"))
     return table if table.rows else None
 
 

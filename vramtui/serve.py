@@ -82,7 +82,8 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args, group)
 
 
-ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget"})
+ENGINE_KEYS = frozenset({"max_queue", "sleep_host_budget", "yield_when", "reserve",
+                         "on_others"})
 
 
 def engine_config(args: argparse.Namespace, paths: Paths,
@@ -92,6 +93,10 @@ def engine_config(args: argparse.Namespace, paths: Paths,
         engine:
           max_queue: 64             # jobs that may wait before new ones are refused (512)
           sleep_host_budget: 16GiB  # host memory sleeping workers may take (half the host's)
+          yield_when: [steam, blender]  # yield a GPU while one runs there (or {command: …})
+          reserve: {0: 2GiB}        # kept free per GPU, for the desktop (default 256MiB)
+          on_others: wait           # others over-commit a GPU: its running jobs finish
+                                    # (wait), or are cancelled after 3 s (cancel)
 
     (``--max-queue N``, ``VRAMTUI_MAX_QUEUE``, ``VRAMTUI_SLEEP_HOST_BUDGET``).  VramtuiError,
     one line, for a bad value.
@@ -124,6 +129,15 @@ def engine_config(args: argparse.Namespace, paths: Paths,
         budget = _size(section()["sleep_host_budget"],
                        f"{paths.settings_file}: engine: sleep_host_budget")
     config = EngineConfig()
+    config.yield_when = _rules(section().get("yield_when"),
+                               f"{paths.settings_file}: engine: yield_when")
+    config.gpu_reserve_mib = _reserves(section().get("reserve"),
+                                       f"{paths.settings_file}: engine: reserve")
+    policy = section().get("on_others", "wait")
+    if policy not in ("wait", "cancel"):
+        raise VramtuiError(f"{paths.settings_file}: engine: on_others: wait or cancel, not "
+                           f"{policy!r}")
+    config.others_policy = policy
     if depth is not None:
         config.max_queue_depth = depth
     if budget is not None:
@@ -138,6 +152,22 @@ def _size(value: object, where: str) -> int:
         return parse_size(value)
     except ValueError as exc:
         raise VramtuiError(f"{where}: {exc}") from None
+
+
+def _rules(value: object, where: str) -> tuple[Any, ...]:
+    from supervisor.engine.rules import parse_rules
+
+    return parse_rules(value, where)
+
+
+def _reserves(value: object, where: str) -> dict[int, int]:
+    """``{0: 2GiB, 1: 512MiB}``: what is kept free on each GPU named."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and 0 <= k < 1024 for k in value):
+        raise VramtuiError(f"{where}: a map of GPU index to size, like {{0: 2GiB}}")
+    return {int(k): _size(v, f"{where}: {k}") for k, v in value.items()}
 
 
 def _queue_depth(value: object, where: str) -> int:

@@ -29,6 +29,7 @@ from ..plain import rebuild
 
 if TYPE_CHECKING:
     from ..events import EngineEvent
+    from ..results import YieldInfo
     from ..snapshot import BackendView, EngineSnapshot, GpuView
 
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobView))
@@ -142,7 +143,18 @@ def gpu_json(g: GpuView, uuid: str | None) -> dict[str, Any]:
         "reserved_mib": g.reserved_mib, "ours_mib": g.ours_mib, "foreign_mib": g.foreign_mib,
         "reserve_mib": g.reserve_mib, "budget_mib": g.budget_mib, "util_pct": g.util_pct,
         "temp_c": g.temp_c, "power_w": g.power_w,
+        "yielded": None if g.yielded_by is None else {
+            "by": g.yielded_by, "until": g.yielded_until},
+        "others": {"held_back_mib": g.others_mib,
+                   "processes": [{"pid": p.pid, "name": p.name, "user": p.user,
+                                  "used_mib": p.used_mib} for p in g.strangers]},
     }
+
+
+def yield_json(y: YieldInfo) -> dict[str, Any]:
+    """A yielded GPU (``vramtui yield``) as HTTP shows it."""
+    return {"gpu": y.gpu, "by": y.by, "since": y.since, "until": y.until, "now": y.now,
+            "rule": y.rule}
 
 
 def event_json(event: EngineEvent,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from .. import validate
+from .rules import YieldRule
 
 
 def default_sleep_host_budget_mib() -> int:
@@ -42,3 +43,13 @@ class EngineConfig:
     # Host memory that sleeping workers may take in all (their weights moved out of the
     # GPU); a sleep that would take more is a stop instead.
     sleep_host_budget_mib: int = field(default_factory=default_sleep_host_budget_mib)
+    # Strangers (processes on a GPU that are not ours): how long one must stay before memory
+    # is held back for it, and be gone before it is taken again (see scheduler/strangers.py).
+    others_arrive_s: float = 3.0
+    others_leave_s: float = 3.0
+    # "wait": running jobs finish even on a GPU others over-commit (the default); "cancel":
+    # they are cancelled once it has stayed over for CANCEL_AFTER_S with no idle model left.
+    others_policy: str = "wait"
+    others_cancel_after_s: float = 3.0
+    yield_when: tuple[YieldRule, ...] = ()  # yield a GPU while a program runs (rules.py)
+    gpu_reserve_mib: dict[int, int] = field(default_factory=dict)  # per GPU, over reserve_mib

@@ -33,7 +33,7 @@ from ..jobs.table import JobTable
 from ..journal import Journal
 from ..ledger import Book
 from ..paths import Paths
-from ..results import CancelResult, JobRequest, ReloadResult
+from ..results import CancelResult, JobRequest, ReloadResult, YieldInfo
 from ..scheduler import model as sched
 from ..snapshot import EngineSnapshot
 from ..workers.base import Worker
@@ -46,12 +46,15 @@ from .durable import JobJournal
 from .loop import EngineLoop
 from .monitor import Monitor
 from .notes import Notes
+from .others import Others
 from .planner import Planner
 from .pool import WorkerPool
+from .rules import Rules
 from .runtime import BackendRuntime, Ghost
 from .sleeper import Sleeper
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
+from .yielding import Yields, announce
 
 MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
@@ -92,6 +95,10 @@ class Engine:
             self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
         self.planner = Planner(config)
+        self.yields = Yields(paths.yields_path if config.journal else None)
+        self.rules = Rules(config.yield_when, self.notes.note)
+        self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
+            j, note="cancelled: others need its GPU") for j in self.pool.admitted_on(gpus)])
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,
                                  self.book, clock)
         self.sleeper = Sleeper(self.pool, self.jobs, self.monitor, self.notes, self.run, clock,
@@ -157,6 +164,8 @@ class Engine:
         for line in leftovers:
             self.notes.note("warning", line)
         self._recover()
+        for line in self.yields.load():
+            self.notes.note("warning", line)
         self.notes.note("info", f"engine started: {self.monitor.summary()}")
         if self.monitor.notice:
             self.notes.note("warning", self.monitor.notice)
@@ -165,9 +174,10 @@ class Engine:
         for backend, warning in self.descriptors.warnings:
             self.notes.note("warning", f"descriptor warning: {warning}", backend)
         started(None)
-        ticker = loop.create_task(self._ticker())
+        tasks = (loop.create_task(self._ticker()), loop.create_task(self.rules.watch_commands()))
         await self.run.stopped()
-        ticker.cancel()
+        for task in tasks:
+            task.cancel()
         await self._shutdown()
 
     def request_stop(self, now: bool = False) -> tuple[str, ...]:
@@ -213,6 +223,10 @@ class Engine:
             await asyncio.sleep(min(self.config.tick_s, self.config.ping_interval_s))
             self.watch.expire_ghosts()
             self.watch.expire_keep_alive()
+            for y in self.yields.expire():
+                self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
+            self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
+                              self.yield_gpus, self.resume_gpus)
             now = time.monotonic()
             if now >= next_ping:
                 next_ping = now + self.config.ping_interval_s
@@ -504,6 +518,26 @@ class Engine:
             self.notes.note("info", said)
         self.run.schedule()
 
+    def yield_gpus(self, gpus: Sequence[int], *, for_s: float | None = None, now: bool = False,
+                   by: str = "", rule: bool = False) -> tuple[YieldInfo, ...]:
+        """Hand ``gpus`` over (:mod:`.yielding`); ``now`` cancels the jobs running there."""
+        given = self.yields.give(gpus, self.monitor.readings, for_s=for_s, now=now, by=by,
+                                 rule=rule)
+        for y in given:
+            self.notes.note("warning", announce(y, now))
+        for job_id in self.pool.admitted_on({y.gpu for y in given}) if now else ():
+            self.cancel(job_id, note="cancelled: its GPU was yielded now")
+        self.run.schedule()
+        return given
+
+    def resume_gpus(self, gpus: Sequence[int]) -> tuple[int, ...]:
+        """Open yielded ``gpus`` again (none: all of them)."""
+        back = self.yields.take_back(gpus, self.monitor.readings)
+        for g in back:
+            self.notes.note("info", f"GPU{g} resumed: jobs run there again")
+        self.run.schedule()
+        return back
+
     def apply_descriptors(self, loaded: Any) -> ReloadResult:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
@@ -523,6 +557,7 @@ class Engine:
     def _nothing_waits(self) -> bool:
         """No job, preload or draining GPU: a plan could neither start nor evict anything."""
         return not self.jobs.queue and not self.planner.draining and \
+            not self.others.pressing() and not self.yields.held and \
             not any(rt.preload_until is not None for rt in self.pool.runtimes())
 
     def book(self) -> Book:
@@ -537,8 +572,8 @@ class Engine:
             queue, counts = self.planner.with_extra(self.jobs.queue.scheduler_view(),
                                                     self.jobs.queue.counts, extra)
         return self.planner.inputs(self.monitor.readings, self.pool.runtimes(),
-                                   self.calibrations.facts(), self.monitor.foreign, queue,
-                                   counts, self.sleeper.host_room_mib())
+                                   self.calibrations.facts(), self.others.counted, queue,
+                                   counts, self.sleeper.host_room_mib(), self.yields.closed())
 
     def _step(self) -> None:
         now = self.clock()
@@ -554,9 +589,10 @@ class Engine:
             if ev.sleep:
                 self.sleeper.sleep(rt, ev.reason)
             elif rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
-                self.notes.note("info", f"evicting {ev.backend} from GPU{ev.gpu} "
+                self.notes.note("warning" if ev.others else "info", self.others.evicted(ev)
+                                if ev.others else f"evicting {ev.backend} from GPU{ev.gpu} "
                                 f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
-                self.notes.counters.evicted(ev.backend, "room")
+                self.notes.counters.evicted(ev.backend, "others" if ev.others else "room")
                 self.pool.evict_now(rt)
         queue = self.jobs.queue
         for job_id, passed in plan.passed.items():
@@ -697,7 +733,7 @@ class Engine:
         if rt is None or rt.worker is not handle:
             return
         self.run.cancel_timer(f"start:{handle.name}")
-        held = self.planner.holds(rt, self.monitor.readings, self.monitor.foreign)
+        held = self.planner.holds(rt, self.monitor.readings, self.others.counted)
         health, killed_for = rt.health, rt.health.kill_reason
         rt.worker = None
         rt.usage.idle_since = None
@@ -850,6 +886,7 @@ class Engine:
     def _on_sample(self, sample: Sample) -> None:
         if self.monitor.took(sample):
             self.watch.observe(sample, self.calibrations.runs())
+            self.others.observe(self.clock(), self.monitor, self.book)
             self.sleeper.check()
         self.calibrations.on_sample(sample)
         self.notes.sample()
@@ -860,8 +897,10 @@ class Engine:
         return build_snapshot(Parts(
             wall=self.wall, monitor=self.monitor, pool=self.pool, jobs=self.jobs,
             notes=self.notes, descriptors=self.descriptors, paths=self.paths,
-            reserve_mib=self.config.reserve_mib, draining=frozenset(self.planner.draining),
+            reserve_mib=self.planner.reserves(self.monitor.readings),
+            draining=frozenset(self.planner.draining),
             notice=self.monitor.notice, stopping=self.stopping,
-            started_at=self.run.started_at), self.book())
+            started_at=self.run.started_at, others=self.others.counted,
+            yielded=dict(self.yields.held)), self.book())
 
 

@@ -41,10 +41,15 @@ class Planner:
             max_queue_depth=config.max_queue_depth,
         )
         self.reserve_mib = config.reserve_mib
+        self.gpu_reserve_mib = dict(config.gpu_reserve_mib)  # per GPU, in its place
         self.draining: set[int] = set()
         # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
         self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
                                         str | None]] = {}
+
+    def reserves(self, readings: Mapping[int, GpuReading]) -> dict[int, int]:
+        """GPU -> what is kept free there (``reserve`` of config.yaml, else the default)."""
+        return {i: self.gpu_reserve_mib.get(i, self.reserve_mib) for i in readings}
 
     @staticmethod
     def devices(readings: Mapping[int, GpuReading]) -> list[Device]:
@@ -55,9 +60,10 @@ class Planner:
                runs: Sequence[admission.RunFacts], foreign: Mapping[int, int],
                queue: tuple[sched.QueuedJob, ...] = (),
                counts: Mapping[tuple[str, str], int] | None = None,
-               sleep_host_room_mib: int = 0,
+               sleep_host_room_mib: int = 0, closed: Mapping[int, str] | None = None,
                ) -> tuple[sched.Snapshot, Book]:
-        """The scheduler's snapshot and the ledger's book of the engine now."""
+        """The scheduler's snapshot and the ledger's book of the engine now; ``closed``: the
+        GPUs where nothing of ours may run (yielded), and why."""
         calibrating = {r.backend for r in runs}
         backends: dict[str, sched.BackendInfo] = {}
         workers: list[admission.WorkerFacts] = []
@@ -75,8 +81,10 @@ class Planner:
                                                    gh.observed_mib))
         return admission.decide_inputs(
             self.devices(readings), backends, workers, queue, ghosts=ghosts, runs=runs,
-            queued_counts=counts if counts is not None else {}, reserve_mib=self.reserve_mib,
-            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib)
+            queued_counts=counts if counts is not None else {},
+            reserve_mib=self.reserves(readings),
+            foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
+            closed=closed)
 
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None) -> admission.WorkerFacts:
@@ -155,7 +163,7 @@ class Planner:
             fact = replace(fact, state="asleep", sleep_mib=slumber.keeps_mib,
                            falling=slumber.phase == "falling")
         held = admission.holders(self.devices(readings), {rt.spec.name: rt.info()}, [fact],
-                                 reserve_mib=self.reserve_mib, foreign=foreign)
+                                 reserve_mib=self.reserves(readings), foreign=foreign)
         return sum(h.holds_mib for h in held)
 
     # -- refusals -------------------------------------------------------------------------------
@@ -180,6 +188,6 @@ class Planner:
               readings: Mapping[int, GpuReading]) -> sched.Snapshot:
         """What ``check_submit`` reads: the GPUs and that backend's figures (no ledger: a
         refusal at submit depends on sizes, never on what runs now)."""
-        gpus = [sched.GpuState(i, r.total_mib, None, self.reserve_mib)
+        gpus = [sched.GpuState(i, r.total_mib, None, self.gpu_reserve_mib.get(i, self.reserve_mib))
                 for i, r in sorted(readings.items())]
         return sched.Snapshot(gpus=gpus, backends={backend: info})

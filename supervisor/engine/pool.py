@@ -56,6 +56,11 @@ class WorkerPool:
     def runtimes(self) -> list[BackendRuntime]:
         return list(self._runtimes.values())
 
+    def admitted_on(self, gpus: set[int]) -> list[str]:
+        """The jobs admitted to the live workers on ``gpus``."""
+        return [job_id for rt in self._runtimes.values()
+                if rt.worker is not None and rt.worker.gpu in gpus for job_id in rt.admitted]
+
     def items(self) -> list[tuple[str, BackendRuntime]]:
         return list(self._runtimes.items())
 

@@ -11,15 +11,18 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..clock import WallClock
 from ..jobs.table import JobTable
 from ..ledger import Book
 from ..paths import Paths
+from ..results import YieldInfo
 from ..snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView
 from .monitor import Monitor
 from .notes import Notes
+from .others import process_name
 from .pool import WorkerPool
 from .reload import Descriptors
 from .runtime import BackendRuntime
@@ -36,11 +39,13 @@ class Parts:
     notes: Notes
     descriptors: Descriptors
     paths: Paths
-    reserve_mib: int
+    reserve_mib: Mapping[int, int]  # GPU -> kept free there
     draining: frozenset[int]
     notice: str | None
     stopping: bool
     started_at: float
+    others: Mapping[int, int]  # GPU -> what admission holds back for strangers
+    yielded: Mapping[int, YieldInfo]  # GPU -> its yield
 
 
 def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
@@ -60,9 +65,12 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             used_mib=r.used_mib, free_mib=r.free_mib,
             reserved_mib=accounts.held_mib if accounts is not None else 0, ours_mib=ours,
             foreign_mib=foreign, util_pct=r.util_pct, temp_c=r.temp_c, power_w=r.power_w,
-            simulated=probe.simulated, reserve_mib=parts.reserve_mib,
+            simulated=probe.simulated, reserve_mib=parts.reserve_mib.get(index, 0),
             history=tuple((t + offset, v) for t, v in monitor.history.points(index)),
             draining=index in parts.draining, processes=procs.get(index, ()),
+            others_mib=parts.others.get(index, 0),
+            yielded_by=y.by if (y := parts.yielded.get(index)) is not None else None,
+            yielded_until=y.until if y is not None else None,
         ))
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:
@@ -146,7 +154,9 @@ def gpu_processes(monitor: Monitor) -> dict[int, tuple[GpuProcess, ...]]:
     owners = monitor.owners
     out: dict[int, list[GpuProcess]] = {}
     for p in monitor.processes:
-        out.setdefault(p.gpu_index, []).append(GpuProcess(p.pid, p.used_mib, _user(p.pid),
-                                                          owners.get(p.pid)))
+        backend = owners.get(p.pid)
+        out.setdefault(p.gpu_index, []).append(GpuProcess(
+            p.pid, p.used_mib, _user(p.pid), backend,
+            process_name(p.pid) if backend is None else backend))
     return {gpu: tuple(sorted(ps, key=lambda x: -(x.used_mib or 0)))
             for gpu, ps in out.items()}

@@ -72,6 +72,13 @@ class EngineCollector(Collector):
             "foreign": GaugeMetricFamily("vramtui_gpu_memory_foreign_bytes",
                                          "GPU memory used by processes that are not vramtui's",
                                          labels=gpu_labels),
+            "others": GaugeMetricFamily("vramtui_gpu_memory_others_held_back_bytes",
+                                        "GPU memory admission holds back for processes that "
+                                        "are not vramtui's (with hysteresis)",
+                                        labels=gpu_labels),
+            "yielded": GaugeMetricFamily("vramtui_gpu_yielded",
+                                         "1 while the GPU is yielded (vramtui yield): nothing "
+                                         "of vramtui's runs there", labels=gpu_labels),
             "budget": GaugeMetricFamily("vramtui_gpu_memory_budget_bytes",
                                         "GPU memory admission may still hand out",
                                         labels=gpu_labels),
@@ -91,6 +98,8 @@ class EngineCollector(Collector):
             fams["ours"].add_metric(labels, g.ours_mib * MIB)
             if g.foreign_mib is not None:
                 fams["foreign"].add_metric(labels, g.foreign_mib * MIB)
+            fams["others"].add_metric(labels, g.others_mib * MIB)
+            fams["yielded"].add_metric(labels, 1 if g.yielded_by is not None else 0)
             fams["budget"].add_metric(labels, g.budget_mib * MIB)
             fams["reserve"].add_metric(labels, g.reserve_mib * MIB)
             if g.util_pct is not None:

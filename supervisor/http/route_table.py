@@ -82,6 +82,10 @@ ROUTES: tuple[Route, ...] = (
     _n("GET", "/v1/gpus", "gpus", "GPUs and their memory"),
     _n("POST", "/v1/gpus/{gpu}/drain", "drain", "drain a GPU, or open it again "
        "{\"on\": false}", "drain"),
+    _n("POST", "/v1/gpus/{gpu}/yield", "yield_gpu", "hand a GPU over to programs we do not "
+       "manage {\"for\": \"1h\", \"now\": false, \"by\": \"...\"}", "yield_gpus"),
+    _n("POST", "/v1/gpus/{gpu}/resume", "resume_gpu", "take a yielded GPU back",
+       "resume_gpus"),
     _n("GET", "/v1/snapshot", "snapshot", "the whole engine at this instant (?light=1)",
        "snapshot"),
     _n("GET", "/v1/events", "events", "every engine event (SSE)", "subscribe"),

@@ -22,10 +22,11 @@ from aiohttp import web
 from .. import operations
 from ..apispec import METHODS
 from ..control.logtail import read_log
-from ..doors.codec import plain
+from ..doors.codec import plain, yield_json
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError
 from ..jobs.query import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
 from ..plain import nesting
+from ..units import parse_duration
 from ..validate import check_nesting
 from . import route_table
 from .errors import HttpError, bad_request, from_engine, not_found
@@ -381,15 +382,35 @@ class _Routes:
         return response
 
     async def drain(self, request: web.Request) -> web.Response:
-        raw = request.match_info["gpu"]
-        if not raw.isdigit() or len(raw) > 6:
-            raise bad_request("a GPU's index: a whole number (GET /v1/gpus lists them)",
-                              param="gpu")
+        raw = _gpu_index(request)
         body = await _optional_json(request)
         if set(body) - {"on"}:
             raise bad_request("the body may only say {\"on\": true | false}", param="on")
         draining = await self._op("drain", gpu=int(raw), on=body.get("on"))
         return json_response({"gpu": int(raw), "draining": list(draining)})
+
+    async def yield_gpu(self, request: web.Request) -> web.Response:
+        gpu = int(_gpu_index(request))
+        body = await _optional_json(request)
+        if set(body) - {"for", "now", "by"}:
+            raise bad_request("the body may say {\"for\": \"1h\" | seconds, \"now\": "
+                              "true | false, \"by\": \"who\"}", param="for")
+        for_s = None
+        if body.get("for") is not None:
+            try:
+                for_s = parse_duration(body["for"])
+            except ValueError as exc:
+                raise bad_request(f"for: {exc}", param="for") from None
+        by = body.get("by") or f"http ({request.remote or 'local'})"
+        given = await self._op("yield_gpus", gpus=[gpu], for_s=for_s, now=body.get("now"),
+                               by=by)
+        return json_response({"yielded": [yield_json(y) for y in given]})
+
+    async def resume_gpu(self, request: web.Request) -> web.Response:
+        gpu = int(_gpu_index(request))
+        await _optional_json(request)
+        back = await self._op("resume_gpus", gpus=[gpu])
+        return json_response({"resumed": list(back)})
 
     async def snapshot(self, request: web.Request) -> web.Response:
         light = request.query.get("light", "").lower() in ("1", "true", "yes")
@@ -580,3 +601,11 @@ def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
             raise bad_request("stream: true or false", param="stream")
         kw["stream"] = stream
     return backend, payload, kw
+
+
+def _gpu_index(request: web.Request) -> str:
+    raw = request.match_info["gpu"]
+    if not raw.isdigit() or len(raw) > 6:
+        raise bad_request("a GPU's index: a whole number (GET /v1/gpus lists them)",
+                          param="gpu")
+    return raw

@@ -51,6 +51,7 @@ class GpuState:
     foreign_mib: int = 0
     draining: bool = False
     leaving_mib: int = 0
+    closed_why: str = ""  # a draining GPU's reason, when not "GPUi is draining" (yielded)
 
     def __post_init__(self) -> None:
         owner = f"GPU{self.index}"
@@ -333,6 +334,7 @@ class Evict:
     frees_mib: int
     reason: str
     sleep: bool = False
+    others: bool = False  # it makes room for strangers' memory (the device is over-committed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,11 @@ nobody waits for, never evicting; a ``calibration`` needs an empty GPU, like an 
 backend, and closes it for the rest of the plan. A draining GPU, or one ``held`` by a
 calibration run, admits nothing, and a draining GPU's idle workers are evicted.
 
+Others. When what our workers hold plus strangers' memory (``GpuState.foreign_mib``, counted
+with hysteresis by ``strangers``) exceeds a GPU, its idle workers are evicted (or put to
+sleep), cheapest to undo first, until it fits (``Evict.others``); running jobs are never
+touched, and nothing is admitted there while its budget is negative.
+
 Speed. The walk stops as soon as no later job could start (every backend settled), keeps a
 per-backend verdict so a skipped job costs one dict lookup, reads the queue through
 ``order.ordered_runs`` (no sort), and builds ``Plan.waiting`` as a lazy view.
@@ -205,7 +210,8 @@ class _Planner:
                 self.closed[g] = f"GPU{g} is held by {holder}"
         for gpu in snapshot.gpus:
             if gpu.draining:
-                self.closed.setdefault(gpu.index, f"GPU{gpu.index} is draining")
+                self.closed.setdefault(gpu.index,
+                                       gpu.closed_why or f"GPU{gpu.index} is draining")
 
         self.asleep: dict[str, int] = {}  # backend -> what its sleeping worker keeps
         for w in snapshot.workers.values():
@@ -771,8 +777,10 @@ class _Planner:
         return (sum(c.cost for c in chosen), chosen, room)
 
     def _resolve(self) -> None:
-        """After the walk: evict the idle victims whose batch did not go on, and the idle
-        workers of draining GPUs."""
+        """After the walk: make room for strangers on over-committed GPUs, evict the idle
+        victims whose batch did not go on, and the idle workers of draining GPUs."""
+        for g in self.gpu_ids:
+            self._room_for_others(g)
         for g, barrier in self.barriers.items():
             idle = [v for v in barrier.victims if self._evictable(v)
                     and not (not barrier.forced and self._batch_waits(v, g))]
@@ -784,21 +792,40 @@ class _Planner:
             if gpu.draining:
                 idle = [w for w in self.live_on[g] if self._evictable(w)]
                 if idle:
-                    self._evict(idle, g, f"GPU{g} is draining")
+                    self._evict(idle, g, gpu.closed_why or f"GPU{g} is draining")
+
+    def _room_for_others(self, g: int) -> None:
+        """``g`` over-committed (what our workers hold plus strangers' memory exceeds the
+        device): evict idle workers, cheapest to undo first, until it fits; running jobs are
+        never touched (what they hold comes back when they end)."""
+        gpu = self.gpus[g]
+        if not gpu.foreign_mib:
+            return
+        have = gpu.total_mib - self.reserved[g] - gpu.foreign_mib + self.stopping_mib[g]
+        if have >= 0:
+            return
+        idle = [c for c in self._candidates(g) if self._evictable(c.worker)]
+        chosen = evict.choose(idle, have, 0, self.host_room)
+        if chosen is None:
+            chosen = [c.stopped() for c in idle]  # not enough idle: all of them, and wait
+        reason = f"others hold {gpu.foreign_mib} MiB of GPU{g}"
+        self._evict([c.worker for c in chosen], g, reason,
+                    frozenset(c.worker.backend for c in chosen if c.sleep), others=True)
 
     def _evict(self, workers: list[WorkerInfo], g: int, reason: str,
-               sleepers: frozenset[str] = frozenset()) -> None:
+               sleepers: frozenset[str] = frozenset(), *, others: bool = False) -> None:
         """Stop ``workers`` on ``g`` (those named in ``sleepers`` are put to sleep)."""
         for w in workers:
             info = self.backends.get(w.backend)
             if w.backend in sleepers and info is not None:
                 frees = max(0, w.reserved_mib - info.sleep_residual_mib)
-                self.evictions.append(Evict(w.backend, g, frees, reason, sleep=True))
+                self.evictions.append(Evict(w.backend, g, frees, reason, sleep=True,
+                                            others=others))
                 self.host_room -= info.sleep_host_mib
                 self._settle(("job", w.backend), "its worker is going to sleep")
             else:
                 frees = w.reserved_mib
-                self.evictions.append(Evict(w.backend, g, frees, reason))
+                self.evictions.append(Evict(w.backend, g, frees, reason, others=others))
                 self._settle(("job", w.backend), "worker stopping")
             self.evicted.add(w.backend)
             self.stopping_mib[g] += frees

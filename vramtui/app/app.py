@@ -481,6 +481,50 @@ class VramApp(App[int]):
             return
         self.push_screen(DrainDialog([(g.index, g.name, g.draining) for g in snap.gpus]), go)
 
+    def request_yield(self, gpu: int | None = None, now: bool = False) -> None:
+        """Hand a GPU over to programs we do not manage, or take a yielded one back; ``now``
+        cancels the jobs running there (always asked first)."""
+        if self._refuse_readonly("yield"):
+            return
+        snap = self.snap
+        if snap is None or not snap.gpus:
+            return
+        if gpu is None and len(snap.gpus) > 1:
+            self.push_screen(DrainDialog(
+                [(g.index, g.name, g.yielded_by is not None) for g in snap.gpus],
+                "Yield a GPU", "A yielded GPU is left to programs vramtui does not manage: "
+                "its running jobs finish, its models are unloaded, queued jobs wait or run "
+                "elsewhere.  Choose one to yield (or to resume):",
+                ("in use: yield it", "YIELDED: resume it")),
+                lambda c: None if c is None else self._yield_or_resume(c[0], c[1], now))
+            return
+        g = next((x for x in snap.gpus if gpu in (None, x.index)), None)
+        if g is None:
+            return
+        on = now or g.yielded_by is None
+        if not on:
+            self._confirmed(f"Resume GPU{g.index}?", f"It is {g.yielded_text}; jobs run "
+                            "there again.", lambda: self._yield_or_resume(g.index, False))
+            return
+        what = ("its running jobs are CANCELLED now" if now else "its running jobs finish")
+        self._confirmed(f"Yield GPU{g.index}{' now' if now else ''}?",
+                        f"Nothing of ours runs there until resumed (Y again): {what}, its "
+                        "models are unloaded, queued jobs wait or run on another GPU.",
+                        lambda: self._yield_or_resume(g.index, True, now))
+
+    def _yield_or_resume(self, gpu: int, on: bool, now: bool = False) -> None:
+        if not on:
+            self.run_command(f"resume GPU{gpu}", lambda api: api.resume_gpus([gpu]),
+                             lambda _: f"GPU{gpu} resumed: jobs run there again.")
+            return
+        import getpass
+
+        by = f"{getpass.getuser()} (tui)"
+        self.run_command(f"yield GPU{gpu}",
+                         lambda api: api.yield_gpus([gpu], now=now, by=by),
+                         lambda _: f"GPU{gpu} yielded: nothing of ours runs there until "
+                         "resumed (Y).")
+
     def request_reload(self) -> None:
         if self._refuse_readonly("reload"):
             return

@@ -63,6 +63,15 @@ class VramCommands(Provider):
         for job_id, backend in reversed(app.calibrations.items()):
             yield (f"Calibration of {backend} ({job_id})",
                    partial(app.open_calibration, job_id, backend), "live chart or results")
+        for g in snap.gpus:
+            if g.yielded_by is not None:
+                yield (f"Resume GPU{g.index}", partial(app.request_yield, g.index),
+                       g.yielded_text)
+            else:
+                yield (f"Yield GPU{g.index}", partial(app.request_yield, g.index),
+                       "to programs we do not manage: running jobs finish (Y)")
+            yield (f"Yield GPU{g.index} now", partial(app.request_yield, g.index, True),
+                   "cancel its running jobs, unload its models")
         for j in (*snap.running, *snap.queued):
             yield (f"Cancel job {j.id} ({j.backend})", partial(app.request_cancel, j.id),
                    j.state.value)

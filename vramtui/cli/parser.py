@@ -84,6 +84,21 @@ def command_named(argv: Sequence[str]) -> str | None:
     return None
 
 
+def glue_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--for -1s`` as ``--for=-1s``: argparse takes a value that starts with ``-`` and is not
+    a plain number (``-1s``, ``-2GiB``) for an unknown option and answers "expected one
+    argument"; glued, the option's own check sees the value and says what is wrong with it."""
+    out: list[str] = []
+    for token in argv:
+        prev = out[-1] if out else ""
+        if (len(token) > 1 and token[0] == "-" and token[1].isdigit()
+                and prev.startswith("--") and "=" not in prev and prev != "--"):
+            out[-1] = f"{prev}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The parser for ``argv`` and what it parsed (argparse exits on bad usage, as ever).
 
@@ -91,7 +106,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namesp
     not find it (none is named, or an abbreviated option hides it), a first pass with every
     command listed but none of their arguments finds it, and then its own parser parses.
     """
-    argv = list(argv)
+    argv = glue_negative_values(argv)
     named = command_named(argv)
     if named is None:
         listing = build_parser(arguments=False)

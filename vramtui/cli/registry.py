@@ -96,6 +96,11 @@ REGISTRY: tuple[Command, ...] = (
     Command("zero", "evict every idle backend", "backends", "zero"),
     Command("drain", "drain a GPU: running work finishes, nothing new is admitted there",
             "drain", "run", "arguments"),
+    Command("yield", "hand GPUs over to programs we do not manage: nothing of ours runs "
+                     "there until resumed (or --for ends)", "yielding", "yield_",
+            "yield_arguments"),
+    Command("resume", "take yielded GPUs back: jobs run there again", "yielding", "resume",
+            "resume_arguments"),
     Command("reload", "read the backend descriptors again and apply what changed (as "
                       "SIGHUP to --serve does)", "reload", "run"),
     Command("stop", "stop the engine (running jobs finish first; --now: they are "

@@ -56,11 +56,14 @@ DASHBOARD_BINDINGS = [
     key_binding("D", "drain", "Drain",
                 "Drain a GPU (running work finishes, nothing new is admitted "
                 "there), or open it again"),
+    key_binding("Y", "yield_gpu", "Yield",
+                "Hand a GPU over to programs we do not manage (running work finishes, its "
+                "models are unloaded), or resume a yielded one"),
     key_binding("L", "reload", "Reload",
                 "Read the backend descriptors again and show what changed"),
     key_binding("v", "processes", "Processes",
                 "Show each GPU's processes (pid, user, memory, backend "
-                "or foreign) in place of the events, and back"),
+                "or others) in place of the events, and back"),
     key_binding("slash", "filter", "Filter", "Filter backends, jobs and events by text",
                 key_display="/"),
     key_binding("t", "graph_window", "1m/10m", "Switch the memory graphs between 1 and 10 minutes"),
@@ -263,6 +266,9 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
 
     def action_drain(self) -> None:
         self.vapp.request_drain()
+
+    def action_yield_gpu(self) -> None:
+        self.vapp.request_yield()
 
     def action_reload(self) -> None:
         self.vapp.request_reload()

@@ -1,4 +1,5 @@
-"""`DrainDialog`: drain a GPU, or open a draining one again.
+"""`DrainDialog`: drain a GPU, or open a draining one again (and, with its texts given,
+yield a GPU or resume a yielded one: the same choice of one GPU to flip).
 """
 
 from __future__ import annotations
@@ -18,20 +19,23 @@ class DrainDialog(ModalScreen[tuple[int, bool] | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="drain_cancel", tooltip="Close")]
 
-    def __init__(self, gpus: list[tuple[int, str, bool]]) -> None:
+    def __init__(self, gpus: list[tuple[int, str, bool]], title: str = "Drain a GPU",
+                 body: str = "A draining GPU finishes its running work and admits nothing "
+                 "new; queued work goes to the other GPUs or waits.  Choose one to drain "
+                 "(or to open again):",
+                 states: tuple[str, str] = ("admitting: drain it",
+                                            "DRAINING: open it again")) -> None:
         super().__init__()
         self.gpus = gpus  # (index, name, draining)
+        self.title_text, self.body, self.states = title, body, states
 
     def compose(self) -> ComposeResult:
         from textual.widgets import OptionList
 
         with Vertical(id="dialog", classes="drain"):
-            yield Label("Drain a GPU", id="dialog-title")
-            yield Static("A draining GPU finishes its running work and admits nothing new; "
-                         "queued work goes to the other GPUs or waits.  Choose one to drain "
-                         "(or to open again):", id="dialog-body")
-            yield OptionList(*[f"GPU{i} · {name} · " + ("DRAINING: open it again" if d
-                                                         else "admitting: drain it")
+            yield Label(self.title_text, id="dialog-title")
+            yield Static(self.body, id="dialog-body")
+            yield OptionList(*[f"GPU{i} · {name} · " + self.states[d]
                                for i, name, d in self.gpus], id="drain-gpus")
 
     def on_key(self, event: events.Key) -> None:

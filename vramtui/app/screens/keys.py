@@ -23,11 +23,11 @@ def key_binding(key: str, action: str, description: str, tooltip: str, **kw: Any
 MUTATING = frozenset({"evict", "respawn", "cancel_job", "preload", "zero", "submit",
                       "calibrate", "cancel_this", "demo", "cancel_run", "retry", "kill",
                       "drain", "reload", "priority_up", "priority_down", "retry_this",
-                      "sleep_wake"})
+                      "sleep_wake", "yield_gpu"})
 
 # The actions that ask first (unless --no-confirm), as the help says.
 CONFIRMED = frozenset({"evict", "respawn", "cancel_job", "zero", "calibrate", "kill", "drain",
-                       "cancel_this"})
+                       "cancel_this", "yield_gpu"})
 
 
 class ReadonlyKeys:

@@ -70,6 +70,11 @@ class EngineHeader(Widget):
         if snap is not None:
             t.append(*sep)
             t.append(f"{'' if short else 'up '}{fmt.dur(snap.uptime_s)}", style="")
+            yielded = [g.index for g in snap.gpus if g.yielded_by is not None]
+            if yielded:
+                t.append("  ")
+                t.append(" YIELDED " + ",".join(f"GPU{i}" for i in yielded) + " ",
+                         style="bold reverse yellow")
             draining = [g.index for g in snap.gpus if g.draining]
             if draining:
                 t.append("  ")

@@ -43,6 +43,8 @@ class GpuPanel(Vertical):
     def show(self, g: GpuView, window_s: float, short: bool) -> None:
         sim = " [b yellow on #8b008b] SIM [/]" if g.simulated else ""
         drain = " [b reverse yellow] DRAINING [/]" if g.draining else ""
+        if g.yielded_by is not None:
+            drain = f" [b reverse yellow] {g.yielded_text.upper()} [/]"
         titles(self, f"GPU{g.index} · {g.name}{sim}{drain}", gpu_stats(g))
         self.bar.show(g)
         key = (g.ours_mib, g.reserved_mib, g.foreign_mib, g.total_mib, g.budget_mib, short)

@@ -24,7 +24,7 @@ class KeyFooter(Footer):
             "demo": 2, "cancel_run": 1, "save": 2, "retry": 3, "kill": 4, "preload": 4,
             "calibrate": 4, "reload": 5, "drain": 6, "zero": 6, "priority_up": 6,
             "priority_down": 7, "graph_window": 7, "processes": 5, "backend": 4,
-            "save_result": 4}
+            "save_result": 4, "yield_gpu": 7}
     PALETTE = 12  # the command palette's key on the right
 
     def compose(self) -> ComposeResult:

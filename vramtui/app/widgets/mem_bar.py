@@ -1,4 +1,4 @@
-"""`MemBar`: a GPU's memory as one bar (ours, reserved but unused, over, foreign, free);
+"""`MemBar`: a GPU's memory as one bar (ours, reserved but unused, over, others, free);
 `bar_segments` cuts a GPU view into those parts and `legend` names them.
 """
 
@@ -21,7 +21,7 @@ def bar_segments(g: GpuView) -> list[tuple[str, str, int, str]]:
         ("ours", "█", min(ours, reserved) if reserved else ours, fmt.SEG_OURS),
         ("reserved", "▒", max(0, reserved - ours), fmt.SEG_RESERVED),
         ("over", "▓", max(0, ours - reserved) if reserved else 0, fmt.SEG_OVER),
-        ("foreign", "▞", foreign, fmt.SEG_FOREIGN),
+        ("others", "▞", foreign, fmt.SEG_FOREIGN),
     ]
     used = sum(p[2] for p in parts)
     parts.append(("free", "░", max(0, g.total_mib - used), fmt.SEG_FREE))
@@ -29,7 +29,7 @@ def bar_segments(g: GpuView) -> list[tuple[str, str, int, str]]:
 
 
 class MemBar(Widget):
-    """A bar of the GPU's total memory: ours, reserved-but-unused, over, foreign, free."""
+    """A bar of the GPU's total memory: ours, reserved-but-unused, over, others, free."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -71,12 +71,15 @@ def legend(g: GpuView, *, short: bool = False) -> Text:
     for name, char, value, style in bar_segments(g):
         if name == "over" and value == 0:
             continue
-        if name == "foreign" and g.foreign_mib is None:
-            t.append(f"{char} foreign n/a  ", style="dim")
+        if name == "others" and g.foreign_mib is None:
+            t.append(f"{char} others n/a  ", style="dim")
             continue
         t.append(char, style=style)
         t.append(f" {name} ", style="dim")
         t.append(fmt.mib(value, compact=short), style="bold")
+        if name == "others" and value and not short and g.strangers:
+            t.append(" (" + ", ".join(f"{p.name or '?'} {p.pid}" for p in g.strangers[:2])
+                     + ")", style="dim")
         t.append("  ")
     t.append("budget " if short else "budget left ", style="dim")
     t.append(fmt.mib(g.budget_mib, compact=short), style="bold yellow")

@@ -35,13 +35,14 @@ class ProcessTable(RowTable):
         for g in snap.gpus:
             for p in g.processes:
                 owner = p.backend
-                if not fmt.matches(query, str(p.pid), p.user, owner or "foreign"):
+                if not fmt.matches(query, str(p.pid), p.user, owner or "others", p.name):
                     continue
                 key = f"{g.index}:{p.pid}"
                 self._owners[key] = owner
                 rows.append((key, {
                     "gpu": str(g.index), "pid": str(p.pid), "user": p.user,
                     "mem": Text(fmt.mib(p.used_mib, compact=True), style=style),
-                    "owner": Text(owner) if owner else Text("foreign", style=fmt.SEG_FOREIGN),
+                    "owner": Text(owner) if owner else Text(f"others: {p.name or '?'}",
+                                                            style=fmt.SEG_FOREIGN),
                 }))
         return rows

@@ -1,0 +1,151 @@
+"""Others: memory on the engine's GPUs that no process of ours holds, and what is said of it.
+
+:class:`Others` owns the engine's :class:`~supervisor.scheduler.strangers.StrangerWatch` (how
+much admission counts for strangers on each GPU, with hysteresis: the pure decision), who the
+strangers are (pid, MiB, process name, from the monitor's last process sample and the one
+attribution of processes to our workers), and the events said about them: a device found
+over-committed, an idle model evicted for them ("evicted sdxl: 10.0 GiB taken by pid 4242
+(blender)"), strangers gone.  It runs on the engine loop, after each process sample.
+
+A stranger is any process on a GPU that is not one of ours (NVML's per-process list, or a
+process declaring memory through ``worker_sdk.sim`` on the simulated device); memory the device
+counts as used that no listed process accounts for is a stranger's too (other containers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..ledger import Book
+from ..scheduler.model import Evict
+from ..scheduler.strangers import StrangerWatch
+from ..units import mib_text
+from .config import EngineConfig
+from .monitor import Monitor
+
+_NAMES: dict[int, tuple[float, str]] = {}  # pid -> (create time, process name)
+MAX_NAMED = 8  # strangers named per GPU (the largest); the rest are counted
+
+
+def process_name(pid: int) -> str:
+    """The name of process ``pid`` ("?" when it cannot be read), cached per process."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        created = proc.create_time()
+        known = _NAMES.get(pid)
+        if known is not None and known[0] == created:
+            return known[1]
+        name = proc.name()
+    except (psutil.Error, OSError):
+        return "?"
+    if len(_NAMES) > 4096:
+        _NAMES.clear()
+    _NAMES[pid] = (created, name)
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Stranger:
+    """A process on a GPU that is not ours."""
+
+    pid: int
+    mib: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.name})"
+
+
+class Others:
+    """Strangers on every GPU (see the module doc)."""
+
+    def __init__(self, note: Callable[..., None], config: EngineConfig | None = None,
+                 cancel: Callable[[set[int]], object] | None = None) -> None:
+        config = config or EngineConfig()
+        if config.others_policy not in ("wait", "cancel"):
+            raise ValueError(f"others_policy: wait or cancel, not {config.others_policy!r}")
+        self.watch = StrangerWatch(config.others_arrive_s, config.others_leave_s)
+        self.note = note
+        self.policy, self.cancel = config.others_policy, cancel
+        self.cancel_after_s = config.others_cancel_after_s
+        self._cancelled: set[int] = set()  # GPUs whose jobs were cancelled in this episode
+        self.strangers: dict[int, tuple[Stranger, ...]] = {}  # GPU -> largest first
+        self.over: dict[int, int] = {}  # GPU -> MiB over the device by what is counted
+
+    @property
+    def counted(self) -> dict[int, int]:
+        """GPU -> MiB admission counts for strangers."""
+        return self.watch.counted()
+
+    def pressing(self) -> bool:
+        """Some GPU is over-committed by strangers: a plan must run to evict."""
+        return any(self.over.values())
+
+    def observe(self, now: float, monitor: Monitor, book: Callable[[], Book]) -> None:
+        """Take in the monitor's last process sample; ``book`` gives the ledger (what our
+        workers hold per GPU), asked only where strangers are or were."""
+        per_gpu = monitor.per_gpu()
+        owners = monitor.owners
+        counted = self.watch.counted()
+        held_now: Mapping[int, int] | None = None
+        for index, reading in sorted(monitor.readings.items()):
+            now_mib = monitor.foreign.get(index, 0) if reading.used_mib is not None else 0
+            if not now_mib and not counted.get(index):
+                self.watch.observe(now, index, 0, 0, reading.total_mib)
+                self._gone(index)
+                continue
+            if held_now is None:
+                held_now = {i: g.held_mib for i, g in book().gpus.items()}
+            self.strangers[index] = self._who(per_gpu.get(index, {}), owners)
+            verdict = self.watch.observe(now, index, now_mib, held_now.get(index, 0),
+                                         reading.total_mib)
+            was = self.over.get(index, 0)
+            self.over[index] = verdict.over_mib
+            if verdict.urgent or (verdict.over_mib and not was):
+                self.note("warning", f"GPU{index} is over-committed: others hold "
+                          f"{mib_text(verdict.now_mib)} ({self.who(index)}); evicting idle "
+                          "models there and admitting nothing more until it fits")
+            elif was and not verdict.over_mib:
+                self.note("info", f"GPU{index} fits again beside others "
+                          f"({mib_text(verdict.counted_mib)} held back for them)")
+            self._maybe_cancel(index, verdict.over_for_s)
+            if counted.get(index) and not verdict.counted_mib:
+                self.note("info", f"others left GPU{index}; its memory is ours to use again")
+
+    def _maybe_cancel(self, index: int, over_for_s: float) -> None:
+        """With the ``cancel`` policy: cancel the jobs running on a GPU that stayed over."""
+        if not over_for_s:
+            self._cancelled.discard(index)
+        elif self.policy == "cancel" and self.cancel is not None and \
+                over_for_s >= self.cancel_after_s and index not in self._cancelled:
+            self._cancelled.add(index)
+            self.note("warning", f"GPU{index} stayed over-committed by others "
+                      f"({self.who(index)}) for {over_for_s:.1f} s: cancelling its running "
+                      "jobs (others_policy: cancel)")
+            self.cancel({index})
+
+    def _gone(self, index: int) -> None:
+        self.strangers.pop(index, None)
+        self.over.pop(index, None)
+
+    @staticmethod
+    def _who(processes: Mapping[int, int], owners: Mapping[int, str]
+             ) -> tuple[Stranger, ...]:
+        theirs = sorted(((mib, pid) for pid, mib in processes.items() if pid not in owners),
+                        reverse=True)
+        return tuple(Stranger(pid, mib, process_name(pid)) for mib, pid in theirs[:MAX_NAMED])
+
+    def who(self, gpu: int) -> str:
+        """``pid 4242 (blender)``, ``pid 1 (a), pid 2 (b)``, or ``processes the driver does
+        not list``."""
+        named = self.strangers.get(gpu, ())
+        return ", ".join(str(s) for s in named[:3]) or "processes the driver does not list"
+
+    def evicted(self, ev: Evict) -> str:
+        """The event line of an eviction made for strangers."""
+        what = "put to sleep" if ev.sleep else "evicted"
+        return f"{what} {ev.backend}: {mib_text(self.counted.get(ev.gpu, 0))} taken by " \
+            f"{self.who(ev.gpu)} on GPU{ev.gpu} (frees {mib_text(ev.frees_mib)})"

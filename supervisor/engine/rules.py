@@ -1,0 +1,192 @@
+"""``yield_when`` rules: yield a GPU by itself while a given program runs (``config.yaml``).
+
+Each rule is a process name (the GPU it holds memory on is yielded while it runs there, and
+resumed once it left), or a command whose exit code decides (0: yield; its ``gpus``, else every
+GPU), run every ``every`` with a ``timeout``: a command that hangs is killed at its timeout,
+said once, and counts as "no" — nothing sticks::
+
+    engine:
+      yield_when:
+        - steam                         # a process name, as the system shows it
+        - blender
+        - command: pgrep -x darktable   # exit 0: yield
+          timeout: 2s                   # (default 5s)
+          every: 5s                     # (default 5s)
+          gpus: [0]                     # (default: every GPU)
+      reserve:                          # per GPU, always kept free (default: 256MiB each)
+        0: 2GiB
+
+:func:`parse_rules` turns the YAML into :class:`YieldRule` s (one line for a bad one);
+:class:`Rules` keeps what the commands answered last and says which GPUs the rules want yielded
+now (:meth:`Rules.wanted`); the engine yields and resumes through the same methods as a person
+(:mod:`.yielding`, marked ``rule``), and never resumes a GPU a person yielded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import VramtuiError
+from ..units import parse_duration
+
+log = logging.getLogger(__name__)
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_EVERY_S = 5.0
+MAX_RULES = 32
+
+
+class BadRule(VramtuiError):
+    """A ``yield_when`` rule that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class YieldRule:
+    """One rule: a process ``name``, or a ``command`` (argv) with its timing and GPUs."""
+
+    name: str | None = None
+    command: tuple[str, ...] = ()
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    every_s: float = DEFAULT_EVERY_S
+    gpus: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"while {self.name} runs" if self.name else f"while `{shlex.join(self.command)}`"
+
+
+def parse_rules(raw: Any, where: str) -> tuple[YieldRule, ...]:
+    """The rules of ``yield_when:`` (a list); BadRule, one line, naming ``where``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise BadRule(f"{where}: a list of process names or {{command: …}} entries")
+    if len(raw) > MAX_RULES:
+        raise BadRule(f"{where}: at most {MAX_RULES} rules, not {len(raw)}")
+    return tuple(_rule(item, f"{where}[{i}]") for i, item in enumerate(raw))
+
+
+def _rule(item: Any, where: str) -> YieldRule:
+    if isinstance(item, str):
+        name = item.strip()
+        if not name or len(name) > 255 or "/" in name:
+            raise BadRule(f"{where}: a process name like steam (no path), not {item!r}")
+        return YieldRule(name=name)
+    if not isinstance(item, Mapping) or "command" not in item:
+        raise BadRule(f"{where}: a process name, or {{command: …, timeout: 5s, every: 5s, "
+                      "gpus: [0]}}")
+    unknown = sorted(set(item) - {"command", "timeout", "every", "gpus"})
+    if unknown:
+        raise BadRule(f"{where}: unknown key {unknown[0]!r} (known: command, timeout, every, "
+                      "gpus)")
+    command = item["command"]
+    try:
+        argv = tuple(shlex.split(command)) if isinstance(command, str) else tuple(
+            str(a) for a in command)
+    except (ValueError, TypeError):
+        argv = ()
+    if not argv:
+        raise BadRule(f"{where}: command: a command line (or a list of its words)")
+    timing = {}
+    for key, default in (("timeout", DEFAULT_TIMEOUT_S), ("every", DEFAULT_EVERY_S)):
+        try:
+            timing[key] = parse_duration(item.get(key, default))
+        except ValueError as exc:
+            raise BadRule(f"{where}: {key}: {exc}") from None
+        if not 0.1 <= timing[key] <= 3600:
+            raise BadRule(f"{where}: {key}: between 0.1s and 1h")
+    gpus = item.get("gpus")
+    if gpus is not None and (not isinstance(gpus, list) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
+        raise BadRule(f"{where}: gpus: a list of GPU indexes like [0, 1]")
+    return YieldRule(command=argv, timeout_s=timing["timeout"], every_s=timing["every"],
+                     gpus=None if gpus is None else tuple(gpus))
+
+
+class Rules:
+    """What the rules want now (see the module doc)."""
+
+    def __init__(self, rules: Sequence[YieldRule], note: Callable[..., None]) -> None:
+        self.rules = tuple(rules)
+        self.note = note
+        self.answers: dict[int, bool] = {}  # command rule's index -> its last answer
+        self._said: set[int] = set()  # command rules whose trouble was said (once each)
+
+    def wanted(self, names: Mapping[int, Iterable[str]], present: Iterable[int]
+               ) -> dict[int, str]:
+        """GPU -> the first rule that wants it yielded now; ``names``: GPU -> the names of
+        the processes on it that are not ours."""
+        gpus = sorted(present)
+        out: dict[int, str] = {}
+        for i, rule in enumerate(self.rules):
+            if rule.name is not None:
+                for g in gpus:
+                    if rule.name in set(names.get(g, ())):
+                        out.setdefault(g, rule.label)
+            elif self.answers.get(i):
+                for g in rule.gpus if rule.gpus is not None else gpus:
+                    if g in gpus:
+                        out.setdefault(g, rule.label)
+        return out
+
+    def follow(self, strangers: Mapping[int, Iterable[Any]], present: Iterable[int],
+               held: Mapping[int, Any], give: Callable[..., Any],
+               take_back: Callable[[list[int]], Any]) -> None:
+        """Yield (``give``) what the rules want and is not yielded yet; resume (``take_back``)
+        what a rule yielded and no rule wants any more (a person's yield is never touched)."""
+        wanted = self.wanted({g: [s.name for s in ss] for g, ss in strangers.items()}, present)
+        for g, why in wanted.items():
+            if g not in held:
+                give([g], by=why, rule=True)
+        gone = [g for g, y in held.items() if y.rule and g not in wanted]
+        if gone:
+            take_back(gone)
+
+    async def watch_commands(self) -> None:
+        """Run each command rule every ``every`` (on the engine loop, until cancelled)."""
+        commands = [(i, r) for i, r in enumerate(self.rules) if r.command]
+        if not commands:
+            return
+        await asyncio.gather(*(self._watch(i, r) for i, r in commands))
+
+    async def _watch(self, index: int, rule: YieldRule) -> None:
+        while True:
+            self.answers[index] = await self.ask(index, rule)
+            await asyncio.sleep(rule.every_s)
+
+    async def ask(self, index: int, rule: YieldRule) -> bool:
+        """Run the rule's command once: True when it exits 0 within its timeout."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *rule.command, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError as exc:
+            self._trouble(index, f"yield_when: cannot run `{shlex.join(rule.command)}`: "
+                          f"{exc.strerror or exc}; the rule counts as no")
+            return False
+        try:
+            code = await asyncio.wait_for(proc.wait(), rule.timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: children too
+            with contextlib.suppress(asyncio.TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(proc.wait(), 1.0)
+            self._trouble(index, f"yield_when: `{shlex.join(rule.command)}` did not answer "
+                          f"within {rule.timeout_s:g} s (killed); the rule counts as no")
+            return False
+        self._said.discard(index)
+        return code == 0
+
+    def _trouble(self, index: int, text: str) -> None:
+        if index not in self._said:
+            self._said.add(index)
+            self.note("warning", text)
+        log.debug(text)

@@ -1,0 +1,180 @@
+"""Yielding GPUs (``vramtui yield``) on fake workers: what a yield closes, what waits, what a
+resume, a duration and a restart do, and the refusals; the file that keeps yields."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+from fake_worker import Script, fake_engine
+from waiting import wait_until
+
+from supervisor.engine import EngineConfig
+from supervisor.engine.rules import BadRule, parse_rules
+from supervisor.engine.yielding import Yields
+from supervisor.errors import InvalidRequest, Refused, VramtuiError
+
+
+def desc(**extra: object) -> dict[str, object]:
+    return {"vram": {"weights": "1GiB", "activation": "256MiB"}, "safety": "0MiB", **extra}
+
+
+def script(**kw: object) -> Script:
+    return Script(weights_mib=1024, activation_mib=256, **kw)  # type: ignore[arg-type]
+
+
+def test_a_yielded_gpu_unloads_its_models_and_its_jobs_wait_until_resumed() -> None:
+    with fake_engine({"a": desc(gpus=[0]), "b": desc()}, gpus=[8192, 8192],
+                     scripts={"a": script(job_s=0.01), "b": script(job_s=0.01)}) as fe:
+        fe.sup.preload("a")
+        wait_until(lambda: fe.sup.snapshot().backend("a").state == "ready", what="a loaded")
+        given = fe.sup.yield_gpus([0], by="ada")
+        assert [(y.gpu, y.by, y.until) for y in given] == [(0, "ada", None)]
+        wait_until(lambda: fe.gpu.used(0) == 0, 5, "GPU0 empty")
+        gpu = fe.sup.snapshot().gpus[0]
+        assert gpu.yielded_by == "ada" and gpu.yielded_until is None
+        waits = fe.sup.submit("a", b"x")  # a may only use GPU0: it waits
+        elsewhere = fe.sup.submit("b", b"y")  # b may use GPU1: it runs there
+        assert fe.sup.wait(elsewhere, 5).state == "succeeded"
+        assert fe.sup.job(waits).state == "queued"
+        assert "GPU0 is yielded (ada" in fe.sup.job(waits).waiting
+        assert fe.sup.resume_gpus([0]) == (0,)
+        assert fe.sup.wait(waits, 5).state == "succeeded"
+        assert fe.sup.snapshot().gpus[0].yielded_by is None
+
+
+def test_a_yield_for_a_while_ends_by_itself_and_now_cancels_what_runs() -> None:
+    with fake_engine({"a": desc()}, scripts={"a": script(job_s=60)}) as fe:
+        running = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.job(running).state == "running", what="running")
+        fe.sup.yield_gpus(for_s=0.3, now=True)
+        assert fe.sup.wait(running, 5).state == "cancelled"
+        wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by is None, 5, "resumed by itself")
+        assert any("its yield" in line.text and "is over" in line.text
+                   for line in fe.sup.snapshot().log)
+
+
+def test_bad_yields_and_resumes_are_refused_clearly() -> None:
+    with fake_engine({"a": desc()}, gpus=[8192, 8192]) as fe:
+        with pytest.raises(Refused, match=r"there is no GPU7 \(present: GPU0, GPU1\)"):
+            fe.sup.yield_gpus([7])
+        with pytest.raises(InvalidRequest, match="more than 0 s"):
+            fe.sup.yield_gpus([0], for_s=-1)
+        with pytest.raises(Refused, match="GPU1 is not yielded"):
+            fe.sup.resume_gpus([1])
+        with pytest.raises(Refused, match="no GPU is yielded"):
+            fe.sup.resume_gpus()
+        with pytest.raises(InvalidRequest, match="at most 80 printable"):
+            fe.sup.yield_gpus([0], by="x" * 81)
+        with pytest.raises(InvalidRequest, match="list of GPU indexes"):
+            fe.sup.yield_gpus([-1])
+        assert not any(g.yielded_by for g in fe.sup.snapshot().gpus)
+
+
+def test_a_yield_outlives_an_engine_restart() -> None:
+    root = Path(tempfile.mkdtemp(prefix="vt-yield-", dir="/tmp"))
+    try:
+        with fake_engine({"a": desc()}, journal=True, root=root) as fe:
+            fe.sup.yield_gpus([0], for_s=3600, by="ada")
+        with fake_engine({"a": desc()}, scripts={"a": script(job_s=0.01)}, journal=True,
+                         root=root) as again:
+            gpu = again.sup.snapshot().gpus[0]
+            assert gpu.yielded_by == "ada" and gpu.yielded_until is not None
+            job = again.sup.submit("a", b"x")
+            assert again.sup.job(job).state == "queued"
+            again.sup.resume_gpus()
+            assert again.sup.wait(job, 5).state == "succeeded"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_yields_file_drops_what_expired_and_survives_garbage(tmp_path: Path) -> None:
+    clock = [1000.0]
+    path = tmp_path / "yielded.json"
+    y = Yields(path, lambda: clock[0])
+    y.give([0, 1], [0, 1], for_s=10, by="ada")
+    y.give([1], [0, 1], by="bob")
+    assert json.loads(path.read_text())["yielded"][1]["by"] == "bob"
+    clock[0] = 1011.0
+    again = Yields(path, lambda: clock[0])
+    assert len(again.load()) == 1 and list(again.held) == [1]
+    path.write_text("{not json")
+    broken = Yields(path, lambda: clock[0])
+    assert "cannot read the yielded GPUs" in broken.load()[0] and not broken.held
+
+
+# -- rules and per-GPU reserves --------------------------------------------------------------
+
+def test_bad_rules_are_refused_in_one_line() -> None:
+    for raw, words in (("steam", "a list"), ([""], "a process name"),
+                       ([{"cmd": "x"}], "a process name, or"),
+                       ([{"command": "x", "every": "soon"}], "every:"),
+                       ([{"command": "x", "timeout": "0s"}], "between 0.1s and 1h"),
+                       ([{"command": "x", "gpus": "0"}], "gpus:"),
+                       ([{"command": "x", "when": 1}], "unknown key 'when'")):
+        with pytest.raises(BadRule, match=re.escape(words)):
+            parse_rules(raw, "config.yaml: engine: yield_when")
+    rules = parse_rules(["steam", {"command": "pgrep -x blender", "gpus": [1]}], "here")
+    assert rules[0].name == "steam" and rules[1].command == ("pgrep", "-x", "blender")
+
+
+def test_a_rule_yields_a_gpu_while_a_named_program_holds_memory_there() -> None:
+    me = psutil.Process().name()  # this test's process plays the program (on GPU0)
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       yield_when=parse_rules([me], "test"))
+    with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg,
+                     scripts={"a": script(job_s=0.01)}) as fe:
+        fe.gpu.hold(os.getpid(), 0, 512)
+        wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by == f"while {me} runs", 5,
+                   "GPU0 yielded by the rule")
+        assert fe.sup.snapshot().gpus[1].yielded_by is None
+        fe.gpu.release(os.getpid())
+        wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by is None, 5, "resumed")
+
+
+@pytest.mark.process
+def test_a_rule_command_decides_and_one_that_hangs_is_killed_and_counts_as_no() -> None:
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       yield_when=parse_rules([
+                           {"command": "true", "gpus": [1], "every": "0.2s"},
+                           {"command": ["sleep", "30"], "timeout": "0.3s", "every": "0.2s"}],
+                           "test"))
+    with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg,
+                     scripts={"a": script(job_s=0.01)}) as fe:
+        wait_until(lambda: fe.sup.snapshot().gpus[1].yielded_by == "while `true`", 5,
+                   "GPU1 yielded by the command")
+        wait_until(lambda: any("did not answer within 0.3 s (killed)" in line.text
+                               for line in fe.sup.snapshot().log), 5, "the hang said")
+        assert fe.sup.snapshot().gpus[0].yielded_by is None
+        assert fe.sup.wait(fe.sup.submit("a", b"x"), 5).state == "succeeded"  # not stuck
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] == ["sleep", "30"] and p.ppid() == os.getpid()]
+
+
+def test_a_per_gpu_reserve_is_kept_free(tmp_path: Path) -> None:
+    import argparse
+
+    from supervisor.paths import Paths
+    from vramtui.serve import engine_config
+
+    paths = Paths(tmp_path / "cfg", tmp_path / "state", tmp_path / "run")
+    paths.settings_file.parent.mkdir(parents=True)
+    paths.settings_file.write_text("engine:\n  reserve: {0: 4GiB}\n  yield_when: [steam]\n")
+    cfg = engine_config(argparse.Namespace(), paths, environ={})
+    assert cfg.gpu_reserve_mib == {0: 4096} and cfg.yield_when[0].name == "steam"
+    paths.settings_file.write_text("engine:\n  reserve: {gpu0: 4GiB}\n")
+    with pytest.raises(VramtuiError, match="a map of GPU index to size"):
+        engine_config(argparse.Namespace(), paths, environ={})
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       gpu_reserve_mib={0: 4096})
+    big = {"vram": {"weights": "5GiB", "activation": "256MiB"}, "safety": "0MiB"}
+    with fake_engine({"big": big}, config=cfg) as fe:
+        assert fe.sup.snapshot().gpus[0].reserve_mib == 4096
+        with pytest.raises(Refused, match="4096 MiB reserve"):
+            fe.sup.submit("big", b"x")
