@@ -181,11 +181,7 @@ class Engine:
         await self._shutdown()
 
     def request_stop(self, now: bool = False) -> tuple[str, ...]:
-        """Stop (see :mod:`.stopping`); the running jobs the stop waits for (none: ``now``)."""
-        if now:
-            self.pool.hurry()
-        self.run.request_stop()
-        return () if now else tuple(w.job_id for w in stopping.waiting(self.pool))
+        return stopping.request(self.pool, self.run.request_stop, now)  # see .stopping
 
     async def _shutdown(self) -> None:
         now = self.clock()
@@ -200,8 +196,7 @@ class Engine:
                 self.jobs.abandoned(job, "the engine stopped before the job ran")
                 self._finish(job, JobState.CANCELLED,
                              error="the engine stopped before the job ran")
-        self.notes.note("info", stopping.stop_line(stopping.waiting(self.pool),
-                                                   self.pool.hurrying))
+        self.notes.note("info", stopping.stop_line(self.pool))
         await self.pool.stop_all()
         for job in self.jobs.live():
             self._stopped_during(job)
@@ -715,10 +710,7 @@ class Engine:
             m.timed_worker = handle.name  # its first ready: one load, and its cost
             loaded = max(0.0, handle.ready_at - handle.started_at)
             m.load_times.append(loaded)
-            self.notes.counters.loaded(rt.spec.name, loaded)
-            if not rt.admitted:  # a preload: nobody else says it is ready
-                self.notes.note("info", f"{rt.spec.name} ready on GPU{handle.gpu} after "
-                                f"{loaded:.1f} s (preloaded)", rt.spec.name)
+            self.notes.loaded(rt.spec.name, handle.gpu, loaded, preloaded=not rt.admitted)
         for job_id in list(rt.admitted):
             job = self.jobs.get(job_id)
             # While stopping, admitted jobs stay unstarted: they run after a restart.

@@ -9,6 +9,7 @@ one runs again, marked interrupted, when the engine starts again).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,17 @@ def waiting(pool: WorkerPool) -> tuple[Waiting, ...]:
                  for rt in pool.live() for job_id in rt.admitted)
 
 
-def stop_line(jobs: tuple[Waiting, ...], now: bool) -> str:
+def request(pool: WorkerPool, stop: Callable[[], None], now: bool) -> tuple[str, ...]:
+    """Ask the stop (``now``: the pool waits for no running job); the jobs it waits for."""
+    if now:
+        pool.hurry()
+    stop()
+    return () if now else tuple(w.job_id for w in waiting(pool))
+
+
+def stop_line(pool: WorkerPool) -> str:
     """The log's line for a stop: what it waits for (or interrupts), and how to hurry it."""
+    jobs, now = waiting(pool), pool.hurrying
     if not jobs:
         return "stopping: no job is running"
     names = ", ".join(f"{w.job_id} ({w.backend})" for w in jobs[:SHOWN])
