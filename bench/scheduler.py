@@ -66,7 +66,7 @@ def _workers(backends: dict[str, BackendInfo], walk_all: bool) -> dict[str, Work
         gpu = i % 4
         busy = i >= 2
         active = info.concurrency if busy else 0
-        reserved = info.resident_mib + active * (info.hot_need_mib)
+        reserved = info.holds_mib(active)
         workers[name] = WorkerInfo(
             backend=name,
             gpu=gpu,
@@ -79,7 +79,7 @@ def _workers(backends: dict[str, BackendInfo], walk_all: bool) -> dict[str, Work
         # A hot worker with a free slot and room, whose only job is the last one.
         name = names[12]
         info = backends[name]
-        workers[name] = WorkerInfo(name, 3, "ready", 0, info.resident_mib, NOW - 5.0)
+        workers[name] = WorkerInfo(name, 3, "ready", 0, info.idle_mib, NOW - 5.0)
     return workers
 
 
@@ -144,11 +144,11 @@ def main() -> None:
         med, p90, starts, evicts = _time(_snapshot(aged, walk_all), args.runs)
         print(f"{label:<16}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}{starts:>8}{evicts:>8}")
     # Building the snapshot is the engine's side of the bill; counting the queue per backend
-    # is what the engine avoids by keeping ``queued_per_backend`` incrementally.
+    # is what the engine avoids by keeping ``queued_counts`` incrementally.
     snap = _snapshot(False, False)
-    counts = dict(snap.queued_per_backend)
+    counts = dict(snap.queued_counts or {})
     queue_list = list(snap.queue)
-    for label, kwargs in (("given", {"queued_per_backend": counts}), ("counted", {})):
+    for label, kwargs in (("given", {"queued_counts": counts}), ("counted", {})):
         samples = []
         for _ in range(max(10, args.runs // 10)):
             t0 = time.perf_counter()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .backends.schema import BackendSpec, VramSpec
 from .ledger import Book, Declared, Device, Holder, Learned, Reserve, book, figures, reserve_on
+from .scheduler.expect import Expectations
 from .scheduler.model import BackendInfo, GpuState, QueuedJob, Snapshot, WorkerInfo
 
 #: What a reload costs before any load was measured, when the descriptor does not say.
@@ -241,6 +242,7 @@ def decide_inputs(
     draining: Iterable[int] = (),
     sleep_host_room_mib: int = 0,
     closed: Mapping[int, str] | None = None,
+    expected: Expectations | None = None,
 ) -> tuple[Snapshot, Book]:
     """The scheduler's snapshot and the ledger's book, from the same facts; ``closed`` GPUs
     (yielded: why) are drained like ``draining`` ones, saying why."""
@@ -277,5 +279,5 @@ def decide_inputs(
     held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
                         queued_counts=queued_counts, held=held,
-                        sleep_host_room_mib=max(0, sleep_host_room_mib))
+                        sleep_host_room_mib=max(0, sleep_host_room_mib), expected=expected)
     return snapshot, accounts

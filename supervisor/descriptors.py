@@ -72,9 +72,21 @@ def spec_document(spec: Any) -> dict[str, Any]:
             out[key] = getattr(spec, key)
     if not getattr(spec, "unload_frees_vram", True):
         out["unload_frees_vram"] = False
+    for key in ("preload", "unlisted"):
+        if getattr(spec, key, False):
+            out[key] = True
     for key in ("api", "aliases"):
         if getattr(spec, key, ()):
             out[key] = list(getattr(spec, key))
+    http = getattr(spec, "http", None)
+    if http is not None:
+        out["http"] = {"health": http.health or "none", "url": http.url}
+        if http.model_name is not None:
+            out["http"]["model_name"] = http.model_name
+        if http.stop is not None:
+            out["http"]["stop"] = list(http.stop)
+        if http.ready_timeout_s is not None:
+            out["http"]["ready_timeout"] = format_seconds(http.ready_timeout_s)
     if spec.reload_cost_s is not None:
         out["reload_cost"] = format_seconds(spec.reload_cost_s)
     if getattr(spec, "wake_cost_s", None) is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from .admission import WorkerFacts, decide_inputs, reload_cost_s, wake_cost_s
 from .ledger import Device
+from .scheduler.expect import Learner
 from .scheduler.model import BackendInfo, Plan, QueuedJob, SchedulerConfig, Snapshot
 from .scheduler.order import queue_sort_key
 from .scheduler.plan import plan as real_plan
@@ -53,6 +54,7 @@ class TraceBackend:
     residual_mib: int = 300  # what it keeps on its GPU asleep
     host_mib: int = 0  # the host memory its sleep takes
     wake_cost_s: float | None = None  # the descriptor's prior
+    target_wait_s: float | None = None  # how long its next request may wait (None: default)
 
     def info(self, loads: Sequence[float], wakes: Sequence[float] = ()) -> BackendInfo:
         reload = reload_cost_s(self.reload_cost_s, loads)
@@ -99,12 +101,14 @@ class Result:
     unfinished: list[str] = field(default_factory=list)
     sleeps: int = 0
     wakes: int = 0
+    started_at: dict[str, float] = field(default_factory=dict)  # job -> when it ran
 
     def wait_p(self, priority: int, q: float) -> float:
+        """The ``q`` quantile of the waits of ``priority`` (nearest rank)."""
         waits = sorted(self.waits.get(priority, []))
         if not waits:
             return math.nan
-        return waits[min(len(waits) - 1, int(q * len(waits)))]
+        return waits[min(len(waits) - 1, max(0, math.ceil(q * len(waits)) - 1))]
 
 
 @dataclass
@@ -144,8 +148,11 @@ class _Worker:
 
 class _Sim:
     def __init__(self, trace: Trace, policy: Policy, config: SchedulerConfig,
-                 tick_s: float) -> None:
+                 tick_s: float, expect: bool) -> None:
         self.trace = trace
+        self.learner = Learner() if expect else None
+        self.targets = {b.name: b.target_wait_s for b in trace.backends
+                        if b.target_wait_s is not None}
         self.policy = policy
         self.config = config
         self.tick_s = tick_s
@@ -202,8 +209,10 @@ class _Sim:
         devices = [Device(g, total, used[g], max(0, total - used[g]))
                    for g, total in enumerate(self.trace.gpus)]
         infos = {n: b.info(self.loads[n], self.wakes[n]) for n, b in self.backends.items()}
+        expected = None if self.learner is None else self.learner.view(now, self.targets)
         snap, _book = decide_inputs(devices, infos, facts, tuple(self.queue),
-                                    sleep_host_room_mib=self.trace.sleep_host_budget_mib - host)
+                                    sleep_host_room_mib=self.trace.sleep_host_budget_mib - host,
+                                    expected=expected)
         p = self.policy(snap, now, self.config)
         for ev in p.evictions:
             w = self.workers.get(ev.backend)
@@ -297,12 +306,14 @@ class _Sim:
         unfinished = sorted(set(self.jobs) - self.done)
         return Result(self.trace.name, "", makespan, self.n_loads, busy, waits, self.starts,
                       self.overcommitted, unfinished, self.n_sleeps,
-                      sum(len(w) for w in self.wakes.values()))
+                      sum(len(w) for w in self.wakes.values()), dict(self.started_at))
 
     def handle(self, kind: str, what: str, now: float, seqs: itertools.count[int]) -> None:
         if kind == "arrive":
             j = self.jobs[what]
             self.queue.append(QueuedJob(j.id, j.backend, j.priority, next(seqs), now))
+            if self.learner is not None:
+                self.learner.arrived(j.backend, j.priority, now)
             self.queue.sort(key=queue_sort_key)
         elif kind == "ready":
             w = self.worker_named(what)
@@ -322,6 +333,8 @@ class _Sim:
                 return
             w.jobs.remove(what)
             self.done.add(what)
+            if self.learner is not None:
+                self.learner.ran(job.backend, job.duration_s)
             self.last_end = max(self.last_end, now)
             if not w.jobs:
                 w.state, w.idle_since = "ready", now
@@ -363,8 +376,11 @@ def simulate(
     config: SchedulerConfig | None = None,
     tick_s: float = 0.5,
     max_time: float = 1e7,
+    expect: bool = True,
 ) -> Result:
-    """Replay ``trace`` through ``policy`` (the real ``plan`` unless given)."""
-    result = _Sim(trace, policy, config or SchedulerConfig(), tick_s).simulate(max_time)
+    """Replay ``trace`` through ``policy`` (the real ``plan`` unless given); with
+    ``expect``, the scheduler is told how requests are expected to arrive, learned from the
+    arrivals so far as the engine learns them (``supervisor.scheduler.expect``)."""
+    result = _Sim(trace, policy, config or SchedulerConfig(), tick_s, expect).simulate(max_time)
     result.policy = name
     return result

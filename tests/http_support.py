@@ -36,7 +36,8 @@ OPENAI = ROOT / "examples" / "openai"
 def openai_backends(step_s: str = "0.005") -> list[dict[str, Any]]:
     def one(name: str, script: str, api: Any, aliases: list[str], **env: str) -> dict[str, Any]:
         return {"name": name, "script": str(OPENAI / script), "api": api, "aliases": aliases,
-                "simulated": True, "vram": {"weights": "256MiB", "activation": "64MiB"},
+                "simulated": True,
+                "vram": {"weights": "256MiB", "activation": "64MiB", "context": "256MiB"},
                 "safety": "64MiB", "timeouts": {"stop_grace": "3s", "start": "20s"},
                 "env": {"SIM_WEIGHTS_MIB": "256", "SIM_ACTIVATION_MIB": "64",
                         "SIM_LOAD_S": "0", "SIM_STEP_S": step_s, **env}}

@@ -26,7 +26,7 @@ from supervisor.client import Client
 from supervisor.control.methods import Methods, handler_names
 from supervisor.errors import InvalidRequest
 from supervisor.facade import Supervisor
-from supervisor.http import ollama_routes, openai_routes, route_table, routes
+from supervisor.http import llama_swap_routes, ollama_routes, openai_routes, route_table, routes
 
 FACADE = {name: m for name, m in METHODS.items() if m.facade}
 
@@ -116,7 +116,7 @@ def test_the_http_door_carries_every_listed_method_or_says_why_not() -> None:
 def test_the_http_app_serves_exactly_the_route_table() -> None:
     server: Any = SimpleNamespace(engine=SimpleNamespace(backends={}))
     app = web.Application()
-    for module in (routes, openai_routes, ollama_routes):
+    for module in (routes, openai_routes, ollama_routes, llama_swap_routes):
         module.add_routes(app, server)
     served = {(r.method, r.resource.canonical) for r in app.router.routes()
               if r.method != "HEAD" and r.resource is not None}

@@ -106,6 +106,7 @@ def test_every_field(tmp_path: Path, worker: Path) -> None:
         timeouts: {start: 2m, request: 90s, stop_grace: 2.5}
         calibration: {request: {prompt: a cat, steps: 1}}
         reload_cost: 40s
+        target_wait: 1.5s
         simulated: true
         """,
     )
@@ -126,6 +127,7 @@ def test_every_field(tmp_path: Path, worker: Path) -> None:
     assert spec.timeouts == Timeouts(120.0, 90.0, 2.5)
     assert json.loads(spec.calibration_request or b"") == {"prompt": "a cat", "steps": 1}
     assert spec.reload_cost_s == 40.0
+    assert spec.target_wait_s == 1.5
 
 
 def test_python_field_keeps_the_venv_symlink(tmp_path: Path, worker: Path) -> None:

@@ -464,3 +464,11 @@ def test_a_stop_that_runs_out_of_time_kills_every_worker_it_started() -> None:
         fe.sup.stop(timeout=0.5)
         wait_until(lambda: worker.exited, 5, "the hung worker killed")
         assert worker.exit_code == -9 and fe.gpu.used(0) == 0
+
+
+def test_a_preload_backend_is_started_with_the_engine() -> None:
+    """``preload: true`` (llama-swap's hooks.on_startup.preload): loaded before any job."""
+    with fake_engine({"warm": mib(512, 0, preload=True), "cold": mib(512, 0)},
+                     scripts={"warm": honest(512, 0), "cold": honest(512, 0)}) as fe:
+        wait_until(lambda: state_of(fe, "warm") == "ready", what="warm preloaded")
+        assert state_of(fe, "cold") == "cold"

@@ -53,6 +53,8 @@ def test_reads_are_open_to_the_owner_mutations_need_the_token(front: Front) -> N
     assert r.headers["www-authenticate"].startswith("Bearer")
     assert front.post("/v1/backends/unload").status == 401
     assert front.post("/v1/chat/completions", {"model": "x"}).status == 401
+    assert front.get("/unload").status == 401  # llama-swap's GET that changes the engine
+    assert front.get("/running").status == 200
     ok = front.post("/v1/jobs", {"backend": "echo", "input": 1}, headers=AUTH)
     assert ok.status == 200 and ok.body == b"1"
 
@@ -73,6 +75,7 @@ def test_a_wrong_token_is_refused_everywhere_but_health(front: Front) -> None:
     assert front.get("/v1/backends", headers=bad).status == 401
     assert front.get("/metrics", headers=bad).status == 401
     assert front.get("/healthz", headers=bad).status == 200
+    assert front.get("/health", headers=bad).status == 200  # llama-swap's
     assert front.get("/readyz").status == 200
 
 

@@ -1,7 +1,8 @@
 """Backends before validation: the mapping as written, plus where each key came from.
 
 ``entries_of`` turns one YAML document into backend entries (one mapping with ``name:``, a
-list, ``backends: [...]`` or ``backends: {name: {...}}``, or vramd's ``version: 2`` file).
+list, ``backends: [...]`` or ``backends: {name: {...}}``, vramd's ``version: 2`` file, or
+llama-swap's ``config.yaml``: ``models:`` by ID).
 ``RawBackend.merged_with`` lays a later layer over an earlier one key by key (the mappings
 ``vram``, ``env``, ``timeouts`` and ``calibration`` merge one level down). A ``null`` value is
 kept and wins like any other, and validation reads ``null`` as "not set": that is how a layer
@@ -18,6 +19,7 @@ from typing import Any
 
 from ..errors import brief
 from .errors import DescriptorError, unknown_key_message
+from .llama_swap import from_llama_swap, is_llama_swap
 from .schema import MERGED_MAPPINGS, NAME_RE
 from .vramd import VRAMD_VERSION, VramdContext, from_vramd
 from .yamlio import LinedDict, LinedList, Origin
@@ -189,6 +191,9 @@ def entries_of(
                 "'backends' must be a list of backends or a mapping by name",
             )
             return
+    elif is_llama_swap(document):
+        yield from from_llama_swap(document, file, (vramd_context or VramdContext()).environ)
+        return
     elif isinstance(document, Mapping) and "name" in document:
         items = [document]
     else:

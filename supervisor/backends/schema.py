@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import brief
 from ..units import parse_duration, parse_size
 from .errors import FieldError, unknown_key_message
+from .http import HttpSpec, keep_macros, parse_http
 
 DEFAULT_SAFETY_MIB = 512
 DEFAULT_KEEP_ALIVE_S = 300.0
@@ -51,6 +52,8 @@ TOP_KEYS = frozenset(
         "gpus",
         "keep_alive",
         "pinned",
+        "preload",
+        "unlisted",
         "stream",
         "inline_results",
         "concurrency",
@@ -58,6 +61,7 @@ TOP_KEYS = frozenset(
         "calibration",
         "reload_cost",
         "wake_cost",
+        "target_wait",
         "sleep",
         "simulated",
         "on_overuse",
@@ -69,10 +73,12 @@ TOP_KEYS = frozenset(
         "enabled",
         "api",
         "aliases",
+        "http",
     }
 )
 # What an ``api:`` backend speaks over the HTTP front door's OpenAI-compatible routes.
-API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions")
+API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions",
+             "responses", "rerank")
 ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
 TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping"})
@@ -83,7 +89,7 @@ VRAMD_SETTING_KEYS = frozenset({"load_keys", "shape_keys", "load_kwargs", "event
 # How the engine talks to a backend's worker: our wire protocol, or vramd's JSON lines.
 PROTOCOLS = ("vramtui", "vramd")
 # Mappings that a later layer (or a child through ``extends``) merges key by key.
-MERGED_MAPPINGS = frozenset({"vram", "env", "timeouts", "calibration", "vramd"})
+MERGED_MAPPINGS = frozenset({"vram", "env", "timeouts", "calibration", "vramd", "http"})
 
 # vramd's names, met in a file without ``version: 2``.
 VRAMD_KEY_HINTS = {
@@ -212,6 +218,8 @@ class BackendSpec:
     gpus: tuple[int, ...] | None = None  # None: any GPU
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # math.inf: never unloaded for idleness
     pinned: bool = False
+    preload: bool = False  # started when the engine starts (llama-swap's on_startup.preload)
+    unlisted: bool = False  # answers by name over HTTP, but left out of the model lists
     stream: bool = False
     inline_results: bool = False  # HTML/SVG results shown in a browser, not downloaded
     concurrency: int = 1
@@ -219,6 +227,7 @@ class BackendSpec:
     calibration_request: bytes | None = None
     reload_cost_s: float | None = None
     wake_cost_s: float | None = None  # a wake's cost until one was measured
+    target_wait_s: float | None = None  # how long its next expected request may wait
     sleep: SleepSpec = SleepSpec()
     description: str = ""
     source: str = ""
@@ -231,6 +240,12 @@ class BackendSpec:
     vramd: VramdSettings = VramdSettings()
     api: tuple[str, ...] = ()  # OpenAI-compatible APIs it speaks (``API_KINDS``)
     aliases: tuple[str, ...] = ()  # other model names it answers to over HTTP
+    http: HttpSpec | None = None  # set: its command starts an HTTP model server, not a worker
+
+    @property
+    def server(self) -> bool:
+        """Run as an HTTP model server (an ``http:`` section), not as a worker."""
+        return self.http is not None
 
     @property
     def peak(self) -> int | None:
@@ -606,6 +621,15 @@ def build_spec(
             FieldError("name", f"{name!r} is not a backend name (letters, digits, . _ -; up to 64)")
         )
 
+    # An HTTP model server: its macros (${PORT} …) are filled in when it starts, not here.
+    http_value = data.get("http")
+    if http_value is not None and not isinstance(http_value, Unusable):
+        try:
+            values["http"] = parse_http(http_value, data.get("command"), data.get("env"))
+        except FieldError as exc:
+            errors.append(exc)
+        environ = keep_macros(environ)
+
     # What to run.
     command, script, python = data.get("command"), data.get("script"), data.get("python")
     if command is not None and script is not None:
@@ -660,6 +684,8 @@ def build_spec(
     take("gpus", "gpus", _gpus)
     take("keep_alive", "keep_alive_s", _infinite_duration)
     take("pinned", "pinned", _bool)
+    take("preload", "preload", _bool)
+    take("unlisted", "unlisted", _bool)
     take("stream", "stream", _bool)
     take("inline_results", "inline_results", _bool)
     take("concurrency", "concurrency", lambda v: _int(v, minimum=1))
@@ -667,6 +693,7 @@ def build_spec(
     take("calibration", "calibration_request", _calibration)
     take("reload_cost", "reload_cost_s", parse_duration)
     take("wake_cost", "wake_cost_s", parse_duration)
+    take("target_wait", "target_wait_s", parse_duration)
     take("sleep", "sleep", _sleep)
     take("description", "description", _str)
     take("simulated", "simulated", _bool)
@@ -685,6 +712,14 @@ def build_spec(
     elif data.get("vramd") is not None:
         errors.append(FieldError("vramd", "settings for a vramd worker: they go with "
                                  "'protocol: vramd'"))
+    if http_value is not None:
+        if script is not None:
+            errors.append(FieldError("script", "an http: backend runs a server: give its "
+                                     "'command' (e.g. [llama-server, --port, '${PORT}']), "
+                                     "not a worker 'script'"))
+        if values.get("protocol", "vramtui") != "vramtui":
+            errors.append(FieldError("protocol", "an http: backend speaks HTTP: leave "
+                                     "'protocol' out"))
     take("api", "api", _api)
     take("aliases", "aliases", _aliases)
 

@@ -212,6 +212,9 @@ class CalibrationRun:
     def request_chunk(self, job_id: str, chunk: bytes) -> None:
         pass
 
+    def request_head(self, job_id: str, status: int, headers: dict[str, str]) -> None:
+        pass
+
     # -- the run ------------------------------------------------------------------------------
     async def _wait_state(self, predicate: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

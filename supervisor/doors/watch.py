@@ -62,6 +62,20 @@ def job_view(engine: Engine, job_id: str) -> JobView:
     return engine.job_view(job_id)
 
 
+def answer_head(engine: Engine, job_id: str) -> tuple[int, dict[str, Any]]:
+    """The status and headers a running job's answer began with (200 and none until then)."""
+    job = engine.jobs.get(job_id)
+    if job is None:
+        return 200, {}
+    return job.status_code or 200, dict(job.headers)
+
+
+def queue_position(engine: Engine, job_id: str) -> int | None:
+    """The job's place in the run order while it waits (1 runs next); None otherwise."""
+    job = engine.jobs.get(job_id)
+    return None if job is None else engine.jobs.position(job)
+
+
 def live_view(engine: Engine, job_id: str) -> JobView | None:
     """The job as the engine holds it in memory now, chunks so far included; None once the
     engine has let it go.  On the engine loop."""

@@ -50,13 +50,12 @@ from .others import Others
 from .planner import Planner
 from .pool import WorkerPool
 from .rules import Rules
-from .runtime import BackendRuntime, Ghost
+from .runtime import MAX_INIT_FAILURES, BackendRuntime, Ghost
 from .sleeper import Sleeper
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
 from .yielding import Yields, announce
 
-MAX_INIT_FAILURES = 3
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
 PRELOAD_PATIENCE_S = 30.0
 STEP_NOW_MAX_QUEUE = 8  # step_now decides at once only while the queue is this short
@@ -91,10 +90,11 @@ class Engine:
                              max_recent_bytes=config.max_recent_result_bytes)
         self.journal = JobJournal(None, self.wall, self.notes.note)
         self.pool = WorkerPool(backends, workers or ProcessWorkers(
-            paths, simulated=probe.simulated, max_result=config.max_result_bytes),
-            self.run, clock)
+            paths, simulated=probe.simulated, max_result=config.max_result_bytes,
+            gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
+            budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.monitor = Monitor(probe, config.sample_hz, probe_notice)
-        self.planner = Planner(config)
+        self.planner = Planner(config, clock)
         self.yields = Yields(paths.yields_path if config.journal else None)
         self.rules = Rules(config.yield_when, self.notes.note)
         self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
@@ -161,18 +161,14 @@ class Engine:
             started(exc)
             self.journal.close()
             return
-        for line in leftovers:
-            self.notes.note("warning", line)
+        self.notes.warn_each(leftovers)
         self._recover()
-        for line in self.yields.load():
-            self.notes.note("warning", line)
-        self.notes.note("info", f"engine started: {self.monitor.summary()}")
-        if self.monitor.notice:
-            self.notes.note("warning", self.monitor.notice)
-        for err in self.descriptors.errors:
-            self.notes.note("error", err)
-        for backend, warning in self.descriptors.warnings:
-            self.notes.note("warning", f"descriptor warning: {warning}", backend)
+        self.notes.warn_each(self.yields.load())
+        for rt in self.pool.runtimes():
+            if rt.spec.preload:
+                self._request_preload(rt)
+        self.notes.started(self.monitor.summary(), self.monitor.notice, self.descriptors.errors,
+                           self.descriptors.warnings)
         started(None)
         tasks = (loop.create_task(self._ticker()), loop.create_task(self.rules.watch_commands()))
         await self.run.stopped()
@@ -293,6 +289,7 @@ class Engine:
         if self.journal.durable(job):  # durable before the submitter hears "accepted"
             self.journal.submitted(job)
         self.jobs.add(job, keep_request=True)
+        self.planner.arrived(job)
         self._job_event(job)
         self.run.schedule()
         return job
@@ -744,19 +741,10 @@ class Engine:
         self.notes.counters.worker_exited(handle, expected=expected, never_ready=never_ready)
         log_hint = f"log: {handle.log_path}"
         name = rt.spec.name
-        if killed_for is not None:
-            health.last_error = killed_for
-        elif expected:
-            self.notes.note("info", f"{name} stopped", name)
-        elif never_ready:
-            health.init_failures += 1
-            health.last_error = handle.init_error or reason
-            self.notes.note("error", f"{name} failed to start ({health.init_failures}/"
-                            f"{MAX_INIT_FAILURES}): {health.last_error}; {log_hint}", name)
-            health.failed = health.init_failures >= MAX_INIT_FAILURES
-        else:
-            health.last_error = f"{reason}; {log_hint}"
-            self.notes.note("error", f"{name} crashed: {health.last_error}", name)
+        said = health.record_exit(name, reason, handle.init_error, log_hint,
+                                  killed_for=killed_for, expected=expected, never_ready=never_ready)
+        if said is not None:
+            self.notes.note(*said, name)
         for job_id in list(rt.admitted):
             job = self.jobs.get(job_id)
             rt.admitted.remove(job_id)
@@ -766,6 +754,10 @@ class Engine:
                 self._stopped_during(job)
             elif job.cancel_requested:
                 self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
+            elif "retry" in handle.features and not never_ready and not job.retried \
+                    and job.status_code is None:
+                job.retried = True  # its server died before answering it: once more
+                self._requeue(job, f"requeued once: {killed_for or name + ' ' + reason}")
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:
@@ -841,6 +833,11 @@ class Engine:
             job.chunks.append(chunk)
             self.notes.chunk(job.backend, job_id, chunk)
 
+    def request_head(self, job_id: str, status: int, headers: dict[str, str]) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and not job.state.finished:
+            job.status_code, job.headers = status, headers
+
     # ===================================================================== ends ===========
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
@@ -857,6 +854,7 @@ class Engine:
         self.jobs.ended(job)
         if job.kind == "job":
             self.notes.job_ended(job)
+            self.planner.ended(job)
         self._job_event(job)  # events carry no result: whoever wants it asks (wait, job)
 
     def _stopped_during(self, job: Job) -> None:

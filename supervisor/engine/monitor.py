@@ -66,6 +66,11 @@ class Monitor:
         self.processes = sample.processes
         return True
 
+    def total_mib(self, gpu: int) -> int | None:
+        """GPU ``gpu``'s memory as last read (None: not read yet)."""
+        reading = self.readings.get(gpu)
+        return reading.total_mib if reading is not None and reading.total_mib else None
+
     def per_gpu(self) -> dict[int, dict[int, int]]:
         """GPU -> pid -> MiB, at the last process sample (a process the driver would not
         give a figure for counts 0)."""

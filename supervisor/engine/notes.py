@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..counters import Counters
@@ -32,6 +33,22 @@ class Notes:
         self.lines: deque[LogLine] = deque(maxlen=LOG_LINES)
         self.events = EventHub()
         self.counters = Counters()  # what happened, for /metrics
+
+    def warn_each(self, lines: Iterable[str]) -> None:
+        """A warning line in the event log for each of ``lines``."""
+        for line in lines:
+            self.note("warning", line)
+
+    def started(self, summary: str, notice: str | None, errors: Iterable[str],
+                warnings: Iterable[tuple[str, str]]) -> None:
+        """The engine is up: what it runs on, and what its descriptors could not say."""
+        self.note("info", f"engine started: {summary}")
+        if notice:
+            self.note("warning", notice)
+        for err in errors:
+            self.note("error", err)
+        for backend, warning in warnings:
+            self.note("warning", f"descriptor warning: {warning}", backend)
 
     def note(self, level: str, text: str, backend: str | None = None, *,
              quiet: bool = False) -> None:

@@ -6,20 +6,25 @@ backend's admission figures, each live worker, ghost and calibration run, the qu
 scheduler's snapshot; :meth:`Planner.plan` asks the pure :func:`~supervisor.scheduler.plan.plan`
 what to evict and start.  The planner also holds what outlives one step: the GPUs being
 drained, and why a backend's jobs could never run here (remembered while its figures and the
-GPUs' sizes stay the same, so a submit does not pay for the check each time).
+GPUs' sizes stay the same, so a submit does not pay for the check each time), and how each
+backend's requests arrive and how long its jobs run (``supervisor.scheduler.expect``: what
+the scheduler expects of the requests that have not come yet).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .. import admission
 from ..errors import UnknownGpu
 from ..gpu.model import GpuReading
+from ..jobs.record import Job
+from ..jobs.states import JobState
 from ..ledger import Book, Device
 from ..scheduler import model as sched
+from ..scheduler.expect import Learner
 from ..scheduler.plan import Plan
 from ..scheduler.plan import plan as make_plan
 from ..scheduler.submit import check_submit
@@ -33,7 +38,8 @@ GONE = frozenset({WorkerState.CRASHED, WorkerState.COLD})
 class Planner:
     """Admission's inputs and memory between steps (see the module doc)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, clock: Callable[[], float]) -> None:
+        self.clock = clock  # the engine's: when requests arrive, and now
         self.config = sched.SchedulerConfig(
             patience_factor=config.patience_factor,
             max_patience_s=config.max_patience_s,
@@ -43,6 +49,7 @@ class Planner:
         self.reserve_mib = config.reserve_mib
         self.gpu_reserve_mib = dict(config.gpu_reserve_mib)  # per GPU, in its place
         self.draining: set[int] = set()
+        self.expect = Learner()  # how requests arrive, per backend and priority
         # backend -> (its figures, the GPUs' sizes, why a job of it could never run)
         self._refusals: dict[str, tuple[sched.BackendInfo, tuple[tuple[int, int], ...],
                                         str | None]] = {}
@@ -63,14 +70,18 @@ class Planner:
                sleep_host_room_mib: int = 0, closed: Mapping[int, str] | None = None,
                ) -> tuple[sched.Snapshot, Book]:
         """The scheduler's snapshot and the ledger's book of the engine now; ``closed``: the
-        GPUs where nothing of ours may run (yielded), and why."""
+        GPUs where nothing of ours may run (yielded), and why; with a queue, what is expected
+        of requests yet to come."""
         calibrating = {r.backend for r in runs}
         backends: dict[str, sched.BackendInfo] = {}
+        targets: dict[str, float] = {}
         workers: list[admission.WorkerFacts] = []
         ghosts: list[admission.GhostFacts] = []
         for rt in runtimes:
             name = rt.spec.name
             backends[name] = rt.info()
+            if rt.spec.target_wait_s is not None:
+                targets[name] = rt.spec.target_wait_s
             w = rt.worker
             if w is not None and w.state not in GONE:
                 # A backend being calibrated takes no new job on its old worker, which the
@@ -84,7 +95,21 @@ class Planner:
             queued_counts=counts if counts is not None else {},
             reserve_mib=self.reserves(readings),
             foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
-            closed=closed)
+            closed=closed,
+            expected=self.expect.view(self.clock(), targets) if queue else None)
+
+    def arrived(self, job: Job) -> None:
+        """A job was submitted: learn when its backend's requests come."""
+        if job.kind == "job":
+            self.expect.arrived(job.backend, job.priority, job.submitted_at)
+
+    def ended(self, job: Job) -> None:
+        """A job ended: a success teaches how long its backend's jobs run."""
+        if job.kind != "job" or job.state is not JobState.SUCCEEDED or job.finished_at is None:
+            return
+        start = next((t for t, state, _ in reversed(job.history) if state == "running"), None)
+        if start is not None:
+            self.expect.ran(job.backend, job.finished_at - start)
 
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None) -> admission.WorkerFacts:

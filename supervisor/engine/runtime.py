@@ -33,6 +33,9 @@ class Ghost:
     observed_mib: int | None = None
 
 
+MAX_INIT_FAILURES = 3  # starts in a row that never became ready before a backend is failed
+
+
 @dataclass
 class Health:
     """How the backend's workers have fared."""
@@ -45,6 +48,25 @@ class Health:
     # worker that gave nothing back or lied about what it keeps); None: it may. A respawn, or
     # a reload that changes its sleep settings, forgets it.
     no_sleep: str | None = None
+
+    def record_exit(self, name: str, reason: str, init_error: str | None, log_hint: str, *,
+                    killed_for: str | None, expected: bool,
+                    never_ready: bool) -> tuple[str, str] | None:
+        """What a worker's exit says of the backend (its last error, its failed starts in a
+        row), and the event-log line to write for it, (level, text), if any."""
+        if killed_for is not None:
+            self.last_error = killed_for
+            return None
+        if expected:
+            return "info", f"{name} stopped"
+        if never_ready:
+            self.init_failures += 1
+            self.last_error = init_error or reason
+            self.failed = self.init_failures >= MAX_INIT_FAILURES
+            return "error", (f"{name} failed to start ({self.init_failures}/"
+                             f"{MAX_INIT_FAILURES}): {self.last_error}; {log_hint}")
+        self.last_error = f"{reason}; {log_hint}"
+        return "error", f"{name} crashed: {self.last_error}"
 
 
 @dataclass

@@ -6,7 +6,9 @@
   :mod:`.peer`; root counts only on the Unix socket, where the kernel vouches for the uid), or
   it is refused (403); and when a token is set, local peers may only read (GET / HEAD)
   without it, and not the browser dashboard, whose WebSocket drives the whole TUI.
-- ``/healthz`` and ``/readyz`` answer anyone: they say nothing but up / ready.
+- ``/healthz``, ``/readyz`` (and llama-swap's ``/health``) answer anyone: they say nothing
+  but up / ready.  llama-swap's ``GET /unload`` changes the engine, and is guarded as a
+  ``POST`` is.
 - A browser must not be turned against us.  The ``Host`` header must name this server (a
   loopback name, the bind address or ``allowed_hosts``), which defeats DNS rebinding.  A
   request that carries an ``Origin`` must come from this very origin, compared whole:
@@ -41,8 +43,10 @@ from .errors import HttpError
 from .gate import GatedHandler
 from .peer import Peer, identify
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# GETs that change the engine (llama-swap's /unload), guarded as a POST is.
+CHANGING_GETS = frozenset({"/unload"})
 UI_PREFIX = "/ui"
 UI_SESSIONS_MAX = 64
 UI_SESSION_S = 24 * 3600.0
@@ -104,8 +108,7 @@ class Guard:
 
     def crosses_sites(self, request: web.Request) -> bool:
         """A browser says a request that changes something comes from another site."""
-        if request.method in READ_METHODS and request.headers.get("Upgrade", "").lower() \
-                != "websocket":
+        if _reads(request) and request.headers.get("Upgrade", "").lower() != "websocket":
             return False
         return request.headers.get("Sec-Fetch-Site", "").lower() in CROSSING
 
@@ -172,10 +175,15 @@ class Guard:
             raise HttpError(403, f"permission denied: {peer.describe()} is not the engine's "
                             f"user (uid {self.owner_uid}); send the bearer token",
                             "permission_error", "not_owner")
-        if self.config.token and (request.method not in READ_METHODS or _is_ui(request.path)):
+        if self.config.token and (not _reads(request) or _is_ui(request.path)):
             raise _unauthorized(f"{request.method} {request.path} changes the engine: send "
                                 "the bearer token (Authorization: Bearer TOKEN)")
         return Decision(peer, False)
+
+
+def _reads(request: web.Request) -> bool:
+    """A request that only reads (a GET, but not one of :data:`CHANGING_GETS`)."""
+    return request.method in READ_METHODS and request.path not in CHANGING_GETS
 
 
 def _is_ui(path: str) -> bool:

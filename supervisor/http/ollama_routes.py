@@ -1,11 +1,15 @@
-"""The few Ollama routes that dashboards and Open WebUI poll: ``/api/ps``, ``/api/version``,
-``/api/tags``.
+"""The Ollama routes about models: ``/api/ps``, ``/api/version``, ``/api/tags``, ``/api/show``,
+and ``/api/pull`` (with ``push``, ``create``, ``copy``, ``delete``) answered honestly: vramtui
+runs the models its descriptors name and downloads none, so each says so, in Ollama's error
+shape, naming what to do instead.  The routes that run a model are :mod:`.ollama_jobs`.
 
 ``/api/ps`` lists the backends whose worker is up, as Ollama lists loaded models: ``size``
 is what admission holds for it (its reserved bytes, else its peak), ``size_vram`` what its
 processes really hold on the GPU (the last sample), and ``expires_at`` when keep-alive will
 unload it if nothing comes (far in the future for a pinned or busy backend).  ``/api/tags``
-lists every backend; ``/api/version`` answers vramtui's version.
+lists every backend (but the ``unlisted``); ``/api/version`` answers vramtui's version;
+``/api/show`` one model (a backend's name or alias): what it speaks as Ollama's
+``capabilities``, its memory figures in ``model_info``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .routes import json_response
+from . import ollama_jobs
+from .ollama_jobs import ollama_error, ollama_errors
+from .openai_routes import OPENAI
+from .routes import json_response, read_json
 
 if TYPE_CHECKING:
     from ..snapshot import BackendView
@@ -25,12 +32,18 @@ if TYPE_CHECKING:
 MIB = 1024 * 1024
 NEVER = dt.datetime(2318, 1, 1, tzinfo=dt.UTC)  # Ollama's own "never expires"
 LOADED = frozenset({"starting", "initializing", "ready", "busy"})
+# Ollama's routes that manage a model store, which vramtui has not: (method, path).
+NOT_HERE = (("POST", "/api/pull"), ("POST", "/api/push"), ("POST", "/api/create"),
+            ("POST", "/api/copy"), ("DELETE", "/api/delete"))
+CAPABILITIES = {"chat": "completion", "completions": "completion", "embeddings": "embedding"}
 
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
-    r = _Ollama(server)
+    r = _Ollama(server, app)
     app.add_routes([web.get("/api/ps", r.ps), web.get("/api/version", r.version),
-                    web.get("/api/tags", r.tags)])
+                    web.get("/api/tags", r.tags), web.post("/api/show", r.show),
+                    *(web.route(method, path, r.not_here) for method, path in NOT_HERE)])
+    ollama_jobs.add_routes(app, server)
 
 
 def _digest(name: str) -> str:
@@ -38,9 +51,10 @@ def _digest(name: str) -> str:
 
 
 class _Ollama:
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, app: web.Application) -> None:
         self.server = server
         self.engine = server.engine
+        self.app = app
 
     def _details(self, name: str) -> dict[str, Any]:
         spec = self.engine.backends[name].spec
@@ -72,7 +86,45 @@ class _Ollama:
         return json_response({"models": [
             {"name": b.name, "model": b.name, "modified_at": modified,
              "size": (b.peak_mib or 0) * MIB, "digest": _digest(b.name),
-             "details": self._details(b.name)} for b in snap.backends]})
+             "details": self._details(b.name)} for b in snap.backends
+            if not self.engine.backends[b.name].spec.unlisted]})
 
     async def version(self, request: web.Request) -> web.Response:
         return json_response({"version": self.server.version})
+
+    @ollama_errors
+    async def show(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        model = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
+        if not isinstance(model, str) or not model:
+            return ollama_error(400, "model: the name of a model (GET /api/tags lists them)")
+        name = self.app[OPENAI].table.resolve(model)
+        if name is None:
+            name = model if model in self.engine.backends else None
+        if name is None:
+            return ollama_error(404, f"model '{model}' not found (vramtui serves the models "
+                                "its descriptors name: GET /api/tags lists them)")
+        spec = self.engine.backends[name].spec
+        capabilities = sorted({CAPABILITIES[a] for a in spec.api if a in CAPABILITIES})
+        info: dict[str, Any] = {"general.architecture": "vramtui", "vramtui.backend": name,
+                                "vramtui.api": list(spec.api),
+                                "vramtui.aliases": list(spec.aliases),
+                                "vramtui.server": spec.server}
+        if spec.peak is not None:
+            info["vramtui.peak_bytes"] = spec.peak * MIB
+            info["vramtui.simulated"] = spec.simulated
+        modified = dt.datetime.fromtimestamp(self.engine.wall_started, dt.UTC).isoformat()
+        return json_response({
+            "modelfile": f"# {name}: a vramtui backend ({spec.source or 'descriptor'})\n"
+                         f"FROM {name}\n",
+            "parameters": "", "template": "", "license": "",
+            "details": self._details(name), "model_info": info,
+            "capabilities": capabilities, "modified_at": modified})
+
+    async def not_here(self, request: web.Request) -> web.Response:
+        what = request.path.rsplit("/", 1)[-1]
+        known = ", ".join(sorted(self.app[OPENAI].table.names)) or "none yet"
+        return ollama_error(501, f"{what} is not supported: vramtui downloads and "
+                            "stores no models; it runs the models its backend descriptors "
+                            "name (add one to backends.d, or `vramtui import-llama-swap`). "
+                            f"Models here: {known}")

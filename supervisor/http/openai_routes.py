@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.parser
+import email.policy
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -29,9 +31,12 @@ from aiohttp import web
 
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
+from ..servers.request import API_PATHS, job_metadata
+from . import forward
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
 from .routes import json_response, read_json
+from .server import streaming
 from .sse import Item, Stream, open_response
 
 if TYPE_CHECKING:
@@ -46,6 +51,8 @@ ENDPOINTS = {
     "/v1/images/generations": "images",
     "/v1/audio/speech": "speech",
     "/v1/audio/transcriptions": "transcriptions",
+    "/v1/responses": "responses",
+    "/v1/rerank": "rerank",
 }
 STREAMABLE = frozenset({"chat", "completions"})
 DONE = b"data: [DONE]\n\n"
@@ -53,8 +60,10 @@ DONE = b"data: [DONE]\n\n"
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OpenAI(server)
+    app[OPENAI] = r  # the other doors' shapes (Ollama's) submit through it
     app.add_routes([web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
-                    *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items())])
+                    *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items()),
+                    web.route("*", "/upstream/{model}/{path:.*}", r.upstream)])
 
 
 class ModelTable:
@@ -100,7 +109,7 @@ class _OpenAI:
         states = {b.name: b.state for b in self.engine.snapshot().backends}
         return json_response({"object": "list", "data": [
             self._model_json(model, name, states) for model, name in sorted(
-                self.table.names.items())]})
+                self.table.names.items()) if not self.engine.backends[name].spec.unlisted]})
 
     async def model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
@@ -128,6 +137,9 @@ class _OpenAI:
         return handle
 
     async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        served = await self._served(request, kind)
+        if served is not None:
+            return served
         if kind == "transcriptions":
             body, payload = await self._form_body(request)
         else:
@@ -135,7 +147,18 @@ class _OpenAI:
             if not isinstance(body, dict):
                 raise bad_request("the body must be a JSON object")
             payload = await request.read()
-        model = body.get("model")
+        if kind == "chat" and not (isinstance(body.get("messages"), list) and body["messages"]):
+            self.backend_for(body.get("model"), kind)  # an unknown model says so first
+            raise bad_request("messages: a non-empty list of {role, content} is required",
+                              param="messages")
+        job_id, stream = self.submit(kind, body, payload)
+        if not stream:
+            view = await wait_done(self.server, job_id)
+            return result_response(self.server, finished_view(self.server, job_id, view))
+        return await self._stream(request, job_id)
+
+    def backend_for(self, model: object, kind: str | None = None) -> str:
+        """The backend a request's ``model`` names (that speaks ``kind``), or the error."""
         if not isinstance(model, str) or not model:
             raise bad_request("model: the name of a model (GET /v1/models lists them)",
                               param="model")
@@ -143,39 +166,79 @@ class _OpenAI:
         if backend is None:
             raise self._unknown(model)
         spec = self.engine.backends[backend].spec
+        if kind is not None and kind not in spec.api:
+            raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
+                              "wrong_api", param="model")
+        return backend
+
+    def submit(self, kind: str, body: dict[str, Any], payload: bytes) -> tuple[str, bool]:
+        """The job of one request of OpenAI's ``kind`` (``body``: its JSON, ``payload``: its
+        bytes): its id, and whether it streams.  Every door that speaks another API's shape
+        (Ollama's) comes through here, so its requests run as these do."""
+        model = body.get("model")
+        backend = self.backend_for(model, kind)
+        stream = body.get("stream") is True and kind in STREAMABLE
+        metadata: dict[str, Any] = {"api": kind, "model": model}
+        server = self.engine.backends[backend].spec.server
+        if server:  # the route of the server it goes to
+            metadata.update(job_metadata("POST", API_PATHS[kind],
+                                         {"content-type": "application/json"}))
+        try:
+            # A server's job is not journaled, as forward's are: its client goes with the engine.
+            job = self.engine.submit(backend, payload, stream=stream, metadata=metadata,
+                                     durable=not server)
+        except VramtuiError as exc:
+            raise from_engine(exc, submitting=True) from None
+        return job.id, stream
+
+    async def _served(self, request: web.Request, kind: str) -> web.StreamResponse | None:
+        """A request for a model server, forwarded as it came (None: not for a server)."""
+        payload = await request.read()
+        if request.content_type.startswith("multipart/"):
+            body: Any = {"model": form_field(payload, request.headers["Content-Type"], "model")}
+        else:
+            try:
+                body = json.loads(payload) if payload[:1] == b"{" else None
+            except (ValueError, RecursionError):
+                body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        backend = self.table.resolve(model) if isinstance(model, str) else None
+        spec = self.engine.backends[backend].spec if backend is not None else None
+        if spec is None or not spec.server:
+            return None
         if kind not in spec.api:
             raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
                               "wrong_api", param="model")
-        if kind == "chat" and not (isinstance(body.get("messages"), list) and body["messages"]):
-            raise bad_request("messages: a non-empty list of {role, content} is required",
-                              param="messages")
-        stream = body.get("stream") is True and kind in STREAMABLE
-        try:
-            job = self.engine.submit(backend, payload, stream=stream,
+        assert isinstance(body, dict)
+        return await forward.forward(self.server, request, backend, payload,
+                                     stream=body.get("stream") in (True, "true"),
+                                     path=request.path_qs,
                                      metadata={"api": kind, "model": model})
-        except VramtuiError as exc:
-            raise from_engine(exc, submitting=True) from None
-        if not stream:
-            view = await wait_done(self.server, job.id)
-            return result_response(self.server, finished_view(self.server, job.id, view))
-        return await self._stream(request, job.id)
+
+    @streaming  # websockets and event streams stay open: counted among the streams
+    async def upstream(self, request: web.Request) -> web.StreamResponse:
+        """``/upstream/{model}/{path}``: anything, to the model's own server."""
+        model = request.match_info["model"]
+        backend = self.table.resolve(model) or (model if model in self.engine.backends
+                                                else None)
+        if backend is None or not self.engine.backends[backend].spec.server:
+            raise forward.unknown_server(model)
+        return await forward.upstream(self.server, request, backend, request.match_info["path"])
 
     async def _form_body(self, request: web.Request) -> tuple[dict[str, Any], bytes]:
         ctype = request.headers.get("Content-Type", "")
         if not ctype.startswith("multipart/form-data"):
             raise bad_request("send the audio as multipart/form-data (file, model, …)")
-        try:
-            form = await request.post()
-        except ValueError as exc:
-            raise bad_request(f"malformed form: {exc}") from None
+        parts = form_parts(await request.read(), ctype)
+        if parts is None:
+            raise bad_request("malformed form: not multipart/form-data with a boundary")
         body: dict[str, Any] = {}
-        for key, value in form.items():
-            if isinstance(value, web.FileField):
-                data = value.file.read()
-                body[key] = {"filename": value.filename, "content_type": value.content_type,
-                             "b64": base64.b64encode(data).decode("ascii")}
+        for name, filename, content_type, data in parts:
+            if filename is not None:
+                body[name] = {"filename": filename, "content_type": content_type,
+                              "b64": base64.b64encode(data).decode("ascii")}
             else:
-                body[key] = value
+                body[name] = data.decode("utf-8", "replace")
         if "file" not in body:
             raise bad_request("file: the audio to transcribe", param="file")
         if body.get("stream") in ("true", "True", "1"):
@@ -212,6 +275,9 @@ class _OpenAI:
         if stream.client_gone and not stream.finished:
             cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
         return response
+
+
+OPENAI = web.AppKey("openai_routes", _OpenAI)
 
 
 class _ChunkEncoder:
@@ -257,6 +323,32 @@ class _ChunkEncoder:
             out += self._end(view.state.value, view)
             return bytes(out), True
         return bytes(out), False
+
+
+FormPart = tuple[str, str | None, str, bytes]  # name, filename, content type, bytes
+
+
+def form_parts(raw: bytes, content_type: str) -> list[FormPart] | None:
+    """The parts of a multipart/form-data body (None: it is not one)."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + raw)
+    if not message.is_multipart():
+        return None
+    parts: list[FormPart] = []
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True)
+        if isinstance(name, str) and isinstance(data, bytes):
+            parts.append((name, part.get_filename(), part.get_content_type(), data))
+    return parts
+
+
+def form_field(raw: bytes, content_type: str, name: str) -> str | None:
+    """One text field of a multipart/form-data body (None when it has none)."""
+    for field_name, filename, _ctype, data in form_parts(raw, content_type) or ():
+        if field_name == name and filename is None:
+            return data.decode("utf-8", "replace").strip()
+    return None
 
 
 def data_lines(chunk: bytes) -> bytes:

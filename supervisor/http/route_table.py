@@ -24,12 +24,12 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    method: str  # GET or POST
+    method: str  # GET or POST (DELETE for another API's route)
     path: str  # as aiohttp takes it ({name} for a part; {name:regex} to constrain it)
     what: str
     api: str | None = None  # the apispec method it carries
     handler: str = ""  # native routes: the handler's name on routes._Routes
-    module: str = "native"  # or "openai", "ollama": added by those modules
+    module: str = "native"  # or "openai", "ollama", "llama-swap": added by those modules
 
 
 def _n(method: str, path: str, handler: str, what: str, api: str | None = None) -> Route:
@@ -105,9 +105,39 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/audio/speech", "OpenAI text to speech", module="openai"),
     Route("POST", "/v1/audio/transcriptions", "OpenAI speech to text (multipart)",
           module="openai"),
+    Route("POST", "/v1/responses", "OpenAI responses (backends that list it)",
+          module="openai"),
+    Route("POST", "/v1/rerank", "rerank (backends that list it)", module="openai"),
+    Route("*", "/upstream/{model}/{path:.*}", "any request to a model server (websockets "
+          "too), loading it first", module="openai"),
     Route("GET", "/api/ps", "Ollama: loaded models", module="ollama"),
     Route("GET", "/api/version", "Ollama: version", module="ollama"),
     Route("GET", "/api/tags", "Ollama: models", module="ollama"),
+    Route("POST", "/api/show", "Ollama: one model", module="ollama"),
+    Route("POST", "/api/chat", "Ollama chat (NDJSON stream unless stream: false)",
+          module="ollama"),
+    Route("POST", "/api/generate", "Ollama generate (NDJSON stream unless stream: false)",
+          module="ollama"),
+    Route("POST", "/api/embed", "Ollama embeddings", module="ollama"),
+    Route("POST", "/api/embeddings", "Ollama embeddings (the legacy route)", module="ollama"),
+    Route("POST", "/api/pull", "Ollama: not supported (vramtui downloads no models)",
+          module="ollama"),
+    Route("POST", "/api/push", "Ollama: not supported", module="ollama"),
+    Route("POST", "/api/create", "Ollama: not supported", module="ollama"),
+    Route("POST", "/api/copy", "Ollama: not supported", module="ollama"),
+    Route("DELETE", "/api/delete", "Ollama: not supported", module="ollama"),
+    Route("GET", "/health", "llama-swap: OK", module="llama-swap"),
+    Route("GET", "/running", "llama-swap: the models whose process is up", module="llama-swap"),
+    Route("GET", "/unload", "llama-swap: unload every idle model (guarded as a POST)",
+          module="llama-swap"),
+    Route("POST", "/api/models/unload", "llama-swap: unload every idle model",
+          module="llama-swap"),
+    Route("POST", "/api/models/unload/{model:.+}", "llama-swap: unload one model",
+          module="llama-swap"),
+    Route("GET", "/logs", "llama-swap: the recent event log (text)", module="llama-swap"),
+    Route("GET", "/log", "llama-swap: the recent event log (text)", module="llama-swap"),
+    Route("GET", "/logs/stream/{model:.+}", "llama-swap: a model's log, followed (a "
+          "redirect)", module="llama-swap"),
 )
 
 NOT_ON_HTTP: dict[str, str] = {

@@ -254,12 +254,16 @@ class _Routes:
 
     # -- backends -----------------------------------------------------------------------------
     def _backend_extra(self, name: str) -> dict[str, Any]:
-        spec = self.engine.backends[name].spec
+        rt = self.engine.backends[name]
+        spec = rt.spec
         keep = spec.keep_alive_s
-        return {"api": list(spec.api), "aliases": list(spec.aliases),
-                "keep_alive_s": keep if math.isfinite(keep) else None,
-                "concurrency": spec.concurrency, "stream": spec.stream,
-                "links": {"self": f"/v1/backends/{name}", "logs": f"/v1/backends/{name}/logs"}}
+        extra = {"api": list(spec.api), "aliases": list(spec.aliases),
+                 "keep_alive_s": keep if math.isfinite(keep) else None,
+                 "concurrency": spec.concurrency, "stream": spec.stream,
+                 "links": {"self": f"/v1/backends/{name}", "logs": f"/v1/backends/{name}/logs"}}
+        if spec.http is not None:  # a model server: where its running one listens
+            extra["server"] = {"url": getattr(rt.worker, "url", None), "health": spec.http.health}
+        return extra
 
     async def backends(self, request: web.Request) -> web.Response:
         snap = self.engine.snapshot()

@@ -146,7 +146,7 @@ class HttpServer:
 
     # -- the application ----------------------------------------------------------------------
     def _make_app(self) -> web.Application:
-        from . import ollama_routes, openai_routes, routes
+        from . import llama_swap_routes, ollama_routes, openai_routes, routes
 
         app = web.Application(client_max_size=self.config.max_body,
                               middlewares=[self.gate.middleware, self._errors, self._guard,
@@ -154,6 +154,7 @@ class HttpServer:
         routes.add_routes(app, self)
         openai_routes.add_routes(app, self)
         ollama_routes.add_routes(app, self)
+        llama_swap_routes.add_routes(app, self)
         for prefix, sub in self.subapps.items():
             app.add_subapp(prefix, sub)
         return app

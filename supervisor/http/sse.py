@@ -131,13 +131,15 @@ class Stream:
     def __init__(self, hub: Hub, request: web.Request, *, wants: Callable[[Item], bool],
                  encode: Callable[[Item], Encoded | None],
                  on_lag: Callable[[int, int], Encoded], heartbeat_s: float,
-                 buffer_limit: int, max_pending: int = MAX_PENDING) -> None:
+                 buffer_limit: int, max_pending: int = MAX_PENDING,
+                 heartbeat: bytes | None = b": heartbeat\n\n") -> None:
         self.hub = hub
         self.request = request
         self.wants = wants
         self.encode = encode
         self.on_lag = on_lag
         self.heartbeat_s = heartbeat_s
+        self.heartbeat = heartbeat  # None: a format with no comments (NDJSON) stays quiet
         self.buffer_limit = buffer_limit
         self.max_pending = max_pending
         self.pending: deque[Item] = deque()
@@ -200,7 +202,8 @@ class Stream:
                     try:
                         await asyncio.wait_for(self.wake.wait(), self.heartbeat_s)
                     except TimeoutError:
-                        await response.write(b": heartbeat\n\n")
+                        if self.heartbeat is not None:
+                            await response.write(self.heartbeat)
                     continue
                 batch = bytearray()
                 end = False

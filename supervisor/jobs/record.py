@@ -114,6 +114,7 @@ class Job:
     cancel_state: JobState = JobState.CANCELLED
     kind: str = "job"  # or "calibration": a run that needs a GPU to itself
     durable: bool = True  # journaled (False: lost with the engine, e.g. Dynamo's requests)
+    retried: bool = False  # run again once already, its server having died before answering
 
     def mark(self, now: float, state: JobState, note: str = "") -> None:
         """Move to ``state`` (IllegalTransition unless the table allows it), noted in the

@@ -8,6 +8,7 @@ the ``Plan`` (evict, spawn, dispatch); ``check_submit`` refuses a job before it 
   ``SchedulerConfig``, ``Snapshot``) and outputs (``Start``, ``Evict``, ``Plan``);
 - ``order``: effective priority with aging, and the pre-sorted queue contract;
 - ``evict``: eviction cost and the cheapest sufficient set of idle workers;
+- ``expect``: how requests are expected to arrive (learned), and what the next one costs;
 - ``plan``: the decision itself;
 - ``submit``: refusals at submit time.
 

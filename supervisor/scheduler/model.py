@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from supervisor.scheduler.expect import Expectations
+
 #: Worker states in which a worker can take jobs (if it has a free slot).
 HOT_STATES: Final = frozenset({"starting", "initializing", "ready", "busy"})
 #: Every state a worker may report to the scheduler (``asleep``: its memory given back but
@@ -268,6 +270,8 @@ class Snapshot:
     ones (the plan's ``waiting`` view reads ``queue`` lazily, so it must not change
     underneath; a tuple is kept as is). ``sleep_host_room_mib`` is the host memory that
     sleeping workers may still take (``sleep_host_budget`` less what sleepers hold).
+    ``expected``: how each backend's requests are expected to arrive
+    (``supervisor.scheduler.expect``); None: nothing is expected beyond the queue.
     """
 
     gpus: Sequence[GpuState]
@@ -277,6 +281,7 @@ class Snapshot:
     queued_counts: Mapping[tuple[str, str], int] | None = None
     held: Mapping[int, str] = field(default_factory=dict)
     sleep_host_room_mib: int = 0
+    expected: Expectations | None = None
 
     def __post_init__(self) -> None:
         gpus = tuple(self.gpus)

@@ -34,6 +34,15 @@ barrier waits for. No job starves: aging lifts a waiting job one level per
 ``aging_interval_s`` until it is first in line, and then it waits at most ``max_patience_s``
 plus the running jobs of its victims.
 
+Expected arrivals. With ``Snapshot.expected`` (``supervisor.scheduler.expect``), a job that
+would evict the worker of a stream of higher priority than its own first counts what that
+costs the stream's next request (the chance it comes while the job loads and runs and the
+worker reloads, times that time); beyond the stream's target wait, the job waits (for a gap
+long enough, or the stream's end, at most ``max_patience_s``) without becoming a barrier, so
+work that fits beside the stream goes on, and its reason says what it waits for. A worker
+whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
+keeps an idle victim whose stream of at least its priority is due within a reload.
+
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
 barrier only in room the barrier does not need. When room is needed, an idle worker that can
@@ -64,7 +73,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from supervisor.scheduler import evict
+from supervisor.scheduler import evict, expect
 from supervisor.scheduler.model import (
     BackendInfo,
     Evict,
@@ -292,6 +301,7 @@ class _Planner:
         # Victims whose next job could pass a patient barrier but waits for memory.
         self.waiting_victims: set[str] = set()
         self.host_room = snapshot.sleep_host_room_mib  # what sleepers may still take
+        self.expected = snapshot.expected  # how requests are expected to arrive
 
     # ----------------------------------------------------------------- the walk
 
@@ -675,6 +685,8 @@ class _Planner:
         _, g, chosen, room = best
         victims = [c.worker for c in chosen]
         sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
+        if self._held_by_stream(job, info, victims, sleepers, since, waited):
+            return
         barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed,
                            sleepers)
         # The switch costs its own load (a wake, for a sleeping worker), and undoing every
@@ -709,6 +721,42 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(barrier_key, reason)
 
+    def _has_work(self, backend: str) -> bool:
+        """Work of ``backend`` waits or is expected: queued jobs, or a stream alive."""
+        if self.queued_jobs.get(backend, 0) > 0:
+            return True
+        exp = self.expected
+        return exp is not None and exp.alive(backend, self.now)
+
+    def _held_by_stream(self, job: QueuedJob, info: BackendInfo, victims: list[WorkerInfo],
+                        sleepers: frozenset[str], since: float, waited: float) -> bool:
+        """A blocked job whose victims include the worker of a stream above its priority
+        waits, rather than make that stream's next request wait beyond its target (for a
+        gap long enough, or the stream's end; at most ``max_patience_s``): settles it and
+        says so."""
+        exp = self.expected
+        limit = self.config.max_patience_s
+        if exp is None or waited >= limit:
+            return False
+        name = info.name
+        asleep = name in self.asleep
+        load = self._undo_s(info, asleep) if asleep or name not in self.worker_gpu else 0.0
+        run_s = load + exp.job_time(name, info.reload_cost_s)
+        undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
+                for v in victims if v.backend in self.backends]
+        held = expect.hold(exp, self.now, self._effective(job), run_s, undo)
+        if held is None:
+            return False
+        stream, _cost = held
+        due = min(stream.quiet_at, since + limit)
+        if self.revisit_at is None or due < self.revisit_at:
+            self.revisit_at = due
+        reason = (f"waits: {stream.backend} expects a request within "
+                  f"{max(stream.due_in(self.now), 0.1):.1f} s")
+        self.explicit[job.job_id] = reason
+        self._settle(key_of(job), reason)
+        return True
+
     @staticmethod
     def _undo_s(info: BackendInfo, asleep: bool) -> float:
         return info.wake_cost_s if asleep else info.reload_cost_s
@@ -718,7 +766,18 @@ class _Planner:
         waits for memory, which comes back once the jobs running on its GPU end (a patient
         barrier keeps it)."""
         info = self.backends.get(w.backend)
-        if info is None or w.backend not in self.waiting_victims:
+        if info is None:
+            return False
+        exp = self.expected
+        if exp is not None and w.backend not in self.queued_jobs:
+            # A stream of at least the barrier's priority whose next request is due before
+            # it could be loaded again keeps it too.
+            barrier = self.barriers[g]
+            stream = next((s for s in exp.streams.get(w.backend, ())
+                           if s.priority >= barrier.effective and s.alive(self.now)), None)
+            if stream is not None and stream.due_in(self.now) <= info.reload_cost_s:
+                return True
+        if w.backend not in self.waiting_victims:
             return False
         return info.need_mib(0) <= self.budget[g] + self._returning(g, None)
 
@@ -920,7 +979,8 @@ class _Planner:
         out = []
         for w in self.live_on[g]:
             info = self.backends.get(w.backend)
-            factor = evict.QUEUED_WORK_FACTOR if self.queued_jobs.get(w.backend, 0) else 1.0
+            # Queued work (or a stream alive): it would be loaded again soon.
+            factor = evict.QUEUED_WORK_FACTOR if self._has_work(w.backend) else 1.0
             cost = evict.eviction_cost(w, info, self.now) * factor  # queued: back soon
             priority = 0 if info is None else info.priority
             if info is not None and evict.may_sleep(w, info, self.host_room):

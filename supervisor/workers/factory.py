@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 from ..backends.schema import BackendSpec
@@ -53,8 +54,13 @@ class WorkerFactory(Protocol):
 class ProcessWorkers:
     """Real worker processes (see the module doc)."""
 
-    def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None) -> None:
+    def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None,
+                 gpu_total_mib: Callable[[int], int | None] = lambda gpu: None,
+                 budget_mib: Callable[[str], int | None] = lambda backend: None) -> None:
         self.paths = paths
+        # for a server's ${VRAM_MIB} and ${VRAM_FRACTION}: its GPU's size, its admitted peak
+        self.gpu_total_mib = gpu_total_mib
+        self.budget_mib = budget_mib
         self.simulated = simulated
         self.max_result = max_result
         self.listener = WireListener(str(paths.worker_control_socket),
@@ -77,7 +83,8 @@ class ProcessWorkers:
     def make(self, spec: BackendSpec, gpu: int, name: str,
              observer: WorkerObserver) -> Worker:
         env = dict(os.environ)
-        env.update(spec.env)
+        if not spec.server:  # a server's env has macros: filled in by its launch
+            env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["VRAMTUI_BACKEND"] = spec.name
         if self.simulated:
@@ -91,6 +98,15 @@ class ProcessWorkers:
             env.pop("VRAMTUI_SIM_DIR", None)
         cwd = str(spec.cwd) if spec.cwd else None
         log_path = self.paths.worker_log_path(spec.name)
+        if spec.server:
+            from ..servers.handle import ServerHandle
+            from ..servers.launch import plan_launch
+
+            launch = plan_launch(spec, gpu, env, self.gpu_total_mib(gpu),
+                                 self.budget_mib(spec.name))
+            return ServerHandle(spec=spec, name=name, gpu=gpu, launch=launch, cwd=cwd,
+                                log_path=log_path, observer=observer,
+                                max_result=self.max_result)
         if spec.protocol == "vramd":
             return VramdWorkerHandle(
                 backend=spec.name, name=name, gpu=gpu, argv=spec.command, env=env, cwd=cwd,

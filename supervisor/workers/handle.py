@@ -81,6 +81,10 @@ class WorkerObserver(Protocol):
 
     def request_chunk(self, job_id: str, chunk: bytes) -> None: ...
 
+    def request_head(self, job_id: str, status: int, headers: dict[str, str]) -> None:
+        """A streamed answer's status and headers, before its first chunk (model servers)."""
+        ...
+
 
 class WorkerHandle(SupervisedProcess):
     """The engine's view of one worker process (touched only on the engine loop)."""

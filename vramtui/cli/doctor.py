@@ -195,7 +195,8 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
         if not _told_by_engine(problem, told):
             r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
     for warning in loaded.warnings:
-        r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd'")
+        r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd' or "
+              "'Coming from llama-swap'")
     if loaded.demo:
         r.add(WARN, "backends", "none configured: the simulated demo backends are used",
               f"add descriptors to {paths.backends_dir}")

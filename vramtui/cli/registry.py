@@ -115,6 +115,9 @@ REGISTRY: tuple[Command, ...] = (
                            "no engine) and say what changed",
             "calibrate", "recalibrate", "recalibrate_arguments"),
     Command("import-vramd", IMPORT_VRAMD_HELP, "import_vramd", "run", "arguments"),
+    Command("import-llama-swap", "write vramtui descriptors for the models of a llama-swap "
+                                 "config.yaml (which also runs as it is)",
+            "import_llama_swap", "run", "arguments"),
     Command("completion", "print a shell completion script (bash, zsh or fish)",
             "completion", "run", "arguments", reports_errors=False),
     Command("install-service", "write a systemd user unit that runs `vramtui --serve` "

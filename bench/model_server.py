@@ -1,0 +1,277 @@
+"""Benchmark of model servers as backends: a server called directly vs through the engine.
+
+For each server (``tests/model_server.py``, the llama-server look-alike; and a real
+llama.cpp ``llama-server`` when one is found on PATH or given with ``--llama-server``, serving
+a tiny random-weight GGUF — ``--model``, or one written by ``scripts/tiny_gguf.py``), in one
+run, side by side:
+
+- the median latency of a short request (a 1-token chat completion), on a kept-alive
+  connection;
+- the time to the first streamed chunk of a chat completion;
+- streamed chunks (tokens) per second over a longer stream;
+- the switch between two servers that cannot co-reside on the simulated GPU (A loaded, a
+  request for B: B's cold start + A's exit), beside B's cold start and A's exit measured
+  directly.
+
+Through the engine is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
+root. Run: ``.venv/bin/python bench/model_server.py [--n 40] [--llama-server PATH]``. Prints
+a table; never run as a test.
+"""
+
+# ruff: noqa: E402  (the path is fixed before the imports: see below)
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/http.py is beside this file: keep the folder off the path so `http` is the stdlib's.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.abspath(__file__))]
+
+import argparse
+import http.client
+import json
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_SERVER = ROOT / "tests" / "model_server.py"
+VOCAB = "models/ggml-vocab-llama-spm.gguf"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(base: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None
+                 ) -> float:
+    """Seconds until ``base``/health answers 200."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode})")
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return time.monotonic() - t0
+            conn.close()
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise SystemExit(f"{base} was not healthy within {timeout:g} s")
+
+
+class Server:
+    """One kind of server: how to start it on a port, and its requests."""
+
+    def __init__(self, label: str, argv: Callable[[str], list[str]], tokens: int) -> None:
+        self.label = label
+        self.argv = argv  # port (or "${PORT}") -> command line
+        self.tokens = tokens
+
+    def short(self, model: str) -> bytes:
+        return json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 1, "temperature": 0}).encode()
+
+    def streamed(self, model: str) -> bytes:
+        return json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": self.tokens, "temperature": 0, "stream": True}).encode()
+
+
+def _conn(base: str) -> http.client.HTTPConnection:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    return http.client.HTTPConnection(host, int(port), timeout=120)
+
+
+def post(conn: http.client.HTTPConnection, body: bytes) -> bytes:
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    if resp.status != 200:
+        raise SystemExit(f"HTTP {resp.status}: {data[:300]!r}")
+    return data
+
+
+def measure(base: str, server: Server, model: str, n: int) -> dict[str, float]:
+    """Median short-request latency, median time to first chunk, chunks per second."""
+    conn = _conn(base)
+    try:
+        for _ in range(3):
+            post(conn, server.short(model))  # warm up
+        lat = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            post(conn, server.short(model))
+            lat.append(time.perf_counter() - t0)
+        ttft, rates = [], []
+        for _ in range(max(5, n // 4)):
+            conn.close()  # llama-server closes a connection after a stream: a fresh one each
+            conn = _conn(base)
+            conn.connect()
+            conn.request("POST", "/v1/chat/completions", body=server.streamed(model),
+                         headers={"Content-Type": "application/json"})
+            t0 = time.perf_counter()
+            resp = conn.getresponse()
+            first = last = None
+            chunks = 0
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    chunks += 1
+            resp.read()
+            if first is not None:
+                ttft.append(first - t0)
+                if last is not None and last - first > 0.001 and chunks > 1:
+                    rates.append((chunks - 1) / (last - first))
+        return {"latency_ms": statistics.median(lat) * 1000,
+                "ttft_ms": statistics.median(ttft) * 1000,
+                "tokens_s": statistics.median(rates) if rates else float("nan")}
+    finally:
+        conn.close()
+
+
+def direct(server: Server, n: int) -> tuple[dict[str, float], float, float]:
+    """Measured against the server itself; with its cold start and its exit (SIGTERM)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(server.argv(str(port)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        cold = wait_healthy(base, proc=proc)
+        figures = measure(base, server, "m", n)
+    finally:
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        exit_s = time.monotonic() - t0
+    return figures, cold, exit_s
+
+
+def serve(root: Path, backends: list[dict[str, Any]]) -> tuple[subprocess.Popen[bytes], str]:
+    desc = root / "backends.yaml"
+    desc.write_text(yaml.safe_dump({"backends": backends}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
+    env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
+               VRAMTUI_CONFIG_DIR=str(root / "cfg"))
+    out = root / "serve.out"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "vramtui", "--serve", "--gpus", "sim:8GiB",
+                                 "--backends", str(desc), "--http", "127.0.0.1:0"],
+                                env=env, stdout=f, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + 60
+    while b"HTTP front door on" not in out.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("vramtui --serve --http did not start")
+        time.sleep(0.05)
+    line = next(x for x in out.read_text().splitlines() if "HTTP front door on" in x)
+    return proc, line.split("HTTP front door on ", 1)[1].split()[0]
+
+
+def descriptor(name: str, server: Server) -> dict[str, Any]:
+    # 5 GiB each on an 8 GiB simulated GPU: the two can never be loaded together.
+    return {"name": name, "command": server.argv("${PORT}"), "http": {"health": "/health"},
+            "api": ["chat"], "vram": {"weights": "5000MiB", "activation": "0MiB"},
+            "safety": "0MiB", "concurrency": 4, "keep_alive": "forever",
+            "timeouts": {"start": "60s", "stop_grace": "10s"}}
+
+
+def through_engine(server: Server, n: int, switches: int) -> tuple[dict[str, float], float]:
+    root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
+    proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
+    try:
+        figures = measure(base, server, "a", n)
+        times = []
+        for i in range(switches):
+            model = "b" if i % 2 == 0 else "a"
+            conn = _conn(base)
+            conn.connect()
+            t0 = time.perf_counter()
+            post(conn, server.short(model))  # the other one is loaded: a switch
+            times.append(time.perf_counter() - t0)
+            conn.close()
+        return figures, statistics.median(times)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def llama(path: str, model: str) -> Server:
+    # One thread: its spinning threads would otherwise take both cores of a small machine
+    # from whatever relays its answer (the engine, or the client).
+    return Server("llama-server", lambda port: [
+        path, "-m", model, "--host", "127.0.0.1", "--port", port, "-np", "4", "-c", "2048",
+        "-t", "1", "--no-warmup"], tokens=128)
+
+
+def find_model(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    out = Path(tempfile.gettempdir()) / "vramtui-tiny.gguf"
+    if not out.exists():
+        vocab = Path(args.vocab) if args.vocab else Path("/tmp/llama-build").glob(
+            f"llama_cpp_python-*/vendor/llama.cpp/{VOCAB}").__next__()
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_gguf.py"), str(vocab),
+                        str(out)], check=True, stdout=subprocess.DEVNULL)
+    return str(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=40, help="short requests per side")
+    parser.add_argument("--switches", type=int, default=4)
+    parser.add_argument("--llama-server", default=shutil.which("llama-server"))
+    parser.add_argument("--model", help="a GGUF for llama-server (default: a tiny random one)")
+    parser.add_argument("--vocab", help="a vocab-only GGUF for the tiny model")
+    args = parser.parse_args()
+    servers = [Server("test server", lambda port: [
+        sys.executable, str(TEST_SERVER), "--port", port, "--tokens", "64", "--load-s", "0.2",
+        "--token-s", "0.0005"],
+        tokens=64)]
+    if args.llama_server:
+        servers.append(llama(args.llama_server, find_model(args)))
+    rows = []
+    for server in servers:
+        d, cold, exit_s = direct(server, args.n)
+        e, switch = through_engine(server, args.n, args.switches)
+        rows.append((server.label, d, e, cold, exit_s, switch))
+    print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10}")
+    for label, d, e, cold, exit_s, switch in rows:
+        for key, what, unit in (("latency_ms", "short request (median)", "ms"),
+                                ("ttft_ms", "time to first chunk", "ms"),
+                                ("tokens_s", "streamed chunks/s", "/s")):
+            delta = e[key] - d[key] if key != "tokens_s" else e[key] / d[key] * 100
+            tail = f"{delta:+9.2f}{unit}" if key != "tokens_s" else f"{delta:9.0f}%"
+            print(f"{label:<14} {what:<26} {d[key]:>8.2f}{unit:<2} {e[key]:>8.2f}{unit:<2} "
+                  f"{tail:>10}")
+        budget = cold + exit_s + 0.3
+        print(f"{label:<14} {'switch A->B (median)':<26} {cold + exit_s:>8.2f}s  "
+              f"{switch:>8.2f}s  goal <= {budget:.2f}s (B cold {cold:.2f}s + A exit "
+              f"{exit_s:.2f}s + 0.3s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""A backend that is an HTTP model server (``http:`` in its descriptor), and its macros.
+
+Owns the ``http:`` section's keys, their validation (``parse_http``: one ``FieldError`` each),
+and the macros a server's ``command``, ``env``, ``url`` and ``stop`` may use, which only the
+engine knows when it starts the server: ``${PORT}`` (a free port it picked), ``${GPU}`` (the
+placed GPU's index), ``${MODEL}`` (the backend's name), ``${VRAM_MIB}`` and
+``${VRAM_FRACTION}`` (the budget it was admitted with, in MiB and as a fraction of its GPU).
+The loader keeps them as written (``keep_macros``); ``fill`` puts the values in at spawn.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import ChainMap
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from yarl import URL
+
+from ..errors import brief
+from ..units import parse_duration
+from .errors import FieldError, unknown_key_message
+
+MACROS = ("PORT", "GPU", "MODEL", "VRAM_MIB", "VRAM_FRACTION")
+HTTP_KEYS = frozenset({"health", "url", "model_name", "stop", "ready_timeout"})
+DEFAULT_HEALTH = "/health"
+DEFAULT_URL = "http://127.0.0.1:${PORT}"
+_MACRO_RE = re.compile(r"\$\{(" + "|".join(MACROS) + r")\}")
+_SAMPLE = {"PORT": "5800", "GPU": "0", "MODEL": "m", "VRAM_MIB": "1024", "VRAM_FRACTION": "0.5"}
+
+
+@dataclass(frozen=True)
+class HttpSpec:
+    """How to reach, check and stop a backend's HTTP server (macros not yet filled in).
+
+    ``health``: the path polled with GET (200: ready; anything else, or no answer: not yet),
+    ``None`` (``health: none``): ready once its port takes a connection. ``model_name``: the
+    ``model`` the server is sent (None: the client's, unchanged). ``stop``: a command that
+    stops it (None: SIGTERM to its process group, then SIGKILL after ``timeouts.stop_grace``).
+    ``ready_timeout_s``: None: ``timeouts.start``.
+    """
+
+    health: str | None = DEFAULT_HEALTH
+    url: str = DEFAULT_URL
+    model_name: str | None = None
+    stop: tuple[str, ...] | None = None
+    ready_timeout_s: float | None = None
+
+
+def keep_macros(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """``environ`` in which ``${PORT}`` and the other macros expand to themselves."""
+    return ChainMap({name: "${" + name + "}" for name in MACROS}, dict(environ))
+
+
+def fill(text: str, values: Mapping[str, str]) -> str:
+    """``text`` with each macro replaced by its value (those not in ``values`` stay)."""
+    return _MACRO_RE.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+
+def uses_port(words: object) -> bool:
+    """Whether a command (a list of words or a line) or an env mapping mentions ``${PORT}``."""
+    if isinstance(words, Mapping):
+        words = list(words.values())
+    if isinstance(words, str):
+        return "${PORT}" in words
+    if isinstance(words, list | tuple):
+        return any(isinstance(w, str) and "${PORT}" in w for w in words)
+    return False
+
+
+def _path(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or any(c.isspace() for c in value):
+        raise FieldError(key, f"{brief(value)} is not a path of the server (e.g. /health)")
+    return value
+
+
+def _url(value: object) -> str:
+    if not isinstance(value, str):
+        raise FieldError("http.url", f"{brief(value)} is not a URL (e.g. "
+                         "http://127.0.0.1:${PORT})")
+    try:
+        url = URL(fill(value, _SAMPLE))
+    except (ValueError, TypeError) as exc:
+        raise FieldError("http.url", f"{brief(value)} is not a URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise FieldError("http.url", f"{brief(value)} is not an http:// URL with a host (e.g. "
+                         "http://127.0.0.1:${PORT})")
+    return value.rstrip("/")
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            words: list[object] = list(shlex.split(value))
+        except ValueError as exc:
+            raise FieldError("http.stop", f"{brief(value)} cannot be split into words: "
+                             f"{exc}") from None
+    elif isinstance(value, list | tuple):
+        words = list(value)
+    else:
+        raise FieldError("http.stop", f"{brief(value)} is not a command (a list of words or a "
+                         "line)")
+    if not words or not all(isinstance(w, str | int | float) and not isinstance(w, bool)
+                            for w in words):
+        raise FieldError("http.stop", f"{brief(value)} is not a command (a list of words)")
+    return tuple(str(w) for w in words)
+
+
+def parse_http(value: object, command: object, env: object) -> HttpSpec:
+    """The ``http:`` section (``true`` or ``{}``: every default); raises ``FieldError``."""
+    if value is True:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise FieldError("http", f"{brief(value)} is not a mapping of server settings "
+                         f"({', '.join(sorted(HTTP_KEYS))}), or true")
+    for key in value:
+        if key not in HTTP_KEYS:
+            raise FieldError(f"http.{key}", unknown_key_message(key, HTTP_KEYS))
+    out: dict[str, object] = {}
+    health = value.get("health")
+    if isinstance(health, str) and health.lower() == "none" or health is False:
+        out["health"] = None
+    elif health is not None:
+        out["health"] = _path(health, "http.health")
+    if value.get("url") is not None:
+        out["url"] = _url(value["url"])
+    name = value.get("model_name")
+    if name is not None:
+        if not isinstance(name, str) or not name.strip():
+            raise FieldError("http.model_name", f"{brief(name)} is not a model name")
+        out["model_name"] = name
+    if value.get("stop") is not None:
+        out["stop"] = _stop(value["stop"])
+    timeout = value.get("ready_timeout")
+    if timeout is not None:
+        try:
+            seconds = parse_duration(timeout)
+        except ValueError as exc:
+            raise FieldError("http.ready_timeout", str(exc)) from None
+        if seconds <= 0:
+            raise FieldError("http.ready_timeout", f"{brief(timeout)} must be more than 0")
+        out["ready_timeout_s"] = seconds
+    spec = HttpSpec(**out)  # type: ignore[arg-type]
+    if "${PORT}" in spec.url and command is not None and not (uses_port(command)
+                                                             or uses_port(env or {})):
+        raise FieldError("http", "the server is reached on ${PORT} but its command never "
+                         "gets it: pass it (e.g. --port '${PORT}'), or give http.url")
+    return spec

@@ -1,0 +1,87 @@
+"""Moving a llama-swap ``config.yaml`` over for good: one descriptor file per model.
+
+``import_llama_swap`` reads the file as the loader does (:mod:`.llama_swap`) and spells each
+model's backend in our YAML, ``${env.X}`` kept as our ``${X}`` (read when vramtui loads the
+file, so no secret lands in it).  The result is checked the strongest way there is: each file,
+loaded back with our own loader, must give the very backend the llama-swap file gives.
+Writing is the caller's (:func:`supervisor.atomicfile.write_atomic`, one file per backend).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import DescriptorError, DescriptorWarning, display_path
+from .loader import _Collector, load_backends
+from .vramd import VramdContext
+
+
+@dataclass(frozen=True)
+class ImportedModels:
+    """Our descriptors of a llama-swap file: ``files`` maps a file name (``NAME.yaml``) to
+    its text; what was not mapped (``warnings``) and the models left out (``errors``)."""
+
+    files: dict[str, str]
+    names: tuple[str, ...]
+    warnings: tuple[DescriptorWarning, ...]
+    errors: tuple[DescriptorError, ...]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def import_llama_swap(path: Path, *,
+                      environ: Mapping[str, str] = os.environ) -> ImportedModels:
+    """Our spelling of every model of the llama-swap file ``path``."""
+    collector = _Collector(environ, VramdContext(environ=environ))
+    collector.add_path(path)
+    result = collector.finish()
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    files: dict[str, str] = {}
+    for name in result.backends:
+        data = {"name": name, **_plain(collector.resolved[name].data)}
+        # Where llama-swap's file is: relative paths resolve there, as when it runs as it is.
+        folder = path.resolve().parent
+        command = data.get("command")
+        if isinstance(command, list) and command and "/" in str(command[0]):
+            command[0] = os.path.normpath(folder / str(command[0]))
+        data.setdefault("cwd", str(folder))
+        lines = [f"# {name}: converted from llama-swap's {display_path(path)}",
+                 f"# by `vramtui import-llama-swap` on {stamp}. ${{VAR}} is read from the",
+                 "# environment when vramtui loads this file; ${PORT} is a free port the",
+                 "# engine picks. Give 'vram:' (or run `vramtui calibrate " + name + "`) so",
+                 "# that it can share a GPU; until then it runs alone."]
+        lines += [f"# note: {w.message}" for w in result.warnings if w.backend == name]
+        body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100,
+                              default_flow_style=None)
+        files[f"{name}.yaml"] = "\n".join(lines) + "\n" + body
+    _check_round_trip(files, result.backends, environ)
+    return ImportedModels(files, tuple(result.backends), result.warnings, result.errors)
+
+
+def _check_round_trip(files: Mapping[str, str], expected: Mapping[str, Any],
+                      environ: Mapping[str, str]) -> None:
+    """Our loader must read ``files`` back into exactly ``expected`` (else it is a bug here)."""
+    with tempfile.TemporaryDirectory(prefix="vramtui-import-") as tmp:
+        for name, text in files.items():
+            (Path(tmp) / name).write_text(text, encoding="utf-8")
+        back = load_backends([tmp], environ=environ, demo_fallback=False)
+    got = {name: replace(spec, source="") for name, spec in back.backends.items()}
+    want = {name: replace(spec, source="") for name, spec in expected.items()}
+    if back.errors or got != want:
+        problems = "; ".join(str(e) for e in back.errors) or ", ".join(
+            sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n)))
+        raise RuntimeError(f"the converted descriptors do not load back the same: {problems}")

@@ -1,0 +1,292 @@
+"""Requests for a model server backend (``http:``): forwarded as jobs, answered as it answers.
+
+A request for a server becomes an ordinary job (admitted by peak, queued by priority, seen in
+the TUI and the CLI, cancelled when its client goes) whose payload is the client's body, byte
+for byte, and whose metadata says the method, path and body headers
+(``supervisor/servers/request.py``). Its answer comes back as the server sent it: a job that
+is not streamed with its status, headers and body; a streamed one chunk by chunk as the
+server wrote them, under the server's status and headers (the door's allow-list of headers
+applies: ``jobflow.worker_headers``). A streamed request still waiting in the queue is sent
+SSE comment lines with its place (``: queued, position 2``); clients ignore them. If the
+job fails once its answer has begun, an SSE answer ends with an OpenAI-shaped error event.
+
+``/upstream/{model}/{path}`` passes any request to the model's server (loading it first):
+a plain request as a job like the others, a websocket (``Upgrade: websocket``) straight to
+the server once it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import ClientSession, WSMsgType, web
+
+from ..doors import watch
+from ..errors import EngineStopped, VramtuiError
+from ..jobs import JobState
+from ..servers.request import HOP_BY_HOP, job_metadata
+from .errors import HttpError, from_engine, not_found
+from .jobflow import (
+    SANDBOX,
+    BadWorkerHeader,
+    cancel_quietly,
+    finished_view,
+    outcome_error,
+    result_response,
+    wait_done,
+    worker_headers,
+)
+from .sse import Encoded, Item, Stream
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+QUEUE_NOTE_S = 0.5  # a streamed request still waiting after this hears its queue position
+WAITING = frozenset({JobState.QUEUED, JobState.STARTING})
+# The server's body goes out as it wrote it: no heartbeat comment is ever put in (one could
+# land in the middle of an event the server split across two writes).
+NO_HEARTBEAT_S = 1e9
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "origin",
+                               "referer"}
+
+
+def forwarded_headers(request: web.Request) -> dict[str, str]:
+    """The client's end-to-end headers the server may see (never our token or cookies)."""
+    drop = set(_NOT_FORWARDED)
+    for value in request.headers.getall("Connection", []):
+        drop |= {v.strip().lower() for v in value.split(",")}
+    return {k: v for k, v in request.headers.items() if k.lower() not in drop}
+
+
+async def forward(server: HttpServer, request: web.Request, backend: str, payload: bytes, *,
+                  stream: bool, path: str, metadata: dict[str, Any],
+                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Submit the request as a job of ``backend`` and answer as its server answers."""
+    meta = {**job_metadata(request.method, path, headers if headers is not None
+                           else request.headers, every_header=headers is not None), **metadata}
+    try:
+        # Not journaled: its client goes with the engine, so it is never run again after one.
+        job = server.engine.submit(backend, payload, stream=stream, metadata=meta,
+                                   durable=False)
+    except VramtuiError as exc:
+        raise from_engine(exc, submitting=True) from None
+    if not stream:
+        view = await wait_done(server, job.id)
+        return result_response(server, finished_view(server, job.id, view))
+    watch.hurry(server.engine)
+    return await _relay(server, request, job.id)
+
+
+async def _relay(srv: HttpServer, request: web.Request, job_id: str) -> web.StreamResponse:
+    enc = _RawEncoder(srv, job_id)
+    stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode, on_lag=enc.resync,
+                    heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer)
+    srv.hub.streams.add(stream)  # right after submit: no chunk is missed
+    response: web.StreamResponse | None = None
+    try:
+        loop = asyncio.get_running_loop()
+        while not stream.pending and not stream.lagged and not srv.hub.closed \
+                and not stream.ended:
+            stream.wake.clear()
+            timer = loop.call_later(QUEUE_NOTE_S, stream.wake.set)  # no task per wait
+            await stream.wake.wait()
+            timer.cancel()
+            if not stream.pending and not stream.lagged and not srv.hub.closed \
+                    and not stream.ended:
+                try:
+                    response = await _note_queue(srv, request, job_id, response)
+                except (ConnectionError, RuntimeError):  # the client went away meanwhile
+                    raise asyncio.CancelledError from None  # (the job is cancelled below)
+        if stream.client_gone:
+            raise asyncio.CancelledError  # (the job is cancelled below)
+        first = stream.pending[0] if stream.pending else None
+        if first is None and not stream.lagged:
+            raise from_engine(EngineStopped("the engine stopped before the job answered"))
+        if first is not None and first.event.kind == "job":
+            view = finished_view(srv, job_id, first.event.job)
+            if response is None:
+                return result_response(srv, view) if view.state is JobState.SUCCEEDED \
+                    else outcome_error(view).response()
+            await response.write(enc.end(view))
+            return response
+        if response is None:
+            response = await _open(srv, request, job_id, enc)
+        else:
+            enc.sse = True
+        await stream.run(response)
+    except asyncio.CancelledError:
+        cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+        raise
+    finally:
+        srv.hub.streams.discard(stream)
+    if stream.client_gone and not stream.finished:
+        cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+    return response
+
+
+async def _note_queue(srv: HttpServer, request: web.Request, job_id: str,
+                      response: web.StreamResponse | None) -> web.StreamResponse | None:
+    """While the job waits, an SSE comment with its place (the answer opens as SSE then)."""
+    view = watch.live_view(srv.engine, job_id)
+    if view is None or view.state not in WAITING:
+        return response
+    if response is None:
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no", "X-Vramtui-Job": job_id})
+        await response.prepare(request)
+    position = watch.queue_position(srv.engine, job_id)
+    note = f"queued, position {position}" if position is not None else \
+        "starting the model server"
+    await response.write(f": {note}\n\n".encode())
+    return response
+
+
+async def _open(srv: HttpServer, request: web.Request, job_id: str,
+                enc: _RawEncoder) -> web.StreamResponse:
+    """The answer under the server's status and headers (those the door lets through)."""
+    status, headers = watch.answer_head(srv.engine, job_id)
+    try:
+        allowed = worker_headers(headers)
+    except BadWorkerHeader:
+        allowed = {}
+    enc.sse = "text/event-stream" in str(headers.get("Content-Type")
+                                         or headers.get("content-type") or "")
+    response = web.StreamResponse(status=status if 100 <= status <= 599 else 502,
+                                  headers={**allowed, **SANDBOX, "X-Vramtui-Job": job_id})
+    await response.prepare(request)
+    return response
+
+
+class _RawEncoder:
+    """One job's chunks as the server wrote them; at a failed end, an SSE error event."""
+
+    def __init__(self, server: HttpServer, job_id: str) -> None:
+        self.server = server
+        self.job_id = job_id
+        self.sent = 0
+        self.sse = False
+        self.tail = b""  # the last bytes written of the server's body
+
+    def wants(self, item: Item) -> bool:
+        ev = item.event
+        if ev.kind == "chunk":
+            return ev.job_id == self.job_id
+        return ev.kind == "job" and ev.job is not None and ev.job.id == self.job_id \
+            and ev.job.finished
+
+    def encode(self, item: Item) -> Encoded | None:
+        ev = item.event
+        if ev.kind == "chunk":
+            self.sent += 1
+            self._note_tail(ev.data or b"")
+            return ev.data or b"", False
+        return self.end(ev.job), True
+
+    def _note_tail(self, data: bytes) -> None:
+        if data:
+            self.tail = (self.tail + data)[-2:]
+
+    def end(self, view: Any) -> bytes:
+        if view is None or view.state is JobState.SUCCEEDED or not self.sse:
+            return b""
+        err = outcome_error(view)
+        # An event the server left unfinished is ended first, so the error stands alone.
+        cut = b"" if self.tail in (b"", b"\n\n") else b"\n\n"
+        return cut + b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+
+    def resync(self, lagged: int, seq: int) -> Encoded:
+        """Fell behind: the chunks it missed, read back from the job, then the end if due."""
+        view = watch.live_view(self.server.engine, self.job_id)
+        if view is None:
+            return b"", True
+        out = b"".join(view.chunks[self.sent:])
+        self._note_tail(out)
+        self.sent = max(self.sent, len(view.chunks))
+        if view.finished:
+            return out + self.end(view), True
+        return out, False
+
+
+# -- /upstream/{model}/{path} ---------------------------------------------------------------
+async def upstream(server: HttpServer, request: web.Request, backend: str,
+                   path: str) -> web.StreamResponse:
+    """Any request to ``backend``'s server: a websocket straight through once it is ready,
+    anything else as a job."""
+    target = "/" + path + (f"?{request.query_string}" if request.query_string else "")
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await _websocket(server, request, backend, target)
+    payload = await request.read()
+    return await forward(server, request, backend, payload, stream=True, path=target,
+                         metadata={"api": "upstream"}, headers=forwarded_headers(request))
+
+
+async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
+    """The base URL of ``backend``'s server once it is ready (it is started if cold)."""
+    engine = server.engine
+    deadline = time.monotonic() + timeout
+    asked = False
+    while True:
+        rt = engine.backends.get(backend)
+        worker = rt.worker if rt is not None else None
+        if worker is not None and worker.hot and getattr(worker, "url", None):
+            return str(worker.url)
+        if rt is not None and rt.health.failed:
+            raise HttpError(502, f"{backend} failed to start: {rt.health.last_error}",
+                            "server_error", "backend_failed")
+        if worker is None and not asked:  # asked once; again only if it went away
+            try:
+                engine.preload(backend)
+            except VramtuiError as exc:
+                raise from_engine(exc) from None
+        asked = worker is None
+        if time.monotonic() > deadline:
+            raise HttpError(504, f"{backend} was not ready within {timeout:g} s",
+                            "timeout_error", "not_ready")
+        await asyncio.sleep(0.05)
+
+
+async def _websocket(server: HttpServer, request: web.Request, backend: str,
+                     target: str) -> web.StreamResponse:
+    spec = server.engine.backends[backend].spec
+    base = await server_url(server, backend, spec.timeouts.start_s)
+    client = web.WebSocketResponse()
+    await client.prepare(request)
+    async with ClientSession() as session:
+        try:
+            # The handshake to the server is the engine's own, not the client's.
+            own = {k: v for k, v in forwarded_headers(request).items()
+                   if not k.lower().startswith("sec-websocket-")}
+            upstream_ws = await session.ws_connect(base.replace("http", "ws", 1) + target,
+                                                   headers=own)
+        except Exception as exc:  # noqa: BLE001 - any failure closes the client's socket
+            await client.close(message=f"{backend}'s server refused the websocket: "
+                               f"{exc}".encode()[:120])
+            return client
+        async with upstream_ws:
+            await asyncio.gather(_pipe(client, upstream_ws), _pipe(upstream_ws, client),
+                                 return_exceptions=True)
+    return client
+
+
+async def _pipe(source: Any, sink: Any) -> None:
+    try:
+        async for msg in source:
+            if msg.type == WSMsgType.TEXT:
+                await sink.send_str(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await sink.send_bytes(msg.data)
+            else:
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            await sink.close()
+
+
+def unknown_server(model: str) -> HttpError:
+    return not_found(f"no model server named {model!r} (a backend with an http: section)",
+                     "model_not_found")

@@ -1,0 +1,120 @@
+"""llama-swap's own routes, answered as llama-swap answers them, for the scripts and dashboards
+that call them.
+
+- ``GET /health``: ``200 OK`` (text), to anyone, as ``/healthz``;
+- ``GET /running``: ``{"running": [{model, state, cmd, proxy, ttl, name, description}]}``,
+  the backends whose process is up, by name, llama-swap's states (``starting``, ``ready``,
+  ``stopping``);
+- ``GET /unload`` (``OK``) and ``POST /api/models/unload`` (``{"msg": "ok"}``): unload every
+  idle backend (a busy one finishes its jobs first: nothing is killed mid-answer);
+  ``POST /api/models/unload/{model}`` one (a name or an alias), ``OK``; ``GET /unload``
+  changes the engine, so the guard treats it as a ``POST`` (:mod:`.auth`);
+- ``GET /logs`` (and ``/log``): the engine's recent event log as text;
+  ``GET /logs/stream/{model}``: a redirect to that backend's followed log.
+
+``/upstream/{model}/…`` is the model servers' (:mod:`supervisor.servers`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import shlex
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..errors import Refused, VramtuiError
+from .errors import from_engine
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+# Our worker states as llama-swap names a process's.
+STATES = {"starting": "starting", "initializing": "starting", "ready": "ready",
+          "busy": "ready", "asleep": "ready", "stopping": "stopping"}
+TEXT = "text/plain"
+
+
+def add_routes(app: web.Application, server: HttpServer) -> None:
+    r = _LlamaSwap(server)
+    app.add_routes([web.get("/health", r.health), web.get("/running", r.running),
+                    web.get("/unload", r.unload, allow_head=False),
+                    web.post("/api/models/unload", r.unload_all),
+                    web.post("/api/models/unload/{model:.+}", r.unload_one),
+                    web.get("/logs", r.logs), web.get("/log", r.logs),
+                    web.get("/logs/stream/{model:.+}", r.log_stream)])
+
+
+class _LlamaSwap:
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.engine = server.engine
+
+    def _backend(self, model: str) -> str | None:
+        if model in self.engine.backends:
+            return model
+        for name, rt in self.engine.backends.items():
+            if model in rt.spec.aliases:
+                return name
+        return None
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK", content_type=TEXT)
+
+    async def running(self, request: web.Request) -> web.Response:
+        listed = []
+        for b in sorted(self.engine.snapshot().backends, key=lambda b: b.name):
+            state = STATES.get(b.state)
+            if state is None:
+                continue
+            rt = self.engine.backends[b.name]
+            spec = rt.spec
+            ttl = 0 if math.isinf(spec.keep_alive_s) else int(spec.keep_alive_s)
+            # a running server's own URL (its port filled in), else the descriptor's
+            proxy = getattr(rt.worker, "url", None) or (spec.http.url if spec.http else "")
+            listed.append({"model": b.name, "state": state, "cmd": shlex.join(spec.command),
+                           "proxy": proxy,
+                           "ttl": ttl, "name": b.name, "description": spec.description})
+        return web.json_response({"running": listed})
+
+    def _unload_all(self) -> None:
+        try:
+            self.engine.zero()
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+
+    async def unload(self, request: web.Request) -> web.Response:
+        self._unload_all()
+        return web.Response(text="OK", content_type=TEXT)
+
+    async def unload_all(self, request: web.Request) -> web.Response:
+        self._unload_all()
+        return web.json_response({"msg": "ok"})
+
+    async def unload_one(self, request: web.Request) -> web.Response:
+        name = self._backend(request.match_info["model"])
+        if name is None:
+            return web.Response(status=404, text="model not found", content_type=TEXT)
+        try:
+            self.engine.evict(name)
+        except Refused as exc:
+            return web.Response(status=409, text=f"{exc}", content_type=TEXT)
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return web.Response(text="OK", content_type=TEXT)
+
+    async def logs(self, request: web.Request) -> web.Response:
+        lines = []
+        for line in self.engine.snapshot().log:
+            when = dt.datetime.fromtimestamp(line.t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            who = f" {line.backend}:" if line.backend else ""
+            lines.append(f"{when} [{line.level}]{who} {line.text}\n")
+        return web.Response(text="".join(lines), content_type=TEXT)
+
+    async def log_stream(self, request: web.Request) -> web.Response:
+        name = self._backend(request.match_info["model"])
+        if name is None:
+            return web.Response(status=400, text="invalid logger. Use a model's name",
+                                content_type=TEXT)
+        raise web.HTTPTemporaryRedirect(f"/v1/backends/{name}/logs?follow=1")

@@ -1,0 +1,279 @@
+"""Ollama's routes that run a model: ``/api/chat``, ``/api/generate``, ``/api/embed`` and the
+legacy ``/api/embeddings``.
+
+Each request is translated to OpenAI's shape (:mod:`.ollama_shapes`) and submitted through
+the very path the OpenAI routes use (``OPENAI``'s ``submit``, :mod:`.openai_routes`): the
+same model names and aliases, the same job (admitted, queued, visible, cancelled when the
+client goes), whatever the backend is — a worker or a model server.  Its answer comes back
+in Ollama's shape: one JSON object (``"stream": false``), or Ollama's NDJSON stream, one
+object per line, ended by ``"done": true`` — never an SSE comment, which no NDJSON reader
+takes.  A request without messages (or with an empty prompt) loads the model, as Ollama's
+does; with ``"keep_alive": 0`` it unloads it.  Every error is Ollama's ``{"error": "…"}``
+with the status the OpenAI routes would give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..doors import watch
+from ..errors import EngineStopped, Refused, VramtuiError
+from ..jobs import JobState, JobView
+from . import ollama_shapes as shapes
+from .errors import HttpError, bad_request, from_engine
+from .jobflow import cancel_quietly, finished_view, outcome_error, wait_done
+from .openai_routes import OPENAI
+from .routes import read_json
+from .sse import Item, Stream
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+NDJSON = "application/x-ndjson"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_routes(app: web.Application, server: HttpServer) -> None:
+    r = _OllamaJobs(server, app)
+    app.add_routes([web.post("/api/chat", r.chat), web.post("/api/generate", r.generate),
+                    web.post("/api/embed", r.embed),
+                    web.post("/api/embeddings", r.embeddings)])
+
+
+def ollama_error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, content_type="application/json",
+                        body=json.dumps(shapes.error_body(message)).encode())
+
+
+def ollama_errors(handler: Handler) -> Handler:
+    """Errors in Ollama's shape (``{"error": "…"}``), which its clients read, not OpenAI's."""
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(self, request)
+        except HttpError as exc:
+            resp = ollama_error(exc.status, exc.message)
+            resp.headers.update(exc.headers)
+            return resp
+        except shapes.ShapeError as exc:
+            return ollama_error(400, str(exc))
+        except web.HTTPRequestEntityTooLarge as exc:
+            return ollama_error(413, f"request body too large: {exc.text}")
+    return wrapped  # type: ignore[return-value]
+
+
+def _line(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def _result(view: JobView) -> tuple[Any, int]:
+    """A finished job's answer, parsed, and its status; the job's failure as an error."""
+    if view.state is not JobState.SUCCEEDED:
+        raise outcome_error(view)
+    data = view.data if view.data is not None else b"".join(view.chunks)
+    status = view.status_code or 200
+    try:
+        parsed = json.loads(data) if data else {}
+    except (ValueError, RecursionError):
+        raise HttpError(502, f"job {view.id}: the model's answer is not JSON",
+                        "job_failed_error", "bad_answer") from None
+    if status >= 400:
+        raise HttpError(status, shapes.openai_error(parsed, status), "job_failed_error")
+    if not isinstance(parsed, dict):
+        raise HttpError(502, f"job {view.id}: the model's answer is not a JSON object",
+                        "job_failed_error", "bad_answer")
+    return parsed, status
+
+
+class _OllamaJobs:
+    def __init__(self, server: HttpServer, app: web.Application) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.app = app
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body must be a JSON object")
+        return body
+
+    # -- chat and generate ------------------------------------------------------------------
+    @ollama_errors
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    @ollama_errors
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "generate")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        body = await self._body(request)
+        model = shapes.model_of(body)
+        door = self.app[OPENAI]
+        backend = door.backend_for(model)
+        api = self.engine.backends[backend].spec.api
+        # /api/generate with "raw": the prompt as it is, when the model takes completions
+        raw = kind == "generate" and body.get("raw") is True and "completions" in api
+        openai = "completions" if raw else "chat" if "chat" in api else "completions" if (
+            kind == "generate" and "completions" in api) else None
+        if openai is None:
+            raise bad_request(f"model {model!r} speaks {', '.join(api)}, not chat "
+                              f"(/api/{kind} needs a chat model)", "wrong_api")
+        empty = not body.get("messages") if kind == "chat" else not body.get("prompt")
+        if empty:
+            return self._load_or_unload(backend, body, kind, model)
+        translated = shapes.chat_request(body, model) if kind == "chat" else \
+            shapes.generate_request(body, model, openai)
+        started = time.monotonic_ns()
+        job_id, stream = door.submit(openai, translated, json.dumps(translated).encode())
+        reply = shapes.Reply(kind, model, openai)
+        if not stream:
+            view = finished_view(self.server, job_id, await wait_done(self.server, job_id))
+            parsed, _ = _result(view)
+            return web.json_response(reply.whole(parsed, time.monotonic_ns() - started))
+        return await self._stream(request, job_id, reply, started)
+
+    def _load_or_unload(self, backend: str, body: dict[str, Any], kind: str,
+                        model: str) -> web.Response:
+        unload = body.get("keep_alive") in (0, "0", "0s", "0m")
+        try:
+            if unload:
+                self.engine.evict(backend)
+            else:
+                self.engine.preload(backend)
+        except Refused:
+            pass  # busy: it stays loaded while it works (as Ollama's does)
+        except VramtuiError as exc:
+            raise from_engine(exc) from None
+        return web.json_response(shapes.load_reply(kind, model,
+                                                   "unload" if unload else "load"))
+
+    async def _stream(self, request: web.Request, job_id: str, reply: shapes.Reply,
+                      started: int) -> web.StreamResponse:
+        srv = self.server
+        enc = _NdjsonEncoder(srv, job_id, reply, started)
+        stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
+                        on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
+                        buffer_limit=srv.config.subscriber_buffer, heartbeat=None)
+        srv.hub.streams.add(stream)  # right after submit: no chunk is missed
+        watch.hurry(srv.engine)  # a hot model starts on it now, not on the loop's next turn
+        response: web.StreamResponse | None = None
+        try:
+            while not stream.pending and not stream.lagged and not srv.hub.closed:
+                stream.wake.clear()
+                await stream.wake.wait()
+            first = stream.pending[0] if stream.pending else None
+            if first is None and not stream.lagged:
+                raise from_engine(EngineStopped("the engine stopped before the job streamed"))
+            if first is not None and first.event.kind == "job" and first.event.job is not None \
+                    and first.event.job.finished:
+                # Ended before a chunk: its whole answer (or its error) in one line.
+                view = finished_view(srv, job_id, first.event.job)
+                parsed, _ = _result(view)
+                body = reply.whole(parsed, time.monotonic_ns() - started)
+                return web.Response(body=_line(body), content_type=NDJSON)
+            response = web.StreamResponse(headers={"Content-Type": NDJSON,
+                                                   "Cache-Control": "no-cache",
+                                                   "X-Vramtui-Job": job_id})
+            await response.prepare(request)
+            await stream.run(response)
+        except asyncio.CancelledError:
+            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+            raise
+        finally:
+            srv.hub.streams.discard(stream)
+        if stream.client_gone and not stream.finished:
+            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
+        return response
+
+    # -- embeddings -------------------------------------------------------------------------
+    @ollama_errors
+    async def embed(self, request: web.Request) -> web.StreamResponse:
+        return await self._embed(request, legacy=False)
+
+    @ollama_errors
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._embed(request, legacy=True)
+
+    async def _embed(self, request: web.Request, *, legacy: bool) -> web.StreamResponse:
+        body = await self._body(request)
+        model = shapes.model_of(body)
+        translated = shapes.embed_request(body, model, legacy=legacy)
+        started = time.monotonic_ns()
+        door = self.app[OPENAI]
+        job_id, _ = door.submit("embeddings", translated, json.dumps(translated).encode())
+        view = finished_view(self.server, job_id, await wait_done(self.server, job_id))
+        parsed, _ = _result(view)
+        return web.json_response(shapes.embed_reply(parsed, model,
+                                                    time.monotonic_ns() - started,
+                                                    legacy=legacy))
+
+
+class _NdjsonEncoder:
+    """One job's chunks as Ollama's NDJSON lines, then the ``done`` line (or an error)."""
+
+    def __init__(self, server: HttpServer, job_id: str, reply: shapes.Reply,
+                 started: int) -> None:
+        self.server = server
+        self.job_id = job_id
+        self.reply = reply
+        self.started = started
+        self.reader = shapes.ChunkReader()
+        self.sent = 0
+        self.failed = False
+
+    def wants(self, item: Item) -> bool:
+        ev = item.event
+        if ev.kind == "chunk":
+            return ev.job_id == self.job_id
+        return ev.kind == "job" and ev.job is not None and ev.job.id == self.job_id \
+            and ev.job.finished
+
+    def _chunk(self, data: bytes) -> bytes:
+        self.sent += 1
+        out = bytearray()
+        for obj in self.reader.feed(data):
+            if not isinstance(obj, dict):
+                continue
+            if "error" in obj and "choices" not in obj:
+                out += _line(shapes.error_body(shapes.openai_error(obj, 500)))
+                self.failed = True
+                continue
+            for line in self.reply.chunk(obj):
+                out += _line(line)
+        return bytes(out)
+
+    def _end(self, view: JobView) -> bytes:
+        if view.state is JobState.SUCCEEDED:
+            if self.failed:
+                return b""
+            took = time.monotonic_ns() - self.started
+            return b"".join(_line(line) for line in self.reply.done(took))
+        return _line(shapes.error_body(outcome_error(view).message))
+
+    def encode(self, item: Item) -> tuple[bytes, bool] | None:
+        ev = item.event
+        if ev.kind == "chunk":
+            return self._chunk(ev.data or b""), False
+        assert ev.job is not None
+        return self._end(ev.job), True
+
+    def resync(self, lagged: int, seq: int) -> tuple[bytes, bool]:
+        """Fell behind: the chunks it missed, read back from the job, then the end if due."""
+        view = watch.live_view(self.server.engine, self.job_id)
+        if view is None:
+            return _line(shapes.error_body("the job is gone")), True
+        out = bytearray()
+        for chunk in view.chunks[self.sent:]:
+            out += self._chunk(chunk)
+        if view.finished:
+            out += self._end(view)
+            return bytes(out), True
+        return bytes(out), False

@@ -1,0 +1,391 @@
+"""Ollama's API shapes to and from OpenAI's, as pure functions: no engine, no HTTP.
+
+Requests (Ollama → OpenAI): :func:`chat_request` (``/api/chat``), :func:`generate_request`
+(``/api/generate``: a chat of one user message with its ``system``, or a completion for a
+backend that speaks only ``completions``), :func:`embed_request` (``/api/embed`` and the
+legacy ``/api/embeddings``).  ``options`` map to OpenAI's fields (``num_predict`` →
+``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, the penalties; ``top_k``,
+``min_p`` and ``repeat_penalty`` pass as the extra fields llama-server and vLLM read),
+``format`` → ``response_format``, ``images`` (base64) → image parts, ``tools`` as they are.
+A bad request raises :class:`ShapeError` (one line for the client).
+
+Answers (OpenAI → Ollama): :class:`Reply` turns one answer into Ollama's, whole
+(:meth:`Reply.whole`) or streamed (:meth:`Reply.chunk` per OpenAI chunk, then
+:meth:`Reply.done`: the last line, ``done: true`` with ``done_reason`` and the counts);
+:class:`ChunkReader` reads a job's chunks, whether each is one JSON object (a worker) or raw
+SSE bytes cut anywhere (a model server's stream passed on as it came).  Errors are Ollama's
+``{"error": "…"}``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+STREAMED_BY_DEFAULT = True  # Ollama streams unless the request says "stream": false
+# Ollama option -> the OpenAI field it becomes.
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
+           "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+           "top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+           "num_predict": "max_tokens"}
+_IMAGE_TYPES = (("iVBOR", "image/png"), ("/9j/", "image/jpeg"), ("R0lG", "image/gif"),
+                ("UklGR", "image/webp"))
+MAX_PENDING_BYTES = 1024 * 1024  # of an SSE line not yet ended (a server's malformed stream)
+
+
+class ShapeError(ValueError):
+    """An Ollama request that cannot be translated: the message says what to send."""
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def error_body(message: str) -> dict[str, str]:
+    return {"error": message}
+
+
+def wants_stream(body: Mapping[str, Any]) -> bool:
+    value = body.get("stream", STREAMED_BY_DEFAULT)
+    return value is not False
+
+
+def model_of(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ShapeError("model: the name of a model (GET /api/tags lists them)")
+    return model
+
+
+# -- requests --------------------------------------------------------------------------------
+def _image_url(b64: Any) -> dict[str, Any]:
+    if not isinstance(b64, str) or not b64:
+        raise ShapeError("images: each image is base64 text")
+    if b64.startswith("data:"):
+        return {"type": "image_url", "image_url": {"url": b64}}
+    mime = next((m for prefix, m in _IMAGE_TYPES if b64.startswith(prefix)), "image/png")
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{b64}"}}
+
+
+def _content(text: Any, images: Any) -> Any:
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ShapeError("content: a message's content is text")
+    if not images:
+        return text
+    if not isinstance(images, list):
+        raise ShapeError("images: a list of base64 images")
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    return parts + [_image_url(i) for i in images]
+
+
+def _tool_calls_out(calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise ShapeError("tool_calls: a list of {function: {name, arguments}}")
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ShapeError("tool_calls: each is {function: {name, arguments}}")
+        args = fn.get("arguments", {})
+        out.append({"id": call.get("id") or f"call_{i}", "type": "function",
+                    "function": {"name": fn["name"], "arguments":
+                                 args if isinstance(args, str) else json.dumps(args)}})
+    return out
+
+
+def _message(msg: Any) -> dict[str, Any]:
+    if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str):
+        raise ShapeError("messages: each is {role, content}")
+    role = msg["role"]
+    out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"),
+                                                             msg.get("images"))}
+    if msg.get("tool_calls"):
+        out["tool_calls"] = _tool_calls_out(msg["tool_calls"])
+    if role == "tool":
+        out["tool_call_id"] = str(msg.get("tool_call_id") or msg.get("tool_name") or "")
+        if msg.get("tool_name"):
+            out["name"] = str(msg["tool_name"])
+    return out
+
+
+def _options(body: Mapping[str, Any], out: dict[str, Any]) -> None:
+    options = body.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise ShapeError("options: a mapping such as {\"temperature\": 0.2}")
+    for key, field in OPTIONS.items():
+        value = options.get(key)
+        if value is None:
+            continue
+        if key == "num_predict" and isinstance(value, int) and value < 0:
+            continue  # -1: until the model stops
+        out[field] = value
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, Mapping):
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "response", "schema": dict(fmt)}}
+    elif fmt not in (None, ""):
+        raise ShapeError("format: \"json\", or a JSON schema")
+    if body.get("tools"):
+        if not isinstance(body["tools"], list):
+            raise ShapeError("tools: a list of {type: function, function: {…}}")
+        out["tools"] = list(body["tools"])
+
+
+def _streaming(out: dict[str, Any], stream: bool) -> dict[str, Any]:
+    out["stream"] = stream
+    if stream:
+        out["stream_options"] = {"include_usage": True}
+    return out
+
+
+def chat_request(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The OpenAI chat body of an ``/api/chat`` request (``model``: what to send as model)."""
+    messages = body.get("messages") or []
+    if not isinstance(messages, list):
+        raise ShapeError("messages: a list of {role, content}")
+    out: dict[str, Any] = {"model": model, "messages": [_message(m) for m in messages]}
+    _options(body, out)
+    return _streaming(out, wants_stream(body))
+
+
+def generate_request(body: Mapping[str, Any], model: str, kind: str) -> dict[str, Any]:
+    """The OpenAI body of an ``/api/generate`` request, for ``kind`` ``chat`` (a user
+    message, after its ``system``) or ``completions`` (the prompt as it is)."""
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise ShapeError("prompt: text")
+    out: dict[str, Any] = {"model": model}
+    if kind == "completions":
+        out["prompt"] = prompt
+        if isinstance(body.get("suffix"), str) and body["suffix"]:
+            out["suffix"] = body["suffix"]
+        if body.get("images"):
+            raise ShapeError("images: this model speaks completions, which take no images")
+    else:
+        messages = []
+        if isinstance(body.get("system"), str) and body["system"]:
+            messages.append({"role": "system", "content": body["system"]})
+        messages.append({"role": "user", "content": _content(prompt, body.get("images"))})
+        out["messages"] = messages
+    _options(body, out)
+    return _streaming(out, wants_stream(body))
+
+
+def embed_request(body: Mapping[str, Any], model: str, *, legacy: bool = False
+                  ) -> dict[str, Any]:
+    """The OpenAI embeddings body of ``/api/embed`` (``input``: text or a list), or of the
+    legacy ``/api/embeddings`` (``prompt``: one text)."""
+    key = "prompt" if legacy else "input"
+    value = body.get(key)
+    if isinstance(value, str):
+        texts: Any = value if legacy else [value]
+    elif isinstance(value, list) and not legacy and all(isinstance(v, str) for v in value):
+        texts = value
+    else:
+        raise ShapeError(f"{key}: the text to embed" + ("" if legacy else " (or a list)"))
+    out: dict[str, Any] = {"model": model, "input": texts, "encoding_format": "float"}
+    if isinstance(body.get("dimensions"), int):
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+# -- answers ---------------------------------------------------------------------------------
+def openai_error(data: Any, status: int) -> str:
+    """The message of an OpenAI-shaped error body (or the body itself, cut short)."""
+    if isinstance(data, Mapping):
+        err = data.get("error")
+        if isinstance(err, Mapping) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+    text = data if isinstance(data, str) else json.dumps(data)
+    return f"the model answered status {status}: {text[:300]}"
+
+
+def _arguments(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text if isinstance(text, Mapping) else {}
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {"arguments": text}
+    return value if isinstance(value, Mapping) else {"value": value}
+
+
+class Reply:
+    """One Ollama answer built from OpenAI's (``kind``: ``chat`` or ``generate``; ``openai``:
+    the OpenAI API it came from, ``chat`` or ``completions``)."""
+
+    def __init__(self, kind: str, model: str, openai: str = "chat") -> None:
+        self.kind = kind
+        self.model = model
+        self.openai = openai
+        self.done_reason = "stop"
+        self.usage: Mapping[str, Any] | None = None
+        self.pieces = 0
+        self.tools: dict[int, dict[str, Any]] = {}  # streamed tool calls, by index
+
+    def line(self, done: bool, text: str = "", thinking: str = "",
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": now_iso()}
+        if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            out["message"] = message
+        else:
+            out["response"] = text
+            if thinking:
+                out["thinking"] = thinking
+        out["done"] = done
+        return out
+
+    def _reason(self, finish: Any) -> None:
+        if isinstance(finish, str) and finish:
+            self.done_reason = "length" if finish == "length" else "stop"
+
+    def whole(self, data: Mapping[str, Any], total_ns: int) -> dict[str, Any]:
+        """A non-streamed OpenAI answer (``chat.completion``/``text_completion``) as Ollama's."""
+        choices = data.get("choices") or [{}]
+        choice = choices[0] if isinstance(choices[0], Mapping) else {}
+        self._reason(choice.get("finish_reason"))
+        if isinstance(data.get("usage"), Mapping):
+            self.usage = data["usage"]
+        message = choice.get("message") if isinstance(choice.get("message"), Mapping) else {}
+        text = message.get("content") if self.openai == "chat" else choice.get("text")
+        thinking = message.get("reasoning_content") or message.get("reasoning") or ""
+        calls = [{"function": {"name": c.get("function", {}).get("name", ""),
+                               "arguments": _arguments(c.get("function", {}).get("arguments"))}}
+                 for c in message.get("tool_calls") or [] if isinstance(c, Mapping)]
+        out = self.line(True, text or "", thinking if isinstance(thinking, str) else "",
+                         calls or None)
+        return self._finish(out, total_ns)
+
+    def chunk(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The lines of one streamed OpenAI chunk (none for a chunk with nothing to say)."""
+        if isinstance(data.get("usage"), Mapping):
+            self.usage = data["usage"]
+        lines = []
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, Mapping):
+                continue
+            self._reason(choice.get("finish_reason"))
+            if self.openai == "chat":
+                delta = choice.get("delta") if isinstance(choice.get("delta"), Mapping) else {}
+                text = delta.get("content") or ""
+                thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                for call in delta.get("tool_calls") or []:
+                    self._tool_piece(call)
+            else:
+                text, thinking = choice.get("text") or "", ""
+            if text or thinking:
+                self.pieces += 1
+                lines.append(self.line(False, str(text), str(thinking)))
+        return lines
+
+    def _tool_piece(self, call: Any) -> None:
+        if not isinstance(call, Mapping):
+            return
+        index = call.get("index", len(self.tools))
+        slot = self.tools.setdefault(index if isinstance(index, int) else 0,
+                                     {"name": "", "arguments": ""})
+        fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+        if isinstance(fn.get("name"), str):
+            slot["name"] += fn["name"]
+        if isinstance(fn.get("arguments"), str):
+            slot["arguments"] += fn["arguments"]
+
+    def done(self, total_ns: int) -> list[dict[str, Any]]:
+        """The last lines of a stream: the tool calls it made, if any, then ``done: true``."""
+        lines = []
+        if self.tools:
+            calls = [{"function": {"name": t["name"], "arguments": _arguments(t["arguments"])}}
+                     for _, t in sorted(self.tools.items())]
+            lines.append(self.line(False, tool_calls=calls))
+        lines.append(self._finish(self.line(True), total_ns))
+        return lines
+
+    def _finish(self, out: dict[str, Any], total_ns: int) -> dict[str, Any]:
+        out["done_reason"] = self.done_reason
+        out["total_duration"] = total_ns
+        out["load_duration"] = 0
+        usage = self.usage or {}
+        if isinstance(usage.get("prompt_tokens"), int):
+            out["prompt_eval_count"] = usage["prompt_tokens"]
+        out["eval_count"] = usage["completion_tokens"] if isinstance(
+            usage.get("completion_tokens"), int) else self.pieces
+        return out
+
+
+def load_reply(kind: str, model: str, reason: str) -> dict[str, Any]:
+    """The answer to a request with nothing to generate: the model was loaded (``load``) or
+    unloaded (``unload``), as Ollama says it."""
+    out = Reply(kind, model).line(True)
+    out["done_reason"] = reason
+    return out
+
+
+def embed_reply(data: Mapping[str, Any], model: str, total_ns: int, *,
+                legacy: bool = False) -> dict[str, Any]:
+    """An OpenAI embeddings answer as ``/api/embed``'s (or the legacy ``/api/embeddings``')."""
+    rows = [d for d in data.get("data") or [] if isinstance(d, Mapping)]
+    rows.sort(key=lambda d: d.get("index", 0) if isinstance(d.get("index"), int) else 0)
+    vectors = [d.get("embedding") for d in rows]
+    if not all(isinstance(v, list) for v in vectors):
+        raise ShapeError("the model's embeddings are not lists of numbers")
+    if legacy:
+        return {"embedding": vectors[0] if vectors else []}
+    out: dict[str, Any] = {"model": model, "embeddings": vectors, "total_duration": total_ns,
+                           "load_duration": 0}
+    usage = data.get("usage")
+    if isinstance(usage, Mapping) and isinstance(usage.get("prompt_tokens"), int):
+        out["prompt_eval_count"] = usage["prompt_tokens"]
+    return out
+
+
+class ChunkReader:
+    """A job's streamed chunks as the JSON objects they carry: a worker sends one JSON object
+    per chunk; a model server's SSE bytes come as they arrived, lines cut anywhere."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.sse: bool | None = None
+        self.ended = False  # saw ``data: [DONE]``
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        if self.sse is None:
+            head = chunk.lstrip()[:5]
+            if not head:
+                return []
+            self.sse = not head.startswith((b"{", b"["))  # a worker's chunk is JSON
+        if not self.sse:
+            try:
+                return [json.loads(chunk)]
+            except (ValueError, RecursionError):
+                return []  # not JSON: nothing Ollama's shape can carry
+        self.buffer += chunk
+        out = []
+        *lines, self.buffer = self.buffer.split(b"\n")
+        if len(self.buffer) > MAX_PENDING_BYTES:
+            self.buffer = b""  # a line without end: dropped, the stream goes on
+        for raw in lines:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.ended = True
+                continue
+            try:
+                out.append(json.loads(payload))
+            except (ValueError, RecursionError):
+                continue
+        return out

@@ -1,0 +1,240 @@
+"""Expected arrivals: how each backend's requests come, learned, and what the next one costs.
+
+Pure: the caller passes every time (the engine's clock, or the simulator's). ``Learner``
+records, per backend and priority, when requests arrive (the gaps between them, the newest
+``GAPS_KEPT``, each counting less as it ages: half after ``HALF_LIFE_S``) and, per backend, how
+long its jobs run; ``Learner.view(now)`` gives the frozen ``Expectations`` the scheduler reads
+(``Snapshot.expected``).
+
+A ``Stream`` is a backend's requests of one priority that came with gaps between them
+(requests closer than ``MIN_GAP_S`` are one burst: a batch submitted at once is no stream).
+It is *alive* until it has been silent for longer than its gaps make likely; then it has
+stopped and nothing is expected of it. A regular stream (its gaps' spread, the standard
+deviation over the mean, near 0) stops after its longest gap times ``QUIET_FACTOR``; a random
+one (spread near 1, as independent requests: any silence is possible, a long one only
+improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
+that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the longer it
+has gone on, the longer the silence it takes); in between, in proportion. Plus
+``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``.
+
+While alive, the chance that its next request comes within ``w`` seconds is read from its
+own gaps: among the gaps longer than the silence so far, the (weighted) share that ends
+within ``w`` more, blended with what a memoryless stream of the same mean gap would say as
+those gaps get few (``PRIOR_GAPS``: after a silence longer than most gaps, a random stream's
+next request is still as near as ever; a periodic one's gaps tell exactly when).
+
+What the scheduler does with it (``supervisor.scheduler.plan``): evicting a worker whose
+stream is alive costs its next request, if it comes while the evicting job loads and runs
+and the worker reloads (``window``), that much wait: ``p_within(window) * window``. Against
+a job of lower priority than the stream, that cost must stay within the stream's target
+wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
+a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``). At
+equal priority an alive stream makes its worker dearer to evict, as queued work does, and
+keeps it while a patient barrier waits if its next request is due within a reload; a stream
+of lower priority than the job counts for nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+#: Gaps kept per stream, and streams kept (the least recently heard of go first).
+GAPS_KEPT = 32
+STREAMS_KEPT = 512
+#: An observed gap counts half after this long.
+HALF_LIFE_S = 600.0
+#: Requests closer than this are one burst (no gap is learned between them).
+MIN_GAP_S = 0.05
+#: A stream has stopped once silent for longer than its longest gap times this, plus the pad.
+QUIET_FACTOR = 1.25
+RANDOM_QUIET = 5.0
+QUIET_PAD_S = 0.5
+FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
+#: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
+PRIOR_GAPS = 2.0
+#: How long the next request of a stream may be made to wait, unless its backend says.
+DEFAULT_TARGET_WAIT_S = 1.0
+#: The weight of the newest run time in a backend's mean job time.
+JOB_TIME_WEIGHT = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One backend's requests of one priority: when the last came and the gaps before it
+    (oldest first, each with its weight now)."""
+
+    backend: str
+    priority: int
+    last_at: float
+    gaps: tuple[float, ...]
+    weights: tuple[float, ...]
+    seen: int = 0  # gaps learned in all (more than those kept)
+
+    @property
+    def quiet_at(self) -> float:
+        """When it counts as stopped if nothing more comes (see the module doc)."""
+        gaps = self.gaps
+        if not gaps:
+            return self.last_at
+        n = len(gaps)
+        mean = sum(gaps) / n
+        spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
+        random = min(1.0, spread / mean) if mean > 0 else 0.0
+        quiet = RANDOM_QUIET + math.log(1 + max(n, self.seen))
+        silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR + random * quiet * mean
+                   + mean * FEW_GAPS / n + QUIET_PAD_S)
+        return self.last_at + silence
+
+    def alive(self, now: float) -> bool:
+        return bool(self.gaps) and now < self.quiet_at
+
+    def _tail(self, now: float) -> list[tuple[float, float]]:
+        """(time left, weight) of each gap longer than the silence so far."""
+        silent = now - self.last_at
+        return [(g - silent, w) for g, w in zip(self.gaps, self.weights, strict=True)
+                if g > silent and w > 0]
+
+    def p_within(self, now: float, window: float) -> float:
+        """The chance that its next request comes within ``window`` seconds of ``now``: what
+        its gaps longer than the silence so far say, blended with a memoryless stream of its
+        mean gap as those gaps get few (``PRIOR_GAPS``)."""
+        if not self.alive(now):
+            return 0.0
+        total_w = sum(self.weights)
+        mean = sum(g * w for g, w in zip(self.gaps, self.weights, strict=True)) / total_w \
+            if total_w > 0 else 0.0
+        memoryless = 1.0 - math.exp(-window / mean) if mean > 0 else 1.0
+        tail = self._tail(now)
+        total = sum(w for _, w in tail)
+        if total <= 0:
+            return memoryless  # overdue
+        seen = sum(w for left, w in tail if left <= window) / total
+        n = len(tail)
+        return (n * seen + PRIOR_GAPS * memoryless) / (n + PRIOR_GAPS)
+
+    def due_in(self, now: float) -> float:
+        """In how many seconds its next request is expected: when the chance that it has
+        come (``p_within``) reaches a half; inf when stopped."""
+        if not self.alive(now):
+            return math.inf
+        lo, hi = 0.0, max(self.gaps)
+        while self.p_within(now, hi) < 0.5 and hi < 1e6:
+            hi *= 2
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            if self.p_within(now, mid) >= 0.5:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+
+@dataclass(frozen=True, slots=True)
+class Expectations:
+    """What the scheduler reads: each backend's streams (highest priority first), its mean
+    job time, and the target wait its descriptor sets."""
+
+    streams: Mapping[str, tuple[Stream, ...]] = field(default_factory=dict)
+    job_s: Mapping[str, float] = field(default_factory=dict)
+    target_wait_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("streams", "job_s", "target_wait_s"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def stream_above(self, backend: str, priority: int, now: float) -> Stream | None:
+        """The backend's highest-priority alive stream of priority above ``priority``."""
+        for s in self.streams.get(backend, ()):
+            if s.priority > priority and s.alive(now):
+                return s
+        return None
+
+    def alive(self, backend: str, now: float, priority: int | None = None) -> bool:
+        """Whether the backend has an alive stream (of ``priority`` or above, if given)."""
+        return any(s.alive(now) and (priority is None or s.priority >= priority)
+                   for s in self.streams.get(backend, ()))
+
+    def target(self, backend: str) -> float:
+        return self.target_wait_s.get(backend, DEFAULT_TARGET_WAIT_S)
+
+    def job_time(self, backend: str, default: float) -> float:
+        return self.job_s.get(backend, default)
+
+
+@dataclass
+class _History:
+    last_at: float
+    seen: int = 0
+    gaps: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=GAPS_KEPT))  # (gap, observed at)
+
+
+class Learner:
+    """Records arrivals and run times; bounded (``GAPS_KEPT`` gaps per stream, at most
+    ``STREAMS_KEPT`` streams and as many backends' job times)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[tuple[str, int], _History] = {}
+        self._job_s: dict[str, float] = {}
+
+    def arrived(self, backend: str, priority: int, at: float) -> None:
+        """A request of ``backend`` at ``priority`` arrived at ``at``."""
+        key = (backend, priority)
+        h = self._streams.pop(key, None)  # (re-inserted: the newest heard of last)
+        if h is None:
+            h = _History(at)
+            if len(self._streams) >= STREAMS_KEPT:
+                del self._streams[next(iter(self._streams))]
+        else:
+            gap = at - h.last_at
+            if gap >= MIN_GAP_S:
+                h.gaps.append((gap, at))
+                h.seen += 1
+            h.last_at = max(h.last_at, at)
+        self._streams[key] = h
+
+    def ran(self, backend: str, seconds: float) -> None:
+        """A job of ``backend`` ran for ``seconds``."""
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            return
+        old = self._job_s.pop(backend, None)
+        if old is None and len(self._job_s) >= STREAMS_KEPT:
+            del self._job_s[next(iter(self._job_s))]
+        self._job_s[backend] = seconds if old is None else \
+            old + JOB_TIME_WEIGHT * (seconds - old)
+
+    def view(self, now: float, target_wait_s: Mapping[str, float] | None = None
+             ) -> Expectations:
+        """What is expected at ``now`` (only backends with at least one gap learned)."""
+        streams: dict[str, list[Stream]] = {}
+        for (backend, priority), h in self._streams.items():
+            if not h.gaps:
+                continue
+            weights = tuple(0.5 ** (max(0.0, now - seen) / HALF_LIFE_S) for _, seen in h.gaps)
+            streams.setdefault(backend, []).append(
+                Stream(backend, priority, h.last_at, tuple(g for g, _ in h.gaps), weights,
+                       h.seen))
+        return Expectations(
+            {b: tuple(sorted(ss, key=lambda s: -s.priority)) for b, ss in streams.items()},
+            dict(self._job_s), dict(target_wait_s or {}))
+
+
+def hold(expected: Expectations, now: float, priority: int, run_s: float,
+         victims: list[tuple[str, float]]) -> tuple[Stream, float] | None:
+    """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
+    (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
+    make the next request of a stream above that priority wait beyond its target: the
+    first such stream and how long its request would wait, expected; None when none."""
+    for backend, undo_s in victims:
+        stream = expected.stream_above(backend, priority, now)
+        if stream is None:
+            continue
+        window = run_s + undo_s
+        cost = stream.p_within(now, window) * window
+        if cost > expected.target(backend):
+            return stream, cost
+    return None

@@ -1,0 +1,388 @@
+"""One running HTTP model server of a backend, presented to the engine as a worker.
+
+:class:`ServerHandle` has the interface of ``supervisor.workers.base.Worker`` and the states
+of ``supervisor/workers/states.py``: it is ``starting`` from its spawn (its own session, so
+its own process group; stdout and stderr to the backend's bounded log), ``initializing``
+while its ``http.health`` path answers anything but 200 (polled, quickly at first),
+``ready`` once it answers 200 (``health: none``: once its port takes a connection), ``busy``
+while it serves jobs, ``stopping`` once asked to go (``http.stop``, else SIGTERM to its group;
+the engine's stop then SIGKILLs the group after ``timeouts.stop_grace``), and ``cold`` or
+``crashed`` at its end (whatever else of its group is left is killed then too). A server that
+exits or never becomes healthy reports the tail of its log with the reason.
+
+Each job is one HTTP request to the server (``supervisor/servers/request.py``): its answer's
+status and end-to-end headers come first (``observer.request_head``), then, for a streamed
+job, each piece of its body as it arrives (``request_chunk``), unchanged; a job that is not
+streamed gets the whole body as its result. A 5xx answer fails the job, with what the server
+said. A cancelled job closes its connection, so the server stops generating. Answers are
+bounded by the result limit (an endless stream fails there). ``ping`` is an HTTP request to
+the health path; any answer counts as alive, so a server that stops answering is overdue and
+the engine kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from yarl import URL
+
+from ..backends.schema import BackendSpec
+from ..workers import process
+from ..workers.handle import Outcome, WorkerObserver
+from ..workers.states import WorkerState
+from ..workers.supervised import SupervisedProcess
+from .launch import Launch
+from .request import end_to_end, upstream_of
+
+log = logging.getLogger(__name__)
+
+CANCELLED_STATUS = 499
+FIRST_POLL_S = 0.02  # the health path is polled this often for its first …
+FAST_POLL_FOR_S = 3.0  # … seconds (a small model is up in a fraction of one) …
+SLOW_POLL_S = 0.1  # … then this often while it loads
+HEALTH_TIMEOUT_S = 30.0  # one health request that takes longer is given up (a ping stays due)
+TAIL_BYTES = 600  # of its log, in the reason a server failed to start
+SNIPPET = 300  # characters of a 5xx answer in the job's error
+
+
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def log_tail(path: Path, since: int = 0, nbytes: int = TAIL_BYTES) -> str:
+    """The last lines of a log written past offset ``since``, on one line (`` | `` between
+    them); '' when there are none."""
+    size = log_size(path)
+    if size < since:  # rotated since
+        since = 0
+    text = process.tail(path, min(nbytes, size - since))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if size - since > nbytes and lines:
+        lines = lines[1:]  # the first may be cut
+    return " | ".join(lines[-3:])
+
+
+def one_line(data: bytes, limit: int = SNIPPET) -> str:
+    text = " ".join(data[: limit * 4].decode("utf-8", "replace").split())
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+class ServerHandle(SupervisedProcess):
+    """The engine's view of one model server process (touched only on the engine loop)."""
+
+    def __init__(self, *, spec: BackendSpec, name: str, gpu: int, launch: Launch,
+                 cwd: str | None, log_path: Path, observer: WorkerObserver,
+                 max_result: int | None = None) -> None:
+        super().__init__(backend=spec.name, name=name, gpu=gpu, argv=launch.argv,
+                         env=launch.env, cwd=cwd, log_path=log_path, observer=observer)
+        assert spec.http is not None
+        self.spec = spec
+        self.http = spec.http
+        self.url = launch.url  # its base URL: the doors' /upstream goes there too
+        self.launch = launch
+        self.max_result = max_result
+        # retry: a job it dies under before answering may run again (once)
+        self.features = frozenset({"cancel", "retry"})
+        self._session: Any = None  # an aiohttp.ClientSession once started
+        self._jobs: dict[str, asyncio.Task[None]] = {}
+        self._cancelled: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ping_sent: float | None = None
+        self._ping_task: asyncio.Task[None] | None = None
+        self._log_from = 0  # the size of its log when it started: its own lines come after
+
+    # -- start ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Spawn the server, then poll its health path until it is ready."""
+        try:
+            import aiohttp
+        except ImportError:
+            self._refuse("an http: backend needs aiohttp: pip install 'vramtui[http]'")
+            return
+        if self.launch.port is None and await self._connects():
+            self._refuse(f"something already listens on {self.url} (http.url): stop it, or "
+                         "let the engine pick a free port with ${PORT}")
+            return
+        self._log_from = log_size(self.log_path)
+        if not await self._start_process():
+            return
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
+        self._spawn(self._watch_exit())
+        if self._stopping:  # stopped before it was even running
+            self._send_stop()
+            return
+        self.status_marks.append((time.time(), "initializing"))
+        self._set_state(WorkerState.INITIALIZING)
+        self._spawn(self._until_ready())
+
+    def _refuse(self, why: str) -> None:
+        self.init_error = why
+        self._set_state(WorkerState.CRASHED)
+        self._exited.set()
+        self.observer.worker_exited(self, None, why)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _until_ready(self) -> None:
+        limit = self.http.ready_timeout_s
+        deadline = self.started_at + limit if limit is not None else math.inf
+        while not self._exited.is_set() and not self._stopping:
+            if await self._healthy():
+                if self._exited.is_set() or self._stopping:
+                    return
+                self.status_marks.append((time.time(), "ready"))
+                self._set_state(WorkerState.READY)
+                return
+            if time.monotonic() >= deadline:
+                self.init_error = f"not healthy after {limit:g} s (http.ready_timeout)"
+                self.kill()
+                return
+            fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S
+            if await self._wait_exit(FIRST_POLL_S if fast else SLOW_POLL_S):
+                return
+
+    async def _healthy(self) -> bool:
+        """Ready: its health path answers 200 (``health: none``: its port connects)."""
+        if self.http.health is None:
+            return await self._connects()
+        status = await self._get_status(self.http.health, timeout=HEALTH_TIMEOUT_S)
+        return status == 200
+
+    async def _get_status(self, path: str, timeout: float) -> int | None:
+        import aiohttp
+
+        try:
+            async with self._session.get(self.url + path, allow_redirects=False,
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                return int(resp.status)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+
+    async def _connects(self) -> bool:
+        url = URL(self.url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(url.host, port), 2.0)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    async def _watch_exit(self) -> None:
+        assert self.proc is not None and self.pid is not None
+        code = await self.proc.wait()
+        process.signal_group(self.pid, signal.SIGKILL)  # what is left of its tree goes too
+        self.exit_code = code
+        expected = self._stopping
+        self._exited.set()
+        for task in list(self._tasks) + list(self._jobs.values()):
+            if task is not asyncio.current_task():
+                task.cancel()
+        self._jobs.clear()
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await self._session.close()
+        if expected:
+            reason = "stopped"
+        else:
+            why = self.init_error or f"server exited with code {code}"
+            if self.ready_at is None:
+                why = f"initialize failed: {why}"
+            tail = log_tail(self.log_path, self._log_from)
+            reason = f"{why}; its log ends: {tail}" if tail else why
+            if self.ready_at is None:
+                self.init_error = reason.removeprefix("initialize failed: ")
+        self._set_state(WorkerState.COLD if expected else WorkerState.CRASHED)
+        self.observer.worker_exited(self, code, reason)
+
+    @property
+    def data(self) -> object | None:
+        """Itself while it can take a request; None otherwise."""
+        if self._exited.is_set() or self._stopping or self._session is None or not self.hot:
+            return None
+        return self
+
+    # -- requests ---------------------------------------------------------------------------
+    def send(self, job_id: str, payload: bytes, *, stream: bool,
+             metadata: dict[str, Any] | None = None, deadline: float | None = None) -> int:
+        """Make the job's HTTP request of the server; its end comes as ``request_done``."""
+        up = upstream_of(self.spec, payload, metadata)
+        self._jobs[job_id] = self._spawn(self._forward(job_id, up, stream))
+        if self.state == WorkerState.READY:
+            self._set_state(WorkerState.BUSY)
+        return len(self._jobs)
+
+    async def _forward(self, job_id: str, up: Any, stream: bool) -> None:
+        import aiohttp
+
+        outcome: Outcome | None = None
+        try:
+            resp = await self._request(up)
+            try:
+                status = int(resp.status)
+                headers = dict(end_to_end(resp.headers.items(), also=("content-length",)))
+                if stream:
+                    self.observer.request_head(job_id, status, headers)
+                    outcome = await self._relay(job_id, resp, status, headers)
+                else:
+                    outcome = await self._collect(resp, status, headers)
+                if outcome.too_large or stream:
+                    # llama-server closes a connection after a stream without saying so: a
+                    # streamed answer's connection is never used again.
+                    resp.close()
+            finally:
+                resp.release()
+        except asyncio.CancelledError:
+            if job_id not in self._cancelled:
+                raise
+            self._cancelled.discard(job_id)
+            outcome = Outcome(ok=False, cancelled=True, status_code=CANCELLED_STATUS,
+                              error="cancelled (its connection to the server was closed)")
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            if await self._wait_exit(0.5) or self._stopping:
+                return  # the server's end fails the job, with its reason
+            what = str(exc) or type(exc).__name__
+            if isinstance(exc, aiohttp.ClientPayloadError):
+                what = f"its answer broke off: {what}"
+            outcome = Outcome(ok=False, status_code=502,
+                              error=f"{self.backend}'s server failed the request: {what}")
+        finally:
+            self._jobs.pop(job_id, None)
+        if outcome is not None and not self._exited.is_set():
+            self.observer.request_done(self, job_id, outcome)
+        if not self._jobs and self.state == WorkerState.BUSY:
+            self._set_state(WorkerState.READY)
+
+    async def _request(self, up: Any) -> Any:
+        """The server's response to ``up`` (its head read). A kept-alive connection the
+        server closed just as it was reused is tried once more, on a new one (the request
+        could not be written, or no answer began)."""
+        import aiohttp
+
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(up.method, self.url + up.path, data=up.body,
+                                                   headers=up.headers, allow_redirects=False)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if attempt == 2 or self._exited.is_set():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _too_large(self) -> Outcome:
+        return Outcome(ok=False, too_large=True, status_code=502, error=(
+            f"{self.backend}'s answer went over the result limit of {self.max_result} bytes "
+            "(an endless stream?); its connection was closed (VRAMTUI_MAX_RESULT_MIB)"))
+
+    async def _relay(self, job_id: str, resp: Any, status: int,
+                     headers: dict[str, str]) -> Outcome:
+        size = 0
+        first = bytearray()
+        async for data in resp.content.iter_any():
+            size += len(data)
+            if self.max_result is not None and size > self.max_result:
+                return self._too_large()
+            if status >= 500 and len(first) < SNIPPET * 4:
+                first += data
+            self.observer.request_chunk(job_id, data)
+        return self._ended(status, headers, None, bytes(first))
+
+    async def _collect(self, resp: Any, status: int, headers: dict[str, str]) -> Outcome:
+        body = bytearray()
+        async for data in resp.content.iter_any():
+            body += data
+            if self.max_result is not None and len(body) > self.max_result:
+                return self._too_large()
+        return self._ended(status, headers, bytes(body), bytes(body))
+
+    def _ended(self, status: int, headers: dict[str, str], data: bytes | None,
+               said: bytes) -> Outcome:
+        if status >= 500:
+            text = one_line(said) or "(no body)"
+            return Outcome(ok=False, status_code=502, headers=headers, data=data, error=(
+                f"{self.backend}'s server answered HTTP {status}: {text}"))
+        return Outcome(ok=True, data=data, headers=headers, status_code=status)
+
+    def cancel(self, job_id: str) -> bool:
+        """Close the job's connection to the server (it stops generating)."""
+        task = self._jobs.get(job_id)
+        if task is None or task.done():
+            return False
+        self._cancelled.add(job_id)
+        task.cancel()
+        return True
+
+    # -- liveness -----------------------------------------------------------------------------
+    def ping(self) -> None:
+        """An HTTP request to its health path, unless one is under way; any answer counts."""
+        if self._ping_task is not None or not self.hot or self._session is None:
+            return
+        if self._ping_sent is None:
+            self._ping_sent = time.monotonic()
+        self._ping_task = self._spawn(self._ping())
+
+    async def _ping(self) -> None:
+        try:
+            status = await self._get_status(self.http.health or "/", timeout=HEALTH_TIMEOUT_S) \
+                if self.http.health is not None else (200 if await self._connects() else None)
+        finally:
+            self._ping_task = None
+        if status is not None:
+            self._ping_sent = None  # it answered: alive (a failure leaves the ping due)
+
+    def ping_overdue(self, now: float) -> float:
+        """Seconds since the first of the pings it has not answered (0: none)."""
+        return 0.0 if self._ping_sent is None else max(0.0, now - self._ping_sent)
+
+    # -- stop -------------------------------------------------------------------------------
+    def begin_stop(self) -> None:
+        """Take no more jobs and ask the server to go (``http.stop``, else SIGTERM)."""
+        if self._stopping or self._exited.is_set():
+            return
+        self._stopping = True
+        self._set_state(WorkerState.STOPPING)
+        if self.proc is not None:
+            self._send_stop()
+
+    def _send_stop(self) -> None:
+        if self.launch.stop is None:
+            if self.pid is not None:
+                process.signal_group(self.pid, signal.SIGTERM)
+            return
+        self._spawn(self._run_stop(self.launch.stop))
+
+    async def _run_stop(self, argv: tuple[str, ...]) -> None:
+        try:
+            proc = await process.spawn(argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
+        except (OSError, ValueError) as exc:
+            log.warning("%s: its stop command %s cannot start (%s); sending SIGTERM", self.name,
+                        argv[0], exc)
+            if self.pid is not None:
+                process.signal_group(self.pid, signal.SIGTERM)
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), self.spec.timeouts.stop_grace_s)
+        except TimeoutError:
+            process.signal_group(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.returncode is None:
+                process.signal_group(proc.pid, signal.SIGKILL)

@@ -1,0 +1,68 @@
+"""What a server backend is started with: its macros filled in, its port picked.
+
+``plan_launch`` gives the argv, environment, base URL and stop command of one start of a
+server (``${PORT}`` a free port on this host, ``${GPU}`` the placed GPU, ``${MODEL}`` the
+backend's name, ``${VRAM_MIB}``/``${VRAM_FRACTION}`` its admitted budget).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from yarl import URL
+
+from ..backends.http import MACROS, fill
+from ..backends.schema import BackendSpec
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    url: str  # its base URL, no trailing slash
+    stop: tuple[str, ...] | None
+    port: int | None  # the port the engine picked (None: the url names its own)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def macro_values(spec: BackendSpec, gpu: int, port: int | None, gpu_total_mib: int | None,
+                 budget_mib: int | None) -> dict[str, str]:
+    """The macros' values; a backend of unknown size runs alone: its budget is the GPU."""
+    values = {"GPU": str(gpu), "MODEL": spec.name}
+    if port is not None:
+        values["PORT"] = str(port)
+    budget = budget_mib if budget_mib is not None else gpu_total_mib
+    if budget is not None:
+        values["VRAM_MIB"] = str(budget)
+    values["VRAM_FRACTION"] = f"{min(1.0, budget / gpu_total_mib):.3f}" \
+        if budget is not None and gpu_total_mib else "1.000"
+    assert set(values) <= set(MACROS)
+    return values
+
+
+def plan_launch(spec: BackendSpec, gpu: int, env: Mapping[str, str],
+                gpu_total_mib: int | None, budget_mib: int | None = None) -> Launch:
+    """The start of ``spec``'s server on ``gpu`` (``env``: the base environment;
+    ``budget_mib``: the peak it is admitted at, declared or measured)."""
+    http = spec.http
+    assert http is not None
+    wants_port = any("${PORT}" in text for text in
+                     (http.url, *spec.command, *spec.env.values(), *(http.stop or ())))
+    port = free_port(URL(fill(http.url, {"PORT": "1"})).host or "127.0.0.1") \
+        if wants_port else None
+    values = macro_values(spec, gpu, port, gpu_total_mib,
+                          budget_mib if budget_mib is not None else spec.peak)
+    full = dict(env)
+    full.update({k: fill(v, values) for k, v in spec.env.items()})
+    return Launch(argv=tuple(fill(w, values) for w in spec.command), env=full,
+                  url=fill(http.url, values),
+                  stop=tuple(fill(w, values) for w in http.stop) if http.stop else None,
+                  port=port)

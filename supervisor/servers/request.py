@@ -1,0 +1,114 @@
+"""The HTTP request one job of a server backend makes, and the headers that never travel.
+
+A job from the OpenAI routes carries, in its metadata under ``"http"``, the method, path,
+query and the few headers of the client's request that describe its body; its payload is
+the client's body, byte for byte. A job from anywhere else (the CLI, Python, a calibration)
+has no such metadata: it is POSTed to the route of the backend's first ``api`` (an empty
+payload: a short request of that kind, so a calibration measures one). With
+``http.model_name``, the body's ``model`` is replaced by it (the only change ever made).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.schema import BackendSpec
+
+#: Connection-level headers (RFC 9110 §7.6.1): they describe one hop, never forwarded.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",
+                        "upgrade"})
+#: The client's headers that describe its body or what it accepts: the ones a job keeps.
+BODY_HEADERS = ("content-type", "accept", "content-encoding", "accept-encoding")
+API_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "images": "/v1/images/generations",
+    "speech": "/v1/audio/speech",
+    "transcriptions": "/v1/audio/transcriptions",
+    "responses": "/v1/responses",
+    "rerank": "/v1/rerank",
+}
+_SHORT = {
+    "chat": {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8},
+    "completions": {"prompt": "Hello", "max_tokens": 8},
+    "embeddings": {"input": "hello"},
+    "responses": {"input": "Say hello.", "max_output_tokens": 8},
+    "rerank": {"query": "hello", "documents": ["hello", "world"]},
+    "images": {"prompt": "a red square", "n": 1},
+    "speech": {"input": "hello", "voice": "alloy"},
+}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    method: str
+    path: str  # with its query, e.g. "/v1/chat/completions" or "/slots?id=1"
+    headers: dict[str, str]
+    body: bytes
+
+
+def end_to_end(headers: Iterable[tuple[str, str]], also: Iterable[str] = ()) -> list[
+        tuple[str, str]]:
+    """``headers`` without the hop-by-hop ones (and those ``Connection`` names, and ``also``)."""
+    items = list(headers)
+    drop = set(HOP_BY_HOP) | {h.lower() for h in also}
+    for key, value in items:
+        if key.lower() == "connection":
+            drop |= {v.strip().lower() for v in value.split(",")}
+    return [(k, v) for k, v in items if k.lower() not in drop]
+
+
+def job_metadata(method: str, path: str, headers: Mapping[str, str], *,
+                 every_header: bool = False) -> dict[str, Any]:
+    """What a door puts in a job's metadata so the server gets the client's request: the
+    headers that describe its body (``every_header``: all those given)."""
+    kept = {k.lower(): v for k, v in headers.items()
+            if every_header or k.lower() in BODY_HEADERS}
+    return {"http": {"method": method, "path": path, "headers": kept}}
+
+
+def default_body(spec: BackendSpec) -> bytes:
+    """A short request of the backend's first API (what a calibration sends by default)."""
+    kind = spec.api[0] if spec.api else "chat"
+    body = {"model": spec.http.model_name if spec.http and spec.http.model_name else spec.name,
+            **_SHORT.get(kind, {})}
+    return json.dumps(body).encode()
+
+
+def upstream_of(spec: BackendSpec, payload: bytes, metadata: Mapping[str, Any] | None) -> Upstream:
+    """The request a job of ``spec`` makes of its server."""
+    described = (metadata or {}).get("http")
+    if isinstance(described, Mapping):
+        method = str(described.get("method") or "POST").upper()
+        path = str(described.get("path") or "/")
+        raw = described.get("headers")
+        headers = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    else:
+        method = "POST"
+        path = API_PATHS[spec.api[0]] if spec.api else "/v1/chat/completions"
+        headers = {"content-type": "application/json"}
+        if not payload.strip():
+            payload = default_body(spec)
+    if not path.startswith("/"):
+        path = "/" + path
+    http = spec.http
+    raw_pass = (metadata or {}).get("api") == "upstream"  # /upstream: exactly as it came
+    if http is not None and http.model_name and payload[:1] == b"{" and not raw_pass:
+        payload = _renamed(payload, http.model_name)
+    return Upstream(method, path, headers, payload)
+
+
+def _renamed(payload: bytes, name: str) -> bytes:
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError):
+        return payload  # not JSON: the server says what it makes of it
+    if not isinstance(body, dict) or body.get("model") == name:
+        return payload
+    body["model"] = name
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

@@ -1,0 +1,92 @@
+"""Random traces of an interactive stream beside a batch (issue 28), and what to check of them.
+
+Not a test module: ``tests/test_expect.py`` runs a few fixed seeds, ``scripts/interactive-soak``
+many. Each trace, on one 24 GiB GPU: a chat model (priority 10) asked by a periodic or Poisson
+stream from t=0 until it stops; a batch (priority 0) submitted once the stream is going,
+mixing a model that fits beside the chat model and one that fits beside nothing. A policy that
+keeps the chat model through its stream makes no chat request wait for the batch (a gap-free
+alternative exists), and the batch cannot end before the big model's loads and work after the
+stream's last request (``batch_bound``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from supervisor import arrivals
+from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob
+
+GIB = 1024
+
+
+@dataclass(frozen=True)
+class Case:
+    trace: Trace
+    kind: str  # periodic or poisson
+    chat_job_s: float
+    batch_at: float  # when the batch is submitted
+
+    def batch_bound(self) -> float:
+        """From the batch's submission: the small model's load and work, or the stream's end
+        then the big model's load and work, whichever is longer."""
+        t = self.trace
+        by = {b.name: b for b in t.backends}
+        work = {n: sum(j.duration_s for j in t.jobs if j.backend == n) for n in ("small", "big")}
+        stream_end = max(j.at + j.duration_s for j in t.jobs if j.priority == 10)
+        return max(by["small"].load_s + work["small"],
+                   max(stream_end, self.batch_at) - self.batch_at + by["big"].load_s
+                   + work["big"])
+
+    def batch_makespan(self, r: Result) -> float:
+        return max(r.started_at[j.id] + j.duration_s for j in self.trace.jobs
+                   if j.priority == 0) - self.batch_at
+
+    def chat_waits(self, r: Result) -> list[float]:
+        """The waits of the chat requests that came once the batch was there."""
+        return sorted(r.started_at[j.id] - j.at for j in self.trace.jobs
+                      if j.priority == 10 and j.at >= self.batch_at)
+
+    def alone(self) -> Trace:
+        """The stream without the batch."""
+        t = self.trace
+        return Trace(t.name + ", alone", t.gpus, t.backends,
+                     tuple(j for j in t.jobs if j.priority == 10))
+
+    def added_waits(self, r: Result, alone: Result) -> list[float]:
+        """What the batch added to the wait of each chat request that came once it was
+        there (its own queue, requests close together, waits alone too)."""
+        return sorted((r.started_at[j.id] - j.at) - (alone.started_at[j.id] - j.at)
+                      for j in self.trace.jobs if j.priority == 10 and j.at >= self.batch_at)
+
+
+def p95(values: list[float]) -> float:
+    """Nearest rank."""
+    s = sorted(values)
+    return s[max(0, -(-95 * len(s) // 100) - 1)] if s else 0.0
+
+
+def case(seed: int, kind: str) -> Case:
+    rng = random.Random(seed)
+    chat_job = rng.uniform(0.2, 0.8)
+    chat = TraceBackend("chat", rng.uniform(1.0, 3.0), rng.randint(9, 12) * GIB, GIB // 2,
+                        safety_mib=128, priority=10)
+    small = TraceBackend("small", rng.uniform(0.5, 2.0), rng.randint(4, 7) * GIB, 2 * GIB,
+                         safety_mib=128)
+    big = TraceBackend("big", rng.uniform(2.0, 6.0), rng.randint(14, 18) * GIB,
+                       rng.randint(2, 4) * GIB, safety_mib=128)
+    gap = rng.uniform(max(1.0, 3 * chat_job), 2.0)
+    until = rng.uniform(60.0, 120.0)
+    if kind == "periodic":
+        times = arrivals.periodic(gap, until, jitter=0.05 * gap, rng=rng)
+    else:
+        times = arrivals.poisson(1 / gap, until, rng)
+    jobs = arrivals.jobs(times, "chat", chat_job, 10)
+    batch_at = round(max(chat.load_s, times[min(9, len(times) - 1)]) + 0.01, 3)
+    jobs += tuple(TraceJob(f"s{i}", batch_at, "small", rng.uniform(1.0, 4.0))
+                  for i in range(rng.randint(4, 12)))
+    jobs += tuple(TraceJob(f"b{i}", batch_at, "big", rng.uniform(2.0, 6.0))
+                  for i in range(rng.randint(6, 12)))
+    trace = Trace(f"{kind} stream beside a batch, seed {seed}", (24 * GIB,),
+                  (chat, small, big), jobs)
+    return Case(trace, kind, chat_job, batch_at)

@@ -1,0 +1,209 @@
+"""A small HTTP model server that behaves like llama.cpp's ``llama-server``, for the tests.
+
+``python tests/model_server.py --port N [--mib M] [--load-s S] [--token-s S] [--tokens N]
+[--slots N] [--mode MODE]``
+
+- ``GET /health``: 503 ``{"error": …loading…}`` for ``--load-s`` seconds, then 200
+  ``{"status": "ok"}``; while loading it declares ``--mib`` MiB on the simulated GPU through
+  ``worker_sdk.sim`` (when the engine runs it on one), as llama-server allocates its weights
+  and KV cache at start.
+- ``POST /v1/chat/completions`` and ``/v1/completions``: OpenAI's JSON, or with
+  ``"stream": true`` its SSE chunks (``--tokens`` of them, ``--token-s`` apart) then
+  ``data: [DONE]``; the next request on that connection finds it closed (llama-server
+  closes it after a stream without saying so);
+  ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
+  ``is_processing``; a client that goes away frees its slot, as llama-server's does);
+  ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
+  ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
+  ``POST /quit``: exits (what a descriptor's ``http.stop`` may call).
+- ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``exit`` (exits at once, a line on
+  stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
+  the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
+  that never ends); ``broken`` (a stream cut in the middle of its body).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import WSMsgType, web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from worker_sdk import sim  # noqa: E402
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+        self.slots = [False] * args.slots
+        self.loaded = False
+        self.frozen = asyncio.Event()
+        self.streamed: set[object] = set()  # connections that carried a stream
+
+    # -- loading ----------------------------------------------------------------------------
+    async def load(self) -> None:
+        sim.attach()
+        await asyncio.sleep(self.args.load_s)
+        if self.args.mib:
+            sim.allocate(self.args.mib)
+        self.loaded = self.args.mode != "never-healthy"
+
+    async def health(self, request: web.Request) -> web.Response:
+        await self._maybe_frozen()
+        if not self.loaded:
+            return web.json_response({"error": {"code": 503, "message": "Loading model",
+                                                "type": "unavailable_error"}}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def _maybe_frozen(self) -> None:
+        if self.frozen.is_set():
+            await asyncio.Event().wait()  # never answers again
+
+    # -- the OpenAI routes --------------------------------------------------------------------
+    async def completion(self, request: web.Request) -> web.StreamResponse:
+        await self._maybe_frozen()
+        if request.transport in self.streamed:
+            request.transport.close()  # type: ignore[union-attr]
+            return web.Response()  # never sent
+        body = await request.json()
+        mode = self.args.mode
+        if mode == "crash":
+            sys.stderr.write("model_server: GGML_ASSERT failed, crashing\n")
+            sys.stderr.flush()
+            os._exit(3)
+        if mode == "hang":
+            self.frozen.set()
+            await self._maybe_frozen()
+        if mode == "error500":
+            return web.json_response({"error": {"code": 500, "message": "KV cache is full",
+                                                "type": "server_error"}}, status=500)
+        chat = request.path.endswith("/chat/completions")
+        slot = self._take_slot()
+        try:
+            if body.get("stream"):
+                return await self._stream(request, body, chat)
+            await asyncio.sleep(self.args.token_s * self.args.tokens)
+            text = " ".join(["tok"] * self.args.tokens)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                       "finish_reason": "stop"} if chat else
+                      {"index": 0, "text": text, "finish_reason": "stop"})
+            return web.json_response({
+                "id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": body.get("model", "?"),
+                "choices": [choice],
+                "usage": {"prompt_tokens": 3, "completion_tokens": self.args.tokens,
+                          "total_tokens": 3 + self.args.tokens}})
+        finally:
+            self.slots[slot] = False
+
+    def _take_slot(self) -> int:
+        for i, busy in enumerate(self.slots):
+            if not busy:
+                self.slots[i] = True
+                return i
+        raise web.HTTPServiceUnavailable(text="no slot available")
+
+    async def _stream(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "X-Server": "model_server"})
+        await resp.prepare(request)
+        n = 0
+        while self.args.mode == "endless" or n < self.args.tokens:
+            if self.args.mode == "broken" and n == 1:
+                assert request.transport is not None
+                await resp.write(b'data: {"choices": [{"ind')  # an event cut short …
+                request.transport.close()  # … and the chunked body with it
+                return resp
+            delta = {"choices": [{"index": 0, "delta": {"content": f"t{n} "}}]} if chat \
+                else {"choices": [{"index": 0, "text": f"t{n} "}]}
+            await resp.write(b"data: " + json.dumps({"id": "c", "model": body.get("model"),
+                                                     **delta}).encode() + b"\n\n")
+            n += 1
+            if self.args.token_s:
+                await asyncio.sleep(self.args.token_s)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        # llama-server closes a connection after a stream, saying nothing; a client that
+        # reuses it at once loses the race with the close: this server closes it when the
+        # next request comes on it, which is the same, every time.
+        self.streamed.add(request.transport)
+        return resp
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"object": "list", "model": body.get("model"),
+                                  "data": [{"object": "embedding", "index": 0,
+                                            "embedding": [0.1, 0.2, 0.3]}]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def slots_view(self, request: web.Request) -> web.Response:
+        return web.json_response([{"id": i, "is_processing": busy}
+                                  for i, busy in enumerate(self.slots)])
+
+    async def echo(self, request: web.Request) -> web.Response:
+        data = await request.read()
+        seen = {f"X-Seen-{k}": v for k, v in request.headers.items()
+                if k.lower() in ("content-type", "x-custom", "connection", "upgrade")}
+        return web.Response(body=data, status=201, headers={
+            "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
+            "X-Query": request.query_string, **seen})
+
+    async def quit(self, request: web.Request) -> web.Response:
+        sys.stderr.write("model_server: stopped by POST /quit\n")
+        sys.stderr.flush()
+        asyncio.get_running_loop().call_later(0.05, os._exit, 0)
+        return web.Response(text="bye")
+
+    async def ws(self, request: web.Request) -> web.WebSocketResponse:
+        sock = web.WebSocketResponse()
+        await sock.prepare(request)
+        async for msg in sock:
+            if msg.type == WSMsgType.TEXT:
+                await sock.send_str("echo:" + msg.data)
+        return sock
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--mib", type=int, default=0)
+    parser.add_argument("--load-s", type=float, default=0.05)
+    parser.add_argument("--token-s", type=float, default=0.0)
+    parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--mode", default="ok", choices=(
+        "ok", "never-healthy", "exit", "crash", "hang", "error500", "endless", "broken"))
+    args = parser.parse_args()
+    if args.mode == "exit":
+        sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")
+        sys.exit(1)
+    server = Server(args)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes([
+        web.get("/health", server.health), web.get("/v1/models", server.models),
+        web.post("/v1/chat/completions", server.completion),
+        web.post("/v1/completions", server.completion),
+        web.post("/v1/embeddings", server.embeddings), web.get("/slots", server.slots_view),
+        web.post("/echo", server.echo), web.post("/v1/audio/transcriptions", server.echo),
+        web.post("/quit", server.quit), web.get("/ws", server.ws)])
+
+    async def on_startup(app: web.Application) -> None:
+        app["load"] = asyncio.get_running_loop().create_task(server.load())
+
+    app.on_startup.append(on_startup)
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True,
+                access_log=None)
+
+
+if __name__ == "__main__":
+    main()

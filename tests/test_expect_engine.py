@@ -1,0 +1,33 @@
+"""Expected arrivals through the real engine (issue 28), scaled down: real workers on the
+simulated GPU, a chat asked every 0.5 s at priority 10 beside a batch at priority 0 of a
+model that fits beside it and one that fits beside nothing. The full-size trace is
+``bench/trace.py --engine-chat``."""
+
+from __future__ import annotations
+
+import pytest
+from engine_support import play_trace
+
+from supervisor import arrivals
+from supervisor.tracesim import Trace, TraceBackend, TraceJob
+
+GIB = 1024
+
+
+@pytest.mark.process
+def test_the_chat_keeps_its_model_and_the_big_batch_waits_for_its_end() -> None:
+    llm = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10)
+    small = TraceBackend("embed", 0.3, 7 * GIB, 3 * GIB, safety_mib=128)
+    big = TraceBackend("big", 0.5, 16 * GIB, 4 * GIB, safety_mib=128)
+    chat = arrivals.jobs(arrivals.periodic(0.5, 5.0), llm.name, 0.1, 10, prefix="chat")
+    batch = tuple(TraceJob(f"embed-{i}", 1.6, small.name, 0.4) for i in range(4)) + \
+        tuple(TraceJob(f"big-{i}", 1.6, big.name, 0.3) for i in range(2))
+    trace = Trace("chat beside a batch, scaled", (24 * GIB,), (llm, small, big), chat + batch)
+    played = play_trace(trace, "sim:24GiB", watch=("big-0",))
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    # The chat model loads once, the embedder beside it, the big model after the stream.
+    assert played.loads == 3, played.log
+    waits = sorted(played.waits[10])
+    assert waits[-2] <= 0.5, waits  # (the first request waits for the cold load)
+    assert any(r.startswith("waits: chat-llm expects a request within") for r in
+               played.reasons), played.reasons

@@ -1,0 +1,289 @@
+"""llama-swap's config.yaml read as our descriptors: macros, multi-line cmd, groups, hooks, and a
+one-line report for everything that is not mapped (never silent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.backends.errors import DescriptorError, DescriptorWarning
+from supervisor.backends.llama_swap import from_llama_swap, is_llama_swap
+from supervisor.backends.yamlio import load_documents
+
+CONFIG = """\
+# a llama-swap config, as its users write them
+healthCheckTimeout: 300
+startPort: 10001
+logLevel: info
+apiKeys: [sk-local]
+globalTTL: 600
+
+macros:
+  "llama": >
+    /opt/llama.cpp/llama-server
+    --host 127.0.0.1 --port ${PORT}
+  "ctx": 16384
+  "gguf": "/models/${MODEL_ID}.gguf"
+
+models:
+  "qwen2.5-7b":
+    name: Qwen 2.5 7B
+    description: "general chat"
+    cmd: |
+      ${llama}
+      # the model file, from a macro that uses another
+      -m ${gguf}
+      -c ${ctx} \\
+        -np 4
+      --alias "${MODEL_ID}" --api-key '$SECRET'
+    aliases: [gpt-4o-mini, "qwen"]
+    env:
+      - "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+      - "HF_TOKEN=${env.HF_TOKEN}"
+    ttl: 120
+    concurrencyLimit: 2
+    filters:
+      stripParams: "temperature, top_p"
+
+  "org/embed:v1":
+    macros:
+      ctx: 2048
+    cmd: ${llama} -m /models/embed.gguf -c ${ctx} --embeddings
+    checkEndpoint: none
+    useModelName: nomic-embed
+    unlisted: true
+    ttl: 0
+
+  "vllm":
+    cmd: >
+      docker run --name ${MODEL_ID} --rm -p 9000:8000 vllm/vllm-openai
+      --model Qwen/Qwen2.5-1.5B
+    cmdStop: docker stop ${MODEL_ID}
+    proxy: http://127.0.0.1:9000
+    checkEndpoint: /v1/models
+    unloadTimeout: 30
+    healthCheckTimeout: 600
+
+groups:
+  "chat":
+    swap: true
+    exclusive: false
+    members: ["qwen2.5-7b", "vllm", "nonesuch"]
+  "always":
+    persistent: true
+    members: ["org/embed:v1"]
+
+hooks:
+  on_startup:
+    preload: ["qwen"]   # an alias names a model here too
+"""
+
+
+def _read(tmp_path: Path, text: str = CONFIG, environ: dict[str, str] | None = None):
+    file = tmp_path / "config.yaml"
+    file.write_text(text)
+    (doc,) = load_documents(file)
+    assert is_llama_swap(doc)
+    items = list(from_llama_swap(doc, file, environ or {}))
+    entries = {e["name"]: e for e, _ in (i for i in items if isinstance(i, tuple))}
+    warnings = [i for i in items if isinstance(i, DescriptorWarning)]
+    errors = [i for i in items if isinstance(i, DescriptorError)
+              and not isinstance(i, DescriptorWarning)]
+    return entries, warnings, errors
+
+
+def test_models_become_server_backends(tmp_path: Path) -> None:
+    entries, warnings, errors = _read(tmp_path)
+    assert errors == []
+    assert set(entries) == {"qwen2.5-7b", "org-embed-v1", "vllm"}
+    qwen = entries["qwen2.5-7b"]
+    # the multi-line cmd: macros in macros, a comment line, a backslash-newline, quotes,
+    # and a literal $ (llama-swap starts no shell) written $$ in our spelling
+    assert qwen["command"] == [
+        "/opt/llama.cpp/llama-server", "--host", "127.0.0.1", "--port", "${PORT}",
+        "-m", "/models/qwen2.5-7b.gguf", "-c", "16384", "-np", "4",
+        "--alias", "qwen2.5-7b", "--api-key", "$$SECRET"]
+    assert qwen["env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_TOKEN": "${HF_TOKEN}"}
+    assert qwen["http"] == {"ready_timeout": "300s"}  # the default proxy and /health
+    assert qwen["keep_alive"] == "120s"
+    assert qwen["concurrency"] == 2
+    assert qwen["aliases"] == ["gpt-4o-mini", "qwen"]
+    assert qwen["description"] == "Qwen 2.5 7B — general chat"
+    assert qwen["api"] == ["chat", "completions", "embeddings"]
+    assert qwen["preload"] is True and "pinned" not in qwen
+    # each key keeps the line it came from, so a bad value is reported where it was written
+    assert qwen.key_line("command") == CONFIG.splitlines().index("    cmd: |") + 1
+
+    embed = entries["org-embed-v1"]
+    assert embed["command"][-3:] == ["-c", "2048", "--embeddings"]  # the model's own macro
+    assert embed["http"]["health"] == "none"
+    assert embed["http"]["model_name"] == "nomic-embed"
+    assert embed["aliases"] == ["org/embed:v1"]  # its ID still reaches it
+    assert embed["unlisted"] is True and embed["pinned"] is True
+    assert embed["keep_alive"] == "never"
+
+    vllm = entries["vllm"]
+    assert vllm["http"] == {"url": "http://127.0.0.1:9000", "health": "/v1/models",
+                            "stop": ["docker", "stop", "vllm"], "ready_timeout": "600s"}
+    assert vllm["timeouts"] == {"stop_grace": "30s"}
+    assert vllm["keep_alive"] == "600s"  # globalTTL
+    assert "concurrency" not in vllm
+
+
+def test_what_is_not_mapped_is_said_once_each(tmp_path: Path) -> None:
+    _, warnings, _ = _read(tmp_path)
+    text = [str(w) for w in warnings]
+    assert all("\n" not in t for t in text)
+    for needle in ("'logLevel' is not used", "'apiKeys' is not used", "startPort",
+                   "'filters' is not used", "model 'org/embed:v1' is backend 'org-embed-v1'",
+                   "'nonesuch' is not a model of this file",
+                   "group 'chat' (qwen2.5-7b, vllm; swap: true, exclusive: false)",
+                   "persistent: its members are pinned"):
+        assert sum(needle in t for t in text) == 1, (needle, text)
+    assert any(t.startswith("config.yaml:") or "/config.yaml:" in t for t in text)
+
+
+@pytest.mark.parametrize(("change", "field", "message"), [
+    ({"cmd": "${nope} -m x"}, "cmd", "unknown macro '${nope}'"),
+    ({"cmd": "server 'unclosed"}, "cmd", "cannot be split"),
+    ({"cmd": "server --port 9", "proxy": "http://localhost:${PORT}"}, "proxy",
+     "proxy uses ${PORT} but cmd does not"),
+    ({"cmd": "server --port ${PORT}", "ttl": "soon"}, "ttl", "not a whole number of seconds"),
+    ({"cmd": "server --port ${PORT}", "env": ["NOEQUALS"]}, "env", "is not K=V"),
+    ({"cmd": "server --port 9"}, "cmd", "cmd does not take ${PORT}"),
+    ({}, "cmd", "a model needs 'cmd'"),
+    ({"cmd": ["s", "${PORT}"]}, "cmd", "is not a command line"),
+])
+def test_a_bad_model_is_one_error_and_the_others_load(tmp_path: Path, change: dict,
+                                                      field: str, message: str) -> None:
+    import yaml
+
+    bad = {"models": {"bad": change, "good": {"cmd": "server --port ${PORT}"}}}
+    entries, _, errors = _read(tmp_path, yaml.safe_dump(bad))
+    assert set(entries) == {"good"}
+    assert len(errors) == 1 and errors[0].field == field and message in errors[0].message
+    assert errors[0].backend == "bad"
+
+
+def test_reserved_and_self_referring_macros_are_refused(tmp_path: Path) -> None:
+    for macros, message in (({"PORT": 1}, "reserved"), ({"a": "x${a}"}, "refers to itself")):
+        import yaml
+
+        text = yaml.safe_dump({"macros": macros, "models": {"m": {"cmd": "s ${PORT}"}}})
+        entries, _, errors = _read(tmp_path, text)
+        assert entries == {} and message in errors[0].message
+
+
+def test_env_macros_outside_cmd_are_read_now(tmp_path: Path) -> None:
+    text = ("models:\n  m:\n    cmd: s --port ${PORT}\n"
+            "    proxy: http://${env.HOST_X}:${PORT}\n")
+    entries, _, errors = _read(tmp_path, text, {"HOST_X": "10.0.0.2"})
+    assert errors == [] and entries["m"]["http"]["url"] == "http://10.0.0.2:${PORT}"
+    _, _, errors = _read(tmp_path, text, {})
+    assert "HOST_X is not set" in errors[0].message
+
+
+def test_odd_groups_and_hooks_are_said_and_ignored(tmp_path: Path) -> None:
+    text = ("models:\n  m:\n    cmd: s --port ${PORT}\ngroups: [a]\nhooks: nope\n")
+    entries, warnings, errors = _read(tmp_path, text)
+    assert errors == [] and set(entries) == {"m"}
+    assert sorted(w.field for w in warnings) == ["groups", "hooks"]
+
+
+def test_other_files_are_not_taken_for_llama_swap() -> None:
+    assert not is_llama_swap({"name": "x", "models": {}})
+    assert not is_llama_swap({"backends": [], "models": {}})
+    assert not is_llama_swap({"models": ["a"]})
+
+
+def test_backends_flag_loads_the_file_unchanged(tmp_path: Path) -> None:
+    """What --backends config.yaml does: the loader takes the file as it is."""
+    import math
+    import sys
+
+    from supervisor.backends.loader import load_backends
+
+    file = tmp_path / "config.yaml"
+    file.write_text(CONFIG.replace("/opt/llama.cpp/llama-server", sys.executable))
+    result = load_backends([file], environ={"HF_TOKEN": "hf-1", "HOME": str(tmp_path)},
+                           demo_fallback=False)
+    assert [str(e) for e in result.errors] == []
+    assert set(result.backends) == {"qwen2.5-7b", "org-embed-v1", "vllm"}
+    qwen = result.backends["qwen2.5-7b"]
+    assert qwen.server and qwen.http is not None and qwen.http.health == "/health"
+    assert qwen.command[3:5] == ("--port", "${PORT}")  # filled in by the engine at start
+    assert qwen.command[-1] == "$SECRET" and qwen.env["HF_TOKEN"] == "hf-1"
+    assert (qwen.keep_alive_s, qwen.concurrency, qwen.preload) == (120.0, 2, True)
+    assert qwen.http.ready_timeout_s == 300.0
+    embed = result.backends["org-embed-v1"]
+    assert embed.http is not None and embed.http.health is None
+    assert embed.http.model_name == "nomic-embed" and embed.aliases == ("org/embed:v1",)
+    assert embed.unlisted and embed.pinned and math.isinf(embed.keep_alive_s)
+    vllm = result.backends["vllm"]
+    assert vllm.http is not None and vllm.http.stop == ("docker", "stop", "vllm")
+    assert vllm.http.url == "http://127.0.0.1:9000" and vllm.timeouts.stop_grace_s == 30.0
+    assert any("'logLevel' is not used" in str(w) for w in result.warnings)
+
+
+def test_a_gpu_pinned_by_cuda_visible_devices_is_our_gpus(tmp_path: Path) -> None:
+    text = ("models:\n  one:\n    cmd: s --port ${PORT}\n"
+            "    env: [CUDA_VISIBLE_DEVICES=1, A=b]\n"
+            "  two:\n    cmd: s --port ${PORT}\n    env: ['CUDA_VISIBLE_DEVICES=0,1']\n")
+    entries, warnings, errors = _read(tmp_path, text)
+    assert errors == []
+    assert entries["one"]["gpus"] == [1] and entries["one"]["env"] == {"A": "b"}
+    assert entries["two"]["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"} and "gpus" not in entries["two"]
+    assert any("CUDA_VISIBLE_DEVICES=0,1 is kept" in str(w) for w in warnings)
+
+
+def test_cmd_stop_on_the_pid_is_left_to_the_engine(tmp_path: Path) -> None:
+    text = ("models:\n  m:\n    cmd: s --port ${PORT}\n    cmdStop: kill -TERM ${PID}\n")
+    entries, warnings, errors = _read(tmp_path, text)
+    assert errors == [] and "stop" not in entries["m"]["http"]
+    assert any("signals ${PID}" in str(w) for w in warnings)
+
+
+def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from supervisor.backends.loader import load_backends
+    from vramtui.cli import main
+
+    monkeypatch.setenv("HF_TOKEN", "s3cret")
+    file = tmp_path / "llama-swap" / "config.yaml"
+    file.parent.mkdir()
+    file.write_text(CONFIG.replace("/opt/llama.cpp/llama-server", sys.executable))
+    out = tmp_path / "backends.d"
+    assert main(["import-llama-swap", str(file), "-o", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["org-embed-v1.yaml", "qwen2.5-7b.yaml", "vllm.yaml"]
+    qwen = (out / "qwen2.5-7b.yaml").read_text()
+    assert "s3cret" not in qwen and "${HF_TOKEN}" in qwen
+    err = capsys.readouterr().err
+    assert "vramtui: note: " in err and "'apiKeys' is not used" in err
+    direct = load_backends([file], demo_fallback=False).backends
+    back = load_backends([out], demo_fallback=False).backends
+    assert {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in back.items()} == \
+        {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in direct.items()}
+    # nothing is replaced without --force, and then every file is
+    (out / "vllm.yaml").write_text("# mine\n")
+    assert main(["import-llama-swap", str(file), "-o", str(out)]) == 2
+    assert (out / "vllm.yaml").read_text() == "# mine\n"
+    assert "exist(s) already: pass --force" in capsys.readouterr().err
+    assert main(["import-llama-swap", str(file), "-o", str(out), "--force"]) == 0
+    assert (out / "vllm.yaml").read_text().startswith("# vllm: converted")
+    # a model that cannot be read: named with the reason, and nothing is written
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models:\n  ok:\n    cmd: s --port ${PORT}\n  bad:\n    cmd: ${nope}\n")
+    assert main(["import-llama-swap", str(broken), "-o", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "not converted" in err and "unknown macro '${nope}'" in err
+    assert "nothing written" in err and not (tmp_path / "none").exists()
+    # not a llama-swap file: one line, no traceback
+    other = tmp_path / "other.yaml"
+    other.write_text("name: x\ncommand: [x]\n")
+    assert main(["import-llama-swap", str(other), "-o", str(out)]) == 2
+    assert "not a llama-swap config" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""llama-swap's own routes (/health, /running, /unload, /api/models/unload, /logs), answered as
+llama-swap answers them, against a real engine with a simulated chat worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from http_support import Front, openai_backends, serve_http
+from spawning import spawns
+from waiting import wait_until
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.process]
+
+
+@pytest.fixture(scope="module")
+@spawns
+def front() -> Iterator[Front]:
+    backends = [b for b in openai_backends() if b["name"] == "chat-sim"]
+    for b in backends:  # honest figures: the simulated GPU's context counts too
+        b["vram"]["context"] = "256MiB"
+    with serve_http(backends, gpus="sim:4GiB") as f:
+        yield f
+
+
+def _chat(front: Front) -> None:
+    r = front.post("/v1/chat/completions", {"model": "chat-sim", "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert r.status == 200
+
+
+def _running(front: Front) -> list[dict]:
+    r = front.get("/running")
+    assert r.status == 200 and r.headers["content-type"].startswith("application/json")
+    return r.json()["running"]
+
+
+def test_health_running_and_unloading_one_model(front: Front) -> None:
+    health = front.get("/health")
+    assert (health.status, health.body) == (200, b"OK")
+    _chat(front)
+    (entry,) = _running(front)
+    assert entry["model"] == "chat-sim" and entry["state"] == "ready"
+    assert "chat.py" in entry["cmd"] and entry["ttl"] == 300 and entry["proxy"] == ""
+    r = front.post("/api/models/unload/gpt-4o-mini")  # an alias names it too
+    assert (r.status, r.body) == (200, b"OK")
+    wait_until(lambda: _running(front) == [], 10, "chat-sim to unload")
+    missing = front.post("/api/models/unload/nope")
+    assert (missing.status, missing.body) == (404, b"model not found")
+
+
+def test_unload_all_both_ways(front: Front) -> None:
+    _chat(front)
+    r = front.get("/unload")
+    assert (r.status, r.body) == (200, b"OK")
+    wait_until(lambda: _running(front) == [], 10, "every model to unload")
+    _chat(front)
+    r = front.post("/api/models/unload")
+    assert r.status == 200 and r.json() == {"msg": "ok"}
+    wait_until(lambda: _running(front) == [], 10, "every model to unload")
+    # a page of another site cannot unload everything with an <img src=…/unload>
+    cross = front.get("/unload", headers={"Sec-Fetch-Site": "cross-site"})
+    assert cross.status == 403
+
+
+def test_logs_and_a_models_log_stream(front: Front) -> None:
+    for path in ("/logs", "/log"):
+        r = front.get(path)
+        assert r.status == 200 and r.headers["content-type"].startswith("text/plain")
+        assert "engine started" in r.body.decode()
+    r = front.get("/logs/stream/gpt-4o-mini")
+    assert r.status == 307 and r.headers["location"] == "/v1/backends/chat-sim/logs?follow=1"
+    assert front.get("/logs/stream/nope").status == 400

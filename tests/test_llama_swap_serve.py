@@ -1,0 +1,104 @@
+"""A llama-swap config.yaml given to ``vramtui --serve --backends`` as it is: its models run as
+model servers (``tests/model_server.py``, a llama-server look-alike), reached by the official
+``ollama`` and ``openai`` clients and by llama-swap's own routes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import ollama
+import openai
+import pytest
+from serve_support import Served, make_env, new_root, reap, start_serve
+from spawning import spawns
+from waiting import wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.process]
+SERVER = Path(__file__).resolve().parent / "model_server.py"
+CONFIG = f"""\
+healthCheckTimeout: 20
+logLevel: info
+macros:
+  server: "{sys.executable} {SERVER} --port ${{PORT}}"
+models:
+  "qwen2.5:7b":
+    cmd: |
+      ${{server}}
+      # three tokens a reply, like a tiny model
+      --tokens 3 \\
+        --mib 512
+    aliases: [llama3]
+    ttl: 60
+  "nomic-embed":
+    cmd: ${{server}} --mib 256
+    useModelName: nomic
+    unlisted: true
+groups:
+  everything:
+    swap: true
+    members: ["qwen2.5:7b", "nomic-embed"]
+hooks:
+  on_startup:
+    preload: ["nomic-embed"]
+"""
+
+
+@pytest.fixture(scope="module")
+@spawns
+def served() -> Iterator[Served]:
+    root = new_root()
+    env = make_env(root, [])
+    Path(env["VRAMTUI_TEST_BACKENDS"]).write_text(CONFIG)
+    s = start_serve(env, root, "--http", "127.0.0.1:0")
+    try:
+        yield s
+    finally:
+        reap(s)
+
+
+def _url(served: Served) -> str:
+    line = wait_until(lambda: next((x for x in served.stdout().splitlines()
+                                  if "HTTP front door on" in x), None), 30, "the HTTP line")
+    return line.split("HTTP front door on ", 1)[1].split()[0]
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, r.read()
+
+
+def test_the_file_loads_as_it_is_and_its_notes_are_logged(served: Served) -> None:
+    url = _url(served)
+    names = {m["id"] for m in json.loads(_get(url + "/v1/models")[1])["data"]}
+    assert names == {"qwen2.5-7b"}  # nomic-embed is unlisted
+    logs = _get(url + "/logs")[1].decode()
+    assert "'logLevel' is not used" in logs and "group 'everything'" in logs
+    # hooks.on_startup.preload: started with the engine, before any request
+    wait_until(lambda: any(r["model"] == "nomic-embed" and r["state"] == "ready"
+                           for r in json.loads(_get(url + "/running")[1])["running"]),
+               30, "nomic-embed preloaded")
+
+
+def test_ollama_and_openai_clients_reach_the_servers(served: Served) -> None:
+    url = _url(served)
+    o = ollama.Client(host=url, timeout=60)
+    r = o.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=False)
+    assert r.message.content == "tok tok tok" and r.done
+    parts = list(o.generate(model="qwen2.5:7b", prompt="hi", stream=True))
+    assert "".join(p.response for p in parts) == "t0 t1 t2 " and parts[-1].done  # its stream
+    assert o.embed(model="nomic-embed", input="x").embeddings == [[0.1, 0.2, 0.3]]
+    raw = o.generate(model="qwen2.5:7b", prompt="hi", raw=True, stream=False)
+    assert raw.response == "tok tok tok"  # a completion, the prompt as it is
+    running = json.loads(_get(url + "/running")[1])["running"]
+    qwen = next(r for r in running if r["model"] == "qwen2.5-7b")
+    assert qwen["proxy"].startswith("http://127.0.0.1:") and "${" not in qwen["proxy"]
+    assert qwen["ttl"] == 60 and "--tokens 3" in qwen["cmd"]
+    c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    chunks = c.chat.completions.create(model="qwen2.5:7b", stream=True,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
+        "t0 t1 t2 "

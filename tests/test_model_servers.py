@@ -1,0 +1,360 @@
+"""HTTP model servers as backends (issue 24), end to end: a real engine on the simulated GPU,
+real server processes (``tests/model_server.py``, which behaves like llama-server), real
+clients (http.client, the official ``openai`` client).
+
+What is checked: requests forwarded byte for byte and answered as the server answers (JSON,
+SSE chunk by chunk, status and headers); each request an ordinary job; two servers that
+cannot co-reside alternate and are never both on the simulated GPU (its own ledger says so);
+a client that goes away frees the server's slot; bad servers (never healthy, exiting at once,
+a port taken, 500s, endless and broken streams) and a too-large body each get one clear error,
+leave no process behind and the queue goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from http_support import Front, serve_http
+from waiting import wait_until
+
+from supervisor.engine import EngineConfig
+
+pytestmark = pytest.mark.process
+
+SERVER = Path(__file__).resolve().parent / "model_server.py"
+CONTEXT_MIB = 256  # the simulated GPU's CUDA context per process
+
+
+def server_backend(name: str, mib: int = 512, *, mode: str = "ok", api: Any = None,
+                   args: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    """A descriptor for ``tests/model_server.py``: it holds ``mib`` (+ its context)."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "command": [sys.executable, str(SERVER), "--port", "${PORT}", "--mib", str(mib),
+                    "--mode", mode, *args],
+        "http": {"health": "/health"},
+        "api": api or ["chat", "completions", "embeddings"],
+        "vram": {"weights": f"{mib}MiB", "activation": "0MiB", "context": f"{CONTEXT_MIB}MiB"},
+        "safety": "0MiB",
+        "simulated": True,
+        "concurrency": 4,
+        "timeouts": {"start": "20s", "stop_grace": "3s"},
+    }
+    spec.update(extra)
+    return spec
+
+
+def chat(model: str, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream, **extra}
+
+
+def sim_holders(front: Front) -> dict[int, int]:
+    """pid -> MiB, as the simulated GPU's own ledger has it (not the engine's view)."""
+    out = {}
+    for path in Path(front.sup.paths.sim_dir).glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(entry["pid"])
+        if os.path.exists(f"/proc/{pid}"):
+            out[pid] = int(entry["mib"])
+    return out
+
+
+def server_pids(root: Path) -> set[int]:
+    """Live processes running tests/model_server.py for the engine under ``root`` (an orphan
+    shows here; servers of other test runs do not)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if str(SERVER).encode() not in cmd:
+                    continue
+                env = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if str(root).encode() in env:
+                found.add(int(entry))
+    return found
+
+
+def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
+    api = ["chat", "completions", "embeddings", "transcriptions"]
+    with serve_http([server_backend("llama", api=api, args=("--tokens", "3"))]) as front:
+        reply = front.post("/v1/chat/completions", chat("llama"))
+        assert reply.status == 200, reply.body
+        assert reply.json()["choices"][0]["message"]["content"] == "tok tok tok"
+        # The job is an ordinary job, seen by every face.
+        jobs = front.get("/v1/jobs?backend=llama").json()
+        assert any(j["state"] == "succeeded" for j in jobs["data"]), jobs
+        # Streamed: the server's own bytes, chunk by chunk, under its headers.
+        sse = front.sse("POST", "/v1/chat/completions", chat("llama", stream=True))
+        assert sse.resp.status == 200
+        assert sse.headers["x-server"] == "model_server"
+        body = sse.resp.read()
+        sse.close()
+        assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n"), body
+        # The server closed that connection without saying so: the next requests still go.
+        for _ in range(3):
+            assert front.post("/v1/chat/completions", chat("llama", stream=True)).status == 200
+            assert front.post("/v1/chat/completions", chat("llama")).status == 200
+        # Any request through /upstream: body, query and status as they were.
+        raw = b'{"z": 1,  "a" : [1,2]}\n'
+        reply = front.request("POST", "/upstream/llama/echo?x=1&y=2", raw=raw,
+                              headers={"X-Custom": "yes"})
+        assert (reply.status, reply.body) == (201, raw)
+        assert reply.headers["x-query"] == "x=1&y=2" and reply.headers["x-seen-x-custom"] == "yes"
+        assert "x-seen-connection" not in reply.headers  # hop-by-hop: never forwarded
+        # A multipart upload (audio to transcribe), as it came.
+        form = (b'--XX\r\nContent-Disposition: form-data; name="model"\r\n\r\nllama\r\n'
+                b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+                b'Content-Type: audio/wav\r\n\r\nRIFF\x00\x01\r\n--XX--\r\n')
+        reply = front.request("POST", "/v1/audio/transcriptions", raw=form, headers={
+            "Content-Type": "multipart/form-data; boundary=XX"})
+        assert (reply.status, reply.body) == (201, form)
+        assert asyncio.run(_ws_echo(front.base + "/upstream/llama/ws")) == "echo:ping"
+        server = front.get("/v1/backends/llama").json()["server"]
+        assert server == {"url": front.engine.backends["llama"].worker.url, "health": "/health"}
+        pid = front.engine.backends["llama"].worker.pid
+        assert pid in server_pids(front.root)
+    wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
+
+
+def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:
+    # 2 x (5000 + 256) MiB on an 8 GiB simulated GPU: one at a time.
+    backends = [server_backend("a", 5000, args=("--tokens", "2")),
+                server_backend("b", 5000, args=("--tokens", "2"))]
+    with serve_http(backends) as front:
+        overlap: list[dict[int, int]] = []
+        seen: set[int] = set()
+        done = threading.Event()
+
+        def watch_ledger() -> None:  # the device's own ledger, sampled all along
+            while not done.is_set():
+                holders = sim_holders(front)
+                seen.update(holders)
+                if len(holders) > 1:
+                    overlap.append(holders)
+
+        watcher = threading.Thread(target=watch_ledger)
+        watcher.start()
+        try:
+            results: list[int] = []
+            threads = [threading.Thread(target=lambda m=m: results.append(
+                front.post("/v1/chat/completions", chat(m)).status)) for m in "abab"]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        finally:
+            done.set()
+            watcher.join()
+        assert results == [200] * 4
+        assert overlap == []
+        assert len(seen) >= 2  # both ran, one after the other
+        ends = front.get("/v1/jobs?state=succeeded").json()["data"]
+        assert sorted(j["backend"] for j in ends) == ["a", "a", "b", "b"]
+
+
+def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
+    slow = server_backend("slow", args=("--tokens", "200", "--token-s", "0.05"))
+    capped = server_backend("capped", args=("--tokens", "200", "--token-s", "0.05"),
+                            timeouts={"request": "0.5s", "start": "20s", "stop_grace": "3s"})
+    with serve_http([slow, capped]) as front:
+        sse = front.sse("POST", "/v1/chat/completions", chat("slow", stream=True))
+        assert first_data(sse).startswith(b"data: ")
+        job_id = sse.headers["x-vramtui-job"]
+        url = front.engine.backends["slow"].worker.url
+        assert any(s["is_processing"] for s in _get_json(url + "/slots"))
+        sse.close()
+        front.wait_state(job_id, "cancelled")
+        wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
+                   "the server to free the slot")
+        # timeouts.request bounds a request the same way.
+        reply = front.post("/v1/chat/completions", chat("capped", stream=True))
+        assert "timed out after 0.5 s" in _error_text(reply.body), reply.body[-300:]
+        url = front.engine.backends["capped"].worker.url
+        wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
+                   "the server to free the slot of the request that timed out")
+
+
+async def _ws_echo(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as sock:
+        await sock.send_str("ping")
+        return str((await sock.receive(timeout=10)).data)
+
+
+def first_data(sse: Any) -> bytes:
+    """The first line of an answer that is not an SSE comment (a waiting request's place)."""
+    while (line := sse.resp.readline()).startswith(b":") or line == b"\n":
+        pass
+    return bytes(line)
+
+
+def _get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
+    one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
+    with serve_http([one]) as front:
+        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert first_data(first).startswith(b"data: ")
+        second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert second.wait_comment(10).startswith(": queued, position 1")
+        first.close()
+        assert first_data(second) == b'data: {"id": "c", "model": "one", "choices": [' \
+            b'{"index": 0, "delta": {"content": "t0 "}}]}\n'  # the server's, once it ran
+        second.close()
+
+
+def test_the_official_openai_client_streams_through_the_engine() -> None:
+    from openai import OpenAI
+
+    with serve_http([server_backend("llama", args=("--tokens", "5"))]) as front:
+        client = OpenAI(base_url=front.base + "/v1", api_key="unused", max_retries=0)
+        parts = [c.choices[0].delta.content for c in client.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}], stream=True)]
+        assert "".join(p or "" for p in parts) == "t0 t1 t2 t3 t4 "
+        emb = client.embeddings.create(model="llama", input="x")
+        assert emb.data[0].embedding == [0.1, 0.2, 0.3]
+
+
+def _taken_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
+
+
+def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None:
+    taken = _taken_port()
+    port = taken.getsockname()[1]
+    fixed = server_backend("taken", args=())
+    fixed["command"][fixed["command"].index("${PORT}")] = str(port)
+    fixed["http"] = {"url": f"http://127.0.0.1:{port}"}
+    backends = [
+        server_backend("never", mode="never-healthy", http={"ready_timeout": "0.5s"}),
+        server_backend("exits", mode="exit"),
+        fixed,
+        server_backend("err500", mode="error500"),
+        server_backend("endless", mode="endless"),
+        server_backend("broken", mode="broken"),
+        server_backend("good", 256),
+    ]
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, max_result_bytes=256 * 1024)
+    try:
+        with serve_http(backends, engine_config=config) as front:
+            wanted = {
+                "never": "not healthy after 0.5 s (http.ready_timeout)",
+                "exits": "failed to load model 'x.gguf'",
+                "taken": f"something already listens on http://127.0.0.1:{port}",
+                "err500": "answered HTTP 500: {\"error\": {\"code\": 500, \"message\": \"KV",
+                "endless": "went over the result limit of 262144 bytes",
+                "broken": "its answer broke off",
+            }
+            for name, text in wanted.items():
+                stream = name in ("endless", "broken")
+                reply = front.post("/v1/chat/completions", chat(name, stream=stream))
+                message = _error_text(reply.body)
+                assert text in message, (name, reply.status, message)
+                assert "\n" not in message and "Traceback" not in message, message
+                assert front.post("/v1/chat/completions", chat("good")).status == 200
+            assert front.get("/v1/jobs?state=queued").json()["data"] == []
+            held = {b["name"]: b["jobs"] for b in front.get("/v1/backends").json()["data"]}
+            assert all(j["running"] == 0 and j["queued"] == 0 for j in held.values()), held
+        assert not server_pids(front.root)  # no orphan server
+    finally:
+        taken.close()
+
+
+def _error_text(body: bytes) -> str:
+    """The error an answer carries: the JSON error's message, or an SSE error event's."""
+    for line in body.splitlines():
+        text = line.removeprefix(b"data: ")
+        if text.startswith(b'{"error"'):
+            return str(json.loads(text)["error"]["message"])
+    return body.decode(errors="replace")
+
+
+def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
+    with serve_http([server_backend("llama")], max_body=1024 * 1024) as front:
+        with socket.create_connection(("127.0.0.1", front.port), timeout=30) as sock:
+            host = f"Host: 127.0.0.1:{front.port}\r\n".encode()
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host +
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: 1073741824\r\n\r\n")
+            try:
+                for _ in range(64):
+                    sock.sendall(b"x" * 65536)
+            except OSError:
+                pass  # the door closed it: the answer is already there
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"request body too large" in answer
+        assert front.post("/v1/chat/completions", chat("llama")).status == 200
+
+
+def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
+    backends = [server_backend("crashy", mode="crash"),
+                server_backend("hangs", mode="hang", timeouts={"ping": "0.5s", "start": "20s",
+                                                               "stop_grace": "1s"})]
+    with serve_http(backends) as front:
+        for name, text in (("crashy", "server exited with code 3; its log ends: model_server: "
+                            "GGML_ASSERT failed"),
+                           ("hangs", "hangs hung: its worker")):
+            reply = front.post("/v1/chat/completions", chat(name))
+            message = _error_text(reply.body)
+            assert reply.status == 502 and text in message, message
+            job_id = message.split()[1]  # "job j-… failed: …"
+            history = front.get(f"/v1/jobs/{job_id}").json()["history"]
+            assert any("requeued once" in str(h) for h in history), history  # retried once
+        # Its stderr is in its log, where `vramtui logs crashy` reads it.
+        assert b"GGML_ASSERT failed" in front.get("/v1/backends/crashy/logs").body
+        # The next request starts it again (and it crashes again).
+        assert front.post("/v1/chat/completions", chat("crashy")).status == 502
+        crashes = [line for line in front.get("/metrics").body.decode().splitlines()
+                   if line.startswith('vramtui_backend_crashes_total{backend="crashy"}')]
+        assert crashes and float(crashes[0].split()[-1]) >= 3, crashes
+    wait_until(lambda: not server_pids(front.root), 10, "every server to be gone")
+
+
+def test_a_server_is_calibrated_like_a_worker() -> None:
+    unmeasured = server_backend("fresh", 700)
+    del unmeasured["vram"]
+    with serve_http([unmeasured]) as front:
+        job = front.post("/v1/backends/fresh/calibrate", {"repeats": 1, "settle_s": 0.3}).json()
+        assert front.wait_state(job["id"], "succeeded", "failed", timeout=60) == "succeeded"
+        report = front.get("/v1/backends/fresh/calibration").json()
+        assert report["record"]["source"] == "simulated"
+        assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]
+
+
+def test_a_stop_command_stops_the_server_and_a_port_can_be_its_health() -> None:
+    quit_it = [sys.executable, "-c", "import urllib.request as r; r.urlopen("
+               "'http://127.0.0.1:${PORT}/quit', data=b'')"]
+    # health: none: ready once its port answers, and alive while it does
+    polite = server_backend("polite", http={"stop": quit_it, "health": "none"})
+    with serve_http([polite]) as front:
+        assert front.post("/v1/chat/completions", chat("polite")).status == 200
+        assert front.post("/v1/backends/polite/unload").status in (200, 202)
+        wait_until(lambda: front.get("/v1/backends/polite").json()["state"] == "cold", 10,
+                   "the server to stop")
+        assert b"stopped by POST /quit" in front.get("/v1/backends/polite/logs").body
+        assert not server_pids(front.root)

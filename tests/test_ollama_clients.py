@@ -1,0 +1,134 @@
+"""The official ``ollama`` client against the front door: chat and generate (NDJSON streamed and
+not), embed, show, the load/unload idiom, pull answered honestly, and errors in Ollama's shape —
+each request a job run through the same path as /v1/chat/completions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import ollama
+import pytest
+from http_support import Front, openai_backends, serve_http
+from spawning import spawns
+from waiting import wait_until
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.process]
+TEXT = "Hello from a simulated model on vramtui."
+
+
+@pytest.fixture(scope="module")
+@spawns
+def front() -> Iterator[Front]:
+    backends = [b for b in openai_backends()
+                if b["name"] in ("chat-sim", "embed-sim", "slow-chat")]
+    for b in backends:  # honest figures: the simulated GPU's context counts too
+        b["vram"]["context"] = "256MiB"
+    with serve_http(backends, gpus="sim:4GiB") as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def client(front: Front) -> ollama.Client:
+    return ollama.Client(host=front.base, timeout=30)
+
+
+def test_chat_whole_and_streamed(client: ollama.Client, front: Front) -> None:
+    r = client.chat(model="gpt-4o-mini", stream=False,
+                    messages=[{"role": "user", "content": "hi there"}])
+    assert r.message.role == "assistant" and r.message.content == TEXT
+    assert r.done and r.done_reason == "stop" and r.model == "gpt-4o-mini"
+    assert r.prompt_eval_count == 2 and r.eval_count == len(TEXT.split())
+    parts = list(client.chat(model="chat-sim", messages=[{"role": "user", "content": "hi"}],
+                             options={"num_predict": 3}, stream=True))
+    assert "".join(p.message.content or "" for p in parts) == "Hello from a"
+    assert [p.done for p in parts] == [False] * 3 + [True]
+    assert parts[-1].done_reason == "stop" and parts[-1].eval_count == 3
+    # each request was a job of its backend, as /v1/chat/completions makes one
+    jobs = front.get("/v1/jobs?backend=chat-sim").json()["data"]
+    assert len(jobs) >= 2 and {j["state"] for j in jobs} == {"succeeded"}
+
+
+def test_generate_whole_and_streamed(client: ollama.Client) -> None:
+    r = client.generate(model="chat-sim", prompt="say hi", system="be brief", stream=False)
+    assert r.response == TEXT and r.done
+    pieces = list(client.generate(model="chat-sim", prompt="say hi", stream=True))
+    assert "".join(p.response for p in pieces) == TEXT and pieces[-1].done
+
+
+def test_the_stream_is_ndjson_and_nothing_else(front: Front) -> None:
+    r = front.post("/api/chat", {"model": "chat-sim",
+                                 "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = r.body.decode().splitlines()
+    assert all(line for line in lines)  # no blank or comment line an NDJSON reader chokes on
+    objs = [json.loads(line) for line in lines]
+    assert objs[-1]["done"] is True and not any(o["done"] for o in objs[:-1])
+
+
+def test_embed_and_the_legacy_embeddings(client: ollama.Client) -> None:
+    r = client.embed(model="embed-sim", input=["one", "two"])
+    assert len(r.embeddings) == 2 and all(isinstance(x, float) for x in r.embeddings[0])
+    assert r.embeddings[0] != r.embeddings[1]
+    one = client.embed(model="text-embedding-3-small", input="one")
+    assert one.embeddings[0] == r.embeddings[0]
+    legacy = client.embeddings(model="embed-sim", prompt="one")
+    assert list(legacy.embedding) == r.embeddings[0]
+
+
+def test_show_pull_and_errors_in_ollamas_shape(client: ollama.Client, front: Front) -> None:
+    shown = client.show("gpt-4o-mini")
+    assert shown.capabilities == ["completion"]
+    assert shown.modelinfo is not None and shown.modelinfo["vramtui.backend"] == "chat-sim"
+    assert client.show("embed-sim").capabilities == ["embedding"]
+    with pytest.raises(ollama.ResponseError) as err:
+        client.show("nope")
+    assert err.value.status_code == 404 and "'nope' not found" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.pull("llama3")
+    assert err.value.status_code == 501 and "pull is not supported" in err.value.error
+    assert "chat-sim" in err.value.error
+    for call in (lambda: client.chat(model="nope", stream=True,
+                                     messages=[{"role": "user", "content": "x"}]),
+                 lambda: client.chat(model="nope", stream=False, messages=[]),
+                 lambda: client.embed(model="nope", input="x")):
+        with pytest.raises(ollama.ResponseError) as err:
+            result = call()
+            list(result) if not isinstance(result, ollama.ChatResponse) else None
+        assert err.value.status_code == 404 and "'nope' does not exist" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="embed-sim", stream=False, messages=[{"role": "user",
+                                                                 "content": "x"}])
+    assert err.value.status_code == 400 and "not chat" in err.value.error
+    bad = front.post("/api/embed", {"model": "embed-sim", "input": [1, 2]})  # the client
+    assert bad.status == 400 and "input" in bad.json()["error"]  # would refuse to send it
+    bad = front.post("/api/chat", raw=b"{not json")
+    assert bad.status == 400 and set(bad.json()) == {"error"}
+
+
+def test_an_empty_prompt_loads_and_keep_alive_0_unloads(client: ollama.Client,
+                                                        front: Front) -> None:
+    def state() -> str:
+        return {b.name: b.state for b in front.sup.snapshot().backends}["chat-sim"]
+
+    client.generate(model="chat-sim", prompt="hi", stream=False)  # loaded
+    r = client.generate(model="chat-sim", prompt="", keep_alive=0)
+    assert r.done and r.done_reason == "unload"
+    wait_until(lambda: state() == "cold", 10, "chat-sim to unload")
+    (loaded,) = list(client.chat(model="chat-sim", messages=[], stream=True))  # one line
+    assert loaded.done and loaded.done_reason == "load"
+    wait_until(lambda: state() == "ready", 10, "chat-sim to load")
+
+
+def test_a_client_that_goes_away_cancels_its_job(front: Front) -> None:
+    conn = front.conn()
+    conn.request("POST", "/api/chat", body=json.dumps({
+        "model": "slow-chat", "messages": [{"role": "user", "content": "hi"}]}),
+        headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert json.loads(resp.readline())["done"] is False  # it streams …
+    resp.close()
+    conn.close()  # … and its client goes
+    job = wait_until(lambda: front.get("/v1/jobs?backend=slow-chat&state=cancelled")
+                     .json()["data"], 10, "the abandoned job to be cancelled")[0]
+    assert "went away" in job["error"]

@@ -1,0 +1,147 @@
+"""The ``http:`` section of a descriptor: an HTTP model server as a backend (issue 24).
+
+Its keys, their defaults, the macros kept for the engine to fill in at start, and one clear
+line for each mistake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from supervisor.backends import LoadResult, load_backends
+from supervisor.backends.http import DEFAULT_URL, HttpSpec, fill
+from supervisor.backends.schema import VramSpec
+
+
+def _load(tmp_path: Path, text: str) -> LoadResult:
+    path = tmp_path / "b.yaml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return load_backends([path], environ={"HOME": "/home/t", "HF": "/hf"},
+                         demo_fallback=False)
+
+
+def test_a_llama_server_descriptor_loads_with_its_macros_kept(tmp_path: Path) -> None:
+    result = _load(tmp_path, """
+        name: qwen
+        command: [llama-server, -m, $HF/q.gguf, --port, "${PORT}", -ngl, "99", -np, "4",
+                  --fit-target, "${VRAM_MIB}"]
+        env: {CUDA_DEVICE: "${GPU}", NAME: "${MODEL}", FRAC: "${VRAM_FRACTION}"}
+        http: {health: /health}
+        api: [chat, completions, embeddings, rerank, responses]
+        concurrency: 4
+        vram: 6GiB
+        """)
+    assert not result.errors, [str(e) for e in result.errors]
+    spec = result.backends["qwen"]
+    assert spec.server
+    assert spec.http == HttpSpec(health="/health", url=DEFAULT_URL)
+    assert spec.command == ("llama-server", "-m", "/hf/q.gguf", "--port", "${PORT}", "-ngl",
+                            "99", "-np", "4", "--fit-target", "${VRAM_MIB}")
+    assert spec.env == {"CUDA_DEVICE": "${GPU}", "NAME": "${MODEL}",
+                        "FRAC": "${VRAM_FRACTION}"}
+    assert spec.concurrency == 4 and spec.api[-2:] == ("rerank", "responses")
+    values = {"PORT": "5801", "GPU": "1", "MODEL": "qwen"}
+    assert [fill(w, values) for w in spec.command][4] == "5801"
+    assert fill(spec.http.url, values) == "http://127.0.0.1:5801"
+    assert fill("${VRAM_MIB}", values) == "${VRAM_MIB}"  # not given: left as it is
+
+
+def test_every_http_key(tmp_path: Path) -> None:
+    result = _load(tmp_path, """
+        name: vllm
+        command: vllm serve m --port 9000 --gpu-memory-utilization ${VRAM_FRACTION}
+        http:
+          health: none
+          url: http://localhost:9000/
+          model_name: Qwen/Qwen2.5-7B
+          stop: docker stop ${MODEL}
+          ready_timeout: 10m
+        """)
+    spec = result.backends["vllm"]
+    assert spec.http == HttpSpec(health=None, url="http://localhost:9000",
+                                 model_name="Qwen/Qwen2.5-7B",
+                                 stop=("docker", "stop", "${MODEL}"), ready_timeout_s=600.0)
+    assert spec.command[-1] == "${VRAM_FRACTION}"
+    assert not _load(tmp_path, "name: a\ncommand: [s, --port, '${PORT}']\nhttp: true\n").errors
+
+
+def test_without_http_a_port_is_still_an_environment_variable(tmp_path: Path) -> None:
+    result = _load(tmp_path, "name: w\ncommand: [w, --port, '${PORT}']\n")
+    assert "environment variable $PORT is not set" in str(result.errors[0])
+
+
+@pytest.mark.parametrize(("body", "wanted"), [
+    ("http: {health: health}", "field 'http.health': 'health' is not a path of the server"),
+    ("http: {helth: /h}", "field 'http.helth'"),
+    ("http: {url: 'ftp://x/'}", "field 'http.url': 'ftp://x/' is not an http:// URL"),
+    ("http: {ready_timeout: -1s}", "field 'http.ready_timeout'"),
+    ("http: {stop: []}", "field 'http.stop'"),
+    ("http: [1]", "field 'http': [1] is not a mapping of server settings"),
+    ("http: {model_name: ''}", "field 'http.model_name'"),
+])
+def test_bad_http_settings_say_what_is_wrong(tmp_path: Path, body: str, wanted: str) -> None:
+    result = _load(tmp_path, f"name: s\ncommand: [s, --port, '${{PORT}}']\n{body}\n")
+    assert result.backends == {}
+    (error,) = result.errors
+    assert wanted in str(error) and "\n" not in str(error)
+
+
+def test_a_server_that_never_gets_its_port_is_refused(tmp_path: Path) -> None:
+    (error,) = _load(tmp_path, "name: s\ncommand: [s, -m, x]\nhttp: {}\n").errors
+    assert "its command never gets it: pass it (e.g. --port '${PORT}')" in str(error)
+    # A port given through the environment, or a fixed url, is fine.
+    assert not _load(tmp_path, "name: s\ncommand: [s]\nenv: {P: '${PORT}'}\nhttp: {}\n").errors
+    assert not _load(tmp_path, "name: s\ncommand: [s]\nhttp: {url: 'http://h:1'}\n").errors
+
+
+def test_a_server_is_no_worker_script_nor_a_vramd_worker(tmp_path: Path) -> None:
+    (tmp_path / "w.py").write_text("")
+    (error,) = _load(tmp_path, "name: s\nscript: w.py\nhttp: {url: 'http://h:1'}\n").errors
+    assert "an http: backend runs a server: give its 'command'" in str(error)
+    (error,) = _load(tmp_path, "name: s\ncommand: [s]\nprotocol: vramd\n"
+                               "http: {url: 'http://h:1'}\n").errors
+    assert "field 'protocol': an http: backend speaks HTTP" in str(error)
+
+
+def test_a_start_fills_in_the_macros_and_picks_a_free_port(tmp_path: Path) -> None:
+    from supervisor.servers.launch import plan_launch
+    from supervisor.servers.request import upstream_of
+
+    spec = _load(tmp_path, """
+        name: vllm
+        command: [serve, --port, "${PORT}", --util, "${VRAM_FRACTION}", --mib, "${VRAM_MIB}"]
+        env: {WHERE: "gpu ${GPU} of ${MODEL}"}
+        http: {model_name: Qwen/Q, stop: [kill-it, "${PORT}"]}
+        api: [embeddings]
+        vram: 6GiB
+        """).backends["vllm"]
+    launch = plan_launch(spec, 1, {"PATH": "/bin"}, gpu_total_mib=24576)
+    measured = plan_launch(spec, 1, {}, gpu_total_mib=24576, budget_mib=12288)
+    assert measured.argv[4:] == ("0.500", "--mib", "12288")  # the peak it is admitted at
+    alone = plan_launch(dataclasses.replace(spec, vram=VramSpec()), 0, {}, 24576)
+    assert alone.argv[4:] == ("1.000", "--mib", "24576")  # unmeasured: it runs alone
+    port = str(launch.port)
+    assert launch.argv == ("serve", "--port", port, "--util", "0.250", "--mib", "6144")
+    assert launch.env == {"PATH": "/bin", "WHERE": "gpu 1 of vllm"}
+    assert launch.url == f"http://127.0.0.1:{port}" and launch.stop == ("kill-it", port)
+    # A job from elsewhere (the CLI, a calibration) goes to its first API's route, and the
+    # server is sent its own model name; /upstream passes the body as it came.
+    up = upstream_of(spec, b"", None)
+    assert (up.method, up.path) == ("POST", "/v1/embeddings")
+    assert b'"model": "Qwen/Q"' in up.body
+    body = b'{"model": "mine",  "input": "x"}'
+    assert upstream_of(spec, body, {"http": {"path": "/v1/embeddings"}}).body == \
+        b'{"model":"Qwen/Q","input":"x"}'
+    assert upstream_of(spec, body, {"api": "upstream", "http": {"path": "/x"}}).body == body
+
+
+def test_the_example_servers_load() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "servers" / "backends.yaml"
+    result = load_backends([example], environ={"HOME": "/home/t"}, demo_fallback=False)
+    assert not result.errors, [str(e) for e in result.errors]
+    assert all(spec.server for spec in result.backends.values())
+    assert len(result.backends) == 3
