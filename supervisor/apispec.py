@@ -337,7 +337,8 @@ _SUBMIT_ARGS = (
     Arg("backend", STR, doc="the backend to run the request on", positional=True),
     Arg("payload", BYTES, b"", "the request's bytes (text is sent as UTF-8)", positional=True),
     Arg("priority", PRIORITY, None, "higher runs first (default: the backend's priority)"),
-    Arg("timeout", TIMEOUT, None, "seconds from submission until the job is timed out"),
+    Arg("timeout", TIMEOUT, None, "seconds from its dispatch to a worker until the job is "
+        "timed out (the queue's wait not counted)"),
     Arg("metadata", METADATA, None, "plain data passed to the worker with the request"),
     Arg("stream", BOOL, False, "collect the result as a stream of chunks"),
 )
@@ -459,8 +460,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        Arg("sub", INT, doc="the subscription's id"), facade=False, client=None),
     _m("stats", dict, "The control server's counters and connections.", facade=False,
        safe=True),
-    _m("shutdown", type(None), "Stop the engine, as SIGTERM does.", facade=False,
-       client="shutdown_engine", mutating=True),
+    _m("shutdown", tuple[str, ...], "Stop the engine, as SIGTERM does; the running jobs it "
+       "lets finish first (within their stop grace).",
+       Arg("now", BOOL, False, "stop at once, as a second SIGTERM does: running jobs are "
+           "interrupted (journaled ones run again on the next start)"),
+       facade=False, client="shutdown_engine", mutating=True),
 )}
 
 WIRE_METHODS = frozenset(name for name, m in METHODS.items() if m.how != "local")

@@ -501,9 +501,11 @@ class Client:
         self._invoke("ping", {})
         return time.perf_counter() - t0
 
-    def shutdown_engine(self) -> None:
-        """Ask the engine to stop, as SIGTERM does (running jobs get their stop grace)."""
-        self._invoke("shutdown", {})
+    def shutdown_engine(self, now: bool = False) -> tuple[str, ...]:
+        """Ask the engine to stop, as SIGTERM does (running jobs get their stop grace; with
+        ``now``, they are interrupted); the running jobs it waits for."""
+        result: tuple[str, ...] = self._invoke("shutdown", {"now": now})
+        return result
 
     def close(self) -> None:
         with self._lock:

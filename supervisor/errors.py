@@ -29,6 +29,10 @@ class UnknownJob(VramtuiError):
         self.job_id = job_id
 
 
+class UnknownGpu(VramtuiError):
+    """A GPU index this engine does not have."""
+
+
 class Refused(VramtuiError):
     """A job that can never run here (too large for every GPU, …)."""
 

@@ -152,6 +152,7 @@ class Supervisor:
             config=config,
             descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
+        engine.descriptors.demo = loaded.demo
         sup = cls(engine, paths)
         sup.limits = limits
         return sup
@@ -178,7 +179,8 @@ class Supervisor:
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
         if self._signalled:
-            log.warning("%s: already stopping (running jobs get their stop grace)", name)
+            log.warning("%s again: stopping now (running jobs are interrupted)", name)
+            self.engine.request_stop(now=True)
             return
         self._signalled = True
         log.info("%s: stopping — no new jobs, running jobs get their stop grace", name)

@@ -126,7 +126,9 @@ def reload(engine: Engine) -> Blocking:
     layers, environ = engine.descriptors.layers, engine.descriptors.environ
     if layers is None:
         raise Refused("this engine was not started from descriptor files: nothing to reload")
-    return Blocking(lambda: load_backends(layers, environ=environ), engine.apply_descriptors)
+    demo = engine.descriptors.demo  # a broken first file keeps the demo that runs
+    return Blocking(lambda: load_backends(layers, environ=environ, keep_demo=demo),
+                    engine.apply_descriptors)
 
 
 def zero(engine: Engine) -> tuple[str, ...]:

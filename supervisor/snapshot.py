@@ -135,6 +135,7 @@ class BackendView:
     sleep_residual_mib: int | None = None  # what it kept on its GPU asleep, measured
     wake_cost_s: float | None = None  # what admission counts a wake at (measured, else prior)
     no_sleep: str | None = None  # why it is no longer put to sleep (until respawned)
+    api: tuple[str, ...] = ()  # the API shapes an HTTP front serves it as (``api:``)
 
     @property
     def peak_mib(self) -> int | None:

@@ -90,11 +90,14 @@ ServerFactory = Callable[..., WireServer]
 
 @pytest.fixture
 def wire_server() -> Iterator[ServerFactory]:
-    """``wire_server(features=EXTENSIONS, send_ack=True)``: a started server in its own dir."""
+    """``wire_server(features=…, send_ack=True)``: a started server in its own dir (by default
+    every extension but ``data-progress``: the tests wait for progress on the control
+    socket while a request runs)."""
     servers: list[WireServer] = []
     dirs: list[str] = []
 
-    def make(features: frozenset[str] = EXTENSIONS, send_ack: bool = True) -> WireServer:
+    def make(features: frozenset[str] = EXTENSIONS - {"data-progress"},
+             send_ack: bool = True) -> WireServer:
         directory = tempfile.mkdtemp(prefix="vt-", dir="/tmp")
         dirs.append(directory)
         server = WireServer(directory, features=features, send_ack=send_ack).start()

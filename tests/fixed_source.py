@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.calibration import CalibrationRecord, CalSample, PhaseMark, analyze
-from supervisor.calibration.report import write_report
+from supervisor.calibration.report import write_calibrated_overlay, write_report
 from supervisor.errors import EngineStopped, NoReport, UnknownBackend, UnknownJob
 from supervisor.events import EngineEvent, EventHub, Subscription
 from supervisor.jobs import JobState, JobView
@@ -132,6 +132,7 @@ class FixedSource:
     advance: Callable[[EngineSnapshot], EngineSnapshot] | None = None
     jobs: dict[str, JobView] = field(default_factory=dict)  # jobs not in the snapshot
     reports: dict[str, Path] = field(default_factory=dict)  # backend -> its report file
+    overlays: dict[str, Path] = field(default_factory=dict)  # backend -> its overlay file
     _hub: EventHub = field(default_factory=EventHub)
 
     # -- EngineAPI ----------------------------------------------------------------------
@@ -253,7 +254,8 @@ class FixedSource:
         from supervisor.backends.loader import load_backends
         from supervisor.descriptors import describe
 
-        layers = [Path(DEMO_SOURCE)]
+        layers = [Path(DEMO_SOURCE), *([self.overlays[backend]] if backend in self.overlays
+                                       else [])]
         spec = load_backends(layers).backends.get(backend)
         if spec is None:
             raise UnknownBackend(backend, ())
@@ -545,6 +547,7 @@ def write_fixed_calibration(paths: Paths) -> JobView:
     stamp = time.strftime(REPORT_STAMP, time.gmtime(record.started_wall))
     path = paths.calibration_report("sdxl-sim", stamp)
     write_report(path, record, report)
+    write_calibrated_overlay(paths.calibration_overlay("sdxl-sim"), report)  # as calibrate does
     summary = {"report": str(path), "outcome": "completed", "error": None,
                **report.summary(), "overlay": str(paths.calibration_overlay("sdxl-sim"))}
     end = CAL_STARTED - CAL_MARKS[-1][0]

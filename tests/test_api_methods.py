@@ -20,7 +20,14 @@ from waiting import wait_until
 
 from supervisor.calibration.report import write_report
 from supervisor.client import Client
-from supervisor.errors import InvalidRequest, NoReport, Refused, UnknownBackend, UnknownJob
+from supervisor.errors import (
+    InvalidRequest,
+    NoReport,
+    Refused,
+    UnknownBackend,
+    UnknownGpu,
+    UnknownJob,
+)
 from supervisor.jobs import JobState
 
 
@@ -114,7 +121,7 @@ def test_priority_cancel_many_kill_retry_and_drain() -> None:
         # drain: the flag is in the snapshot, both ways, and a bad GPU is a clear error
         assert c.drain(0) == (0,) and sup.snapshot().gpus[0].draining
         assert sup.drain(0, False) == () and not c.snapshot().gpus[0].draining
-        with pytest.raises(Refused, match="no GPU7"):
+        with pytest.raises(UnknownGpu, match="no GPU7"):
             c.drain(7)
         c.close()
 

@@ -80,7 +80,7 @@ def test_minimal_script_backend_gets_defaults(tmp_path: Path, worker: Path) -> N
     assert spec.calibration_request is None
     assert spec.reload_cost_s is None
     assert spec.description == ""
-    assert spec.source == "w/b.yaml"
+    assert spec.source == str(tmp_path / "w" / "b.yaml")  # absolute
 
 
 def test_every_field(tmp_path: Path, worker: Path) -> None:
@@ -325,7 +325,7 @@ def test_layers_override_single_keys(tmp_path: Path, worker: Path) -> None:
     assert spec.vram == VramSpec(7168, 4096, 2048, None)
     assert spec.peak == 7168 and spec.resident == 4096
     assert spec.timeouts == Timeouts(start_s=60.0, request_s=600.0, stop_grace_s=10.0)
-    assert spec.source == "w/base.yaml + conf/backends.d/50-sd.yaml"
+    assert spec.source == f"{tmp_path}/w/base.yaml + {tmp_path}/conf/backends.d/50-sd.yaml"
 
 
 def test_bare_vram_in_an_overlay_sets_only_the_peak(tmp_path: Path) -> None:

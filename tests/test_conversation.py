@@ -336,6 +336,14 @@ def test_data_frames_on_the_control_socket_and_events_on_the_data_socket() -> No
                                                                       "status": "ready"})))
 
 
+def test_progress_on_the_data_socket_only_with_data_progress() -> None:
+    notify = frame(4, 0, 3, {"event": NOTIFY, "request": 1, "fraction": 0.5, "message": "half"})
+    got = event(server(DATA), notify)  # data-progress: in order with the chunks
+    assert isinstance(got, Progress) and (got.request, got.fraction) == (1, 0.5)
+    without = ",".join(sorted(EXTENSIONS - {"data-progress"}))
+    assert "not expected" in str(refused(server(DATA, without), notify))
+
+
 def test_a_flood_of_refused_frames_gives_the_connection_up() -> None:
     conv = server(CONTROL)
     junk = frame(4, 0, 9, {"event": 99})

@@ -25,6 +25,7 @@ from supervisor.errors import (
     InvalidRequest,
     Refused,
     UnknownBackend,
+    UnknownGpu,
     UnknownJob,
 )
 from supervisor.jobs import JobState, JobView
@@ -206,6 +207,13 @@ def test_a_job_timeout_counts_from_dispatch_and_ends_it_as_timed_out() -> None:
         assert late.state is JobState.TIMED_OUT and "timed out after 0.2 s" in (late.error or "")
 
 
+def test_the_descriptors_timeouts_request_counts_from_dispatch_too() -> None:
+    with fake_engine({"b": mib(512, 256, timeouts={"request": "0.5s"})},
+                     scripts={"b": honest(512, 256, job_s=0.3)}) as fe:
+        jobs = [fe.sup.submit("b", b"") for _ in range(2)]  # the second waits ~0.3 s first
+        assert [fe.sup.wait(j, 5).state for j in jobs] == [JobState.SUCCEEDED] * 2
+
+
 def test_progress_chunks_and_metadata_reach_the_job() -> None:
     with fake_engine({"a": mib(512, 256, stream=True)},
                      scripts={"a": honest(512, 256, manual=True)}) as fe:
@@ -337,7 +345,7 @@ def test_a_draining_gpu_finishes_its_work_and_admits_nothing_new() -> None:
         fe.on_loop(lambda: fe.worker("a").reply(running, b"done"))
         assert fe.sup.wait(running, 5).state is JobState.SUCCEEDED
         wait_until(lambda: state_of(fe, "a") == "cold", what="a evicted from the drained GPU")
-        with pytest.raises(Refused, match="no GPU7"):
+        with pytest.raises(UnknownGpu, match="no GPU7"):
             fe.sup.drain(7)
         assert fe.sup.drain(0, on=False) == ()
         assert fe.sup.wait(waiting, 5).state is JobState.SUCCEEDED

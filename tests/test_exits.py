@@ -21,10 +21,11 @@ exit codes:
       a calibration failed or earned too low a confidence to write an overlay
   2   bad usage or input (unknown flag, bad JSON, unreadable file, request too large)
   3   no engine is running (start one with `vramtui --serve`, or run `vramtui`)
-  4   unknown backend or job
+  4   unknown backend, job or GPU
   5   refused: too large for every GPU, queue full, backend failed or busy, access denied,
       or (--serve) another engine already runs in this runtime directory
   6   the job has not finished yet (result without --wait)
+  7   nothing to do: the job had already ended (cancel), the backend is not loaded (evict)
   70  internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)
   130 interrupted (Ctrl-C; a submitted job goes on, a calibration is cancelled)
 """

@@ -40,13 +40,17 @@ def client(front: Front) -> openai.OpenAI:
 
 
 @pytest.mark.process
-def test_models_lists_api_backends_with_their_state(client: openai.OpenAI) -> None:
+def test_models_lists_api_backends_and_aliases_with_their_state(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list()}
+    # Aliases are models too: a UI offers only what this lists.
     assert set(models) == {"chat-sim", "embed-sim", "image-sim", "tts-sim", "stt-sim",
-                           "slow-chat"}
+                           "slow-chat", "gpt-4o-mini", "text-embedding-3-small", "dall-e-3",
+                           "tts-1", "whisper-1"}
     assert models["chat-sim"].model_extra["aliases"] == ["gpt-4o-mini"]
     assert models["chat-sim"].model_extra["state"] in ("cold", "ready", "starting")
-    assert client.models.retrieve("gpt-4o-mini").id == "chat-sim"
+    assert models["gpt-4o-mini"].model_extra["backend"] == "chat-sim"
+    alias = client.models.retrieve("gpt-4o-mini")
+    assert alias.id == "gpt-4o-mini" and alias.model_extra["backend"] == "chat-sim"
 
 
 @pytest.mark.process
@@ -113,6 +117,9 @@ def test_openai_errors_arrive_as_the_clients_own_exceptions(client: openai.OpenA
     with pytest.raises(openai.BadRequestError) as bad:
         client.embeddings.create(model="chat-sim", input="x")
     assert "speaks chat" in str(bad.value)
+    with pytest.raises(openai.BadRequestError) as none:  # no messages: not a completion
+        client.chat.completions.create(model="gpt-4o-mini", messages=[])
+    assert none.value.param == "messages" and "messages" in str(none.value)
 
 
 def test_a_streaming_client_that_disconnects_cancels_its_job(front: Front,

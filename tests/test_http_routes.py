@@ -109,7 +109,8 @@ def test_sse_on_submit_streams_named_events_with_monotonic_ids(front: Front) -> 
     chunks = [e.json() for e in seen if e.event == "chunk"]
     assert [c["text"] for c in chunks] == ["chunk 0\n", "chunk 1\n", "chunk 2\n"]
     assert [c["index"] for c in chunks] == [0, 1, 2]
-    assert "progress" in names
+    # In the order the worker sent them: each step's progress, then its chunk.
+    assert [n for n in names if n in ("progress", "chunk")] == ["progress", "chunk"] * 3
     ids = [int(e.id) for e in seen if e.id is not None]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
@@ -442,7 +443,7 @@ def test_kill_drain_reload_and_the_descriptor(front: Front) -> None:
     assert front.post("/v1/gpus/0/drain").json() == {"gpu": 0, "draining": [0]}
     assert front.get("/v1/snapshot?light=1").json()["gpus"][0]["draining"] is True
     assert front.post("/v1/gpus/0/drain", {"on": False}).json() == {"gpu": 0, "draining": []}
-    assert front.post("/v1/gpus/7/drain").status == 409  # no such GPU here
+    assert front.post("/v1/gpus/7/drain").status == 404  # no such GPU here
     assert front.post("/v1/gpus/x/drain").error["param"] == "gpu"
     assert front.post("/v1/gpus/0/drain", {"on": "yes"}).status == 400
 

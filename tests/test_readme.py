@@ -3,8 +3,17 @@ line there fails here), each with an example of itself."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+
+import pytest
+from waiting import wait_until
 
 from supervisor.backends.schema import CALIBRATION_KEYS, TIMEOUT_KEYS, TOP_KEYS, VRAM_KEYS
 
@@ -21,3 +30,50 @@ def test_every_descriptor_key_has_a_line_with_an_example() -> None:
     for key, _what, example in rows:
         assert example.split(":")[0].strip() == key.split(".")[0], (key, example)
 
+
+
+# -- the command line, as written ------------------------------------------------------------
+
+FOLLOWS_S = 0.5  # ``vramtui events`` and ``logs -f`` follow until stopped: this long here
+
+
+def readme_commands() -> list[str]:
+    """The lines of the README's command-line block (the one said to run as written)."""
+    text = README.read_text()
+    start = text.index("Each line runs as written against the demo backends")
+    block = text[text.index("```bash\n", start) + 8:]
+    return [line for line in block[:block.index("```")].splitlines() if line.strip()]
+
+
+@pytest.mark.process
+def test_every_command_line_of_the_readme_runs_against_the_demo_as_written(
+        tmp_path: Path) -> None:
+    lines = readme_commands()
+    assert lines[0].startswith("vramtui --serve") and lines[-1].startswith("vramtui stop")
+    root = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
+    env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
+               VRAMTUI_CONFIG_DIR=str(root / "cfg"), HOME=str(root),  # nothing configured
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    # Followers run a few seconds, then count as done; every other failure stops the script.
+    script = ["set -eo pipefail",
+              f'vramtui() {{ case " $* " in *" events "*|*" -f "*) timeout {FOLLOWS_S} vramtui '
+              '"$@" || [ $? = 124 ];; *) command vramtui "$@";; esac; }']
+    for number, line in enumerate(lines[1:], start=2):
+        script += [f"echo {shlex.quote(f'@@ line {number}: {line}')} >&2", line]
+    serve = subprocess.Popen(["bash", "-c", lines[0]], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: subprocess.run(["vramtui", "status"], env=env, capture_output=True
+                                          ).returncode == 0 or serve.poll() is not None,
+                   60, "the engine to answer")
+        done = subprocess.run(["bash", "-c", "\n".join(script)], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr and "error:" not in done.stderr, done.stderr
+        assert serve.wait(30) == 0  # the last line stopped it
+    finally:
+        if serve.poll() is None:
+            serve.terminate()
+            serve.wait(30)
+        shutil.rmtree(root, ignore_errors=True)

@@ -22,6 +22,19 @@ SNAPSHOT_SCENES = ("dashboard", "job", "backend", "help", "submit", "calibration
 @pytest.mark.parametrize("scene", SNAPSHOT_SCENES)
 def test_screen(snap_compare: Any, scene: str, size: tuple[int, int], tmp_path: Path,
                 monkeypatch: pytest.MonkeyPatch) -> None:
+    shoot(snap_compare, scene, size, tmp_path, monkeypatch)
+
+
+# Where a newcomer tripped (issue 29): events that came while the processes were shown, and
+# the demo's toast beside them; at the smallest and the largest size only (they are slow).
+@pytest.mark.parametrize("size", (SIZES[0], SIZES[-1]), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_events_after_processes(snap_compare: Any, size: tuple[int, int], tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    shoot(snap_compare, "events-after-processes", size, tmp_path, monkeypatch)
+
+
+def shoot(snap_compare: Any, scene: str, size: tuple[int, int], tmp_path: Path,
+                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # the fixed data names examples/demo/backends.yaml
     monkeypatch.setenv("HOME", str(tmp_path))  # paths on screen: ~/.local/state/vramtui/...
     spec = next(s for s in SCENES if s.name == scene)

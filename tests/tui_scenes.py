@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fixed_source import (
@@ -37,6 +37,7 @@ from textual.widgets import TextArea
 
 from supervisor.jobs import JobView
 from supervisor.paths import Paths
+from supervisor.snapshot import LogLine
 from vramtui.app import VramApp
 from vramtui.app.screens.calibration_screen import CalibrationScreen
 from vramtui.app.widgets.rewrap_log import RewrapLog
@@ -56,7 +57,8 @@ def make_app(home: Path, *, simulated: bool = True, readonly: bool = False,
         snap = calibrating_snapshot(snap)
         calibration = calibration_running(calibration)
     source = FixedSource(snap, jobs={calibration.id: calibration},
-                         reports={"sdxl-sim": Path(_report_of(done))})
+                         reports={"sdxl-sim": Path(_report_of(done))},
+                         overlays={"sdxl-sim": paths.calibration_overlay("sdxl-sim")})
     return VramApp(source, "embedded", clocks=fixed_clocks(), readonly=readonly)
 
 
@@ -133,6 +135,26 @@ async def processes(pilot: Pilot[int]) -> None:
     await settle(pilot)
 
 
+async def events_after_processes(pilot: Pilot[int]) -> None:
+    """Events that came while the processes were shown, wrapped at the events' width when
+    they are back; then ``d``, whose toast leaves the events in sight."""
+    await settle(pilot)
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    await pilot.press("v")
+    await settle(pilot)
+    source = app.api
+    assert isinstance(source, FixedSource)
+    snap = source.snapshot_value
+    line = LogLine(snap.taken_at, "info", "admitted j-0dd5a1e5e2 (whisper-sim) on GPU0: needs "
+                   "3072 MiB at peak, 4403 MiB free after 512 MiB of safety", "whisper-sim")
+    source.snapshot_value = replace(snap, log=(*snap.log, line))
+    polls = app.polls
+    await settle(pilot, until=lambda: app.polls > polls + 1)
+    await pilot.press("v")
+    await pilot.press("d")
+    await settle(pilot, until=lambda: bool(app._notifications))
+
+
 async def reload_diff(pilot: Pilot[int]) -> None:
     await settle(pilot)
     app: VramApp = pilot.app  # type: ignore[assignment]
@@ -195,6 +217,7 @@ SCENES = (
     SceneSpec("help", help_screen),
     SceneSpec("processes", processes),
     SceneSpec("reload", reload_diff),
+    SceneSpec("events-after-processes", events_after_processes),
     SceneSpec("submit", submit_dialog),
     SceneSpec("confirm", confirm_evict),
     SceneSpec("calibration", calibration_result),

@@ -25,6 +25,7 @@ class Exit:
     NOT_FOUND = 4
     REFUSED = 5
     NOT_FINISHED = 6
+    NOTHING_TO_DO = 7
     INTERNAL = 70
     INTERRUPTED = 130
 
@@ -38,11 +39,13 @@ CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
                   "large)",)),
     (Exit.NO_ENGINE, ("no engine is running (start one with `vramtui --serve`, or run "
                       "`vramtui`)",)),
-    (Exit.NOT_FOUND, ("unknown backend or job",)),
+    (Exit.NOT_FOUND, ("unknown backend, job or GPU",)),
     (Exit.REFUSED, ("refused: too large for every GPU, queue full, backend failed or busy, "
                     "access denied,",
                     "or (--serve) another engine already runs in this runtime directory")),
     (Exit.NOT_FINISHED, ("the job has not finished yet (result without --wait)",)),
+    (Exit.NOTHING_TO_DO, ("nothing to do: the job had already ended (cancel), the backend is "
+                          "not loaded (evict)",)),
     (Exit.INTERNAL, ("internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)",)),
     (Exit.INTERRUPTED, ("interrupted (Ctrl-C; a submitted job goes on, a calibration is "
                         "cancelled)",)),
@@ -72,6 +75,7 @@ def exit_code(exc: BaseException) -> int:
     for cls, code in (
         (E.UnknownBackend, Exit.NOT_FOUND),
         (E.UnknownJob, Exit.NOT_FOUND),
+        (E.UnknownGpu, Exit.NOT_FOUND),
         (E.Refused, Exit.REFUSED),
         (E.QueueFull, Exit.REFUSED),
         (E.BackendFailed, Exit.REFUSED),

@@ -26,6 +26,7 @@ from aiohttp import web
 from supervisor.http.auth import DECISION
 
 UI_PREFIX = "/ui"
+PAGE_DIR = Path(__file__).resolve().parent / "webpage"  # the page each browser loads
 
 
 def ui_command(socket: Path, *, readonly: bool = False) -> str:
@@ -72,7 +73,7 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
             "application": {"name": title},
             "ping_url": "",
         }
-        response = aiohttp_jinja2.render_template("app_index.html", request, context)
+        response = aiohttp_jinja2.render_template("index.html", request, context)
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
@@ -88,7 +89,9 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
             state["sessions"] -= 1
 
     app = web.Application()
-    aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(server.templates_path))
+    # Our own page (a title, an inline icon, the font from textual-serve's own statics): it
+    # asks nothing of any other host.  The statics themselves are textual-serve's.
+    aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(str(PAGE_DIR)))
     app.add_routes([
         web.get("", index, name="index"),
         web.get("/", index),
@@ -113,7 +116,7 @@ def _int(raw: str | None, default: int) -> int:
 
 
 def run_web(args: Any) -> int:
-    """``vramtui web``: the dashboard alone on ``--listen``, attached to the running engine."""
+    """``vramtui web``: the dashboard alone on ``--http``, attached to the running engine."""
     import asyncio
 
     from supervisor.http import available as http_missing
@@ -130,7 +133,10 @@ def run_web(args: Any) -> int:
         print(f"vramtui web: {missing}", file=sys.stderr)
         return Exit.USAGE
     try:
-        config = load_http_config(listen=args.listen, token_file=args.token_file)
+        from .cli.web import DEFAULT_LISTEN
+
+        config = load_http_config(listen=getattr(args, "http", None) or DEFAULT_LISTEN,
+                                  token_file=getattr(args, "http_token_file", None))
     except HttpConfigError as exc:
         print(f"vramtui web: {exc}", file=sys.stderr)
         return Exit.USAGE

@@ -697,6 +697,8 @@ class ServerConversation(_Conversation):
             handlers[MessageType.DATA] = self._on_data
             handlers[MessageType.ERROR] = self._on_error
             handlers[MessageType.RESPONSE] = self._on_response  # to a sleep or a wake
+            if "data-progress" in self.features:  # progress, in order with the chunks
+                handlers[MessageType.EVENT] = self._on_data_event
         self._handlers = handlers
         return reg
 
@@ -732,6 +734,13 @@ class ServerConversation(_Conversation):
                                   MAX_PROGRESS_TEXT))
         raise _refuse(f"event code {code} ({EventType(code).name}) is not expected from a "
                       "worker")
+
+    def _on_data_event(self, message: Message) -> Event:
+        """On the data socket (``data-progress``): a progress event, and nothing else."""
+        if _event_code(message.payload, message.id) != EventType.NOTIFY:
+            raise _refuse("this event is not expected on the data socket (only progress "
+                          "events are)")
+        return self._on_event(message)
 
     def _on_response(self, message: Message) -> Event:
         kind = self._asked.pop(message.id, None)

@@ -97,6 +97,7 @@ EXTENSIONS: frozenset[str] = frozenset(
         "stream",  # DATA/STREAM chunks and an explicit end of stream (payload nil)
         "cancel",  # EVENT CANCEL {request: wire id} honoured per request
         "progress",  # EVENT NOTIFY {request, fraction, message} from worker to server
+        "data-progress",  # ... sent on the data socket, in order with the request's chunks
         "envelope",  # DATA/ENVELOPE request {payload, request_id, metadata, deadline}
         "error-status",  # ERROR {error, type, status_code}
         "init-failure",  # EVENT STATUS {status: "failed", error} before a non-zero exit

@@ -39,6 +39,7 @@ from .events import (
     HealthRequest,
     Ping,
     Pong,
+    Progress,
     Registration,
     Request,
     Shutdown,
@@ -191,6 +192,9 @@ class WorkerLink:
                         raise ConnectionLost(f"{self.name} closed the data socket: {exc}") \
                             from None
                     continue
+                if type(event) is Progress:
+                    self.events.put(event)
+                    continue
                 frame_id = event.message_id if isinstance(event, ProtocolError) else event.id
                 found = (conv.last_message, event)
                 if frame_id == wire_id:
@@ -336,10 +340,15 @@ class WorkerLink:
 
 
 class WireServer:
-    """Listen on ``directory/ctrl.sock`` and ``directory/data.sock`` for workers."""
+    """Listen on ``directory/ctrl.sock`` and ``directory/data.sock`` for workers.
+
+    By default progress stays on the control socket (``events``), where a test waits for it
+    while a request runs; offered ``data-progress``, it comes in order with the data frames
+    and is put on ``events`` as the data socket is read."""
 
     def __init__(self, directory: str | os.PathLike[str], *,
-                 features: frozenset[str] = EXTENSIONS, send_ack: bool = True) -> None:
+                 features: frozenset[str] = EXTENSIONS - {"data-progress"},
+                 send_ack: bool = True) -> None:
         self.control_path = os.path.join(os.fspath(directory), "ctrl.sock")
         self.data_path = os.path.join(os.fspath(directory), "data.sock")
         self.features = features

@@ -132,6 +132,7 @@ class Worker:
         self._data_sendall: Callable[[bytes], None] = _not_connected
         self._loop: asyncio.AbstractEventLoop | None = None
         self._control_thread: threading.Thread | None = None
+        self._main_ident = 0  # the thread that runs predict and alone sends on the data socket
 
     # -- lifecycle ----------------------------------------------------------------------------
     def request_stop(self, why: str) -> None:
@@ -156,6 +157,7 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def run(self) -> ExitCode:
+        self._main_ident = threading.get_ident()
         try:
             if not self._connect(self.connect_timeout):
                 if self._stop.is_set():
@@ -363,10 +365,13 @@ class Worker:
                 control.send(Status(control.next_id(), state))
 
     def _send_progress(self, wire_id: int, fraction: float | None, text: str) -> None:
-        control = self.control
-        if "progress" in self.features and control is not None:
+        # On the data socket where the server reads it there (``data-progress``), so that it
+        # arrives in order with the chunks — but only from the main thread, its one sender.
+        conn = self.data if "data-progress" in self.features and \
+            threading.get_ident() == self._main_ident else self.control
+        if "progress" in self.features and conn is not None:
             with contextlib.suppress(ConnectionLost):
-                control.send(Progress(control.next_id(), wire_id, fraction, text))
+                conn.send(Progress(conn.next_id(), wire_id, fraction, text))
 
     # -- data socket --------------------------------------------------------------------------
     def _serve(self) -> ExitCode:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import brief
 from ..paths import backends_dir_of
-from .errors import DescriptorError, DescriptorWarning, display_path
+from .errors import DescriptorError, DescriptorWarning
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
 from .vramd import VramdContext
@@ -106,18 +106,25 @@ def load_backends(
     environ: Mapping[str, str] = os.environ,
     demo_fallback: bool = True,
     workdir: Path | None = None,
+    keep_demo: bool = False,
 ) -> LoadResult:
     """Load and validate the backends of ``paths`` (layers, lowest first).
 
     When nothing at all was found (no backend entry, no error) and ``demo_fallback`` is set,
     the demo backends of ``demo_backends_dir()`` are loaded instead and ``demo`` is true.
+    ``keep_demo`` (a reload while the demo runs): also when the files have errors and not one
+    backend of theirs loads, every path named being there — a first file that fails to load
+    never takes the demo away (its errors are still reported).
     ``workdir`` is where relative paths of vramd files resolve (default: the working directory).
     """
     vramd = VramdContext(environ=environ, workdir=workdir or working_directory())
     collector = _Collector(environ, vramd)
     for path in paths:
         collector.add_path(path)
-    if demo_fallback and collector.entries == 0 and not collector.errors:
+    result = collector.finish()
+    broken_only = keep_demo and bool(result.errors) and not result.backends \
+        and not collector.missing
+    if demo_fallback and ((collector.entries == 0 and not result.errors) or broken_only):
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
             # The demo is the base layer; overlays (calibrations of demo backends) go on it.
@@ -126,7 +133,7 @@ def load_backends(
             for path in paths:
                 demo.add_path(path)
             return demo.finish(demo=True)
-    return collector.finish()
+    return result
 
 
 class _Collector:
@@ -142,6 +149,7 @@ class _Collector:
         self.files: list[Path] = []
         self.entries = 0  # entries that define a backend (overlays do not count)
         self.defined: set[str] = set()
+        self.missing = False  # a layer named explicitly could not be read at all
 
     # -- reading -----------------------------------------------------------------------------
     def add_path(self, path: str | Path) -> None:
@@ -150,6 +158,7 @@ class _Collector:
             try:
                 children = sorted(layer.iterdir(), key=lambda p: p.name)
             except OSError as exc:
+                self.missing = True
                 self.errors.append(
                     DescriptorError(layer, None, None, None, f"cannot list: {exc.strerror}")
                 )
@@ -164,6 +173,7 @@ class _Collector:
         elif layer.exists():
             self.add_file(layer)
         else:
+            self.missing = True
             self.errors.append(
                 DescriptorError(layer, None, None, None, "no such file or directory")
             )
@@ -307,7 +317,7 @@ class _Collector:
                 data,
                 base_dir=lambda key: raw.origin_of(key).file.parent,
                 environ=self.environ,
-                source=" + ".join(display_path(f) for f in raw.files),
+                source=" + ".join(str(f) for f in raw.files),  # absolute: cwd-free
             )
         except InvalidBackend as exc:
             found = []

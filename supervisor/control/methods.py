@@ -183,9 +183,9 @@ class Methods:
         return self.server.stats()
 
     def _do_shutdown(self, conn: Connection, msg_id: int, a: dict[str, Any]) -> Any:
-        log.info("stop requested over the control socket by pid %s",
-                 conn.peer.pid if conn.peer else "?")
-        self.engine.request_stop()
+        log.info("stop%s requested over the control socket by pid %s",
+                 " now" if a["now"] else "", conn.peer.pid if conn.peer else "?")
+        return self.engine.request_stop(now=a["now"])
 
 
 class Waiter:

@@ -113,12 +113,19 @@ def chunk_json(data: bytes) -> dict[str, Any]:
         return {"b64": base64.b64encode(data).decode("ascii")}
 
 
+def backend_simulated(snap: EngineSnapshot, b: BackendView) -> bool:
+    """Whether a backend's figures are simulated: its own declaration, or the device it runs
+    on (not running: whether the engine simulates any device)."""
+    kind = memory_kind(snap, b.gpu)
+    return b.simulated or (snap.simulated if kind is None else kind == "SIMULATED")
+
+
 def backend_json(b: BackendView, snap: EngineSnapshot, extra: dict[str, Any]) -> dict[str, Any]:
     """A backend as HTTP shows it: state, memory, keep-alive left, its declared / learned /
     observed peaks (memory figures keep their unit in the name, ``_mib``)."""
     return {
         "name": b.name, "object": "backend", "state": b.state, "description": b.description,
-        "pid": b.pid, "gpu": b.gpu, "simulated": b.simulated or snap.simulated,
+        "pid": b.pid, "gpu": b.gpu, "simulated": backend_simulated(snap, b),
         "memory": {"observed_mib": b.observed_mib, "reserved_mib": b.reserved_mib,
                    "kind": memory_kind(snap, b.gpu)},
         "peaks": {"declared_mib": b.declared_peak_mib, "learned_mib": b.learned_peak_mib,

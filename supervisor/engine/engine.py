@@ -40,7 +40,7 @@ from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
 from ..workers.handle import Outcome
 from ..workers.states import WorkerState
-from . import reload
+from . import reload, stopping
 from .config import EngineConfig
 from .durable import JobJournal
 from .loop import EngineLoop
@@ -177,8 +177,8 @@ class Engine:
             task.cancel()
         await self._shutdown()
 
-    def request_stop(self) -> None:
-        self.run.request_stop()
+    def request_stop(self, now: bool = False) -> tuple[str, ...]:
+        return stopping.request(self.pool, self.run.request_stop, now)  # see .stopping
 
     async def _shutdown(self) -> None:
         now = self.clock()
@@ -193,6 +193,7 @@ class Engine:
                 self.jobs.abandoned(job, "the engine stopped before the job ran")
                 self._finish(job, JobState.CANCELLED,
                              error="the engine stopped before the job ran")
+        self.notes.note("info", stopping.stop_line(self.pool))
         await self.pool.stop_all()
         for job in self.jobs.live():
             self._stopped_during(job)
@@ -707,7 +708,7 @@ class Engine:
             m.timed_worker = handle.name  # its first ready: one load, and its cost
             loaded = max(0.0, handle.ready_at - handle.started_at)
             m.load_times.append(loaded)
-            self.notes.counters.loaded(rt.spec.name, loaded)
+            self.notes.loaded(rt.spec.name, handle.gpu, loaded, preloaded=not rt.admitted)
         for job_id in list(rt.admitted):
             job = self.jobs.get(job_id)
             # While stopping, admitted jobs stay unstarted: they run after a restart.

@@ -64,10 +64,19 @@ class Notes:
             self.events.publish(EngineEvent("log", line.t, message=text, level=level,
                                             backend=backend))
 
+    def loaded(self, backend: str, gpu: int | None, seconds: float, *,
+                preloaded: bool) -> None:
+        """A worker's first ready: one load counted; a preload's is told (no job says it)."""
+        self.counters.loaded(backend, seconds)
+        if preloaded:
+            self.note("info", f"{backend} ready on GPU{gpu} after {seconds:.1f} s (preloaded)",
+                      backend)
+
     def job(self, view: JobView | None, backend: str, state: str) -> None:
         """A job changed (``view`` is light: no result)."""
-        self.events.publish(EngineEvent("job", time.time(), job=view, backend=backend,
-                                        state=state))
+        self.events.publish(EngineEvent("job", time.time(), job=view,
+                                        job_id=view.id if view is not None else None,
+                                        backend=backend, state=state))
 
     def job_ended(self, job: Job) -> None:
         """The end of a job in the event log: the queue's story, told from admission to end

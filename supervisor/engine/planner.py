@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .. import admission
-from ..errors import Refused
+from ..errors import UnknownGpu
 from ..gpu.model import GpuReading
 from ..jobs.record import Job
 from ..jobs.states import JobState
@@ -155,7 +155,7 @@ class Planner:
         Refused for a GPU that is not there."""
         if gpu not in readings:
             present = ", ".join(f"GPU{i}" for i in sorted(readings)) or "none"
-            raise Refused(f"there is no GPU{gpu} (present: {present})")
+            raise UnknownGpu(f"unknown GPU {gpu}: there is no GPU{gpu} (present: {present})")
         if on and gpu not in self.draining:
             self.draining.add(gpu)
             return (f"draining GPU{gpu}: running jobs finish, nothing new starts there, idle "

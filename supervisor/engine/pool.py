@@ -32,6 +32,7 @@ class WorkerPool:
         self._runtimes = {name: BackendRuntime(spec) for name, spec in specs.items()}
         self._loop = loop
         self._clock = clock
+        self.hurrying = False  # a stop asked now: running jobs are not waited for
 
     # -- the backends ---------------------------------------------------------------------------
     def __contains__(self, name: object) -> bool:
@@ -108,15 +109,20 @@ class WorkerPool:
             return
         if drain and rt.admitted:
             deadline = self._clock() + grace
-            while rt.admitted and self._clock() < deadline and not worker.exited:
+            while rt.admitted and self._clock() < deadline and not worker.exited \
+                    and not self.hurrying:
                 await asyncio.sleep(0.05)
             grace = min(grace, 2.0)  # stop() must end within grace + a few seconds
-        await worker.stop(grace=grace)
+        await worker.stop(grace=min(grace, 1.0) if self.hurrying else grace)
 
     async def stop_all(self) -> None:
         """Every worker, its running jobs given their backend's stop grace to finish."""
         await asyncio.gather(*(self.stop(rt, grace=rt.spec.timeouts.stop_grace_s, drain=True)
                                for rt in self.live()), return_exceptions=True)
+
+    def hurry(self) -> None:
+        """Stop waiting for running jobs (see :mod:`.stopping`)."""
+        self.hurrying = True
 
     def kill_all(self) -> None:
         """SIGKILL every worker now (the engine is stuck or gone: no worker may outlive it)."""

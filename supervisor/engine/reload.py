@@ -41,6 +41,7 @@ class Descriptors:
     errors: tuple[str, ...] = ()
     # (backend, line): keys that load but are not honoured, e.g. vramd's footprint_key
     warnings: tuple[tuple[str | None, str], ...] = ()
+    demo: bool = False  # the demo backends run (nothing valid is configured)
 
     @classmethod
     def of(cls, layers: Sequence[Path] | None, environ: Mapping[str, str] | None,
@@ -75,7 +76,7 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
         rt = pool.runtime(name)
         files = set(rt.spec.source.split(" + ")) if rt.spec.source else set()
         broken = [e for e in errors if e.backend == name
-                  or (e.file is not None and display_path(e.file) in files)]
+                  or (e.file is not None and str(e.file) in files)]
         waiting = sum(1 for j in queue if j.backend == name)
         if broken:
             kept.append(f"{name}: kept its previous descriptor ({broken[0]})")
@@ -86,7 +87,11 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
         else:
             pool.remove(name)
             removed.append(name)
+    if loaded.demo and errors:
+        kept.insert(0, "the demo backends stay: no configured backend loads (fix the errors "
+                    "below, then reload)")
     descriptors.errors = tuple(str(e) for e in errors)
+    descriptors.demo = loaded.demo
     result = ReloadResult(tuple(added), tuple(removed), tuple(changed), tuple(kept),
                           tuple(str(e) for e in errors),
                           tuple(display_path(f) for f in loaded.layers))

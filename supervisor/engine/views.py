@@ -108,7 +108,8 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
     info = rt.info()
     return BackendView(
         name=spec.name, state=rt.state, pid=w.pid if w is not None else None,
-        gpu=w.gpu if w is not None else None, observed_mib=m.observed_mib,
+        gpu=w.gpu if w is not None else None,
+        observed_mib=m.observed_mib if w is not None else None,  # a cold one holds nothing
         declared_peak_mib=spec.peak, learned_peak_mib=m.learned.peak_mib,
         observed_p95_mib=p95, reserved_mib=book.held_by(spec.name),
         priority=spec.priority, jobs_served=rt.usage.jobs_served,
@@ -123,7 +124,7 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
         accepting=rt.conduct.accepting, on_overuse=spec.on_overuse,
         reload_cost_s=info.reload_cost_s, distrusted=m.distrusted,
         can_sleep=rt.can_sleep, sleep_residual_mib=m.sleep_residual_mib,
-        wake_cost_s=info.wake_cost_s, no_sleep=rt.health.no_sleep,
+        wake_cost_s=info.wake_cost_s, no_sleep=rt.health.no_sleep, api=tuple(spec.api),
     )
 
 

@@ -37,9 +37,25 @@ import yaml
 from ..control import messages as m
 from ..errors import VramtuiError
 from ..units import parse_duration, parse_size
-from .gate import GateLimits
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """The connection gate's bounds (:mod:`.gate`); here, with the rest of the settings, so
+    that reading the settings needs no aiohttp (the TUI reads config.yaml without it)."""
+
+    # Connections open at once, everyone together.
+    max_open: int = 1024
+    # Of those, the last ones only the engine's own user may take.
+    owner_reserve: int = 64
+    # Connections one other peer (a local uid, a remote address) may hold open.
+    max_per_peer: int = 64
+    # Connections one other peer may hold before their request headers arrived.
+    max_pending_per_peer: int = 16
+    # Seconds a request's headers may take to arrive whole.
+    header_timeout_s: float = 10.0
 DEFAULT_LISTEN = "127.0.0.1:8080"
 HTTP_KEYS = frozenset({"enabled", "listen", "token_file", "max_body", "heartbeat",
                        "allowed_hosts", "ui", "ui_sessions", "max_streams"})

@@ -9,7 +9,7 @@ EngineStopped         503     + ``Retry-After``: the engine is stopping (or rest
 BackendFailed         503     + ``Retry-After``: it waits for a respawn
 Refused (submit)      507     too large for every GPU here (another box may take it)
 Refused (other)       409     e.g. evict while busy
-UnknownBackend/Job    404
+UnknownBackend/Job/Gpu 404
 NoReport              404     no calibration report (of that name)
 JobTimeout            504     a wait ran out of time (the job goes on)
 InvalidRequest        400
@@ -32,6 +32,7 @@ from ..errors import (
     QueueFull,
     Refused,
     UnknownBackend,
+    UnknownGpu,
     UnknownJob,
     VramtuiError,
 )
@@ -98,6 +99,8 @@ def from_engine(exc: BaseException, *, submitting: bool = False) -> HttpError:
         return not_found(text, "unknown_backend")
     if isinstance(exc, UnknownJob):
         return not_found(text, "unknown_job")
+    if isinstance(exc, UnknownGpu):
+        return not_found(text, "unknown_gpu")
     if isinstance(exc, NoReport):
         return not_found(text, "no_report")
     if isinstance(exc, JobTimeout):

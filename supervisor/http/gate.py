@@ -32,32 +32,18 @@ import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from .config import GateLimits
 from .peer import Peer, identify_socket
 
 log = logging.getLogger("supervisor.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KEEPALIVE_TIMEOUT_S = 15.0
-
-
-@dataclass(frozen=True)
-class GateLimits:
-    # Connections open at once, everyone together.
-    max_open: int = 1024
-    # Of those, the last ones only the engine's own user may take.
-    owner_reserve: int = 64
-    # Connections one other peer (a local uid, a remote address) may hold open.
-    max_per_peer: int = 64
-    # Connections one other peer may hold before their request headers arrived.
-    max_pending_per_peer: int = 16
-    # Seconds a request's headers may take to arrive whole.
-    header_timeout_s: float = 10.0
 
 
 class ConnectionGate:

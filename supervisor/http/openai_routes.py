@@ -97,25 +97,27 @@ class _OpenAI:
         self.table = ModelTable(server)
 
     # -- models -------------------------------------------------------------------------------
-    def _model_json(self, name: str, states: dict[str, str]) -> dict[str, Any]:
+    def _model_json(self, model: str, name: str, states: dict[str, str]) -> dict[str, Any]:
         spec = self.engine.backends[name].spec
-        return {"id": name, "object": "model", "created": int(self.engine.wall_started),
-                "owned_by": "vramtui", "api": list(spec.api), "aliases": list(spec.aliases),
-                "state": states.get(name, "cold"), "description": spec.description}
+        return {"id": model, "object": "model", "created": int(self.engine.wall_started),
+                "owned_by": "vramtui", "backend": name, "api": list(spec.api),
+                "aliases": list(spec.aliases), "state": states.get(name, "cold"),
+                "description": spec.description}
 
     async def models(self, request: web.Request) -> web.Response:
+        """Every name a request may give: backends and their aliases (UIs offer only these)."""
         states = {b.name: b.state for b in self.engine.snapshot().backends}
-        names = sorted({b for b in self.table.names.values()
-                        if not self.engine.backends[b].spec.unlisted})
-        return json_response({"object": "list",
-                              "data": [self._model_json(n, states) for n in names]})
+        return json_response({"object": "list", "data": [
+            self._model_json(model, name, states) for model, name in sorted(
+                self.table.names.items()) if not self.engine.backends[name].spec.unlisted]})
 
     async def model(self, request: web.Request) -> web.Response:
-        name = self.table.resolve(request.match_info["model"])
+        model = request.match_info["model"]
+        name = self.table.resolve(model)
         if name is None:
-            raise self._unknown(request.match_info["model"])
+            raise self._unknown(model)
         states = {b.name: b.state for b in self.engine.snapshot().backends}
-        return json_response(self._model_json(name, states))
+        return json_response(self._model_json(model, name, states))
 
     def _unknown(self, model: str) -> HttpError:
         hint = ""
@@ -145,6 +147,10 @@ class _OpenAI:
             if not isinstance(body, dict):
                 raise bad_request("the body must be a JSON object")
             payload = await request.read()
+        if kind == "chat" and not (isinstance(body.get("messages"), list) and body["messages"]):
+            self.backend_for(body.get("model"), kind)  # an unknown model says so first
+            raise bad_request("messages: a non-empty list of {role, content} is required",
+                              param="messages")
         job_id, stream = self.submit(kind, body, payload)
         if not stream:
             view = await wait_done(self.server, job_id)

@@ -233,9 +233,14 @@ class WorkerHandle(SupervisedProcess):
             elif status == "initializing" and self.state == WorkerState.STARTING:
                 self._set_state(WorkerState.INITIALIZING)
         elif isinstance(event, Progress):
-            pending = self.inflight.get(event.request)
-            if pending is not None:
-                self.observer.request_progress(pending.job_id, event.fraction, event.message)
+            self._on_progress(event)
+
+    def _on_progress(self, event: Progress) -> None:
+        """A request's progress (on the control socket, or in order with its chunks on the
+        data socket: ``data-progress``)."""
+        pending = self.inflight.get(event.request)
+        if pending is not None:
+            self.observer.request_progress(pending.job_id, event.fraction, event.message)
 
     # -- requests ---------------------------------------------------------------------------
     def send(self, job_id: str, payload: bytes, *, stream: bool,
@@ -269,6 +274,9 @@ class WorkerHandle(SupervisedProcess):
 
     def _on_data(self, event: Event) -> None:
         """A typed reply (the conversation matched it to an open request and validated it)."""
+        if type(event) is Progress:
+            self._on_progress(event)
+            return
         if type(event) is SleepReply or type(event) is WakeReply:
             fut = self._asked.get(event.id)
             if fut is not None and not fut.done():

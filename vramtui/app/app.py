@@ -316,6 +316,10 @@ class VramApp(App[int]):
     def request_evict(self, name: str) -> None:
         if self._refuse_readonly("evict"):
             return
+        view = self.snap.backend(name) if self.snap is not None else None
+        if view is not None and view.pid is None and view.state in ("cold", "failed"):
+            self.notify(f"{name} is not loaded: nothing to evict.", severity="warning")
+            return
         self._confirmed(f"Evict {name}?",
                         f"{self._backend_line(name)}.\nIts worker stops and its memory is "
                         "freed; the next job for it starts a new one.",
@@ -362,15 +366,26 @@ class VramApp(App[int]):
         if view is not None and view.finished:
             self.notify(f"Job {job_id} already {view.state.value}.", severity="warning")
             return
+        # The job as it was shown when the key was pressed: the dialog names it, and the
+        # cancel goes to it (by id), wherever the table has moved it since.
+        shown = "" if view is None else f" ({view.backend}, {view.state.value}" + (
+            f", position {view.position}" if view.position else "") + ")"
         what = (f"It is {view.state.value} on {view.backend}"
                 + (f" ({view.progress * 100:.0f}%)" if view.progress is not None else "")
                 if view is not None else "")
-        self._confirmed(f"Cancel job {job_id}?", f"{what}.\nThe worker is asked to stop; "
-                        "a worker that does not is killed after the grace.",
-                        lambda: self.run_command(
-                            f"cancel {job_id}", lambda api: api.cancel(job_id),
-                            lambda v: f"Job {job_id}: {v.state.value}"
-                            + (" (stopping)" if not v.finished else "") + "."))
+
+        def go() -> None:
+            now = self._view(job_id)
+            if now is not None and now.finished:
+                self.notify(f"Job {job_id} had already {now.state.value}: nothing cancelled.",
+                            severity="warning")
+                return
+            self.run_command(f"cancel {job_id}", lambda api: api.cancel(job_id),
+                             lambda v: f"Job {job_id}: {v.state.value}"
+                             + (" (stopping)" if not v.finished else "") + ".")
+
+        self._confirmed(f"Cancel job {job_id}{shown}?", f"{what}.\nThe worker is asked to "
+                        "stop; a worker that does not is killed after the grace.", go)
 
     def _view(self, job_id: str) -> JobView | None:
         snap = self.snap
@@ -693,19 +708,27 @@ class VramApp(App[int]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
-    async def action_quit(self) -> None:
+    def _busy(self) -> int:
         snap = self.snap
-        busy = len(snap.running) + len(snap.queued) if snap is not None else 0
-        if self.embedded and self.confirm and busy and self.gone is None:
+        return len(snap.running) + len(snap.queued) if snap is not None else 0
+
+    def _quit_body(self) -> str:
+        """The quit dialog's text, read again while it is open (the count stays true)."""
+        busy = self._busy()
+        now = (f"{busy} jobs are running or queued" if busy else
+               "No job is running or queued now")
+        return (f"{now} in this embedded engine, and quitting stops it.\nRunning jobs get "
+                "their backend's stop grace to finish; queued ones stay in the journal and "
+                "run when vramtui starts again, as does a job the stop cut short (marked "
+                "interrupted).")
+
+    async def action_quit(self) -> None:
+        if self.embedded and self.confirm and self._busy() and self.gone is None:
             def answer(ok: bool | None) -> None:
                 if ok:
                     self.exit(0)
 
-            self.push_screen(ConfirmDialog(
-                "Quit vramtui?",
-                f"{busy} jobs are running or queued in this embedded engine, and quitting "
-                "stops it.\nRunning jobs get their backend's stop grace to finish; queued "
-                "ones stay in the journal and run when vramtui starts again, as does a job "
-                "the stop cut short (marked interrupted)."), answer)
+            self.push_screen(ConfirmDialog("Quit vramtui?", self._quit_body(),
+                                           live=self._quit_body), answer)
             return
         self.exit(0)

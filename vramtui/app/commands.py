@@ -1,4 +1,5 @@
-"""The command palette (ctrl+p): every action, and each backend and job to act on."""
+"""The command palette (ctrl+p): every key's action (generated from the bindings), and each
+backend and job to act on."""
 
 from __future__ import annotations
 
@@ -6,12 +7,20 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
+from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 if TYPE_CHECKING:
     from .app import VramApp
 
 Command = tuple[str, Callable[[], object], str]
+
+
+def _command(binding: Binding, callback: Callable[[], object]) -> Command:
+    """``Evict: stop the selected backend's worker …`` with its key as the help line."""
+    tip = str(binding.tooltip or "")
+    text = f"{binding.description}: {tip[:1].lower()}{tip[1:]}" if tip else binding.description
+    return text, callback, f"key {binding.key_display or binding.key}"
 
 
 class VramCommands(Provider):
@@ -22,33 +31,21 @@ class VramCommands(Provider):
         return self.app  # type: ignore[return-value]
 
     def general(self) -> list[Command]:
+        """One command per key the dashboard and the app offer now, generated from their
+        bindings (their one source: a key, its name and what it does cannot drift apart)."""
+        from .screens.dashboard import DASHBOARD_BINDINGS, Dashboard
+
         app = self.vapp
-        act = app.dashboard_action
-        demo: list[Command] = [
-            ("Run a demo workload", app.request_demo_workload,
-             "12 jobs over the simulated demo backends: admission, queue, eviction (d)"),
-        ] if app.demo_mode else []
-        return [*demo,
-            ("Evict the selected backend", partial(act, "evict"),
-             "stop its worker and free its memory (e)"),
-            ("Respawn the selected backend", partial(act, "respawn"),
-             "restart its worker: a new process (r)"),
-            ("Cancel the selected job", partial(act, "cancel_job"),
-             "queued or running (c)"),
-            ("Preload the selected backend", partial(act, "preload"),
-             "start its worker before any job (p)"),
-            ("Evict all idle backends", app.request_zero, "free every worker not in use (z)"),
-            ("Calibrate the selected backend", partial(act, "calibrate"),
-             "measure its real peak memory (k)"),
-            ("Submit a job", partial(act, "submit"), "backend, payload, priority (s)"),
-            ("Details of the selection", partial(act, "details"),
-             "the selected backend or job (enter)"),
-            ("Filter", partial(act, "filter"), "backends, jobs and events by text (/)"),
-            ("Switch the graph window (1 or 10 minutes)", app.toggle_graph_window,
-             "the memory history graphs (g)"),
-            ("Help", app.action_help, "every key and colour (?)"),
-            ("Quit", app.action_quit, "leave vramtui (q)"),
-        ]
+        dash = next((s for s in app.screen_stack if isinstance(s, Dashboard)), None)
+        out: list[Command] = []
+        for b in DASHBOARD_BINDINGS:
+            if dash is None or dash.check_action(b.action, ()) is False:
+                continue
+            out.append(_command(b, partial(app.dashboard_action, b.action)))
+        for b in type(app).BINDINGS:
+            if isinstance(b, Binding):
+                out.append(_command(b, getattr(app, f"action_{b.action}")))
+        return out
 
     def targets(self) -> Iterator[Command]:
         app = self.vapp

@@ -14,11 +14,13 @@ from ..peaks import over_declared_line, suggested_peak_mib
 def run(args: argparse.Namespace) -> int:
     snap = open_client(args).snapshot(data_limit=0, light=True)
     if args.json:
-        from supervisor.doors.codec import memory_kind
+        from supervisor.doors.codec import backend_simulated, memory_kind
 
         from ..output import jsonable, print_json
 
-        print_json([{**jsonable(b), "over_declared": b.over_declared,
+        # simulated and memory_kind: as HTTP says them (one codec)
+        print_json([{**jsonable(b), "simulated": backend_simulated(snap, b),
+                     "over_declared": b.over_declared,
                      "suggested_peak_mib": suggested_peak_mib(b),
                      "memory_kind": memory_kind(snap, b.gpu)} for b in snap.backends])
         return Exit.OK
@@ -49,6 +51,18 @@ def _act(args: argparse.Namespace, verb: str, done: str) -> int:
 
 
 def evict(args: argparse.Namespace) -> int:
+    client = open_client(args)
+    snap = client.snapshot(data_limit=0, light=True)
+    view = next((b for b in snap.backends if b.name == args.backend), None)
+    if view is not None and view.pid is None and view.state in ("cold", "failed"):
+        if args.json:
+            from ..output import print_json
+
+            print_json({"backend": args.backend, "action": "evict", "ok": True,
+                        "nothing_to_do": True})
+        else:
+            print(f"{args.backend} is not loaded: nothing to evict")
+        return Exit.NOTHING_TO_DO
     return _act(args, "evict", "evicting (its worker stops once idle)")
 
 

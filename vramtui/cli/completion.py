@@ -3,7 +3,8 @@
 shtab walks the argparse parser (the same one ``vramtui --help`` prints), so completion never
 drifts from the flags.  Backend names complete too: the script calls
 ``vramtui completion --list-backends``, which asks the running engine, or else reads the
-configured descriptors.  Install::
+configured descriptors; job ids (``cancel``, ``result``, ``retry``, ``priority``) through
+``vramtui completion --list-jobs``, from the running engine.  Install::
 
     vramtui completion bash > ~/.local/share/bash-completion/completions/vramtui
     vramtui completion zsh  > "${fpath[1]}/_vramtui"
@@ -18,6 +19,7 @@ import sys
 
 SHELLS = ("bash", "zsh", "fish")
 LIST_BACKENDS = "vramtui completion --list-backends 2>/dev/null"
+LIST_JOBS = "vramtui completion --list-jobs 2>/dev/null"
 FILE_OPTIONS = frozenset({"--backends", "--attach", "--log-file", "--http-token-file",
                           "--data-file", "--output", "--out", "--request-file",
                           "--token-file"})
@@ -31,10 +33,13 @@ def script(shell: str) -> str:
 
     parser = build_parser()
     backends = shtab.cmd(LIST_BACKENDS)
+    jobs = shtab.cmd(LIST_JOBS)
     for p in _parsers(parser):
         for action in p._actions:
             if not action.option_strings and action.dest == "backend":
                 action.complete = backends  # type: ignore[attr-defined]
+            elif not action.option_strings and action.dest in ("job", "jobs"):
+                action.complete = jobs  # type: ignore[attr-defined]
             elif set(action.option_strings) & FILE_OPTIONS:
                 action.complete = shtab.FILE  # type: ignore[attr-defined]
     return shtab.complete(parser, shell=shell)
@@ -73,9 +78,27 @@ def backend_names() -> list[str]:
         return []
 
 
+def job_ids() -> list[str]:
+    """The running engine's jobs, running and queued first, then the recent ones (never
+    raises; none without an engine)."""
+    try:
+        from supervisor.client import Client
+        from supervisor.paths import Paths
+
+        client = Client(Paths.from_env().control_socket)
+        try:
+            snap = client.snapshot(data_limit=0)
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - completion must never print an error
+        return []
+    return list(dict.fromkeys(j.id for j in (*snap.running, *snap.queued, *snap.recent)))
+
+
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", nargs="?", choices=SHELLS, help="the shell (bash, zsh, fish)")
     p.add_argument("--list-backends", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--list-jobs", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_backends:
         for name in backend_names():
             print(name)
+        return Exit.OK
+    if args.list_jobs:
+        for job_id in job_ids():
+            print(job_id)
         return Exit.OK
     if args.shell is None:
         print("vramtui completion: name a shell: bash, zsh or fish "

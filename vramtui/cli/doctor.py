@@ -16,10 +16,14 @@ import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor.paths import Paths, PathsError
 
 from ..exits import Exit
+
+if TYPE_CHECKING:
+    from supervisor.backends.errors import DescriptorError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _MARK = {OK: "[green]✓[/]", WARN: "[yellow]![/]", FAIL: "[bold red]✗[/]"}
@@ -188,8 +192,10 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
 
     layers = default_layers(paths.config_dir, [Path(b) for b in extra])
     loaded = load_backends(layers)
+    told = [c["detail"] for c in r.checks if c["check"] == "engine descriptor"]
     for problem in loaded.errors:
-        r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
+        if not _told_by_engine(problem, told):
+            r.add(FAIL, "descriptor", str(problem), "fix the file at the line shown")
     for warning in loaded.warnings:
         r.add(WARN, "descriptor", str(warning), "see the README's 'Coming from vramd' or "
               "'Coming from llama-swap'")
@@ -221,6 +227,20 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
                       "vramtui)")
                 continue
         r.add(OK, f"backend {name}", " ".join(spec.command)[:100])
+
+
+def _told_by_engine(problem: DescriptorError, told: list[str]) -> bool:
+    """Whether the running engine already reported ``problem`` (its path may be written
+    relative to the engine's own working directory, so the file is matched by its name)."""
+    from supervisor.backends.errors import display_path
+
+    if problem.file is None:
+        return str(problem) in told
+    mine = str(problem)
+    where = display_path(problem.file)
+    rest = mine[len(where):]  # ":LINE: backend ...: message"
+    tail = problem.file.name + rest
+    return any(line in (mine, tail) or line.endswith("/" + tail) for line in told)
 
 
 def _python_problem(python: str, env: dict[str, str]) -> str | None:

@@ -9,6 +9,13 @@
 
 On a headless box a user's services stop when their last session ends; ``loginctl
 enable-linger USER`` keeps them running from boot without anyone logged in.
+
+Before it writes the unit it checks that the unit can start (:func:`unit_problem`): the HTTP
+settings it would run with are read as ``--serve`` reads them, without
+``VRAMTUI_HTTP_TOKEN`` (a unit never carries it) — so a non-loopback address needs a token
+file that exists and only the user can read — and it refuses with the reason instead of
+writing a unit that fails and restarts every five seconds.  ``Documentation=`` names the
+README this copy was installed from (left out when there is none).
 """
 
 from __future__ import annotations
@@ -39,6 +46,30 @@ def stop_timeout(backends: list[str]) -> int:
     return max(MIN_STOP_TIMEOUT_S, int(max(graces)) + 30)
 
 
+def unit_problem(args: argparse.Namespace) -> str | None:
+    """Why the unit ``args`` describe could not start, or None."""
+    from supervisor.errors import VramtuiError
+    from supervisor.http.config import TOKEN_ENV, load_http_config
+    from supervisor.paths import Paths
+
+    environ = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    try:
+        load_http_config(listen=args.http, token_file=args.http_token_file,
+                         config_file=Paths.from_env().settings_file, environ=environ)
+    except VramtuiError as exc:  # (the unit never carries the token's variable: not an answer)
+        return str(exc).replace(f"{TOKEN_ENV}, --http-token-file or http.token_file",
+                                "--http-token-file or http.token_file")
+    return None
+
+
+def readme() -> Path | None:
+    """The README next to the package this runs from (a checkout or an editable install)."""
+    import vramtui
+
+    path = Path(vramtui.__file__).resolve().parents[1] / "README.md"
+    return path if path.is_file() else None
+
+
 def render(args: argparse.Namespace) -> str:
     argv = [sys.executable, "-m", "vramtui", "--serve"]
     if args.gpus and args.gpus != "auto":
@@ -49,6 +80,8 @@ def render(args: argparse.Namespace) -> str:
         argv += ["--http", args.http]
     if args.http_token_file:
         argv += ["--http-token-file", os.path.abspath(os.path.expanduser(args.http_token_file))]
+    docs = readme()
+    doc_line = f"Documentation=file://{docs}\n" if docs is not None else ""
     env_lines = "".join(f"Environment={shlex.quote(f'{k}={v}')}\n"
                         for k, v in sorted(os.environ.items())
                         if k.startswith("VRAMTUI_") and k != "VRAMTUI_HTTP_TOKEN")
@@ -56,8 +89,7 @@ def render(args: argparse.Namespace) -> str:
 # Written by `vramtui install-service`; rerun it to change the flags.
 [Unit]
 Description=vramtui engine: many models sharing the GPUs
-Documentation=https://pypi.org/project/vramtui/
-
+{doc_line}
 [Service]
 Type=simple
 ExecStart={shlex.join(argv)}
@@ -87,6 +119,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..exits import Exit
 
+    problem = unit_problem(args)
+    if problem is not None:
+        print(f"vramtui install-service: the unit could not start: {problem}; nothing "
+              "written", file=sys.stderr)
+        return Exit.USAGE
     text = render(args)
     if args.print:
         sys.stdout.write(text)

@@ -69,6 +69,16 @@ def cancel(args: argparse.Namespace) -> int:
                 else:
                     print(f"job {r.job_id} had already {r.state.replace('_', ' ')}")
         return Exit.NOT_FOUND if any(r.error for r in results) else Exit.OK
+    before = client.job(args.jobs[0])
+    if before.finished:  # nothing to cancel: say what it already was
+        if args.json:
+            from ..output import print_json
+
+            print_json(before)
+        else:
+            print(f"job {before.id} had already {before.state.value.replace('_', ' ')}: "
+                  "nothing to cancel")
+        return Exit.NOTHING_TO_DO
     view = client.cancel(args.jobs[0])
     if args.json:
         from ..output import print_json
@@ -76,6 +86,7 @@ def cancel(args: argparse.Namespace) -> int:
         print_json(view)
     elif view.finished and view.state is not JobState.CANCELLED:
         print(f"job {view.id} had already {view.state.value.replace('_', ' ')}")
+        return Exit.NOTHING_TO_DO
     elif view.finished:
         print(f"job {view.id} cancelled")
     else:

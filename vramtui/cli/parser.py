@@ -116,7 +116,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namesp
         if named is None:
             return listing, listing.parse_args(argv)
     parser = build_parser(named)
-    return parser, parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # a flag nobody takes: the usage of the part of the line it was given to
+        sub = parser._subparsers._group_actions[0].choices[named]  # type: ignore[union-attr]
+        before = extra[0] in argv and named in argv and argv.index(extra[0]) < argv.index(named)
+        (parser if before else sub).error(f"unrecognized arguments: {' '.join(extra)}")
+    return parser, args
 
 
 def build_parser(only: str | None = None, *,

@@ -105,6 +105,8 @@ REGISTRY: tuple[Command, ...] = (
             "resume_arguments"),
     Command("reload", "read the backend descriptors again and apply what changed (as "
                       "SIGHUP to --serve does)", "reload", "run"),
+    Command("stop", "stop the engine (running jobs finish first; --now: they are "
+                    "interrupted) and wait until it is gone", "stop", "run", "arguments"),
     Command("logs", "a backend's worker log", "logs", "run", "arguments"),
     Command("doctor", "check NVML, the runtime directory, the journal and every backend",
             "doctor", "run"),

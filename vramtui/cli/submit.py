@@ -31,7 +31,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--data-file", metavar="FILE", help="the request, read from FILE")
     source.add_argument("-", dest="stdin", action="store_true", help="read the request from stdin")
     p.add_argument("--priority", type=int, help="higher runs first (default: the backend's)")
-    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="time the job out after it has run S seconds (from its dispatch)")
     p.add_argument("--wait", action="store_true", help="wait for the result, with progress")
     p.add_argument("--stream", action="store_true", help="print streamed chunks as they come")
     p.add_argument("--metadata", metavar="JSON", help="metadata passed to the worker (JSON)")
@@ -131,7 +132,10 @@ def _follow(client: Client, job_id: str, sub: RemoteSubscription,
                 break
             if event.kind == "chunk" and event.job_id == job_id:
                 if args.stream and not sub.lagged and event.data is not None:
-                    progress.write(event.data)
+                    if args.json:
+                        chunk_line(job_id, printed, event.data)
+                    else:
+                        progress.write(event.data)
                     printed += 1
             elif event.kind == "job" and event.job is not None and event.job.id == job_id:
                 view = event.job
@@ -222,13 +226,26 @@ def write_out(data: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
+def chunk_line(job_id: str, index: int, data: bytes) -> None:
+    """``--stream --json``: one JSON line for one chunk (text as text, else base64)."""
+    from ..output import print_json
+
+    print_json({"job_id": job_id, "chunk": index, "data": data}, compact=True)
+
+
 def finish(view: JobView, args: argparse.Namespace, printed: int) -> int:
     """Print a finished job's result (the chunks not printed yet when streamed); its exit code.
 
     The data goes to stdout as it is; on a terminal, a result that does not end its last
     line gets a newline, so that the prompt comes back on a line of its own.
     """
-    if args.json:
+    if args.json and getattr(args, "stream", False):
+        from ..output import print_json
+
+        for index, chunk in enumerate(view.chunks[printed:], start=printed):
+            chunk_line(view.id, index, chunk)
+        print_json(view, compact=True)  # the last line: the job as it ended
+    elif args.json:
         from ..output import print_json
 
         print_json(view)

@@ -1,20 +1,28 @@
 """``vramtui web``: the dashboard in a browser, attached to the running engine.
 
-The arguments live here; the server is :func:`vramtui.web.run_web` (the dashboard's app is
-also what ``--serve --http`` serves at ``/ui``).
+The arguments live here, with the names ``--serve`` gives them (``--http``,
+``--http-token-file``); the server is :func:`vramtui.web.run_web` (the dashboard's app is also
+what ``--serve --http`` serves at ``/ui``).
 """
 
 from __future__ import annotations
 
 import argparse
 
+DEFAULT_LISTEN = "127.0.0.1:8081"
+
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="127.0.0.1:8081", metavar="ADDR",
-                   help="where to listen (default 127.0.0.1:8081; anything but loopback "
-                        "needs a token)")
-    p.add_argument("--token-file", metavar="FILE",
+    # SUPPRESS: nothing set unless given, so the command's flags never blank --serve's.
+    p.add_argument("--http", default=argparse.SUPPRESS, metavar="ADDR",
+                   help=f"where to listen, as --serve --http takes it (default {DEFAULT_LISTEN};"
+                        " anything but loopback needs a token)")
+    p.add_argument("--http-token-file", default=argparse.SUPPRESS, metavar="FILE",
                    help="the bearer token (or VRAMTUI_HTTP_TOKEN); open /ui/?token=TOKEN once")
+    # The names it had before: still taken, no longer shown.
+    p.add_argument("--listen", dest="http", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--token-file", dest="http_token_file", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
     p.add_argument("--readonly", action="store_true",
                    help="the browser may look but change nothing")
 

@@ -194,6 +194,12 @@ def describe_layers(api: Any, name: str) -> Text:
     text = Text()
     if not info.layers:
         text.append("(not from a file)\n", style="dim")
+    elif len(info.layers) > 1:  # every layer named first: none is below the fold
+        text.append(f"{len(info.layers)} layers, lowest first: ", style="dim")
+        text.append(" ← ".join(
+            layer.file.rsplit("/", 1)[-1] + (f":{layer.line}" if layer.line else "")
+            + (" (overlay)" if "overlay: true" in layer.text else "")
+            for layer in info.layers) + "\n", style="bold")
     for i, layer in enumerate(info.layers):
         where = fmt.short_path(layer.file) + (f":{layer.line}" if layer.line else "")
         label = "# " + where + ("  (overrides the keys it sets)" if i else "")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -19,10 +21,13 @@ class ConfirmDialog(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No", id="no", tooltip="Leave it"),
     ]
 
-    def __init__(self, title: str, body: str) -> None:
+    def __init__(self, title: str, body: str, *,
+                 live: Callable[[], str] | None = None) -> None:
+        """``live``: the body, read again twice a second while the dialog is open."""
         super().__init__()
         self.title_text = title
         self.body = body
+        self.live = live
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm"):
@@ -34,6 +39,15 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
+        if self.live is not None:
+            self.set_interval(0.5, self._reread)
+
+    def _reread(self) -> None:
+        assert self.live is not None
+        body = self.live()
+        if body != self.body:
+            self.body = body
+            self.query_one("#dialog-body", Static).update(body)
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

@@ -284,6 +284,8 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         procs, log = self.query_one(ProcessTable), self.query_one(EventLog)
         procs.display = not procs.display
         log.display = not procs.display
+        if log.display:
+            log.rewrap()  # what came while it was hidden, at the width it has again
         self.refresh_bindings()
         self.refresh_snapshot()
 

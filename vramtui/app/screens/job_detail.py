@@ -216,7 +216,7 @@ class JobDetail(ReadonlyKeys, DetailScreen):
                                         (f"  {note}" if note else "", "dim")))
         samples = self.vapp.progress.get(j.id)
         if samples:
-            t0 = samples[0][0]
+            t0 = j.submitted_at  # one origin for the history and the progress (epoch s)
             shown = list(samples)[-12:]
             if len(samples) > len(shown):
                 lines.add_row("…", Text(f"{len(samples) - len(shown)} earlier updates",

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from textual import on
@@ -39,6 +40,25 @@ def priority_problem(raw: str) -> str | None:
     return None
 
 
+# What a worker behind each ``api:`` is sent: the request body an OpenAI client would send.
+_API_EXAMPLES = {
+    "chat": {"messages": [{"role": "user", "content": "Hello"}]},
+    "completions": {"prompt": "Once upon a time"},
+    "embeddings": {"input": "Hello"},
+    "images": {"prompt": "a red bicycle", "size": "256x256"},
+    "speech": {"input": "Hello", "voice": "alloy"},
+}
+
+
+def example_payload(b: BackendView | None) -> str:
+    """An input that fits the backend: its ``api:`` shape, else what the demo models read."""
+    if b is not None:
+        for api in b.api:
+            if api in _API_EXAMPLES:
+                return json.dumps({"model": b.name, **_API_EXAMPLES[api]})
+    return '{"steps": 10}'
+
+
 class SubmitDialog(ModalScreen[SubmitRequest | None]):
     """Submit a job: backend, payload (sent as UTF-8 bytes), priority."""
 
@@ -61,8 +81,9 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
             yield Select([(f"{b.name}  ({b.state})", b.name) for b in self.backends],
                          value=value if value is not None else Select.NULL,
                          allow_blank=False, id="backend", compact=True)
-            yield Label("Payload (UTF-8; the demo models read JSON)", classes="field")
-            yield TextArea('{"steps": 10}', id="payload", compact=True,
+            yield Label("Payload (UTF-8; an example that fits the backend)", classes="field")
+            self._example = example_payload(self._backend(value))
+            yield TextArea(self._example, id="payload", compact=True,
                            soft_wrap=True, show_line_numbers=False)
             yield Label("Priority (empty: the backend's)", classes="field")
             yield Input(placeholder=self._default_priority(value), id="priority",
@@ -72,8 +93,11 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
                 yield Button("Submit (ctrl+s)", variant="primary", id="ok", compact=True)
                 yield Button("Cancel (esc)", id="cancel", compact=True)
 
+    def _backend(self, name: str | None) -> BackendView | None:
+        return next((b for b in self.backends if b.name == name), None)
+
     def _default_priority(self, name: str | None) -> str:
-        b = next((b for b in self.backends if b.name == name), None)
+        b = self._backend(name)
         return f"default: {b.priority}" if b is not None else "default"
 
     def on_mount(self) -> None:
@@ -88,6 +112,10 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
     def _backend_changed(self, event: Select.Changed) -> None:
         self.query_one("#priority", Input).placeholder = self._default_priority(
             str(event.value))
+        payload = self.query_one("#payload", TextArea)
+        if payload.text == self._example:  # untouched: the example of the new backend
+            self._example = example_payload(self._backend(str(event.value)))
+            payload.text = self._example
 
     def action_cancel(self) -> None:
         self.dismiss(None)

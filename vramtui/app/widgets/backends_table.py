@@ -39,7 +39,7 @@ class BackendsTable(RowTable):
         Col("res", "Resident", 12, narrow_width=7),
         Col("peak", "Peak", 8, narrow_width=8),
         Col("prio", "Pri", 3, narrow=False),
-        Col("jobs", "Jobs", 9, narrow=False),
+        Col("jobs", "Served", 9, narrow=False),  # finished; ▸ running, +q queued: the state
         Col("last", "Last use", 9, narrow=False),
         Col("keep", "Keep", 6),
         Col("error", "Note", None),

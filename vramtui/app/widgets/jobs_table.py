@@ -29,6 +29,7 @@ def job_time(j: JobView, now: float) -> str:
 
 class JobsTable(RowTable):
     MARKS = True
+    LOSES_SELECTION = True  # a job that left the table is never replaced by another
     BINDINGS = [Binding("space", "toggle_mark", "Mark", show=False, id="mark",
                         tooltip="Mark the job (c then cancels every marked one)")]
     COLUMNS = (

@@ -59,6 +59,9 @@ class RowTable(ScrollView, can_focus=True):
         Binding("O", "sort(0)", "Reverse sort", show=False, id="sort_reverse"),
     ]
     MARKS = False  # rows can be marked with space (the jobs table)
+    # The cursor follows its row's key; when that key leaves the table: True, nothing is
+    # selected until the cursor moves (never another row in its place: the jobs table).
+    LOSES_SELECTION = False
     COLUMNS: tuple[Col, ...] = ()
     PADDING = 1
 
@@ -92,6 +95,7 @@ class RowTable(ScrollView, can_focus=True):
         self.sort_by: str | None = None  # a column key (None: the order given)
         self.sort_reverse = False
         self.marked: set[str] = set()
+        self.lost = False  # LOSES_SELECTION: the selected row went away
 
     def memo(self, key: str, sig: object, build: Callable[[], dict[str, object]]
              ) -> dict[str, object]:
@@ -135,7 +139,7 @@ class RowTable(ScrollView, can_focus=True):
         return self._cells[key][i]
 
     def selected_key(self) -> str | None:
-        if not self._order:
+        if not self._order or self.lost:
             return None
         return self._order[min(self.cursor_row, len(self._order) - 1)]
 
@@ -176,6 +180,8 @@ class RowTable(ScrollView, can_focus=True):
             self.virtual_size = Size(self.virtual_size.width, len(order) + 1)
             if keep in self._index:
                 self.cursor_row = self._index[keep]
+            elif keep is not None and self.LOSES_SELECTION:
+                self.lost = True
             self.cursor_row = max(0, min(self.cursor_row, len(order) - 1))
             self.refresh()
             return
@@ -188,6 +194,9 @@ class RowTable(ScrollView, can_focus=True):
     def move_cursor(self, row: int) -> None:
         if not self._order:
             return
+        if self.lost:
+            self.lost = False
+            self._refresh_row(self.cursor_row)
         old = self.cursor_row
         self.cursor_row = max(0, min(row, len(self._order) - 1))
         if old != self.cursor_row:
@@ -348,7 +357,7 @@ class RowTable(ScrollView, can_focus=True):
             return Strip.blank(width, base)
         key = self._order[index]
         cells = self._cells[key]
-        cursor = index == self.cursor_row
+        cursor = index == self.cursor_row and not self.lost
         marked = key in self.marked
         sig = (cells, width, cursor, self.has_focus, base, marked)
         cached = self._strips.get(key)
