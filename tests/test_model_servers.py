@@ -336,7 +336,10 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
 
 
 def test_a_server_is_calibrated_like_a_worker() -> None:
-    unmeasured = server_backend("fresh", 700)
+    # it loads its weights 0.6 s after its context, as a real server takes a while: the
+    # calibration tells the two apart from what it samples in between (at 0.05 s a loaded box
+    # could sample both at once)
+    unmeasured = server_backend("fresh", 700, args=("--load-s", "0.6"))
     del unmeasured["vram"]
     with serve_http([unmeasured]) as front:
         job = front.post("/v1/backends/fresh/calibrate", {"repeats": 1, "settle_s": 0.3}).json()
