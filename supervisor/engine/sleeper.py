@@ -115,6 +115,8 @@ class Sleeper:
         if rt.conduct.exclusive:
             return "its footprint is not measured yet (it holds its GPU whole)"
         if w is not None and "sleep" not in w.features:
+            if rt.spec.server:
+                return "its descriptor's http: section has no sleep and wake requests"
             return ("its worker has no @worker_sdk.sleep and @worker_sdk.wake hooks (or "
                     "speaks a protocol without sleep)")
         return "it is not loaded"

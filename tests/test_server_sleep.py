@@ -1,0 +1,120 @@
+"""Model servers put to sleep and woken over HTTP (issue 27, item 2), end to end: a real engine
+on the simulated GPU, real server processes (``tests/model_server.py``, whose ``/sleep`` and
+``/wake_up`` really give back and take again what it holds on the simulated device).
+
+What is checked: two servers that cannot both be awake on the card take turns asleep, each
+one process all along (the pid in every answer, alive in /proc), the device's own ledger never
+over, each sleep's residual measured (the context the server keeps) and each wake timed; a
+server whose sleep gives nothing back, or whose wake never answers, is stopped instead, with
+an event that says why, and its job runs on a fresh server.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_support import UsageWatcher, engine
+
+from supervisor.engine import EngineConfig
+from supervisor.events import EngineEvent
+from supervisor.jobs import JobState
+
+pytestmark = pytest.mark.process
+
+SERVER = Path(__file__).resolve().parent / "model_server.py"
+CONTEXT_MIB = 256  # the simulated GPU's CUDA context per process: what a server keeps asleep
+CARD = "sim:8GiB"
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def sleepy_server(name: str, mode: str = "ok", *, load_s: float = 0.4, start: str = "20s",
+                  grace: str = "2s") -> dict[str, Any]:
+    """tests/model_server.py holding 5000 MiB (+ its context): two do not fit on 8 GiB awake,
+    one awake and one asleep do. Its load costs more than its wake (0.05 s)."""
+    return {
+        "name": name,
+        "command": [sys.executable, str(SERVER), "--port", "${PORT}", "--mib", "5000",
+                    "--load-s", str(load_s), "--wake-s", "0.05", "--tokens", "2", "--mode", mode],
+        "http": {"health": "/health", "sleep": "POST /sleep?level=1", "wake": "/wake_up",
+                 "ready_timeout": "20s"},
+        "api": ["chat"],
+        "vram": {"weights": "5000MiB", "activation": "0MiB", "context": f"{CONTEXT_MIB}MiB"},
+        "safety": "0MiB",
+        "simulated": True,
+        "timeouts": {"start": start, "stop_grace": grace},
+    }
+
+
+def collect(sup: Any) -> list[EngineEvent]:
+    seen: list[EngineEvent] = []
+    lock = threading.Lock()
+
+    def add(event: EngineEvent) -> None:
+        with lock:
+            seen.append(event)
+
+    sup.subscribe(kinds=["sleep"], callback=add)
+    return seen
+
+
+def answered_by(view: Any) -> int:
+    """The pid of the server process that answered (its system_fingerprint), checked in /proc
+    to be a live tests/model_server.py."""
+    assert view.state is JobState.SUCCEEDED, view.error
+    pid = int(json.loads(view.data or b"{}")["system_fingerprint"].removeprefix("pid-"))
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert str(SERVER).encode() in cmdline, cmdline
+    return pid
+
+
+@pytest.mark.timeout(120)
+def test_two_servers_take_turns_asleep_without_a_respawn() -> None:
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
+    with engine([sleepy_server("a"), sleepy_server("b")], gpus=CARD, config=config) as sup, \
+            UsageWatcher(sup, CARD, hz=100) as watch:
+        events = collect(sup)
+        pids: dict[str, set[int]] = {"a": set(), "b": set()}
+        for backend in "abab":  # each once the one before has ended
+            pids[backend].add(answered_by(sup.wait(sup.submit(backend, CHAT), 60)))
+            assert all(Path(f"/proc/{p}").exists() for ps in pids.values() for p in ps)
+        counters = sup.engine.counters
+        loads, wakes = dict(counters.loads), dict(counters.wakes)
+        b = sup.snapshot().backend("b")
+    assert [len(pids["a"]), len(pids["b"])] == [1, 1], pids  # the same process all along
+    assert loads == {"a": 1, "b": 1} and wakes == {"a": 1, "b": 1}, (loads, wakes)
+    assert watch.samples > 50 and watch.overcommits == [], watch.overcommits[:3]
+    asleep = [e for e in events if e.state == "asleep"]
+    assert [e.backend for e in asleep] == ["a", "b", "a"], asleep
+    assert all(f"keeps {CONTEXT_MIB} MiB" in e.message for e in asleep), asleep  # measured
+    woke = [e for e in events if e.state == "awake"]
+    assert len(woke) == 2 and all(e.seconds is not None and e.seconds >= 0.05 for e in woke)
+    assert b is not None and b.state == "ready"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("mode", "why"), [
+    ("sleep-keeps", "its sleep gave nothing back (it held 5256 MiB and still holds 5256 MiB"),
+    ("wake-hangs", "it did not wake: POST /wake_up gave no answer within 2 s"),
+])
+def test_a_server_whose_sleep_or_wake_misbehaves_is_stopped_instead(mode: str,
+                                                                    why: str) -> None:
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
+    # A wake is given timeouts.start to answer; a hung server is killed after its stop grace
+    # (aiohttp waits for its handlers).
+    fast: dict[str, Any] = {"load_s": 0.2, "start": "2s", "grace": "0.5s"}
+    backends = [sleepy_server("a", mode, **fast), sleepy_server("b", **fast)]
+    with engine(backends, gpus=CARD, config=config) as sup, \
+            UsageWatcher(sup, CARD, hz=100) as watch:
+        events = collect(sup)
+        pids = [answered_by(sup.wait(sup.submit(backend, CHAT), 60)) for backend in "aba"]
+        stopped = [e for e in events if e.state == "stopped"]
+        a = sup.snapshot().backend("a")
+    assert [(e.backend, why in e.message) for e in stopped] == [("a", True)], stopped
+    assert pids[0] != pids[2]  # a's last job ran on a fresh server
+    assert watch.overcommits == []
+    assert a is not None and a.state == "ready"
