@@ -263,7 +263,8 @@ def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None
         with serve_http(backends, engine_config=config) as front:
             wanted = {
                 "never": "not healthy after 0.5 s (http.ready_timeout)",
-                "exits": "failed to load model 'x.gguf'",
+                "exits": "its server failed to start: server exited with code 1; its log "
+                         "ends: model_server: error: failed to load model 'x.gguf'",
                 "taken": f"something already listens on http://127.0.0.1:{port}",
                 "err500": "answered HTTP 500: {\"error\": {\"code\": 500, \"message\": \"KV",
                 "endless": "went over the result limit of 262144 bytes",

@@ -759,10 +759,10 @@ class Engine:
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:
-                self._requeue(job, "requeued: worker failed to start")  # it never ran
+                self._requeue(job, f"requeued: {rt.spec.runner} failed to start")  # never ran
             else:
-                what = ("its worker failed to start: " + (health.last_error or reason)) \
-                    if never_ready else f"{name} {reason}; {log_hint}"
+                what = (f"its {rt.spec.runner} failed to start: {health.last_error or reason}"
+                        if never_ready else f"{name} {reason}; {log_hint}")
                 self._finish(job, JobState.FAILED, error=what)
         if health.failed:
             for job in [j for j in self.jobs.queue if j.backend == name]:
