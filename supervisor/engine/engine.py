@@ -593,8 +593,8 @@ class Engine:
                 queue.set_blocked(job, since)
         for start in plan.starts:
             self._start(start, snap)
-        for rt in preloads:
-            if rt.worker is not None:
+        for rt in preloads:  # (a sleeping worker's waits until its wake began)
+            if rt.worker is not None and not Sleeper.unwoken(rt):
                 rt.preload_until = None
             elif rt.preload_until is not None and self.clock() >= rt.preload_until:
                 rt.preload_until = None

@@ -103,6 +103,15 @@ class Sleeper:
             preload(rt)
 
     @staticmethod
+    def unwoken(rt: BackendRuntime) -> bool:
+        """``rt``'s worker sleeps and no wake of it is under way or wanted (a preload or a
+        wake asked of it still waits for room)."""
+        w, slumber = rt.worker, rt.slumber
+        return (w is not None and w.state == WorkerState.ASLEEP
+                and not (slumber is not None
+                         and (slumber.phase == "waking" or slumber.wake_wanted)))
+
+    @staticmethod
     def why_not(rt: BackendRuntime) -> str:
         """Why ``rt``'s worker may not be put to sleep (for messages)."""
         w = rt.worker
