@@ -11,6 +11,7 @@ an event that says why, and its job runs on a fresh server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from engine_support import UsageWatcher, engine
+from http_support import serve_http
 
 from supervisor.engine import EngineConfig
 from supervisor.events import EngineEvent
@@ -62,38 +64,57 @@ def collect(sup: Any) -> list[EngineEvent]:
     return seen
 
 
-def answered_by(view: Any) -> int:
+def pid_of(answer: dict[str, Any]) -> int:
     """The pid of the server process that answered (its system_fingerprint), checked in /proc
     to be a live tests/model_server.py."""
-    assert view.state is JobState.SUCCEEDED, view.error
-    pid = int(json.loads(view.data or b"{}")["system_fingerprint"].removeprefix("pid-"))
+    pid = int(answer["system_fingerprint"].removeprefix("pid-"))
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     assert str(SERVER).encode() in cmdline, cmdline
     return pid
 
 
+def answered_by(view: Any) -> int:
+    assert view.state is JobState.SUCCEEDED, view.error
+    return pid_of(json.loads(view.data or b"{}"))
+
+
 @pytest.mark.timeout(120)
 def test_two_servers_take_turns_asleep_without_a_respawn() -> None:
     config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
-    with engine([sleepy_server("a"), sleepy_server("b")], gpus=CARD, config=config) as sup, \
-            UsageWatcher(sup, CARD, hz=100) as watch:
-        events = collect(sup)
+    with serve_http([sleepy_server("a"), sleepy_server("b")], gpus=CARD,
+                    engine_config=config) as front, \
+            UsageWatcher(front.sup, CARD, hz=100) as watch:
+        events = collect(front.sup)
         pids: dict[str, set[int]] = {"a": set(), "b": set()}
-        for backend in "abab":  # each once the one before has ended
-            pids[backend].add(answered_by(sup.wait(sup.submit(backend, CHAT), 60)))
-            assert all(Path(f"/proc/{p}").exists() for ps in pids.values() for p in ps)
-        counters = sup.engine.counters
+        for model in "abab":  # through the OpenAI route, each once the one before has ended
+            reply = front.post("/v1/chat/completions", {"model": model, "messages": [
+                {"role": "user", "content": "hi"}]})
+            assert reply.status == 200, reply.body
+            pids[model].add(pid_of(reply.json()))
+        # b put to sleep through the door; then a websocket through /upstream wakes a (in
+        # the room b gave back: a preload evicts nobody).
+        assert front.post("/v1/backends/b/sleep", {}).status == 202
+        assert asyncio.run(_ws_echo(front.base + "/upstream/a/ws")) == "echo:ping"
+        counters = front.engine.counters
         loads, wakes = dict(counters.loads), dict(counters.wakes)
-        b = sup.snapshot().backend("b")
+        b = front.sup.snapshot().backend("b")
     assert [len(pids["a"]), len(pids["b"])] == [1, 1], pids  # the same process all along
-    assert loads == {"a": 1, "b": 1} and wakes == {"a": 1, "b": 1}, (loads, wakes)
+    assert loads == {"a": 1, "b": 1} and wakes == {"a": 2, "b": 1}, (loads, wakes)
     assert watch.samples > 50 and watch.overcommits == [], watch.overcommits[:3]
     asleep = [e for e in events if e.state == "asleep"]
-    assert [e.backend for e in asleep] == ["a", "b", "a"], asleep
+    assert [e.backend for e in asleep] == ["a", "b", "a", "b"], asleep
     assert all(f"keeps {CONTEXT_MIB} MiB" in e.message for e in asleep), asleep  # measured
     woke = [e for e in events if e.state == "awake"]
-    assert len(woke) == 2 and all(e.seconds is not None and e.seconds >= 0.05 for e in woke)
-    assert b is not None and b.state == "ready"
+    assert len(woke) == 3 and all(e.seconds is not None and e.seconds >= 0.05 for e in woke)
+    assert b is not None and b.state == "asleep" and b.reserved_mib == CONTEXT_MIB
+
+
+async def _ws_echo(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as sock:
+        await sock.send_str("ping")
+        return str((await sock.receive(timeout=10)).data)
 
 
 @pytest.mark.timeout(120)
