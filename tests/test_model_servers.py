@@ -337,7 +337,8 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
 
 
 def test_a_server_is_calibrated_like_a_worker() -> None:
-    unmeasured = server_backend("fresh", 700)
+    unmeasured = server_backend("fresh", 700, args=("--wake-s", "0.1"))
+    unmeasured["http"].update(sleep="POST /sleep?level=1", wake="POST /wake_up")
     del unmeasured["vram"]
     with serve_http([unmeasured]) as front:
         job = front.post("/v1/backends/fresh/calibrate", {"repeats": 1, "settle_s": 0.3}).json()
@@ -345,6 +346,9 @@ def test_a_server_is_calibrated_like_a_worker() -> None:
         report = front.get("/v1/backends/fresh/calibration").json()
         assert report["record"]["source"] == "simulated"
         assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]
+        # It can sleep: what it keeps asleep (its context) and its wake, measured.
+        assert report["analysis"]["sleep_residual"]["value_mib"] == CONTEXT_MIB
+        assert report["analysis"]["wake_s"] >= 0.1
 
 
 def test_a_stop_command_stops_the_server_and_a_port_can_be_its_health() -> None:
