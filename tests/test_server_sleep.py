@@ -31,6 +31,9 @@ pytestmark = pytest.mark.process
 SERVER = Path(__file__).resolve().parent / "model_server.py"
 CONTEXT_MIB = 256  # the simulated GPU's CUDA context per process: what a server keeps asleep
 CARD = "sim:8GiB"
+# Both sleepers' weights (5000 MiB each, as a server does not say what its sleep took) fit in
+# host memory whatever this host has.
+HOST_BUDGET_MIB = 16 * 1024
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
@@ -80,7 +83,8 @@ def answered_by(view: Any) -> int:
 
 @pytest.mark.timeout(120)
 def test_two_servers_take_turns_asleep_without_a_respawn() -> None:
-    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0,
+                          sleep_host_budget_mib=HOST_BUDGET_MIB)
     with serve_http([sleepy_server("a"), sleepy_server("b")], gpus=CARD,
                     engine_config=config) as front, \
             UsageWatcher(front.sup, CARD, hz=100) as watch:
@@ -124,7 +128,8 @@ async def _ws_echo(url: str) -> str:
 ])
 def test_a_server_whose_sleep_or_wake_misbehaves_is_stopped_instead(mode: str,
                                                                     why: str) -> None:
-    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0,
+                          sleep_host_budget_mib=HOST_BUDGET_MIB)
     # A wake is given timeouts.start to answer; a hung server is killed after its stop grace
     # (aiohttp waits for its handlers).
     fast: dict[str, Any] = {"load_s": 0.2, "start": "2s", "grace": "0.5s"}

@@ -114,8 +114,8 @@ class ServerHandle(SupervisedProcess):
         """Spawn the server, then poll its health path until it is ready."""
         try:
             import aiohttp
-        except ImportError:
-            self._refuse("an http: backend needs aiohttp: pip install 'vramtui[http]'")
+        except ImportError as exc:
+            self._refuse(f"an http: backend needs aiohttp ({exc}): pip install 'vramtui[http]'")
             return
         if self.launch.port is None and await self._connects():
             self._refuse(f"something already listens on {self.url} (http.url): stop it, or "
