@@ -99,6 +99,8 @@ def test_two_servers_take_turns_asleep_without_a_respawn() -> None:
         # the room b gave back: a preload evicts nobody).
         assert front.post("/v1/backends/b/sleep", {}).status == 202
         assert asyncio.run(_ws_echo(front.base + "/upstream/a/ws")) == "echo:ping"
+        server = front.get("/v1/backends/a").json()["server"]
+        assert (server["sleep"], server["wake"]) == ("POST /sleep?level=1", "POST /wake_up")
         counters = front.engine.counters
         loads, wakes = dict(counters.loads), dict(counters.wakes)
         b = front.sup.snapshot().backend("b")
