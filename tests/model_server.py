@@ -24,7 +24,8 @@
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
   that never ends); ``broken`` (a stream cut in the middle of its body); ``sleep-keeps``
-  (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers).
+  (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers);
+  ``asleep-hangs`` (once asleep, the whole server stops answering).
 """
 
 from __future__ import annotations
@@ -169,6 +170,8 @@ class Server:
             self.asleep = True
             if self.args.mode != "sleep-keeps" and self.args.mib:
                 sim.free(self.args.mib)
+            if self.args.mode == "asleep-hangs":
+                asyncio.get_running_loop().call_later(0.1, self.frozen.set)
         return web.json_response({"is_sleeping": True})
 
     async def wake_up(self, request: web.Request) -> web.Response:
@@ -211,7 +214,7 @@ def main() -> None:
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
         "ok", "never-healthy", "exit", "crash", "hang", "error500", "endless", "broken",
-        "sleep-keeps", "wake-hangs"))
+        "sleep-keeps", "wake-hangs", "asleep-hangs"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")

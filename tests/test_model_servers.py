@@ -319,7 +319,7 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
     with serve_http(backends) as front:
         for name, text in (("crashy", "server exited with code 3; its log ends: model_server: "
                             "GGML_ASSERT failed"),
-                           ("hangs", "hangs hung: its worker")):
+                           ("hangs", "hangs hung: its server")):
             reply = front.post("/v1/chat/completions", chat(name))
             message = _error_text(reply.body)
             assert reply.status == 502 and text in message, message

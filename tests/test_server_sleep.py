@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from engine_support import UsageWatcher, engine
 from http_support import serve_http
+from waiting import wait_until
 
 from supervisor.engine import EngineConfig
 from supervisor.events import EngineEvent
@@ -146,3 +147,20 @@ def test_a_server_whose_sleep_or_wake_misbehaves_is_stopped_instead(mode: str,
     assert pids[0] != pids[2]  # a's last job ran on a fresh server
     assert watch.overcommits == []
     assert a is not None and a.state == "ready"
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_hangs_asleep_is_killed_as_hung() -> None:
+    spec = sleepy_server("a", "asleep-hangs", load_s=0.1)
+    spec["timeouts"]["ping"] = "0.5s"
+    with engine([spec], gpus=CARD) as sup:
+        pid = answered_by(sup.wait(sup.submit("a", CHAT), 30))
+        sup.sleep("a")
+
+        def killed() -> str | None:
+            view = sup.snapshot().backend("a")
+            return view.last_error if view is not None and view.state != "asleep" else None
+
+        error = wait_until(killed, 10, "the hung sleeper to be killed")
+        assert f"a hung: its server (pid {pid}) answered no ping" in error, error
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "its process to be gone")

@@ -366,8 +366,10 @@ class ServerHandle(SupervisedProcess):
 
     # -- liveness -----------------------------------------------------------------------------
     def ping(self) -> None:
-        """An HTTP request to its health path, unless one is under way; any answer counts."""
-        if self._ping_task is not None or not self.hot or self._session is None:
+        """An HTTP request to its health path, unless one is under way; any answer counts (a
+        sleeping server is pinged too: one that hangs asleep is killed as any other)."""
+        if self._ping_task is not None or self._session is None \
+                or not (self.hot or self.state == WorkerState.ASLEEP):
             return
         if self._ping_sent is None:
             self._ping_sent = time.monotonic()
