@@ -15,6 +15,7 @@ import pytest
 from supervisor.backends import LoadResult, load_backends
 from supervisor.backends.http import DEFAULT_URL, HttpCall, HttpSpec, fill
 from supervisor.backends.schema import VramSpec
+from supervisor.descriptors import spec_document
 
 
 def _load(tmp_path: Path, text: str) -> LoadResult:
@@ -70,6 +71,8 @@ def test_every_http_key(tmp_path: Path) -> None:
                                  sleep=HttpCall("POST", "/sleep?level=1"),
                                  wake=HttpCall("POST", "/wake_up"))
     assert str(spec.http.sleep) == "POST /sleep?level=1" and spec.http.can_sleep
+    shown = spec_document(spec)["http"]  # what `vramtui backends describe` shows
+    assert (shown["sleep"], shown["wake"]) == ("POST /sleep?level=1", "POST /wake_up")
     assert spec.command[-1] == "${VRAM_FRACTION}"
     assert not _load(tmp_path, "name: a\ncommand: [s, --port, '${PORT}']\nhttp: true\n").errors
 
