@@ -596,8 +596,8 @@ class Engine:
                 queue.set_blocked(job, since)
         for start in plan.starts:
             self._start(start, snap)
-        for rt in preloads:
-            if rt.worker is not None:
+        for rt in preloads:  # (a sleeping worker's waits until its wake began)
+            if rt.worker is not None and not Sleeper.unwoken(rt):
                 rt.preload_until = None
             elif rt.preload_until is not None and self.clock() >= rt.preload_until:
                 rt.preload_until = None
@@ -762,10 +762,10 @@ class Engine:
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:
-                self._requeue(job, "requeued: worker failed to start")  # it never ran
+                self._requeue(job, f"requeued: {rt.spec.runner} failed to start")  # never ran
             else:
-                what = ("its worker failed to start: " + (health.last_error or reason)) \
-                    if never_ready else f"{name} {reason}; {log_hint}"
+                what = (f"its {rt.spec.runner} failed to start: {health.last_error or reason}"
+                        if never_ready else f"{name} {reason}; {log_hint}")
                 self._finish(job, JobState.FAILED, error=what)
         if health.failed:
             for job in [j for j in self.jobs.queue if j.backend == name]:

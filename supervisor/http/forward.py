@@ -29,6 +29,7 @@ from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
 from ..jobs import JobState
 from ..servers.request import HOP_BY_HOP, job_metadata
+from ..workers.states import WorkerState
 from .errors import HttpError, from_engine, not_found
 from .jobflow import (
     SANDBOX,
@@ -226,7 +227,8 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
 
 
 async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
-    """The base URL of ``backend``'s server once it is ready (it is started if cold)."""
+    """The base URL of ``backend``'s server once it is ready (it is started if cold, woken
+    if asleep)."""
     engine = server.engine
     deadline = time.monotonic() + timeout
     asked = False
@@ -238,12 +240,13 @@ async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
         if rt is not None and rt.health.failed:
             raise HttpError(502, f"{backend} failed to start: {rt.health.last_error}",
                             "server_error", "backend_failed")
-        if worker is None and not asked:  # asked once; again only if it went away
+        away = worker is None or worker.state == WorkerState.ASLEEP
+        if away and not asked:  # asked once; again only if it went away (or fell asleep)
             try:
                 engine.preload(backend)
             except VramtuiError as exc:
                 raise from_engine(exc) from None
-        asked = worker is None
+        asked = away
         if time.monotonic() > deadline:
             raise HttpError(504, f"{backend} was not ready within {timeout:g} s",
                             "timeout_error", "not_ready")
