@@ -1,0 +1,80 @@
+"""Hostile inputs that are files or a model's text, not requests: each is refused with one line,
+quickly, before it is built in memory.
+
+- a llama-swap ``config.yaml`` whose macros use each other many times over (each doubling
+  the last: a command line of gigabytes);
+- YAML aliases of aliases (a "billion laughs": a few hundred bytes that stand for millions of
+  values, walked by every reader);
+- a descriptor file of many megabytes;
+- a model's tool-call arguments nested past what Python can parse (the Ollama translation).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.backends.errors import DescriptorError
+from supervisor.backends.llama_swap import MAX_EXPANDED, from_llama_swap
+from supervisor.backends.yamlio import MAX_FILE_BYTES, load_documents
+from supervisor.http.ollama_shapes import Reply
+
+
+def test_macros_that_explode_are_one_error_of_that_model(tmp_path: Path) -> None:
+    lines = ["macros:", '  m0: "aaaaaaaaaaaaaaaa"']
+    lines += [f'  m{i}: "${{m{i - 1}}}${{m{i - 1}}}"' for i in range(1, 40)]  # 2^39 × 16
+    lines += ["models:", "  bomb:", '    cmd: "server --port ${PORT} ${m39}"',
+              "  fine:", '    cmd: "server --port ${PORT} ${m2}"']
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    items = list(from_llama_swap(load_documents(path)[0], path, {}))
+    assert time.monotonic() - started < 5
+    errors = [i for i in items if isinstance(i, DescriptorError)]
+    assert len(errors) == 1 and errors[0].field == "cmd" and errors[0].backend == "bomb"
+    assert f"more than {MAX_EXPANDED:,}" in str(errors[0])
+    entries = [i[0] for i in items if isinstance(i, tuple)]
+    assert [e["name"] for e in entries] == ["fine"]
+    assert entries[0]["command"][-1] == "a" * 64  # what stays small still expands
+
+
+def test_aliases_of_aliases_are_refused_before_they_are_built(tmp_path: Path) -> None:
+    lines = ["x0: &a0 [aaaaaaaaaa, aaaaaaaaaa]"]
+    lines += [f"x{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 40)]
+    lines += ["models:", "  a:", "    cmd: server --port ${PORT}", "    env: *a39"]
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    with pytest.raises(DescriptorError, match="aliases expand to more than"):
+        load_documents(path)
+    assert time.monotonic() - started < 5
+    # aliases used a sane number of times are what YAML is for
+    path.write_text("base: &b {keep_alive: 5m}\nbackends:\n"
+                    + "".join(f"  - {{<<: *b, name: m{i}}}\n" for i in range(200)))
+    assert len(load_documents(path)[0]["backends"]) == 200
+    # an alias that contains itself is counted, not followed forever
+    path.write_text("a: &r [1, *r]\n")
+    assert load_documents(path)[0]["a"][0] == 1
+
+
+def test_a_descriptor_of_many_megabytes_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    with path.open("wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(DescriptorError, match="more than a descriptor file may be"):
+        load_documents(path)
+
+
+def test_tool_arguments_nested_past_parsing_stay_text() -> None:
+    deep = "[" * 100_000
+    answer = {"choices": [{"message": {"content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": deep}}]}}]}
+    out = Reply("chat", "m").whole(answer, 1)
+    assert out["message"]["tool_calls"][0]["function"]["arguments"] == {"arguments": deep}
+    streamed = Reply("chat", "m")
+    streamed.chunk({"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "function": {"name": "f", "arguments": deep}}]}}]})
+    calls = streamed.done(1)[0]["message"]["tool_calls"]
+    assert calls[0]["function"]["arguments"] == {"arguments": deep}
