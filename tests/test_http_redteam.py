@@ -13,6 +13,8 @@ The attacks:
   character in a header, and the headers no server may set on the door's origin;
 - headers in a job's ``metadata`` (``Transfer-Encoding`` beside our ``Content-Length``,
   ``Host``), and ``Expect`` from a client, reaching the server;
+- a path with ``%2F``, ``%3F``, ``%2e%2e``, ``%252F``: decoded by the relay, the server got
+  another request (a query, a step up, a second decoding);
 - another local user asking ``/upstream``, ``/running``, ``/logs``.
 """
 
@@ -72,6 +74,11 @@ def test_a_page_on_another_port_cannot_make_the_browser_reach_a_model_server(
     # an Origin that is not ours, on a GET
     r = front.get("/upstream/hs/raw", headers={"Origin": "http://127.0.0.1:9999"})
     assert r.status == 403
+    # a websocket from a page on another port
+    r = front.get("/upstream/hs/ws", headers={
+        "Origin": "http://127.0.0.1:9999", "Upgrade": "websocket", "Connection": "Upgrade",
+        "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert r.status == 403
     assert _job_count(front) == before  # not one request reached the server
     assert front.engine.backends["hs"].worker is None  # nor was it started
     # the same page served by this very server, a typed address, a client with no browser
@@ -130,6 +137,22 @@ def test_no_framing_or_host_header_reaches_a_model_server(front: Front) -> None:
     assert r.status == 200, r.body[:300]
     assert b"100-continue" not in r.body.lower() and r.body.endswith(b"\r\n\r\nbody")
     assert b"proxy-authorization" not in r.body.lower()
+
+
+@pytest.mark.process
+def test_a_path_reaches_the_server_as_the_client_wrote_it(front: Front) -> None:
+    """Never decoded on the way: ``%2F`` is no slash, ``%3F`` no query, ``%2e%2e`` no step
+    up, ``%252F`` not a second ``%2F`` for the server to decode again."""
+    for written in ("/raw/a%2Fb", "/raw/q%3Fx=1", "/raw/%2e%2e/x", "/raw/%252F",
+                    "/raw/sp%20ace?k=%2F&j=1", "/raw@evil.example:80/x"):
+        r = front.get("/upstream/hs" + written)
+        assert r.status == 200, (written, r.body[:200])
+        assert r.body.startswith(f"GET {written} HTTP/1.1\r\nHost: 127.0.0.1:".encode()), \
+            (written, r.body[:200])
+    # a job's metadata cannot put a line break into the request line
+    meta = {"http": {"method": "GET", "path": "/raw\r\nX-Evil: 1"}}
+    r = front.post("/v1/jobs", {"backend": "hs", "input": "hi", "metadata": meta})
+    assert r.status == 200 and b"\r\nX-Evil" not in r.body, r.body[:200]
 
 
 ATTACK = r'''

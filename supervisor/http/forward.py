@@ -30,7 +30,7 @@ from aiohttp import ClientSession, WSMsgType, web
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
 from ..jobs import JobState
-from ..servers.request import forwardable, job_metadata
+from ..servers.request import forwardable, job_metadata, target_url
 from .errors import HttpError, from_engine, not_found
 from .jobflow import (
     answer_headers,
@@ -216,7 +216,7 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
                    path: str) -> web.StreamResponse:
     """Any request to ``backend``'s server: a websocket straight through once it is ready,
     anything else as a job."""
-    target = "/" + path + (f"?{request.query_string}" if request.query_string else "")
+    target = raw_target(request, path)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(server, request, backend, target)
     payload = await request.read()
@@ -226,6 +226,15 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
     return await forward(server, request, backend, payload, stream=True, path=target,
                          metadata={"api": "upstream"}, headers=forwarded_headers(request),
                          notes=sse)
+
+
+def raw_target(request: web.Request, path: str) -> str:
+    """What follows ``/upstream/{model}`` in the request as the client wrote it (still
+    percent-encoded, its query kept): a relay that decoded it would send another request."""
+    raw = request.raw_path
+    if raw.startswith("/upstream/") and raw.count("/") >= 3:
+        return "/" + raw.split("/", 3)[3]
+    return "/" + path + (f"?{request.query_string}" if request.query_string else "")
 
 
 async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
@@ -264,8 +273,8 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
             # The handshake to the server is the engine's own, not the client's.
             own = {k: v for k, v in forwarded_headers(request).items()
                    if not k.lower().startswith("sec-websocket-")}
-            upstream_ws = await session.ws_connect(base.replace("http", "ws", 1) + target,
-                                                   headers=own)
+            upstream_ws = await session.ws_connect(
+                target_url(base.replace("http", "ws", 1), target), headers=own)
         except Exception as exc:  # noqa: BLE001 - any failure closes the client's socket
             await client.close(message=f"{backend}'s server refused the websocket: "
                                f"{exc}".encode()[:120])

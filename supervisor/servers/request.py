@@ -11,9 +11,12 @@ payload: a short request of that kind, so a calibration measures one). With
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from yarl import URL
 
 from ..backends.schema import BackendSpec
 
@@ -66,6 +69,18 @@ def end_to_end(headers: Iterable[tuple[str, str]], also: Iterable[str] = ()) -> 
         if key.lower() == "connection":
             drop |= {v.strip().lower() for v in value.split(",")}
     return [(k, v) for k, v in items if k.lower() not in drop]
+
+
+_SENDABLE = re.compile(r"^/[!-~]*$")  # printable ASCII, no space: a request target as is
+
+
+def target_url(base: str, path: str) -> URL:
+    """``base`` + ``path`` as the server is sent it: a path that is already a valid request
+    target goes exactly as written (``%2F`` stays ``%2F``, ``%2e%2e`` is not a ``..``: it is
+    never decoded a second time, nor re-read as a query); anything else is quoted."""
+    if _SENDABLE.match(path):
+        return URL(base + path, encoded=True)
+    return URL(base + path)
 
 
 def forwardable(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
