@@ -149,6 +149,14 @@ def test_a_path_reaches_the_server_as_the_client_wrote_it(front: Front) -> None:
         assert r.status == 200, (written, r.body[:200])
         assert r.body.startswith(f"GET {written} HTTP/1.1\r\nHost: 127.0.0.1:".encode()), \
             (written, r.body[:200])
+    # a request in absolute form (as to a proxy) too
+    conn = front.conn()
+    try:
+        conn.request("GET", f"http://127.0.0.1:{front.port}/upstream/hs/raw/abs%2F")
+        body = conn.getresponse().read()
+    finally:
+        conn.close()
+    assert body.startswith(b"GET /raw/abs%2F HTTP/1.1"), body[:100]
     # a job's metadata cannot put a line break into the request line
     meta = {"http": {"method": "GET", "path": "/raw\r\nX-Evil: 1"}}
     r = front.post("/v1/jobs", {"backend": "hs", "input": "hi", "metadata": meta})

@@ -231,10 +231,10 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
 def raw_target(request: web.Request, path: str) -> str:
     """What follows ``/upstream/{model}`` in the request as the client wrote it (still
     percent-encoded, its query kept): a relay that decoded it would send another request."""
-    raw = request.raw_path
-    if raw.startswith("/upstream/") and raw.count("/") >= 3:
-        return "/" + raw.split("/", 3)[3]
-    return "/" + path + (f"?{request.query_string}" if request.query_string else "")
+    parts = request.rel_url.raw_path.split("/", 3)  # "", "upstream", the model, the rest
+    rest = parts[3] if len(parts) == 4 and parts[1] == "upstream" else path
+    query = request.rel_url.raw_query_string
+    return "/" + rest + (f"?{query}" if query else "")
 
 
 async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
