@@ -6,11 +6,13 @@ quickly, before it is built in memory.
 - YAML aliases of aliases (a "billion laughs": a few hundred bytes that stand for millions of
   values, walked by every reader);
 - a descriptor file of many megabytes;
-- a model's tool-call arguments nested past what Python can parse (the Ollama translation).
+- a model's tool-call arguments nested past what Python can parse (the Ollama translation);
+- a descriptor another user could have written (its commands would run as the engine's user).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 
 from supervisor.backends.errors import DescriptorError
 from supervisor.backends.llama_swap import MAX_EXPANDED, from_llama_swap
+from supervisor.backends.loader import load_backends
 from supervisor.backends.yamlio import MAX_FILE_BYTES, load_documents
 from supervisor.http.ollama_shapes import Reply
 
@@ -78,3 +81,32 @@ def test_tool_arguments_nested_past_parsing_stay_text() -> None:
         {"index": 0, "function": {"name": "f", "arguments": deep}}]}}]})
     calls = streamed.done(1)[0]["message"]["tool_calls"]
     assert calls[0]["function"]["arguments"] == {"arguments": deep}
+
+
+def _descriptor(directory: Path) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / "backends.yaml"
+    path.write_text("backends:\n  - name: planted\n    command: [touch, /tmp/planted]\n"
+                    "    vram: {weights: 1MiB}\n")
+    path.chmod(0o644)
+    return path
+
+
+def test_a_descriptor_someone_else_could_write_is_not_read(tmp_path: Path) -> None:
+    """Whoever writes a descriptor runs commands as the engine's user."""
+    mine = _descriptor(tmp_path / "mine")
+    assert list(load_backends([mine], demo_fallback=False).backends) == ["planted"]
+    mine.chmod(0o666)
+    result = load_backends([mine], demo_fallback=False)
+    assert not result.backends and "may be written by others (mode 0666)" in str(
+        result.errors[0]) and "chmod go-w" in str(result.errors[0])
+    mine.chmod(0o644)
+    mine.parent.chmod(0o775)  # its group may replace it
+    assert "its directory may be written by its group" in str(
+        load_backends([mine], demo_fallback=False).errors[0])
+    mine.parent.chmod(0o1777)  # sticky, as /tmp: others cannot replace it
+    assert list(load_backends([mine], demo_fallback=False).backends) == ["planted"]
+    if os.geteuid() == 0:  # a file another user owns (and so may rewrite)
+        os.chown(mine, 65534, 65534)
+        result = load_backends([mine.parent], demo_fallback=False)
+        assert not result.backends and "belongs to uid 65534" in str(result.errors[0])
