@@ -8,6 +8,7 @@ sends), one request per connection.  What it answers depends on the request's pa
   a test sees what the relay forwarded;
 - ``/html``: 200 ``text/html`` with a script, and every header a server should never be able
   to set on the door's origin: ``Set-Cookie``, ``Location``, ``Refresh``, CORS, its own CSP;
+- ``/status/NNN``: status ``NNN`` (any three characters), with a body;
 - ``/control``: a header whose value holds ``\\x01``;
 - ``/endless-headers``: headers, forever;
 - ``/huge-header``: one header of 1 MiB;
@@ -62,6 +63,10 @@ async def answer(path: bytes, seen: bytes, writer: asyncio.StreamWriter) -> None
                            b"Access-Control-Allow-Origin: *",
                            b"Access-Control-Allow-Credentials: true",
                            b"Content-Security-Policy: script-src *"))
+    elif path.startswith(b"/status/"):
+        code = path.split(b"/")[2][:3]
+        writer.write(b"HTTP/1.1 " + code + b" Whatever\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: 5\r\nConnection: close\r\n\r\nbody!")
     elif path.startswith(b"/control"):
         writer.write(plain("200 OK", b"x", b"Content-Type: text/plain", b"X-Note: a\x01b"))
     elif path.startswith(b"/huge-header"):

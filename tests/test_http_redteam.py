@@ -116,6 +116,9 @@ def test_a_model_servers_answer_is_data_on_the_doors_origin(front: Front) -> Non
     for path in ("/upstream/hs/endless-headers", "/upstream/hs/huge-header"):
         r = front.get(path)
         assert r.status == 502 and r.error["code"] == "job_failed", (path, r.body[:300])
+    # a status HTTP cannot carry, or one that would switch protocols: 502
+    for code in ("999", "abc", "101", "204"):
+        assert front.get(f"/upstream/hs/status/{code}").status == 502, code
     assert front.get("/healthz").status == 200
 
 
