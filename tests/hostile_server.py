@@ -9,6 +9,8 @@ sends), one request per connection.  What it answers depends on the request's pa
 - ``/html``: 200 ``text/html`` with a script, and every header a server should never be able
   to set on the door's origin: ``Set-Cookie``, ``Location``, ``Refresh``, CORS, its own CSP;
 - ``/status/NNN``: status ``NNN`` (any three characters), with a body;
+- ``/fail``: a 500 whose body holds escape sequences and a line break (as does stderr with
+  ``--die-loudly``, which exits at once);
 - ``/control``: a header whose value holds ``\\x01``;
 - ``/endless-headers``: headers, forever;
 - ``/huge-header``: one header of 1 MiB;
@@ -20,8 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 
 HEAD_LIMIT = 1 << 20
+# What a terminal would act on: set its title, clear it, write the clipboard; and a line break
+# that would forge a line of the engine's log.
+TERMINAL_ATTACK = ("\x1b]0;pwned\x07\x1b[2J\x1b]52;c;ZXZpbA==\x1b\\ boom\n"
+                   "2026-01-01 [info] a forged line \u202e")
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -67,6 +74,8 @@ async def answer(path: bytes, seen: bytes, writer: asyncio.StreamWriter) -> None
         code = path.split(b"/")[2][:3]
         writer.write(b"HTTP/1.1 " + code + b" Whatever\r\nContent-Type: text/plain\r\n"
                      b"Content-Length: 5\r\nConnection: close\r\n\r\nbody!")
+    elif path.startswith(b"/fail"):
+        writer.write(plain("500 Oops", TERMINAL_ATTACK.encode(), b"Content-Type: text/plain"))
     elif path.startswith(b"/control"):
         writer.write(plain("200 OK", b"x", b"Content-Type: text/plain", b"X-Note: a\x01b"))
     elif path.startswith(b"/huge-header"):
@@ -93,7 +102,13 @@ async def answer(path: bytes, seen: bytes, writer: asyncio.StreamWriter) -> None
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--die-loudly", action="store_true",
+                    help="write escape sequences to stderr and exit at once")
     args = ap.parse_args()
+    if args.die_loudly:
+        sys.stderr.write(TERMINAL_ATTACK + "\n")
+        sys.stderr.flush()
+        raise SystemExit(3)
     server = await asyncio.start_server(handle, "127.0.0.1", args.port, limit=HEAD_LIMIT * 2)
     async with server:
         await server.serve_forever()

@@ -23,6 +23,7 @@ from supervisor.backends.llama_swap import MAX_EXPANDED, from_llama_swap
 from supervisor.backends.loader import load_backends
 from supervisor.backends.yamlio import MAX_FILE_BYTES, load_documents
 from supervisor.http.ollama_shapes import Reply
+from supervisor.textsafe import visible
 
 
 def test_macros_that_explode_are_one_error_of_that_model(tmp_path: Path) -> None:
@@ -110,3 +111,10 @@ def test_a_descriptor_someone_else_could_write_is_not_read(tmp_path: Path) -> No
         os.chown(mine, 65534, 65534)
         result = load_backends([mine.parent], demo_fallback=False)
         assert not result.backends and "belongs to uid 65534" in str(result.errors[0])
+
+
+def test_a_process_s_words_are_shown_with_nothing_that_acts() -> None:
+    text = "a\x1b[2J\x07b\tc\u202ed\x9be\nf"
+    assert visible(text) == "a\\x1b[2J\\x07b c\\u202ed\\x9be\\x0af"
+    assert visible(text, lines=True).endswith("e\nf")
+    assert visible("plain — ünïcode ✓") == "plain — ünïcode ✓"

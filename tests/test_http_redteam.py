@@ -46,7 +46,9 @@ def hostile_server_backend(name: str = "hs") -> dict[str, Any]:
 @pytest.fixture(scope="module")
 @spawns
 def front() -> Iterator[Front]:
-    with serve_http([hostile_server_backend()]) as f:
+    loud = hostile_server_backend("loud")
+    loud["command"].append("--die-loudly")
+    with serve_http([hostile_server_backend(), loud]) as f:
         yield f
 
 
@@ -164,6 +166,24 @@ def test_a_path_reaches_the_server_as_the_client_wrote_it(front: Front) -> None:
     meta = {"http": {"method": "GET", "path": "/raw\r\nX-Evil: 1"}}
     r = front.post("/v1/jobs", {"backend": "hs", "input": "hi", "metadata": meta})
     assert r.status == 200 and b"\r\nX-Evil" not in r.body, r.body[:200]
+
+
+@pytest.mark.process
+def test_a_servers_words_reach_no_terminal_as_escapes(front: Front) -> None:
+    """Its 5xx body becomes the job's error, its stderr the reason it failed: both are shown
+    by the TUI, the CLI and the engine's log, on terminals."""
+    r = front.get("/upstream/hs/fail")  # to its HTTP client: the body as data, as it was
+    assert r.status == 502 and r.body.startswith(b"\x1b]0;pwned")
+    r = front.post("/v1/chat/completions", {"model": "loud", "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert r.status == 502 and "pwned" in r.error["message"], r.body[:300]
+    jobs = front.get("/v1/jobs?limit=1000").json()["data"]
+    errors = [j["error"] for j in jobs if j["backend"] in ("hs", "loud") and j["error"]]
+    logs = front.get("/logs").body.decode()
+    assert any("pwned" in e for e in errors) and "pwned" in logs
+    for text in (*errors, logs):
+        assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text, text
+    assert "\n2026-01-01 [info] a forged line" not in logs
 
 
 ATTACK = r'''
