@@ -9,6 +9,7 @@ sends), one request per connection.  What it answers depends on the request's pa
 - ``/html``: 200 ``text/html`` with a script, and every header a server should never be able
   to set on the door's origin: ``Set-Cookie``, ``Location``, ``Refresh``, CORS, its own CSP;
 - ``/status/NNN``: status ``NNN`` (any three characters), with a body;
+- ``/redirect?to=URL``: a 302 to ``URL`` (a websocket's handshake too);
 - ``/fail``: a 500 whose body holds escape sequences and a line break (as does stderr with
   ``--die-loudly``, which exits at once);
 - ``/control``: a header whose value holds ``\\x01``;
@@ -74,6 +75,8 @@ async def answer(path: bytes, seen: bytes, writer: asyncio.StreamWriter) -> None
         code = path.split(b"/")[2][:3]
         writer.write(b"HTTP/1.1 " + code + b" Whatever\r\nContent-Type: text/plain\r\n"
                      b"Content-Length: 5\r\nConnection: close\r\n\r\nbody!")
+    elif path.startswith(b"/redirect?to="):
+        writer.write(plain("302 Found", b"", b"Location: " + path.split(b"=", 1)[1]))
     elif path.startswith(b"/fail"):
         writer.write(plain("500 Oops", TERMINAL_ATTACK.encode(), b"Content-Type: text/plain"))
     elif path.startswith(b"/control"):

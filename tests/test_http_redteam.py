@@ -15,16 +15,21 @@ The attacks:
   ``Host``), and ``Expect`` from a client, reaching the server;
 - a path with ``%2F``, ``%3F``, ``%2e%2e``, ``%252F``: decoded by the relay, the server got
   another request (a query, a step up, a second decoding);
+- a server that redirects a websocket's handshake to another host and port;
+- a server's escape sequences, reaching the owner's terminal through the event log;
 - another local user asking ``/upstream``, ``/running``, ``/logs``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from http_support import Front, serve_http
 from other_user import needs_other_user, run_as_other_user
@@ -184,6 +189,28 @@ def test_a_servers_words_reach_no_terminal_as_escapes(front: Front) -> None:
     for text in (*errors, logs):
         assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text, text
     assert "\n2026-01-01 [info] a forged line" not in logs
+
+
+async def _ws_close_reason(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        msg = await ws.receive(timeout=20)
+        return str(msg.extra)
+
+
+@pytest.mark.process
+def test_a_server_cannot_send_the_engine_s_websocket_elsewhere(front: Front) -> None:
+    """Its handshake answered with a redirect to another host and port (a service only this
+    machine may reach): aiohttp's ws_connect would follow it."""
+    inner = socket.create_server(("127.0.0.1", 0))
+    try:
+        to = f"http://127.0.0.1:{inner.getsockname()[1]}/internal-admin"
+        reason = asyncio.run(_ws_close_reason(f"{front.base}/upstream/hs/redirect?to={to}"))
+        assert "not followed" in reason, reason
+        inner.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nobody came: the refusal was before the close
+            inner.accept()
+    finally:
+        inner.close()
 
 
 ATTACK = r'''

@@ -25,7 +25,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import ClientSession, WSMsgType, web
+from aiohttp import ClientError, ClientSession, TraceConfig, WSMsgType, web
 
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
@@ -268,7 +268,7 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
     base = await server_url(server, backend, spec.timeouts.start_s)
     client = web.WebSocketResponse()
     await client.prepare(request)
-    async with ClientSession() as session:
+    async with ClientSession(trace_configs=[_NO_REDIRECTS]) as session:
         try:
             # The handshake to the server is the engine's own, not the client's.
             own = {k: v for k, v in forwarded_headers(request).items()
@@ -283,6 +283,21 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
             await asyncio.gather(_pipe(client, upstream_ws), _pipe(upstream_ws, client),
                                  return_exceptions=True)
     return client
+
+
+class RedirectRefused(ClientError):
+    """A server answered a websocket's handshake with a redirect: never followed."""
+
+
+async def _refuse_redirect(session: Any, context: Any, params: Any) -> None:
+    where = params.response.headers.get("Location", "?")[:60]
+    raise RedirectRefused(f"redirected to {where!r}: not followed")
+
+
+# aiohttp's ws_connect follows redirects and has no switch for it: a server could send the
+# engine's handshake to any host and port.  Plain requests are made with allow_redirects=False.
+_NO_REDIRECTS = TraceConfig()
+_NO_REDIRECTS.on_request_redirect.append(_refuse_redirect)
 
 
 async def _pipe(source: Any, sink: Any) -> None:
