@@ -22,6 +22,7 @@ from ..paths import backends_dir_of
 from .errors import DescriptorError, DescriptorWarning
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
+from .trust import untrusted
 from .vramd import VramdContext
 from .yamlio import load_documents
 
@@ -182,6 +183,10 @@ class _Collector:
 
     def add_file(self, file: Path) -> None:
         self.files.append(file)
+        why = untrusted(file)
+        if why is not None:
+            self.errors.append(DescriptorError(file, None, None, None, f"not read: {why}"))
+            return
         try:
             documents = load_documents(file)
         except DescriptorError as exc:

@@ -36,6 +36,7 @@ from ..paths import Paths
 from ..results import CancelResult, JobRequest, ReloadResult, YieldInfo
 from ..scheduler import model as sched
 from ..snapshot import EngineSnapshot
+from ..textsafe import visible
 from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
 from ..workers.handle import Outcome
@@ -825,7 +826,7 @@ class Engine:
         if job is None or job.state.finished:
             return
         job.progress = fraction
-        job.progress_text = text
+        job.progress_text = visible(text)  # a worker's words, shown on terminals
         self._job_event(job)
 
     def request_chunk(self, job_id: str, chunk: bytes) -> None:
@@ -843,6 +844,7 @@ class Engine:
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
             return
+        error = visible(error, lines=True) if error is not None else None  # a worker's words
         if self.journal.durable(job):  # durable before anyone hears of it
             state, error = self.journal.finish(job, state, error)
         if error is not None:

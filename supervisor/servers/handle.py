@@ -46,7 +46,7 @@ from ..workers.states import WorkerState
 from ..workers.supervised import SleepOutcome, SupervisedProcess
 from .calls import call
 from .launch import Launch
-from .request import end_to_end, upstream_of
+from .request import end_to_end, target_url, upstream_of
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,8 @@ class ServerHandle(SupervisedProcess):
 
         for attempt in (1, 2):
             try:
-                return await self._session.request(up.method, self.url + up.path, data=up.body,
+                return await self._session.request(up.method, target_url(self.url, up.path),
+                                                   data=up.body,
                                                    headers=up.headers, allow_redirects=False)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                 if attempt == 2 or self._exited.is_set():
