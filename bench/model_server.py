@@ -13,7 +13,9 @@ run, side by side:
   request for B: B's cold start + A's exit), beside B's cold start and A's exit measured
   directly.
 
-Through the engine is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
+The two sides are measured request by request in turn (the server started alone beside the
+engine's own), so a shared machine's changing load weighs on both alike.  Through the engine
+is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
 root. Run: ``.venv/bin/python bench/model_server.py [--n 40] [--llama-server PATH]``. Prints
 a table; never run as a test.
 """
@@ -108,23 +110,31 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> bytes:
     return data
 
 
-def measure(base: str, server: Server, model: str, n: int) -> dict[str, float]:
-    """Median short-request latency, median time to first chunk, chunks per second."""
-    conn = _conn(base)
-    try:
-        for _ in range(3):
-            post(conn, server.short(model))  # warm up
-        lat = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            post(conn, server.short(model))
-            lat.append(time.perf_counter() - t0)
-        ttft, rates = [], []
-        for _ in range(max(5, n // 4)):
-            conn.close()  # llama-server closes a connection after a stream: a fresh one each
-            conn = _conn(base)
-            conn.connect()
-            conn.request("POST", "/v1/chat/completions", body=server.streamed(model),
+class Side:
+    """One way of calling a server (directly, or through the engine) and what it measured."""
+
+    def __init__(self, base: str, model: str, server: Server) -> None:
+        self.base = base
+        self.model = model
+        self.server = server
+        self.conn = _conn(base)
+        self.lat: list[float] = []
+        self.ttft: list[float] = []
+        self.rates: list[float] = []
+
+    def short(self, keep: bool = True) -> None:
+        t0 = time.perf_counter()
+        post(self.conn, self.server.short(self.model))
+        if keep:
+            self.lat.append(time.perf_counter() - t0)
+
+    def stream(self) -> None:
+        # llama-server closes a connection after a stream: a fresh one each (opened before
+        # the clock starts, so only the request is timed).
+        conn = _conn(self.base)
+        conn.connect()
+        try:
+            conn.request("POST", "/v1/chat/completions", body=self.server.streamed(self.model),
                          headers={"Content-Type": "application/json"})
             t0 = time.perf_counter()
             resp = conn.getresponse()
@@ -140,32 +150,55 @@ def measure(base: str, server: Server, model: str, n: int) -> dict[str, float]:
                     last = now
                     chunks += 1
             resp.read()
-            if first is not None:
-                ttft.append(first - t0)
-                if last is not None and last - first > 0.001 and chunks > 1:
-                    rates.append((chunks - 1) / (last - first))
-        return {"latency_ms": statistics.median(lat) * 1000,
-                "ttft_ms": statistics.median(ttft) * 1000,
-                "tokens_s": statistics.median(rates) if rates else float("nan")}
-    finally:
-        conn.close()
+        finally:
+            conn.close()
+        if first is not None:
+            self.ttft.append(first - t0)
+            if last is not None and last - first > 0.001 and chunks > 1:
+                self.rates.append((chunks - 1) / (last - first))
+
+    def figures(self) -> dict[str, float]:
+        """Median short-request latency, median time to first chunk, chunks per second."""
+        self.conn.close()
+        return {"latency_ms": statistics.median(self.lat) * 1000,
+                "ttft_ms": statistics.median(self.ttft) * 1000,
+                "tokens_s": statistics.median(self.rates) if self.rates else float("nan")}
 
 
-def direct(server: Server, n: int) -> tuple[dict[str, float], float, float]:
-    """Measured against the server itself; with its cold start and its exit (SIGTERM)."""
+def measure(sides: list[Side], n: int) -> list[dict[str, float]]:
+    """Every side measured request by request in turn (the order swapped each round), so a
+    machine that gets busier or quieter during the run weighs on both alike."""
+    for side in sides:
+        for _ in range(3):
+            side.short(keep=False)  # warm up
+    for i in range(n):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            side.short()
+    for i in range(max(5, n // 4)):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            side.stream()
+    return [side.figures() for side in sides]
+
+
+def start_direct(server: Server) -> tuple[subprocess.Popen[bytes], str, float]:
+    """The server itself, started alone; with its cold start."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(server.argv(str(port)), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        cold = wait_healthy(base, proc=proc)
-        figures = measure(base, server, "m", n)
-    finally:
-        t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-        exit_s = time.monotonic() - t0
-    return figures, cold, exit_s
+        return proc, base, wait_healthy(base, proc=proc)
+    except BaseException:
+        stop_direct(proc)
+        raise
+
+
+def stop_direct(proc: subprocess.Popen[bytes]) -> float:
+    """Its exit (SIGTERM), in seconds."""
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(30)
+    return time.monotonic() - t0
 
 
 def serve(root: Path, backends: list[dict[str, Any]]) -> tuple[subprocess.Popen[bytes], str]:
@@ -197,25 +230,32 @@ def descriptor(name: str, server: Server) -> dict[str, Any]:
             "timeouts": {"start": "60s", "stop_grace": "10s"}}
 
 
-def through_engine(server: Server, n: int, switches: int) -> tuple[dict[str, float], float]:
-    root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
-    proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
+def side_by_side(server: Server, n: int, switches: int
+                 ) -> tuple[dict[str, float], dict[str, float], float, float, float]:
+    """Direct and through the engine, interleaved; then the switch through the engine."""
+    direct, base_d, cold = start_direct(server)
+    exit_s = float("nan")
     try:
-        figures = measure(base, server, "a", n)
-        times = []
-        for i in range(switches):
-            model = "b" if i % 2 == 0 else "a"
-            conn = _conn(base)
-            conn.connect()
-            t0 = time.perf_counter()
-            post(conn, server.short(model))  # the other one is loaded: a switch
-            times.append(time.perf_counter() - t0)
-            conn.close()
-        return figures, statistics.median(times)
+        root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
+        proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
+        try:
+            d, e = measure([Side(base_d, "m", server), Side(base, "a", server)], n)
+            times = []
+            for i in range(switches):
+                model = "b" if i % 2 == 0 else "a"
+                conn = _conn(base)
+                conn.connect()
+                t0 = time.perf_counter()
+                post(conn, server.short(model))  # the other one is loaded: a switch
+                times.append(time.perf_counter() - t0)
+                conn.close()
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+            shutil.rmtree(root, ignore_errors=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        shutil.rmtree(root, ignore_errors=True)
+        exit_s = stop_direct(direct)
+    return d, e, cold, exit_s, statistics.median(times)
 
 
 def llama(path: str, model: str) -> Server:
@@ -254,8 +294,7 @@ def main() -> int:
         servers.append(llama(args.llama_server, find_model(args)))
     rows = []
     for server in servers:
-        d, cold, exit_s = direct(server, args.n)
-        e, switch = through_engine(server, args.n, args.switches)
+        d, e, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
         rows.append((server.label, d, e, cold, exit_s, switch))
     print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10}")
     for label, d, e, cold, exit_s, switch in rows:
