@@ -6,7 +6,9 @@ a tiny random-weight GGUF — ``--model``, or one written by ``scripts/tiny_gguf
 run, side by side:
 
 - the median latency of a short request (a 1-token chat completion), on a kept-alive
-  connection;
+  connection (``delta``: engine's median less direct's; ``paired``: the median of what each
+  engine request took more than the direct one measured just before or after it, the
+  steadier figure on a busy machine);
 - the time to the first streamed chunk of a chat completion;
 - streamed chunks (tokens) per second over a longer stream;
 - the switch between two servers that cannot co-reside on the simulated GPU (A loaded, a
@@ -165,19 +167,31 @@ class Side:
                 "tokens_s": statistics.median(self.rates) if self.rates else float("nan")}
 
 
+def paired(a: list[float], b: list[float]) -> float:
+    """The median of ``b[i] - a[i]``, each pair measured back to back: what one side adds
+    to the other, with the load both saw at that moment taken out."""
+    return statistics.median(y - x for x, y in zip(a, b, strict=False)) if a and b \
+        else float("nan")
+
+
 def measure(sides: list[Side], n: int) -> list[dict[str, float]]:
     """Every side measured request by request in turn (the order swapped each round), so a
-    machine that gets busier or quieter during the run weighs on both alike."""
+    machine that gets busier or quieter during the run weighs on both alike. The last
+    side's figures also say what it adds to the first's, pair by pair (``*_added``)."""
     for side in sides:
         for _ in range(3):
             side.short(keep=False)  # warm up
     for i in range(n):
         for side in (sides if i % 2 == 0 else sides[::-1]):
             side.short()
-    for i in range(max(5, n // 4)):
+    for i in range(max(10, n // 2)):
         for side in (sides if i % 2 == 0 else sides[::-1]):
             side.stream()
-    return [side.figures() for side in sides]
+    figures = [side.figures() for side in sides]
+    first, last = sides[0], sides[-1]
+    figures[-1]["latency_ms_added"] = paired(first.lat, last.lat) * 1000
+    figures[-1]["ttft_ms_added"] = paired(first.ttft, last.ttft) * 1000
+    return figures
 
 
 def start_direct(server: Server) -> tuple[subprocess.Popen[bytes], str, float]:
@@ -296,15 +310,18 @@ def main() -> int:
     for server in servers:
         d, e, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
         rows.append((server.label, d, e, cold, exit_s, switch))
-    print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10}")
+    print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10} "
+          f"{'paired':>10}")
     for label, d, e, cold, exit_s, switch in rows:
         for key, what, unit in (("latency_ms", "short request (median)", "ms"),
                                 ("ttft_ms", "time to first chunk", "ms"),
                                 ("tokens_s", "streamed chunks/s", "/s")):
             delta = e[key] - d[key] if key != "tokens_s" else e[key] / d[key] * 100
             tail = f"{delta:+9.2f}{unit}" if key != "tokens_s" else f"{delta:9.0f}%"
+            pair = e.get(f"{key}_added")
+            paired_text = f"{pair:+9.2f}{unit}" if pair is not None else ""
             print(f"{label:<14} {what:<26} {d[key]:>8.2f}{unit:<2} {e[key]:>8.2f}{unit:<2} "
-                  f"{tail:>10}")
+                  f"{tail:>10} {paired_text:>10}")
         budget = cold + exit_s + 0.3
         print(f"{label:<14} {'switch A->B (median)':<26} {cold + exit_s:>8.2f}s  "
               f"{switch:>8.2f}s  goal <= {budget:.2f}s (B cold {cold:.2f}s + A exit "
