@@ -838,6 +838,7 @@ class Engine:
         job = self.jobs.get(job_id)
         if job is not None and not job.state.finished:
             job.status_code, job.headers = status, headers
+            self._job_event(job)  # its answer began: a door may open its response now
 
     # ===================================================================== ends ===========
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
