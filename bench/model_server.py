@@ -9,14 +9,19 @@ run, side by side:
   connection (``delta``: engine's median less direct's; ``paired``: the median of what each
   engine request took more than the direct one measured just before or after it, the
   steadier figure on a busy machine);
-- the time to the first streamed chunk of a chat completion;
+- the time to the first streamed chunk of a chat completion (llama-server closes its
+  connection after a stream, so directly each stream has a fresh one, opened before the
+  clock starts; the engine keeps its client's, as a pooled client uses it: a fresh
+  connection to the engine costs another ~0.3-0.6 ms on a busy 2-core box, its accept on the
+  engine's loop);
 - streamed chunks (tokens) per second over a longer stream;
 - the switch between two servers that cannot co-reside on the simulated GPU (A loaded, a
   request for B: B's cold start + A's exit), beside B's cold start and A's exit measured
   directly.
 
-The two sides are measured request by request in turn (the server started alone beside the
-engine's own), so a shared machine's changing load weighs on both alike.  Through the engine
+Both sides call the same server process (the one the engine started, found with ``GET
+/running``), request by request in turn, so a shared machine's changing load weighs on both
+alike; the cold start and exit are of the server started alone first.  Through the engine
 is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
 root. Run: ``.venv/bin/python bench/model_server.py [--n 40] [--llama-server PATH]``. Prints
 a table; never run as a test.
@@ -115,11 +120,14 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> bytes:
 class Side:
     """One way of calling a server (directly, or through the engine) and what it measured."""
 
-    def __init__(self, base: str, model: str, server: Server) -> None:
+    def __init__(self, base: str, model: str, server: Server, *,
+                 keeps_streams: bool = False) -> None:
         self.base = base
         self.model = model
         self.server = server
+        self.keeps_streams = keeps_streams  # a streamed answer leaves its connection open
         self.conn = _conn(base)
+        self.stream_conn: http.client.HTTPConnection | None = None
         self.lat: list[float] = []
         self.ttft: list[float] = []
         self.rates: list[float] = []
@@ -132,9 +140,12 @@ class Side:
 
     def stream(self) -> None:
         # llama-server closes a connection after a stream: a fresh one each (opened before
-        # the clock starts, so only the request is timed).
-        conn = _conn(self.base)
-        conn.connect()
+        # the clock starts, so only the request is timed). The engine keeps it, and a
+        # client's pool (httpx's, the openai client's) uses it again: so does this one.
+        conn = self.stream_conn or _conn(self.base)
+        if conn.sock is None:
+            conn.connect()
+        self.stream_conn = None
         try:
             conn.request("POST", "/v1/chat/completions", body=self.server.streamed(self.model),
                          headers={"Content-Type": "application/json"})
@@ -152,8 +163,11 @@ class Side:
                     last = now
                     chunks += 1
             resp.read()
+            if self.keeps_streams and not resp.will_close:
+                self.stream_conn, conn = conn, None
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
         if first is not None:
             self.ttft.append(first - t0)
             if last is not None and last - first > 0.001 and chunks > 1:
@@ -162,6 +176,8 @@ class Side:
     def figures(self) -> dict[str, float]:
         """Median short-request latency, median time to first chunk, chunks per second."""
         self.conn.close()
+        if self.stream_conn is not None:
+            self.stream_conn.close()
         return {"latency_ms": statistics.median(self.lat) * 1000,
                 "ttft_ms": statistics.median(self.ttft) * 1000,
                 "tokens_s": statistics.median(self.rates) if self.rates else float("nan")}
@@ -244,31 +260,42 @@ def descriptor(name: str, server: Server) -> dict[str, Any]:
             "timeouts": {"start": "60s", "stop_grace": "10s"}}
 
 
+def own_server(base: str, model: str) -> str:
+    """The base URL of the server the engine runs for ``model`` (llama-swap's ``/running``)."""
+    conn = _conn(base)
+    try:
+        conn.request("GET", "/running")
+        running = json.loads(conn.getresponse().read())["running"]
+    finally:
+        conn.close()
+    return str(next(r["proxy"] for r in running if r["model"] == model))
+
+
 def side_by_side(server: Server, n: int, switches: int
                  ) -> tuple[dict[str, float], dict[str, float], float, float, float]:
-    """Direct and through the engine, interleaved; then the switch through the engine."""
-    direct, base_d, cold = start_direct(server)
-    exit_s = float("nan")
+    """The server's cold start and exit on its own; then the engine's own server called
+    directly and through the engine, interleaved; then the switch through the engine."""
+    alone, _base, cold = start_direct(server)
+    exit_s = stop_direct(alone)
+    root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
+    proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
     try:
-        root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
-        proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
-        try:
-            d, e = measure([Side(base_d, "m", server), Side(base, "a", server)], n)
-            times = []
-            for i in range(switches):
-                model = "b" if i % 2 == 0 else "a"
-                conn = _conn(base)
-                conn.connect()
-                t0 = time.perf_counter()
-                post(conn, server.short(model))  # the other one is loaded: a switch
-                times.append(time.perf_counter() - t0)
-                conn.close()
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
-            shutil.rmtree(root, ignore_errors=True)
+        post(_conn(base), server.short("a"))  # loads a
+        d, e = measure([Side(own_server(base, "a"), "m", server),
+                        Side(base, "a", server, keeps_streams=True)], n)
+        times = []
+        for i in range(switches):
+            model = "b" if i % 2 == 0 else "a"
+            conn = _conn(base)
+            conn.connect()
+            t0 = time.perf_counter()
+            post(conn, server.short(model))  # the other one is loaded: a switch
+            times.append(time.perf_counter() - t0)
+            conn.close()
     finally:
-        exit_s = stop_direct(direct)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
     return d, e, cold, exit_s, statistics.median(times)
 
 
