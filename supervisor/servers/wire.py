@@ -234,6 +234,7 @@ class _Connection(asyncio.Protocol):
         self.reuse = reuse
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(payload)
+        self._quickack()  # (a write makes Linux delay its next ACK again: undone)
         return self.done
 
     def data_received(self, data: bytes) -> None:
