@@ -264,3 +264,9 @@ def test_a_sink_that_stops_and_a_cancelled_exchange_close_the_connection() -> No
 
     srv: Scripted
     run(main())
+
+
+def test_an_https_server_is_reached_over_tls() -> None:
+    link = Link("https://models.example")
+    assert (link.port, link.authority, link.tls is not None) == (443, "models.example:443", True)
+    assert Link("http://[::1]:8080").authority == "[::1]:8080"

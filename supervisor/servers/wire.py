@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -334,7 +335,9 @@ class Link:
         base = URL(url)
         self.url = url
         self.host = base.host or "127.0.0.1"
-        self.port = base.port or 80
+        self.port = base.port or (443 if base.scheme == "https" else 80)
+        self.tls: ssl.SSLContext | None = ssl.create_default_context() \
+            if base.scheme == "https" else None
         self.authority = f"{self.host}:{self.port}" if ":" not in self.host \
             else f"[{self.host}]:{self.port}"
         self._idle: list[_Connection] = []
@@ -344,8 +347,8 @@ class Link:
     async def _open(self) -> _Connection:
         loop = asyncio.get_running_loop()
         _transport, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _Connection(self), self.host, self.port),
-            CONNECT_TIMEOUT_S)
+            loop.create_connection(lambda: _Connection(self), self.host, self.port,
+                                   ssl=self.tls), CONNECT_TIMEOUT_S)
         return conn
 
     def _take(self) -> _Connection | None:
