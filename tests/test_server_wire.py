@@ -270,3 +270,21 @@ def test_an_https_server_is_reached_over_tls() -> None:
     link = Link("https://models.example")
     assert (link.port, link.authority, link.tls is not None) == (443, "models.example:443", True)
     assert Link("http://[::1]:8080").authority == "[::1]:8080"
+
+
+def test_a_204_with_a_body_is_broken() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        if await srv.read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nbody!")
+            await writer.drain()
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            with pytest.raises(WireError, match="204"):
+                await link.complete(link.begin("GET", "/n", {}, b"", Sink()))
+            link.close()
+
+    srv: Scripted
+    run(main())

@@ -27,6 +27,8 @@ from typing import Protocol
 
 from yarl import URL
 
+from .request import target_url
+
 MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers
 MAX_LINE = 4096  # bytes of a chunk-size line or a trailer line
 CONNECT_TIMEOUT_S = 10.0
@@ -177,6 +179,9 @@ class _Answer:
         tokens = {t.strip().lower() for t in low.get("connection", "").split(",")}
         self.keep = parts[0] == "HTTP/1.1" and "close" not in tokens
         coding = low.get("transfer-encoding")
+        if status == 204 and (coding is not None or low.get("content-length", "0") != "0"):
+            # (RFC 9110 §8.6: never; its "body" would be read as the next answer)
+            raise WireError("it answered 204 (no content) with a body")
         if self.head_only or status in (204, 304):
             self.state = "done"
         elif coding is not None:
@@ -363,7 +368,8 @@ class Link:
         """The request, written now if a connection is idle (``reuse``: its connection may
         serve the next request; a server that closes after such an answer gets a spare)."""
         try:
-            target = URL(self.url + path).raw_path_qs
+            # A valid request target goes exactly as written; anything else is quoted.
+            target = target_url(self.url, path).raw_path_qs
             payload = request_bytes(method, target, self.authority, headers, body)
         except (ValueError, UnicodeError) as exc:  # never raised here: complete() says it
             ex = Exchange(b"", sink, False, False)
