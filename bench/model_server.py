@@ -6,14 +6,23 @@ a tiny random-weight GGUF — ``--model``, or one written by ``scripts/tiny_gguf
 run, side by side:
 
 - the median latency of a short request (a 1-token chat completion), on a kept-alive
-  connection;
-- the time to the first streamed chunk of a chat completion;
+  connection (``delta``: engine's median less direct's; ``paired``: the median of what each
+  engine request took more than the direct one measured just before or after it, the
+  steadier figure on a busy machine);
+- the time to the first streamed chunk of a chat completion (llama-server closes its
+  connection after a stream, so directly each stream has a fresh one, opened before the
+  clock starts; the engine keeps its client's, as a pooled client uses it: a fresh
+  connection to the engine costs another ~0.3-0.6 ms on a busy 2-core box, its accept on the
+  engine's loop);
 - streamed chunks (tokens) per second over a longer stream;
 - the switch between two servers that cannot co-reside on the simulated GPU (A loaded, a
   request for B: B's cold start + A's exit), beside B's cold start and A's exit measured
   directly.
 
-Through the engine is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
+Both sides call the same server process (the one the engine started, found with ``GET
+/running``), request by request in turn, so a shared machine's changing load weighs on both
+alike; the cold start and exit are of the server started alone first.  Through the engine
+is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
 root. Run: ``.venv/bin/python bench/model_server.py [--n 40] [--llama-server PATH]``. Prints
 a table; never run as a test.
 """
@@ -108,23 +117,37 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> bytes:
     return data
 
 
-def measure(base: str, server: Server, model: str, n: int) -> dict[str, float]:
-    """Median short-request latency, median time to first chunk, chunks per second."""
-    conn = _conn(base)
-    try:
-        for _ in range(3):
-            post(conn, server.short(model))  # warm up
-        lat = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            post(conn, server.short(model))
-            lat.append(time.perf_counter() - t0)
-        ttft, rates = [], []
-        for _ in range(max(5, n // 4)):
-            conn.close()  # llama-server closes a connection after a stream: a fresh one each
-            conn = _conn(base)
+class Side:
+    """One way of calling a server (directly, or through the engine) and what it measured."""
+
+    def __init__(self, base: str, model: str, server: Server, *,
+                 keeps_streams: bool = False) -> None:
+        self.base = base
+        self.model = model
+        self.server = server
+        self.keeps_streams = keeps_streams  # a streamed answer leaves its connection open
+        self.conn = _conn(base)
+        self.stream_conn: http.client.HTTPConnection | None = None
+        self.lat: list[float] = []
+        self.ttft: list[float] = []
+        self.rates: list[float] = []
+
+    def short(self, keep: bool = True) -> None:
+        t0 = time.perf_counter()
+        post(self.conn, self.server.short(self.model))
+        if keep:
+            self.lat.append(time.perf_counter() - t0)
+
+    def stream(self) -> None:
+        # llama-server closes a connection after a stream: a fresh one each (opened before
+        # the clock starts, so only the request is timed). The engine keeps it, and a
+        # client's pool (httpx's, the openai client's) uses it again: so does this one.
+        conn = self.stream_conn or _conn(self.base)
+        if conn.sock is None:
             conn.connect()
-            conn.request("POST", "/v1/chat/completions", body=server.streamed(model),
+        self.stream_conn = None
+        try:
+            conn.request("POST", "/v1/chat/completions", body=self.server.streamed(self.model),
                          headers={"Content-Type": "application/json"})
             t0 = time.perf_counter()
             resp = conn.getresponse()
@@ -140,32 +163,72 @@ def measure(base: str, server: Server, model: str, n: int) -> dict[str, float]:
                     last = now
                     chunks += 1
             resp.read()
-            if first is not None:
-                ttft.append(first - t0)
-                if last is not None and last - first > 0.001 and chunks > 1:
-                    rates.append((chunks - 1) / (last - first))
-        return {"latency_ms": statistics.median(lat) * 1000,
-                "ttft_ms": statistics.median(ttft) * 1000,
-                "tokens_s": statistics.median(rates) if rates else float("nan")}
-    finally:
-        conn.close()
+            if self.keeps_streams and not resp.will_close:
+                self.stream_conn, conn = conn, None
+        finally:
+            if conn is not None:
+                conn.close()
+        if first is not None:
+            self.ttft.append(first - t0)
+            if last is not None and last - first > 0.001 and chunks > 1:
+                self.rates.append((chunks - 1) / (last - first))
+
+    def figures(self) -> dict[str, float]:
+        """Median short-request latency, median time to first chunk, chunks per second."""
+        self.conn.close()
+        if self.stream_conn is not None:
+            self.stream_conn.close()
+        return {"latency_ms": statistics.median(self.lat) * 1000,
+                "ttft_ms": statistics.median(self.ttft) * 1000,
+                "tokens_s": statistics.median(self.rates) if self.rates else float("nan")}
 
 
-def direct(server: Server, n: int) -> tuple[dict[str, float], float, float]:
-    """Measured against the server itself; with its cold start and its exit (SIGTERM)."""
+def paired(a: list[float], b: list[float]) -> float:
+    """The median of ``b[i] - a[i]``, each pair measured back to back: what one side adds
+    to the other, with the load both saw at that moment taken out."""
+    return statistics.median(y - x for x, y in zip(a, b, strict=False)) if a and b \
+        else float("nan")
+
+
+def measure(sides: list[Side], n: int) -> list[dict[str, float]]:
+    """Every side measured request by request in turn (the order swapped each round), so a
+    machine that gets busier or quieter during the run weighs on both alike. The last
+    side's figures also say what it adds to the first's, pair by pair (``*_added``)."""
+    for side in sides:
+        for _ in range(3):
+            side.short(keep=False)  # warm up
+    for i in range(n):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            side.short()
+    for i in range(max(10, n // 2)):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            side.stream()
+    figures = [side.figures() for side in sides]
+    first, last = sides[0], sides[-1]
+    figures[-1]["latency_ms_added"] = paired(first.lat, last.lat) * 1000
+    figures[-1]["ttft_ms_added"] = paired(first.ttft, last.ttft) * 1000
+    return figures
+
+
+def start_direct(server: Server) -> tuple[subprocess.Popen[bytes], str, float]:
+    """The server itself, started alone; with its cold start."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(server.argv(str(port)), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        cold = wait_healthy(base, proc=proc)
-        figures = measure(base, server, "m", n)
-    finally:
-        t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-        exit_s = time.monotonic() - t0
-    return figures, cold, exit_s
+        return proc, base, wait_healthy(base, proc=proc)
+    except BaseException:
+        stop_direct(proc)
+        raise
+
+
+def stop_direct(proc: subprocess.Popen[bytes]) -> float:
+    """Its exit (SIGTERM), in seconds."""
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(30)
+    return time.monotonic() - t0
 
 
 def serve(root: Path, backends: list[dict[str, Any]]) -> tuple[subprocess.Popen[bytes], str]:
@@ -197,11 +260,29 @@ def descriptor(name: str, server: Server) -> dict[str, Any]:
             "timeouts": {"start": "60s", "stop_grace": "10s"}}
 
 
-def through_engine(server: Server, n: int, switches: int) -> tuple[dict[str, float], float]:
+def own_server(base: str, model: str) -> str:
+    """The base URL of the server the engine runs for ``model`` (llama-swap's ``/running``)."""
+    conn = _conn(base)
+    try:
+        conn.request("GET", "/running")
+        running = json.loads(conn.getresponse().read())["running"]
+    finally:
+        conn.close()
+    return str(next(r["proxy"] for r in running if r["model"] == model))
+
+
+def side_by_side(server: Server, n: int, switches: int
+                 ) -> tuple[dict[str, float], dict[str, float], float, float, float]:
+    """The server's cold start and exit on its own; then the engine's own server called
+    directly and through the engine, interleaved; then the switch through the engine."""
+    alone, _base, cold = start_direct(server)
+    exit_s = stop_direct(alone)
     root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
     proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
     try:
-        figures = measure(base, server, "a", n)
+        post(_conn(base), server.short("a"))  # loads a
+        d, e = measure([Side(own_server(base, "a"), "m", server),
+                        Side(base, "a", server, keeps_streams=True)], n)
         times = []
         for i in range(switches):
             model = "b" if i % 2 == 0 else "a"
@@ -211,11 +292,11 @@ def through_engine(server: Server, n: int, switches: int) -> tuple[dict[str, flo
             post(conn, server.short(model))  # the other one is loaded: a switch
             times.append(time.perf_counter() - t0)
             conn.close()
-        return figures, statistics.median(times)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
         shutil.rmtree(root, ignore_errors=True)
+    return d, e, cold, exit_s, statistics.median(times)
 
 
 def llama(path: str, model: str) -> Server:
@@ -254,18 +335,20 @@ def main() -> int:
         servers.append(llama(args.llama_server, find_model(args)))
     rows = []
     for server in servers:
-        d, cold, exit_s = direct(server, args.n)
-        e, switch = through_engine(server, args.n, args.switches)
+        d, e, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
         rows.append((server.label, d, e, cold, exit_s, switch))
-    print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10}")
+    print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10} "
+          f"{'paired':>10}")
     for label, d, e, cold, exit_s, switch in rows:
         for key, what, unit in (("latency_ms", "short request (median)", "ms"),
                                 ("ttft_ms", "time to first chunk", "ms"),
                                 ("tokens_s", "streamed chunks/s", "/s")):
             delta = e[key] - d[key] if key != "tokens_s" else e[key] / d[key] * 100
             tail = f"{delta:+9.2f}{unit}" if key != "tokens_s" else f"{delta:9.0f}%"
+            pair = e.get(f"{key}_added")
+            paired_text = f"{pair:+9.2f}{unit}" if pair is not None else ""
             print(f"{label:<14} {what:<26} {d[key]:>8.2f}{unit:<2} {e[key]:>8.2f}{unit:<2} "
-                  f"{tail:>10}")
+                  f"{tail:>10} {paired_text:>10}")
         budget = cold + exit_s + 0.3
         print(f"{label:<14} {'switch A->B (median)':<26} {cold + exit_s:>8.2f}s  "
               f"{switch:>8.2f}s  goal <= {budget:.2f}s (B cold {cold:.2f}s + A exit "

@@ -836,9 +836,9 @@ class Engine:
             self.notes.chunk(job.backend, job_id, chunk)
 
     def request_head(self, job_id: str, status: int, headers: dict[str, str]) -> None:
-        job = self.jobs.get(job_id)
-        if job is not None and not job.state.finished:
+        if (job := self.jobs.get(job_id)) is not None and not job.state.finished:
             job.status_code, job.headers = status, headers
+            self._job_event(job)  # its answer began: a door may open its response now
 
     # ===================================================================== ends ===========
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:

@@ -105,7 +105,7 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
         first = stream.pending[0] if stream.pending else None
         if first is None and not stream.lagged:
             raise from_engine(EngineStopped("the engine stopped before the job answered"))
-        if first is not None and first.event.kind == "job":
+        if first is not None and first.event.kind == "job" and first.event.job.finished:
             view = finished_view(srv, job_id, first.event.job)
             if response is None:
                 return result_response(srv, view) if view.state is JobState.SUCCEEDED \
@@ -156,7 +156,8 @@ async def _open(srv: HttpServer, request: web.Request, job_id: str,
         cancel_quietly(srv, job_id, "cancelled: its server's headers cannot be served")
         raise
     enc.sse = "text/event-stream" in allowed.get("Content-Type", "")
-    response = web.StreamResponse(status=status if 200 <= status <= 599 else 502,
+    # A 5xx fails the job (a 502, as its finished answer would be); one HTTP cannot carry too.
+    response = web.StreamResponse(status=status if 200 <= status <= 499 else 502,
                                   headers=allowed)
     await response.prepare(request)
     return response
@@ -170,14 +171,23 @@ class _RawEncoder:
         self.job_id = job_id
         self.sent = 0
         self.sse = False
+        self.head_seen = False
         self.tail = b""  # the last bytes written of the server's body
 
     def wants(self, item: Item) -> bool:
         ev = item.event
         if ev.kind == "chunk":
             return ev.job_id == self.job_id
-        return ev.kind == "job" and ev.job is not None and ev.job.id == self.job_id \
-            and ev.job.finished
+        # Its end; or, once, its answer's head (the response opens then, before the first
+        # chunk: a server that sends its head before it has a token gains the time).
+        if ev.kind != "job" or ev.job is None or ev.job.id != self.job_id:
+            return False
+        if ev.job.finished:
+            return True
+        if ev.job.status_code is not None and not self.head_seen:
+            self.head_seen = True
+            return True
+        return False
 
     def encode(self, item: Item) -> Encoded | None:
         ev = item.event
@@ -185,6 +195,8 @@ class _RawEncoder:
             self.sent += 1
             self._note_tail(ev.data or b"")
             return ev.data or b"", False
+        if ev.job is not None and not ev.job.finished:
+            return None  # the head: the response is open already
         return self.end(ev.job), True
 
     def _note_tail(self, data: bytes) -> None:

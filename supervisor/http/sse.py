@@ -149,6 +149,7 @@ class Stream:
         self.ended = False
         self.finished = False  # it ended because what it streams ended (not the client)
         self.client_gone = False
+        self._beat_due = False
 
     # -- the engine side (sync, never blocks) ---------------------------------------------
     def offer(self, item: Item) -> None:
@@ -168,6 +169,23 @@ class Stream:
             self.pending.clear()
         else:
             self.pending.append(item)
+        self.wake.set()
+
+    async def _woken(self) -> bool:
+        """Wait for an offer (True) or ``heartbeat_s`` (False).  A timer sets the same event:
+        no task per wait (as ``wait_for`` makes), so a chunk is written one turn of the loop
+        after it is offered, not three."""
+        self.wake.clear()
+        beat = asyncio.get_running_loop().call_later(self.heartbeat_s, self._beat)
+        self._beat_due = False
+        try:
+            await self.wake.wait()
+        finally:
+            beat.cancel()
+        return not self._beat_due
+
+    def _beat(self) -> None:
+        self._beat_due = True
         self.wake.set()
 
     def replay(self, items: list[Item]) -> None:
@@ -198,12 +216,8 @@ class Stream:
                 if not self.pending:
                     if self.hub.closed:
                         break
-                    self.wake.clear()
-                    try:
-                        await asyncio.wait_for(self.wake.wait(), self.heartbeat_s)
-                    except TimeoutError:
-                        if self.heartbeat is not None:
-                            await response.write(self.heartbeat)
+                    if not await self._woken() and self.heartbeat is not None:
+                        await response.write(self.heartbeat)
                     continue
                 batch = bytearray()
                 end = False

@@ -10,12 +10,15 @@ the engine's stop then SIGKILLs the group after ``timeouts.stop_grace``), and ``
 ``crashed`` at its end (whatever else of its group is left is killed then too). A server that
 exits or never becomes healthy reports the tail of its log with the reason.
 
-Each job is one HTTP request to the server (``supervisor/servers/request.py``): its answer's
-status and end-to-end headers come first (``observer.request_head``), then, for a streamed
-job, each piece of its body as it arrives (``request_chunk``), unchanged; a job that is not
-streamed gets the whole body as its result. A 5xx answer fails the job, with what the server
-said. A cancelled job closes its connection, so the server stops generating. Answers are
-bounded by the result limit (an endless stream fails there).
+Each job is one HTTP request to the server (``supervisor/servers/request.py``), made over the
+handle's kept-alive connections (``supervisor/servers/wire.py``: written at once when one is
+idle): its answer's status and end-to-end headers come first (``observer.request_head``),
+then, for a streamed job, each piece of its body in the turn of the loop it arrived in
+(``request_chunk``), unchanged; a job that is not streamed gets the whole body as its
+result. Health checks, pings, sleep and wake go over aiohttp, off the requests' path. A 5xx
+answer fails the job, with what the server said. A cancelled job closes its connection, so
+the server stops generating. Answers are bounded by the result limit (an endless stream
+fails there).
 
 A server whose descriptor has ``http.sleep`` and ``http.wake`` offers ``sleep``: the engine's
 sleep makes it ``asleep`` and sends the sleep request (``supervisor/servers/calls.py``), its
@@ -46,7 +49,8 @@ from ..workers.states import WorkerState
 from ..workers.supervised import SleepOutcome, SupervisedProcess
 from .calls import call
 from .launch import Launch
-from .request import end_to_end, target_url, upstream_of
+from .request import end_to_end, upstream_of
+from .wire import Exchange, Link, WireError
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +105,10 @@ class ServerHandle(SupervisedProcess):
         # retry: a job it dies under before answering may run again (once)
         self.features = frozenset({"cancel", "retry"}
                                   | ({"sleep"} if self.http.can_sleep else set()))
-        self._session: Any = None  # an aiohttp.ClientSession once started
+        self._session: Any = None  # an aiohttp.ClientSession once started (health, pings)
+        self._link = Link(self.url)  # the jobs' connections
         self._jobs: dict[str, asyncio.Task[None]] = {}
+        self._exchanges: dict[str, Exchange] = {}
         self._cancelled: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ping_sent: float | None = None
@@ -156,6 +162,7 @@ class ServerHandle(SupervisedProcess):
                 if self._exited.is_set() or self._stopping:
                     return
                 self.status_marks.append((time.time(), "ready"))
+                self._link.spare()  # the first request finds a connection open
                 self._set_state(WorkerState.READY)
                 return
             if time.monotonic() >= deadline:
@@ -207,6 +214,7 @@ class ServerHandle(SupervisedProcess):
             if task is not asyncio.current_task():
                 task.cancel()
         self._jobs.clear()
+        self._link.close()
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await self._session.close()
@@ -233,98 +241,55 @@ class ServerHandle(SupervisedProcess):
     # -- requests ---------------------------------------------------------------------------
     def send(self, job_id: str, payload: bytes, *, stream: bool,
              metadata: dict[str, Any] | None = None, deadline: float | None = None) -> int:
-        """Make the job's HTTP request of the server; its end comes as ``request_done``."""
+        """Make the job's HTTP request of the server (written now when a connection is
+        idle); its end comes as ``request_done``."""
         up = upstream_of(self.spec, payload, metadata)
-        self._jobs[job_id] = self._spawn(self._forward(job_id, up, stream))
+        sink = _JobSink(self, job_id, stream)
+        # llama-server closes a connection after a stream without saying so: a streamed
+        # answer's connection is never used again (a spare is opened in its place).
+        ex = self._link.begin(up.method, up.path, up.headers, up.body, sink, reuse=not stream)
+        self._exchanges[job_id] = ex
+        self._jobs[job_id] = self._spawn(self._forward(job_id, ex, sink))
         if self.state == WorkerState.READY:
             self._set_state(WorkerState.BUSY)
         return len(self._jobs)
 
-    async def _forward(self, job_id: str, up: Any, stream: bool) -> None:
-        import aiohttp
-
+    async def _forward(self, job_id: str, ex: Exchange, sink: _JobSink) -> None:
         outcome: Outcome | None = None
         try:
-            resp = await self._request(up)
-            try:
-                status = int(resp.status)
-                headers = dict(end_to_end(resp.headers.items(), also=("content-length",)))
-                if stream:
-                    self.observer.request_head(job_id, status, headers)
-                    outcome = await self._relay(job_id, resp, status, headers)
-                else:
-                    outcome = await self._collect(resp, status, headers)
-                if outcome.too_large or stream:
-                    # llama-server closes a connection after a stream without saying so: a
-                    # streamed answer's connection is never used again.
-                    resp.close()
-            finally:
-                resp.release()
+            if ex.cancelled:
+                raise asyncio.CancelledError
+            await self._link.complete(ex)
+            outcome = self._too_large() if sink.too_large else sink.outcome()
         except asyncio.CancelledError:
             if job_id not in self._cancelled:
                 raise
             self._cancelled.discard(job_id)
             outcome = Outcome(ok=False, cancelled=True, status_code=CANCELLED_STATUS,
                               error="cancelled (its connection to the server was closed)")
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             if await self._wait_exit(0.5) or self._stopping:
                 return  # the server's end fails the job, with its reason
             what = str(exc) or type(exc).__name__
-            if isinstance(exc, aiohttp.ClientPayloadError):
+            if isinstance(exc, WireError) and sink.status:
                 what = f"its answer broke off: {what}"
             outcome = Outcome(ok=False, status_code=502,
                               error=f"{self.backend}'s server failed the request: {what}")
         finally:
             self._jobs.pop(job_id, None)
+            self._exchanges.pop(job_id, None)
         if outcome is not None and not self._exited.is_set():
             self.observer.request_done(self, job_id, outcome)
         if not self._jobs and self.state == WorkerState.BUSY:
             self._set_state(WorkerState.READY)
-
-    async def _request(self, up: Any) -> Any:
-        """The server's response to ``up`` (its head read). A kept-alive connection the
-        server closed just as it was reused is tried once more, on a new one (the request
-        could not be written, or no answer began)."""
-        import aiohttp
-
-        for attempt in (1, 2):
-            try:
-                return await self._session.request(up.method, target_url(self.url, up.path),
-                                                   data=up.body,
-                                                   headers=up.headers, allow_redirects=False)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                if attempt == 2 or self._exited.is_set():
-                    raise
-        raise AssertionError("unreachable")
 
     def _too_large(self) -> Outcome:
         return Outcome(ok=False, too_large=True, status_code=502, error=(
             f"{self.backend}'s answer went over the result limit of {self.max_result} bytes "
             "(an endless stream?); its connection was closed (VRAMTUI_MAX_RESULT_MIB)"))
 
-    async def _relay(self, job_id: str, resp: Any, status: int,
-                     headers: dict[str, str]) -> Outcome:
-        size = 0
-        first = bytearray()
-        async for data in resp.content.iter_any():
-            size += len(data)
-            if self.max_result is not None and size > self.max_result:
-                return self._too_large()
-            if status >= 500 and len(first) < SNIPPET * 4:
-                first += data
-            self.observer.request_chunk(job_id, data)
-        return self._ended(status, headers, None, bytes(first))
-
-    async def _collect(self, resp: Any, status: int, headers: dict[str, str]) -> Outcome:
-        body = bytearray()
-        async for data in resp.content.iter_any():
-            body += data
-            if self.max_result is not None and len(body) > self.max_result:
-                return self._too_large()
-        return self._ended(status, headers, bytes(body), bytes(body))
-
-    def _ended(self, status: int, headers: dict[str, str], data: bytes | None,
-               said: bytes) -> Outcome:
+    def ended(self, status: int, headers: dict[str, str], data: bytes | None,
+              said: bytes) -> Outcome:
         if status >= 500:
             text = one_line(said) or "(no body)"
             return Outcome(ok=False, status_code=502, headers=headers, data=data, error=(
@@ -334,10 +299,14 @@ class ServerHandle(SupervisedProcess):
     def cancel(self, job_id: str) -> bool:
         """Close the job's connection to the server (it stops generating)."""
         task = self._jobs.get(job_id)
-        if task is None or task.done():
+        ex = self._exchanges.get(job_id)
+        if task is None or task.done() or ex is None:
             return False
         self._cancelled.add(job_id)
-        task.cancel()
+        if ex.running:
+            task.cancel()  # (its exchange closes its connection)
+        else:  # not begun yet: it ends as cancelled as soon as it runs
+            ex.cancel()
         return True
 
     # -- sleep ------------------------------------------------------------------------------
@@ -422,3 +391,47 @@ class ServerHandle(SupervisedProcess):
         finally:
             if proc.returncode is None:
                 process.signal_group(proc.pid, signal.SIGKILL)
+
+
+class _JobSink:
+    """One job's answer as it comes: the head to the observer, each piece of a streamed body
+    to the observer as it arrives (in the turn of the loop it arrived in), another body
+    collected; bounded by the result limit."""
+
+    __slots__ = ("handle", "job_id", "stream", "status", "headers", "size", "body",
+                 "too_large")
+
+    def __init__(self, handle: ServerHandle, job_id: str, stream: bool) -> None:
+        self.handle = handle
+        self.job_id = job_id
+        self.stream = stream
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.size = 0
+        self.body = bytearray()  # a collected body; a streamed 5xx's first bytes
+        self.too_large = False
+
+    def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.status = status
+        self.headers = dict(end_to_end(headers, also=("content-length",)))
+        if self.stream:
+            self.handle.observer.request_head(self.job_id, status, self.headers)
+
+    def data(self, data: bytes) -> bool:
+        self.size += len(data)
+        limit = self.handle.max_result
+        if limit is not None and self.size > limit:
+            self.too_large = True
+            return False
+        if not self.stream:
+            self.body += data
+            return True
+        if self.status >= 500 and len(self.body) < SNIPPET * 4:
+            self.body += data
+        self.handle.observer.request_chunk(self.job_id, data)
+        return True
+
+    def outcome(self) -> Outcome:
+        body = bytes(self.body)
+        return self.handle.ended(self.status, self.headers, None if self.stream else body,
+                                 body)
