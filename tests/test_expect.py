@@ -54,7 +54,9 @@ def test_a_periodic_stream_is_expected_at_its_period_and_stops_after_a_silence()
     # Silent for three periods: it has stopped, nothing is expected any more.
     later = learner.view(13.5 + 4.5).streams["chat"][0]
     assert not later.alive(18.0) and later.p_within(18.0, 100.0) == 0.0
-    assert later.due_in(18.0) == math.inf
+    # (A job whose mistake would cost a request 4 s takes it as ended then too: it has run
+    # for 13.5 s, much longer than that.)
+    assert later.ends_for(4.0) == later.quiet_at < 18.0
 
 
 def test_a_random_stream_takes_a_longer_silence_to_stop() -> None:
@@ -239,3 +241,39 @@ def test_streams_beside_batches_fixed_seeds(kind: str) -> None:
         assert not r.unfinished and not r.overcommitted, seed
         assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s, seed
         assert c.batch_makespan(r) <= 1.25 * c.batch_bound(), seed
+
+
+def bursts_trace() -> Trace:
+    """Issue 28's batch beside bursts of chat: four requests within a second every 6 s, the
+    batch submitted 5 s in, after the first burst only (as bench/trace.py's bursts trace)."""
+    base = issue_trace()
+    rng = random.Random(7)
+    chat = arrivals.jobs(arrivals.bursts(6.0, 4, 40.0, rng, spread=1.0), "chat-llm", 0.3, 10,
+                         prefix="chat")
+    batch = tuple(TraceJob(j.id, 5.0, j.backend, j.duration_s) for j in base.jobs
+                  if j.priority == 0)
+    return Trace("bursts", base.gpus, base.backends, chat + batch)
+
+
+def test_a_stream_seen_for_one_burst_is_not_taken_as_ended() -> None:
+    """After its first burst a bursty stream looks stopped (silent for many of its gaps):
+    a young stream is not ended by a silence shorter than what the mistake would cost, so the
+    big model's work waits for the stream's end and no burst waits for it."""
+    trace = bursts_trace()
+    after = simulate(trace)
+    assert not after.unfinished and not after.overcommitted
+    alone = simulate(Trace("alone", trace.gpus, trace.backends,
+                           tuple(j for j in trace.jobs if j.priority == 10)))
+    added = [after.started_at[j.id] - alone.started_at[j.id] for j in trace.jobs
+             if j.priority == 10]
+    assert max(added) <= 0.6, sorted(added)
+    chat_end = max(after.started_at[j.id] for j in trace.jobs if j.priority == 10)
+    assert min(after.started_at[j.id] for j in trace.jobs if j.backend == "big") > chat_end
+    assert after.loads == 3
+    # Without the young stream's floor the second burst waits for a big job and a reload.
+    learner = Learner()
+    for t in (0.6, 0.8, 0.95):
+        learner.arrived("chat-llm", 10, t)
+    stream = learner.view(5.0).streams["chat-llm"][0]
+    assert not stream.alive(5.0) and stream.ends_for(4.0) > 5.0
+    assert stream.ends_for(4.0) - stream.last_at == pytest.approx(2 * (4.0 - 0.35))

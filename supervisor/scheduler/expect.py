@@ -17,6 +17,12 @@ that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the 
 has gone on, the longer the silence it takes); in between, in proportion. Plus
 ``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``.
 
+A young stream is another matter: one whose gaps cover less time than a mistake would cost
+has shown nothing of the silences that matter (after its first burst, a bursty stream looks
+stopped), so a job that would evict its worker takes it as ended only after a silence of
+``MISTAKE_REQUESTS`` times that cost less what its gaps cover (``Stream.young_quiet``,
+``Stream.ends_for``).
+
 While alive, the chance that its next request comes within ``w`` seconds is read from its
 own gaps: among the gaps longer than the silence so far, the (weighted) share that ends
 within ``w`` more, blended with what a memoryless stream of the same mean gap would say as
@@ -56,6 +62,8 @@ QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
 PRIOR_GAPS = 2.0
+#: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
+MISTAKE_REQUESTS = 2.0
 #: How long the next request of a stream may be made to wait, unless its backend says.
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
@@ -92,6 +100,30 @@ class Stream:
     def alive(self, now: float) -> bool:
         return bool(self.gaps) and now < self.quiet_at
 
+    @property
+    def mean_gap(self) -> float:
+        return sum(self.gaps) / len(self.gaps) if self.gaps else 0.0
+
+    def ends_for(self, window: float) -> float:
+        """When a job whose eviction of this stream's worker would make its next request
+        wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
+        but not before a silence of what that mistake would cost, shrinking as the stream
+        runs for longer than that (``young_quiet``)."""
+        if not self.gaps:
+            return self.last_at
+        return max(self.last_at + self.young_quiet(window), self.quiet_at)
+
+    def young_quiet(self, window: float) -> float:
+        """The silence that does not end a stream younger than ``window``: taking a live
+        stream as ended makes its next request wait ``window`` (and those right behind it as
+        long: ``MISTAKE_REQUESTS``), and a stream whose gaps cover less time than that
+        (``span``) has shown nothing of the silences that matter — after its first burst a
+        bursty stream looks like one that has stopped. So a silence of
+        ``MISTAKE_REQUESTS * (window - span)`` does not end it: as long as the mistake would
+        cost, less what the stream has shown (ski rental's rule: wait as long as being wrong
+        costs). Nothing once its gaps cover the window."""
+        return MISTAKE_REQUESTS * max(0.0, window - sum(self.gaps))
+
     def _tail(self, now: float) -> list[tuple[float, float]]:
         """(time left, weight) of each gap longer than the silence so far."""
         silent = now - self.last_at
@@ -99,10 +131,15 @@ class Stream:
                 if g > silent and w > 0]
 
     def p_within(self, now: float, window: float) -> float:
-        """The chance that its next request comes within ``window`` seconds of ``now``: what
-        its gaps longer than the silence so far say, blended with a memoryless stream of its
-        mean gap as those gaps get few (``PRIOR_GAPS``)."""
-        if not self.alive(now):
+        """The chance that its next request comes within ``window`` seconds of ``now``
+        (``chance_within``), 0 once it has stopped."""
+        return self.chance_within(now, window) if self.alive(now) else 0.0
+
+    def chance_within(self, now: float, window: float) -> float:
+        """That chance if it has not stopped: what its gaps longer than the silence so far
+        say, blended with a memoryless stream of its mean gap as those gaps get few
+        (``PRIOR_GAPS``)."""
+        if not self.gaps:
             return 0.0
         total_w = sum(self.weights)
         mean = sum(g * w for g, w in zip(self.gaps, self.weights, strict=True)) / total_w \
@@ -117,16 +154,16 @@ class Stream:
         return (n * seen + PRIOR_GAPS * memoryless) / (n + PRIOR_GAPS)
 
     def due_in(self, now: float) -> float:
-        """In how many seconds its next request is expected: when the chance that it has
-        come (``p_within``) reaches a half; inf when stopped."""
-        if not self.alive(now):
+        """In how many seconds its next request is expected if it has not stopped: when the
+        chance that it has come (``chance_within``) reaches a half."""
+        if not self.gaps:
             return math.inf
         lo, hi = 0.0, max(self.gaps)
-        while self.p_within(now, hi) < 0.5 and hi < 1e6:
+        while self.chance_within(now, hi) < 0.5 and hi < 1e6:
             hi *= 2
         for _ in range(30):
             mid = (lo + hi) / 2
-            if self.p_within(now, mid) >= 0.5:
+            if self.chance_within(now, mid) >= 0.5:
                 hi = mid
             else:
                 lo = mid
@@ -224,17 +261,21 @@ class Learner:
 
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
-         victims: list[tuple[str, float]]) -> tuple[Stream, float] | None:
+         victims: list[tuple[str, float]]) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
     first such stream and how long its request would wait, expected; None when none."""
     for backend, undo_s in victims:
-        stream = expected.stream_above(backend, priority, now)
-        if stream is None:
-            continue
         window = run_s + undo_s
-        cost = stream.p_within(now, window) * window
-        if cost > expected.target(backend):
-            return stream, cost
+        for stream in expected.streams.get(backend, ()):
+            if stream.priority <= priority:
+                break
+            until = stream.ends_for(window)
+            if now >= until:
+                continue
+            cost = stream.chance_within(now, window) * window
+            if cost > expected.target(backend):
+                return stream, cost, until
+            break
     return None

@@ -747,8 +747,8 @@ class _Planner:
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo)
         if held is None:
             return False
-        stream, _cost = held
-        due = min(stream.quiet_at, since + limit)
+        stream, _cost, until = held
+        due = min(until, since + limit)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
         reason = (f"waits: {stream.backend} expects a request within "
