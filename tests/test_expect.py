@@ -138,6 +138,7 @@ def llm_idle_and_big_queued(expected: Expectations | None, now: float,
 
 def test_a_job_waits_rather_than_evict_a_stream_above_it_and_says_why() -> None:
     learner = periodic(1.5, 10, backend="chat-llm")
+    learner.ran("big", 3.0)  # (its jobs' time known: see the unmeasured test below)
     now = 13.8
     p = plan(llm_idle_and_big_queued(learner.view(now), now), now)
     assert p.evictions == () and p.starts == ()
@@ -151,13 +152,33 @@ def test_a_job_waits_rather_than_evict_a_stream_above_it_and_says_why() -> None:
 
 def test_the_job_goes_once_the_stream_stops_or_a_gap_is_long_enough() -> None:
     learner = periodic(1.5, 10, backend="chat-llm")
+    learner.ran("big", 3.0)
     stopped = 13.5 + 5.0
     p = plan(llm_idle_and_big_queued(learner.view(stopped), stopped), stopped)
     assert [e.backend for e in p.evictions] == ["chat-llm"]
     sparse = periodic(60.0, 10, backend="chat-llm")  # a request a minute: 10 s are free
+    sparse.ran("big", 3.0)
     now = 9 * 60.0 + 1.0
     p = plan(llm_idle_and_big_queued(sparse.view(now), now), now)
     assert [e.backend for e in p.evictions] == ["chat-llm"]
+
+
+def test_an_unmeasured_job_is_taken_long_before_a_gap_counts_as_long_enough() -> None:
+    """Pairs every 8 s: 7 s free after one. The big model's job is 3 s (its load 4 s,
+    the chat's reload 2 s): 9 s, no gap is long enough. Before any big job has run its time
+    is unknown (a job as long as a load, 1 s without a descriptor's figure): taken at twice
+    the slowest reload of it and its victim each, the gap is not long enough either."""
+    learner = Learner()
+    for burst in range(20):
+        for k in range(2):
+            learner.arrived("chat-llm", 10, burst * 8.0 + k * 0.2)
+    now = 152.2 + 0.5
+    quick = BackendInfo("big", 20 * GIB, 4 * GIB, 128, 0, reload_cost_s=1.0)
+    snap = llm_idle_and_big_queued(learner.view(now), now)
+    snap = Snapshot(snap.gpus, {"chat-llm": LLM, "big": quick}, snap.workers, snap.queue,
+                    expected=snap.expected)
+    p = plan(snap, now)
+    assert p.evictions == () and p.waiting["big-0"].startswith("waits: chat-llm expects")
 
 
 def test_only_a_stream_above_the_job_holds_it_and_never_past_max_patience() -> None:

@@ -62,6 +62,9 @@ QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
 PRIOR_GAPS = 2.0
+#: Before a backend's first job has run, its job's load and run are each taken as this many
+#: times the slowest reload of it and its victims (``plan``'s hold).
+UNMEASURED_FACTOR = 2.0
 #: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
 MISTAKE_REQUESTS = 2.0
 #: How long the next request of a stream may be made to wait, unless its backend says.
