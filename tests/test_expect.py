@@ -76,6 +76,19 @@ def test_a_random_stream_takes_a_longer_silence_to_stop() -> None:
     assert not stream.alive(last + 40.0)
 
 
+def test_a_bursty_stream_stops_after_a_silence_of_its_gaps_between_bursts() -> None:
+    """Four requests within a second every 6 s: the gaps between the bursts are regular,
+    so it has stopped once silent a little longer than them — not after as many of its
+    mean gaps (1.5 s) as a random stream of that mean would take."""
+    learner = Learner()
+    for t in arrivals.bursts(6.0, 4, 36.0, random.Random(4), spread=1.0):
+        learner.arrived("chat", 10, t)
+    stream = learner.view(40.0).streams["chat"][0]
+    longest = max(stream.gaps)
+    assert 5.0 < longest < 6.0 < stream.mean_gap * 4
+    assert longest * 1.25 < stream.quiet_at - stream.last_at < longest * 2.0
+
+
 def test_a_batch_submitted_at_once_is_no_stream_and_one_request_is_none_either() -> None:
     learner = Learner()
     for _ in range(50):

@@ -15,7 +15,10 @@ one (spread near 1, as independent requests: any silence is possible, a long one
 improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
 that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the longer it
 has gone on, the longer the silence it takes); in between, in proportion. Plus
-``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``.
+``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``. A bursty stream
+(its gaps longer than the mean ``BURST_RATIO`` times those shorter) is read by its gaps
+between bursts alone: bursts every 6 s stop after a silence of a little more than 6 s, not
+of as many of all its gaps' mean as a random stream would take.
 
 A young stream is another matter: one whose gaps cover less time than a mistake would cost
 has shown nothing of the silences that matter (after its first burst, a bursty stream looks
@@ -62,6 +65,9 @@ QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
 PRIOR_GAPS = 2.0
+#: Gaps longer than the mean that are this many times those shorter on average are between
+#: bursts (a Poisson stream's: about 5 times): ``quiet_at`` reads them alone.
+BURST_RATIO = 10.0
 #: Before a backend's first job has run, its job's load and run are each taken as this many
 #: times the slowest reload of it and its victims (``plan``'s hold).
 UNMEASURED_FACTOR = 2.0
@@ -91,13 +97,21 @@ class Stream:
         gaps = self.gaps
         if not gaps:
             return self.last_at
+        n_all = len(gaps)
+        mean = sum(gaps) / n_all
+        long = tuple(g for g in gaps if g > mean)
+        short = n_all - len(long)
+        if long and short and sum(long) / len(long) > BURST_RATIO * (
+                sum(gaps) - sum(long)) / short:
+            # Bursts: the gaps between them say when it has stopped, not those within.
+            gaps = long
+            mean = sum(gaps) / len(gaps)
         n = len(gaps)
-        mean = sum(gaps) / n
         spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
         random = min(1.0, spread / mean) if mean > 0 else 0.0
         quiet = RANDOM_QUIET + math.log(1 + max(n, self.seen))
         silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR + random * quiet * mean
-                   + mean * FEW_GAPS / n + QUIET_PAD_S)
+                   + mean * FEW_GAPS / n_all + QUIET_PAD_S)
         return self.last_at + silence
 
     def alive(self, now: float) -> bool:
