@@ -1,8 +1,8 @@
 """Random traces of an interactive stream beside a batch (issue 28), and what to check of them.
 
 Not a test module: ``tests/test_expect.py`` runs a few fixed seeds, ``scripts/interactive-soak``
-many. Each trace, on one 24 GiB GPU: a chat model (priority 10) asked by a periodic or Poisson
-stream from t=0 until it stops; a batch (priority 0) submitted once the stream is going,
+many. Each trace, on one 24 GiB GPU: a chat model (priority 10) asked by a periodic, Poisson
+or bursty stream from t=0 until it stops; a batch (priority 0) submitted once the stream is going,
 mixing a model that fits beside the chat model and one that fits beside nothing. A policy that
 keeps the chat model through its stream makes no chat request wait for the batch (a gap-free
 alternative exists), and the batch cannot end before the big model's loads and work after the
@@ -23,7 +23,7 @@ GIB = 1024
 @dataclass(frozen=True)
 class Case:
     trace: Trace
-    kind: str  # periodic or poisson
+    kind: str  # periodic, poisson or bursts
     chat_job_s: float
     batch_at: float  # when the batch is submitted
 
@@ -79,6 +79,9 @@ def case(seed: int, kind: str) -> Case:
     until = rng.uniform(60.0, 120.0)
     if kind == "periodic":
         times = arrivals.periodic(gap, until, jitter=0.05 * gap, rng=rng)
+    elif kind == "bursts":  # a few requests within a second, every few seconds
+        size = rng.randint(2, 5)
+        times = arrivals.bursts(size * gap, size, until, rng, spread=rng.uniform(0.3, 1.0))
     else:
         times = arrivals.poisson(1 / gap, until, rng)
     jobs = arrivals.jobs(times, "chat", chat_job, 10)

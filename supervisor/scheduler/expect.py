@@ -15,7 +15,16 @@ one (spread near 1, as independent requests: any silence is possible, a long one
 improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
 that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the longer it
 has gone on, the longer the silence it takes); in between, in proportion. Plus
-``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``.
+``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``. A bursty stream
+(its gaps longer than the mean ``BURST_RATIO`` times those shorter) is read by its gaps
+between bursts alone: bursts every 6 s stop after a silence of a little more than 6 s, not
+of as many of all its gaps' mean as a random stream would take.
+
+A young stream is another matter: one whose gaps cover less time than a mistake would cost
+has shown nothing of the silences that matter (after its first burst, a bursty stream looks
+stopped), so a job that would evict its worker takes it as ended only after a silence of
+``MISTAKE_REQUESTS`` times that cost less what its gaps cover (``Stream.young_quiet``,
+``Stream.ends_for``).
 
 While alive, the chance that its next request comes within ``w`` seconds is read from its
 own gaps: among the gaps longer than the silence so far, the (weighted) share that ends
@@ -56,6 +65,14 @@ QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
 PRIOR_GAPS = 2.0
+#: Gaps longer than the mean that are this many times those shorter on average are between
+#: bursts (a Poisson stream's: about 5 times): ``quiet_at`` reads them alone.
+BURST_RATIO = 10.0
+#: Before a backend's first job has run, its job's load and run are each taken as this many
+#: times the slowest reload of it and its victims (``plan``'s hold).
+UNMEASURED_FACTOR = 2.0
+#: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
+MISTAKE_REQUESTS = 2.0
 #: How long the next request of a stream may be made to wait, unless its backend says.
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
@@ -80,17 +97,49 @@ class Stream:
         gaps = self.gaps
         if not gaps:
             return self.last_at
+        n_all = len(gaps)
+        mean = sum(gaps) / n_all
+        long = tuple(g for g in gaps if g > mean)
+        short = n_all - len(long)
+        if long and short and sum(long) / len(long) > BURST_RATIO * (
+                sum(gaps) - sum(long)) / short:
+            # Bursts: the gaps between them say when it has stopped, not those within.
+            gaps = long
+            mean = sum(gaps) / len(gaps)
         n = len(gaps)
-        mean = sum(gaps) / n
         spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
         random = min(1.0, spread / mean) if mean > 0 else 0.0
         quiet = RANDOM_QUIET + math.log(1 + max(n, self.seen))
         silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR + random * quiet * mean
-                   + mean * FEW_GAPS / n + QUIET_PAD_S)
+                   + mean * FEW_GAPS / n_all + QUIET_PAD_S)
         return self.last_at + silence
 
     def alive(self, now: float) -> bool:
         return bool(self.gaps) and now < self.quiet_at
+
+    @property
+    def mean_gap(self) -> float:
+        return sum(self.gaps) / len(self.gaps) if self.gaps else 0.0
+
+    def ends_for(self, window: float) -> float:
+        """When a job whose eviction of this stream's worker would make its next request
+        wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
+        but not before a silence of what that mistake would cost, shrinking as the stream
+        runs for longer than that (``young_quiet``)."""
+        if not self.gaps:
+            return self.last_at
+        return max(self.last_at + self.young_quiet(window), self.quiet_at)
+
+    def young_quiet(self, window: float) -> float:
+        """The silence that does not end a stream younger than ``window``: taking a live
+        stream as ended makes its next request wait ``window`` (and those right behind it as
+        long: ``MISTAKE_REQUESTS``), and a stream whose gaps cover less time than that
+        (``span``) has shown nothing of the silences that matter — after its first burst a
+        bursty stream looks like one that has stopped. So a silence of
+        ``MISTAKE_REQUESTS * (window - span)`` does not end it: as long as the mistake would
+        cost, less what the stream has shown (ski rental's rule: wait as long as being wrong
+        costs). Nothing once its gaps cover the window."""
+        return MISTAKE_REQUESTS * max(0.0, window - sum(self.gaps))
 
     def _tail(self, now: float) -> list[tuple[float, float]]:
         """(time left, weight) of each gap longer than the silence so far."""
@@ -99,10 +148,15 @@ class Stream:
                 if g > silent and w > 0]
 
     def p_within(self, now: float, window: float) -> float:
-        """The chance that its next request comes within ``window`` seconds of ``now``: what
-        its gaps longer than the silence so far say, blended with a memoryless stream of its
-        mean gap as those gaps get few (``PRIOR_GAPS``)."""
-        if not self.alive(now):
+        """The chance that its next request comes within ``window`` seconds of ``now``
+        (``chance_within``), 0 once it has stopped."""
+        return self.chance_within(now, window) if self.alive(now) else 0.0
+
+    def chance_within(self, now: float, window: float) -> float:
+        """That chance if it has not stopped: what its gaps longer than the silence so far
+        say, blended with a memoryless stream of its mean gap as those gaps get few
+        (``PRIOR_GAPS``)."""
+        if not self.gaps:
             return 0.0
         total_w = sum(self.weights)
         mean = sum(g * w for g, w in zip(self.gaps, self.weights, strict=True)) / total_w \
@@ -117,16 +171,16 @@ class Stream:
         return (n * seen + PRIOR_GAPS * memoryless) / (n + PRIOR_GAPS)
 
     def due_in(self, now: float) -> float:
-        """In how many seconds its next request is expected: when the chance that it has
-        come (``p_within``) reaches a half; inf when stopped."""
-        if not self.alive(now):
+        """In how many seconds its next request is expected if it has not stopped: when the
+        chance that it has come (``chance_within``) reaches a half."""
+        if not self.gaps:
             return math.inf
         lo, hi = 0.0, max(self.gaps)
-        while self.p_within(now, hi) < 0.5 and hi < 1e6:
+        while self.chance_within(now, hi) < 0.5 and hi < 1e6:
             hi *= 2
         for _ in range(30):
             mid = (lo + hi) / 2
-            if self.p_within(now, mid) >= 0.5:
+            if self.chance_within(now, mid) >= 0.5:
                 hi = mid
             else:
                 lo = mid
@@ -224,17 +278,21 @@ class Learner:
 
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
-         victims: list[tuple[str, float]]) -> tuple[Stream, float] | None:
+         victims: list[tuple[str, float]]) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
     first such stream and how long its request would wait, expected; None when none."""
     for backend, undo_s in victims:
-        stream = expected.stream_above(backend, priority, now)
-        if stream is None:
-            continue
         window = run_s + undo_s
-        cost = stream.p_within(now, window) * window
-        if cost > expected.target(backend):
-            return stream, cost
+        for stream in expected.streams.get(backend, ()):
+            if stream.priority <= priority:
+                break
+            until = stream.ends_for(window)
+            if now >= until:
+                continue
+            cost = stream.chance_within(now, window) * window
+            if cost > expected.target(backend):
+                return stream, cost, until
+            break
     return None

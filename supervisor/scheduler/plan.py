@@ -740,15 +740,22 @@ class _Planner:
             return False
         name = info.name
         asleep = name in self.asleep
-        load = self._undo_s(info, asleep) if asleep or name not in self.worker_gpu else 0.0
-        run_s = load + exp.job_time(name, info.reload_cost_s)
         undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
                 for v in victims if v.backend in self.backends]
+        # Before any of its backend's jobs has run, a job that needs its victims' room is
+        # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
+        # reloads and its own, each: a model that needs their room is no smaller, and taken
+        # short (an unmeasured load is 1 s) a gap between bursts looked long enough for it.
+        own = self._undo_s(info, asleep)
+        if name not in exp.job_s:
+            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
+        load = own if asleep or name not in self.worker_gpu else 0.0
+        run_s = load + exp.job_time(name, own)
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo)
         if held is None:
             return False
-        stream, _cost = held
-        due = min(stream.quiet_at, since + limit)
+        stream, _cost, until = held
+        due = min(until, since + limit)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
         reason = (f"waits: {stream.backend} expects a request within "
