@@ -12,6 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
+from rich.text import Text
+from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Select, TextArea
 from waiting import wait_until_async
@@ -207,3 +209,45 @@ async def test_the_submit_dialogs_example_fits_the_backends_api() -> None:
         assert '"model": "chat-sim", "messages": [' in payload.text
         app.screen.query_one("#backend", Select).value = "sdxl-sim"
         await until(pilot, lambda: payload.text == '{"steps": 10}', "the demo's example")
+
+
+def on_screen(widget: Any) -> str:
+    """The words a widget shows now, its lines joined (a wrapped line reads on)."""
+    if not widget.display:
+        return ""
+    strips = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    return " ".join(" ".join(s.text for s in strips).split())
+
+
+@aio
+async def test_the_whole_note_of_every_job_can_be_read_at_80x24() -> None:
+    snap = demo_snapshot()
+    stream = "waits: chat-llm expects a request within 1.2 s (its stream is open)"
+    longest = ("needs 18.0 GiB: waiting for the jobs running on GPU0 to give it back; "
+               "sdxl-sim and whisper-sim stay loaded for 2 more jobs, then flux-sim is next")
+    snap = replace(snap, queued=(replace(snap.queued[0], waiting=longest),
+                                 replace(snap.queued[1], waiting=stream)))
+    app = VramApp(FixedSource(snap), "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await shown(pilot)
+        table = app.screen.query_one(JobsTable)
+        line = app.screen.query_one("#job-note")
+        table.focus()
+        jobs = [*snap.running, *snap.queued, *snap.recent[:8]]
+        assert table.keys() == [j.id for j in jobs]
+        table.move_cursor(0)
+        cut = []
+        for i, job in enumerate(jobs):
+            if i:
+                await pilot.press("j")  # as a user moves: the line follows the cursor
+            await pilot.pause()
+            note = job.error if job.state.finished else job.waiting or job.progress_text
+            whole = " ".join((note or "").split())
+            cell = table.get_cell(job.id, "note")
+            cell = cell.plain if isinstance(cell, Text) else cell
+            if cell == whole:
+                assert not line.display, job.id  # nothing cut: no line spent on it
+            else:
+                assert whole in on_screen(line), (job.id, whole, on_screen(line))
+                cut.append(job.id)
+        assert len(cut) == 3, cut  # both reasons and the crash are longer than the column

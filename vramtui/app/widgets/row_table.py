@@ -194,15 +194,28 @@ class RowTable(ScrollView, can_focus=True):
     def move_cursor(self, row: int) -> None:
         if not self._order:
             return
+        old, was_lost = self.cursor_row, self.lost
         if self.lost:
             self.lost = False
             self._refresh_row(self.cursor_row)
-        old = self.cursor_row
         self.cursor_row = max(0, min(row, len(self._order) - 1))
         if old != self.cursor_row:
             self._refresh_row(old)
             self._refresh_row(self.cursor_row)
+        if old != self.cursor_row or was_lost:
+            self.post_message(self.Moved(self))
         self._scroll_to_cursor()
+
+    class Moved(Message):
+        """The cursor moved to another row (what the selection shows elsewhere follows)."""
+
+        def __init__(self, table: RowTable) -> None:
+            super().__init__()
+            self.table = table
+
+        @property
+        def control(self) -> RowTable:
+            return self.table
 
     def _scroll_to_cursor(self) -> None:
         visible = max(1, self.scrollable_content_region.height - 1)
