@@ -121,10 +121,13 @@ def load_backends(
     collector = _Collector(environ, vramd)
     for path in paths:
         collector.add_path(path)
+    # Nothing defined: no backend entry, and no file that failed to read.  Overlays alone
+    # (a calibration of a demo backend) count as nothing: they go on the demo below.
+    nothing = collector.entries == 0 and not collector.errors
     result = collector.finish()
     broken_only = keep_demo and bool(result.errors) and not result.backends \
         and not collector.missing
-    if demo_fallback and ((collector.entries == 0 and not result.errors) or broken_only):
+    if demo_fallback and (nothing or broken_only):
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
             # The demo is the base layer; overlays (calibrations of demo backends) go on it.
