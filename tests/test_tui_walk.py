@@ -251,3 +251,29 @@ async def test_the_whole_note_of_every_job_can_be_read_at_80x24() -> None:
                 assert whole in on_screen(line), (job.id, whole, on_screen(line))
                 cut.append(job.id)
         assert len(cut) == 3, cut  # both reasons and the crash are longer than the column
+
+
+@aio
+async def test_the_selected_job_stays_selected_across_a_resize_and_a_new_sort() -> None:
+    snap = demo_snapshot()
+    source = FixedSource(snap)
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        chosen = snap.recent[0].id
+        table = await select_job(pilot, chosen)
+        for size, shift in (((80, 24), 1), (WIDE, 2)):  # over the narrow breakpoint
+            # new columns, and a job more on top by the time the rows come again
+            extra = tuple(replace(snap.queued[0], id=f"j-new{n}") for n in range(shift))
+            source.snapshot_value = replace(snap, running=(*extra, *snap.running))
+            await pilot.resize_terminal(*size)
+            polls = app.polls
+            await until(pilot, lambda p=polls, n=shift: app.polls > p + 1
+                        and f"j-new{n - 1}" in table.keys(),  # noqa: SIM118
+                        f"the table at {size}")
+            assert table.selected_key() == chosen, size
+        await pilot.press("O")  # sorted by job id, reversed: the row moves, the selection too
+        polls = app.polls
+        await until(pilot, lambda: app.polls > polls + 1 and table.row_count, "sorted")
+        assert table.sort_by == "id" and table.get_row_index(chosen) != 5
+        assert table.selected_key() == chosen
