@@ -36,8 +36,7 @@ class Monitor:
         self._history_at: dict[int, float] = {}
         devices = probe.devices()
         self._sources = {r.index: r.source or probe.source for r in devices}
-        self._identity = {r.index: f"{device_kind(r, probe)} {r.name or ''}".strip()
-                          for r in devices}
+        self._identity = {r.index: r.name or device_kind(r, probe) for r in devices}
         self._told: dict[str, frozenset[int]] = {}  # what the probe said of processes, by kind
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
@@ -115,7 +114,7 @@ class Monitor:
         return "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()) or "no GPU"
 
     def identity(self, gpu: int) -> str:
-        """What device ``gpu`` is, as it started (``SIMULATED Simulated GPU (24 GiB)``)."""
+        """What device ``gpu`` is, as it started: its name (``Simulated GPU (24 GiB)``)."""
         return self._identity.get(gpu, "")
 
     def host_gpus(self) -> frozenset[int]:
