@@ -7,9 +7,11 @@ Two simulated 9 GiB models on ``sim:12GiB`` — load 3 s, asleep 300 MiB on the 
 eight jobs' time from the first submit to the last end, loads, wakes, the measured load and
 wake times, and that time against seven reloads (the issue's bar: less than half). The device's
 own ledger is read by a watcher the whole time: its peak is printed, never over 12 GiB.
+``--servers``: the two models are HTTP model servers (``tests/model_server.py``, 8448 MiB and
+its context), put to sleep and woken over HTTP (``http.sleep``, ``http.wake``), or not.
 
-Run: ``.venv/bin/python bench/sleep.py [--load-s 3] [--wake-s 0.3] [--rounds 4]`` (about
-40 s). Simulated GPU: every figure is labelled so.
+Run: ``.venv/bin/python bench/sleep.py [--load-s 3] [--wake-s 0.3] [--rounds 4] [--servers]``
+(about 40 s). Simulated GPU: every figure is labelled so.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# bench/http.py is beside this file: keep the folder off the path so `http` is the stdlib's
+# (aiohttp, which the servers' handles import, needs it).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from engine_support import UsageWatcher, engine, sim_backend  # noqa: E402
@@ -35,6 +40,30 @@ from supervisor.jobs import JobState  # noqa: E402
 CARD = "sim:12GiB"
 
 
+SERVER = ROOT / "tests" / "model_server.py"
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def server(name: str, load_s: float, wake_s: float, hooks: bool) -> dict[str, Any]:
+    """tests/model_server.py holding 8448 MiB (+ its context), 512 MiB more a request."""
+    spec: dict[str, Any] = {
+        "name": name, "simulated": True, "api": ["chat"], "safety": "0MiB",
+        "command": [sys.executable, str(SERVER), "--port", "${PORT}", "--mib", "8448",
+                    "--load-s", str(load_s), "--wake-s", str(wake_s), "--tokens", "2"],
+        "http": {"health": "/health"},
+        "vram": {"weights": "8448MiB", "activation": "512MiB", "context": "256MiB"},
+        "timeouts": {"start": "60s", "stop_grace": "3s"}}
+    if hooks:
+        spec["http"].update(sleep="POST /sleep?level=1", wake="POST /wake_up")
+    return spec
+
+
+def pid_of(answer: dict[str, Any]) -> int:
+    """A worker's answer has its pid; a server's, its system_fingerprint."""
+    return int(answer["pid"]) if "pid" in answer else \
+        int(str(answer["system_fingerprint"]).removeprefix("pid-"))
+
+
 def model(name: str, load_s: float, wake_s: float, hooks: bool) -> dict[str, Any]:
     spec = sim_backend(name, 8448, 512, load_s=load_s, steps=1, step_s=0.05)
     if hooks:
@@ -42,19 +71,25 @@ def model(name: str, load_s: float, wake_s: float, hooks: bool) -> dict[str, Any
     return spec
 
 
-def run(load_s: float, wake_s: float, rounds: int, hooks: bool) -> dict[str, Any]:
-    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
-    backends = [model("a", load_s, wake_s, hooks), model("b", load_s, wake_s, hooks)]
+def run(load_s: float, wake_s: float, rounds: int, hooks: bool,
+        servers: bool) -> dict[str, Any]:
+    # Room in host memory for both sleepers' weights, whatever this host has (a server does
+    # not say what its sleep took: its weights are counted; simulated, they take nothing).
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0,
+                          sleep_host_budget_mib=64 * 1024)
+    make = server if servers else model
+    payload = CHAT if servers else b'{"steps": 1, "step_s": 0.05}'
+    backends = [make("a", load_s, wake_s, hooks), make("b", load_s, wake_s, hooks)]
     with engine(backends, gpus=CARD, config=config) as sup, \
             UsageWatcher(sup, CARD, hz=100) as watch:
         pids: dict[str, set[int]] = {"a": set(), "b": set()}
         started = time.monotonic()
         for i in range(rounds * 2):
-            view = sup.wait(sup.submit("ab"[i % 2], b'{"steps": 1, "step_s": 0.05}'), 120)
+            backend = "ab"[i % 2]
+            view = sup.wait(sup.submit(backend, payload), 120)
             if view.state is not JobState.SUCCEEDED:
                 raise SystemExit(f"job {i} {view.state.value}: {view.error}")
-            answer = json.loads(view.data or b"{}")
-            pids[answer["backend"]].add(answer["pid"])
+            pids[backend].add(pid_of(json.loads(view.data or b"{}")))
         took = time.monotonic() - started
         counters = sup.engine.counters
         loads = [h.total / h.n for h in counters.load_seconds.values() if h.n]
@@ -72,15 +107,19 @@ def main() -> int:
     parser.add_argument("--load-s", type=float, default=3.0, help="a model's load (s)")
     parser.add_argument("--wake-s", type=float, default=0.3, help="a model's wake (s)")
     parser.add_argument("--rounds", type=int, default=4, help="a, b turns")
+    parser.add_argument("--servers", action="store_true",
+                        help="HTTP model servers (http.sleep, http.wake), not workers")
     args = parser.parse_args()
-    results = {hooks: run(args.load_s, args.wake_s, args.rounds, hooks)
+    results = {hooks: run(args.load_s, args.wake_s, args.rounds, hooks, args.servers)
                for hooks in (True, False)}
     n = args.rounds * 2
     load_s = results[False]["load_s"]
     reloads = (n - 1) * load_s
-    table = Table(title=f"SIMULATED sim:12GiB: two 9 GiB models, {n} jobs alternating "
+    what = "model servers" if args.servers else "models"
+    table = Table(title=f"SIMULATED sim:12GiB: two 9 GiB {what}, {n} jobs alternating "
                         f"(load {args.load_s:g} s, wake {args.wake_s:g} s)")
-    for col in ("sleep hooks", f"{n} jobs (s)", "loads", "wakes", "worker processes",
+    for col in ("http.sleep/wake" if args.servers else "sleep hooks", f"{n} jobs (s)",
+                "loads", "wakes", "server processes" if args.servers else "worker processes",
                 "load (s, measured)", "wake (s, measured)", f"vs {n - 1} reloads",
                 "device peak (MiB)", "over 12 GiB"):
         table.add_column(col, justify="right")

@@ -89,6 +89,9 @@ def spec_document(spec: Any) -> dict[str, Any]:
             out["http"]["stop"] = list(http.stop)
         if http.ready_timeout_s is not None:
             out["http"]["ready_timeout"] = format_seconds(http.ready_timeout_s)
+        for key in ("sleep", "wake"):
+            if getattr(http, key, None) is not None:
+                out["http"][key] = str(getattr(http, key))
     if spec.reload_cost_s is not None:
         out["reload_cost"] = format_seconds(spec.reload_cost_s)
     if getattr(spec, "wake_cost_s", None) is not None:

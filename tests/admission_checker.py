@@ -14,7 +14,7 @@ Properties (``Verdict.problems`` names each one that broke):
 - honest: no instant over a GPU's total;
 - dishonest: each over-commit ends within ``episode_limit_s`` and never recurs for a backend;
 - no stall: never longer than ``stall_s`` with jobs queued and nothing running, starting or
-  stopping;
+  stopping (a process of ours still holding memory on its way out counts as stopping);
 - every job final: succeeded, or cancelled when a cancel was asked, or failed with a reason
   for a liar's job; none left waiting.
 
@@ -202,6 +202,7 @@ class DeviceWatcher:
         self.probe = SimulatedProbe(spec, ledger)
         self.period = 1.0 / hz
         self.samples = 0
+        self.holders: frozenset[int] = frozenset()  # the pids holding memory at the last read
         self.episodes: list[Episode] = []
         self.max_used: dict[int, int] = {}
         self._open: dict[int, Episode] = {}
@@ -226,6 +227,7 @@ class DeviceWatcher:
             for p in procs:
                 used[p.gpu_index] = used.get(p.gpu_index, 0) + (p.used_mib or 0)
             self.samples += 1
+            self.holders = frozenset(p.pid for p in procs if p.used_mib)
             for i, total in enumerate(self.probe.sizes_mib):
                 mib = used.get(i, 0)
                 self.max_used[i] = max(self.max_used.get(i, 0), mib)
@@ -301,6 +303,10 @@ def run_scenario(sc: Scenario, *, watch_hz: float = 200.0, episode_limit_s: floa
                         return
                     busy = any(b.state in ("starting", "initializing", "stopping")
                                for b in snap.backends)
+                    # a process no backend owns any more still holds memory on the device (a
+                    # killed liar exiting): the engine rightly waits for it to let go
+                    live = {b.pid for b in snap.backends if b.pid is not None}
+                    busy = busy or bool(watcher.holders - live)
                     if snap.queued and not snap.running and not busy:
                         since = stall["since"] = stall["since"] or time.monotonic()
                         stall["longest"] = max(stall["longest"], time.monotonic() - since)

@@ -1,7 +1,7 @@
 """A small HTTP model server that behaves like llama.cpp's ``llama-server``, for the tests.
 
 ``python tests/model_server.py --port N [--mib M] [--load-s S] [--token-s S] [--tokens N]
-[--slots N] [--mode MODE]``
+[--slots N] [--wake-s S] [--mode MODE]``
 
 - ``GET /health``: 503 ``{"error": …loading…}`` for ``--load-s`` seconds, then 200
   ``{"status": "ok"}``; while loading it declares ``--mib`` MiB on the simulated GPU through
@@ -10,16 +10,22 @@
 - ``POST /v1/chat/completions`` and ``/v1/completions``: OpenAI's JSON, or with
   ``"stream": true`` its SSE chunks (``--tokens`` of them, ``--token-s`` apart) then
   ``data: [DONE]``; the next request on that connection finds it closed (llama-server
-  closes it after a stream without saying so);
-  ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
+  closes it after a stream without saying so); an answer's ``system_fingerprint`` is
+  ``pid-`` and its pid; ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
   ``is_processing``; a client that goes away frees its slot, as llama-server's does);
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
   ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
   ``POST /quit``: exits (what a descriptor's ``http.stop`` may call).
+- ``POST /sleep?level=1`` and ``POST /wake_up`` (vLLM's routes; SGLang's
+  ``/release_memory_occupation`` and ``/resume_memory_occupation`` too): sleep really gives
+  its ``--mib`` back on the simulated GPU (its context stays), wake takes it again after
+  ``--wake-s``; ``GET /is_sleeping``. A completion asked of it asleep answers 500.
 - ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``exit`` (exits at once, a line on
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
-  that never ends); ``broken`` (a stream cut in the middle of its body).
+  that never ends); ``broken`` (a stream cut in the middle of its body); ``sleep-keeps``
+  (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers);
+  ``asleep-hangs`` (once asleep, the whole server stops answering).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Server:
         self.started = time.monotonic()
         self.slots = [False] * args.slots
         self.loaded = False
+        self.asleep = False
         self.frozen = asyncio.Event()
         self.streamed: set[object] = set()  # connections that carried a stream
 
@@ -81,7 +88,7 @@ class Server:
         if mode == "hang":
             self.frozen.set()
             await self._maybe_frozen()
-        if mode == "error500":
+        if mode == "error500" or self.asleep:
             return web.json_response({"error": {"code": 500, "message": "KV cache is full",
                                                 "type": "server_error"}}, status=500)
         chat = request.path.endswith("/chat/completions")
@@ -97,6 +104,7 @@ class Server:
             return web.json_response({
                 "id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": body.get("model", "?"),
+                "system_fingerprint": f"pid-{os.getpid()}",  # which process answered
                 "choices": [choice],
                 "usage": {"prompt_tokens": 3, "completion_tokens": self.args.tokens,
                           "total_tokens": 3 + self.args.tokens}})
@@ -157,6 +165,28 @@ class Server:
             "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
             "X-Query": request.query_string, **seen})
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        if not self.asleep:
+            self.asleep = True
+            if self.args.mode != "sleep-keeps" and self.args.mib:
+                sim.free(self.args.mib)
+            if self.args.mode == "asleep-hangs":
+                asyncio.get_running_loop().call_later(0.1, self.frozen.set)
+        return web.json_response({"is_sleeping": True})
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        if self.args.mode == "wake-hangs":
+            await asyncio.Event().wait()
+        if self.asleep:
+            await asyncio.sleep(self.args.wake_s)
+            if self.args.mode != "sleep-keeps" and self.args.mib:
+                sim.allocate(self.args.mib)
+            self.asleep = False
+        return web.json_response({"is_sleeping": False})
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": self.asleep})
+
     async def quit(self, request: web.Request) -> web.Response:
         sys.stderr.write("model_server: stopped by POST /quit\n")
         sys.stderr.flush()
@@ -181,8 +211,10 @@ def main() -> None:
     parser.add_argument("--token-s", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
-        "ok", "never-healthy", "exit", "crash", "hang", "error500", "endless", "broken"))
+        "ok", "never-healthy", "exit", "crash", "hang", "error500", "endless", "broken",
+        "sleep-keeps", "wake-hangs", "asleep-hangs"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")
@@ -195,7 +227,11 @@ def main() -> None:
         web.post("/v1/completions", server.completion),
         web.post("/v1/embeddings", server.embeddings), web.get("/slots", server.slots_view),
         web.post("/echo", server.echo), web.post("/v1/audio/transcriptions", server.echo),
-        web.post("/quit", server.quit), web.get("/ws", server.ws)])
+        web.post("/quit", server.quit), web.get("/ws", server.ws),
+        web.post("/sleep", server.sleep), web.post("/wake_up", server.wake_up),
+        web.get("/is_sleeping", server.is_sleeping),
+        web.post("/release_memory_occupation", server.sleep),
+        web.post("/resume_memory_occupation", server.wake_up)])
 
     async def on_startup(app: web.Application) -> None:
         app["load"] = asyncio.get_running_loop().create_task(server.load())

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.process
 
 def test_stop_waits_for_the_running_job_says_so_and_exits_when_the_engine_is_gone() -> None:
     root = new_root()
-    env = make_env(root, [echo_backend(), sim_backend("slow", 512, 256, steps=20, step_s=0.05)])
+    # 3 s of work: still running when a CLI started on a loaded box asks for the stop
+    slow = sim_backend("slow", 512, 256, steps=60, step_s=0.05,
+                       timeouts={"stop_grace": "10s", "start": "20s"})
+    env = make_env(root, [echo_backend(), slow])
     served = start_serve(env, root)
     try:
         job = cli(env, "submit", "slow", "--data", "{}").stdout.strip()
@@ -30,7 +33,7 @@ def test_stop_waits_for_the_running_job_says_so_and_exits_when_the_engine_is_gon
                                 f"running job(s) to finish ({job})")
         assert last == "the engine stopped"
         assert served.proc.wait(5) == 0
-        assert f"stopping: waiting up to 3.0 s for 1 running job(s) to finish: {job} (slow)" \
+        assert f"stopping: waiting up to 10.0 s for 1 running job(s) to finish: {job} (slow)" \
             in served.stderr()
         assert cli(env, "stop").returncode == 3  # no engine any more
     finally:

@@ -185,6 +185,20 @@ def test_sleep_and_wake_asked() -> None:
         assert (len(worker.sleeps), worker.wakes) == (1, 1)
 
 
+def test_a_wake_asked_waits_for_the_room_another_sleep_gives_back() -> None:
+    # b is still falling asleep when a's wake is asked: the wake waits (a preload evicts
+    # nobody) and a wakes once b's memory is back, not never.
+    scripts = {"a": sleepy(), "b": sleepy(sleep_s=0.3)}
+    with fake_engine({"a": NINE, "b": NINE}, gpus=[CARD], scripts=scripts) as fe:
+        alternate(fe, rounds=1)
+        assert (state(fe, "a"), state(fe, "b")) == ("asleep", "ready")
+        fe.sup.sleep("b")
+        fe.sup.wake("a")
+        wait_until(lambda: state(fe, "a") == "ready", 5, what="a awake")
+        assert state(fe, "b") == "asleep"
+    assert fe.gpu.overcommits == []
+
+
 def test_a_busy_worker_is_not_put_to_sleep_when_asked() -> None:
     with fake_engine({"a": NINE}, gpus=[CARD], scripts={"a": sleepy(manual=True)}) as fe:
         job = fe.sup.submit("a", b"")

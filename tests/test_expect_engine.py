@@ -28,6 +28,8 @@ def test_the_chat_keeps_its_model_and_the_big_batch_waits_for_its_end() -> None:
     # The chat model loads once, the embedder beside it, the big model after the stream.
     assert played.loads == 3, played.log
     waits = sorted(played.waits[10])
-    assert waits[-2] <= 0.5, waits  # (the first request waits for the cold load)
+    # the bound, 1 s (the first request waits for the cold load): a loaded box adds
+    # a few hundred ms to a request's trip, the evict-and-reload this prevents adds seconds
+    assert waits[-2] <= 1.0, waits
     assert any(r.startswith("waits: chat-llm expects a request within") for r in
                played.reasons), played.reasons

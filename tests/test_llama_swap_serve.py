@@ -74,7 +74,8 @@ def _get(url: str) -> tuple[int, bytes]:
 def test_the_file_loads_as_it_is_and_its_notes_are_logged(served: Served) -> None:
     url = _url(served)
     names = {m["id"] for m in json.loads(_get(url + "/v1/models")[1])["data"]}
-    assert names == {"qwen2.5-7b"}  # nomic-embed is unlisted
+    # the model and its aliases (llama-swap's id "qwen2.5:7b" is one); nomic-embed is unlisted
+    assert names == {"qwen2.5-7b", "qwen2.5:7b", "llama3"}
     logs = _get(url + "/logs")[1].decode()
     assert "'logLevel' is not used" in logs and "group 'everything'" in logs
     # hooks.on_startup.preload: started with the engine, before any request

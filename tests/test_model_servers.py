@@ -263,7 +263,8 @@ def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None
         with serve_http(backends, engine_config=config) as front:
             wanted = {
                 "never": "not healthy after 0.5 s (http.ready_timeout)",
-                "exits": "failed to load model 'x.gguf'",
+                "exits": "its server failed to start: server exited with code 1; its log "
+                         "ends: model_server: error: failed to load model 'x.gguf'",
                 "taken": f"something already listens on http://127.0.0.1:{port}",
                 "err500": "answered HTTP 500: {\"error\": {\"code\": 500, \"message\": \"KV",
                 "endless": "went over the result limit of 262144 bytes",
@@ -318,7 +319,7 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
     with serve_http(backends) as front:
         for name, text in (("crashy", "server exited with code 3; its log ends: model_server: "
                             "GGML_ASSERT failed"),
-                           ("hangs", "hangs hung: its worker")):
+                           ("hangs", "hangs hung: its server")):
             reply = front.post("/v1/chat/completions", chat(name))
             message = _error_text(reply.body)
             assert reply.status == 502 and text in message, message
@@ -336,7 +337,11 @@ def test_a_server_that_crashes_or_hangs_is_killed_and_started_again() -> None:
 
 
 def test_a_server_is_calibrated_like_a_worker() -> None:
-    unmeasured = server_backend("fresh", 700)
+    # it loads its weights 0.6 s after its context, as a real server takes a while: the
+    # calibration tells the two apart from what it samples in between (at 0.05 s a loaded box
+    # could sample both at once)
+    unmeasured = server_backend("fresh", 700, args=("--load-s", "0.6", "--wake-s", "0.1"))
+    unmeasured["http"].update(sleep="POST /sleep?level=1", wake="POST /wake_up")
     del unmeasured["vram"]
     with serve_http([unmeasured]) as front:
         job = front.post("/v1/backends/fresh/calibrate", {"repeats": 1, "settle_s": 0.3}).json()
@@ -344,6 +349,9 @@ def test_a_server_is_calibrated_like_a_worker() -> None:
         report = front.get("/v1/backends/fresh/calibration").json()
         assert report["record"]["source"] == "simulated"
         assert report["analysis"]["weights"]["value_mib"] == 700, report["analysis"]
+        # It can sleep: what it keeps asleep (its context) and its wake, measured.
+        assert report["analysis"]["sleep_residual"]["value_mib"] == CONTEXT_MIB
+        assert report["analysis"]["wake_s"] >= 0.1
 
 
 def test_a_stop_command_stops_the_server_and_a_port_can_be_its_health() -> None:

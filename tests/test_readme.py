@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
+from supervisor.backends.http import HTTP_KEYS
 from supervisor.backends.schema import CALIBRATION_KEYS, TIMEOUT_KEYS, TOP_KEYS, VRAM_KEYS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -27,6 +28,7 @@ def test_every_descriptor_key_has_a_line_with_an_example() -> None:
     wanted = (set(TOP_KEYS) - {"vram", "timeouts", "calibration"}) | {"vram"}
     wanted |= {f"vram.{k}" for k in VRAM_KEYS} | {f"timeouts.{k}" for k in TIMEOUT_KEYS}
     wanted |= {f"calibration.{k}" for k in CALIBRATION_KEYS} | {"on_overuse", "api"}
+    wanted |= {f"http.{k}" for k in HTTP_KEYS}
     assert wanted <= documented, sorted(wanted - documented)
     for key, _what, example in rows:
         assert example.split(":")[0].strip() == key.split(".")[0], (key, example)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.backends import LoadResult, load_backends
-from supervisor.backends.http import DEFAULT_URL, HttpSpec, fill
+from supervisor.backends.http import DEFAULT_URL, HttpCall, HttpSpec, fill
 from supervisor.backends.schema import VramSpec
+from supervisor.descriptors import spec_document
 
 
 def _load(tmp_path: Path, text: str) -> LoadResult:
@@ -60,11 +61,18 @@ def test_every_http_key(tmp_path: Path) -> None:
           model_name: Qwen/Qwen2.5-7B
           stop: docker stop ${MODEL}
           ready_timeout: 10m
+          sleep: post /sleep?level=1
+          wake: /wake_up
         """)
     spec = result.backends["vllm"]
     assert spec.http == HttpSpec(health=None, url="http://localhost:9000",
                                  model_name="Qwen/Qwen2.5-7B",
-                                 stop=("docker", "stop", "${MODEL}"), ready_timeout_s=600.0)
+                                 stop=("docker", "stop", "${MODEL}"), ready_timeout_s=600.0,
+                                 sleep=HttpCall("POST", "/sleep?level=1"),
+                                 wake=HttpCall("POST", "/wake_up"))
+    assert str(spec.http.sleep) == "POST /sleep?level=1" and spec.http.can_sleep
+    shown = spec_document(spec)["http"]  # what `vramtui backends describe` shows
+    assert (shown["sleep"], shown["wake"]) == ("POST /sleep?level=1", "POST /wake_up")
     assert spec.command[-1] == "${VRAM_FRACTION}"
     assert not _load(tmp_path, "name: a\ncommand: [s, --port, '${PORT}']\nhttp: true\n").errors
 
@@ -82,6 +90,16 @@ def test_without_http_a_port_is_still_an_environment_variable(tmp_path: Path) ->
     ("http: {stop: []}", "field 'http.stop'"),
     ("http: [1]", "field 'http': [1] is not a mapping of server settings"),
     ("http: {model_name: ''}", "field 'http.model_name'"),
+    ("http: {sleep: POST /sleep, wake: 3}",
+     "field 'http.wake': 3 is not a request: a method and a path, e.g. POST /wake_up"),
+    ("http: {sleep: FETCH /sleep, wake: /w}", "field 'http.sleep': 'FETCH' is not an HTTP "
+     "method (one of POST, PUT, PATCH, GET, DELETE), e.g. POST /sleep?level=1"),
+    ("http: {sleep: POST sleep, wake: /w}", "field 'http.sleep': 'sleep' is not a path of "
+     "the server (it starts with /)"),
+    ("http: {sleep: POST /a b, wake: /w}", "field 'http.sleep': 'POST /a b' is not a request"),
+    ("http: {sleep: POST /sleep?level=1}", "field 'http.sleep': http.wake is missing: a "
+     "server put to sleep must be woken, so give both"),
+    ("http: {wake: /wake_up}", "field 'http.wake': http.sleep is missing"),
 ])
 def test_bad_http_settings_say_what_is_wrong(tmp_path: Path, body: str, wanted: str) -> None:
     result = _load(tmp_path, f"name: s\ncommand: [s, --port, '${{PORT}}']\n{body}\n")

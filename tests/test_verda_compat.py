@@ -61,7 +61,7 @@ def test_verda_worker_answers_like_ours(
     ours_plain = plain_server.wait_worker("ours-plain")
 
     assert verda.worker_features == frozenset() and verda.features == frozenset()
-    assert ours.features == EXTENSIONS and ours_plain.features == frozenset()
+    assert ours.features == server.features and ours_plain.features == frozenset()
 
     expected = answers(verda)
     assert expected["error"][5] == ("ValueError: prompt too long: 9000 > 77", "prediction_error")

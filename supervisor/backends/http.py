@@ -6,6 +6,10 @@ engine knows when it starts the server: ``${PORT}`` (a free port it picked), ``$
 placed GPU's index), ``${MODEL}`` (the backend's name), ``${VRAM_MIB}`` and
 ``${VRAM_FRACTION}`` (the budget it was admitted with, in MiB and as a fraction of its GPU).
 The loader keeps them as written (``keep_macros``); ``fill`` puts the values in at spawn.
+
+``http.sleep`` and ``http.wake`` are the requests that put a server to sleep and wake it
+(vLLM's ``POST /sleep?level=1`` and ``POST /wake_up``): an :class:`HttpCall` each, written
+as a method and a path (a path alone is a POST), given both or neither.
 """
 
 from __future__ import annotations
@@ -23,11 +27,24 @@ from ..units import parse_duration
 from .errors import FieldError, unknown_key_message
 
 MACROS = ("PORT", "GPU", "MODEL", "VRAM_MIB", "VRAM_FRACTION")
-HTTP_KEYS = frozenset({"health", "url", "model_name", "stop", "ready_timeout"})
+HTTP_KEYS = frozenset({"health", "url", "model_name", "stop", "ready_timeout", "sleep",
+                       "wake"})
+CALL_METHODS = ("POST", "PUT", "PATCH", "GET", "DELETE")
 DEFAULT_HEALTH = "/health"
 DEFAULT_URL = "http://127.0.0.1:${PORT}"
 _MACRO_RE = re.compile(r"\$\{(" + "|".join(MACROS) + r")\}")
 _SAMPLE = {"PORT": "5800", "GPU": "0", "MODEL": "m", "VRAM_MIB": "1024", "VRAM_FRACTION": "0.5"}
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    """One request the engine makes of a server on its own (a sleep, a wake)."""
+
+    method: str
+    path: str  # with its query, e.g. /sleep?level=1
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
 
 
 @dataclass(frozen=True)
@@ -38,7 +55,9 @@ class HttpSpec:
     ``None`` (``health: none``): ready once its port takes a connection. ``model_name``: the
     ``model`` the server is sent (None: the client's, unchanged). ``stop``: a command that
     stops it (None: SIGTERM to its process group, then SIGKILL after ``timeouts.stop_grace``).
-    ``ready_timeout_s``: None: ``timeouts.start``.
+    ``ready_timeout_s``: None: ``timeouts.start``. ``sleep`` and ``wake`` (both or
+    neither): the requests that put it to sleep (its GPU memory given back, its process kept)
+    and wake it; a 2xx answer is a success.
     """
 
     health: str | None = DEFAULT_HEALTH
@@ -46,6 +65,12 @@ class HttpSpec:
     model_name: str | None = None
     stop: tuple[str, ...] | None = None
     ready_timeout_s: float | None = None
+    sleep: HttpCall | None = None
+    wake: HttpCall | None = None
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.sleep is not None and self.wake is not None
 
 
 def keep_macros(environ: Mapping[str, str]) -> Mapping[str, str]:
@@ -107,6 +132,28 @@ def _stop(value: object) -> tuple[str, ...]:
     return tuple(str(w) for w in words)
 
 
+def _call(value: object, key: str, example: str) -> HttpCall:
+    """``POST /sleep?level=1``, or a path alone (a POST)."""
+    if not isinstance(value, str) or not value.strip():
+        raise FieldError(key, f"{brief(value)} is not a request: a method and a path, e.g. "
+                         f"{example}")
+    words = value.split()
+    if len(words) == 1:
+        method, path = "POST", words[0]
+    elif len(words) == 2:
+        method, path = words[0].upper(), words[1]
+    else:
+        raise FieldError(key, f"{brief(value)} is not a request: a method and a path, e.g. "
+                         f"{example}")
+    if method not in CALL_METHODS:
+        raise FieldError(key, f"{brief(words[0])} is not an HTTP method (one of "
+                         f"{', '.join(CALL_METHODS)}), e.g. {example}")
+    if not path.startswith("/"):
+        raise FieldError(key, f"{brief(path)} is not a path of the server (it starts with /), "
+                         f"e.g. {example}")
+    return HttpCall(method, path)
+
+
 def parse_http(value: object, command: object, env: object) -> HttpSpec:
     """The ``http:`` section (``true`` or ``{}``: every default); raises ``FieldError``."""
     if value is True:
@@ -141,6 +188,14 @@ def parse_http(value: object, command: object, env: object) -> HttpSpec:
         if seconds <= 0:
             raise FieldError("http.ready_timeout", f"{brief(timeout)} must be more than 0")
         out["ready_timeout_s"] = seconds
+    for key, example in (("sleep", "POST /sleep?level=1"), ("wake", "POST /wake_up")):
+        if value.get(key) is not None:
+            out[key] = _call(value[key], f"http.{key}", example)
+    if ("sleep" in out) != ("wake" in out):
+        given, missing = ("sleep", "wake") if "sleep" in out else ("wake", "sleep")
+        raise FieldError(f"http.{given}", f"http.{missing} is missing: a server put to sleep "
+                         f"must be woken, so give both (vLLM: sleep: POST /sleep?level=1, "
+                         f"wake: POST /wake_up)")
     spec = HttpSpec(**out)  # type: ignore[arg-type]
     if "${PORT}" in spec.url and command is not None and not (uses_port(command)
                                                              or uses_port(env or {})):

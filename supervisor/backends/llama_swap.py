@@ -52,6 +52,7 @@ _ENV_USE = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 # One piece of a word in our spelling: an env macro, a macro we keep, or any other ``$``.
 _DOLLAR = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}|\$\{(PORT)\}|\$")
 _PARALLEL = frozenset({"-np", "--parallel"})
+MAX_EXPANDED = 64 * 1024  # characters of one value once its macros are in (a command line)
 
 # What each model key becomes (the ones read below), and what each unmapped key means.
 MODEL_KEYS = frozenset({"cmd", "cmdStop", "proxy", "aliases", "env", "checkEndpoint", "ttl",
@@ -312,7 +313,7 @@ class _Translator:
                 continue
             if key in ("cmd", "cmdStop") and isinstance(value, str):
                 value = _strip_comments(value)
-            values[key] = _substitute(value, macros)
+            values[key] = _substitute(value, macros, key)
         top = self.doc
         for key, top_key in (("healthCheckTimeout", "healthCheckTimeout"),
                              ("ttl", "globalTTL"), ("unloadTimeout", "unloadTimeout")):
@@ -500,30 +501,36 @@ def _merge(base: list[tuple[str, Any]], own: list[tuple[str, Any]]) -> list[tupl
     return merged
 
 
-def _substitute(value: Any, macros: list[tuple[str, Any]]) -> Any:
-    """Every macro in every string of ``value``, the last declared first, as llama-swap."""
+def _substitute(value: Any, macros: list[tuple[str, Any]], key: str) -> Any:
+    """Every macro in every string of ``value``, the last declared first, as llama-swap; a
+    string that would grow past :data:`MAX_EXPANDED` (macros of macros) is an error of
+    ``key``, found before it is built."""
     for name, macro in reversed(macros):
-        value = _substitute_one(value, f"${{{name}}}", macro)
+        value = _substitute_one(value, f"${{{name}}}", macro, key)
     return value
 
 
-def _substitute_one(value: Any, slug: str, macro: Any) -> Any:
+def _substitute_one(value: Any, slug: str, macro: Any, field: str) -> Any:
     if isinstance(value, str):
         if value == slug:
             return macro
         if slug in value:
             text = str(macro).lower() if isinstance(macro, bool) else str(macro)
+            size = len(value) + value.count(slug) * (len(text) - len(slug))
+            if size > MAX_EXPANDED:
+                raise _Bad(field, f"its macros expand it to {size:,} characters, more than "
+                           f"{MAX_EXPANDED:,}: does a macro use another many times over?")
             return value.replace(slug, text)
         return value
     if isinstance(value, Mapping):
         out = LinedDict(line=value.line if isinstance(value, LinedDict) else None)
         for key, item in value.items():
-            out[key] = _substitute_one(item, slug, macro)
+            out[key] = _substitute_one(item, slug, macro, field)
         if isinstance(value, LinedDict):
             out.key_lines.update(value.key_lines)
         return out
     if isinstance(value, list):
-        items = LinedList([_substitute_one(v, slug, macro) for v in value],
+        items = LinedList([_substitute_one(v, slug, macro, field) for v in value],
                           line=value.line if isinstance(value, LinedList) else None)
         if isinstance(value, LinedList):
             items.lines = list(value.lines)

@@ -10,17 +10,17 @@ Writing is the caller's (:func:`supervisor.atomicfile.write_atomic`, one file pe
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import DescriptorError, DescriptorWarning, display_path
-from .loader import _Collector, load_backends
+from .loader import _Collector
+from .round_trip import check_round_trip
 from .vramd import VramdContext
 
 
@@ -68,20 +68,5 @@ def import_llama_swap(path: Path, *,
         body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100,
                               default_flow_style=None)
         files[f"{name}.yaml"] = "\n".join(lines) + "\n" + body
-    _check_round_trip(files, result.backends, environ)
+    check_round_trip(files, result.backends, environ)
     return ImportedModels(files, tuple(result.backends), result.warnings, result.errors)
-
-
-def _check_round_trip(files: Mapping[str, str], expected: Mapping[str, Any],
-                      environ: Mapping[str, str]) -> None:
-    """Our loader must read ``files`` back into exactly ``expected`` (else it is a bug here)."""
-    with tempfile.TemporaryDirectory(prefix="vramtui-import-") as tmp:
-        for name, text in files.items():
-            (Path(tmp) / name).write_text(text, encoding="utf-8")
-        back = load_backends([tmp], environ=environ, demo_fallback=False)
-    got = {name: replace(spec, source="") for name, spec in back.backends.items()}
-    want = {name: replace(spec, source="") for name, spec in expected.items()}
-    if back.errors or got != want:
-        problems = "; ".join(str(e) for e in back.errors) or ", ".join(
-            sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n)))
-        raise RuntimeError(f"the converted descriptors do not load back the same: {problems}")

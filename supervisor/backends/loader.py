@@ -22,6 +22,7 @@ from ..paths import backends_dir_of
 from .errors import DescriptorError, DescriptorWarning
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
+from .trust import untrusted
 from .vramd import VramdContext
 from .yamlio import load_documents
 
@@ -121,13 +122,12 @@ def load_backends(
     collector = _Collector(environ, vramd)
     for path in paths:
         collector.add_path(path)
-    # Nothing defined: no backend entry, and no file that failed to read.  Overlays alone
-    # (a calibration of a demo backend) count as nothing: they go on the demo below.
-    nothing = collector.entries == 0 and not collector.errors
+    # read before finish(): an overlay alone (a calibration of a demo backend) is no error yet
+    nothing_read = collector.entries == 0 and not collector.errors
     result = collector.finish()
     broken_only = keep_demo and bool(result.errors) and not result.backends \
         and not collector.missing
-    if demo_fallback and (nothing or broken_only):
+    if demo_fallback and (nothing_read or broken_only):
         demo_dir = demo_backends_dir()
         if demo_dir is not None:
             # The demo is the base layer; overlays (calibrations of demo backends) go on it.
@@ -183,6 +183,10 @@ class _Collector:
 
     def add_file(self, file: Path) -> None:
         self.files.append(file)
+        why = untrusted(file)
+        if why is not None:
+            self.errors.append(DescriptorError(file, None, None, None, f"not read: {why}"))
+            return
         try:
             documents = load_documents(file)
         except DescriptorError as exc:

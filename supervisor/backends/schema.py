@@ -248,6 +248,11 @@ class BackendSpec:
         return self.http is not None
 
     @property
+    def runner(self) -> str:
+        """What runs it, as messages name it: "server" or "worker"."""
+        return "server" if self.http is not None else "worker"
+
+    @property
     def peak(self) -> int | None:
         return self.vram.peak
 

@@ -11,17 +11,17 @@ the very backends the vramd file gives. ``vramd_sources`` are the files vramd it
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import DescriptorError, DescriptorWarning, display_path
-from .loader import _Collector, load_backends, working_directory
+from .loader import _Collector, working_directory
+from .round_trip import check_round_trip
 from .vramd import VramdContext
 
 BACKENDS_FILE_ENV = "VRAMD_BACKENDS_FILE"
@@ -101,21 +101,6 @@ def import_vramd(paths: Sequence[str | Path], *, environ: Mapping[str, str] = os
     body = yaml.safe_dump({"backends": entries}, sort_keys=False, allow_unicode=True,
                           width=100, default_flow_style=None) if entries else "backends: []\n"
     text = "\n".join(lines) + "\n" + body
-    _check_round_trip(text, result.backends, environ)
+    check_round_trip({"imported.yaml": text}, result.backends, environ)
     return Imported(text, tuple(result.backends), result.errors, result.warnings,
                     result.layers)
-
-
-def _check_round_trip(text: str, expected: Mapping[str, Any],
-                      environ: Mapping[str, str]) -> None:
-    """Our loader must read ``text`` back into exactly ``expected`` (else it is a bug here)."""
-    with tempfile.TemporaryDirectory(prefix="vramtui-import-") as tmp:
-        path = Path(tmp) / "imported.yaml"
-        path.write_text(text, encoding="utf-8")
-        back = load_backends([path], environ=environ, demo_fallback=False)
-    got = {name: replace(spec, source="") for name, spec in back.backends.items()}
-    want = {name: replace(spec, source="") for name, spec in expected.items()}
-    if back.errors or got != want:
-        problems = "; ".join(str(e) for e in back.errors) or ", ".join(
-            sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n)))
-        raise RuntimeError(f"the converted descriptors do not load back the same: {problems}")

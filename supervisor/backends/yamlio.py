@@ -3,7 +3,8 @@
 A safe loader whose mappings are ``LinedDict``: a plain ``dict`` that also knows the line it
 starts on and the line of each of its keys (1-based); sequences are ``LinedList`` likewise.
 Duplicate keys are an error (PyYAML would silently keep the last). Syntax errors become a
-``DescriptorError`` with the line.
+``DescriptorError`` with the line.  A file is bounded before it is built: its size
+(:data:`MAX_FILE_BYTES`) and what its aliases expand to (:data:`MAX_VALUES`).
 """
 
 from __future__ import annotations
@@ -56,8 +57,49 @@ class LinedList(list[Any]):
 _BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+#: At most this many values once every alias is expanded, and this many bytes of file: a
+#: file of aliases of aliases (a "billion laughs") is refused before it is built or walked.
+MAX_VALUES = 100_000
+MAX_FILE_BYTES = 4 << 20
+
+
 class _LineLoader(_BaseLoader):  # type: ignore[misc, valid-type]
     """SafeLoader (the C one when available) building ``LinedDict`` mappings."""
+
+    def construct_document(self, node: Any) -> Any:
+        if expanded_size(node, MAX_VALUES) > MAX_VALUES:
+            raise ConstructorError(None, None, f"its aliases expand to more than {MAX_VALUES:,} "
+                                   "values; write the values out, or use fewer aliases",
+                                   node.start_mark)
+        return super().construct_document(node)
+
+
+def expanded_size(root: Any, limit: int) -> int:
+    """How many values a node stands for with every alias expanded (each node is counted
+    once per use); counting stops past ``limit``.  Linear in the nodes, never recursive."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes and not children_done:
+            continue
+        kids = _children(node)
+        if not children_done:
+            sizes[key] = 1  # a node met again while open (a recursive alias) counts once
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in kids if id(kid) not in sizes)
+            continue
+        sizes[key] = min(limit + 1, 1 + sum(sizes.get(id(kid), 1) for kid in kids))
+    return sizes[id(root)]
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
 
 
 def _construct_mapping(loader: Any, node: yaml.MappingNode) -> Any:
@@ -107,6 +149,11 @@ _LineLoader.add_constructor(_SEQ_TAG, _construct_sequence)
 def load_documents(path: Path) -> list[Any]:
     """All YAML documents of ``path``; raise ``DescriptorError`` for unreadable or bad YAML."""
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise DescriptorError(path, None, None, None, f"is {size:,} bytes, more than a "
+                                  f"descriptor file may be ({MAX_FILE_BYTES:,}); is it the "
+                                  "right file?")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise DescriptorError(path, None, None, None, "no such file") from None

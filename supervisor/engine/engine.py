@@ -36,6 +36,7 @@ from ..paths import Paths
 from ..results import CancelResult, JobRequest, ReloadResult, YieldInfo
 from ..scheduler import model as sched
 from ..snapshot import EngineSnapshot
+from ..textsafe import visible
 from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
 from ..workers.handle import Outcome
@@ -597,8 +598,8 @@ class Engine:
                 queue.set_blocked(job, since)
         for start in plan.starts:
             self._start(start, snap)
-        for rt in preloads:
-            if rt.worker is not None:
+        for rt in preloads:  # (a sleeping worker's waits until its wake began)
+            if rt.worker is not None and not Sleeper.unwoken(rt):
                 rt.preload_until = None
             elif rt.preload_until is not None and self.clock() >= rt.preload_until:
                 rt.preload_until = None
@@ -763,10 +764,10 @@ class Engine:
             elif killed_for is not None:
                 self._finish(job, JobState.FAILED, error=f"{killed_for}; {log_hint}")
             elif never_ready and not expected and not health.failed:
-                self._requeue(job, "requeued: worker failed to start")  # it never ran
+                self._requeue(job, f"requeued: {rt.spec.runner} failed to start")  # never ran
             else:
-                what = ("its worker failed to start: " + (health.last_error or reason)) \
-                    if never_ready else f"{name} {reason}; {log_hint}"
+                what = (f"its {rt.spec.runner} failed to start: {health.last_error or reason}"
+                        if never_ready else f"{name} {reason}; {log_hint}")
                 self._finish(job, JobState.FAILED, error=what)
         if health.failed:
             for job in [j for j in self.jobs.queue if j.backend == name]:
@@ -826,7 +827,7 @@ class Engine:
         if job is None or job.state.finished:
             return
         job.progress = fraction
-        job.progress_text = text
+        job.progress_text = visible(text)  # a worker's words, shown on terminals
         self._job_event(job)
 
     def request_chunk(self, job_id: str, chunk: bytes) -> None:
@@ -844,6 +845,7 @@ class Engine:
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
         if job.state.finished:
             return
+        error = visible(error, lines=True) if error is not None else None  # a worker's words
         if self.journal.durable(job):  # durable before anyone hears of it
             state, error = self.journal.finish(job, state, error)
         if error is not None:

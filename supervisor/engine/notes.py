@@ -18,6 +18,7 @@ from ..counters import Counters
 from ..events import EngineEvent, EventHub
 from ..jobs import Job, JobState
 from ..snapshot import LogLine
+from ..textsafe import visible
 
 if TYPE_CHECKING:
     from ..jobs import JobView
@@ -54,6 +55,7 @@ class Notes:
              quiet: bool = False) -> None:
         """A line of the event log (the TUI's, the events' and Python logging's); ``quiet``
         lines (one per job) go to Python logging at debug level only."""
+        text = visible(text)  # it may carry a process's words: one line, nothing that acts
         line = LogLine(time.time(), level, text, backend)
         self.lines.append(line)
         if quiet:

@@ -23,28 +23,9 @@ from ..scheduler.strangers import StrangerWatch
 from ..units import mib_text
 from .config import EngineConfig
 from .monitor import Monitor
+from .process_facts import process_name
 
-_NAMES: dict[int, tuple[float, str]] = {}  # pid -> (create time, process name)
 MAX_NAMED = 8  # strangers named per GPU (the largest); the rest are counted
-
-
-def process_name(pid: int) -> str:
-    """The name of process ``pid`` ("?" when it cannot be read), cached per process."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        created = proc.create_time()
-        known = _NAMES.get(pid)
-        if known is not None and known[0] == created:
-            return known[1]
-        name = proc.name()
-    except (psutil.Error, OSError):
-        return "?"
-    if len(_NAMES) > 4096:
-        _NAMES.clear()
-    _NAMES[pid] = (created, name)
-    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,15 @@ class Sleeper:
             preload(rt)
 
     @staticmethod
+    def unwoken(rt: BackendRuntime) -> bool:
+        """``rt``'s worker sleeps and no wake of it is under way or wanted (a preload or a
+        wake asked of it still waits for room)."""
+        w, slumber = rt.worker, rt.slumber
+        return (w is not None and w.state == WorkerState.ASLEEP
+                and not (slumber is not None
+                         and (slumber.phase == "waking" or slumber.wake_wanted)))
+
+    @staticmethod
     def why_not(rt: BackendRuntime) -> str:
         """Why ``rt``'s worker may not be put to sleep (for messages)."""
         w = rt.worker
@@ -115,6 +124,8 @@ class Sleeper:
         if rt.conduct.exclusive:
             return "its footprint is not measured yet (it holds its GPU whole)"
         if w is not None and "sleep" not in w.features:
+            if rt.spec.server:
+                return "its descriptor's http: section has no sleep and wake requests"
             return ("its worker has no @worker_sdk.sleep and @worker_sdk.wake hooks (or "
                     "speaks a protocol without sleep)")
         return "it is not loaded"

@@ -22,8 +22,8 @@ from ..results import YieldInfo
 from ..snapshot import BackendView, EngineSnapshot, GpuProcess, GpuView
 from .monitor import Monitor
 from .notes import Notes
-from .others import process_name
 from .pool import WorkerPool
+from .process_facts import process_name, process_user
 from .reload import Descriptors
 from .runtime import BackendRuntime
 
@@ -128,27 +128,6 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
     )
 
 
-_USERS: dict[int, tuple[float, str]] = {}  # pid -> (create time, user name)
-
-
-def _user(pid: int) -> str:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        created = proc.create_time()
-        known = _USERS.get(pid)
-        if known is not None and known[0] == created:
-            return known[1]
-        name = proc.username()
-    except (psutil.Error, KeyError, OSError):
-        return "?"
-    if len(_USERS) > 4096:
-        _USERS.clear()
-    _USERS[pid] = (created, name)
-    return name
-
-
 def gpu_processes(monitor: Monitor) -> dict[int, tuple[GpuProcess, ...]]:
     """The processes on each GPU at the last process sample, largest first, each named by
     the backend whose worker (or a descendant of it, or a stopped one not yet gone) it is, as
@@ -158,7 +137,7 @@ def gpu_processes(monitor: Monitor) -> dict[int, tuple[GpuProcess, ...]]:
     for p in monitor.processes:
         backend = owners.get(p.pid)
         out.setdefault(p.gpu_index, []).append(GpuProcess(
-            p.pid, p.used_mib, _user(p.pid), backend,
+            p.pid, p.used_mib, process_user(p.pid), backend,
             process_name(p.pid) if backend is None else backend))
     return {gpu: tuple(sorted(ps, key=lambda x: -(x.used_mib or 0)))
             for gpu, ps in out.items()}

@@ -301,7 +301,8 @@ class WorkerWatch:
             limit = rt.spec.timeouts.ping_s
             if overdue >= limit:
                 rt.health.kill_reason = (
-                    f"{rt.spec.name} hung: its worker (pid {w.pid}) answered no ping for "
+                    f"{rt.spec.name} hung: its {rt.spec.runner} (pid {w.pid}) answered no "
+                    f"ping for "
                     f"{overdue:.1f} s (timeouts.ping {limit:g} s); killed it, the backend "
                     "restarts on its next job")
                 self.notes.note("error", rt.health.kill_reason, rt.spec.name)

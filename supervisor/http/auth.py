@@ -7,8 +7,10 @@
   it is refused (403); and when a token is set, local peers may only read (GET / HEAD)
   without it, and not the browser dashboard, whose WebSocket drives the whole TUI.
 - ``/healthz``, ``/readyz`` (and llama-swap's ``/health``) answer anyone: they say nothing
-  but up / ready.  llama-swap's ``GET /unload`` changes the engine, and is guarded as a
-  ``POST`` is.
+  but up / ready.  A route whose ``GET`` changes the engine is marked :func:`changes_engine`
+  and guarded as a ``POST`` is, whatever its method: llama-swap's ``GET /unload``, and
+  ``/upstream/{model}/…`` (any request there starts the model's server, maybe evicting others,
+  and reaches a server whose ``GET`` may change it too).
 - A browser must not be turned against us.  The ``Host`` header must name this server (a
   loopback name, the bind address or ``allowed_hosts``), which defeats DNS rebinding.  A
   request that carries an ``Origin`` must come from this very origin, compared whole:
@@ -32,6 +34,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,8 +48,6 @@ from .peer import Peer, identify
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# GETs that change the engine (llama-swap's /unload), guarded as a POST is.
-CHANGING_GETS = frozenset({"/unload"})
 UI_PREFIX = "/ui"
 UI_SESSIONS_MAX = 64
 UI_SESSION_S = 24 * 3600.0
@@ -63,6 +64,7 @@ class Decision:
 
 
 DECISION = web.RequestKey("decision", Decision)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Guard:
@@ -181,9 +183,19 @@ class Guard:
         return Decision(peer, False)
 
 
+def changes_engine(handler: Handler) -> Handler:
+    """Mark a route whose every method changes the engine (a ``GET`` included): the guard
+    treats it as a ``POST`` (no cross-site request, the token in token mode)."""
+    handler.changes_engine = True  # type: ignore[attr-defined]
+    return handler
+
+
 def _reads(request: web.Request) -> bool:
-    """A request that only reads (a GET, but not one of :data:`CHANGING_GETS`)."""
-    return request.method in READ_METHODS and request.path not in CHANGING_GETS
+    """A request that only reads: a GET (HEAD, OPTIONS) of a route not marked
+    :func:`changes_engine`."""
+    route_handler = getattr(request.match_info, "handler", None)
+    return request.method in READ_METHODS and not getattr(route_handler, "changes_engine",
+                                                          False)
 
 
 def _is_ui(path: str) -> bool:

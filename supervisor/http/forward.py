@@ -5,10 +5,12 @@ the TUI and the CLI, cancelled when its client goes) whose payload is the client
 for byte, and whose metadata says the method, path and body headers
 (``supervisor/servers/request.py``). Its answer comes back as the server sent it: a job that
 is not streamed with its status, headers and body; a streamed one chunk by chunk as the
-server wrote them, under the server's status and headers (the door's allow-list of headers
-applies: ``jobflow.worker_headers``). A streamed request still waiting in the queue is sent
-SSE comment lines with its place (``: queued, position 2``); clients ignore them. If the
-job fails once its answer has begun, an SSE answer ends with an OpenAI-shaped error event.
+server wrote them, under the server's status and headers (the door's allow-list and sandbox
+apply as to a worker's result: ``jobflow.answer_headers``). A streamed request still waiting
+in the queue is sent SSE comment lines with its place (``: queued, position 2``); clients
+ignore them (through ``/upstream``, only a client that accepts ``text/event-stream`` gets
+them). If the job fails once its answer has begun, an SSE answer ends with an OpenAI-shaped
+error event.
 
 ``/upstream/{model}/{path}`` passes any request to the model's server (loading it first):
 a plain request as a job like the others, a websocket (``Upgrade: websocket``) straight to
@@ -23,22 +25,21 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import ClientSession, WSMsgType, web
+from aiohttp import ClientError, ClientSession, TraceConfig, WSMsgType, web
 
 from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
 from ..jobs import JobState
-from ..servers.request import HOP_BY_HOP, job_metadata
+from ..servers.request import forwardable, job_metadata, target_url
+from ..workers.states import WorkerState
 from .errors import HttpError, from_engine, not_found
 from .jobflow import (
-    SANDBOX,
-    BadWorkerHeader,
+    answer_headers,
     cancel_quietly,
     finished_view,
     outcome_error,
     result_response,
     wait_done,
-    worker_headers,
 )
 from .sse import Encoded, Item, Stream
 
@@ -50,22 +51,19 @@ WAITING = frozenset({JobState.QUEUED, JobState.STARTING})
 # The server's body goes out as it wrote it: no heartbeat comment is ever put in (one could
 # land in the middle of an event the server split across two writes).
 NO_HEARTBEAT_S = 1e9
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "cookie", "origin",
-                               "referer"}
 
 
 def forwarded_headers(request: web.Request) -> dict[str, str]:
     """The client's end-to-end headers the server may see (never our token or cookies)."""
-    drop = set(_NOT_FORWARDED)
-    for value in request.headers.getall("Connection", []):
-        drop |= {v.strip().lower() for v in value.split(",")}
-    return {k: v for k, v in request.headers.items() if k.lower() not in drop}
+    return forwardable(request.headers.items())
 
 
 async def forward(server: HttpServer, request: web.Request, backend: str, payload: bytes, *,
                   stream: bool, path: str, metadata: dict[str, Any],
-                  headers: dict[str, str] | None = None) -> web.StreamResponse:
-    """Submit the request as a job of ``backend`` and answer as its server answers."""
+                  headers: dict[str, str] | None = None,
+                  notes: bool = True) -> web.StreamResponse:
+    """Submit the request as a job of ``backend`` and answer as its server answers
+    (``notes``: a streamed answer may open as SSE, with queue notes, while the job waits)."""
     meta = {**job_metadata(request.method, path, headers if headers is not None
                            else request.headers, every_header=headers is not None), **metadata}
     try:
@@ -78,10 +76,11 @@ async def forward(server: HttpServer, request: web.Request, backend: str, payloa
         view = await wait_done(server, job.id)
         return result_response(server, finished_view(server, job.id, view))
     watch.hurry(server.engine)
-    return await _relay(server, request, job.id)
+    return await _relay(server, request, job.id, notes)
 
 
-async def _relay(srv: HttpServer, request: web.Request, job_id: str) -> web.StreamResponse:
+async def _relay(srv: HttpServer, request: web.Request, job_id: str,
+                 notes: bool = True) -> web.StreamResponse:
     enc = _RawEncoder(srv, job_id)
     stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode, on_lag=enc.resync,
                     heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer)
@@ -95,7 +94,7 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str) -> web.Stre
             timer = loop.call_later(QUEUE_NOTE_S, stream.wake.set)  # no task per wait
             await stream.wake.wait()
             timer.cancel()
-            if not stream.pending and not stream.lagged and not srv.hub.closed \
+            if notes and not stream.pending and not stream.lagged and not srv.hub.closed \
                     and not stream.ended:
                 try:
                     response = await _note_queue(srv, request, job_id, response)
@@ -150,14 +149,15 @@ async def _open(srv: HttpServer, request: web.Request, job_id: str,
                 enc: _RawEncoder) -> web.StreamResponse:
     """The answer under the server's status and headers (those the door lets through)."""
     status, headers = watch.answer_head(srv.engine, job_id)
+    view = watch.live_view(srv.engine, job_id)
     try:
-        allowed = worker_headers(headers)
-    except BadWorkerHeader:
-        allowed = {}
-    enc.sse = "text/event-stream" in str(headers.get("Content-Type")
-                                         or headers.get("content-type") or "")
-    response = web.StreamResponse(status=status if 100 <= status <= 599 else 502,
-                                  headers={**allowed, **SANDBOX, "X-Vramtui-Job": job_id})
+        allowed = answer_headers(srv, view.backend if view else "", job_id, headers)
+    except HttpError:
+        cancel_quietly(srv, job_id, "cancelled: its server's headers cannot be served")
+        raise
+    enc.sse = "text/event-stream" in allowed.get("Content-Type", "")
+    response = web.StreamResponse(status=status if 200 <= status <= 599 else 502,
+                                  headers=allowed)
     await response.prepare(request)
     return response
 
@@ -217,16 +217,30 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
                    path: str) -> web.StreamResponse:
     """Any request to ``backend``'s server: a websocket straight through once it is ready,
     anything else as a job."""
-    target = "/" + path + (f"?{request.query_string}" if request.query_string else "")
+    target = raw_target(request, path)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(server, request, backend, target)
     payload = await request.read()
+    # Queue notes only to a client that reads an event stream: any other body stays the
+    # server's, byte for byte.
+    sse = "text/event-stream" in request.headers.get("Accept", "")
     return await forward(server, request, backend, payload, stream=True, path=target,
-                         metadata={"api": "upstream"}, headers=forwarded_headers(request))
+                         metadata={"api": "upstream"}, headers=forwarded_headers(request),
+                         notes=sse)
+
+
+def raw_target(request: web.Request, path: str) -> str:
+    """What follows ``/upstream/{model}`` in the request as the client wrote it (still
+    percent-encoded, its query kept): a relay that decoded it would send another request."""
+    parts = request.rel_url.raw_path.split("/", 3)  # "", "upstream", the model, the rest
+    rest = parts[3] if len(parts) == 4 and parts[1] == "upstream" else path
+    query = request.rel_url.raw_query_string
+    return "/" + rest + (f"?{query}" if query else "")
 
 
 async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
-    """The base URL of ``backend``'s server once it is ready (it is started if cold)."""
+    """The base URL of ``backend``'s server once it is ready (it is started if cold, woken
+    if asleep)."""
     engine = server.engine
     deadline = time.monotonic() + timeout
     asked = False
@@ -238,12 +252,13 @@ async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
         if rt is not None and rt.health.failed:
             raise HttpError(502, f"{backend} failed to start: {rt.health.last_error}",
                             "server_error", "backend_failed")
-        if worker is None and not asked:  # asked once; again only if it went away
+        away = worker is None or worker.state == WorkerState.ASLEEP
+        if away and not asked:  # asked once; again only if it went away (or fell asleep)
             try:
                 engine.preload(backend)
             except VramtuiError as exc:
                 raise from_engine(exc) from None
-        asked = worker is None
+        asked = away
         if time.monotonic() > deadline:
             raise HttpError(504, f"{backend} was not ready within {timeout:g} s",
                             "timeout_error", "not_ready")
@@ -256,13 +271,13 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
     base = await server_url(server, backend, spec.timeouts.start_s)
     client = web.WebSocketResponse()
     await client.prepare(request)
-    async with ClientSession() as session:
+    async with ClientSession(trace_configs=[_NO_REDIRECTS]) as session:
         try:
             # The handshake to the server is the engine's own, not the client's.
             own = {k: v for k, v in forwarded_headers(request).items()
                    if not k.lower().startswith("sec-websocket-")}
-            upstream_ws = await session.ws_connect(base.replace("http", "ws", 1) + target,
-                                                   headers=own)
+            upstream_ws = await session.ws_connect(
+                target_url(base.replace("http", "ws", 1), target), headers=own)
         except Exception as exc:  # noqa: BLE001 - any failure closes the client's socket
             await client.close(message=f"{backend}'s server refused the websocket: "
                                f"{exc}".encode()[:120])
@@ -271,6 +286,21 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
             await asyncio.gather(_pipe(client, upstream_ws), _pipe(upstream_ws, client),
                                  return_exceptions=True)
     return client
+
+
+class RedirectRefused(ClientError):
+    """A server answered a websocket's handshake with a redirect: never followed."""
+
+
+async def _refuse_redirect(session: Any, context: Any, params: Any) -> None:
+    where = params.response.headers.get("Location", "?")[:60]
+    raise RedirectRefused(f"redirected to {where!r}: not followed")
+
+
+# aiohttp's ws_connect follows redirects and has no switch for it: a server could send the
+# engine's handshake to any host and port.  Plain requests are made with allow_redirects=False.
+_NO_REDIRECTS = TraceConfig()
+_NO_REDIRECTS.on_request_redirect.append(_refuse_redirect)
 
 
 async def _pipe(source: Any, sink: Any) -> None:

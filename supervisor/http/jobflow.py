@@ -120,27 +120,41 @@ def result_response(server: HttpServer, view: JobView) -> web.Response:
     if not 200 <= status <= 599:
         raise HttpError(502, f"job {view.id}: the worker answered status {status}, which HTTP "
                         "cannot carry", "job_failed_error", "bad_worker_status")
-    try:
-        headers = worker_headers(view.headers)
-    except BadWorkerHeader as exc:
-        raise HttpError(502, f"job {view.id}: {exc}, which HTTP cannot carry; the result is "
-                        "kept, but not served", "job_failed_error", "bad_worker_header") from None
-    ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
-    headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    headers = answer_headers(server, view.backend, view.id, view.headers)
+    ctype = headers.pop("Content-Type", None)
     kind = (ctype or "application/octet-stream").split(";")[0].strip() or \
         "application/octet-stream"
-    if is_active(kind) and not _inline_allowed(server, view.backend):
-        given = next((v for k, v in headers.items() if k.lower() == "content-disposition"), "")
-        headers = {k: v for k, v in headers.items() if k.lower() != "content-disposition"}
-        headers["Content-Disposition"] = given if given.lower().startswith("attachment") \
-            else "attachment"
-    headers.update(SANDBOX)
-    headers["X-Vramtui-Job"] = view.id
     resp = web.Response(status=status, body=data, headers=headers)
     resp.content_type = kind
     if ctype and "charset=" in ctype:
         resp.charset = ctype.split("charset=", 1)[1].split(";")[0].strip() or None
     return resp
+
+
+def answer_headers(server: HttpServer, backend: str, job_id: str,
+                   given: dict[str, Any]) -> dict[str, str]:
+    """The headers a worker's or a model server's answer goes out with, whole or streamed:
+    its allowed headers (``Content-Type`` under that name), an active type as an attachment
+    unless the backend says ``inline_results``, and :data:`SANDBOX`; a header that HTTP
+    cannot carry is a 502 (``bad_worker_header``)."""
+    try:
+        allowed = worker_headers(given)
+    except BadWorkerHeader as exc:
+        raise HttpError(502, f"job {job_id}: {exc}, which HTTP cannot carry; the answer is "
+                        "not served", "job_failed_error", "bad_worker_header") from None
+    headers: dict[str, str] = {}
+    for key, value in allowed.items():
+        low = key.lower()
+        headers[{"content-type": "Content-Type",
+                 "content-disposition": "Content-Disposition"}.get(low, key)] = value
+    kind = headers.get("Content-Type", "").split(";")[0].strip()
+    if is_active(kind) and not _inline_allowed(server, backend):
+        disposition = headers.get("Content-Disposition", "")
+        headers["Content-Disposition"] = disposition if disposition.lower().startswith(
+            "attachment") else "attachment"
+    headers.update(SANDBOX)
+    headers["X-Vramtui-Job"] = job_id
+    return headers
 
 
 def _inline_allowed(server: HttpServer, backend: str) -> bool:

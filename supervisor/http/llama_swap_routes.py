@@ -8,7 +8,7 @@ that call them.
 - ``GET /unload`` (``OK``) and ``POST /api/models/unload`` (``{"msg": "ok"}``): unload every
   idle backend (a busy one finishes its jobs first: nothing is killed mid-answer);
   ``POST /api/models/unload/{model}`` one (a name or an alias), ``OK``; ``GET /unload``
-  changes the engine, so the guard treats it as a ``POST`` (:mod:`.auth`);
+  changes the engine, so the guard treats it as a ``POST`` (:func:`.auth.changes_engine`);
 - ``GET /logs`` (and ``/log``): the engine's recent event log as text;
   ``GET /logs/stream/{model}``: a redirect to that backend's followed log.
 
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ..errors import Refused, VramtuiError
+from .auth import changes_engine
 from .errors import from_engine
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class _LlamaSwap:
         except VramtuiError as exc:
             raise from_engine(exc) from None
 
+    @changes_engine  # a GET, as llama-swap has it, guarded as a POST
     async def unload(self, request: web.Request) -> web.Response:
         self._unload_all()
         return web.Response(text="OK", content_type=TEXT)

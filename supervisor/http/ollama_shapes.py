@@ -213,7 +213,7 @@ def _arguments(text: Any) -> Any:
         return text if isinstance(text, Mapping) else {}
     try:
         value = json.loads(text) if text.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # a model's text: nested past parsing is text too
         return {"arguments": text}
     return value if isinstance(value, Mapping) else {"value": value}
 

@@ -33,6 +33,7 @@ from ..doors import watch
 from ..errors import EngineStopped, VramtuiError
 from ..servers.request import API_PATHS, job_metadata
 from . import forward
+from .auth import changes_engine
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
 from .routes import json_response, read_json
@@ -216,6 +217,7 @@ class _OpenAI:
                                      metadata={"api": kind, "model": model})
 
     @streaming  # websockets and event streams stay open: counted among the streams
+    @changes_engine  # any method starts the server: no GET from another site, token needed
     async def upstream(self, request: web.Request) -> web.StreamResponse:
         """``/upstream/{model}/{path}``: anything, to the model's own server."""
         model = request.match_info["model"]

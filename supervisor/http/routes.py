@@ -263,6 +263,8 @@ class _Routes:
                  "links": {"self": f"/v1/backends/{name}", "logs": f"/v1/backends/{name}/logs"}}
         if spec.http is not None:  # a model server: where its running one listens
             extra["server"] = {"url": getattr(rt.worker, "url", None), "health": spec.http.health}
+            if spec.http.sleep is not None and spec.http.wake is not None:
+                extra["server"].update(sleep=str(spec.http.sleep), wake=str(spec.http.wake))
         return extra
 
     async def backends(self, request: web.Request) -> web.Response:

@@ -15,7 +15,12 @@ status and end-to-end headers come first (``observer.request_head``), then, for 
 job, each piece of its body as it arrives (``request_chunk``), unchanged; a job that is not
 streamed gets the whole body as its result. A 5xx answer fails the job, with what the server
 said. A cancelled job closes its connection, so the server stops generating. Answers are
-bounded by the result limit (an endless stream fails there). ``ping`` is an HTTP request to
+bounded by the result limit (an endless stream fails there).
+
+A server whose descriptor has ``http.sleep`` and ``http.wake`` offers ``sleep``: the engine's
+sleep makes it ``asleep`` and sends the sleep request (``supervisor/servers/calls.py``), its
+wake sends the wake request and makes it ``ready`` again once that answered 2xx. What it keeps
+asleep is not its word: the engine measures it. ``ping`` is an HTTP request to
 the health path; any answer counts as alive, so a server that stops answering is overdue and
 the engine kills it.
 """
@@ -33,13 +38,15 @@ from typing import Any
 
 from yarl import URL
 
+from ..backends.http import HttpCall
 from ..backends.schema import BackendSpec
 from ..workers import process
 from ..workers.handle import Outcome, WorkerObserver
 from ..workers.states import WorkerState
-from ..workers.supervised import SupervisedProcess
+from ..workers.supervised import SleepOutcome, SupervisedProcess
+from .calls import call
 from .launch import Launch
-from .request import end_to_end, upstream_of
+from .request import end_to_end, target_url, upstream_of
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +99,8 @@ class ServerHandle(SupervisedProcess):
         self.launch = launch
         self.max_result = max_result
         # retry: a job it dies under before answering may run again (once)
-        self.features = frozenset({"cancel", "retry"})
+        self.features = frozenset({"cancel", "retry"}
+                                  | ({"sleep"} if self.http.can_sleep else set()))
         self._session: Any = None  # an aiohttp.ClientSession once started
         self._jobs: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[str] = set()
@@ -106,8 +114,8 @@ class ServerHandle(SupervisedProcess):
         """Spawn the server, then poll its health path until it is ready."""
         try:
             import aiohttp
-        except ImportError:
-            self._refuse("an http: backend needs aiohttp: pip install 'vramtui[http]'")
+        except ImportError as exc:
+            self._refuse(f"an http: backend needs aiohttp ({exc}): pip install 'vramtui[http]'")
             return
         if self.launch.port is None and await self._connects():
             self._refuse(f"something already listens on {self.url} (http.url): stop it, or "
@@ -281,7 +289,8 @@ class ServerHandle(SupervisedProcess):
 
         for attempt in (1, 2):
             try:
-                return await self._session.request(up.method, self.url + up.path, data=up.body,
+                return await self._session.request(up.method, target_url(self.url, up.path),
+                                                   data=up.body,
                                                    headers=up.headers, allow_redirects=False)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                 if attempt == 2 or self._exited.is_set():
@@ -331,10 +340,37 @@ class ServerHandle(SupervisedProcess):
         task.cancel()
         return True
 
+    # -- sleep ------------------------------------------------------------------------------
+    async def sleep(self, level: int, timeout: float) -> SleepOutcome:
+        """``asleep`` from now on, then its ``http.sleep`` request (``level`` is in its path,
+        as written); how it went."""
+        if self.state != WorkerState.READY or self._jobs or self.data is None \
+                or self.http.sleep is None:
+            return SleepOutcome(False, f"it cannot sleep now (it is {self.state.value})")
+        self._set_state(WorkerState.ASLEEP)
+        return await self._call(self.http.sleep, timeout)
+
+    async def wake(self, timeout: float) -> SleepOutcome:
+        """Its ``http.wake`` request; ``ready`` again once that answered 2xx."""
+        if self.state != WorkerState.ASLEEP or self.http.wake is None or self._session is None:
+            return SleepOutcome(False, f"it is not asleep (it is {self.state.value})")
+        outcome = await self._call(self.http.wake, timeout)
+        if outcome.ok and self.state == WorkerState.ASLEEP and not self._stopping:
+            self._set_state(WorkerState.READY)
+        return outcome
+
+    async def _call(self, what: HttpCall, timeout: float) -> SleepOutcome:
+        error = await call(self._session, self.url, what, timeout)
+        if error is not None and self._exited.is_set():
+            error = f"the server exited (code {self.exit_code}) during {what}"
+        return SleepOutcome(error is None, error)
+
     # -- liveness -----------------------------------------------------------------------------
     def ping(self) -> None:
-        """An HTTP request to its health path, unless one is under way; any answer counts."""
-        if self._ping_task is not None or not self.hot or self._session is None:
+        """An HTTP request to its health path, unless one is under way; any answer counts (a
+        sleeping server is pinged too: one that hangs asleep is killed as any other)."""
+        if self._ping_task is not None or self._session is None \
+                or not (self.hot or self.state == WorkerState.ASLEEP):
             return
         if self._ping_sent is None:
             self._ping_sent = time.monotonic()

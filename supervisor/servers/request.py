@@ -11,9 +11,12 @@ payload: a short request of that kind, so a calibration measures one). With
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from yarl import URL
 
 from ..backends.schema import BackendSpec
 
@@ -21,6 +24,11 @@ from ..backends.schema import BackendSpec
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",
                         "upgrade"})
+#: Never sent to a server, whoever gave them (a client, a job's metadata): its framing and
+#: its Host are the relay's own, ``Expect`` was answered by the door, the door's token and
+#: cookies are no server's, and who the client is is not the client's to say.
+NEVER_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "authorization", "cookie",
+                                "origin", "referer", "forwarded", "x-real-ip"}
 #: The client's headers that describe its body or what it accepts: the ones a job keeps.
 BODY_HEADERS = ("content-type", "accept", "content-encoding", "accept-encoding")
 API_PATHS = {
@@ -63,6 +71,25 @@ def end_to_end(headers: Iterable[tuple[str, str]], also: Iterable[str] = ()) -> 
     return [(k, v) for k, v in items if k.lower() not in drop]
 
 
+_SENDABLE = re.compile(r"^/[!-~]*$")  # printable ASCII, no space: a request target as is
+
+
+def target_url(base: str, path: str) -> URL:
+    """``base`` + ``path`` as the server is sent it: a path that is already a valid request
+    target goes exactly as written (``%2F`` stays ``%2F``, ``%2e%2e`` is not a ``..``: it is
+    never decoded a second time, nor re-read as a query); anything else is quoted."""
+    if _SENDABLE.match(path):
+        return URL(base + path, encoded=True)
+    return URL(base + path)
+
+
+def forwardable(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``headers`` without those a server is never sent (:data:`NEVER_FORWARDED`,
+    ``X-Forwarded-*``, and those ``Connection`` names)."""
+    return {k: v for k, v in end_to_end(headers, also=NEVER_FORWARDED)
+            if not k.lower().startswith("x-forwarded-")}
+
+
 def job_metadata(method: str, path: str, headers: Mapping[str, str], *,
                  every_header: bool = False) -> dict[str, Any]:
     """What a door puts in a job's metadata so the server gets the client's request: the
@@ -87,7 +114,8 @@ def upstream_of(spec: BackendSpec, payload: bytes, metadata: Mapping[str, Any] |
         method = str(described.get("method") or "POST").upper()
         path = str(described.get("path") or "/")
         raw = described.get("headers")
-        headers = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+        headers = forwardable((str(k), str(v)) for k, v in raw.items()) \
+            if isinstance(raw, Mapping) else {}
     else:
         method = "POST"
         path = API_PATHS[spec.api[0]] if spec.api else "/v1/chat/completions"

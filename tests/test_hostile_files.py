@@ -1,0 +1,120 @@
+"""Hostile inputs that are files or a model's text, not requests: each is refused with one line,
+quickly, before it is built in memory.
+
+- a llama-swap ``config.yaml`` whose macros use each other many times over (each doubling
+  the last: a command line of gigabytes);
+- YAML aliases of aliases (a "billion laughs": a few hundred bytes that stand for millions of
+  values, walked by every reader);
+- a descriptor file of many megabytes;
+- a model's tool-call arguments nested past what Python can parse (the Ollama translation);
+- a descriptor another user could have written (its commands would run as the engine's user).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.backends.errors import DescriptorError
+from supervisor.backends.llama_swap import MAX_EXPANDED, from_llama_swap
+from supervisor.backends.loader import load_backends
+from supervisor.backends.yamlio import MAX_FILE_BYTES, load_documents
+from supervisor.http.ollama_shapes import Reply
+from supervisor.textsafe import visible
+
+
+def test_macros_that_explode_are_one_error_of_that_model(tmp_path: Path) -> None:
+    lines = ["macros:", '  m0: "aaaaaaaaaaaaaaaa"']
+    lines += [f'  m{i}: "${{m{i - 1}}}${{m{i - 1}}}"' for i in range(1, 40)]  # 2^39 × 16
+    lines += ["models:", "  bomb:", '    cmd: "server --port ${PORT} ${m39}"',
+              "  fine:", '    cmd: "server --port ${PORT} ${m2}"']
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    items = list(from_llama_swap(load_documents(path)[0], path, {}))
+    assert time.monotonic() - started < 5
+    errors = [i for i in items if isinstance(i, DescriptorError)]
+    assert len(errors) == 1 and errors[0].field == "cmd" and errors[0].backend == "bomb"
+    assert f"more than {MAX_EXPANDED:,}" in str(errors[0])
+    entries = [i[0] for i in items if isinstance(i, tuple)]
+    assert [e["name"] for e in entries] == ["fine"]
+    assert entries[0]["command"][-1] == "a" * 64  # what stays small still expands
+
+
+def test_aliases_of_aliases_are_refused_before_they_are_built(tmp_path: Path) -> None:
+    lines = ["x0: &a0 [aaaaaaaaaa, aaaaaaaaaa]"]
+    lines += [f"x{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 40)]
+    lines += ["models:", "  a:", "    cmd: server --port ${PORT}", "    env: *a39"]
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    with pytest.raises(DescriptorError, match="aliases expand to more than"):
+        load_documents(path)
+    assert time.monotonic() - started < 5
+    # aliases used a sane number of times are what YAML is for
+    path.write_text("base: &b {keep_alive: 5m}\nbackends:\n"
+                    + "".join(f"  - {{<<: *b, name: m{i}}}\n" for i in range(200)))
+    assert len(load_documents(path)[0]["backends"]) == 200
+    # an alias that contains itself is counted, not followed forever
+    path.write_text("a: &r [1, *r]\n")
+    assert load_documents(path)[0]["a"][0] == 1
+
+
+def test_a_descriptor_of_many_megabytes_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    with path.open("wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(DescriptorError, match="more than a descriptor file may be"):
+        load_documents(path)
+
+
+def test_tool_arguments_nested_past_parsing_stay_text() -> None:
+    deep = "[" * 100_000
+    answer = {"choices": [{"message": {"content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": deep}}]}}]}
+    out = Reply("chat", "m").whole(answer, 1)
+    assert out["message"]["tool_calls"][0]["function"]["arguments"] == {"arguments": deep}
+    streamed = Reply("chat", "m")
+    streamed.chunk({"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "function": {"name": "f", "arguments": deep}}]}}]})
+    calls = streamed.done(1)[0]["message"]["tool_calls"]
+    assert calls[0]["function"]["arguments"] == {"arguments": deep}
+
+
+def _descriptor(directory: Path) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / "backends.yaml"
+    path.write_text("backends:\n  - name: planted\n    command: [touch, /tmp/planted]\n"
+                    "    vram: {weights: 1MiB}\n")
+    path.chmod(0o644)
+    return path
+
+
+def test_a_descriptor_someone_else_could_write_is_not_read(tmp_path: Path) -> None:
+    """Whoever writes a descriptor runs commands as the engine's user."""
+    mine = _descriptor(tmp_path / "mine")
+    assert list(load_backends([mine], demo_fallback=False).backends) == ["planted"]
+    mine.chmod(0o666)
+    result = load_backends([mine], demo_fallback=False)
+    assert not result.backends and "may be written by others (mode 0666)" in str(
+        result.errors[0]) and "chmod go-w" in str(result.errors[0])
+    mine.chmod(0o644)
+    mine.parent.chmod(0o775)  # its group may replace it
+    assert "its directory may be written by its group" in str(
+        load_backends([mine], demo_fallback=False).errors[0])
+    mine.parent.chmod(0o1777)  # sticky, as /tmp: others cannot replace it
+    assert list(load_backends([mine], demo_fallback=False).backends) == ["planted"]
+    if os.geteuid() == 0:  # a file another user owns (and so may rewrite)
+        os.chown(mine, 65534, 65534)
+        result = load_backends([mine.parent], demo_fallback=False)
+        assert not result.backends and "belongs to uid 65534" in str(result.errors[0])
+
+
+def test_a_process_s_words_are_shown_with_nothing_that_acts() -> None:
+    text = "a\x1b[2J\x07b\tc\u202ed\x9be\nf"
+    assert visible(text) == "a\\x1b[2J\\x07b c\\u202ed\\x9be\\x0af"
+    assert visible(text, lines=True).endswith("e\nf")
+    assert visible("plain — ünïcode ✓") == "plain — ünïcode ✓"
