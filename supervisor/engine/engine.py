@@ -76,8 +76,7 @@ class Engine:
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         descriptor_warnings: tuple[tuple[str | None, str], ...] = (),
-        layers: Sequence[Path] | None = None,
-        environ: Mapping[str, str] | None = None,
+        layers: Sequence[Path] | None = None, environ: Mapping[str, str] | None = None,
         workers: WorkerFactory | None = None,
     ) -> None:
         self.config = config = config or EngineConfig()
