@@ -105,6 +105,19 @@ async def live() -> None:
                 snap = lambda: sup.snapshot()  # noqa: E731
                 await _until(pilot, lambda: len(snap().recent) >= 3 and snap().running
                              and snap().queued, "jobs done, running and waiting")
+                # the jobs focused on the job with the longest reason to wait: the whole
+                # reason under the table where its column cuts it
+                jobs = app.screen.query_one(JobsTable)
+                jobs.focus()
+
+                def shown() -> list[Any]:
+                    keys = set(jobs.keys())
+                    return [j for j in snap().queued if j.id in keys]
+
+                await _until(pilot, lambda: any(len(j.waiting) > 40 for j in shown()),
+                             "a long reason to wait")
+                longest = max(shown(), key=lambda j: len(j.waiting))
+                jobs.move_cursor(jobs.get_row_index(longest.id))
                 await _shoot_all_sizes(pilot, "dashboard")
                 await pilot.press("v")
                 await _shoot_all_sizes(pilot, "processes")
@@ -112,7 +125,6 @@ async def live() -> None:
                 running = await _until(pilot, lambda: next(
                     (j.id for j in snap().running if j.state is JobState.RUNNING), None),
                     "a running job")
-                jobs = app.screen.query_one(JobsTable)
                 jobs.focus()
                 await _until(pilot, lambda: running in jobs.keys(),  # noqa: SIM118
                              "the job in the table")

@@ -68,9 +68,10 @@ def start_engine(root: Path, port: int) -> subprocess.Popen[bytes]:
 def demo_jobs(port: int) -> None:
     import urllib.request
 
-    for backend, body in (("llm-8b-sim", {"steps": 200, "step_s": 0.1}),
+    for backend, body in (("whisper-sim", {"steps": 200, "step_s": 0.1}),
                           ("sdxl-sim", {"steps": 200, "step_s": 0.1}),
-                          ("flux-sim", {}), ("whisper-sim", {})):
+                          ("flux-sim", {}), ("llm-8b-sim", {"messages": [
+                              {"role": "user", "content": "hi"}]})):
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/jobs",
             data=json.dumps({"backend": backend, "input": body}).encode(),

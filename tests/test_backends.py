@@ -679,6 +679,14 @@ def test_demo_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not load_backends([tmp_path / "conf"], environ={}).demo
     assert not load_backends([tmp_path / "missing"], environ={}).demo
     assert not load_backends([empty], environ={}, demo_fallback=False).demo
+    # a calibration of a demo backend alone (an overlay) keeps the demo, and goes on it
+    write(tmp_path, "cal/zz.yaml", "name: demo-echo\noverlay: true\nvram: 3GiB\n")
+    result = load_backends([tmp_path / "cal"], environ={})
+    assert result.demo and result.errors == () and list(result.backends) == ["demo-echo"]
+    assert result.backends["demo-echo"].vram.peak_mib == 3072
+    # a broken file is not nothing: it is reported, and the demo does not stand in for it
+    write(tmp_path, "cal/broken.yaml", "name: [\n")
+    assert not load_backends([tmp_path / "cal"], environ={}).demo
 
 
 def test_demo_backends_dir_points_into_the_repository() -> None:

@@ -264,6 +264,7 @@ def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
     assert "s3cret" not in qwen and "${HF_TOKEN}" in qwen
     err = capsys.readouterr().err
     assert "vramtui: note: " in err and "'apiKeys' is not used" in err
+    assert f"vramtui reads them with `--backends {out}`" in err  # not read at start
     direct = load_backends([file], demo_fallback=False).backends
     back = load_backends([out], demo_fallback=False).backends
     assert {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in back.items()} == \

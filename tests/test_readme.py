@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,4 +79,52 @@ def test_every_command_line_of_the_readme_runs_against_the_demo_as_written(
         if serve.poll() is None:
             serve.terminate()
             serve.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the OpenAI and Ollama clients, as written --------------------------------------------------
+
+
+def readme_python(marker: str) -> str:
+    """The README's Python block that contains ``marker``."""
+    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
+    return next(b for b in blocks if marker in b)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.process
+def test_the_openai_and_ollama_examples_run_against_the_demo_as_written(tmp_path: Path) -> None:
+    examples = [readme_python("from openai import OpenAI"), readme_python("import ollama")]
+    serve = re.search(r"# pip install openai; (vramtui --serve --http 127\.0\.0\.1:8080)\b",
+                      examples[0])
+    assert serve, "the OpenAI example says how to start the engine it talks to"
+    port = free_port()  # 8080 may be taken here: the one change made to what the README says
+    root = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
+    env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
+               VRAMTUI_CONFIG_DIR=str(root / "cfg"), HOME=str(root),  # nothing configured
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    proc = subprocess.Popen(shlex.split(serve.group(1).replace("8080", str(port))), env=env,
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        def answers() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(answers, 60, "the HTTP front door")
+        for example in examples:
+            done = subprocess.run([sys.executable, "-c", example.replace("8080", str(port))],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert done.stdout.startswith("Hello from llm-8b-sim, a simulated"), done.stdout
+    finally:
+        proc.terminate()
+        proc.wait(30)
         shutil.rmtree(root, ignore_errors=True)

@@ -33,6 +33,13 @@ def test_events_after_processes(snap_compare: Any, size: tuple[int, int], tmp_pa
     shoot(snap_compare, "events-after-processes", size, tmp_path, monkeypatch)
 
 
+# Issue 29: the whole reason a job waits can be read at every size (under the jobs table).
+@pytest.mark.parametrize("size", (SIZES[0], SIZES[-1]), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_job_note(snap_compare: Any, size: tuple[int, int], tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> None:
+    shoot(snap_compare, "job-note", size, tmp_path, monkeypatch)
+
+
 def shoot(snap_compare: Any, scene: str, size: tuple[int, int], tmp_path: Path,
                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # the fixed data names examples/demo/backends.yaml

@@ -12,6 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
+from rich.text import Text
+from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Select, TextArea
 from waiting import wait_until_async
@@ -207,3 +209,71 @@ async def test_the_submit_dialogs_example_fits_the_backends_api() -> None:
         assert '"model": "chat-sim", "messages": [' in payload.text
         app.screen.query_one("#backend", Select).value = "sdxl-sim"
         await until(pilot, lambda: payload.text == '{"steps": 10}', "the demo's example")
+
+
+def on_screen(widget: Any) -> str:
+    """The words a widget shows now, its lines joined (a wrapped line reads on)."""
+    if not widget.display:
+        return ""
+    strips = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    return " ".join(" ".join(s.text for s in strips).split())
+
+
+@aio
+async def test_the_whole_note_of_every_job_can_be_read_at_80x24() -> None:
+    snap = demo_snapshot()
+    stream = "waits: chat-llm expects a request within 1.2 s (its stream is open)"
+    longest = ("needs 18.0 GiB: waiting for the jobs running on GPU0 to give it back; "
+               "sdxl-sim and whisper-sim stay loaded for 2 more jobs, then flux-sim is next")
+    snap = replace(snap, queued=(replace(snap.queued[0], waiting=longest),
+                                 replace(snap.queued[1], waiting=stream)))
+    app = VramApp(FixedSource(snap), "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await shown(pilot)
+        table = app.screen.query_one(JobsTable)
+        line = app.screen.query_one("#job-note")
+        table.focus()
+        jobs = [*snap.running, *snap.queued, *snap.recent[:8]]
+        assert table.keys() == [j.id for j in jobs]
+        table.move_cursor(0)
+        cut = []
+        for i, job in enumerate(jobs):
+            if i:
+                await pilot.press("j")  # as a user moves: the line follows the cursor
+            await pilot.pause()
+            note = job.error if job.state.finished else job.waiting or job.progress_text
+            whole = " ".join((note or "").split())
+            cell = table.get_cell(job.id, "note")
+            cell = cell.plain if isinstance(cell, Text) else cell
+            if cell == whole:
+                assert not line.display, job.id  # nothing cut: no line spent on it
+            else:
+                assert whole in on_screen(line), (job.id, whole, on_screen(line))
+                cut.append(job.id)
+        assert len(cut) == 3, cut  # both reasons and the crash are longer than the column
+
+
+@aio
+async def test_the_selected_job_stays_selected_across_a_resize_and_a_new_sort() -> None:
+    snap = demo_snapshot()
+    source = FixedSource(snap)
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        chosen = snap.recent[0].id
+        table = await select_job(pilot, chosen)
+        for size, shift in (((80, 24), 1), (WIDE, 2)):  # over the narrow breakpoint
+            # new columns, and a job more on top by the time the rows come again
+            extra = tuple(replace(snap.queued[0], id=f"j-new{n}") for n in range(shift))
+            source.snapshot_value = replace(snap, running=(*extra, *snap.running))
+            await pilot.resize_terminal(*size)
+            polls = app.polls
+            await until(pilot, lambda p=polls, n=shift: app.polls > p + 1
+                        and f"j-new{n - 1}" in table.keys(),  # noqa: SIM118
+                        f"the table at {size}")
+            assert table.selected_key() == chosen, size
+        await pilot.press("O")  # sorted by job id, reversed: the row moves, the selection too
+        polls = app.polls
+        await until(pilot, lambda: app.polls > polls + 1 and table.row_count, "sorted")
+        assert table.sort_by == "id" and table.get_row_index(chosen) != 5
+        assert table.selected_key() == chosen

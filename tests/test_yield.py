@@ -104,6 +104,11 @@ def test_the_yields_file_drops_what_expired_and_survives_garbage(tmp_path: Path)
     clock[0] = 1011.0
     again = Yields(path, lambda: clock[0])
     assert len(again.load()) == 1 and list(again.held) == [1]
+    # another device at that index after the restart (a simulated GPU0, then the host): open
+    other = Yields(path, lambda: clock[0], device=lambda g: "host memory")
+    said = other.load()
+    assert not other.held and "it is host memory now: open" in said[0], said
+    assert json.loads(path.read_text())["yielded"] == []
     path.write_text("{not json")
     broken = Yields(path, lambda: clock[0])
     assert "cannot read the yielded GPUs" in broken.load()[0] and not broken.held

@@ -40,6 +40,7 @@ from supervisor.paths import Paths
 from supervisor.snapshot import LogLine
 from vramtui.app import VramApp
 from vramtui.app.screens.calibration_screen import CalibrationScreen
+from vramtui.app.widgets.jobs_table import JobsTable
 from vramtui.app.widgets.rewrap_log import RewrapLog
 
 Scene = Callable[[Pilot[int]], Awaitable[None]]
@@ -155,6 +156,21 @@ async def events_after_processes(pilot: Pilot[int]) -> None:
     await settle(pilot, until=lambda: bool(app._notifications))
 
 
+QUEUED_JOB = "j-1c0ffee5a1"  # flux-sim's, whose reason for waiting its Note column cuts
+
+
+async def job_note(pilot: Pilot[int]) -> None:
+    """The jobs focused and ``j`` onto the queued job: its whole reason under the table."""
+    await settle(pilot)
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    table = app.screen.query_one(JobsTable)
+    table.focus()
+    table.move_cursor(table.get_row_index(RUNNING_JOB))
+    await pilot.press("j")
+    await settle(pilot, until=lambda: table.selected_key() == QUEUED_JOB
+                 and app.screen.query_one("#job-note").display)
+
+
 async def reload_diff(pilot: Pilot[int]) -> None:
     await settle(pilot)
     app: VramApp = pilot.app  # type: ignore[assignment]
@@ -218,6 +234,7 @@ SCENES = (
     SceneSpec("processes", processes),
     SceneSpec("reload", reload_diff),
     SceneSpec("events-after-processes", events_after_processes),
+    SceneSpec("job-note", job_note),
     SceneSpec("submit", submit_dialog),
     SceneSpec("confirm", confirm_evict),
     SceneSpec("calibration", calibration_result),

@@ -25,19 +25,25 @@ DEMO_BACKENDS = ("sdxl-sim", "llm-8b-sim", "whisper-sim", "flux-sim")
 DemoRequest = tuple[str, dict[str, Any], int | None]
 """(backend, request, priority or None for the backend's)."""
 
+
+def chat(question: str, max_tokens: int) -> dict[str, Any]:
+    """A request for llm-8b-sim, which speaks OpenAI's chat (one canned word a step)."""
+    return {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens}
+
+
 # A mix that needs more than the 24 GiB GPU at once, so admission, the queue, affinity (a warm
 # worker takes the next job for it) and eviction (flux-sim needs 18 GiB) all show within a
 # minute.
 DEMO_WORKLOAD: tuple[DemoRequest, ...] = (
     ("sdxl-sim", {"steps": 20, "step_s": 0.15}, None),
-    ("llm-8b-sim", {"steps": 10, "step_s": 0.2}, None),
+    ("llm-8b-sim", chat("What fits on a 24 GiB GPU?", 10), None),
     ("whisper-sim", {"steps": 8, "step_s": 0.15}, None),
     ("sdxl-sim", {"steps": 16, "step_s": 0.15}, None),
     ("flux-sim", {"steps": 25, "step_s": 0.2}, 5),
-    ("llm-8b-sim", {"steps": 12, "step_s": 0.15}, None),
+    ("llm-8b-sim", chat("Why does flux-sim wait?", 12), None),
     ("sdxl-sim", {"steps": 20, "step_s": 0.15}, None),
     ("whisper-sim", {"steps": 6, "step_s": 0.2}, 30),
-    ("llm-8b-sim", {"steps": 10, "step_s": 0.2}, None),
+    ("llm-8b-sim", chat("Which model is evicted next?", 8), None),
     ("flux-sim", {"steps": 20, "step_s": 0.2}, 0),
     ("sdxl-sim", {"steps": 12, "step_s": 0.15}, None),
     ("whisper-sim", {"steps": 8, "step_s": 0.1}, None),

@@ -35,8 +35,9 @@ def predict(payload: bytes, ctx: worker_sdk.RequestContext):
     if req.get("stream"):
         return stream(req, words, chat, ctx)
     with c.activation():
-        for _ in words:
+        for i in range(len(words)):
             c.step(ctx)
+            ctx.progress((i + 1) / len(words), f"token {i + 1}/{len(words)}")
     text = " ".join(words)
     usage = {"prompt_tokens": _prompt_tokens(req), "completion_tokens": len(words),
              "total_tokens": _prompt_tokens(req) + len(words)}

@@ -76,8 +76,7 @@ class Engine:
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         descriptor_warnings: tuple[tuple[str | None, str], ...] = (),
-        layers: Sequence[Path] | None = None,
-        environ: Mapping[str, str] | None = None,
+        layers: Sequence[Path] | None = None, environ: Mapping[str, str] | None = None,
         workers: WorkerFactory | None = None,
     ) -> None:
         self.config = config = config or EngineConfig()
@@ -97,7 +96,8 @@ class Engine:
             on_launch=self.monitor.track, gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
             budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.planner = Planner(config, clock)
-        self.yields = Yields(paths.yields_path if config.journal else None)
+        self.yields = Yields(paths.yields_path if config.journal else None,
+                             device=self.monitor.identity)
         self.rules = Rules(config.yield_when, self.notes.note)
         self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
             j, note="cancelled: others need its GPU") for j in self.pool.admitted_on(gpus)])

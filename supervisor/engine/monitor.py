@@ -34,7 +34,9 @@ class Monitor:
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
         self._sampler: Sampler | None = None
         self._history_at: dict[int, float] = {}
-        self._sources = {r.index: r.source or probe.source for r in probe.devices()}
+        devices = probe.devices()
+        self._sources = {r.index: r.source or probe.source for r in devices}
+        self._identity = {r.index: r.name or device_kind(r, probe) for r in devices}
         self._told: dict[str, frozenset[int]] = {}  # what the probe said of processes, by kind
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
@@ -110,6 +112,10 @@ class Monitor:
         for i, r in sorted(self.readings.items()):
             kinds.setdefault(device_kind(r, self.probe), []).append(f"GPU{i} {r.total_mib} MiB")
         return "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()) or "no GPU"
+
+    def identity(self, gpu: int) -> str:
+        """What device ``gpu`` is, as it started: its name (``Simulated GPU (24 GiB)``)."""
+        return self._identity.get(gpu, "")
 
     def host_gpus(self) -> frozenset[int]:
         """The host device's index (``--gpus host``), if there is one."""

@@ -37,9 +37,13 @@ def announce(y: YieldInfo, now: bool) -> str:
 class Yields:
     """The yielded GPUs (see the module doc)."""
 
-    def __init__(self, path: Path | None, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: Path | None, wall: Callable[[], float] = time.time,
+                 device: Callable[[int], str] = lambda gpu: "") -> None:
         self.path = path
         self.wall = wall
+        # What device an index is (its kind and name): a yield recorded for GPU0 does not
+        # close another device 0 after a restart (the simulated GPU, then --gpus host).
+        self.device = device
         self.held: dict[int, YieldInfo] = {}
 
     # -- what the engine reads -----------------------------------------------------------------
@@ -121,14 +125,22 @@ class Yields:
             return [f"cannot read the yielded GPUs from {self.path} ({exc}); every GPU is "
                     "open: yield again where needed"]
         now = self.wall()
-        self.held = {y.gpu: y for y in loaded if y.until is None or y.until > now}
-        return [f"{y.text}: still yielded after the restart" for y in self.held.values()]
+        recorded = {int(e["gpu"]): e.get("device") for e in entries}
+        other = [y for y in loaded if recorded[y.gpu] not in (None, self.device(y.gpu))]
+        self.held = {y.gpu: y for y in loaded if (y.until is None or y.until > now)
+                     and y not in other}
+        if other:
+            self._save()
+        return [f"{y.text}: still yielded after the restart" for y in self.held.values()] + [
+            f"GPU{y.gpu} was yielded on {recorded[y.gpu]}; it is {self.device(y.gpu)} now: "
+            "open (yield it again if needed)" for y in other]
 
     def _save(self) -> None:
         if self.path is None:
             return
         data = {"yielded": [{"gpu": y.gpu, "by": y.by, "since": y.since, "until": y.until,
-                             "now": y.now, "rule": y.rule} for y in self.held.values()]}
+                             "now": y.now, "rule": y.rule, "device": self.device(y.gpu)}
+                            for y in self.held.values()]}
         try:
             write_atomic(self.path, json.dumps(data, indent=1) + "\n", mode=0o600)
         except OSError as exc:  # the yield holds in memory; only a restart would forget it

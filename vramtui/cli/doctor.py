@@ -32,6 +32,9 @@ _MARK = {OK: "[green]✓[/]", WARN: "[yellow]![/]", FAIL: "[bold red]✗[/]"}
 @dataclass
 class Report:
     checks: list[dict[str, str]] = field(default_factory=list)
+    # The descriptor files the running engine's backends come from (None: no engine), so
+    # that the backends checked are the engine's even when it was given other --backends.
+    engine_files: list[Path] | None = None
 
     def add(self, status: str, what: str, detail: str, fix: str = "") -> None:
         self.checks.append({"status": status, "check": what, "detail": detail, "fix": fix})
@@ -137,6 +140,8 @@ def check_engine(r: Report, paths: Paths, socket_path: Path) -> int | None:
         r.add(OK, "engine state", f"{kind}: {len(snap.gpus)} device(s), {len(snap.backends)} "
               f"backend(s), {len(snap.running)} job(s) running, {len(snap.queued)} queued"
               + (", stopping" if snap.stopping else ""))
+        r.engine_files = list(dict.fromkeys(
+            Path(f) for b in snap.backends for f in b.source.split(" + ") if f))
         for problem in snap.descriptor_errors:
             r.add(FAIL, "engine descriptor", problem,
                   "fix the file at the line shown, then `vramtui reload`")
@@ -188,9 +193,15 @@ def check_state(r: Report, paths: Paths, engine_pid: int | None = None) -> None:
 
 
 def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
-    from supervisor.backends.loader import default_layers, load_backends
+    from supervisor.backends.loader import default_layers, demo_backends_dir, load_backends
 
-    layers = default_layers(paths.config_dir, [Path(b) for b in extra])
+    given = [Path(b) for b in extra]
+    layers = default_layers(paths.config_dir, given)
+    if r.engine_files:  # the engine's own --backends too, which this command was not given
+        skip = [Path(os.path.abspath(d)) for d in layers]
+        skip += [demo] if (demo := demo_backends_dir()) else []
+        more = [f for f in r.engine_files if not any(f == d or d in f.parents for d in skip)]
+        layers = default_layers(paths.config_dir, given + more)
     loaded = load_backends(layers)
     told = [c["detail"] for c in r.checks if c["check"] == "engine descriptor"]
     for problem in loaded.errors:

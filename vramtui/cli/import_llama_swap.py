@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if len(documents) != 1 or not is_llama_swap(documents[0]):
         raise UsageError(f"{args.file}: not a llama-swap config (a mapping with 'models:' by "
                          "model ID)")
-    out = Path(args.out).expanduser() if args.out else backends_dir_of(
-        Paths.from_env().config_dir)
+    read_at_start = backends_dir_of(Paths.from_env().config_dir)
+    out = Path(args.out).expanduser() if args.out else read_at_start
     result = import_llama_swap(path)
     for warning in result.warnings:
         sys.stderr.write(f"vramtui: note: {warning}\n")
@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         for target in written:
             sys.stdout.write(f"wrote {target}\n")
-        sys.stderr.write(f"{len(written)} backend(s) written to {out}; vramtui reads them "
-                         "at start (or `vramtui reload`)\n")
+        how = ("vramtui reads them at start (or `vramtui reload`)"
+               if out.resolve() == read_at_start.resolve() else
+               f"vramtui reads them with `--backends {out}` (or move them to {read_at_start})")
+        sys.stderr.write(f"{len(written)} backend(s) written to {out}; {how}\n")
     return Exit.OK

@@ -18,6 +18,7 @@ from supervisor.snapshot import EngineSnapshot
 
 from .. import fmt
 from ..widgets.backends_table import BackendsTable
+from ..widgets.cells import trim
 from ..widgets.event_log import EventLog
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.jobs_table import JobsTable
@@ -82,6 +83,7 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         self._gpu_count = -1
         self._gpu_layout: object = None
         self._demo_hinted = False
+        self._job_note: Text | None = None  # what the line under the jobs shows
 
     def compose(self) -> ComposeResult:
         yield self.header()
@@ -89,7 +91,9 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         yield Vertical(id="gpus")
         yield BackendsTable(id="backends")
         with Horizontal(id="lower"):
-            yield JobsTable(id="jobs")
+            with Vertical(id="jobs-box"):
+                yield JobsTable(id="jobs")
+                yield Static("", id="job-note")
             yield EventLog(self.vapp.clocks, id="log")
             yield ProcessTable(id="procs")
         yield Input(placeholder="filter: backend, job id or state (esc clears)", id="filter")
@@ -98,8 +102,8 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
     def on_mount(self) -> None:
         backends = self.query_one(BackendsTable)
         backends.border_title = "Backends"
-        jobs = self.query_one(JobsTable)
-        jobs.border_title = "Jobs"
+        self.query_one("#jobs-box").border_title = "Jobs"
+        self.query_one("#job-note").display = False
         self.query_one(EventLog).border_title = "Events"
         procs = self.query_one(ProcessTable)
         procs.border_title = "Processes"
@@ -152,9 +156,11 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         jobs = self.query_one(JobsTable)
         jobs.set_columns(narrow or jobs.size.width < 110)
         jobs.sync(jobs.rows_for(snap, query, app.clocks, recent=8 if narrow else 20))
+        self._show_job_note()
         marked = f" · {len(jobs.marked)} marked (c cancels them)" if jobs.marked else ""
-        titles(jobs, subtitle=f"{len(snap.running)} running · {len(snap.queued)} queued · "
-                                f"{len(snap.recent)} finished{marked}")
+        titles(self.query_one("#jobs-box"),
+               subtitle=f"{len(snap.running)} running · {len(snap.queued)} queued · "
+                        f"{len(snap.recent)} finished{marked}")
         procs = self.query_one(ProcessTable)
         if procs.display:
             procs.set_columns(True)
@@ -173,6 +179,25 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
                                       ("d", "bold reverse cyan"),
                                       (" to run a demo workload (12 jobs)", "bold cyan")))
         titles(backends, f"Backends · filter [b]{query}[/]" if query else "Backends")
+
+    def _show_job_note(self) -> None:
+        """Under the jobs: the selected job's whole note, when its column cuts it."""
+        jobs = self.query_one(JobsTable)
+        whole = jobs.cut_note(jobs.selected_key())
+        line = self.query_one("#job-note", Static)
+        if whole is not None:
+            room = 3 * max(8, jobs.size.width - 2) - 2  # three lines (#job-note), less "↳ "
+            if len(whole) > room:  # the rest is on the job's screen
+                whole = Text(trim(whole.plain, room - 15) + " (enter: all)", style=whole.style)
+            text = Text.assemble(("↳ ", "dim"), whole)
+            if text != self._job_note:
+                self._job_note = text
+                line.update(text)
+        line.display = whole is not None
+
+    @on(RowTable.Moved, "#jobs")
+    def _job_moved(self, event: RowTable.Moved) -> None:
+        self._show_job_note()
 
     def _show_gpus(self, snap: EngineSnapshot) -> None:
         box = self.query_one("#gpus", Vertical)

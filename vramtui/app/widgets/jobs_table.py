@@ -1,5 +1,7 @@
 """`JobsTable`: the dashboard's jobs (running, queued, recent), marks for acting on several;
-`job_time` says how long a job ran, runs or has waited.
+`job_time` says how long a job ran, runs or has waited.  A note (why a job waits, its progress
+text, its error) too long for its column is cut there; `cut_note` gives it whole, for the line
+the dashboard shows under the table.
 """
 
 from __future__ import annotations
@@ -45,10 +47,19 @@ class JobsTable(RowTable):
         Col("note", "Note", None),
     )
 
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._notes: dict[str, Text] = {}  # job id -> its whole note, where the column cuts it
+
+    def cut_note(self, key: str | None) -> Text | None:
+        """The whole note of job ``key`` when its column shows only a part of it."""
+        return self._notes.get(key) if key is not None else None
+
     def rows_for(self, snap: EngineSnapshot, query: str, clocks: Clocks, recent: int
                  ) -> list[tuple[str, dict[str, object]]]:
         now = clocks.wall()
         rows = []
+        self._notes = {}
         bar_w = 5 if self.narrow else 8
         note_w = self.last_width()
         jobs = [*snap.running, *snap.queued, *snap.recent[:recent]]
@@ -58,8 +69,10 @@ class JobsTable(RowTable):
             t = job_time(j, now)
             sig = (j.state, j.progress, j.progress_text, j.position, j.passed, j.gpu,
                    j.waiting, j.error, j.status_code, j.priority, t, bar_w, note_w)
-            rows.append((j.id, self.memo(j.id, sig, lambda j=j, t=t: self._row(
-                j, t, bar_w, note_w))))
+            row = self.memo(j.id, sig, lambda j=j, t=t: self._row(j, t, bar_w, note_w))
+            if row["whole"] is not None:
+                self._notes[j.id] = row["whole"]  # type: ignore[assignment]
+            rows.append((j.id, row))
         return rows
 
     def _row(self, j: JobView, t: str, bar_w: int, note_w: int) -> dict[str, object]:
@@ -68,15 +81,20 @@ class JobsTable(RowTable):
             state.append(f" #{j.position}", style="yellow")
         if j.state in (JobState.RUNNING, JobState.STARTING):
             progress = fmt.progress_bar(j.progress, bar_w)
-            note = Text(trim(j.progress_text, note_w))
+            whole, short, style = j.progress_text, j.progress_text, ""
         elif j.state is JobState.QUEUED:
             progress = Text("")
-            note = Text(trim(compact_sizes(j.waiting), note_w), style="dim")
+            whole, short, style = j.waiting, compact_sizes(j.waiting), "dim"
         else:  # finished: its last progress text is history (the job screen keeps it)
             progress = Text(f"HTTP {j.status_code}" if j.status_code else "",
                             style="green" if j.state is JobState.SUCCEEDED else "red")
-            note = Text(trim(j.error, note_w), style="red") if j.error else Text("")
+            whole, short, style = j.error, j.error, "red"
+        shown = trim(short, note_w)
+        note = Text(shown, style=style if shown else "")
+        cut = bool(shown) and shown != " ".join((short or "").split())
         return {
+            "whole": Text(" ".join((whole or "").split()),
+                          style="red" if style == "red" else "") if cut else None,
             "id": j.id,
             "backend": j.backend,
             "state": state,

@@ -96,6 +96,9 @@ class RowTable(ScrollView, can_focus=True):
         self.sort_reverse = False
         self.marked: set[str] = set()
         self.lost = False  # LOSES_SELECTION: the selected row went away
+        # The selected key while the rows are handed again (new columns, a new sort order):
+        # the next sync selects it again, wherever it lands.
+        self._reselect: str | None = None
 
     def memo(self, key: str, sig: object, build: Callable[[], dict[str, object]]
              ) -> dict[str, object]:
@@ -116,6 +119,7 @@ class RowTable(ScrollView, can_focus=True):
         if sig == self._colsig:
             return
         self._colsig = sig
+        self._reselect = self.selected_key() or self._reselect
         self._cols, self.narrow, self._labels = cols, narrow, labels
         self._order, self._index, self._cells = [], {}, {}
         self._memo.clear()
@@ -157,7 +161,8 @@ class RowTable(ScrollView, can_focus=True):
 
     def sync(self, rows: list[tuple[str, dict[str, object]]]) -> None:
         """Show exactly ``rows`` (key, {column: cell}) in this order; repaint what changed."""
-        keep = self.selected_key()
+        keep = self.selected_key() or self._reselect
+        self._reselect = None
         if self.sort_by is not None and any(c.key == self.sort_by for c in self._cols):
             col = self.sort_by
             rows = sorted(rows, key=lambda r: natural_key(r[1].get(col, "")),
@@ -194,15 +199,28 @@ class RowTable(ScrollView, can_focus=True):
     def move_cursor(self, row: int) -> None:
         if not self._order:
             return
+        old, was_lost = self.cursor_row, self.lost
         if self.lost:
             self.lost = False
             self._refresh_row(self.cursor_row)
-        old = self.cursor_row
         self.cursor_row = max(0, min(row, len(self._order) - 1))
         if old != self.cursor_row:
             self._refresh_row(old)
             self._refresh_row(self.cursor_row)
+        if old != self.cursor_row or was_lost:
+            self.post_message(self.Moved(self))
         self._scroll_to_cursor()
+
+    class Moved(Message):
+        """The cursor moved to another row (what the selection shows elsewhere follows)."""
+
+        def __init__(self, table: RowTable) -> None:
+            super().__init__()
+            self.table = table
+
+        @property
+        def control(self) -> RowTable:
+            return self.table
 
     def _scroll_to_cursor(self) -> None:
         visible = max(1, self.scrollable_content_region.height - 1)
@@ -241,6 +259,7 @@ class RowTable(ScrollView, can_focus=True):
 
     def _resorted(self) -> None:
         self._header = None
+        self._reselect = self.selected_key() or self._reselect
         self._order = []  # the next sync reorders and repaints
         self.post_message(self.Resorted(self))
         self.refresh()
@@ -302,6 +321,8 @@ class RowTable(ScrollView, can_focus=True):
     def on_resize(self) -> None:
         self._strips.clear()
         self._header = None
+        if not self.lost:  # the selected row stays in sight in a smaller table
+            self.call_after_refresh(self._scroll_to_cursor)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
