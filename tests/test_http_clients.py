@@ -158,7 +158,9 @@ def test_ollama_ps_and_version(front: Front, client: openai.OpenAI) -> None:
     assert m.expires_at is not None and m.details.family == "embeddings"
     version = front.get("/api/version").json()
     assert version == {"version": "test"}
-    assert "chat-sim" in {t["name"] for t in front.get("/api/tags").json()["models"]}
+    tags = {t["name"] for t in front.get("/api/tags").json()["models"]}
+    assert "chat-sim" in tags and "gpt-4o-mini" in tags  # its alias, as /v1/models lists it
+    assert tags == {m["id"] for m in front.get("/v1/models").json()["data"]}
 
 
 def test_metrics_parse_with_prometheus_clients_own_parser(front: Front,

@@ -7,7 +7,9 @@ shape, naming what to do instead.  The routes that run a model are :mod:`.ollama
 is what admission holds for it (its reserved bytes, else its peak), ``size_vram`` what its
 processes really hold on the GPU (the last sample), and ``expires_at`` when keep-alive will
 unload it if nothing comes (far in the future for a pinned or busy backend).  ``/api/tags``
-lists every backend (but the ``unlisted``); ``/api/version`` answers vramtui's version;
+lists what ``/v1/models`` lists (the backends with an ``api:`` and their aliases, but the
+``unlisted``): the names a chat or an embedding may be asked of; ``/api/version`` answers
+vramtui's version;
 ``/api/show`` one model (a backend's name or alias): what it speaks as Ollama's
 ``capabilities``, its memory figures in ``model_info``.
 """
@@ -81,13 +83,13 @@ class _Ollama:
                                          if b.state in LOADED]})
 
     async def tags(self, request: web.Request) -> web.Response:
-        snap = self.engine.snapshot()
+        peaks = {b.name: b.peak_mib for b in self.engine.snapshot().backends}
         modified = dt.datetime.fromtimestamp(self.engine.wall_started, dt.UTC).isoformat()
         return json_response({"models": [
-            {"name": b.name, "model": b.name, "modified_at": modified,
-             "size": (b.peak_mib or 0) * MIB, "digest": _digest(b.name),
-             "details": self._details(b.name)} for b in snap.backends
-            if not self.engine.backends[b.name].spec.unlisted]})
+            {"name": model, "model": model, "modified_at": modified,
+             "size": (peaks.get(name) or 0) * MIB, "digest": _digest(name),
+             "details": self._details(name)}
+            for model, name in self.app[OPENAI].table.listed()]})
 
     async def version(self, request: web.Request) -> web.Response:
         return json_response({"version": self.server.version})

@@ -73,6 +73,8 @@ class ModelTable:
     def __init__(self, server: HttpServer) -> None:
         self.names: dict[str, str] = {}
         specs = {name: rt.spec for name, rt in server.engine.backends.items()}
+        # backends a request may name but no list shows
+        self.unlisted = {name for name, spec in specs.items() if spec.unlisted}
         for name, spec in specs.items():
             if spec.api:
                 self.names[name] = name
@@ -89,6 +91,12 @@ class ModelTable:
 
     def resolve(self, model: str) -> str | None:
         return self.names.get(model)
+
+    def listed(self) -> list[tuple[str, str]]:
+        """(model, backend) for every name the model lists show (``/v1/models``,
+        ``/api/tags``): backends with an ``api:`` and their aliases, but the unlisted."""
+        return [(model, name) for model, name in sorted(self.names.items())
+                if name not in self.unlisted]
 
 
 class _OpenAI:
@@ -109,8 +117,7 @@ class _OpenAI:
         """Every name a request may give: backends and their aliases (UIs offer only these)."""
         states = {b.name: b.state for b in self.engine.snapshot().backends}
         return json_response({"object": "list", "data": [
-            self._model_json(model, name, states) for model, name in sorted(
-                self.table.names.items()) if not self.engine.backends[name].spec.unlisted]})
+            self._model_json(model, name, states) for model, name in self.table.listed()]})
 
     async def model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
