@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -20,7 +21,7 @@ from ..doors import watch
 from ..errors import EngineStopped, JobTimeout, UnknownJob
 from ..jobs import JobState, JobView
 from .errors import HttpError, conflict, from_engine
-from .sse import Encoded, Item, frame
+from .sse import Encoded, Item, Stream, frame
 from .views import chunk_json, job_resource
 
 if TYPE_CHECKING:
@@ -188,6 +189,40 @@ async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bo
 def cancel_quietly(server: HttpServer, job_id: str, note: str) -> None:
     """Cancel a job whose HTTP client went away (if it has not ended)."""
     watch.abandon(server.engine, job_id, note)
+
+
+async def stream_job(server: HttpServer, job_id: str, stream: Stream, *,
+                     whole: Callable[[JobView], Awaitable[web.StreamResponse]],
+                     opened: Callable[[], Awaitable[web.StreamResponse]],
+                     hurry: bool = False) -> web.StreamResponse:
+    """Answer a just-submitted job as a stream: ``stream`` joins the hub at once (no chunk is
+    missed; ``hurry``: a hot worker starts on it now, not on the loop's next turn); a job that
+    ends before its first chunk is answered by ``whole`` (its view); else ``opened()`` is the
+    response the stream runs into.  A client that goes away cancels the job."""
+    server.hub.streams.add(stream)
+    if hurry:
+        watch.hurry(server.engine)
+    response: web.StreamResponse | None = None
+    try:
+        while not stream.pending and not stream.lagged and not server.hub.closed:
+            stream.wake.clear()
+            await stream.wake.wait()
+        first = stream.pending[0] if stream.pending else None
+        if first is None and not stream.lagged:
+            raise from_engine(EngineStopped("the engine stopped before the job streamed"))
+        if first is not None and first.event.kind == "job" and first.event.job is not None \
+                and first.event.job.finished:
+            return await whole(finished_view(server, job_id, first.event.job))
+        response = await opened()
+        await stream.run(response)
+    except asyncio.CancelledError:
+        cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
+        raise
+    finally:
+        server.hub.streams.discard(stream)
+    if stream.client_gone and not stream.finished:
+        cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
+    return response
 
 
 class JobStream:

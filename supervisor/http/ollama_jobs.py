@@ -14,7 +14,6 @@ with the status the OpenAI routes would give.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import time
@@ -24,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..doors import watch
-from ..errors import EngineStopped, Refused, VramtuiError
+from ..errors import Refused, VramtuiError
 from ..jobs import JobState, JobView
 from . import ollama_shapes as shapes
 from .errors import HttpError, bad_request, from_engine
-from .jobflow import cancel_quietly, finished_view, outcome_error, wait_done
+from .jobflow import finished_view, outcome_error, stream_job, wait_done
 from .openai_routes import OPENAI
 from .routes import read_json
 from .sse import Item, Stream
@@ -162,36 +161,21 @@ class _OllamaJobs:
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
                         buffer_limit=srv.config.subscriber_buffer, heartbeat=None)
-        srv.hub.streams.add(stream)  # right after submit: no chunk is missed
-        watch.hurry(srv.engine)  # a hot model starts on it now, not on the loop's next turn
-        response: web.StreamResponse | None = None
-        try:
-            while not stream.pending and not stream.lagged and not srv.hub.closed:
-                stream.wake.clear()
-                await stream.wake.wait()
-            first = stream.pending[0] if stream.pending else None
-            if first is None and not stream.lagged:
-                raise from_engine(EngineStopped("the engine stopped before the job streamed"))
-            if first is not None and first.event.kind == "job" and first.event.job is not None \
-                    and first.event.job.finished:
-                # Ended before a chunk: its whole answer (or its error) in one line.
-                view = finished_view(srv, job_id, first.event.job)
-                parsed, _ = _result(view)
-                body = reply.whole(parsed, time.monotonic_ns() - started)
-                return web.Response(body=_line(body), content_type=NDJSON)
+
+        async def whole(view: JobView) -> web.StreamResponse:
+            # Ended before a chunk: its whole answer (or its error) in one line.
+            parsed, _ = _result(view)
+            body = reply.whole(parsed, time.monotonic_ns() - started)
+            return web.Response(body=_line(body), content_type=NDJSON)
+
+        async def opened() -> web.StreamResponse:
             response = web.StreamResponse(headers={"Content-Type": NDJSON,
                                                    "Cache-Control": "no-cache",
                                                    "X-Vramtui-Job": job_id})
             await response.prepare(request)
-            await stream.run(response)
-        except asyncio.CancelledError:
-            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
-            raise
-        finally:
-            srv.hub.streams.discard(stream)
-        if stream.client_gone and not stream.finished:
-            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
-        return response
+            return response
+
+        return await stream_job(srv, job_id, stream, whole=whole, opened=opened, hurry=True)
 
     # -- embeddings -------------------------------------------------------------------------
     @ollama_errors

@@ -18,7 +18,6 @@ still answers with a proper error status.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import email.parser
@@ -30,17 +29,18 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..doors import watch
-from ..errors import EngineStopped, VramtuiError
+from ..errors import VramtuiError
 from ..servers.request import API_PATHS, job_metadata
 from . import forward
 from .auth import changes_engine
 from .errors import HttpError, bad_request, from_engine, not_found
-from .jobflow import cancel_quietly, finished_view, outcome_error, result_response, wait_done
+from .jobflow import finished_view, outcome_error, result_response, stream_job, wait_done
 from .routes import json_response, read_json
 from .server import streaming
 from .sse import Item, Stream, open_response
 
 if TYPE_CHECKING:
+    from ..jobs import JobView
     from .server import HttpServer
 
 log = logging.getLogger("supervisor.http")
@@ -260,30 +260,13 @@ class _OpenAI:
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
                         buffer_limit=srv.config.subscriber_buffer)
-        srv.hub.streams.add(stream)  # right after submit: no chunk is missed
-        response: web.StreamResponse | None = None
-        try:
-            while not stream.pending and not stream.lagged and not srv.hub.closed:
-                stream.wake.clear()
-                await stream.wake.wait()
-            first = stream.pending[0] if stream.pending else None
-            if first is None and not stream.lagged:
-                raise from_engine(EngineStopped("the engine stopped before the job streamed"))
-            if first is not None and first.event.kind == "job" and first.event.job is not None \
-                    and first.event.job.finished:
-                view = finished_view(srv, job_id, first.event.job)
-                return result_response(srv, view) if view.state.value == "succeeded" \
-                    else outcome_error(view).response()
-            response = await open_response(request, headers={"X-Vramtui-Job": job_id})
-            await stream.run(response)
-        except asyncio.CancelledError:
-            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
-            raise
-        finally:
-            srv.hub.streams.discard(stream)
-        if stream.client_gone and not stream.finished:
-            cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
-        return response
+
+        async def whole(view: JobView) -> web.StreamResponse:
+            return result_response(srv, view) if view.state.value == "succeeded" \
+                else outcome_error(view).response()
+
+        return await stream_job(srv, job_id, stream, whole=whole, opened=lambda: open_response(
+            request, headers={"X-Vramtui-Job": job_id}))
 
 
 OPENAI = web.AppKey("openai_routes", _OpenAI)
