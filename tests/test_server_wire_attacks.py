@@ -127,3 +127,39 @@ def test_a_hostile_answer_ends_its_job_cleanly_and_never_reaches_the_next(
     with caplog.at_level(logging.ERROR):
         run(main())
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a traceback logged"
+
+
+def test_bytes_on_an_idle_connection_drop_it_before_the_next_job_can_read_them() -> None:
+    """A server that writes after its answer ended: whether the bytes come with the answer
+    or once the connection is idle, that connection is closed, never handed to the next job
+    (bytes that come only after the next request was written are its answer: HTTP/1.1
+    cannot tell them apart)."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        if await srv.read_request(reader) is None:
+            return
+        if i == 0:
+            writer.write(OK + b"Content-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.write(FORGED)
+            await writer.drain()
+            await srv.read_request(reader)  # the client goes: None
+        else:
+            writer.write(SECOND)
+            await writer.drain()
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            sink = Sink()
+            await link.complete(link.begin("POST", "/a", {}, b"{}", sink))
+            assert sink.body == b"ok"
+            await asyncio.wait_for(srv.closed_by_client.wait(), 3)
+            second = Sink()
+            await link.complete(link.begin("POST", "/b", {}, b"{}", second))
+            assert second.body == b"second" and srv.connections >= 2  # (a spare, maybe)
+            link.close()
+
+    srv: Scripted
+    run(main())
