@@ -1,19 +1,26 @@
 """The HTTP/1.1 connections from the engine to one model server, kept short on latency.
 
-A job's request to its server is one exchange on one connection (:class:`Link.exchange`):
+A job's request to its server is one exchange on one connection (:class:`Exchange`):
 the request is written in one ``send`` (head and body together) on a kept-alive connection
 when one is idle, else on a new one; its answer is parsed as it arrives and handed to a
 :class:`Sink` from the connection's own ``data_received``, so a chunk the server writes is
-with the engine's observer in the same turn of the loop, not one task switch later. A
+with the engine's observer in the same turn of the loop, not one task switch later. The
+HTTP/1.1 itself (writing the request; reading the answer's status, headers, framing and
+keep-alive) is h11's, a sans-I/O parser fed here from ``data_received``: it is strict where
+a hand-written parser is lenient (chunk sizes, conflicting lengths, header syntax), and a
+broken answer ends its exchange with a one-line :class:`WireError` and its connection. A
 connection is kept for the next request when its answer was framed (a length, or chunked),
-read whole, and neither side said ``Connection: close``. A server that closes each
+read whole with nothing after it, and neither side said ``Connection: close``; an answer
+with both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling attempt) is read as
+chunked and its connection closed. A server that closes each
 connection after a streamed answer (llama-server does) gets a spare connection opened once
 that answer ends, so the next request does not wait for a connect; an idle spare the server
 closes is not replaced. A kept-alive connection that the server closed just as it was
 reused (nothing of an answer came) is tried once more on a new one.
 
-Bounded: an answer's head may be at most :data:`MAX_HEAD` bytes, a chunk-size line
-:data:`MAX_LINE`; the body's size is the sink's to bound (it may stop the exchange).
+Bounded: an answer's head (and a chunk-size or trailer line) may be at most
+:data:`MAX_HEAD` bytes and :data:`MAX_HEADERS` headers; the body's size is the sink's to
+bound (it may stop the exchange).
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import ssl
 from collections.abc import Mapping
 from typing import Protocol
 
+import h11
 from yarl import URL
 
 from .request import target_url
 
 MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers
-MAX_LINE = 4096  # bytes of a chunk-size line or a trailer line
+MAX_HEADERS = 256  # headers of an answer (h11 bounds a head's bytes only while it is unfinished)
 CONNECT_TIMEOUT_S = 10.0
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
@@ -50,161 +58,94 @@ class Sink(Protocol):
         ...
 
 
-def request_bytes(method: str, target: str, authority: str, headers: Mapping[str, str],
-                  body: bytes) -> bytes:
-    """One request, head and body, as it goes on the wire."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}"]
+def request_bytes(parser: h11.Connection, method: str, target: str, authority: str,
+                  headers: Mapping[str, str], body: bytes) -> bytes:
+    """One request, head and body, as it goes on the wire (``parser``: its exchange's
+    HTTP/1.1 state, which then expects the answer to it). Raises ``h11.LocalProtocolError``
+    for a target or header HTTP/1.1 cannot carry."""
+    fields = [("Host", authority)]
     given = {k.lower() for k in headers}
-    for key, value in headers.items():
-        if key.lower() not in ("host", "content-length", "transfer-encoding"):
-            lines.append(f"{key}: {value}")
+    fields += [(k, v) for k, v in headers.items()
+               if k.lower() not in ("host", "content-length", "transfer-encoding")]
     if "accept" not in given:
-        lines.append("Accept: */*")
+        fields.append(("Accept", "*/*"))
     if body or method not in _NO_BODY_METHODS:
-        lines.append(f"Content-Length: {len(body)}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + body
+        fields.append(("Content-Length", str(len(body))))
+    out = parser.send(h11.Request(method=method, target=target, headers=fields)) or b""
+    if body:
+        out += parser.send(h11.Data(data=body)) or b""
+    return out + (parser.send(h11.EndOfMessage()) or b"")
 
 
 class _Answer:
-    """The parser of one answer: head, then the body by its framing."""
+    """One exchange's answer: the bytes go into its h11 parser, its events to the sink."""
 
-    __slots__ = ("sink", "head_only", "state", "buf", "left", "keep", "status", "got_any")
+    __slots__ = ("sink", "parser", "headed", "done", "keep", "got_any")
 
-    def __init__(self, sink: Sink, head_only: bool) -> None:
+    def __init__(self, sink: Sink, parser: h11.Connection) -> None:
         self.sink = sink
-        self.head_only = head_only  # a HEAD request: no body whatever the headers say
-        self.state = "head"  # head, length, size, chunk, crlf, trailer, eof, done
-        self.buf = bytearray()
-        self.left = 0
-        self.keep = False
-        self.status = 0
+        self.parser = parser
+        self.headed = False  # its final head came
+        self.done = False
+        self.keep = True  # the connection may serve the next request once this ends
         self.got_any = False
 
     def feed(self, data: bytes) -> bool:
-        """Take bytes; False when the sink said stop. Raises :class:`WireError`."""
-        self.got_any = True
-        if self.state == "eof":
-            return self.sink.data(data)
-        if self.state == "length" and not self.buf:
-            return self._length(memoryview(data))
-        self.buf += data
-        return self._run()
-
-    def _run(self) -> bool:
-        while self.buf and self.state != "done":
-            state = self.state
-            if state == "head":
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(self.buf) > MAX_HEAD:
-                        raise WireError(f"its answer's head passed {MAX_HEAD} bytes")
-                    return True
-                raw = bytes(self.buf[:end])
-                del self.buf[:end + 4]
-                self._head(raw)
-            elif state == "length":
-                data, self.buf = bytes(self.buf), bytearray()
-                return self._length(memoryview(data))
-            elif state in ("size", "trailer", "crlf"):
-                end = self.buf.find(b"\r\n")
-                if end < 0:
-                    if len(self.buf) > MAX_LINE:
-                        raise WireError("a chunk-size line of its answer is too long")
-                    return True
-                line = bytes(self.buf[:end])
-                del self.buf[:end + 2]
-                self._line(state, line)
-            elif state == "chunk":
-                n = min(self.left, len(self.buf))
-                data = bytes(self.buf[:n])
-                del self.buf[:n]
-                self.left -= n
-                if self.left == 0:
-                    self.state = "crlf"
-                if not self.sink.data(data):
-                    return False
-            elif state == "eof":
-                data, self.buf = bytes(self.buf), bytearray()
-                return self.sink.data(data)
-        return True
-
-    def _length(self, view: memoryview) -> bool:
-        n = min(self.left, len(view))
-        if n < len(view):
-            self.keep = False  # more than it said: the connection is not trusted again
-            self.buf = bytearray(view[n:])
-        self.left -= n
-        if self.left == 0:
-            self.state = "done"
-        return self.sink.data(bytes(view[:n])) if n else True
-
-    def _line(self, state: str, line: bytes) -> None:
-        if state == "crlf":
-            if line:
-                raise WireError("a chunk of its answer did not end with CRLF")
-            self.state = "size"
-        elif state == "size":
-            text = line.split(b";", 1)[0].strip()
+        """Take bytes (b"": the connection ended); False when the sink said stop. Raises
+        :class:`WireError`."""
+        self.got_any = self.got_any or bool(data)
+        parser = self.parser
+        parser.receive_data(data)
+        while True:
             try:
-                size = int(text, 16)
-            except ValueError:
-                raise WireError(f"bad chunk size {text[:20]!r} in its answer") from None
-            if size < 0 or len(text) > 16:
-                raise WireError(f"bad chunk size {text[:20]!r} in its answer")
-            self.left = size
-            self.state = "chunk" if size else "trailer"
-        elif not line:  # the blank line after the trailers
-            self.state = "done"
+                event = parser.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise self._broken(exc) from None
+            kind = type(event)
+            if kind is h11.Data:
+                if not self.sink.data(bytes(event.data)):  # type: ignore[union-attr]
+                    return False
+            elif kind is h11.Response:
+                self._head(event)  # type: ignore[arg-type]
+            elif kind is h11.InformationalResponse:
+                if event.status_code == 101:  # type: ignore[union-attr]
+                    raise WireError("it switched protocols (101) on a plain request")
+            elif kind is h11.EndOfMessage:
+                self.done = True
+                trailing, _closed = parser.trailing_data
+                # kept only when both sides can go on and nothing came after the answer
+                self.keep = self.keep and not trailing and parser.our_state is h11.DONE \
+                    and parser.their_state is h11.DONE
+                return True
+            elif kind is h11.ConnectionClosed:
+                raise WireError("the server closed the connection before its answer ended")
+            else:  # NEED_DATA (PAUSED comes only after the end)
+                return True
 
-    def _head(self, raw: bytes) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() \
-                or len(parts[1]) != 3:
-            raise WireError(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
-        status = int(parts[1])
-        headers: list[tuple[str, str]] = []
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
-                raise WireError(f"a malformed header line in its answer: {line[:60]!r}")
-            headers.append((name, value.strip()))
-        if 100 <= status < 200:
-            if status == 101:
-                raise WireError("it switched protocols (101) on a plain request")
-            return  # an interim answer (100 Continue): the real head follows
-        self.status = status
-        low = {k.lower(): v for k, v in headers}
-        tokens = {t.strip().lower() for t in low.get("connection", "").split(",")}
-        self.keep = parts[0] == "HTTP/1.1" and "close" not in tokens
-        coding = low.get("transfer-encoding")
-        if status == 204 and (coding is not None or low.get("content-length", "0") != "0"):
+    def _broken(self, exc: h11.RemoteProtocolError) -> WireError:
+        said = str(exc)[:100]  # (h11 quotes the offending bytes with repr: one line)
+        if "peer closed" in said:
+            return WireError("the server closed the connection before its answer ended")
+        if "buffer too long" in said.lower():
+            part = "head" if not self.headed else "chunk-size or trailer line"
+            return WireError(f"its answer's {part} passed {MAX_HEAD} bytes")
+        if not self.headed:
+            return WireError(f"not an HTTP/1.x answer ({said})")
+        return WireError(f"its answer's body broke HTTP/1.1 framing ({said})")
+
+    def _head(self, event: h11.Response) -> None:
+        if len(event.headers) > MAX_HEADERS:
+            raise WireError(f"its answer has more than {MAX_HEADERS} headers")
+        names = {name for name, _value in event.headers}
+        if event.status_code == 204 and (b"transfer-encoding" in names or any(
+                n == b"content-length" and v != b"0" for n, v in event.headers)):
             # (RFC 9110 §8.6: never; its "body" would be read as the next answer)
             raise WireError("it answered 204 (no content) with a body")
-        if self.head_only or status in (204, 304):
-            self.state = "done"
-        elif coding is not None:
-            chunked = coding.split(",")[-1].strip().lower() == "chunked"
-            self.state = "size" if chunked else "eof"
-            self.keep = self.keep and chunked
-        elif "content-length" in low:
-            text = low["content-length"].strip()
-            if not text.isdigit():
-                raise WireError(f"bad Content-Length {text[:20]!r} in its answer")
-            self.left = int(text)
-            self.state = "length" if self.left else "done"
-        else:
-            self.state = "eof"  # to the end of the connection
-            self.keep = False
-        self.sink.head(status, headers)
-
-    def closed(self) -> None:
-        """The connection ended: fine only for an answer delimited by it."""
-        if self.state == "eof":
-            self.state = "done"
-        elif self.state != "done":
-            raise WireError("the server closed the connection before its answer ended")
+        self.headed = True
+        if b"transfer-encoding" in names and b"content-length" in names:
+            self.keep = False  # (RFC 9112 §6.1: a smuggling attempt; chunked wins, then close)
+        self.sink.head(event.status_code, [(n.decode("latin-1"), v.decode("latin-1"))
+                                           for n, v in event.headers.raw_items()])
 
 
 class _Connection(asyncio.Protocol):
@@ -233,10 +174,9 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 self.sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
 
-    def start(self, payload: bytes, sink: Sink, head_only: bool, reuse: bool
-              ) -> asyncio.Future[None]:
+    def start(self, payload: bytes, answer: _Answer, reuse: bool) -> asyncio.Future[None]:
         assert self.transport is not None and self.answer is None
-        self.answer = _Answer(sink, head_only)
+        self.answer = answer
         self.reuse = reuse
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(payload)
@@ -258,8 +198,8 @@ class _Connection(asyncio.Protocol):
         if not go_on:
             self._end(None)
             self.abort()
-        elif answer.state == "done":
-            keep = answer.keep and not answer.buf and self.reuse
+        elif answer.done:
+            keep = answer.keep and self.reuse
             self._end(None)
             if keep:
                 self.link.idle(self)
@@ -276,12 +216,17 @@ class _Connection(asyncio.Protocol):
         answer = self.answer
         if answer is None:
             return
+        if not answer.got_any:  # (its parser untouched: the request may go again as it is)
+            self._end(_Unanswered("the server closed the connection before answering"))
+            return
         try:
-            answer.closed()
+            answer.feed(b"")  # an answer delimited by the connection's end ends here
+            if not answer.done:
+                raise WireError("the server closed the connection before its answer ended")
             self._end(None)
         except WireError as err:
-            self._end(err if answer.got_any else _Unanswered(str(err)))
-        if answer.state == "done":
+            self._end(err)
+        if answer.done:
             self.link.spare()
 
     def _end(self, error: BaseException | None) -> None:
@@ -307,13 +252,12 @@ class Exchange:
     """One request under way: written at once when a connection was idle (:meth:`Link.begin`),
     else once one is open (:meth:`Link.complete`)."""
 
-    __slots__ = ("payload", "sink", "head_only", "reuse", "conn", "done", "reused",
-                 "running", "cancelled", "error")
+    __slots__ = ("payload", "answer", "reuse", "conn", "done", "reused", "running",
+                 "cancelled", "error")
 
-    def __init__(self, payload: bytes, sink: Sink, head_only: bool, reuse: bool) -> None:
+    def __init__(self, payload: bytes, answer: _Answer, reuse: bool) -> None:
         self.payload = payload
-        self.sink = sink
-        self.head_only = head_only
+        self.answer = answer
         self.reuse = reuse  # False: its connection is closed after the answer
         self.conn: _Connection | None = None
         self.done: asyncio.Future[None] | None = None
@@ -324,7 +268,7 @@ class Exchange:
 
     def write(self, conn: _Connection, reused: bool) -> None:
         self.conn, self.reused = conn, reused
-        self.done = conn.start(self.payload, self.sink, self.head_only, self.reuse)
+        self.done = conn.start(self.payload, self.answer, self.reuse)
 
     def cancel(self) -> None:
         """Give it up: its connection closes (the server sees its client go)."""
@@ -367,15 +311,17 @@ class Link:
               sink: Sink, *, reuse: bool = True) -> Exchange:
         """The request, written now if a connection is idle (``reuse``: its connection may
         serve the next request; a server that closes after such an answer gets a spare)."""
+        parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        answer = _Answer(sink, parser)
         try:
             # A valid request target goes exactly as written; anything else is quoted.
             target = target_url(self.url, path).raw_path_qs
-            payload = request_bytes(method, target, self.authority, headers, body)
-        except (ValueError, UnicodeError) as exc:  # never raised here: complete() says it
-            ex = Exchange(b"", sink, False, False)
+            payload = request_bytes(parser, method, target, self.authority, headers, body)
+        except (ValueError, UnicodeError, h11.LocalProtocolError) as exc:
+            ex = Exchange(b"", answer, False)  # never raised here: complete() says it
             ex.error = WireError(f"the request cannot be written: {exc}")
             return ex
-        ex = Exchange(payload, sink, method == "HEAD", reuse)
+        ex = Exchange(payload, answer, reuse)
         conn = self._take()
         if conn is not None:
             ex.write(conn, reused=True)

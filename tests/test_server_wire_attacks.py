@@ -1,0 +1,172 @@
+"""A hostile model server against the engine's HTTP/1.1 connections (supervisor/servers/wire.py).
+
+Each case is a real TCP server on loopback, in process, that answers a job's request with
+exactly the bytes an attacker (or a badly broken server) would send, then answers a second
+request correctly on whichever connection it comes.  The first job must end cleanly (its
+answer, or a one-line :class:`WireError`), nothing may hang or log a traceback, and the
+second job must get its own answer, never bytes of the first, on a fresh connection
+whenever the first answer left the connection in doubt.  No process is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from test_server_wire import Scripted, Sink, run
+
+from supervisor.servers.wire import MAX_HEAD, Link, WireError
+
+OK = b"HTTP/1.1 200 OK\r\n"
+SECOND = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond"
+FORGED = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged"
+ERROR, HANG = "error", "hang"
+
+# (name, method, answer, outcome): outcome is ERROR, or (status, body, connection reused)
+CASES: list[tuple[str, str, bytes, object]] = [
+    # smuggling and desync on a kept-alive connection
+    ("te-and-cl", "POST", OK + b"Transfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n"
+     b"2\r\nok\r\n0\r\n\r\n", (200, b"ok", False)),
+    ("conflicting-cl", "POST", OK + b"Content-Length: 2\r\nContent-Length: 42\r\n\r\nok"
+     + FORGED, ERROR),
+    ("cl-list-conflict", "POST", OK + b"Content-Length: 2, 42\r\n\r\nok" + FORGED, ERROR),
+    ("te-chunked-identity", "POST", OK + b"Transfer-Encoding: chunked, identity\r\n\r\n"
+     b"2\r\nok\r\n0\r\n\r\n", ERROR),
+    ("te-twice", "POST", OK + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n"
+     b"\r\n2\r\nok\r\n0\r\n\r\n", ERROR),
+    ("chunk-size-plus", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n+2\r\nok\r\n0\r\n\r\n",
+     ERROR),
+    ("chunk-size-0x", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n0x2\r\nok\r\n0\r\n\r\n",
+     ERROR),
+    ("chunk-size-underscore", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n"
+     b"1_0\r\n0123456789abcdef\r\n0\r\n\r\n", ERROR),
+    ("chunk-size-space", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n 2\r\nok\r\n0\r\n\r\n",
+     ERROR),
+    ("chunk-size-superscript", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n\xb2\r\nok\r\n"
+     b"0\r\n\r\n", ERROR),
+    # (h11 takes up to 20 hex digits: a 2**72-byte chunk is body until the sink's bound or
+    # the close; its connection can never serve another answer)
+    ("chunk-size-overflow", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n"
+     b"ffffffffffffffffff\r\nok\r\n0\r\n\r\n", ERROR),
+    ("chunk-extension", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n2;a=b;c=\"d\"\r\nok\r\n"
+     b"0\r\n\r\n", (200, b"ok", True)),
+    ("chunk-no-crlf", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n2\r\nokX\r\n0\r\n\r\n",
+     ERROR),
+    ("bytes-after-length", "POST", OK + b"Content-Length: 2\r\n\r\nok" + FORGED,
+     (200, b"ok", False)),
+    ("bytes-after-chunked", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n"
+     b"0\r\n\r\n" + FORGED, (200, b"ok", False)),
+    # heads
+    ("bare-lf-head", "POST", b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", (200, b"ok", True)),
+    ("obs-fold", "POST", OK + b"X-A: a\r\n b\r\nContent-Length: 2\r\n\r\nok",
+     (200, b"ok", True)),
+    ("obs-fold-length", "POST", OK + b"Content-Length: 2\r\n 0\r\n\r\nok", ERROR),
+    ("header-name-space", "POST", OK + b"Content Length: 2\r\n\r\nok", ERROR),
+    ("header-name-space-before-colon", "POST", OK + b"Content-Length : 2\r\n\r\nok", ERROR),
+    ("header-name-control", "POST", OK + b"Content-Length: 2\r\nX\x01Y: 1\r\n\r\nok", ERROR),
+    ("header-value-nul", "POST", OK + b"Content-Length: 2\r\nX: a\x00b\r\n\r\nok", ERROR),
+    ("early-hints-then-answer", "POST", b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+     b"HTTP/1.1 100 Continue\r\n\r\n" + OK + b"Content-Length: 2\r\n\r\nok", (200, b"ok", True)),
+    ("switching-protocols", "POST", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"
+     + FORGED, ERROR),
+    ("status-superscript", "POST", b"HTTP/1.1 \xb2\xb2\xb2 OK\r\nContent-Length: 2\r\n\r\nok",
+     ERROR),
+    ("status-000", "POST", b"HTTP/1.1 000 OK\r\nContent-Length: 2\r\n\r\nok", ERROR),
+    ("status-099", "POST", b"HTTP/1.1 099 OK\r\nContent-Length: 2\r\n\r\nok", ERROR),
+    ("status-line-garbage", "POST", b"HTTP/1.1 200OK\r\nContent-Length: 2\r\n\r\nok", ERROR),
+    ("http2-preface", "POST", b"HTTP/2 200\r\nContent-Length: 2\r\n\r\nok", ERROR),
+    ("cl-superscript", "POST", OK + b"Content-Length: \xb2\r\n\r\nok", ERROR),
+    ("http10-keep-alive", "POST", b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n"
+     b"Connection: keep-alive\r\n\r\nok", (200, b"ok", False)),
+    ("head-with-body", "HEAD", OK + b"Content-Length: 6\r\n\r\nforged", (200, b"", False)),
+    ("304-with-body", "GET", b"HTTP/1.1 304 Not Modified\r\nContent-Length: 6\r\n\r\nforged",
+     (304, b"", False)),
+    ("many-small-headers", "POST", OK + b"X: a\r\n" * (MAX_HEAD // 6 + 10)
+     + b"Content-Length: 2\r\n\r\nok", ERROR),
+    ("head-never-ends", "POST", OK + b"X: " + b"a" * (MAX_HEAD + 10), ERROR),
+    ("closed-mid-chunk", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhel", ERROR),
+]
+
+
+@pytest.mark.parametrize(("method", "answer", "outcome"),
+                         [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_a_hostile_answer_ends_its_job_cleanly_and_never_reaches_the_next(
+        method: str, answer: bytes, outcome: object, caplog: pytest.LogCaptureFixture) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        first = True
+        while await srv.read_request(reader) is not None:
+            writer.write(answer if i == 0 and first else SECOND)
+            await writer.drain()
+            if i == 0 and first and outcome == ERROR:
+                return  # (closes: a job that waited for more sees it end)
+            first = False
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            sink = Sink()
+            try:
+                await asyncio.wait_for(
+                    link.complete(link.begin(method, "/a", {}, b"" if method != "POST" else b"{}",
+                                             sink)), 3)
+                got: object = (sink.status, sink.body, None)
+            except WireError as exc:
+                assert "\n" not in str(exc) and str(exc)
+                got = ERROR
+            except TimeoutError:
+                got = HANG
+            if outcome == ERROR:
+                assert got == ERROR
+            else:
+                assert isinstance(outcome, tuple)
+                assert got == (outcome[0], outcome[1], None)
+            second = Sink()
+            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", second)), 3)
+            assert (second.status, second.body) == (200, b"second")  # never the first's bytes
+            if outcome != ERROR:
+                assert isinstance(outcome, tuple)
+                assert (srv.connections == 1) == outcome[2], "reused a connection in doubt"
+            link.close()
+
+    srv: Scripted
+    with caplog.at_level(logging.ERROR):
+        run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a traceback logged"
+
+
+def test_bytes_on_an_idle_connection_drop_it_before_the_next_job_can_read_them() -> None:
+    """A server that writes after its answer ended: whether the bytes come with the answer
+    or once the connection is idle, that connection is closed, never handed to the next job
+    (bytes that come only after the next request was written are its answer: HTTP/1.1
+    cannot tell them apart)."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        if await srv.read_request(reader) is None:
+            return
+        if i == 0:
+            writer.write(OK + b"Content-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.write(FORGED)
+            await writer.drain()
+            await srv.read_request(reader)  # the client goes: None
+        else:
+            writer.write(SECOND)
+            await writer.drain()
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            sink = Sink()
+            await link.complete(link.begin("POST", "/a", {}, b"{}", sink))
+            assert sink.body == b"ok"
+            await asyncio.wait_for(srv.closed_by_client.wait(), 3)
+            second = Sink()
+            await link.complete(link.begin("POST", "/b", {}, b"{}", second))
+            assert second.body == b"second" and srv.connections >= 2  # (a spare, maybe)
+            link.close()
+
+    srv: Scripted
+    run(main())
