@@ -3,6 +3,8 @@ resume, a duration and a restart do, and the refusals; the file that keeps yield
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
@@ -13,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 from fake_worker import Script, fake_engine
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 from supervisor.engine import EngineConfig
-from supervisor.engine.rules import BadRule, parse_rules
+from supervisor.engine.rules import BadRule, Rules, parse_rules
 from supervisor.engine.yielding import Yields
 from supervisor.errors import InvalidRequest, Refused, VramtuiError
 
@@ -183,3 +185,27 @@ def test_a_per_gpu_reserve_is_kept_free(tmp_path: Path) -> None:
         assert fe.sup.snapshot().gpus[0].reserve_mib == 4096
         with pytest.raises(Refused, match="4096 MiB reserve"):
             fe.sup.submit("big", b"x")
+
+
+@pytest.mark.process
+def test_a_rule_command_still_running_when_the_engine_stops_is_killed() -> None:
+    rules = Rules(parse_rules([{"command": ["sleep", "30"], "timeout": "20s"}], "test"),
+                  lambda *_a, **_k: None)
+
+    def alive() -> list[int]:
+        found = []
+        for p in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if p.cmdline() == ["sleep", "30"] and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p.pid)
+        return found
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(rules.watch_commands())
+        await wait_until_async(alive, 5, "the rule's command running")
+        task.cancel()  # what the engine does to its rules when it stops
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await wait_until_async(lambda: not alive(), 5, "the command killed with the rules")
+
+    asyncio.run(main())

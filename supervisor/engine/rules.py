@@ -174,6 +174,10 @@ class Rules:
             return False
         try:
             code = await asyncio.wait_for(proc.wait(), rule.timeout_s)
+        except asyncio.CancelledError:  # the engine stops: the command must not outlive it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # its own session: children too
