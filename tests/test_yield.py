@@ -124,7 +124,9 @@ def test_bad_rules_are_refused_in_one_line() -> None:
                        ([{"command": "x", "every": "soon"}], "every:"),
                        ([{"command": "x", "timeout": "0s"}], "between 0.1s and 1h"),
                        ([{"command": "x", "gpus": "0"}], "gpus:"),
-                       ([{"command": "x", "when": 1}], "unknown key 'when'")):
+                       ([{"command": "x", "when": 1}], "unknown key 'when'"),
+                       ([{"command": "pgrep -x a\0b"}], "command:"),
+                       ([{"command": ["pgrep", "a\0b"]}], "command:")):
         with pytest.raises(BadRule, match=re.escape(words)):
             parse_rules(raw, "config.yaml: engine: yield_when")
     rules = parse_rules(["steam", {"command": "pgrep -x blender", "gpus": [1]}], "here")

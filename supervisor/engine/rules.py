@@ -94,6 +94,8 @@ def _rule(item: Any, where: str) -> YieldRule:
         argv = ()
     if not argv:
         raise BadRule(f"{where}: command: a command line (or a list of its words)")
+    if any("\0" in a for a in argv):  # the system would refuse it at every run
+        raise BadRule(f"{where}: command: a NUL byte cannot be part of a command line")
     timing = {}
     for key, default in (("timeout", DEFAULT_TIMEOUT_S), ("every", DEFAULT_EVERY_S)):
         try:
