@@ -21,6 +21,7 @@ from supervisor.engine import EngineConfig
 from supervisor.engine.rules import BadRule, Rules, parse_rules
 from supervisor.engine.yielding import Yields
 from supervisor.errors import InvalidRequest, Refused, VramtuiError
+from supervisor.results import YieldInfo
 
 
 def desc(**extra: object) -> dict[str, object]:
@@ -211,3 +212,15 @@ def test_a_rule_command_still_running_when_the_engine_stops_is_killed() -> None:
         await wait_until_async(lambda: not alive(), 5, "the command killed with the rules")
 
     asyncio.run(main())
+
+
+def test_a_rule_yield_kept_over_a_restart_stays_until_its_command_first_answers() -> None:
+    rules = Rules(parse_rules([{"command": "pgrep -x darktable"}], "test"),
+                  lambda *_a, **_k: None)
+    held = {0: YieldInfo(0, "while `pgrep -x darktable`", 1.0, rule=True)}  # from the file
+    resumed: list[list[int]] = []
+    rules.follow({}, [0], held, lambda *_a, **_k: None, resumed.append)
+    assert resumed == []  # the command has not answered yet: nothing is known to be over
+    rules.answers[0] = False
+    rules.follow({}, [0], held, lambda *_a, **_k: None, resumed.append)
+    assert resumed == [[0]]

@@ -147,7 +147,11 @@ class Rules:
         for g, why in wanted.items():
             if g not in held:
                 give([g], by=why, rule=True)
-        gone = [g for g, y in held.items() if y.rule and g not in wanted]
+        # A command that has not answered yet (the engine just started, a yield of it kept
+        # from before) may still want its GPUs: they are not resumed before it says no.
+        unknown = {g for i, r in enumerate(self.rules) if r.command and i not in self.answers
+                   for g in (r.gpus if r.gpus is not None else held)}
+        gone = [g for g, y in held.items() if y.rule and g not in wanted and g not in unknown]
         if gone:
             take_back(gone)
 
