@@ -224,3 +224,13 @@ def test_a_rule_yield_kept_over_a_restart_stays_until_its_command_first_answers(
     rules.answers[0] = False
     rules.follow({}, [0], held, lambda *_a, **_k: None, resumed.append)
     assert resumed == [[0]]
+
+
+def test_a_rule_yield_of_a_gpu_no_longer_there_is_not_resumed_from_the_ticker() -> None:
+    rules = Rules(parse_rules(["steam"], "test"), lambda *_a, **_k: None)
+    yields = Yields(None)
+    # An older yields file names no device: GPU1's rule yield comes back on a one-GPU engine.
+    yields.held = {1: YieldInfo(1, "while steam runs", 1.0, rule=True)}
+    # (take_back refuses a GPU that is not there: raised in the engine's ticker, it ended it)
+    rules.follow({}, [0], yields.held, lambda *_a, **_k: None,
+                 lambda gpus: yields.take_back(gpus, [0]))

@@ -143,7 +143,8 @@ class Rules:
                take_back: Callable[[list[int]], Any]) -> None:
         """Yield (``give``) what the rules want and is not yielded yet; resume (``take_back``)
         what a rule yielded and no rule wants any more (a person's yield is never touched)."""
-        wanted = self.wanted({g: [s.name for s in ss] for g, ss in strangers.items()}, present)
+        here = set(present)
+        wanted = self.wanted({g: [s.name for s in ss] for g, ss in strangers.items()}, here)
         for g, why in wanted.items():
             if g not in held:
                 give([g], by=why, rule=True)
@@ -151,7 +152,9 @@ class Rules:
         # from before) may still want its GPUs: they are not resumed before it says no.
         unknown = {g for i, r in enumerate(self.rules) if r.command and i not in self.answers
                    for g in (r.gpus if r.gpus is not None else held)}
-        gone = [g for g, y in held.items() if y.rule and g not in wanted and g not in unknown]
+        # (a GPU no longer there cannot be resumed: take_back would refuse, in the ticker)
+        gone = [g for g, y in held.items() if y.rule and g in here and g not in wanted
+                and g not in unknown]
         if gone:
             take_back(gone)
 
