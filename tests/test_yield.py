@@ -234,3 +234,11 @@ def test_a_rule_yield_of_a_gpu_no_longer_there_is_not_resumed_from_the_ticker() 
     # (take_back refuses a GPU that is not there: raised in the engine's ticker, it ended it)
     rules.follow({}, [0], yields.held, lambda *_a, **_k: None,
                  lambda gpus: yields.take_back(gpus, [0]))
+
+
+def test_a_yield_of_a_gpu_gone_after_a_restart_is_said_plainly(tmp_path: Path) -> None:
+    path = tmp_path / "yielded.json"
+    Yields(path, device=lambda g: "Simulated GPU").give([1], [0, 1], by="ada")
+    fewer = Yields(path, device=lambda g: "Simulated GPU" if g == 0 else "")
+    said = fewer.load()
+    assert not fewer.held and "there is no GPU1 now" in said[0], said

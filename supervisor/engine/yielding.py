@@ -133,7 +133,9 @@ class Yields:
             self._save()
         return [f"{y.text}: still yielded after the restart" for y in self.held.values()] + [
             f"GPU{y.gpu} was yielded on {recorded[y.gpu]}; it is {self.device(y.gpu)} now: "
-            "open (yield it again if needed)" for y in other]
+            "open (yield it again if needed)" if self.device(y.gpu) else
+            f"GPU{y.gpu} was yielded on {recorded[y.gpu]}; there is no GPU{y.gpu} now: its "
+            "yield is dropped" for y in other]
 
     def _save(self) -> None:
         if self.path is None:
