@@ -472,3 +472,23 @@ def test_a_preload_backend_is_started_with_the_engine() -> None:
                      scripts={"warm": honest(512, 0), "cold": honest(512, 0)}) as fe:
         wait_until(lambda: state_of(fe, "warm") == "ready", what="warm preloaded")
         assert state_of(fe, "cold") == "cold"
+
+
+def test_a_tick_that_fails_does_not_end_the_ticker() -> None:
+    """One pass of the periodic work raising (a bug somewhere in it) is logged, and the next
+    passes still unload idle workers at their keep-alive, expire yields, ping workers."""
+    with fake_engine({"a": mib(512, 0, keep_alive="0.3s")},
+                     scripts={"a": honest(512, 0)}) as fe:
+        watch = fe.engine.watch
+        real, failed = watch.expire_ghosts, []
+
+        def once_broken() -> None:
+            if not failed:
+                failed.append(True)
+                raise RuntimeError("a bug in one pass")
+            real()
+
+        fe.on_loop(lambda: setattr(watch, "expire_ghosts", once_broken))
+        wait_until(lambda: failed, 5, "the broken pass")
+        assert fe.sup.wait(fe.sup.submit("a", b""), 5).state is JobState.SUCCEEDED
+        wait_until(lambda: state_of(fe, "a") == "cold", what="a unloaded after the bad pass")

@@ -86,6 +86,7 @@ class Engine:
         self.wall = WallClock(clock)
         self.notes = Notes()
         self.run = EngineLoop(self._step, self._nothing_waits, clock)
+        self._next_ping = 0.0  # when the ticker next checks that workers answer (monotonic)
         self.jobs = JobTable(self.wall, recent_jobs=config.recent_jobs,
                              max_recent_bytes=config.max_recent_result_bytes)
         self.journal = JobJournal(None, self.wall, self.notes.note)
@@ -172,7 +173,9 @@ class Engine:
         self.notes.started(self.monitor.summary(), self.monitor.notice, self.descriptors.errors,
                            self.descriptors.warnings)
         started(None)
-        tasks = (loop.create_task(self._ticker()), loop.create_task(self.rules.watch_commands()))
+        tasks = (loop.create_task(self.run.every(
+            min(self.config.tick_s, self.config.ping_interval_s), self._tick)),
+            loop.create_task(self.rules.watch_commands()))
         await self.run.stopped()
         for task in tasks:
             task.cancel()
@@ -210,21 +213,18 @@ class Engine:
         self.pool.kill_all()
         self.calibrations.kill_all()
 
-    async def _ticker(self) -> None:
-        next_ping = 0.0
-        while True:
-            await asyncio.sleep(min(self.config.tick_s, self.config.ping_interval_s))
-            self.watch.expire_ghosts()
-            self.watch.expire_keep_alive()
-            for y in self.yields.expire():
-                self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
-            self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
-                              self.yield_gpus, self.resume_gpus)
-            now = time.monotonic()
-            if now >= next_ping:
-                next_ping = now + self.config.ping_interval_s
-                self.watch.check_liveness(now)
-            self.run.schedule()
+    def _tick(self) -> None:
+        self.watch.expire_ghosts()
+        self.watch.expire_keep_alive()
+        for y in self.yields.expire():
+            self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
+        self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
+                          self.yield_gpus, self.resume_gpus)
+        now = time.monotonic()
+        if now >= self._next_ping:
+            self._next_ping = now + self.config.ping_interval_s
+            self.watch.check_liveness(now)
+        self.run.schedule()
 
     def _recover(self) -> None:
         """Requeue what the journal held when the engine last stopped, ids and order kept."""

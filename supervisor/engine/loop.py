@@ -72,6 +72,18 @@ class EngineLoop:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def every(self, period_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` every ``period_s`` until cancelled; a pass that raises is reported as
+        from the loop (its handler logs it) and the next pass runs: one bad pass must not end
+        the pings, keep-alive and yield expiry for good."""
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - the loop's handler logs it
+                asyncio.get_running_loop().call_exception_handler({
+                    "message": f"the engine's periodic {fn.__name__} failed", "exception": exc})
+
     def set_timer(self, key: str, delay: float, fn: Callable[[], None]) -> None:
         """Call ``fn`` after ``delay`` seconds, replacing any timer of the same ``key``."""
         assert self.loop is not None
