@@ -168,6 +168,23 @@ def test_a_running_job_is_cancelled_for_others_only_when_the_policy_says_so(poli
             assert fe.sup.wait(job, 5).state == "succeeded"
 
 
+def test_with_the_cancel_policy_idle_models_go_first_even_when_they_are_slow_to_go() -> None:
+    """An idle model still letting go (its stop takes 1 s) is the room a running job waits
+    for: ``cancel`` is for a GPU with nothing idle left, not a race against a slow stop."""
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_policy="cancel", others_cancel_after_s=0.3)
+    descs = {"a": {"vram": {"weights": "2GiB", "activation": "512MiB"}, "safety": "0MiB"},
+             "idle": {"vram": {"weights": "3GiB", "activation": "0MiB"}, "safety": "0MiB"}}
+    scripts = {"a": Script(weights_mib=2 * GIB, activation_mib=512, job_s=1.5),
+               "idle": Script(weights_mib=3 * GIB, stop_s=1.0)}
+    with fake_engine(descs, scripts=scripts, config=cfg) as fe:
+        assert fe.sup.wait(fe.sup.submit("idle", b""), 5).state == "succeeded"
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
+        fe.gpu.hold(STRANGER, 0, 3 * GIB)  # 2.5 + 3 + 3 > 8 GiB: the idle model must go
+        assert fe.sup.wait(job, 10).state == "succeeded"  # it went; the job was not cancelled
+
+
 def test_what_is_counted_stays_between_what_lasted_and_what_was_seen_lately() -> None:
     """A fixed-seed walk: after every reading, once the windows are covered, the counted
     figure is at least the least seen over ``arrive_s`` and at most the most seen over

@@ -71,17 +71,19 @@ class Others:
         per_gpu = monitor.per_gpu()
         owners = monitor.owners
         counted = self.watch.counted()
-        held_now: Mapping[int, int] | None = None
+        accounts: Book | None = None
         for index, reading in sorted(monitor.readings.items()):
             now_mib = monitor.foreign.get(index, 0) if reading.used_mib is not None else 0
             if not now_mib and not counted.get(index):
                 self.watch.observe(now, index, 0, 0, reading.total_mib)
                 self._gone(index)
                 continue
-            if held_now is None:
-                held_now = {i: g.held_mib for i, g in book().gpus.items()}
+            if accounts is None:
+                accounts = book()
+            gpu = accounts.gpus.get(index)
             self.strangers[index] = self._who(per_gpu.get(index, {}), owners)
-            verdict = self.watch.observe(now, index, now_mib, held_now.get(index, 0),
+            verdict = self.watch.observe(now, index, now_mib,
+                                         gpu.held_mib if gpu is not None else 0,
                                          reading.total_mib)
             was = self.over.get(index, 0)
             self.over[index] = verdict.over_mib
@@ -92,7 +94,10 @@ class Others:
             elif was and not verdict.over_mib:
                 self.note("info", f"GPU{index} fits again beside others "
                           f"({mib_text(verdict.counted_mib)} held back for them)")
-            self._maybe_cancel(index, verdict.over_for_s)
+            # idle models (or ones still letting go) are evicted first: jobs wait for them
+            freeing = gpu is not None and any(
+                h.kind == "ghost" or (h.kind == "worker" and not h.jobs) for h in gpu.holders)
+            self._maybe_cancel(index, 0.0 if freeing else verdict.over_for_s)
             if counted.get(index) and not verdict.counted_mib:
                 self.note("info", f"others left GPU{index}; its memory is ours to use again")
 
