@@ -185,10 +185,15 @@ class Episode:
 
 
 def backend_of(pid: int, cache: dict[int, str | None]) -> str | None:
+    """The backend process ``pid`` works for (its ``VRAMTUI_BACKEND``), kept once known.  A
+    process on its way out reads as an empty environment: nothing is kept from that, so a pid
+    named while it lived stays named as it exits (the watcher names each pid at first sight)."""
     if pid not in cache:
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
+            return None
+        if not environ:
             return None
         cache[pid] = next((item.split(b"=", 1)[1].decode() for item in environ.split(b"\0")
                            if item.startswith(b"VRAMTUI_BACKEND=")), None)
@@ -228,6 +233,8 @@ class DeviceWatcher:
                 used[p.gpu_index] = used.get(p.gpu_index, 0) + (p.used_mib or 0)
             self.samples += 1
             self.holders = frozenset(p.pid for p in procs if p.used_mib)
+            for p in procs:  # at first sight, while it lives: an exiting one has no environ
+                backend_of(p.pid, self._names)
             for i, total in enumerate(self.probe.sizes_mib):
                 mib = used.get(i, 0)
                 self.max_used[i] = max(self.max_used.get(i, 0), mib)

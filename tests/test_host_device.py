@@ -25,7 +25,7 @@ from supervisor import JobState
 from supervisor.backends.schema import HOST_GPU, build_spec
 from supervisor.gpu.combined import CombinedProbe
 from supervisor.gpu.errors import BadGpuSpec
-from supervisor.gpu.host import HostProbe, parse_host_spec
+from supervisor.gpu.host import ENGINE_MARK, HostProbe, parse_host_spec
 from supervisor.gpu.procmem import cgroup_dirs, cgroup_memory, process_memory
 from supervisor.gpu.select import open_probe
 
@@ -169,15 +169,35 @@ def host_backend(name: str, weights: int, activation: int, **extra: Any) -> dict
     return spec
 
 
-def backend_of(pid: int) -> str | None:
+def _env(pid: int, key: bytes) -> str | None:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
     for item in environ.split(b"\0"):
-        if item.startswith(b"VRAMTUI_BACKEND="):
+        if item.startswith(key + b"="):
             return item.split(b"=", 1)[1].decode()
     return None
+
+
+def backend_of(pid: int) -> str | None:
+    return _env(pid, b"VRAMTUI_BACKEND")
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _of_this_test(pid: int) -> bool:
+    """Its engine (the pid every worker carries) is this process or one it started: another
+    test running beside this one on the box has workers of the same names."""
+    engine = _env(pid, ENGINE_MARK.encode())
+    if engine is None or not engine.isdigit():
+        return False
+    return int(engine) == os.getpid() or _parent(int(engine)) == os.getpid()
 
 
 def pss_mib(pid: int) -> float:
@@ -197,7 +217,7 @@ def our_workers() -> dict[str, list[int]]:
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != me:
             backend = backend_of(int(name))
-            if backend is not None and backend.startswith("host-"):
+            if backend is not None and backend.startswith("host-") and _of_this_test(int(name)):
                 out.setdefault(backend, []).append(int(name))
     return out
 
