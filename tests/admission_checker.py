@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -200,10 +200,30 @@ def backend_of(pid: int, cache: dict[int, str | None]) -> str | None:
     return cache[pid]
 
 
-class DeviceWatcher:
+class Watching:
+    """A reader on its own thread for the span of a ``with`` block: ``_run`` until ``_stop``."""
+
+    def __init__(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class DeviceWatcher(Watching):
     """Reads the simulated device's ledger on its own thread; records over-commit episodes."""
 
     def __init__(self, spec: str, ledger: Path, hz: float) -> None:
+        super().__init__("device-watcher")
         self.probe = SimulatedProbe(spec, ledger)
         self.period = 1.0 / hz
         self.samples = 0
@@ -212,16 +232,6 @@ class DeviceWatcher:
         self.max_used: dict[int, int] = {}
         self._open: dict[int, Episode] = {}
         self._names: dict[int, str | None] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="device-watcher", daemon=True)
-
-    def __enter__(self) -> DeviceWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
     def _run(self) -> None:
         next_at = time.monotonic()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from admission_checker import Watching
 
 from supervisor import JobState, Supervisor
 from supervisor.engine import EngineConfig
@@ -127,10 +128,11 @@ def pss_mib(pid: int) -> float | None:
     return None
 
 
-class ProcOracle:
+class ProcOracle(Watching):
     """Reads /proc on its own thread: the PSS of every worker of engine ``engine_pid``."""
 
     def __init__(self, engine_pid: int, hz: float = 50.0) -> None:
+        super().__init__("proc-oracle")
         self.mark = f"{ENGINE_MARK}={engine_pid}".encode()
         self.period = 1.0 / hz
         self.samples = 0
@@ -138,16 +140,6 @@ class ProcOracle:
         self.over: list[tuple[float, float]] = []  # (t, MiB) above the budget
         self.budget_mib = 0
         self._ours: dict[int, bool] = {}  # pid -> a worker of ours (by its environment)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="proc-oracle", daemon=True)
-
-    def __enter__(self) -> ProcOracle:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
     def _is_ours(self, pid: int) -> bool:
         if pid not in self._ours:
