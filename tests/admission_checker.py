@@ -273,6 +273,41 @@ class DeviceWatcher(Watching):
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
 
+class StallWatch(Watching):
+    """Reads the engine's snapshot on its own thread: the longest time jobs were queued with
+    nothing running, starting or stopping.  ``dying(snapshot)``: a process of ours still holds
+    memory on its way out (a killed liar exiting), which the engine rightly waits for.  A job
+    held, with its reason, for a request a higher-priority stream is expected to send (issue
+    28's policy) waits by decision, not a stall, up to ``HELD_S``."""
+
+    def __init__(self, sup: Supervisor,
+                 dying: Callable[[Any], bool] = lambda snap: False) -> None:
+        super().__init__("stall-watch")
+        self.sup, self.dying = sup, dying
+        self.longest = 0.0
+        self._since: float | None = None
+        self._held_since: float | None = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                snap = self.sup.snapshot()
+            except Exception:  # noqa: BLE001 - the engine may be stopping
+                return
+            now = time.monotonic()
+            busy = any(b.state in ("starting", "initializing", "stopping")
+                       for b in snap.backends) or self.dying(snap)
+            held = any(HOLD_REASON in (q.waiting or "") for q in snap.queued)
+            self._held_since = (self._held_since or now) if held else None
+            if self._held_since is not None and now - self._held_since <= HELD_S:
+                busy = True
+            if snap.queued and not snap.running and not busy:
+                self._since = self._since or now
+                self.longest = max(self.longest, now - self._since)
+            else:
+                self._since = None
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -317,38 +352,11 @@ def run_scenario(sc: Scenario, *, watch_hz: float = 200.0, episode_limit_s: floa
     sup.start_in_thread()
     try:
         with DeviceWatcher(sc.spec, sup.paths.sim_dir, watch_hz) as watcher:
-            stop_stall = threading.Event()
-            stall: dict[str, Any] = {"since": None, "longest": 0.0, "held_since": None}
+            def dying(snap: Any) -> bool:
+                live = {b.pid for b in snap.backends if b.pid is not None}
+                return bool(watcher.holders - live)
 
-            def watch_stalls() -> None:
-                while not stop_stall.wait(0.05):
-                    try:
-                        snap = sup.snapshot()
-                    except Exception:  # noqa: BLE001 - the engine may be stopping
-                        return
-                    busy = any(b.state in ("starting", "initializing", "stopping")
-                               for b in snap.backends)
-                    # a process no backend owns any more still holds memory on the device (a
-                    # killed liar exiting): the engine rightly waits for it to let go
-                    live = {b.pid for b in snap.backends if b.pid is not None}
-                    busy = busy or bool(watcher.holders - live)
-                    # a job held for a request a stream of higher priority is expected to send
-                    # (issue 28's policy) waits by decision, with its reason: not a stall, up
-                    # to HELD_S (a stream that stopped is taken as stopped by then)
-                    held = any(HOLD_REASON in (q.waiting or "") for q in snap.queued)
-                    now_t = time.monotonic()
-                    held_since = stall["held_since"] = (stall["held_since"] or now_t) \
-                        if held else None
-                    if held_since is not None and now_t - held_since <= HELD_S:
-                        busy = True
-                    if snap.queued and not snap.running and not busy:
-                        since = stall["since"] = stall["since"] or time.monotonic()
-                        stall["longest"] = max(stall["longest"], time.monotonic() - since)
-                    else:
-                        stall["since"] = None
-
-            stall_thread = threading.Thread(target=watch_stalls, daemon=True)
-            stall_thread.start()
+            stalls = StallWatch(sup, dying).__enter__()
             t0 = time.monotonic()
             timers: list[threading.Timer] = []
             for plan in sc.jobs:
@@ -374,9 +382,8 @@ def run_scenario(sc: Scenario, *, watch_hz: float = 200.0, episode_limit_s: floa
                     finals[job_id] = sup.wait(job_id, left)
                 except Exception as exc:  # noqa: BLE001 - reported as a problem
                     problems.append(f"job {job_id} ({ids[job_id].backend}) not final: {exc}")
-            stop_stall.set()
-            stall_thread.join(5)
-            longest_stall = stall["longest"]
+            stalls.__exit__()
+            longest_stall = stalls.longest
         liars = {b.name for b in sc.backends if not b.honest}
         outcomes: dict[str, int] = {}
         for job_id, view in finals.items():

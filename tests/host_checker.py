@@ -26,14 +26,13 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from admission_checker import Watching
+from admission_checker import StallWatch, Watching
 
 from supervisor import JobState, Supervisor
 from supervisor.engine import EngineConfig
@@ -200,22 +199,7 @@ def run_host_scenario(sc: HostScenario, *, stall_s: float = 3.0,
     try:
         with ProcOracle(os.getpid()) as oracle:
             oracle.budget_mib = sc.budget_mib
-            stall = {"since": None, "longest": 0.0}
-            stop = threading.Event()
-
-            def watch_stalls() -> None:
-                while not stop.wait(0.05):
-                    snap = sup.snapshot()
-                    busy = any(b.state in ("starting", "initializing", "stopping")
-                               for b in snap.backends)
-                    if snap.queued and not snap.running and not busy:
-                        since = stall["since"] = stall["since"] or time.monotonic()
-                        stall["longest"] = max(stall["longest"], time.monotonic() - since)
-                    else:
-                        stall["since"] = None
-
-            stalls = threading.Thread(target=watch_stalls, daemon=True)
-            stalls.start()
+            stalls = StallWatch(sup).__enter__()
             t0 = time.monotonic()
             ids: dict[str, HostJob] = {}
             for plan in sc.jobs:
@@ -231,14 +215,13 @@ def run_host_scenario(sc: HostScenario, *, stall_s: float = 3.0,
                 if view.state is not JobState.SUCCEEDED:
                     problems.append(f"job {job_id} ({plan.backend}) ended "
                                     f"{view.state.value}: {view.error}")
-            stop.set()
-            stalls.join(5)
+            stalls.__exit__()
         if oracle.over:
             worst = max(mib for _t, mib in oracle.over)
             problems.append(f"the workers' PSS summed to {worst:.0f} MiB, over the "
                             f"{sc.budget_mib} MiB budget, in {len(oracle.over)} reading(s)")
-        if stall["longest"] > stall_s:
-            problems.append(f"stalled {stall['longest']:.1f} s with jobs queued and nothing "
+        if stalls.longest > stall_s:
+            problems.append(f"stalled {stalls.longest:.1f} s with jobs queued and nothing "
                             "running, starting or stopping")
         if oracle.samples < 20:
             problems.append(f"the oracle read /proc only {oracle.samples} times")
