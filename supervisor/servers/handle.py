@@ -359,12 +359,7 @@ class ServerHandle(SupervisedProcess):
         return 0.0 if self._ping_sent is None else max(0.0, now - self._ping_sent)
 
     # -- stop -------------------------------------------------------------------------------
-    def begin_stop(self) -> None:
-        """Take no more jobs and ask the server to go (``http.stop``, else SIGTERM)."""
-        if self._stopping or self._exited.is_set():
-            return
-        self._stopping = True
-        self._set_state(WorkerState.STOPPING)
+    def _ask_to_go(self) -> None:
         if self.proc is not None:
             self._send_stop()
 

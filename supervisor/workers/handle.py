@@ -392,12 +392,8 @@ class WorkerHandle(SupervisedProcess):
             self._asked.pop(event.id, None)
 
     # -- stop -------------------------------------------------------------------------------
-    def begin_stop(self) -> None:
-        """Take no more jobs and ask the worker to exit, now (before anything else runs)."""
-        if self._stopping or self._exited.is_set():
-            return
-        self._stopping = True
-        self._set_state(WorkerState.STOPPING)
+    def _ask_to_go(self) -> None:
+        """A shutdown message, now (before anything else runs), else SIGTERM."""
         control = self.control
         if control is not None and not control.closed:
             control.send(Shutdown(control.next_id()))

@@ -115,7 +115,15 @@ class SupervisedProcess:
         return self.state in HOT
 
     def begin_stop(self) -> None:
-        """Take no more jobs and ask the worker to exit, its own way."""
+        """Take no more jobs and ask the worker to exit, its own way (``_ask_to_go``), once."""
+        if self._stopping or self._exited.is_set():
+            return
+        self._stopping = True
+        self._set_state(WorkerState.STOPPING)
+        self._ask_to_go()
+
+    def _ask_to_go(self) -> None:
+        """How this kind of worker is asked to exit (a message, a command, a signal)."""
         raise NotImplementedError
 
     async def sleep(self, level: int, timeout: float) -> SleepOutcome:

@@ -484,12 +484,7 @@ class VramdWorkerHandle(SupervisedProcess):
         self.kill()
 
     # -- stop -------------------------------------------------------------------------------
-    def begin_stop(self) -> None:
-        """Take no more jobs and ask the worker to unload and exit, now."""
-        if self._stopping or self._exited.is_set():
-            return
-        self._stopping = True
-        self._set_state(WorkerState.STOPPING)
+    def _ask_to_go(self) -> None:
         if self.proc is not None:
             self._send_stop()
 
