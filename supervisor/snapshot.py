@@ -136,6 +136,14 @@ class BackendView:
     wake_cost_s: float | None = None  # what admission counts a wake at (measured, else prior)
     no_sleep: str | None = None  # why it is no longer put to sleep (until respawned)
     api: tuple[str, ...] = ()  # the API shapes an HTTP front serves it as (``api:``)
+    tunnels: int = 0  # websockets open through /upstream to its server (they hold it)
+
+    @property
+    def held(self) -> str:
+        """What holds it loaded besides its jobs: ``2 websockets`` (or "")."""
+        if not self.tunnels:
+            return ""
+        return f"{self.tunnels} websocket" + ("s" if self.tunnels > 1 else "")
 
     @property
     def peak_mib(self) -> int | None:

@@ -26,6 +26,7 @@ from http_support import Front, serve_http
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
+from vramtui.output import backend_table
 
 pytestmark = pytest.mark.process
 
@@ -195,6 +196,67 @@ async def _ws_echo(url: str) -> str:
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as sock:
         await sock.send_str("ping")
         return str((await sock.receive(timeout=10)).data)
+
+
+def test_an_open_websocket_holds_its_server_until_room_is_needed() -> None:
+    """An open websocket through /upstream is use of its server: keep_alive does not unload
+    it (its process stays, per /proc) while the websocket is open, even silent; room for
+    another model's job still evicts it, and the client's websocket is then closed with 1012
+    ("service restart": a client may reconnect); once closed, keep_alive counts again."""
+    backends = [server_backend("a", 5000, keep_alive="0.5s"),
+                server_backend("b", 5000, keep_alive="0.5s")]
+    with serve_http(backends) as front:
+        asyncio.run(_held_then_evicted(front))
+        assert front.get("/v1/backends/a").json()["websockets"] == 0
+        asyncio.run(_held_then_closed(front, "b"))
+        wait_until(lambda: front.get("/v1/backends/b").json()["state"] == "cold", 10,
+                   "b to be unloaded by keep_alive once its websocket closed")
+
+
+def _backend(front: Front, name: str) -> dict[str, Any]:
+    return dict(front.get(f"/v1/backends/{name}").json())
+
+
+async def _stays_loaded(front: Front, name: str, for_s: float) -> int:
+    """Watch ``name`` for ``for_s`` (several keep_alives): loaded, by the same process."""
+    first = await asyncio.to_thread(_backend, front, name)
+    assert first["websockets"] == 1 and first["keep_alive_left_s"] is None, first
+    snap = await asyncio.to_thread(front.sup.snapshot)
+    table = backend_table(snap, wide=True).render(width=200)
+    assert any(name in line and "1 websocket" in line for line in table.splitlines()), table
+    pid = first["pid"]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + for_s
+    while loop.time() < end:
+        await asyncio.sleep(0.1)  # (watching that nothing happens for a while)
+        now = await asyncio.to_thread(_backend, front, name)
+        assert now["state"] == "ready" and now["pid"] == pid, now
+        assert os.path.exists(f"/proc/{pid}")
+    return int(pid)
+
+
+async def _held_then_evicted(front: Front) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, \
+            session.ws_connect(front.base + "/upstream/a/ws") as sock:
+        await _stays_loaded(front, "a", 2.0)
+        await sock.send_str("ping")
+        assert (await sock.receive(timeout=10)).data == "echo:ping"
+        reply = await asyncio.to_thread(front.post, "/v1/chat/completions", chat("b"))
+        assert reply.status == 200, reply.body[:300]
+        msg = await sock.receive(timeout=20)
+        assert msg.type is aiohttp.WSMsgType.CLOSE, msg
+        assert msg.data == 1012 and "server closed the websocket" in msg.extra, msg
+
+
+async def _held_then_closed(front: Front, name: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, \
+            session.ws_connect(front.base + f"/upstream/{name}/ws") as sock:
+        await _stays_loaded(front, name, 2.0)
+        await sock.close()
 
 
 def first_data(sse: Any) -> bytes:

@@ -175,7 +175,7 @@ def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
                               else ""),
                            str(b.queued), str(b.running), str(b.jobs_served)]
         if wide:
-            keep = "pinned" if b.pinned else seconds_text(b.keep_alive_left_s)
+            keep = "pinned" if b.pinned else b.held or seconds_text(b.keep_alive_left_s)
             row += [mib_text(b.observed_p95_mib), str(b.priority), keep, b.description]
         table.add_row(*row)
     return table

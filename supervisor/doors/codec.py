@@ -134,6 +134,7 @@ def backend_json(b: BackendView, snap: EngineSnapshot, extra: dict[str, Any]) ->
         "keep_alive_left_s": _finite(b.keep_alive_left_s), "pinned": b.pinned,
         "priority": b.priority, "jobs": {"queued": b.queued, "running": b.running,
                                          "served": b.jobs_served},
+        "websockets": b.tunnels,
         "last_used": epoch(b.last_used), "last_error": b.last_error,
         "init_failures": b.init_failures, "features": list(b.features), "source": b.source,
         "sleep": {"can_sleep": b.can_sleep, "residual_mib": b.sleep_residual_mib,

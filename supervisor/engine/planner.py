@@ -136,7 +136,7 @@ class Planner:
         return admission.WorkerFacts(
             name=w.name, backend=rt.spec.name, gpu=w.gpu, state=state, jobs=len(rt.admitted),
             exclusive=c.exclusive, observed_mib=m.observed_mib,
-            idle_since=rt.usage.idle_since, accepting=c.accepting,
+            idle_since=rt.usage.idle_for_eviction(), accepting=c.accepting,
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
             can_sleep=rt.can_sleep)

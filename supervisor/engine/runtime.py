@@ -121,9 +121,35 @@ class Slumber:
 
 @dataclass
 class Usage:
+    """How a backend is used: its jobs, and the websockets open through ``/upstream`` to its
+    server (*tunnels*). An open tunnel is use: the server is not unloaded by ``keep_alive``
+    while one is open, and it looks just used to eviction (its idle time counts from the
+    last tunnel's close or message); room for a job may still evict it, which closes them."""
+
     jobs_served: int = 0
     last_used: float | None = None  # wall clock
     idle_since: float | None = None  # engine clock
+    tunnels: int = 0
+
+    def tunnel_opened(self, now: float, wall: float) -> None:
+        self.tunnels += 1
+        self.touched(now, wall)
+
+    def tunnel_closed(self, now: float, wall: float) -> None:
+        self.tunnels = max(0, self.tunnels - 1)
+        self.touched(now, wall)
+
+    def touched(self, now: float, wall: float) -> None:
+        """A tunnel carried a message (or opened, or closed): used now. A worker with jobs
+        has no idle time to restart."""
+        self.last_used = wall
+        if self.idle_since is not None:
+            self.idle_since = now
+
+    def idle_for_eviction(self) -> float | None:
+        """When it went idle, as eviction counts it: unknown (so, just now) while a tunnel
+        is open."""
+        return None if self.tunnels else self.idle_since
 
 
 @dataclass

@@ -100,7 +100,7 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
     w, m, spec = rt.worker, rt.measures, rt.spec
     keep_left = None
     idle = rt.usage.idle_since
-    if w is not None and idle is not None and not rt.admitted \
+    if w is not None and idle is not None and not rt.admitted and not rt.usage.tunnels \
             and math.isfinite(spec.keep_alive_s):
         keep_left = max(0.0, spec.keep_alive_s - (now - idle))
     peaks = sorted(m.observed_peaks)
@@ -115,7 +115,8 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
         priority=spec.priority, jobs_served=rt.usage.jobs_served,
         last_used=rt.usage.last_used, keep_alive_left_s=keep_left,
         last_error=rt.health.last_error, init_failures=rt.health.init_failures,
-        queued=queued, running=len(rt.admitted), description=spec.description,
+        queued=queued, running=len(rt.admitted), tunnels=rt.usage.tunnels,
+        description=spec.description,
         log_path=str(paths.worker_log_path(spec.name)), pinned=spec.pinned,
         simulated=spec.simulated, source=spec.source,
         features=tuple(sorted(w.features)) if w is not None else (),

@@ -316,7 +316,7 @@ class WorkerWatch:
             w, spec, idle = rt.worker, rt.spec, rt.usage.idle_since
             asleep = rt.slumber is not None and rt.slumber.phase == "asleep"
             if (w is not None and (w.state == WorkerState.READY or asleep) and not rt.admitted
-                    and idle is not None and not spec.pinned
+                    and not rt.usage.tunnels and idle is not None and not spec.pinned
                     and math.isfinite(spec.keep_alive_s) and now - idle >= spec.keep_alive_s):
                 self.notes.note("info", f"{spec.name} idle for {spec.keep_alive_s:g} s "
                                 "(keep_alive): unloading", spec.name)

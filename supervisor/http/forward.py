@@ -14,7 +14,9 @@ error event.
 
 ``/upstream/{model}/{path}`` passes any request to the model's server (loading it first):
 a plain request as a job like the others, a websocket (``Upgrade: websocket``) straight to
-the server once it is ready.
+the server once it is ready, counted as use of it while open (``doors/tunnels.py``: no
+``keep_alive`` unload under it); when the server's side ends without a close of its own
+(evicted for room, stopped, crashed) the client's is closed with 1012.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientSession, TraceConfig, WSMsgType, web
 
-from ..doors import watch
+from ..doors import tunnels, watch
 from ..errors import EngineStopped, VramtuiError
 from ..jobs import JobState
 from ..servers.request import forwardable, job_metadata, target_url
@@ -279,10 +281,11 @@ async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
 
 async def _websocket(server: HttpServer, request: web.Request, backend: str,
                      target: str) -> web.StreamResponse:
+    """The server's websocket first (refused: a 502 to the client, who never had one), then
+    the client's; open, it is use of the server: no keep_alive unload under it (room may
+    still evict it; its server's end then closes the client's with WS_SERVER_GONE)."""
     spec = server.engine.backends[backend].spec
     base = await server_url(server, backend, spec.timeouts.start_s)
-    client = web.WebSocketResponse()
-    await client.prepare(request)
     async with ClientSession(trace_configs=[_NO_REDIRECTS]) as session:
         try:
             # The handshake to the server is the engine's own, not the client's.
@@ -290,14 +293,34 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
                    if not k.lower().startswith("sec-websocket-")}
             upstream_ws = await session.ws_connect(
                 target_url(base.replace("http", "ws", 1), target), headers=own)
-        except Exception as exc:  # noqa: BLE001 - any failure closes the client's socket
-            await client.close(message=f"{backend}'s server refused the websocket: "
-                               f"{exc}".encode()[:120])
-            return client
+        except Exception as exc:  # noqa: BLE001 - any failure is the client's 502
+            raise HttpError(502, f"{backend}'s server refused the websocket: "
+                            f"{str(exc)[:200] or type(exc).__name__}", "server_error",
+                            "upstream_refused") from None
         async with upstream_ws:
-            await asyncio.gather(_pipe(client, upstream_ws), _pipe(upstream_ws, client),
-                                 return_exceptions=True)
+            with tunnels.tunnel(server.engine, backend) as held:
+                client = web.WebSocketResponse()
+                await client.prepare(request)
+                server_gone = (WS_SERVER_GONE, _reason(
+                    f"{backend}'s server closed the websocket (it was unloaded, stopped "
+                    "or failed)"))
+                await asyncio.gather(_pipe(client, upstream_ws, held, CLIENT_GONE),
+                                     _pipe(upstream_ws, client, held, server_gone),
+                                     return_exceptions=True)
     return client
+
+
+#: The close code a client gets when its server's side ended without a close of its own
+#: (unloaded, stopped, crashed) or refused it: 1012, "service restart" (RFC 6455's registry):
+#: a client that reconnects gets the server loaded again.
+WS_SERVER_GONE = 1012
+#: What the server is told when the client went without a close: 1001, "going away".
+CLIENT_GONE = (1001, b"the client went away")
+
+
+def _reason(text: str) -> bytes:
+    """A close reason: at most 123 bytes (a close frame's limit), cut on a character."""
+    return text.encode()[:120].decode("utf-8", "ignore").encode()
 
 
 class RedirectRefused(ClientError):
@@ -315,18 +338,27 @@ _NO_REDIRECTS = TraceConfig()
 _NO_REDIRECTS.on_request_redirect.append(_refuse_redirect)
 
 
-async def _pipe(source: Any, sink: Any) -> None:
+async def _pipe(source: Any, sink: Any, held: tunnels.Tunnel | None,
+                gone: tuple[int, bytes]) -> None:
+    """Messages from ``source`` to ``sink`` as they come; at the end, ``sink`` is closed with
+    ``source``'s close code, or with ``gone`` when ``source`` went without one."""
+    code, reason = gone
     try:
         async for msg in source:
+            if held is not None:
+                held.carried()
             if msg.type == WSMsgType.TEXT:
                 await sink.send_str(msg.data)
             elif msg.type == WSMsgType.BINARY:
                 await sink.send_bytes(msg.data)
             else:
                 break
+        if source.close_code is not None and 1000 <= source.close_code < 5000 \
+                and source.close_code not in (1005, 1006, 1015):
+            code, reason = source.close_code, b""  # (its own reason is not kept by aiohttp)
     finally:
         with contextlib.suppress(Exception):
-            await sink.close()
+            await sink.close(code=code, message=reason)
 
 
 def unknown_server(model: str) -> HttpError:

@@ -126,9 +126,7 @@ class BackendDetail(ReadonlyKeys, DetailScreen):
             ("priority", b.priority),
             ("jobs", f"{b.jobs_served} served · {b.running} running · {b.queued} queued"),
             ("last use", fmt.ago(clocks.wall() - b.last_used) if b.last_used else "never"),
-            ("keep-alive", "pinned" if b.pinned else (
-                fmt.dur(b.keep_alive_left_s) + " left" if b.keep_alive_left_s is not None
-                else "–")),
+            ("keep-alive", _keep_alive_text(b)),
             ("sleep", _sleep_text(b)),
             ("features", ", ".join(b.features) or "–"),
             ("init failures", b.init_failures),
@@ -279,6 +277,14 @@ def calibration_text(api: Any, name: str,
     text.append("m", style="bold cyan")
     text.append(" calibrates again", style="dim")
     return text
+
+
+def _keep_alive_text(b: BackendView) -> str:
+    if b.pinned:
+        return "pinned"
+    if b.held:
+        return f"held: {b.held} open through /upstream"
+    return fmt.dur(b.keep_alive_left_s) + " left" if b.keep_alive_left_s is not None else "–"
 
 
 def _sleep_text(b: BackendView) -> Text:

@@ -83,7 +83,7 @@ class BackendsTable(RowTable):
                 note.append(" · ")
             note.append(trim(b.last_error, max(4, err_w - note.cell_len)), style="red")
         jobs = Text(str(b.jobs_served))
-        keep = "pinned" if b.pinned else (
+        keep = "pinned" if b.pinned else b.held or (
             fmt.dur(b.keep_alive_left_s) if b.keep_alive_left_s is not None else "")
         return {
             "name": name,
