@@ -238,3 +238,25 @@ def test_the_sleepers_host_budget_comes_from_the_environment_then_config_yaml(
     (tmp_path / "config.yaml").write_text("engine:\n  sleep_host_budget: -1\n")
     with pytest.raises(VramtuiError, match="sleep_host_budget: .*negative"):
         engine_config(args, paths, {})
+
+
+def test_a_job_that_comes_as_the_sleep_is_asked_leaves_no_sleep_half_begun() -> None:
+    # The sleep is asked and, in the same turn of the loop, a job is admitted: the sleep hook
+    # then finds the worker busy and does not sleep. Its sleep must not stay recorded as
+    # "falling" (counted as giving its memory back, a wake waiting on a sleep that never ends).
+    with fake_engine({"a": NINE}, gpus=[CARD], scripts={"a": sleepy(job_s=0.2)}) as fe:
+        fe.sup.wait(fe.sup.submit("a", b""), 10)
+
+        def sleep_then_job() -> str:
+            fe.engine.sleep("a")
+            job = fe.engine.submit("a", b"", durable=False)
+            fe.engine.step_now()
+            return str(job.id)
+
+        job = fe.on_loop(sleep_then_job)
+        assert fe.sup.wait(job, 10).state is JobState.SUCCEEDED
+        wait_until(lambda: fe.on_loop(lambda: fe.engine.backends["a"].slumber) is None, 5,
+                   "the sleep that did not happen to be forgotten")
+        assert state(fe, "a") == "ready" and fe.worker("a").sleeps == []
+        fe.sup.sleep("a")  # asked again, idle: it sleeps
+        wait_until(lambda: state(fe, "a") == "asleep", 5, "a asleep")

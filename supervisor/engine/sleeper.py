@@ -150,9 +150,17 @@ class Sleeper:
 
     async def _fall_asleep(self, rt: BackendRuntime, w: Worker) -> None:
         spec = rt.spec
-        outcome = await w.sleep(spec.sleep.level, spec.timeouts.start_s)
         slumber = rt.slumber
-        if rt.worker is not w or w.exited or slumber is None or w.state != WorkerState.ASLEEP:
+        outcome = await w.sleep(spec.sleep.level, spec.timeouts.start_s)
+        if rt.worker is not w or w.exited or rt.slumber is not slumber or slumber is None:
+            return
+        if w.state != WorkerState.ASLEEP:
+            # It did not begin to sleep (a job came in the same turn of the loop): no sleep
+            # stays recorded, nor counted as giving its memory back.
+            rt.slumber = None
+            self.notes.note("info", f"{spec.name} was not put to sleep: {outcome.error}",
+                            spec.name, quiet=True)
+            self.loop.schedule()
             return
         if not outcome.ok:
             self._fall_back(rt, f"its sleep failed: {outcome.error}")
