@@ -24,6 +24,7 @@ from supervisor.scheduler import (
 )
 from supervisor.scheduler.expect import (
     GAPS_KEPT,
+    HOLD_SHARE,
     STREAMS_KEPT,
     Expectations,
     Learner,
@@ -313,3 +314,38 @@ def test_a_stream_seen_for_one_burst_is_not_taken_as_ended() -> None:
     stream = learner.view(5.0).streams["chat-llm"][0]
     assert not stream.alive(5.0) and stream.ends_for(4.0) > 5.0
     assert stream.ends_for(4.0) - stream.last_at == pytest.approx(2 * (4.0 - 0.35))
+
+
+def test_a_random_stream_holds_a_batch_at_most_a_share_of_its_time() -> None:
+    """A Poisson chat that has stopped: read from its silence alone, it ends only after ~10
+    of its mean gaps (a live one is that silent as rarely as that); the batch held for it
+    goes after ``HOLD_SHARE`` of what it would take had the stream stopped at its last
+    request (what it waited until then, its load and its queued work): within 1.2x of that."""
+    learner = Learner()
+    times = arrivals.poisson(0.5, 60.0, random.Random(5), start=1.0)
+    for t in times:
+        learner.arrived("chat-llm", 10, t)
+    learner.ran("big", 3.0)
+    last = times[-1]
+    share = HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + 3.0)  # submitted at 0
+    stream = learner.view(last).streams["chat-llm"][0]
+    assert stream.quiet_at - last > share + 5.0  # the silence alone would hold it longer
+    before = last + share - 0.2
+    p = plan(llm_idle_and_big_queued(learner.view(before), before), before)
+    assert p.evictions == () and p.revisit_at == pytest.approx(last + share)
+    after = last + share + 0.01
+    p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
+    assert [e.backend for e in p.evictions] == ["chat-llm"]
+
+
+def test_few_random_gaps_say_little_of_the_rate() -> None:
+    """An early run of quick requests: the rate read from few gaps is uncertain, so a
+    random stream's silence ends it later than its mean gap alone would say; regular gaps
+    tell their rate well, and the same count of them ends the stream as before."""
+    quick = Learner()
+    for t in (0.0, 0.3, 0.5, 1.4, 1.6, 2.5):
+        quick.arrived("chat", 10, t)
+    s = quick.view(2.5).streams["chat"][0]
+    assert (s.quiet_at - s.last_at) > 12 * s.mean_gap
+    regular = periodic(0.5, 6).view(2.5).streams["chat"][0]
+    assert regular.quiet_at - regular.last_at < 4 * regular.mean_gap

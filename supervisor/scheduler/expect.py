@@ -60,7 +60,7 @@ HALF_LIFE_S = 600.0
 MIN_GAP_S = 0.05
 #: A stream has stopped once silent for longer than its longest gap times this, plus the pad.
 QUIET_FACTOR = 1.25
-RANDOM_QUIET = 5.0
+RANDOM_QUIET = 7.0
 QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
@@ -73,6 +73,8 @@ BURST_RATIO = 10.0
 UNMEASURED_FACTOR = 2.0
 #: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
 MISTAKE_REQUESTS = 2.0
+#: A stream's silence holds a job at most this share of its batch's time (``hold``).
+HOLD_SHARE = 0.2
 #: How long the next request of a stream may be made to wait, unless its backend says.
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
@@ -109,8 +111,8 @@ class Stream:
         n = len(gaps)
         spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
         random = min(1.0, spread / mean) if mean > 0 else 0.0
-        quiet = RANDOM_QUIET + math.log(1 + max(n, self.seen))
-        silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR + random * quiet * mean
+        silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR
+                   + random * random_quiet(sum(gaps), n, max(n, self.seen), random)
                    + mean * FEW_GAPS / n_all + QUIET_PAD_S)
         return self.last_at + silence
 
@@ -121,14 +123,17 @@ class Stream:
     def mean_gap(self) -> float:
         return sum(self.gaps) / len(self.gaps) if self.gaps else 0.0
 
-    def ends_for(self, window: float) -> float:
+    def ends_for(self, window: float, most_s: float = math.inf) -> float:
         """When a job whose eviction of this stream's worker would make its next request
         wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
-        but not before a silence of what that mistake would cost, shrinking as the stream
-        runs for longer than that (``young_quiet``)."""
+        or after a silence of ``most_s`` if sooner, but not before a silence of what that
+        mistake would cost, shrinking as the stream runs for longer than that
+        (``young_quiet``)."""
         if not self.gaps:
             return self.last_at
-        return max(self.last_at + self.young_quiet(window), self.quiet_at)
+        most_s = max(most_s, max(self.gaps) * QUIET_FACTOR)
+        return max(self.last_at + self.young_quiet(window),
+                   min(self.quiet_at, self.last_at + most_s))
 
     def young_quiet(self, window: float) -> float:
         """The silence that does not end a stream younger than ``window``: taking a live
@@ -185,6 +190,24 @@ class Stream:
             else:
                 lo = mid
         return hi
+
+
+def random_quiet(total: float, n: int, seen: int, random: float = 1.0) -> float:
+    """The silence after which a random stream whose ``n`` gaps (of ``seen`` in all) came to
+    ``total`` seconds has stopped: where the odds that it stopped reach ``e**RANDOM_QUIET``,
+    from prior odds of ``1 / (1 + seen)`` (a stream that had ``seen`` gaps ends after the
+    next one as often as that). A live stream of rate ``r`` is silent ``s`` with chance
+    ``exp(-r s)``; its rate known only from its gaps (a Gamma of ``n`` and ``total``), that
+    chance is ``(total / (total + s)) ** n``: few gaps, or gaps shorter than its rate by
+    chance (an early run of quick requests), make a long silence likelier than its mean gap
+    says. That uncertainty counts as much as the gaps are random (``random``, their spread
+    over their mean: near 0, regular gaps tell the rate well)."""
+    if n <= 0 or total <= 0:
+        return 0.0
+    quiet = RANDOM_QUIET + math.log(1 + seen)
+    known = total / n * quiet
+    unsure = total * math.expm1(min(quiet / n, 50.0))
+    return known + random * (unsure - known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,17 +301,25 @@ class Learner:
 
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
-         victims: list[tuple[str, float]]) -> tuple[Stream, float, float] | None:
+         victims: list[tuple[str, float]], *, since: float = -math.inf,
+         batch_s: float = math.inf) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
-    first such stream and how long its request would wait, expected; None when none."""
+    first such stream and how long its request would wait, expected; None when none.
+
+    A job held since ``since`` whose backend's queued work takes ``batch_s`` (its load and
+    every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
+    batch takes if that stream had stopped at its last request (what it waited until then,
+    plus ``batch_s``): however the stream is read, a batch held for one that has in fact
+    stopped ends within ``1 + HOLD_SHARE`` of the time it could have taken."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:
                 break
-            until = stream.ends_for(window)
+            most = HOLD_SHARE * (max(0.0, stream.last_at - since) + batch_s)
+            until = stream.ends_for(window, most)
             if now >= until:
                 continue
             cost = stream.chance_within(now, window) * window

@@ -751,7 +751,10 @@ class _Planner:
             own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
-        held = expect.hold(exp, self.now, self._effective(job), run_s, undo)
+        batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
+        held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
+                           since=job.submitted_at,
+                           batch_s=batch_s)
         if held is None:
             return False
         stream, _cost, until = held
