@@ -268,10 +268,10 @@ def test_the_issue_trace_keeps_the_chat_model_and_the_batch_follows() -> None:
 def test_streams_beside_batches_fixed_seeds(kind: str) -> None:
     """A short run of scripts/interactive-soak: what the batch adds to the chat's p95 stays
     within twice its job time, the batch within 1.25x of its bound. (Over 200 seeds the
-    soak finds 3 Poisson cases past each, and 1 bursty one past the first: no rule that reads
-    the silence alone can tell them apart — seed 63's live stream is silent 11.0 s, 8.1 of
-    its mean gaps, 14.5 s into the batch's wait, where seed 24's stream, ended, must be taken
-    as ended within 16.4 s, 6.7 of its mean gaps, 36 s in.)"""
+    soak finds no batch past its bound, 13 Poisson cases and 1 bursty one past the chat's:
+    a long silence early in a random stream, where a batch of unknown work may not wait for
+    more than a fifth of its time; for 2 of them no policy that reads only the requests so
+    far could pass both the case and its twin with the stream ended there: ``Case.forced``.)"""
     for seed in range(8):
         c = case(seed, kind)
         r = simulate(c.trace)
@@ -349,3 +349,16 @@ def test_few_random_gaps_say_little_of_the_rate() -> None:
     assert (s.quiet_at - s.last_at) > 12 * s.mean_gap
     regular = periodic(0.5, 6).view(2.5).streams["chat"][0]
     assert regular.quiet_at - regular.last_at < 4 * regular.mean_gap
+
+
+def test_a_silence_can_force_the_choice_between_the_chat_and_its_twins_batch() -> None:
+    """Poisson seed 54: silent 16.8 s early on; had its stream ended there, its batch could
+    meet its bound only by loading the big model within 15.9 s, which here makes 4 requests
+    wait where the p95 lets none by: no policy that reads only what has come passes both.
+    Seed 0 has no such silence."""
+    forced = case(54, "poisson")
+    why = forced.forced(simulate(forced.alone()))
+    assert why is not None and why.delayed > why.allowed and why.latest < why.silence
+    assert str(why).startswith("silent 16.8 s after 35.4 s")
+    free = case(0, "poisson")
+    assert free.forced(simulate(free.alone())) is None

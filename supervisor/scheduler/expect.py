@@ -13,8 +13,9 @@ stopped and nothing is expected of it. A regular stream (its gaps' spread, the s
 deviation over the mean, near 0) stops after its longest gap times ``QUIET_FACTOR``; a random
 one (spread near 1, as independent requests: any silence is possible, a long one only
 improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
-that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the longer it
-has gone on, the longer the silence it takes); in between, in proportion. Plus
+that silent once in ``e**RANDOM_QUIET`` = 1100 times as many gaps as it had: the longer it
+has gone on, the longer the silence it takes), more while its rate is read from few gaps
+(``random_quiet``); in between, in proportion. Plus
 ``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``. A bursty stream
 (its gaps longer than the mean ``BURST_RATIO`` times those shorter) is read by its gaps
 between bursts alone: bursts every 6 s stop after a silence of a little more than 6 s, not
@@ -37,7 +38,12 @@ stream is alive costs its next request, if it comes while the evicting job loads
 and the worker reloads (``window``), that much wait: ``p_within(window) * window``. Against
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
-a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``). At
+a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
+a stream's silence holds it at most ``HOLD_SHARE`` of its batch's time (what it waited until
+the stream's last request, its load and its backend's queued work), never less than a gap the
+stream has had (times ``QUIET_FACTOR``) nor, while the stream is young, what the mistake
+would cost: a random stream's long silence cannot be told from its end, and the batch held
+for an ended one ends within ``1 + HOLD_SHARE`` of what it could have taken. At
 equal priority an alive stream makes its worker dearer to evict, as queued work does, and
 keeps it while a patient barrier waits if its next request is due within a reload; a stream
 of lower priority than the job counts for nothing.
@@ -126,8 +132,9 @@ class Stream:
     def ends_for(self, window: float, most_s: float = math.inf) -> float:
         """When a job whose eviction of this stream's worker would make its next request
         wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
-        or after a silence of ``most_s`` if sooner, but not before a silence of what that
-        mistake would cost, shrinking as the stream runs for longer than that
+        or after a silence of ``most_s`` if sooner (never shorter than its longest gap times
+        ``QUIET_FACTOR``: a silence it has had before ends nothing), but not before a silence
+        of what that mistake would cost, shrinking as the stream runs for longer than that
         (``young_quiet``)."""
         if not self.gaps:
             return self.last_at
@@ -312,7 +319,8 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
     batch takes if that stream had stopped at its last request (what it waited until then,
     plus ``batch_s``): however the stream is read, a batch held for one that has in fact
-    stopped ends within ``1 + HOLD_SHARE`` of the time it could have taken."""
+    stopped ends within ``1 + HOLD_SHARE`` of the time it could have taken (its work as
+    estimated: before its first job has run, as ``plan`` takes it)."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
