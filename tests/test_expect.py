@@ -74,7 +74,7 @@ def test_a_random_stream_takes_a_longer_silence_to_stop() -> None:
     # ... while the same silence ends a periodic stream of that mean gap.
     regular = periodic(2.0, 100).view(198.0 + 6.0).streams["chat"][0]
     assert not regular.alive(204.0)
-    assert not stream.alive(last + 40.0)
+    assert not stream.alive(last + 45.0)
 
 
 def test_a_bursty_stream_stops_after_a_silence_of_its_gaps_between_bursts() -> None:
@@ -268,10 +268,10 @@ def test_the_issue_trace_keeps_the_chat_model_and_the_batch_follows() -> None:
 def test_streams_beside_batches_fixed_seeds(kind: str) -> None:
     """A short run of scripts/interactive-soak: what the batch adds to the chat's p95 stays
     within twice its job time, the batch within 1.25x of its bound. (Over 200 seeds the
-    soak finds no batch past its bound, 13 Poisson cases and 1 bursty one past the chat's:
-    a long silence early in a random stream, where a batch of unknown work may not wait for
-    more than a fifth of its time; for 2 of them no policy that reads only the requests so
-    far could pass both the case and its twin with the stream ended there: ``Case.forced``.)"""
+    soak finds 2 Poisson batches past their bound, where the silence that ends the stream
+    early enough is one its live stream seldom has, and 1 bursty case past the chat's. Where
+    a chat fails, ``Case.forced`` says whether any policy that reads only the requests so far
+    could pass both it and its twin with the stream ended at one of its requests.)"""
     for seed in range(8):
         c = case(seed, kind)
         r = simulate(c.trace)
@@ -325,11 +325,13 @@ def test_a_random_stream_holds_a_batch_at_most_a_share_of_its_time() -> None:
     times = arrivals.poisson(0.5, 60.0, random.Random(5), start=1.0)
     for t in times:
         learner.arrived("chat-llm", 10, t)
-    learner.ran("big", 3.0)
+    learner.ran("big", 30.0)
     last = times[-1]
-    share = HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + 3.0)  # submitted at 0
+    share = HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + 30.0)  # submitted at 0
     stream = learner.view(last).streams["chat-llm"][0]
-    assert stream.quiet_at - last > share + 5.0  # the silence alone would hold it longer
+    # The silence alone would hold it longer; the share ends it once a live stream would
+    # seldom be that silent.
+    assert stream.doubt_at < last + share < stream.quiet_at - 5.0
     before = last + share - 0.2
     p = plan(llm_idle_and_big_queued(learner.view(before), before), before)
     assert p.evictions == () and p.revisit_at == pytest.approx(last + share)

@@ -13,7 +13,7 @@ stopped and nothing is expected of it. A regular stream (its gaps' spread, the s
 deviation over the mean, near 0) stops after its longest gap times ``QUIET_FACTOR``; a random
 one (spread near 1, as independent requests: any silence is possible, a long one only
 improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
-that silent once in ``e**RANDOM_QUIET`` = 1100 times as many gaps as it had: the longer it
+that silent once in ``e**RANDOM_QUIET`` = 3000 times as many gaps as it had: the longer it
 has gone on, the longer the silence it takes), more while its rate is read from few gaps
 (``random_quiet``); in between, in proportion. Plus
 ``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``. A bursty stream
@@ -39,11 +39,13 @@ and the worker reloads (``window``), that much wait: ``p_within(window) * window
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
 a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
-a stream's silence holds it at most ``HOLD_SHARE`` of its batch's time (what it waited until
-the stream's last request, its load and its backend's queued work), never less than a gap the
-stream has had (times ``QUIET_FACTOR``) nor, while the stream is young, what the mistake
-would cost: a random stream's long silence cannot be told from its end, and the batch held
-for an ended one ends within ``1 + HOLD_SHARE`` of what it could have taken. At
+once a stream's silence is one a live stream seldom has (``doubt_at``: odds of
+``e**DOUBT_QUIET`` that it stopped), it holds the job at most ``HOLD_SHARE`` of its batch's
+time (what it waited until the stream's last request, its load and its backend's queued
+work), never less than a gap the stream has had (times ``QUIET_FACTOR``) nor, while the
+stream is young, what the mistake would cost: a random stream's long silence cannot be told
+from its end, and the batch held for an ended one ends within about ``1 + HOLD_SHARE`` of
+what it could have taken. At
 equal priority an alive stream makes its worker dearer to evict, as queued work does, and
 keeps it while a patient barrier waits if its next request is due within a reload; a stream
 of lower priority than the job counts for nothing.
@@ -66,7 +68,8 @@ HALF_LIFE_S = 600.0
 MIN_GAP_S = 0.05
 #: A stream has stopped once silent for longer than its longest gap times this, plus the pad.
 QUIET_FACTOR = 1.25
-RANDOM_QUIET = 7.0
+RANDOM_QUIET = 8.0
+DOUBT_QUIET = 3.5  # the odds (log) that a stream stopped past which a batch's share may end it
 QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
@@ -102,6 +105,17 @@ class Stream:
     @property
     def quiet_at(self) -> float:
         """When it counts as stopped if nothing more comes (see the module doc)."""
+        return self.stopped_at(RANDOM_QUIET)
+
+    @property
+    def doubt_at(self) -> float:
+        """When it may have stopped, if nothing more comes: as ``quiet_at``, with the odds
+        that it stopped at ``e**DOUBT_QUIET`` (a live random stream is that silent once in
+        ``e**DOUBT_QUIET`` times as many gaps as it had: rare, not unheard of)."""
+        return self.stopped_at(DOUBT_QUIET)
+
+    def stopped_at(self, odds: float) -> float:
+        """When the log odds that it has stopped reach ``odds`` if nothing more comes."""
         gaps = self.gaps
         if not gaps:
             return self.last_at
@@ -118,7 +132,7 @@ class Stream:
         spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
         random = min(1.0, spread / mean) if mean > 0 else 0.0
         silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR
-                   + random * random_quiet(sum(gaps), n, max(n, self.seen), random)
+                   + random * random_quiet(sum(gaps), n, max(n, self.seen), random, odds)
                    + mean * FEW_GAPS / n_all + QUIET_PAD_S)
         return self.last_at + silence
 
@@ -132,13 +146,14 @@ class Stream:
     def ends_for(self, window: float, most_s: float = math.inf) -> float:
         """When a job whose eviction of this stream's worker would make its next request
         wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
-        or after a silence of ``most_s`` if sooner (never shorter than its longest gap times
-        ``QUIET_FACTOR``: a silence it has had before ends nothing), but not before a silence
+        or after a silence of ``most_s`` if sooner (never before ``doubt_at``, nor a silence
+        shorter than its longest gap times ``QUIET_FACTOR``: a silence it has had before ends
+        nothing), but not before a silence
         of what that mistake would cost, shrinking as the stream runs for longer than that
         (``young_quiet``)."""
         if not self.gaps:
             return self.last_at
-        most_s = max(most_s, max(self.gaps) * QUIET_FACTOR)
+        most_s = max(most_s, max(self.gaps) * QUIET_FACTOR, self.doubt_at - self.last_at)
         return max(self.last_at + self.young_quiet(window),
                    min(self.quiet_at, self.last_at + most_s))
 
@@ -199,7 +214,8 @@ class Stream:
         return hi
 
 
-def random_quiet(total: float, n: int, seen: int, random: float = 1.0) -> float:
+def random_quiet(total: float, n: int, seen: int, random: float = 1.0,
+                 odds: float = RANDOM_QUIET) -> float:
     """The silence after which a random stream whose ``n`` gaps (of ``seen`` in all) came to
     ``total`` seconds has stopped: where the odds that it stopped reach ``e**RANDOM_QUIET``,
     from prior odds of ``1 / (1 + seen)`` (a stream that had ``seen`` gaps ends after the
@@ -211,7 +227,7 @@ def random_quiet(total: float, n: int, seen: int, random: float = 1.0) -> float:
     over their mean: near 0, regular gaps tell the rate well)."""
     if n <= 0 or total <= 0:
         return 0.0
-    quiet = RANDOM_QUIET + math.log(1 + seen)
+    quiet = odds + math.log(1 + seen)
     known = total / n * quiet
     unsure = total * math.expm1(min(quiet / n, 50.0))
     return known + random * (unsure - known)
@@ -319,8 +335,9 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
     batch takes if that stream had stopped at its last request (what it waited until then,
     plus ``batch_s``): however the stream is read, a batch held for one that has in fact
-    stopped ends within ``1 + HOLD_SHARE`` of the time it could have taken (its work as
-    estimated: before its first job has run, as ``plan`` takes it)."""
+    stopped ends within about ``1 + HOLD_SHARE`` of the time it could have taken (its work
+    as estimated: before its first job has run, as ``plan`` takes it; and once its silence
+    is past ``Stream.doubt_at``)."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
