@@ -203,9 +203,14 @@ def backend_of(pid: int, cache: dict[int, str | None]) -> str | None:
 
 
 #: Why a job waits when the scheduler holds it for an expected request (issue 28), and how
-#: long such a hold may last before the checker calls it a stall.
+#: long such a hold, with nothing else going on, may last before the checker counts it as a
+#: stall: with nothing else on the GPU, a stream of few gaps (every stream in these traces,
+#: whose requests all come within about 2 s) holds a job for a silence of at most 3 of its
+#: mean gaps or one mistake's cost (``expect.hold``): an unmeasured job's load and run at
+#: twice a reload each and the victim's reload, 5 s for the default 1 s reload; plus margin
+#: for reloads measured slower on a loaded machine.
 HOLD_REASON = "expects a request within"
-HELD_S = 12.0
+HELD_S = 8.0
 
 
 class Watching:

@@ -364,3 +364,24 @@ def test_a_silence_can_force_the_choice_between_the_chat_and_its_twins_batch() -
     assert str(why).startswith("silent 16.8 s after 35.4 s")
     free = case(0, "poisson")
     assert free.forced(simulate(free.alone())) is None
+
+
+def test_a_young_stream_holds_an_idle_gpu_for_one_mistake_at_most() -> None:
+    """Four requests at random (the engine's random soak: a batch held 5.2 s with nothing
+    running). With nothing else on the GPU, a stream of few gaps holds the job for at most
+    3 of its mean gaps or what one mistake costs (the job's load and run and the chat's
+    reload: 9 s, less the 2.04 s its gaps cover), not twice that as a young stream would."""
+    learner = Learner()
+    for t in (0.0, 0.1, 0.66, 2.04):
+        learner.arrived("chat-llm", 10, t)
+    learner.ran("big", 3.0)
+    stream = learner.view(2.04).streams["chat-llm"][0]
+    window = BIG.reload_cost_s + 3.0 + LLM.reload_cost_s
+    one = window - 2.04
+    assert stream.ends_for(window) >= 2.04 + 2 * one  # the young stream's own floor
+    before = 2.04 + one - 0.3
+    p = plan(llm_idle_and_big_queued(learner.view(before), before), before)
+    assert p.evictions == () and p.revisit_at == pytest.approx(2.04 + one)
+    after = 2.04 + one + 0.01
+    p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
+    assert [e.backend for e in p.evictions] == ["chat-llm"]

@@ -45,7 +45,8 @@ time (what it waited until the stream's last request, its load and its backend's
 work), never less than a gap the stream has had (times ``QUIET_FACTOR``) nor, while the
 stream is young, what the mistake would cost: a random stream's long silence cannot be told
 from its end, and the batch held for an ended one ends within about ``1 + HOLD_SHARE`` of
-what it could have taken. At
+what it could have taken. With nothing else on the GPU, a stream of few gaps holds the job
+for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost while younger than that. At
 equal priority an alive stream makes its worker dearer to evict, as queued work does, and
 keeps it while a patient barrier waits if its next request is due within a reload; a stream
 of lower priority than the job counts for nothing.
@@ -84,6 +85,9 @@ UNMEASURED_FACTOR = 2.0
 MISTAKE_REQUESTS = 2.0
 #: A stream's silence holds a job at most this share of its batch's time (``hold``).
 HOLD_SHARE = 0.2
+#: With nothing else on its GPU, a job is held by a stream of fewer than ``FEW_GAPS`` gaps
+#: for a silence of at most this many of its mean gaps, or one mistake's cost (``hold``).
+IDLE_GAPS = 3.0
 #: How long the next request of a stream may be made to wait, unless its backend says.
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
@@ -114,20 +118,29 @@ class Stream:
         ``e**DOUBT_QUIET`` times as many gaps as it had: rare, not unheard of)."""
         return self.stopped_at(DOUBT_QUIET)
 
-    def stopped_at(self, odds: float) -> float:
-        """When the log odds that it has stopped reach ``odds`` if nothing more comes."""
+    @property
+    def telling(self) -> tuple[float, ...]:
+        """The gaps that say when it has stopped: all of them, or for a bursty stream those
+        between its bursts (gaps longer than the mean ``BURST_RATIO`` times those shorter on
+        average), not those within."""
         gaps = self.gaps
         if not gaps:
-            return self.last_at
-        n_all = len(gaps)
-        mean = sum(gaps) / n_all
+            return gaps
+        mean = sum(gaps) / len(gaps)
         long = tuple(g for g in gaps if g > mean)
-        short = n_all - len(long)
+        short = len(gaps) - len(long)
         if long and short and sum(long) / len(long) > BURST_RATIO * (
                 sum(gaps) - sum(long)) / short:
-            # Bursts: the gaps between them say when it has stopped, not those within.
-            gaps = long
-            mean = sum(gaps) / len(gaps)
+            return long
+        return gaps
+
+    def stopped_at(self, odds: float) -> float:
+        """When the log odds that it has stopped reach ``odds`` if nothing more comes."""
+        if not self.gaps:
+            return self.last_at
+        n_all = len(self.gaps)
+        gaps = self.telling
+        mean = sum(gaps) / len(gaps)
         n = len(gaps)
         spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
         random = min(1.0, spread / mean) if mean > 0 else 0.0
@@ -143,19 +156,21 @@ class Stream:
     def mean_gap(self) -> float:
         return sum(self.gaps) / len(self.gaps) if self.gaps else 0.0
 
-    def ends_for(self, window: float, most_s: float = math.inf) -> float:
+    def ends_for(self, window: float, most_s: float = math.inf,
+                 cap_s: float = math.inf) -> float:
         """When a job whose eviction of this stream's worker would make its next request
         wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
         or after a silence of ``most_s`` if sooner (never before ``doubt_at``, nor a silence
         shorter than its longest gap times ``QUIET_FACTOR``: a silence it has had before ends
-        nothing), but not before a silence
-        of what that mistake would cost, shrinking as the stream runs for longer than that
-        (``young_quiet``)."""
+        nothing), but not before a silence of what that mistake would cost, shrinking as the
+        stream runs for longer than that (``young_quiet``); and after a silence of ``cap_s``
+        whatever those say."""
         if not self.gaps:
             return self.last_at
         most_s = max(most_s, max(self.gaps) * QUIET_FACTOR, self.doubt_at - self.last_at)
-        return max(self.last_at + self.young_quiet(window),
-                   min(self.quiet_at, self.last_at + most_s))
+        until = max(self.last_at + self.young_quiet(window),
+                    min(self.quiet_at, self.last_at + most_s))
+        return min(until, self.last_at + cap_s)
 
     def young_quiet(self, window: float) -> float:
         """The silence that does not end a stream younger than ``window``: taking a live
@@ -325,7 +340,7 @@ class Learner:
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
          victims: list[tuple[str, float]], *, since: float = -math.inf,
-         batch_s: float = math.inf) -> tuple[Stream, float, float] | None:
+         batch_s: float = math.inf, idle: bool = False) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
@@ -337,14 +352,26 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     plus ``batch_s``): however the stream is read, a batch held for one that has in fact
     stopped ends within about ``1 + HOLD_SHARE`` of the time it could have taken (its work
     as estimated: before its first job has run, as ``plan`` takes it; and once its silence
-    is past ``Stream.doubt_at``)."""
+    is past ``Stream.doubt_at``).
+
+    With nothing else running or starting on its GPU (``idle``), holding the job leaves the
+    device idle: a stream of fewer than ``FEW_GAPS`` gaps (little evidence that it is one:
+    a few random jobs of a backend look like a stream) then holds it for a silence of at most
+    ``IDLE_GAPS`` of its mean gaps (between its bursts, for a bursty one), or what one
+    mistake would cost while it is younger than that (ski rental: an idle device waits as
+    long as being wrong costs, once)."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:
                 break
             most = HOLD_SHARE * (max(0.0, stream.last_at - since) + batch_s)
-            until = stream.ends_for(window, most)
+            cap = math.inf
+            if idle and len(stream.gaps) < FEW_GAPS:
+                telling = stream.telling
+                cap = max(IDLE_GAPS * sum(telling) / len(telling),
+                          stream.young_quiet(window) / MISTAKE_REQUESTS)
+            until = stream.ends_for(window, most, cap)
             if now >= until:
                 continue
             cost = stream.chance_within(now, window) * window
