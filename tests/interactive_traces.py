@@ -53,11 +53,67 @@ class Case:
         return Trace(t.name + ", alone", t.gpus, t.backends,
                      tuple(j for j in t.jobs if j.priority == 10))
 
+    def forced(self, alone: Result) -> Forced | None:
+        """Whether every policy that reads only the requests so far fails this case or its
+        twin (the case with its stream ended at one of its requests), and why; None if one
+        could pass both.
+
+        For each silence of the stream once the batch is there, after the request at ``t``:
+        had the stream ended at ``t``, the twin's bound (``batch_bound`` of it) lets the big
+        model load only until ``batch_at + 1.25 * bound - load - work - stop`` (its jobs run
+        one after another once it is loaded). A policy that meets it must evict the chat
+        model by then in the twin, so here too if the silence lasts that long (up to then,
+        both are the same history). The big model then loads and runs at least its shortest
+        job, stops, and the chat model loads again: each request that comes meanwhile waits
+        at least until then (less its wait alone). If more of them wait past twice the job
+        time than the p95 lets by, no such policy passes both."""
+        t = self.trace
+        by = {b.name: b for b in t.backends}
+        chat = sorted((j for j in t.jobs if j.priority == 10), key=lambda j: j.at)
+        big = [j.duration_s for j in t.jobs if j.backend == "big"]
+        small = sum(j.duration_s for j in t.jobs if j.backend == "small")
+        load, work, stop = by["big"].load_s, sum(big), by["chat"].stop_s
+        counted = [j for j in chat if j.at >= self.batch_at]
+        n = len(counted)
+        allowed = n - -(-95 * n // 100)
+        for prev, nxt in zip(chat, chat[1:], strict=False):
+            if prev.at < self.batch_at:
+                continue
+            end = alone.started_at[prev.id] + prev.duration_s  # its model idle from here
+            bound = max(by["small"].load_s + small, end - self.batch_at + load + work)
+            evict = self.batch_at + 1.25 * bound - load - work - stop
+            if evict < end or evict >= nxt.at:
+                continue  # no policy meets the twin's bound, or it may wait past this silence
+            back = evict + stop + load + min(big) + by["big"].stop_s + by["chat"].load_s
+            delayed = sum(1 for j in counted if j.at >= nxt.at
+                          and back - j.at - (alone.started_at[j.id] - j.at) > 2 * self.chat_job_s)
+            if delayed > allowed:
+                return Forced(prev.at, nxt.at - prev.at, evict - prev.at, delayed, allowed)
+        return None
+
     def added_waits(self, r: Result, alone: Result) -> list[float]:
         """What the batch added to the wait of each chat request that came once it was
         there (its own queue, requests close together, waits alone too)."""
         return sorted((r.started_at[j.id] - j.at) - (alone.started_at[j.id] - j.at)
                       for j in self.trace.jobs if j.priority == 10 and j.at >= self.batch_at)
+
+
+@dataclass(frozen=True)
+class Forced:
+    """Why no policy that reads only what has come passes both a case and its twin: the
+    same case with the stream ended at the request at ``at`` (see ``Case.forced``)."""
+
+    at: float  # the request after which the stream was silent
+    silence: float  # until its next request
+    latest: float  # the latest silence at which the twin's batch can still meet its bound
+    delayed: int  # the requests that then wait past twice the chat's job time
+    allowed: int  # how many of those the p95 lets by
+
+    def __str__(self) -> str:
+        return (f"silent {self.silence:.1f} s after {self.at:.1f} s; had it stopped there the "
+                f"big model must load within {self.latest:.1f} s, and {self.delayed} "
+                f"request{'s' if self.delayed != 1 else ''} would wait (p95 lets "
+                f"{self.allowed} by)")
 
 
 def p95(values: list[float]) -> float:

@@ -13,8 +13,9 @@ stopped and nothing is expected of it. A regular stream (its gaps' spread, the s
 deviation over the mean, near 0) stops after its longest gap times ``QUIET_FACTOR``; a random
 one (spread near 1, as independent requests: any silence is possible, a long one only
 improbable) after ``RANDOM_QUIET + ln(1 + gaps seen)`` mean gaps (a live Poisson stream is
-that silent once in ``e**RANDOM_QUIET`` = 148 times as many gaps as it had: the longer it
-has gone on, the longer the silence it takes); in between, in proportion. Plus
+that silent once in ``e**RANDOM_QUIET`` = 3000 times as many gaps as it had: the longer it
+has gone on, the longer the silence it takes), more while its rate is read from few gaps
+(``random_quiet``); in between, in proportion. Plus
 ``FEW_GAPS / n`` mean gaps while it has only ``n`` gaps, and ``QUIET_PAD_S``. A bursty stream
 (its gaps longer than the mean ``BURST_RATIO`` times those shorter) is read by its gaps
 between bursts alone: bursts every 6 s stop after a silence of a little more than 6 s, not
@@ -37,7 +38,15 @@ stream is alive costs its next request, if it comes while the evicting job loads
 and the worker reloads (``window``), that much wait: ``p_within(window) * window``. Against
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
-a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``). At
+a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
+once a stream's silence is one a live stream seldom has (``doubt_at``: odds of
+``e**DOUBT_QUIET`` that it stopped), it holds the job at most ``HOLD_SHARE`` of its batch's
+time (what it waited until the stream's last request, its load and its backend's queued
+work), never less than a gap the stream has had (times ``QUIET_FACTOR``) nor, while the
+stream is young, what the mistake would cost: a random stream's long silence cannot be told
+from its end, and the batch held for an ended one ends within about ``1 + HOLD_SHARE`` of
+what it could have taken. With nothing else on the GPU, a stream of few gaps holds the job
+for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost while younger than that. At
 equal priority an alive stream makes its worker dearer to evict, as queued work does, and
 keeps it while a patient barrier waits if its next request is due within a reload; a stream
 of lower priority than the job counts for nothing.
@@ -60,7 +69,8 @@ HALF_LIFE_S = 600.0
 MIN_GAP_S = 0.05
 #: A stream has stopped once silent for longer than its longest gap times this, plus the pad.
 QUIET_FACTOR = 1.25
-RANDOM_QUIET = 5.0
+RANDOM_QUIET = 8.0
+DOUBT_QUIET = 3.5  # the odds (log) that a stream stopped past which a batch's share may end it
 QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
@@ -73,6 +83,11 @@ BURST_RATIO = 10.0
 UNMEASURED_FACTOR = 2.0
 #: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
 MISTAKE_REQUESTS = 2.0
+#: A stream's silence holds a job at most this share of its batch's time (``hold``).
+HOLD_SHARE = 0.2
+#: With nothing else on its GPU, a job is held by a stream of fewer than ``FEW_GAPS`` gaps
+#: for a silence of at most this many of its mean gaps, or one mistake's cost (``hold``).
+IDLE_GAPS = 3.0
 #: How long the next request of a stream may be made to wait, unless its backend says.
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
@@ -94,23 +109,43 @@ class Stream:
     @property
     def quiet_at(self) -> float:
         """When it counts as stopped if nothing more comes (see the module doc)."""
+        return self.stopped_at(RANDOM_QUIET)
+
+    @property
+    def doubt_at(self) -> float:
+        """When it may have stopped, if nothing more comes: as ``quiet_at``, with the odds
+        that it stopped at ``e**DOUBT_QUIET`` (a live random stream is that silent once in
+        ``e**DOUBT_QUIET`` times as many gaps as it had: rare, not unheard of)."""
+        return self.stopped_at(DOUBT_QUIET)
+
+    @property
+    def telling(self) -> tuple[float, ...]:
+        """The gaps that say when it has stopped: all of them, or for a bursty stream those
+        between its bursts (gaps longer than the mean ``BURST_RATIO`` times those shorter on
+        average), not those within."""
         gaps = self.gaps
         if not gaps:
-            return self.last_at
-        n_all = len(gaps)
-        mean = sum(gaps) / n_all
+            return gaps
+        mean = sum(gaps) / len(gaps)
         long = tuple(g for g in gaps if g > mean)
-        short = n_all - len(long)
+        short = len(gaps) - len(long)
         if long and short and sum(long) / len(long) > BURST_RATIO * (
                 sum(gaps) - sum(long)) / short:
-            # Bursts: the gaps between them say when it has stopped, not those within.
-            gaps = long
-            mean = sum(gaps) / len(gaps)
+            return long
+        return gaps
+
+    def stopped_at(self, odds: float) -> float:
+        """When the log odds that it has stopped reach ``odds`` if nothing more comes."""
+        if not self.gaps:
+            return self.last_at
+        n_all = len(self.gaps)
+        gaps = self.telling
+        mean = sum(gaps) / len(gaps)
         n = len(gaps)
         spread = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n)
         random = min(1.0, spread / mean) if mean > 0 else 0.0
-        quiet = RANDOM_QUIET + math.log(1 + max(n, self.seen))
-        silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR + random * quiet * mean
+        silence = ((1.0 - random) * max(gaps) * QUIET_FACTOR
+                   + random * random_quiet(sum(gaps), n, max(n, self.seen), random, odds)
                    + mean * FEW_GAPS / n_all + QUIET_PAD_S)
         return self.last_at + silence
 
@@ -121,14 +156,21 @@ class Stream:
     def mean_gap(self) -> float:
         return sum(self.gaps) / len(self.gaps) if self.gaps else 0.0
 
-    def ends_for(self, window: float) -> float:
+    def ends_for(self, window: float, most_s: float = math.inf,
+                 cap_s: float = math.inf) -> float:
         """When a job whose eviction of this stream's worker would make its next request
         wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
-        but not before a silence of what that mistake would cost, shrinking as the stream
-        runs for longer than that (``young_quiet``)."""
+        or after a silence of ``most_s`` if sooner (never before ``doubt_at``, nor a silence
+        shorter than its longest gap times ``QUIET_FACTOR``: a silence it has had before ends
+        nothing), but not before a silence of what that mistake would cost, shrinking as the
+        stream runs for longer than that (``young_quiet``); and after a silence of ``cap_s``
+        whatever those say."""
         if not self.gaps:
             return self.last_at
-        return max(self.last_at + self.young_quiet(window), self.quiet_at)
+        most_s = max(most_s, max(self.gaps) * QUIET_FACTOR, self.doubt_at - self.last_at)
+        until = max(self.last_at + self.young_quiet(window),
+                    min(self.quiet_at, self.last_at + most_s))
+        return min(until, self.last_at + cap_s)
 
     def young_quiet(self, window: float) -> float:
         """The silence that does not end a stream younger than ``window``: taking a live
@@ -185,6 +227,25 @@ class Stream:
             else:
                 lo = mid
         return hi
+
+
+def random_quiet(total: float, n: int, seen: int, random: float = 1.0,
+                 odds: float = RANDOM_QUIET) -> float:
+    """The silence after which a random stream whose ``n`` gaps (of ``seen`` in all) came to
+    ``total`` seconds has stopped: where the odds that it stopped reach ``e**RANDOM_QUIET``,
+    from prior odds of ``1 / (1 + seen)`` (a stream that had ``seen`` gaps ends after the
+    next one as often as that). A live stream of rate ``r`` is silent ``s`` with chance
+    ``exp(-r s)``; its rate known only from its gaps (a Gamma of ``n`` and ``total``), that
+    chance is ``(total / (total + s)) ** n``: few gaps, or gaps shorter than its rate by
+    chance (an early run of quick requests), make a long silence likelier than its mean gap
+    says. That uncertainty counts as much as the gaps are random (``random``, their spread
+    over their mean: near 0, regular gaps tell the rate well)."""
+    if n <= 0 or total <= 0:
+        return 0.0
+    quiet = odds + math.log(1 + seen)
+    known = total / n * quiet
+    unsure = total * math.expm1(min(quiet / n, 50.0))
+    return known + random * (unsure - known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,17 +339,39 @@ class Learner:
 
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
-         victims: list[tuple[str, float]]) -> tuple[Stream, float, float] | None:
+         victims: list[tuple[str, float]], *, since: float = -math.inf,
+         batch_s: float = math.inf, idle: bool = False) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
-    first such stream and how long its request would wait, expected; None when none."""
+    first such stream and how long its request would wait, expected; None when none.
+
+    A job held since ``since`` whose backend's queued work takes ``batch_s`` (its load and
+    every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
+    batch takes if that stream had stopped at its last request (what it waited until then,
+    plus ``batch_s``): however the stream is read, a batch held for one that has in fact
+    stopped ends within about ``1 + HOLD_SHARE`` of the time it could have taken (its work
+    as estimated: before its first job has run, as ``plan`` takes it; and once its silence
+    is past ``Stream.doubt_at``).
+
+    With nothing else running or starting on its GPU (``idle``), holding the job leaves the
+    device idle: a stream of fewer than ``FEW_GAPS`` gaps (little evidence that it is one:
+    a few random jobs of a backend look like a stream) then holds it for a silence of at most
+    ``IDLE_GAPS`` of its mean gaps (between its bursts, for a bursty one), or what one
+    mistake would cost while it is younger than that (ski rental: an idle device waits as
+    long as being wrong costs, once)."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:
                 break
-            until = stream.ends_for(window)
+            most = HOLD_SHARE * (max(0.0, stream.last_at - since) + batch_s)
+            cap = math.inf
+            if idle and len(stream.gaps) < FEW_GAPS:
+                telling = stream.telling
+                cap = max(IDLE_GAPS * sum(telling) / len(telling),
+                          stream.young_quiet(window) / MISTAKE_REQUESTS)
+            until = stream.ends_for(window, most, cap)
             if now >= until:
                 continue
             cost = stream.chance_within(now, window) * window

@@ -685,7 +685,7 @@ class _Planner:
         _, g, chosen, room = best
         victims = [c.worker for c in chosen]
         sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
-        if self._held_by_stream(job, info, victims, sleepers, since, waited):
+        if self._held_by_stream(job, info, victims, sleepers, since, waited, g):
             return
         barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed,
                            sleepers)
@@ -729,7 +729,8 @@ class _Planner:
         return exp is not None and exp.alive(backend, self.now)
 
     def _held_by_stream(self, job: QueuedJob, info: BackendInfo, victims: list[WorkerInfo],
-                        sleepers: frozenset[str], since: float, waited: float) -> bool:
+                        sleepers: frozenset[str], since: float, waited: float,
+                        g: int) -> bool:
         """A blocked job whose victims include the worker of a stream above its priority
         waits, rather than make that stream's next request wait beyond its target (for a
         gap long enough, or the stream's end; at most ``max_patience_s``): settles it and
@@ -751,7 +752,12 @@ class _Planner:
             own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
-        held = expect.hold(exp, self.now, self._effective(job), run_s, undo)
+        batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
+        # Nothing else runs or starts on the GPU: holding the job leaves it idle.
+        idle = not any(w.active_jobs or w.state in ("starting", "initializing")
+                       for w in self.live_on[g]) and not any(s.gpu == g for s in self.starts)
+        held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
+                           since=job.submitted_at, batch_s=batch_s, idle=idle)
         if held is None:
             return False
         stream, _cost, until = held
