@@ -62,12 +62,13 @@ def job_view(engine: Engine, job_id: str) -> JobView:
     return engine.job_view(job_id)
 
 
-def answer_head(engine: Engine, job_id: str) -> tuple[int, dict[str, Any]]:
-    """The status and headers a running job's answer began with (200 and none until then)."""
+def answer_head(engine: Engine, job_id: str) -> tuple[str, int, dict[str, Any]]:
+    """A running job's backend, and the status and headers its answer began with (200 and
+    none until then; "" for the backend of a job the engine has let go)."""
     job = engine.jobs.get(job_id)
     if job is None:
-        return 200, {}
-    return job.status_code or 200, dict(job.headers)
+        return "", 200, {}
+    return job.backend, job.status_code or 200, dict(job.headers)
 
 
 def queue_position(engine: Engine, job_id: str) -> int | None:

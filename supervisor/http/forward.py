@@ -115,7 +115,10 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
             await response.write(enc.end(view))
             return response
         if response is None:
-            response = await _open(srv, request, job_id, enc)
+            # Its first chunk at hand too (a server that wrote both at once): the head waits
+            # for it, so the client gets both in one send and is woken once, not twice.
+            with_chunk = any(item.event.kind == "chunk" for item in stream.pending)
+            response = await _open(srv, request, job_id, enc, with_chunk)
         else:
             enc.sse = True
         await stream.run(response)
@@ -148,21 +151,29 @@ async def _note_queue(srv: HttpServer, request: web.Request, job_id: str,
 
 
 async def _open(srv: HttpServer, request: web.Request, job_id: str,
-                enc: _RawEncoder) -> web.StreamResponse:
-    """The answer under the server's status and headers (those the door lets through)."""
-    status, headers = watch.answer_head(srv.engine, job_id)
-    view = watch.live_view(srv.engine, job_id)
+                enc: _RawEncoder, with_chunk: bool = False) -> web.StreamResponse:
+    """The answer under the server's status and headers (those the door lets through);
+    ``with_chunk``: its head goes out with the first chunk, written next."""
+    backend, status, headers = watch.answer_head(srv.engine, job_id)
     try:
-        allowed = answer_headers(srv, view.backend if view else "", job_id, headers)
+        allowed = answer_headers(srv, backend, job_id, headers)
     except HttpError:
         cancel_quietly(srv, job_id, "cancelled: its server's headers cannot be served")
         raise
     enc.sse = "text/event-stream" in allowed.get("Content-Type", "")
     # A 5xx fails the job (a 502, as its finished answer would be); one HTTP cannot carry too.
-    response = web.StreamResponse(status=status if 200 <= status <= 499 else 502,
-                                  headers=allowed)
+    kind = HeadWithFirstChunk if with_chunk else web.StreamResponse
+    response = kind(status=status if 200 <= status <= 499 else 502, headers=allowed)
     await response.prepare(request)
     return response
+
+
+class HeadWithFirstChunk(web.StreamResponse):
+    """A streamed answer whose head is held until its first write and goes out with it, in
+    one send (as aiohttp's own ``Response`` sends its head with its body): for an answer
+    whose first chunk is already at hand, so the client is not woken for the head alone."""
+
+    _send_headers_immediately = False
 
 
 class _RawEncoder:
