@@ -24,6 +24,7 @@ from supervisor.scheduler import (
 )
 from supervisor.scheduler.expect import (
     GAPS_KEPT,
+    HALF_LIFE_S,
     HOLD_SHARE,
     STREAMS_KEPT,
     Expectations,
@@ -122,6 +123,21 @@ def test_old_gaps_count_less_and_what_is_kept_is_bounded() -> None:
     view = many.view(1.0)
     assert len(view.streams) == STREAMS_KEPT and "b0" not in view.streams
     assert len(view.job_s) == STREAMS_KEPT
+
+
+def test_a_view_is_the_streams_at_its_time_however_late_it_is_read() -> None:
+    # (its gaps are weighed on the first read: a plan that evicts nothing never reads them)
+    learner = periodic(1.0, 5)  # 0 .. 4
+    view = learner.view(4.5)
+    for t in (5.0, 6.0, 7.0):
+        learner.arrived("chat", 10, t)
+    learner.arrived("other", 10, 5.0)
+    learner.arrived("other", 10, 6.0)
+    assert list(view.streams) == ["chat"]
+    stream = view.streams["chat"][0]
+    assert stream.gaps == (1.0,) * 4 and stream.last_at == 4.0
+    assert stream.weights == tuple(0.5 ** ((4.5 - at) / HALF_LIFE_S) for at in (1.0, 2.0, 3.0, 4.0))
+    assert learner.view(7.5).streams["chat"][0].gaps == (1.0,) * 7
 
 
 def test_job_times_are_a_moving_mean_and_nonsense_is_ignored() -> None:

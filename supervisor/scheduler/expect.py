@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -259,7 +259,9 @@ class Expectations:
 
     def __post_init__(self) -> None:
         for name in ("streams", "job_s", "target_wait_s"):
-            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+            value = getattr(self, name)
+            if not isinstance(value, WeighedOnRead):  # (read-only already, and not weighed)
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
 
     def stream_above(self, backend: str, priority: int, now: float) -> Stream | None:
         """The backend's highest-priority alive stream of priority above ``priority``."""
@@ -325,17 +327,47 @@ class Learner:
     def view(self, now: float, target_wait_s: Mapping[str, float] | None = None
              ) -> Expectations:
         """What is expected at ``now`` (only backends with at least one gap learned)."""
-        streams: dict[str, list[Stream]] = {}
-        for (backend, priority), h in self._streams.items():
-            if not h.gaps:
-                continue
-            weights = tuple(0.5 ** (max(0.0, now - seen) / HALF_LIFE_S) for _, seen in h.gaps)
-            streams.setdefault(backend, []).append(
-                Stream(backend, priority, h.last_at, tuple(g for g, _ in h.gaps), weights,
-                       h.seen))
-        return Expectations(
-            {b: tuple(sorted(ss, key=lambda s: -s.priority)) for b, ss in streams.items()},
-            dict(self._job_s), dict(target_wait_s or {}))
+        taken = [(backend, priority, h.last_at, tuple(h.gaps), h.seen)
+                 for (backend, priority), h in self._streams.items() if h.gaps]
+        return Expectations(WeighedOnRead(now, taken), dict(self._job_s),
+                            dict(target_wait_s or {}))
+
+
+class WeighedOnRead(Mapping[str, tuple[Stream, ...]]):
+    """Each backend's streams (highest priority first) as they were at ``now``, their gaps
+    weighed on the first read: a plan that evicts nothing never reads them, and weighing
+    every gap is most of what a view costs (a step follows each submit)."""
+
+    __slots__ = ("_now", "_taken", "_streams")
+
+    def __init__(self, now: float,
+                 taken: list[tuple[str, int, float, tuple[tuple[float, float], ...], int]]
+                 ) -> None:
+        self._now = now
+        self._taken = taken  # (backend, priority, last at, (gap, observed at)..., seen)
+        self._streams: dict[str, tuple[Stream, ...]] | None = None
+
+    def _weighed(self) -> dict[str, tuple[Stream, ...]]:
+        if self._streams is None:
+            now = self._now
+            streams: dict[str, list[Stream]] = {}
+            for backend, priority, last_at, gaps, seen in self._taken:
+                weights = tuple(0.5 ** (max(0.0, now - at) / HALF_LIFE_S) for _, at in gaps)
+                streams.setdefault(backend, []).append(
+                    Stream(backend, priority, last_at, tuple(g for g, _ in gaps), weights, seen))
+            self._streams = {b: tuple(sorted(ss, key=lambda s: -s.priority))
+                             for b, ss in streams.items()}
+            self._taken = []
+        return self._streams
+
+    def __getitem__(self, backend: str) -> tuple[Stream, ...]:
+        return self._weighed()[backend]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weighed())
+
+    def __len__(self) -> int:
+        return len(self._weighed())
 
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
