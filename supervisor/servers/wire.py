@@ -58,11 +58,11 @@ class Sink(Protocol):
         ...
 
 
-def request_bytes(parser: h11.Connection, method: str, target: str, authority: str,
-                  headers: Mapping[str, str], body: bytes) -> bytes:
-    """One request, head and body, as it goes on the wire (``parser``: its exchange's
-    HTTP/1.1 state, which then expects the answer to it). Raises ``h11.LocalProtocolError``
-    for a target or header HTTP/1.1 cannot carry."""
+def request_event(method: str, target: str, authority: str, headers: Mapping[str, str],
+                  body: bytes) -> h11.Request:
+    """One request's head, checked by h11 (``Host`` first, our framing: ``Content-Length``
+    when it has a body or its method may take one). Raises ``h11.LocalProtocolError`` for a
+    target or header HTTP/1.1 cannot carry."""
     fields = [("Host", authority)]
     given = {k.lower() for k in headers}
     fields += [(k, v) for k, v in headers.items()
@@ -71,10 +71,28 @@ def request_bytes(parser: h11.Connection, method: str, target: str, authority: s
         fields.append(("Accept", "*/*"))
     if body or method not in _NO_BODY_METHODS:
         fields.append(("Content-Length", str(len(body))))
-    out = parser.send(h11.Request(method=method, target=target, headers=fields)) or b""
+    return h11.Request(method=method, target=target, headers=fields)
+
+
+def request_bytes(event: h11.Request, body: bytes) -> bytes:
+    """The request as it goes on the wire, head and body: what h11 writes for ``event``
+    (checked when it was made) and ``body`` (its length the head's), byte for byte."""
+    items = event.headers.raw_items()
+    lines = [b"%s %s HTTP/1.1\r\n" % (event.method, event.target)]
+    lines += [b"%s: %s\r\n" % (name, value) for name, value in items if name.lower() == b"host"]
+    lines += [b"%s: %s\r\n" % (name, value) for name, value in items if name.lower() != b"host"]
+    lines += [b"\r\n", body]
+    return b"".join(lines)
+
+
+def sent(parser: h11.Connection, event: h11.Request, body: bytes) -> None:
+    """Tell the exchange's HTTP/1.1 state that the request went (it then expects the answer
+    to it): once it is written, so h11's bookkeeping is not between the request and the
+    server."""
+    parser.send(event)
     if body:
-        out += parser.send(h11.Data(data=body)) or b""
-    return out + (parser.send(h11.EndOfMessage()) or b"")
+        parser.send(h11.Data(data=body))
+    parser.send(h11.EndOfMessage())
 
 
 class _Answer:
@@ -252,11 +270,13 @@ class Exchange:
     """One request under way: written at once when a connection was idle (:meth:`Link.begin`),
     else once one is open (:meth:`Link.complete`)."""
 
-    __slots__ = ("payload", "answer", "reuse", "conn", "done", "reused", "running",
-                 "cancelled", "error")
+    __slots__ = ("head", "body", "answer", "reuse", "conn", "done", "reused", "running",
+                 "cancelled", "error", "told")
 
-    def __init__(self, payload: bytes, answer: _Answer, reuse: bool) -> None:
-        self.payload = payload
+    def __init__(self, head: h11.Request | None, body: bytes, answer: _Answer,
+                 reuse: bool) -> None:
+        self.head = head  # None: it could not be written (``error`` says why)
+        self.body = body
         self.answer = answer
         self.reuse = reuse  # False: its connection is closed after the answer
         self.conn: _Connection | None = None
@@ -265,10 +285,15 @@ class Exchange:
         self.running = False  # complete() has begun
         self.cancelled = False
         self.error: WireError | None = None  # it could not even be written
+        self.told = False  # its answer's parser knows the request went
 
     def write(self, conn: _Connection, reused: bool) -> None:
+        assert self.head is not None
         self.conn, self.reused = conn, reused
-        self.done = conn.start(self.payload, self.answer, self.reuse)
+        self.done = conn.start(request_bytes(self.head, self.body), self.answer, self.reuse)
+        if not self.told:  # (a second try, on a new connection: its answer expects it already)
+            self.told = True
+            sent(self.answer.parser, self.head, self.body)
 
     def cancel(self) -> None:
         """Give it up: its connection closes (the server sees its client go)."""
@@ -316,12 +341,12 @@ class Link:
         try:
             # A valid request target goes exactly as written; anything else is quoted.
             target = target_url(self.url, path).raw_path_qs
-            payload = request_bytes(parser, method, target, self.authority, headers, body)
+            head = request_event(method, target, self.authority, headers, body)
         except (ValueError, UnicodeError, h11.LocalProtocolError) as exc:
-            ex = Exchange(b"", answer, False)  # never raised here: complete() says it
+            ex = Exchange(None, b"", answer, False)  # never raised here: complete() says it
             ex.error = WireError(f"the request cannot be written: {exc}")
             return ex
-        ex = Exchange(payload, answer, reuse)
+        ex = Exchange(head, body, answer, reuse)
         conn = self._take()
         if conn is not None:
             ex.write(conn, reused=True)
