@@ -21,7 +21,7 @@ import contextlib
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from worker_sdk.protocol import DataType, EventType, Message, MessageType, ProtocolError, encode
 
@@ -83,8 +83,8 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- asyncio protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (cast: another loop's transports, uvloop's, are not asyncio.Transport's subclasses)
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         with contextlib.suppress(OSError, AttributeError):
             self.peer = peer_cred(sock)

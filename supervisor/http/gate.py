@@ -32,7 +32,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -167,8 +167,8 @@ class GatedHandler(RequestHandler):
         self.peer = peer
         why = self.gate.admit(peer)
         if why is not None:
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(refusal_bytes(why))
+            # (cast: another loop's transports, uvloop's, are not asyncio's subclasses)
+            cast(asyncio.WriteTransport, transport).write(refusal_bytes(why))
             transport.close()
             return
         self._admitted = True

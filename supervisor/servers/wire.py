@@ -30,7 +30,7 @@ import contextlib
 import socket
 import ssl
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Protocol, cast
 
 import h11
 from yarl import URL
@@ -179,8 +179,8 @@ class _Connection(asyncio.Protocol):
         self.sock: socket.socket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (cast: another loop's transports, uvloop's, are not asyncio.Transport's subclasses)
+        self.transport = cast(asyncio.Transport, transport)
         self.sock = transport.get_extra_info("socket")
         self._quickack()
 

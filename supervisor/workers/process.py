@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from ..paths import open_private
 
@@ -66,8 +67,8 @@ class LogSink(asyncio.Protocol):
         self._stamp = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.ReadTransport)
-        self.transport = transport
+        # (cast: another loop's transports, uvloop's, are not asyncio.ReadTransport's)
+        self.transport = cast(asyncio.ReadTransport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._write(data)
@@ -131,6 +132,10 @@ async def spawn(
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session, its stdout and stderr copied to ``log_path`` (with
     ``pipes``: stdin and stdout are pipes to the caller, and only stderr is logged)."""
+    for text in (*argv, *env.keys(), *env.values(), cwd or ""):
+        if "\0" in text:  # (asyncio's exec refuses it; uvloop's would pass it cut short)
+            raise ValueError(f"embedded null byte in the command or its environment: "
+                             f"{text.split(chr(0))[0][:40]!r}…")
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     rotate_log(log_path)
     try:

@@ -33,7 +33,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from worker_sdk.conversation import (
     CONTROL_MAX_FRAME,
@@ -131,8 +131,8 @@ class WireConnection(asyncio.BufferedProtocol):
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (cast: another loop's transports, uvloop's, are not asyncio.Transport's subclasses)
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
