@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from . import operations
+from . import eventloop, operations
 from .apispec import METHODS
 from .backends.loader import default_layers, load_backends
 from .doors.watch import JobEnd
@@ -245,7 +245,7 @@ class Supervisor:
 
     def _thread_main(self) -> None:
         try:
-            asyncio.run(self._main())
+            eventloop.run(self._main())
         except BaseException as exc:  # noqa: BLE001 - reported through start_in_thread
             if not self._started.is_set():
                 self._on_started(exc)
@@ -260,7 +260,7 @@ class Supervisor:
             handle_signals = threading.current_thread() is threading.main_thread()
         self._handle_signals = handle_signals
         self._lock.acquire()
-        asyncio.run(self._main())
+        eventloop.run(self._main())
         if self._start_error is not None:
             raise self._start_error
 
