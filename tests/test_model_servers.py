@@ -428,3 +428,26 @@ def test_a_stop_command_stops_the_server_and_a_port_can_be_its_health() -> None:
                    "the server to stop")
         assert b"stopped by POST /quit" in front.get("/v1/backends/polite/logs").body
         assert not server_pids(front.root)
+
+
+def test_a_fault_of_ours_while_forwarding_fails_the_job_and_the_queue_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the forwarding (injected: the exchange raises what nothing expects) fails the
+    job with a one-line reason; it is never left running, and the next request is served."""
+    from supervisor.servers import wire
+
+    real = wire.Link.complete
+    faults = [RuntimeError("injected fault")]
+
+    async def faulty(self: Any, ex: Any) -> None:
+        if faults:
+            raise faults.pop()
+        await real(self, ex)
+
+    monkeypatch.setattr(wire.Link, "complete", faulty)
+    with serve_http([server_backend("a")]) as front:
+        reply = front.post("/v1/chat/completions", chat("a"))
+        assert reply.status == 502 and "injected fault" in reply.error["message"], reply.body
+        assert front.post("/v1/chat/completions", chat("a")).status == 200
+        failed = front.get("/v1/jobs?state=failed").json()["data"]
+        assert [j["backend"] for j in failed] == ["a"]

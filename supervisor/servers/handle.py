@@ -275,6 +275,12 @@ class ServerHandle(SupervisedProcess):
                 what = f"its answer broke off: {what}"
             outcome = Outcome(ok=False, status_code=502,
                               error=f"{self.backend}'s server failed the request: {what}")
+        except Exception as exc:  # noqa: BLE001 - a fault of ours: the job fails, never hangs
+            log.exception("forwarding job %s to %s failed", job_id, self.backend)
+            ex.cancel()
+            outcome = Outcome(ok=False, status_code=502, error=(
+                f"the engine failed forwarding the request to {self.backend}'s server: "
+                f"{type(exc).__name__}: {str(exc)[:200]} (a bug: please report it)"))
         finally:
             self._jobs.pop(job_id, None)
             self._exchanges.pop(job_id, None)
