@@ -404,3 +404,56 @@ def test_a_worker_that_never_reads_is_cut_off_not_buffered_for() -> None:
     finally:
         loop.run(wire.close())
         loop.close()
+
+
+class StartingClaim(Claim):
+    """A claimant whose process is still being started: its pid is not known yet."""
+
+    def __init__(self) -> None:
+        super().__init__(-1)
+        self.waiting: list[Any] = []
+
+    def when_started(self, then: Any) -> bool:
+        if self.pid != -1:
+            return False
+        self.waiting.append(then)
+        return True
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        waiting, self.waiting = self.waiting, []
+        for then in waiting:
+            then()
+
+
+def test_a_worker_that_registers_before_its_start_returned_is_taken_once_its_pid_is_known(
+        listener: tuple[Loop, WireListener]) -> None:
+    # Its process connected while the engine's start was still completing (the loop turns
+    # in between): refusing it as "not that worker's process" failed healthy workers on a
+    # loaded machine. Its registration waits for the pid, then is decided by it.
+    loop, wire = listener
+    claim = StartingClaim()
+    wire.claim("early", claim)
+    control = register(wire.control_path, "early")
+    data = register(wire.data_path, "early")
+    wait_for = time.monotonic() + 10
+    while len(claim.waiting) < 2:
+        assert time.monotonic() < wait_for, "the registrations did not wait"
+        time.sleep(0.01)
+    assert not claim.attached.is_set()
+    loop.call(claim.started, os.getpid())
+    assert claim.attached.wait(10)
+    # Another process's registration, once the pid is known: refused as before.
+    other = StartingClaim()
+    wire.claim("other", other)
+    sock = register(wire.control_path, "other")
+    wait_for = time.monotonic() + 10
+    while not other.waiting:
+        assert time.monotonic() < wait_for, "the registration did not wait"
+        time.sleep(0.01)
+    loop.call(other.started, os.getpid() + 10**6)
+    sock.settimeout(10)
+    assert sock.recv(65536) == b""  # closed, never attached
+    assert not other.conns
+    for s in (control, data, sock):
+        s.close()

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,10 @@ class SleepOutcome:
     error: str | None = None
     kept_mib: int | None = None
     host_mib: int | None = None
+
+#: Registrations that may wait for a process's pid while it is being started (a worker
+#: opens two connections; the rest are decided at once, and refused).
+MAX_STARTED_WAITERS = 8
 
 
 class SupervisedProcess:
@@ -77,6 +81,7 @@ class SupervisedProcess:
         # is no descendant
         self._descendants: dict[int, psutil.Process] = {}
         self._strangers: set[int] = set()  # pids on a GPU seen not to be ours (see pids)
+        self._started_waiters: list[Callable[[], None]] = []  # see when_started
 
     async def _start_process(self, *, pipes: bool = False) -> bool:
         """Start the worker's process (``pipes``: stdin and stdout are the handle's); False,
@@ -91,10 +96,27 @@ class SupervisedProcess:
             self.init_error = f"cannot start {self.argv[0]!r}: {why}"
             self._set_state(WorkerState.CRASHED)
             self._exited.set()
+            self._started()
             self.observer.worker_exited(self, None, self.init_error)
             return False
         self.pid = self.proc.pid
+        self._started()
         return True
+
+    def when_started(self, then: Callable[[], None]) -> bool:
+        """While the process is being started (its pid not known yet): ``then`` runs once it
+        is (or the start failed), and True; False: nothing to wait for (at most
+        ``MAX_STARTED_WAITERS`` wait; any more are decided at once)."""
+        if self.pid is not None or self._exited.is_set() or \
+                len(self._started_waiters) >= MAX_STARTED_WAITERS:
+            return False
+        self._started_waiters.append(then)
+        return True
+
+    def _started(self) -> None:
+        waiters, self._started_waiters = self._started_waiters, []
+        for then in waiters:
+            then()
 
     def _start_failed(self) -> None:
         """Undo what the handle set up for a process that never started (before it is

@@ -248,6 +248,9 @@ class Claimant(Protocol):
 
     ``registration_refused(why)`` is called, when a claimant has it, if its process sent a
     registration the protocol refuses (so it can say why, not wait for its start time-out).
+    ``when_started(then)``, when a claimant has it, returns True while its process is being
+    started and its pid is not known yet, and then calls ``then`` once it is (or the start
+    failed).
     """
 
     def accepts_pid(self, pid: int | None) -> bool: ...
@@ -369,6 +372,18 @@ class WireListener:
             self.throttle.warning("unknown worker", "refused worker %r (pid %s): the engine "
                                   "did not start it", reg.name, conn.peer_pid)
             conn.close("unknown worker")
+            return
+        # A process can connect before its start has returned its pid to the engine (the
+        # loop turns while the start completes): decided once the pid is known.
+        later = getattr(claimant, "when_started", None)
+        if later is not None and later(lambda: self._claimed(conn, reg, claimant)):
+            return
+        self._claimed(conn, reg, claimant)
+
+    def _claimed(self, conn: WireConnection, reg: Registration, claimant: Claimant) -> None:
+        if self._claims.get(reg.name) is not claimant or conn.transport is None \
+                or conn.transport.is_closing():
+            conn.close("its worker is gone")
             return
         if not claimant.accepts_pid(conn.peer_pid):
             self.throttle.warning("wrong process", "refused a connection for worker %r from "
