@@ -85,7 +85,9 @@ def test_two_models_that_cannot_share_a_card_take_turns_asleep() -> None:
     a_worker, b_worker = fe.workers.of("a")[0], fe.workers.of("b")[0]
     assert (len(a_worker.sleeps), a_worker.wakes) == (4, 3)
     assert (len(b_worker.sleeps), b_worker.wakes) == (3, 3)
-    assert len(wakes) == 6 and all(e.seconds is not None and e.seconds >= 0.02 for e in wakes)
+    # (the wake hook takes 0.02 s; uvloop's timers keep whole milliseconds and may end
+    # one early)
+    assert len(wakes) == 6 and all(e.seconds is not None and e.seconds >= 0.019 for e in wakes)
     assert events.of("stopped") == []
 
 
