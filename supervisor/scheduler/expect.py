@@ -81,6 +81,11 @@ BURST_RATIO = 10.0
 #: Before a backend's first job has run, its job's load and run are each taken as this many
 #: times the slowest reload of it and its victims (``plan``'s hold).
 UNMEASURED_FACTOR = 2.0
+#: Before a backend's first job has run, a gap must be this many times as long as its job's
+#: guessed load and run (``UNMEASURED_FACTOR``) for the job to take it (``plan``'s hold): a
+#: first load of 4.7 s guessed at 2.4 s took a 9 s gap between bursts and overran it (soak
+#: bursts seeds 140, 204).
+UNSURE_MARGIN = 2.0
 #: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
 MISTAKE_REQUESTS = 2.0
 #: A stream's silence holds a job at most this share of its batch's time (``hold``).
