@@ -35,7 +35,8 @@ next request is still as near as ever; a periodic one's gaps tell exactly when).
 
 What the scheduler does with it (``supervisor.scheduler.plan``): evicting a worker whose
 stream is alive costs its next request, if it comes while the evicting job loads and runs
-and the worker reloads (``window``), that much wait: ``p_within(window) * window``. Against
+and the worker reloads (``window``), that much wait: ``p_within(window) * window`` (before
+the job's backend has run a job, its load and run are a guess: ``UNSURE_MARGIN`` times it). Against
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
 a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
