@@ -346,7 +346,8 @@ class Learner:
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
          victims: list[tuple[str, float]], *, since: float = -math.inf,
-         batch_s: float = math.inf, idle: bool = False) -> tuple[Stream, float, float] | None:
+         batch_s: float = math.inf, idle: bool = False, unsure: float = 1.0
+         ) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
@@ -365,7 +366,10 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     a few random jobs of a backend look like a stream) then holds it for a silence of at most
     ``IDLE_GAPS`` of its mean gaps (between its bursts, for a bursty one), or what one
     mistake would cost while it is younger than that (ski rental: an idle device waits as
-    long as being wrong costs, once)."""
+    long as being wrong costs, once).
+
+    ``run_s`` only guessed (its backend has not run a job yet), a gap is long enough only
+    if ``unsure`` times it fits (the rest of the hold reads the guess as it is)."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
@@ -380,7 +384,8 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
             until = stream.ends_for(window, most, cap)
             if now >= until:
                 continue
-            cost = stream.chance_within(now, window) * window
+            gap = unsure * run_s + undo_s  # the gap it takes, its run a guess
+            cost = stream.chance_within(now, gap) * gap
             if cost > expected.target(backend):
                 return stream, cost, until
             break
