@@ -285,7 +285,7 @@ def test_streams_beside_batches_fixed_seeds(kind: str) -> None:
     """A short run of scripts/interactive-soak: what the batch adds to the chat's p95 stays
     within twice its job time, the batch within 1.25x of its bound. (Over 200 seeds the
     soak finds 2 Poisson batches past their bound, where the silence that ends the stream
-    early enough is one its live stream seldom has, and 1 bursty case past the chat's. Where
+    early enough is one its live stream seldom has, and no bursty case past the chat's. Where
     a chat fails, ``Case.forced`` says whether any policy that reads only the requests so far
     could pass both it and its twin with the stream ended at one of its requests.)"""
     for seed in range(8):
@@ -294,6 +294,18 @@ def test_streams_beside_batches_fixed_seeds(kind: str) -> None:
         assert not r.unfinished and not r.overcommitted, seed
         assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s, seed
         assert c.batch_makespan(r) <= 1.25 * c.batch_bound(), seed
+
+
+@pytest.mark.parametrize("seed", [140, 204])
+def test_an_unmeasured_first_load_does_not_take_a_gap_it_barely_fits(seed: int) -> None:
+    """Bursts every 9-10 s; the big model's first load and job (7.5-8.9 s, then the chat's
+    reload) were guessed at 4.7 s from the chat's reload alone, so a gap between bursts
+    looked long enough and the next burst waited 2-4 s. Before its first job has run, a gap
+    must be ``UNSURE_MARGIN`` times the guess."""
+    c = case(seed, "bursts")
+    r = simulate(c.trace)
+    assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s
+    assert c.batch_makespan(r) <= 1.25 * c.batch_bound()
 
 
 def bursts_trace() -> Trace:

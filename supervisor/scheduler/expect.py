@@ -35,7 +35,8 @@ next request is still as near as ever; a periodic one's gaps tell exactly when).
 
 What the scheduler does with it (``supervisor.scheduler.plan``): evicting a worker whose
 stream is alive costs its next request, if it comes while the evicting job loads and runs
-and the worker reloads (``window``), that much wait: ``p_within(window) * window``. Against
+and the worker reloads (``window``), that much wait: ``p_within(window) * window`` (before
+the job's backend has run a job, its load and run are a guess: ``UNSURE_MARGIN`` times it). Against
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
 a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
@@ -81,6 +82,11 @@ BURST_RATIO = 10.0
 #: Before a backend's first job has run, its job's load and run are each taken as this many
 #: times the slowest reload of it and its victims (``plan``'s hold).
 UNMEASURED_FACTOR = 2.0
+#: Before a backend's first job has run, a gap must be this many times as long as its job's
+#: guessed load and run (``UNMEASURED_FACTOR``) for the job to take it (``plan``'s hold): a
+#: first load of 4.7 s guessed at 2.4 s took a 9 s gap between bursts and overran it (soak
+#: bursts seeds 140, 204).
+UNSURE_MARGIN = 2.0
 #: How many requests taking a live young stream as ended makes wait (``Stream.young_quiet``).
 MISTAKE_REQUESTS = 2.0
 #: A stream's silence holds a job at most this share of its batch's time (``hold``).
@@ -372,7 +378,8 @@ class WeighedOnRead(Mapping[str, tuple[Stream, ...]]):
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
          victims: list[tuple[str, float]], *, since: float = -math.inf,
-         batch_s: float = math.inf, idle: bool = False) -> tuple[Stream, float, float] | None:
+         batch_s: float = math.inf, idle: bool = False, unsure: float = 1.0
+         ) -> tuple[Stream, float, float] | None:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
@@ -391,7 +398,10 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     a few random jobs of a backend look like a stream) then holds it for a silence of at most
     ``IDLE_GAPS`` of its mean gaps (between its bursts, for a bursty one), or what one
     mistake would cost while it is younger than that (ski rental: an idle device waits as
-    long as being wrong costs, once)."""
+    long as being wrong costs, once).
+
+    ``run_s`` only guessed (its backend has not run a job yet), a gap is long enough only
+    if ``unsure`` times it fits (the rest of the hold reads the guess as it is)."""
     for backend, undo_s in victims:
         window = run_s + undo_s
         for stream in expected.streams.get(backend, ()):
@@ -406,7 +416,8 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
             until = stream.ends_for(window, most, cap)
             if now >= until:
                 continue
-            cost = stream.chance_within(now, window) * window
+            gap = unsure * run_s + undo_s  # the gap it takes, its run a guess
+            cost = stream.chance_within(now, gap) * gap
             if cost > expected.target(backend):
                 return stream, cost, until
             break

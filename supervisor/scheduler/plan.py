@@ -747,8 +747,12 @@ class _Planner:
         # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
         # reloads and its own, each: a model that needs their room is no smaller, and taken
         # short (an unmeasured load is 1 s) a gap between bursts looked long enough for it.
+        # That guess is only a guess: a gap must be ``expect.UNSURE_MARGIN`` times as long
+        # as it says before the job takes it (taken short, the stream's next requests wait
+        # the whole overrun), while the rest of the hold reads it as it is.
         own = self._undo_s(info, asleep)
-        if name not in exp.job_s:
+        measured = name in exp.job_s
+        if not measured:
             own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
@@ -757,7 +761,8 @@ class _Planner:
         idle = not any(w.active_jobs or w.state in ("starting", "initializing")
                        for w in self.live_on[g]) and not any(s.gpu == g for s in self.starts)
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
-                           since=job.submitted_at, batch_s=batch_s, idle=idle)
+                           since=job.submitted_at, batch_s=batch_s, idle=idle,
+                           unsure=1.0 if measured else expect.UNSURE_MARGIN)
         if held is None:
             return False
         stream, _cost, until = held
