@@ -42,7 +42,8 @@ async def palette(pilot: Pilot[int], text: str) -> None:
 
 
 async def yield_resume_and_now() -> None:
-    with engine([sim_backend("alpha", 1024, 256, steps=400, step_s=0.02)]) as sup:
+    # (a job of 40 s: it must still run when "yield now" cancels it, on a loaded box too)
+    with engine([sim_backend("alpha", 1024, 256, steps=2000, step_s=0.02)]) as sup:
         app = VramApp(sup, "embedded")
         async with app.run_test(size=(120, 40)) as pilot:
             sup.preload("alpha")
