@@ -14,8 +14,11 @@ HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
 
 @pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed")
-def test_the_engine_runs_on_uvloop_where_it_is_installed() -> None:
+def test_the_engine_runs_on_uvloop_where_it_is_installed(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
     import uvloop
+
+    monkeypatch.delenv("VRAMTUI_LOOP", raising=False)  # (a suite run under asyncio's asks it)
 
     assert eventloop.loop_factory({}) is uvloop.new_event_loop
 
@@ -31,7 +34,8 @@ def test_asyncio_s_loop_when_asked() -> None:
 
 
 @pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed")
-def test_a_server_s_wire_takes_uvloop_s_transports() -> None:
+def test_a_server_s_wire_takes_uvloop_s_transports(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VRAMTUI_LOOP", raising=False)
     # (the engine's protocols asserted asyncio's transport classes: under uvloop a request to
     # a model server never went out, and the HTTP door refused nobody properly)
     from supervisor.servers.wire import Link, Sink
