@@ -328,14 +328,17 @@ def test_a_child_outliving_its_worker_stays_counted() -> None:
 
 @pytest.mark.process
 def test_a_calibration_on_the_host_finds_the_weights() -> None:
-    backends = [host_backend("host-cal", 200, 30, vram={"peak": "600MiB"},
-                             env={"HOSTMEM_WEIGHTS_MIB": "200", "HOSTMEM_ACTIVATION_MIB": "30",
+    backends = [host_backend("host-cal", 200, 80, vram={"peak": "600MiB"},
+                             env={"HOSTMEM_WEIGHTS_MIB": "200", "HOSTMEM_ACTIVATION_MIB": "80",
                                   "HOSTMEM_LOAD_S": "0.3", "HOSTMEM_STEP_S": "0.4"})]
     with engine(backends, gpus="host:2GiB") as sup:
         result = sup.wait(sup.calibrate("host-cal", repeats=1, settle_s=0.3), 90)
         assert result.state is JobState.SUCCEEDED, result.error
         summary = json.loads(result.data or b"{}")
-    assert abs(summary["weights_mib"] - 200) <= 20, summary
+    # PSS splits the interpreter's shared pages among every Python process on the host, and
+    # that share moves as a busy host starts and ends them (26 MiB seen in CI): the weights
+    # within 30 MiB, apart from weights + activation (280)
+    assert abs(summary["weights_mib"] - 200) <= 30, summary
     assert summary["context_mib"] and summary["context_mib"] < 100, summary
 
 
@@ -424,7 +427,8 @@ def test_what_is_built_on_measurements_works_on_the_host() -> None:
     backends = [host_backend("host-new", 40, 20),  # nothing declared: measured first
                 host_backend("host-liar", 100, 0, vram={"peak": "30MiB"}, on_overuse="kill")]
     with engine(backends, gpus="host:600MiB") as sup:
-        first = sup.submit("host-new", b'{"step_s": 0.5}')
+        # (its job lasts 2 s: the device held whole is seen between two polls of a busy box)
+        first = sup.submit("host-new", b'{"step_s": 2.0}')
         wait_until(lambda: sup.snapshot().backend("host-new").reserved_mib >= 600,
                    what="the unmeasured backend holding the device whole")
         assert sup.wait(first, 60).state is JobState.SUCCEEDED
