@@ -39,6 +39,7 @@ from .jobflow import (
     answer_headers,
     cancel_quietly,
     finished_view,
+    following,
     outcome_error,
     result_response,
     wait_done,
@@ -86,9 +87,8 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
     enc = _RawEncoder(srv, job_id)
     stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode, on_lag=enc.resync,
                     heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer)
-    srv.hub.streams.add(stream)  # right after submit: no chunk is missed
     response: web.StreamResponse | None = None
-    try:
+    with following(srv, job_id, stream):  # joined right after submit: no chunk is missed
         loop = asyncio.get_running_loop()
         while not stream.pending and not stream.lagged and not srv.hub.closed \
                 and not stream.ended:
@@ -122,14 +122,7 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
         else:
             enc.sse = True
         await stream.run(response)
-    except asyncio.CancelledError:
-        cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
-        raise
-    finally:
-        srv.hub.streams.discard(stream)
-    if stream.client_gone and not stream.finished:
-        cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
-    return response
+        return response
 
 
 async def _note_queue(srv: HttpServer, request: web.Request, job_id: str,

@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -191,6 +192,23 @@ def cancel_quietly(server: HttpServer, job_id: str, note: str) -> None:
     watch.abandon(server.engine, job_id, note)
 
 
+@contextlib.contextmanager
+def following(server: HttpServer, job_id: str, stream: Stream) -> Iterator[None]:
+    """``stream`` fed by the hub while the block runs (joined now: no chunk is missed); the
+    job is cancelled when its client went away: the block cancelled, or the stream ended by
+    the client before the job did."""
+    server.hub.streams.add(stream)
+    try:
+        yield
+    except asyncio.CancelledError:
+        cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
+        raise
+    finally:
+        server.hub.streams.discard(stream)
+    if stream.client_gone and not stream.finished:
+        cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
+
+
 async def stream_job(server: HttpServer, job_id: str, stream: Stream, *,
                      whole: Callable[[JobView], Awaitable[web.StreamResponse]],
                      opened: Callable[[], Awaitable[web.StreamResponse]],
@@ -199,11 +217,9 @@ async def stream_job(server: HttpServer, job_id: str, stream: Stream, *,
     missed; ``hurry``: a hot worker starts on it now, not on the loop's next turn); a job that
     ends before its first chunk is answered by ``whole`` (its view); else ``opened()`` is the
     response the stream runs into.  A client that goes away cancels the job."""
-    server.hub.streams.add(stream)
-    if hurry:
-        watch.hurry(server.engine)
-    response: web.StreamResponse | None = None
-    try:
+    with following(server, job_id, stream):
+        if hurry:
+            watch.hurry(server.engine)
         while not stream.pending and not stream.lagged and not server.hub.closed:
             stream.wake.clear()
             await stream.wake.wait()
@@ -215,14 +231,7 @@ async def stream_job(server: HttpServer, job_id: str, stream: Stream, *,
             return await whole(finished_view(server, job_id, first.event.job))
         response = await opened()
         await stream.run(response)
-    except asyncio.CancelledError:
-        cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
-        raise
-    finally:
-        server.hub.streams.discard(stream)
-    if stream.client_gone and not stream.finished:
-        cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
-    return response
+        return response
 
 
 class JobStream:
