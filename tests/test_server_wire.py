@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import h11
 import pytest
+from waiting import wait_until_async
 
 from supervisor.servers.wire import (
     MAX_HEAD,
@@ -215,7 +216,8 @@ def test_a_server_that_closes_after_each_answer_gets_a_spare() -> None:
                 assert (ex.done is not None) == (n > 1), "the spare was not used"
                 await link.complete(ex)
                 assert sink.body == b"ok"
-                await asyncio.sleep(0.05)  # the spare connects
+                await wait_until_async(lambda n=n: srv.connections == n + 1, 10,
+                                       "the spare to connect")
             assert srv.connections == 4  # one each, plus the spare now idle
             link.close()
 
