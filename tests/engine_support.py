@@ -17,6 +17,7 @@ import yaml
 
 from supervisor import Supervisor
 from supervisor.engine import EngineConfig
+from supervisor.events import EngineEvent
 from supervisor.gpu.sim import SimulatedProbe
 from supervisor.paths import Paths
 
@@ -215,3 +216,16 @@ def play_trace(trace: Any, gpus: str, *, step_s: float = 0.1,
     return Played(last - first, sum(1 for text in log if text.startswith("starting ")),
                   waits, job_waits, {tid: v.state.value for tid, v in views.items()}, reasons,
                   log)
+
+
+def sleep_events(sup: Any) -> list[EngineEvent]:
+    """The engine's ``sleep`` events from now on, as they are published (a list that grows)."""
+    seen: list[EngineEvent] = []
+    lock = threading.Lock()
+
+    def add(event: EngineEvent) -> None:
+        with lock:
+            seen.append(event)
+
+    sup.subscribe(kinds=["sleep"], callback=add)
+    return seen

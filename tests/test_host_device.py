@@ -10,12 +10,12 @@ import contextlib
 import json
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from admission_checker import Watching
 from engine_support import ROOT, engine
 from other_user import needs_other_user, run_as_other_user
 from serve_support import cli, in_process
@@ -222,23 +222,14 @@ def our_workers() -> dict[str, list[int]]:
     return out
 
 
-class Resident:
+class Resident(Watching):
     """A thread reading /proc: which backends hold more than ``floor_mib`` at each instant."""
 
     def __init__(self, floor_mib: float) -> None:
+        super().__init__("resident")
         self.floor = floor_mib
         self.together: list[dict[str, float]] = []
         self.seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Resident:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):

@@ -14,17 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import UsageWatcher, engine
+from engine_support import UsageWatcher, engine, sleep_events
 from http_support import serve_http
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
-from supervisor.events import EngineEvent
 from supervisor.jobs import JobState
 
 pytestmark = pytest.mark.process
@@ -56,18 +54,6 @@ def sleepy_server(name: str, mode: str = "ok", *, load_s: float = 0.4, start: st
     }
 
 
-def collect(sup: Any) -> list[EngineEvent]:
-    seen: list[EngineEvent] = []
-    lock = threading.Lock()
-
-    def add(event: EngineEvent) -> None:
-        with lock:
-            seen.append(event)
-
-    sup.subscribe(kinds=["sleep"], callback=add)
-    return seen
-
-
 def pid_of(answer: dict[str, Any]) -> int:
     """The pid of the server process that answered (its system_fingerprint), checked in /proc
     to be a live tests/model_server.py."""
@@ -89,7 +75,7 @@ def test_two_servers_take_turns_asleep_without_a_respawn() -> None:
     with serve_http([sleepy_server("a"), sleepy_server("b")], gpus=CARD,
                     engine_config=config) as front, \
             UsageWatcher(front.sup, CARD, hz=100) as watch:
-        events = collect(front.sup)
+        events = sleep_events(front.sup)
         pids: dict[str, set[int]] = {"a": set(), "b": set()}
         for model in "abab":  # through the OpenAI route, each once the one before has ended
             reply = front.post("/v1/chat/completions", {"model": model, "messages": [
@@ -139,7 +125,7 @@ def test_a_server_whose_sleep_or_wake_misbehaves_is_stopped_instead(mode: str,
     backends = [sleepy_server("a", mode, **fast), sleepy_server("b", **fast)]
     with engine(backends, gpus=CARD, config=config) as sup, \
             UsageWatcher(sup, CARD, hz=100) as watch:
-        events = collect(sup)
+        events = sleep_events(sup)
         pids = [answered_by(sup.wait(sup.submit(backend, CHAT), 60)) for backend in "aba"]
         stopped = [e for e in events if e.state == "stopped"]
         a = sup.snapshot().backend("a")

@@ -13,15 +13,13 @@ job runs on a fresh worker.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import UsageWatcher, engine, sim_backend
+from engine_support import UsageWatcher, engine, sim_backend, sleep_events
 
 from supervisor.engine import EngineConfig
-from supervisor.events import EngineEvent
 from supervisor.jobs import JobState
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -36,25 +34,13 @@ def nine_gib(name: str) -> dict[str, Any]:
     return spec
 
 
-def collect(sup: Any) -> list[EngineEvent]:
-    seen: list[EngineEvent] = []
-    lock = threading.Lock()
-
-    def add(event: EngineEvent) -> None:
-        with lock:
-            seen.append(event)
-
-    sup.subscribe(kinds=["sleep"], callback=add)
-    return seen
-
-
 @pytest.mark.process
 @pytest.mark.timeout(180)
 def test_two_9gib_models_on_a_12gib_card_take_turns_asleep_without_a_respawn() -> None:
     config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
     with engine([nine_gib("a"), nine_gib("b")], gpus=CARD, config=config) as sup, \
             UsageWatcher(sup, CARD, hz=100) as watch:
-        events = collect(sup)
+        events = sleep_events(sup)
         answers = []
         for i in range(8):  # a, b, a, b, …: each once the one before has ended
             view = sup.wait(sup.submit("ab"[i % 2], b'{"steps": 1, "step_s": 0.05}'), 60)
@@ -92,7 +78,7 @@ def test_a_real_worker_whose_sleep_or_wake_misbehaves_is_stopped_instead(
     config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0)
     with engine([misbehaving("a", mode), misbehaving("b", "honest")], gpus="sim:8GiB",
                 config=config) as sup, UsageWatcher(sup, "sim:8GiB", hz=100) as watch:
-        events = collect(sup)
+        events = sleep_events(sup)
         pids = []
         for backend in "aba":
             view = sup.wait(sup.submit(backend, b"x"), 60)
