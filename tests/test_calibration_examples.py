@@ -26,7 +26,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "calibration"
 CTX, W, A, LEAK, WARMUP = 256, 1024, 512, 128, 768
 REPEATS = 3
 SETTLE_S = 0.25
-TIMING_CODES = {"sample-gaps", "too-few-samples"}  # the machine's business, not the model's
+# Findings about the sampling, the machine's business rather than the model's. On a loaded CI
+# box a sample of the first request's memory was once filed under the settle before it (the
+# request's mark came late), read as "memory-unsettled"; the figures stay exact all the same.
+TIMING_CODES = {"sample-gaps", "too-few-samples", "memory-unsettled"}
 
 # example -> (context, weights, activation, peak, the findings about the model)
 EXPECTED: dict[str, tuple[int, int, int, int, set[str]]] = {
