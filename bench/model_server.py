@@ -19,7 +19,13 @@ run, side by side:
   request for B: B's cold start + A's exit), beside B's cold start and A's exit measured
   directly.
 
-Both sides call the same server process (the one the engine started, found with ``GET
+Beside them, the floor: ``bench/proxy_floor.py``, the least a Python proxy costs (aiohttp on
+uvloop and h11, as the engine's door uses, with no admission, job or check). What the floor
+adds to a direct call is the hop itself on this machine; what the engine adds beyond the
+floor (``over floor``) is the cost of being an engine: a job, admission, events, the
+door's checks. On a busy or slow machine the hop alone can take most of a goal.
+
+All sides call the same server process (the one the engine started, found with ``GET
 /running``), request by request in turn, so a shared machine's changing load weighs on both
 alike; the cold start and exit are of the server started alone first.  Through the engine
 is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
@@ -38,6 +44,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
     os.path.abspath(__file__))]
 
 import argparse
+import contextlib
 import http.client
 import json
 import shutil
@@ -55,6 +62,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_SERVER = ROOT / "tests" / "model_server.py"
+FLOOR = ROOT / "bench" / "proxy_floor.py"
 VOCAB = "models/ggml-vocab-llama-spm.gguf"
 
 
@@ -191,8 +199,8 @@ def paired(a: list[float], b: list[float]) -> float:
 
 
 def measure(sides: list[Side], n: int) -> list[dict[str, float]]:
-    """Every side measured request by request in turn (the order swapped each round), so a
-    machine that gets busier or quieter during the run weighs on both alike. The last
+    """Every side measured request by request in turn (the order reversed each round), so a
+    machine that gets busier or quieter during the run weighs on all alike. Each later
     side's figures also say what it adds to the first's, pair by pair (``*_added``)."""
     for side in sides:
         for _ in range(3):
@@ -204,9 +212,10 @@ def measure(sides: list[Side], n: int) -> list[dict[str, float]]:
         for side in (sides if i % 2 == 0 else sides[::-1]):
             side.stream()
     figures = [side.figures() for side in sides]
-    first, last = sides[0], sides[-1]
-    figures[-1]["latency_ms_added"] = paired(first.lat, last.lat) * 1000
-    figures[-1]["ttft_ms_added"] = paired(first.ttft, last.ttft) * 1000
+    first = sides[0]
+    for side, fig in zip(sides[1:], figures[1:], strict=True):
+        fig["latency_ms_added"] = paired(first.lat, side.lat) * 1000
+        fig["ttft_ms_added"] = paired(first.ttft, side.ttft) * 1000
     return figures
 
 
@@ -271,18 +280,43 @@ def own_server(base: str, model: str) -> str:
     return str(next(r["proxy"] for r in running if r["model"] == model))
 
 
+def start_floor(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench/proxy_floor.py`` in front of ``upstream``, once it accepts connections."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(FLOOR), upstream.rsplit(":", 1)[1],
+                             str(port)], stdout=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    stop_direct(proc)
+                raise SystemExit("bench/proxy_floor.py did not start") from None
+            time.sleep(0.02)
+
+
 def side_by_side(server: Server, n: int, switches: int
-                 ) -> tuple[dict[str, float], dict[str, float], float, float, float]:
+                 ) -> tuple[list[dict[str, float]], float, float, float]:
     """The server's cold start and exit on its own; then the engine's own server called
-    directly and through the engine, interleaved; then the switch through the engine."""
+    directly, through the floor proxy and through the engine, interleaved; then the switch
+    through the engine."""
     alone, _base, cold = start_direct(server)
     exit_s = stop_direct(alone)
     root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
     proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
+    floor: subprocess.Popen[bytes] | None = None
     try:
         post(_conn(base), server.short("a"))  # loads a
-        d, e = measure([Side(own_server(base, "a"), "m", server),
-                        Side(base, "a", server, keeps_streams=True)], n)
+        upstream = own_server(base, "a")
+        floor, floor_base = start_floor(upstream)
+        figures = measure([Side(upstream, "m", server),
+                           Side(floor_base, "m", server, keeps_streams=True),
+                           Side(base, "a", server, keeps_streams=True)], n)
+        stop_direct(floor)
+        floor = None
         times = []
         for i in range(switches):
             model = "b" if i % 2 == 0 else "a"
@@ -293,10 +327,12 @@ def side_by_side(server: Server, n: int, switches: int
             times.append(time.perf_counter() - t0)
             conn.close()
     finally:
+        if floor is not None:
+            stop_direct(floor)
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
         shutil.rmtree(root, ignore_errors=True)
-    return d, e, cold, exit_s, statistics.median(times)
+    return figures, cold, exit_s, statistics.median(times)
 
 
 def llama(path: str, model: str) -> Server:
@@ -335,24 +371,26 @@ def main() -> int:
         servers.append(llama(args.llama_server, find_model(args)))
     rows = []
     for server in servers:
-        d, e, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
-        rows.append((server.label, d, e, cold, exit_s, switch))
-    print(f"{'server':<14} {'measure':<26} {'direct':>10} {'engine':>10} {'delta':>10} "
-          f"{'paired':>10}")
-    for label, d, e, cold, exit_s, switch in rows:
-        for key, what, unit in (("latency_ms", "short request (median)", "ms"),
-                                ("ttft_ms", "time to first chunk", "ms"),
-                                ("tokens_s", "streamed chunks/s", "/s")):
-            delta = e[key] - d[key] if key != "tokens_s" else e[key] / d[key] * 100
-            tail = f"{delta:+9.2f}{unit}" if key != "tokens_s" else f"{delta:9.0f}%"
-            pair = e.get(f"{key}_added")
-            paired_text = f"{pair:+9.2f}{unit}" if pair is not None else ""
-            print(f"{label:<14} {what:<26} {d[key]:>8.2f}{unit:<2} {e[key]:>8.2f}{unit:<2} "
-                  f"{tail:>10} {paired_text:>10}")
+        figures, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
+        rows.append((server.label, figures, cold, exit_s, switch))
+    print(f"{'server':<14} {'measure':<24} {'direct':>9} {'floor':>9} {'engine':>9} "
+          f"{'floor +':>9} {'engine +':>9} {'over floor':>10}")
+    for label, (d, f, e), cold, exit_s, switch in rows:
+        for key, what in (("latency_ms", "short request (median)"),
+                          ("ttft_ms", "time to first chunk")):
+            hop, added = f[f"{key}_added"], e[f"{key}_added"]
+            print(f"{label:<14} {what:<24} {d[key]:>7.2f}ms {f[key]:>7.2f}ms "
+                  f"{e[key]:>7.2f}ms {hop:>+7.2f}ms {added:>+7.2f}ms {added - hop:>+8.2f}ms")
+        print(f"{label:<14} {'streamed chunks/s':<24} {d['tokens_s']:>7.0f}/s "
+              f"{f['tokens_s']:>7.0f}/s {e['tokens_s']:>7.0f}/s "
+              f"{f['tokens_s'] / d['tokens_s'] * 100:>8.0f}% "
+              f"{e['tokens_s'] / d['tokens_s'] * 100:>8.0f}%")
         budget = cold + exit_s + 0.3
-        print(f"{label:<14} {'switch A->B (median)':<26} {cold + exit_s:>8.2f}s  "
-              f"{switch:>8.2f}s  goal <= {budget:.2f}s (B cold {cold:.2f}s + A exit "
-              f"{exit_s:.2f}s + 0.3s)")
+        print(f"{label:<14} {'switch A->B (median)':<24} {cold + exit_s:>7.2f}s  "
+              f"{'':>9} {switch:>7.2f}s   goal <= {budget:.2f}s (B cold {cold:.2f}s + A "
+              f"exit {exit_s:.2f}s + 0.3s)")
+    print("floor +, engine +: the median of what each request took more than the direct "
+          "one beside it; over floor: engine + less floor +")
     return 0
 
 

@@ -1,0 +1,125 @@
+"""The least a Python proxy in front of a model server costs: the floor under the engine's figures.
+
+``bench/model_server.py`` runs this beside the engine: an aiohttp server on uvloop that
+passes ``POST /v1/chat/completions`` to one upstream server over a kept-alive connection
+with h11 (the libraries the engine's HTTP door and its forwarding use), and the answer
+back, streamed chunk by chunk when it is an event stream. No admission, no job, no check:
+what it adds to a direct call is the hop itself on this machine (two more socket writes
+and wake-ups, aiohttp's request handling, h11's parsing), and what the engine adds beyond
+it is the cost of everything else. Not a product: a bench's reference; never run by tests.
+
+    python bench/proxy_floor.py UPSTREAM_PORT LISTEN_PORT
+"""
+
+# ruff: noqa: E402  (the path is fixed before the imports: see below)
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/http.py is beside this file: keep the folder off the path so `http` is the stdlib's.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.abspath(__file__))]
+
+import asyncio
+
+import h11
+from aiohttp import web
+
+try:
+    import uvloop
+except ImportError:  # (the engine falls back to asyncio's loop too)
+    uvloop = None
+
+
+class _Upstream(asyncio.Protocol):
+    """One connection to the server; the events of the answer under way go to ``events``."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = h11.Connection(h11.CLIENT)
+        self.events: asyncio.Queue[object] = asyncio.Queue()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.receive_data(data)
+        while True:
+            event = self.parser.next_event()
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            self.events.put_nowait(event)
+            if type(event) is h11.EndOfMessage:
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.events.put_nowait(None)
+
+
+class Floor:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.idle: list[_Upstream] = []
+
+    async def _connection(self) -> _Upstream:
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        loop = asyncio.get_running_loop()
+        _t, conn = await loop.create_connection(_Upstream, "127.0.0.1", self.port)
+        return conn
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        conn = await self._connection()
+        head = h11.Request(method="POST", target=request.path, headers=[
+            ("Host", f"127.0.0.1:{self.port}"), ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body)))])
+        assert conn.transport is not None
+        conn.transport.write(conn.parser.send(head) + conn.parser.send(h11.Data(data=body))
+                             + conn.parser.send(h11.EndOfMessage()))
+        answer = await conn.events.get()
+        if not isinstance(answer, h11.Response):
+            raise web.HTTPBadGateway()
+        kind = dict(answer.headers).get(b"content-type", b"application/json").decode()
+        if "event-stream" not in kind:
+            parts = []
+            while (event := await conn.events.get()) is not None \
+                    and type(event) is not h11.EndOfMessage:
+                parts.append(bytes(event.data))  # type: ignore[attr-defined]
+            self._done(conn)
+            return web.Response(status=answer.status_code, body=b"".join(parts),
+                                content_type=kind.split(";")[0])
+        response = web.StreamResponse(status=answer.status_code,
+                                      headers={"Content-Type": kind})
+        await response.prepare(request)
+        while (event := await conn.events.get()) is not None \
+                and type(event) is not h11.EndOfMessage:
+            await response.write(bytes(event.data))  # type: ignore[attr-defined]
+        self._done(conn)
+        await response.write_eof()
+        return response
+
+    def _done(self, conn: _Upstream) -> None:
+        """Kept for the next request when both sides can go on; else closed."""
+        if conn.parser.our_state is h11.DONE and conn.parser.their_state is h11.DONE:
+            conn.parser.start_next_cycle()
+            conn.events = asyncio.Queue()
+            self.idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+
+
+def main() -> None:
+    upstream, listen = int(sys.argv[1]), int(sys.argv[2])
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", Floor(upstream).handle)
+    loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    web.run_app(app, host="127.0.0.1", port=listen, print=None, access_log=None,
+                handle_signals=True, loop=loop)
+
+
+if __name__ == "__main__":
+    main()
