@@ -41,7 +41,10 @@ worker reloads, times that time); beyond the stream's target wait, the job waits
 long enough, or the stream's end, at most ``max_patience_s``) without becoming a barrier, so
 work that fits beside the stream goes on, and its reason says what it waits for. A worker
 whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
-keeps an idle victim whose stream of at least its priority is due within a reload.
+keeps an idle victim whose stream of at least its priority is due within a reload. An idle
+victim whose stream above the barrier's priority is alive leaves last: not while another
+victim still runs a job (its room is needed too, so the stream's worker leaving earlier only
+opens a window in which its next request must wait for the barrier and a reload).
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
@@ -860,7 +863,8 @@ class _Planner:
             self._room_for_others(g)
         for g, barrier in self.barriers.items():
             idle = [v for v in barrier.victims if self._evictable(v)
-                    and not (not barrier.forced and self._batch_waits(v, g))]
+                    and not (not barrier.forced and self._batch_waits(v, g))
+                    and not self._stream_keeps(v, barrier)]
             if idle:
                 self._evict(idle, g, f"room for {barrier.job.job_id} on GPU{g}",
                             barrier.sleepers)
@@ -870,6 +874,16 @@ class _Planner:
                 idle = [w for w in self.live_on[g] if self._evictable(w)]
                 if idle:
                     self._evict(idle, g, gpu.closed_why or f"GPU{g} is draining")
+
+    def _stream_keeps(self, w: WorkerInfo, barrier: _Barrier) -> bool:
+        """An idle victim whose stream above the barrier's priority is alive stays while
+        another victim still runs a job: the barrier needs that one's room too, so evicting
+        it now gains nothing but leaves the stream's next request, if it comes meanwhile,
+        to wait for the barrier's load and run and its reload (it leaves with the last)."""
+        exp = self.expected
+        if exp is None or exp.stream_above(w.backend, barrier.effective, self.now) is None:
+            return False
+        return any(v.active_jobs for v in barrier.victims if v is not w)
 
     def _room_for_others(self, g: int) -> None:
         """``g`` over-committed (what our workers hold plus strangers' memory exceeds the
