@@ -435,6 +435,41 @@ def test_what_is_built_on_measurements_works_on_the_host() -> None:
         assert liar.learned_peak_mib is not None and liar.learned_peak_mib >= 100
 
 
+def _lifelines() -> list[int]:
+    """This process's lifeline watchers, found in /proc by parent and command line."""
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _parent(int(name)) == me:
+            with contextlib.suppress(OSError):
+                if b"lifeline.py" in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+    return found
+
+
+@pytest.mark.process
+def test_the_engines_own_lifeline_is_no_stranger_on_the_host() -> None:
+    """The engine's lifeline (the watcher that kills its workers if it dies) is part of the
+    engine: the host device never lists it, and nothing is held back for "others" because of
+    it (it was counted as a stranger of ~8 MiB; a second process beside it once put a device
+    held whole by an unmeasured worker over-committed)."""
+    with engine([host_backend("host-l", 40, 10, vram={"peak": "80MiB"})],
+                gpus="host:600MiB") as sup:
+        assert sup.wait(sup.submit("host-l", b'{"step_s": 0.2}'), 60).state \
+            is JobState.SUCCEEDED
+        (lifeline,) = _lifelines()
+        assert pss_mib(lifeline) > 1  # it holds memory: counted, it would show
+        workers = set(our_workers()["host-l"])
+        # Samples for 2.5 s of the engine's own clock: the probe passes over /proc (where it
+        # finds the lifeline, a child of this process) at least every second.
+        since = sup.snapshot().gpus[0].history[-1][0]
+        gpu = wait_until(lambda: (g := sup.snapshot().gpus[0]).history[-1][0] >= since + 2.5
+                         and g, deadline=20, what="2.5 s more of samples")
+        assert {p.pid for p in gpu.processes} == workers, gpu.processes
+        assert lifeline not in {p.pid for p in gpu.processes}
+        assert gpu.foreign_mib == 0 and gpu.others_mib == 0, (gpu.foreign_mib, gpu.others_mib)
+
+
 def test_without_proc_the_host_device_says_why(tmp_path: Path) -> None:
     from supervisor.gpu.errors import GpuUnavailable
 

@@ -94,7 +94,7 @@ class Engine:
         self.pool = WorkerPool(backends, workers or ProcessWorkers(
             paths, simulated="simulated" in self.monitor.kinds(),
             host_gpus=self.monitor.host_gpus(), max_result=config.max_result_bytes,
-            on_launch=self.monitor.track, gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
+            follower=self.monitor, gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
             budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
         self.planner = Planner(config, clock)
         self.yields = Yields(paths.yields_path if config.journal else None,

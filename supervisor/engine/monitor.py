@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..gpu.model import GpuReading, Probe, ProcessReading, track
+from ..gpu.model import GpuReading, Probe, ProcessReading, own, track
 from ..gpu.sampler import History, Sample, Sampler
 from ..ledger import Device, foreign_mib
 from ..snapshot import KIND_LABELS
@@ -51,6 +51,10 @@ class Monitor:
     def track(self, pid: int) -> None:
         """A worker started: a probe that follows processes itself reads it from now on."""
         track(self.probe, pid)
+
+    def own(self, pid: int) -> None:
+        """A process of the engine itself (its lifeline): never read as on a device."""
+        own(self.probe, pid)
 
     def stop(self) -> None:
         if self._sampler is not None:

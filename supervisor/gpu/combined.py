@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from supervisor.gpu.model import GpuReading, Probe, ProcessReading
+from supervisor.gpu.model import GpuReading, Probe, ProcessReading, own, track
 
 
 class CombinedProbe:
@@ -36,9 +36,12 @@ class CombinedProbe:
     def track(self, pid: int) -> None:
         """Tell the probes that follow processes (the host's) of a new worker."""
         for p in self.probes:
-            track = getattr(p, "track", None)
-            if track is not None:
-                track(pid)
+            track(p, pid)
+
+    def own(self, pid: int) -> None:
+        """Tell the probes that follow processes (the host's) of a process of the engine."""
+        for p in self.probes:
+            own(p, pid)
 
     @property
     def estimated(self) -> frozenset[int]:

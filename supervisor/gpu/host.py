@@ -117,6 +117,7 @@ class HostProbe:
         self._clock = clock
         self._lock = threading.Lock()
         self._tracked: dict[int, int] = {}  # pid -> start time: the root's trees, orphans kept
+        self._own: dict[int, int] = {}  # pid -> start time: the engine's own (its lifeline)
         self._next_discovery = 0.0  # a pass, whatever happened
         self._next_allowed = 0.0  # the earliest pass (its cost paid)
         self._last_pid: int | None = None
@@ -239,6 +240,15 @@ class HostProbe:
             with self._lock:
                 self._tracked.setdefault(pid, stat[2])
 
+    def own(self, pid: int) -> None:
+        """``pid`` is part of the engine (its lifeline): never listed, as the root itself is
+        not; the host reserve is there for the engine. (Its children, none, would be.)"""
+        stat = start_ticks(pid, self._proc)
+        if stat is not None:
+            with self._lock:
+                self._own[pid] = stat[2]
+                self._forget(pid)
+
     @property
     def orphans(self) -> frozenset[int]:
         """Processes of ours that outlived their parent (counted until they exit)."""
@@ -272,6 +282,9 @@ class HostProbe:
                 if child not in under_root:
                     under_root.add(child)
                     stack.append(child)
+        self._own = {p: s for p, s in self._own.items() if table.get(p, (0, -1))[1] == s}
+        for pid in self._own:
+            under_root.discard(pid)
         for pid in list(self._tracked):
             if pid not in table or table[pid][1] != self._tracked[pid]:
                 self._forget(pid)
@@ -291,7 +304,7 @@ class HostProbe:
             found.add(pid)
             stack.extend(c for c in children.get(pid, ()) if c not in found)
         for pid in found:
-            if pid not in self._tracked and pid in table:
+            if pid not in self._tracked and pid in table and pid not in self._own:
                 self._tracked[pid] = table[pid][1]
         self._orphans = set(self._tracked) - under_root
         return time.thread_time() - began

@@ -52,16 +52,28 @@ class WorkerFactory(Protocol):
         ...
 
 
+class ProcessFollower(Protocol):
+    """What follows the engine's processes (the host device reads their memory itself)."""
+
+    def track(self, pid: int) -> None:
+        """A worker's process started: it is ours from now on."""
+        ...
+
+    def own(self, pid: int) -> None:
+        """A process of the engine itself (the lifeline): on no device."""
+        ...
+
+
 class ProcessWorkers:
     """Real worker processes (see the module doc)."""
 
     def __init__(self, paths: Paths, *, simulated: bool, max_result: int | None,
                  host_gpus: frozenset[int] = frozenset(),
-                 on_launch: Callable[[int], None] | None = None,
+                 follower: ProcessFollower | None = None,
                  gpu_total_mib: Callable[[int], int | None] = lambda gpu: None,
                  budget_mib: Callable[[str], int | None] = lambda backend: None) -> None:
         self.paths = paths
-        self.on_launch = on_launch  # told each new worker's pid (the host device reads it)
+        self.follower = follower  # told the workers' pids and the lifeline's (the host device)
         # for a server's ${VRAM_MIB} and ${VRAM_FRACTION}: its GPU's size, its admitted peak
         self.gpu_total_mib = gpu_total_mib
         self.budget_mib = budget_mib
@@ -78,6 +90,8 @@ class ProcessWorkers:
         leftovers = await asyncio.get_running_loop().run_in_executor(
             None, kill_leftovers, self.lifeline.records_dir)
         self.lifeline.start()
+        if self.follower is not None and self.lifeline.pid is not None:
+            self.follower.own(self.lifeline.pid)
         try:
             await self.listener.start()
         except BaseException:
@@ -136,8 +150,8 @@ class ProcessWorkers:
     def launched(self, worker: Worker) -> None:
         if worker.pid is not None and not worker.exited:
             self.lifeline.add(worker.pid, worker.backend)
-            if self.on_launch is not None:
-                self.on_launch(worker.pid)
+            if self.follower is not None:
+                self.follower.track(worker.pid)
 
     def exited(self, worker: Worker) -> None:
         if worker.pid is not None:

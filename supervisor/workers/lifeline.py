@@ -65,6 +65,11 @@ class Lifeline:
         )
 
     @property
+    def pid(self) -> int | None:
+        """The watcher's pid while it runs (a process of the engine itself)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def watching(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and not self._broken
 
