@@ -61,6 +61,7 @@ class Floor:
     def __init__(self, port: int) -> None:
         self.port = port
         self.idle: list[_Upstream] = []
+        self._spares: set[asyncio.Future[None]] = set()
 
     async def _connection(self) -> _Upstream:
         while self.idle:
@@ -103,13 +104,24 @@ class Floor:
         return response
 
     def _done(self, conn: _Upstream) -> None:
-        """Kept for the next request when both sides can go on; else closed."""
+        """Kept for the next request when both sides can go on; else closed, and another
+        opened for the next request (as the engine does for a server that closes after each
+        stream, llama-server: the next request does not wait for a connect)."""
         if conn.parser.our_state is h11.DONE and conn.parser.their_state is h11.DONE:
             conn.parser.start_next_cycle()
             conn.events = asyncio.Queue()
             self.idle.append(conn)
-        elif conn.transport is not None:
+            return
+        if conn.transport is not None:
             conn.transport.close()
+        if not self.idle:
+            self._spares.add(task := asyncio.ensure_future(self._spare()))
+            task.add_done_callback(self._spares.discard)
+
+    async def _spare(self) -> None:
+        loop = asyncio.get_running_loop()
+        _t, conn = await loop.create_connection(_Upstream, "127.0.0.1", self.port)
+        self.idle.append(conn)
 
 
 def main() -> None:
