@@ -487,6 +487,54 @@ def test_the_engines_own_lifeline_is_no_stranger_on_the_host() -> None:
         assert gpu.foreign_mib == 0 and gpu.others_mib == 0, (gpu.foreign_mib, gpu.others_mib)
 
 
+def _pids_with(marker: bytes) -> list[int]:
+    """Processes whose command line holds ``marker``, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+    return found
+
+
+@pytest.mark.process
+def test_a_yield_when_command_is_the_engines_not_a_stranger_on_the_host() -> None:
+    """A ``yield_when`` command is the engine asking a question: while it runs (holding
+    40 MiB here, 4 s each time, longer than a stranger must stay to be counted), the host
+    device holds nothing back for "others" because of it (it held back 46 MiB). Only the
+    instant between its start and the engine's own() may see it once in a sample."""
+    import sys
+
+    from supervisor.engine import EngineConfig
+    from supervisor.engine.rules import parse_rules
+
+    marker = "vramtui-yield-question"
+    command = [sys.executable, "-c", "import time; b = b'1' * (40 << 20); time.sleep(4); "
+               "raise SystemExit(1)", marker]
+    rules = parse_rules([{"command": command, "timeout": "10s", "every": "0.2s"}], "test")
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, yield_when=rules)
+    with engine([host_backend("host-q", 40, 10, vram={"peak": "80MiB"})],
+                gpus="host:600MiB", config=config) as sup:
+        assert sup.wait(sup.submit("host-q", b'{"step_s": 0.2}'), 60).state \
+            is JobState.SUCCEEDED
+        asked: set[int] = set()
+        others = 0
+        held_mib = 0.0
+
+        def watched_enough() -> bool:
+            nonlocal others, held_mib
+            now = _pids_with(marker.encode())
+            asked.update(now)
+            held_mib = max([held_mib, *(pss_mib(p) for p in now)])
+            others = max(others, sup.snapshot().gpus[0].others_mib)
+            return len(asked) >= 2  # a second question: the first ran its 4 s whole
+
+        wait_until(watched_enough, deadline=30, what="two yield_when questions")
+    assert held_mib >= 30  # each question really held memory while it ran
+    assert others == 0
+
+
 def test_without_proc_the_host_device_says_why(tmp_path: Path) -> None:
     from supervisor.gpu.errors import GpuUnavailable
 

@@ -99,7 +99,7 @@ class Engine:
         self.planner = Planner(config, clock)
         self.yields = Yields(paths.yields_path if config.journal else None,
                              device=self.monitor.identity)
-        self.rules = Rules(config.yield_when, self.notes.note)
+        self.rules = Rules(config.yield_when, self.notes.note, own=self.monitor.own)
         self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
             j, note="cancelled: others need its GPU") for j in self.pool.admitted_on(gpus)])
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,

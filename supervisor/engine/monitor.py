@@ -53,7 +53,8 @@ class Monitor:
         track(self.probe, pid)
 
     def own(self, pid: int) -> None:
-        """A process of the engine itself (its lifeline): never read as on a device."""
+        """A process of the engine itself (its lifeline, a ``yield_when`` command): never
+        read as on a device, nor what it starts."""
         own(self.probe, pid)
 
     def stop(self) -> None:

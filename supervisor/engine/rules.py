@@ -115,9 +115,11 @@ def _rule(item: Any, where: str) -> YieldRule:
 class Rules:
     """What the rules want now (see the module doc)."""
 
-    def __init__(self, rules: Sequence[YieldRule], note: Callable[..., None]) -> None:
+    def __init__(self, rules: Sequence[YieldRule], note: Callable[..., None],
+                 own: Callable[[int], None] = lambda pid: None) -> None:
         self.rules = tuple(rules)
         self.note = note
+        self.own = own  # told each command's pid: the engine's own, on no device
         self.answers: dict[int, bool] = {}  # command rule's index -> its last answer
         self._said: set[int] = set()  # command rules whose trouble was said (once each)
 
@@ -181,6 +183,7 @@ class Rules:
             self._trouble(index, f"yield_when: cannot run `{shlex.join(rule.command)}`: "
                           f"{exc.strerror or exc}; the rule counts as no")
             return False
+        self.own(proc.pid)
         try:
             code = await asyncio.wait_for(proc.wait(), rule.timeout_s)
         except asyncio.CancelledError:  # the engine stops: the command must not outlive it

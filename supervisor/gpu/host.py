@@ -241,8 +241,9 @@ class HostProbe:
                 self._tracked.setdefault(pid, stat[2])
 
     def own(self, pid: int) -> None:
-        """``pid`` is part of the engine (its lifeline): never listed, as the root itself is
-        not; the host reserve is there for the engine. (Its children, none, would be.)"""
+        """``pid`` is part of the engine (its lifeline, a ``yield_when`` command): never
+        listed, nor what it starts, as the root itself is not; the host reserve is there for
+        the engine."""
         stat = start_ticks(pid, self._proc)
         if stat is not None:
             with self._lock:
@@ -283,10 +284,16 @@ class HostProbe:
                     under_root.add(child)
                     stack.append(child)
         self._own = {p: s for p, s in self._own.items() if table.get(p, (0, -1))[1] == s}
-        for pid in self._own:
-            under_root.discard(pid)
+        own_trees: set[int] = set()  # the engine's own processes and whatever they started
+        stack = list(self._own)
+        while stack:
+            pid = stack.pop()
+            if pid not in own_trees:
+                own_trees.add(pid)
+                stack.extend(children.get(pid, ()))
+        under_root -= own_trees
         for pid in list(self._tracked):
-            if pid not in table or table[pid][1] != self._tracked[pid]:
+            if pid not in table or table[pid][1] != self._tracked[pid] or pid in own_trees:
                 self._forget(pid)
         self._checked = {p: s for p, s in self._checked.items() if table.get(p, (0, -1))[1] == s}
         for pid, (_ppid, started) in table.items():
@@ -304,7 +311,7 @@ class HostProbe:
             found.add(pid)
             stack.extend(c for c in children.get(pid, ()) if c not in found)
         for pid in found:
-            if pid not in self._tracked and pid in table and pid not in self._own:
+            if pid not in self._tracked and pid in table and pid not in own_trees:
                 self._tracked[pid] = table[pid][1]
         self._orphans = set(self._tracked) - under_root
         return time.thread_time() - began

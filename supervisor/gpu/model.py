@@ -79,9 +79,10 @@ def track(probe: Probe, pid: int) -> None:
 
 
 def own(probe: Probe, pid: int) -> None:
-    """Tell ``probe`` that ``pid`` is part of the engine itself (its lifeline), when it follows
-    processes itself: never listed, as the engine's own process is not (the host reserve
-    covers the engine; a GPU's driver never lists a process that holds nothing there)."""
+    """Tell ``probe`` that ``pid`` is part of the engine itself (its lifeline, a ``yield_when``
+    command), when it follows processes itself: never listed, nor what it starts, as the
+    engine's own process is not (the host reserve covers the engine; a GPU's driver never
+    lists a process that holds nothing there)."""
     hook = getattr(probe, "own", None)
     if hook is not None:
         hook(pid)
