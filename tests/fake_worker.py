@@ -393,6 +393,9 @@ class FakeWorkers:
     def exited(self, worker: Any) -> None:
         self.running.discard(worker.pid)
 
+    def check(self) -> str | None:
+        return None
+
     async def close(self) -> None:
         pass
 

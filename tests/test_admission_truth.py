@@ -392,7 +392,39 @@ def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher
         reap(served)
 
 
-def _lifeline_of(env: dict[str, str]) -> int | None:
+@pytest.mark.process
+def test_a_lifeline_killed_by_someone_is_started_again_and_still_kills_the_workers() -> None:
+    """The watcher killed alone (a stray ``pkill python``, the kernel out of memory): the
+    engine starts another within a ping interval, tells it every live worker group and says
+    so; a kill -9 of the engine afterwards still takes its worker with it (seen in /proc)."""
+    root = new_root()
+    spec = {"name": "ex", "script": str(EXECUTIONS), "vram": {"peak": "1GiB"},
+            "env": {"SIM_WEIGHTS_MIB": "256", "SIM_ACTIVATION_MIB": "128"},
+            "timeouts": {"stop_grace": "2s"}}
+    env = make_env(root, [spec])
+    env["WORKER_MARKER_DIR"] = str(root)
+    served = start_serve(env, root)
+    try:
+        with served.client() as client:
+            client.submit("ex", req(seconds=30))
+            wait_until(lambda: _executions(root), 30, "the job to start on its worker")
+            worker_pid = _executions(root)[0][2]
+            first = _lifeline_of(env)
+            assert first is not None
+            os.kill(first, signal.SIGKILL)
+            second = wait_until(lambda: (p := _lifeline_of(env, missing_ok=True)) != first
+                                and p, 30, "another lifeline watcher")
+        wait_until(lambda: "was gone; started it again" in served.stderr(), 10,
+                   "the engine saying it started the lifeline again")
+        os.kill(served.proc.pid, signal.SIGKILL)
+        served.proc.wait(10)
+        wait_until(lambda: _gone(worker_pid), 5, "the worker to die with the engine")
+        wait_until(lambda: _gone(second), 5, "the new watcher to end with its work done")
+    finally:
+        reap(served)
+
+
+def _lifeline_of(env: dict[str, str], missing_ok: bool = False) -> int | None:
     """The lifeline watcher of the engine using ``env``'s runtime directory (from /proc)."""
     runtime = f"VRAMTUI_RUNTIME_DIR={env['VRAMTUI_RUNTIME_DIR']}".encode()
     for entry in os.listdir("/proc"):
@@ -403,8 +435,11 @@ def _lifeline_of(env: dict[str, str]) -> int | None:
             environ = Path(f"/proc/{entry}/environ").read_bytes()
         except OSError:
             continue
-        if b"lifeline.py" in cmdline and runtime in environ.split(b"\0"):
+        if b"lifeline.py" in cmdline and runtime in environ.split(b"\0") \
+                and not _gone(int(entry)):
             return int(entry)
+    if missing_ok:
+        return None
     raise AssertionError("no lifeline watcher found for this engine")
 
 

@@ -291,7 +291,10 @@ class WorkerWatch:
     # -- liveness and idleness ------------------------------------------------------------------
     def check_liveness(self, now: float) -> None:
         """Ping every ready, busy or sleeping worker; kill one whose last ping went unanswered
-        too long."""
+        too long. The factory checks its own watch over them too (the lifeline)."""
+        mended = self.pool.factory.check()
+        if mended is not None:
+            self.notes.note("warning", mended)
         for rt in self.pool.runtimes():
             w = rt.worker
             if w is None or w.exited or not (w.hot or w.state == WorkerState.ASLEEP) \

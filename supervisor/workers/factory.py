@@ -47,6 +47,11 @@ class WorkerFactory(Protocol):
         """``worker``'s process is gone."""
         ...
 
+    def check(self) -> str | None:
+        """Now and then: what keeps workers from outliving the engine still works (a line to
+        note when it had to be mended)."""
+        ...
+
     async def close(self) -> None:
         """After the last worker stopped."""
         ...
@@ -156,6 +161,17 @@ class ProcessWorkers:
     def exited(self, worker: Worker) -> None:
         if worker.pid is not None:
             self.lifeline.remove(worker.pid)
+
+    def check(self) -> str | None:
+        """A lifeline that is gone is started again (the host device told of its new pid)."""
+        old = self.lifeline.revive()
+        if old is None:
+            return None
+        if self.follower is not None and self.lifeline.pid is not None:
+            self.follower.own(self.lifeline.pid)
+        return (f"the lifeline (pid {old}), the watcher that kills the workers if the engine "
+                f"dies, was gone; started it again (pid {self.lifeline.pid}), watching every "
+                "live worker")
 
     async def close(self) -> None:
         await self.listener.close()

@@ -64,6 +64,28 @@ class Lifeline:
             start_new_session=True, close_fds=True,
         )
 
+    def revive(self) -> int | None:
+        """A watcher that is gone (killed by someone, by the kernel out of memory) or can no
+        longer be told is started again and told every worker group still recorded: the
+        workers must not lose their way to die with the engine. Returns the pid it had (None:
+        it watches)."""
+        proc = self._proc
+        if proc is None or (proc.poll() is None and not self._broken):
+            return None
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        if proc.poll() is None:  # alive but deaf: it kills nothing any more
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5.0)
+        self._broken = False
+        self.start()
+        for path in sorted(self.records_dir.glob("*.json")):
+            if path.stem.isdigit():
+                self._tell(f"+{int(path.stem)}\n")
+        return proc.pid
+
     @property
     def pid(self) -> int | None:
         """The watcher's pid while it runs (a process of the engine itself)."""
