@@ -346,15 +346,21 @@ def _executions(marker_dir: Path) -> list[tuple[str, str, int, float]]:
     return out
 
 
-@pytest.mark.process
-@pytest.mark.parametrize("kill_watcher", [False, True], ids=["engine", "engine+lifeline"])
-def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher: bool) -> None:
+def _executions_root() -> tuple[Path, dict[str, str]]:
+    """A fresh root whose backend ``ex`` notes each start and end of a job in it."""
     root = new_root()
     spec = {"name": "ex", "script": str(EXECUTIONS), "vram": {"peak": "1GiB"},
             "env": {"SIM_WEIGHTS_MIB": "256", "SIM_ACTIVATION_MIB": "128"},
             "timeouts": {"stop_grace": "2s"}}
     env = make_env(root, [spec])
     env["WORKER_MARKER_DIR"] = str(root)
+    return root, env
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kill_watcher", [False, True], ids=["engine", "engine+lifeline"])
+def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher: bool) -> None:
+    root, env = _executions_root()
     served = start_serve(env, root)
     try:
         with served.client() as client:
@@ -397,12 +403,7 @@ def test_a_lifeline_killed_by_someone_is_started_again_and_still_kills_the_worke
     """The watcher killed alone (a stray ``pkill python``, the kernel out of memory): the
     engine starts another within a ping interval, tells it every live worker group and says
     so; a kill -9 of the engine afterwards still takes its worker with it (seen in /proc)."""
-    root = new_root()
-    spec = {"name": "ex", "script": str(EXECUTIONS), "vram": {"peak": "1GiB"},
-            "env": {"SIM_WEIGHTS_MIB": "256", "SIM_ACTIVATION_MIB": "128"},
-            "timeouts": {"stop_grace": "2s"}}
-    env = make_env(root, [spec])
-    env["WORKER_MARKER_DIR"] = str(root)
+    root, env = _executions_root()
     served = start_serve(env, root)
     try:
         with served.client() as client:
