@@ -452,16 +452,20 @@ def test_what_is_built_on_measurements_works_on_the_host() -> None:
         assert liar.learned_peak_mib is not None and liar.learned_peak_mib >= 100
 
 
-def _lifelines() -> list[int]:
-    """This process's lifeline watchers, found in /proc by parent and command line."""
-    me = os.getpid()
+def _pids_with(marker: bytes) -> list[int]:
+    """Processes whose command line holds ``marker``, from /proc."""
     found = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and _parent(int(name)) == me:
+        if name.isdigit():
             with contextlib.suppress(OSError):
-                if b"lifeline.py" in Path(f"/proc/{name}/cmdline").read_bytes():
+                if marker in Path(f"/proc/{name}/cmdline").read_bytes():
                     found.append(int(name))
     return found
+
+
+def _lifelines() -> list[int]:
+    """This process's lifeline watchers, found in /proc by parent and command line."""
+    return [pid for pid in _pids_with(b"lifeline.py") if _parent(pid) == os.getpid()]
 
 
 @pytest.mark.process
@@ -485,17 +489,6 @@ def test_the_engines_own_lifeline_is_no_stranger_on_the_host() -> None:
         assert {p.pid for p in gpu.processes} == workers, gpu.processes
         assert lifeline not in {p.pid for p in gpu.processes}
         assert gpu.foreign_mib == 0 and gpu.others_mib == 0, (gpu.foreign_mib, gpu.others_mib)
-
-
-def _pids_with(marker: bytes) -> list[int]:
-    """Processes whose command line holds ``marker``, from /proc."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker in Path(f"/proc/{name}/cmdline").read_bytes():
-                    found.append(int(name))
-    return found
 
 
 @pytest.mark.process

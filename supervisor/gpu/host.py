@@ -117,7 +117,7 @@ class HostProbe:
         self._clock = clock
         self._lock = threading.Lock()
         self._tracked: dict[int, int] = {}  # pid -> start time: the root's trees, orphans kept
-        self._own: dict[int, int] = {}  # pid -> start time: the engine's own (its lifeline)
+        self._own: dict[int, int] = {}  # pid -> start time: the engine's own processes
         self._next_discovery = 0.0  # a pass, whatever happened
         self._next_allowed = 0.0  # the earliest pass (its cost paid)
         self._last_pid: int | None = None

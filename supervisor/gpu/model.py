@@ -73,9 +73,7 @@ class Probe(Protocol):
 def track(probe: Probe, pid: int) -> None:
     """Tell ``probe`` that ``pid`` (a worker just started) is the engine's, when it follows
     processes itself (the host device's; a GPU's driver lists them on its own)."""
-    hook = getattr(probe, "track", None)
-    if hook is not None:
-        hook(pid)
+    _tell(probe, "track", pid)
 
 
 def own(probe: Probe, pid: int) -> None:
@@ -83,6 +81,12 @@ def own(probe: Probe, pid: int) -> None:
     command), when it follows processes itself: never listed, nor what it starts, as the
     engine's own process is not (the host reserve covers the engine; a GPU's driver never
     lists a process that holds nothing there)."""
-    hook = getattr(probe, "own", None)
-    if hook is not None:
-        hook(pid)
+    _tell(probe, "own", pid)
+
+
+def _tell(probe: Probe, hook: str, pid: int) -> None:
+    """Call ``probe``'s ``hook`` with ``pid`` when it has one (only the host's follows
+    processes itself)."""
+    method = getattr(probe, hook, None)
+    if method is not None:
+        method(pid)

@@ -95,8 +95,7 @@ class ProcessWorkers:
         leftovers = await asyncio.get_running_loop().run_in_executor(
             None, kill_leftovers, self.lifeline.records_dir)
         self.lifeline.start()
-        if self.follower is not None and self.lifeline.pid is not None:
-            self.follower.own(self.lifeline.pid)
+        self._own_lifeline()
         try:
             await self.listener.start()
         except BaseException:
@@ -167,11 +166,15 @@ class ProcessWorkers:
         old = self.lifeline.revive()
         if old is None:
             return None
-        if self.follower is not None and self.lifeline.pid is not None:
-            self.follower.own(self.lifeline.pid)
+        self._own_lifeline()
         return (f"the lifeline (pid {old}), the watcher that kills the workers if the engine "
                 f"dies, was gone; started it again (pid {self.lifeline.pid}), watching every "
                 "live worker")
+
+    def _own_lifeline(self) -> None:
+        """The lifeline (just started) is the engine's own: on no device."""
+        if self.follower is not None and self.lifeline.pid is not None:
+            self.follower.own(self.lifeline.pid)
 
     async def close(self) -> None:
         await self.listener.close()

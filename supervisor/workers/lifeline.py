@@ -70,7 +70,7 @@ class Lifeline:
         workers must not lose their way to die with the engine. Returns the pid it had (None:
         it watches)."""
         proc = self._proc
-        if proc is None or (proc.poll() is None and not self._broken):
+        if proc is None or self.watching:
             return None
         with contextlib.suppress(OSError):
             if proc.stdin is not None:
