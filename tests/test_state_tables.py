@@ -132,3 +132,26 @@ def test_the_job_table_queues_only_queued_jobs_and_forgets_what_ended() -> None:
     assert not table.queue
     assert [j.id for j in table.recent()] == [jobs[3].id, jobs[2].id]  # the last two kept
     assert table.get(first.id) is None and len(table) == 2
+
+
+def test_the_job_table_keeps_recent_results_within_their_bytes() -> None:
+    table = JobTable(WallClock(), recent_jobs=100, max_recent_bytes=100)
+    jobs = [Job(backend="b", payload=b"x") for _ in range(6)]
+    for i, job in enumerate(jobs):
+        table.add(job)
+        table.dequeue(job)
+        job.mark(1.0, JobState.RUNNING)
+        job.mark(2.0, JobState.SUCCEEDED)
+        job.data = b"r" * 40
+        table.ended(job)
+        if i == 2:
+            table.ended(job)  # heard twice: counted once
+    # 40 bytes each: two fit in 100, a third would not; the newest stay
+    assert [j.id for j in table.recent()] == [jobs[5].id, jobs[4].id]
+    small = Job(backend="b", payload=b"x")
+    table.add(small)
+    table.dequeue(small)
+    small.mark(1.0, JobState.RUNNING)
+    small.mark(2.0, JobState.SUCCEEDED)
+    table.ended(small)  # no result: 0 bytes, so the two before it stay
+    assert [j.id for j in table.recent()] == [small.id, jobs[5].id, jobs[4].id]

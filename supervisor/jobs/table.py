@@ -84,6 +84,7 @@ class JobTable:
         self._futures: dict[str, concurrent.futures.Future[JobView]] = {}
         self._recent: deque[str] = deque()
         self._recent_bytes: dict[str, int] = {}  # result bytes of each job in _recent
+        self._recent_held = 0  # their sum (kept as it changes: a job's end is O(1))
         self._waiting: Mapping[str, str] = {}
 
     # -- looking up ---------------------------------------------------------------------------
@@ -180,13 +181,14 @@ class JobTable:
         view = self.view(job)
         self._resolve(job.id, view)
         self._recent.append(job.id)
-        self._recent_bytes[job.id] = len(job.data or b"") + sum(map(len, job.chunks))
-        held = sum(self._recent_bytes.values())
+        size = len(job.data or b"") + sum(map(len, job.chunks))
+        self._recent_held += size - self._recent_bytes.get(job.id, 0)
+        self._recent_bytes[job.id] = size
         while len(self._recent) > self.recent_jobs or (
-                len(self._recent) > 1 and held > self.max_recent_bytes):
+                len(self._recent) > 1 and self._recent_held > self.max_recent_bytes):
             old = self._recent.popleft()
             self._jobs.pop(old, None)
-            held -= self._recent_bytes.pop(old, 0)
+            self._recent_held -= self._recent_bytes.pop(old, 0)
         return view
 
     def abandoned(self, job: Job, why: str) -> None:
