@@ -20,7 +20,8 @@
   ``/release_memory_occupation`` and ``/resume_memory_occupation`` too): sleep really gives
   its ``--mib`` back on the simulated GPU (its context stays), wake takes it again after
   ``--wake-s``; ``GET /is_sleeping``. A completion asked of it asleep answers 500.
-- ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``exit`` (exits at once, a line on
+- ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``health-hangs`` (takes connections,
+  its health never answers); ``exit`` (exits at once, a line on
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
   that never ends); ``broken`` (a stream cut in the middle of its body); ``sleep-keeps``
@@ -63,6 +64,8 @@ class Server:
         self.loaded = self.args.mode != "never-healthy"
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.args.mode == "health-hangs":
+            self.frozen.set()
         await self._maybe_frozen()
         if not self.loaded:
             return web.json_response({"error": {"code": 503, "message": "Loading model",
@@ -213,8 +216,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
-        "ok", "never-healthy", "exit", "crash", "hang", "error500", "endless", "broken",
-        "sleep-keeps", "wake-hangs", "asleep-hangs"))
+        "ok", "never-healthy", "health-hangs", "exit", "crash", "hang", "error500", "endless",
+        "broken", "sleep-keeps", "wake-hangs", "asleep-hangs"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")

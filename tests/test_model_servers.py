@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +355,20 @@ def _error_text(body: bytes) -> str:
         if text.startswith(b'{"error"'):
             return str(json.loads(text)["error"]["message"])
     return body.decode(errors="replace")
+
+
+def test_a_server_whose_health_never_answers_fails_at_its_ready_timeout() -> None:
+    # It takes the health request's connection and never answers: the one request must be
+    # given up at the deadline, not after a health request's own 30 s (times three starts).
+    backend = server_backend("mute", mode="health-hangs", http={"ready_timeout": "0.5s"})
+    with serve_http([backend]) as front:
+        started = time.monotonic()
+        reply = front.post("/v1/chat/completions", chat("mute"))
+        took = time.monotonic() - started
+        message = _error_text(reply.body)
+        assert reply.status == 502 and "not healthy after 0.5 s" in message, message
+        assert took < 10, took  # three starts of 0.5 s each, and their stops
+    wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
 
 
 def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
