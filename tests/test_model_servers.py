@@ -371,6 +371,20 @@ def test_a_server_whose_health_never_answers_fails_at_its_ready_timeout() -> Non
     wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
 
 
+def test_an_ollama_stream_from_a_failing_server_ends_with_one_error_line() -> None:
+    import ollama
+
+    with serve_http([server_backend("err500", mode="error500")]) as front:
+        reply = front.post("/api/chat", {"model": "err500", "stream": True,
+                                         "messages": [{"role": "user", "content": "hi"}]})
+        lines = [json.loads(line) for line in reply.body.splitlines() if line.strip()]
+        assert len(lines) == 1 and "KV cache is full" in lines[0]["error"], lines
+        client = ollama.Client(host=front.base, timeout=30)
+        with pytest.raises(ollama.ResponseError, match="KV cache is full"):
+            list(client.chat(model="err500", messages=[{"role": "user", "content": "hi"}],
+                             stream=True))
+
+
 def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
     with serve_http([server_backend("llama")], max_body=1024 * 1024) as front:
         with socket.create_connection(("127.0.0.1", front.port), timeout=30) as sock:
