@@ -173,6 +173,10 @@ def test_reserved_and_self_referring_macros_are_refused(tmp_path: Path) -> None:
         text = yaml.safe_dump({"macros": macros, "models": {"m": {"cmd": "s ${PORT}"}}})
         entries, _, errors = _read(tmp_path, text)
         assert entries == {} and message in errors[0].message
+    # a model's own bad macro: one line, the model left out
+    text = yaml.safe_dump({"models": {"m": {"cmd": "s ${PORT}", "macros": {"a": "${a}"}}}})
+    entries, _, errors = _read(tmp_path, text)
+    assert entries == {} and [e.message for e in errors] == ["macro 'a' refers to itself"]
 
 
 def test_env_macros_outside_cmd_are_read_now(tmp_path: Path) -> None:
