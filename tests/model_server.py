@@ -13,6 +13,7 @@
   closes it after a stream without saying so); an answer's ``system_fingerprint`` is
   ``pid-`` and its pid; ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
   ``is_processing``; a client that goes away frees its slot, as llama-server's does);
+  a ``max_tokens`` that is not a number is refused with a 400, in OpenAI's error shape;
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
   ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
   ``POST /quit``: exits (what a descriptor's ``http.stop`` may call).
@@ -83,6 +84,10 @@ class Server:
             request.transport.close()  # type: ignore[union-attr]
             return web.Response()  # never sent
         body = await request.json()
+        if not isinstance(body.get("max_tokens", 0), int):  # as llama-server refuses it
+            return web.json_response({"error": {"code": 400, "message": "Field 'max_tokens':"
+                                                " type must be number",
+                                                "type": "invalid_request_error"}}, status=400)
         mode = self.args.mode
         if mode == "crash":
             sys.stderr.write("model_server: GGML_ASSERT failed, crashing\n")

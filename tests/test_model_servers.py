@@ -287,6 +287,23 @@ def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
         second.close()
 
 
+def test_a_queued_stream_the_server_refuses_gets_the_refusal_as_an_event() -> None:
+    # Opened as SSE for its queue notes, it is answered with the server's 400 JSON: that body
+    # must come as a data event (raw, it is no event at all: the client saw an empty stream).
+    one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
+    with serve_http([one]) as front:
+        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert first_data(first).startswith(b"data: ")
+        second = front.sse("POST", "/v1/chat/completions",
+                           chat("one", stream=True, max_tokens="lots"))
+        assert second.wait_comment(10).startswith(": queued, position 1")
+        first.close()
+        event = second.next()
+        assert event is not None and event.json()["error"]["code"] == 400, event
+        assert second.next() is None
+        second.close()
+
+
 def test_the_official_openai_client_streams_through_the_engine() -> None:
     from openai import OpenAI
 
