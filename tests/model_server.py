@@ -168,7 +168,8 @@ class Server:
     async def echo(self, request: web.Request) -> web.Response:
         data = await request.read()
         seen = {f"X-Seen-{k}": v for k, v in request.headers.items()
-                if k.lower() in ("content-type", "x-custom", "connection", "upgrade")}
+                if k.lower() in ("content-type", "x-custom", "connection", "upgrade",
+                                 "content-encoding")}
         return web.Response(body=data, status=201, headers={
             "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
             "X-Query": request.query_string, **seen})

@@ -13,6 +13,7 @@ leave no process behind and the queue goes on.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import socket
@@ -118,6 +119,15 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         assert (reply.status, reply.body) == (201, raw)
         assert reply.headers["x-query"] == "x=1&y=2" and reply.headers["x-seen-x-custom"] == "yes"
         assert "x-seen-connection" not in reply.headers  # hop-by-hop: never forwarded
+        # A gzipped body: the door has decoded it, so it goes decoded, not labelled gzip
+        # (the server would gunzip plain JSON), by either route.
+        for path, sent in (("/upstream/llama/echo", raw),
+                           ("/v1/chat/completions", json.dumps(chat("llama")).encode())):
+            reply = front.request("POST", path, raw=gzip.compress(sent), headers={
+                "Content-Encoding": "gzip"})
+            assert "x-seen-content-encoding" not in reply.headers, (path, reply)
+            assert reply.status in (200, 201), (path, reply)
+        assert reply.json()["choices"]  # (the chat server read the body as JSON)
         # A multipart upload (audio to transcribe), as it came.
         form = (b'--XX\r\nContent-Disposition: form-data; name="model"\r\n\r\nllama\r\n'
                 b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
