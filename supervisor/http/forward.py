@@ -250,10 +250,11 @@ class _RawEncoder:
 
 # -- /upstream/{model}/{path} ---------------------------------------------------------------
 async def upstream(server: HttpServer, request: web.Request, backend: str,
-                   path: str) -> web.StreamResponse:
-    """Any request to ``backend``'s server: a websocket straight through once it is ready,
+                   path: str, segments: int = 1) -> web.StreamResponse:
+    """Any request to ``backend``'s server (``segments``: how many path segments after
+    ``/upstream`` its model ID took): a websocket straight through once it is ready,
     anything else as a job."""
-    target = raw_target(request, path)
+    target = raw_target(request, path, segments)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(server, request, backend, target)
     payload = await request.read()
@@ -265,11 +266,13 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
                          notes=sse)
 
 
-def raw_target(request: web.Request, path: str) -> str:
-    """What follows ``/upstream/{model}`` in the request as the client wrote it (still
-    percent-encoded, its query kept): a relay that decoded it would send another request."""
-    parts = request.rel_url.raw_path.split("/", 3)  # "", "upstream", the model, the rest
-    rest = parts[3] if len(parts) == 4 and parts[1] == "upstream" else path
+def raw_target(request: web.Request, path: str, segments: int = 1) -> str:
+    """What follows ``/upstream/{model}`` (the model ID ``segments`` long) in the request as
+    the client wrote it (still percent-encoded, its query kept): a relay that decoded it would
+    send another request."""
+    # "", "upstream", the model's segments, the rest
+    parts = request.rel_url.raw_path.split("/", 2 + segments)
+    rest = parts[-1] if len(parts) == 3 + segments and parts[1] == "upstream" else path
     query = request.rel_url.raw_query_string
     return "/" + rest + (f"?{query}" if query else "")
 
