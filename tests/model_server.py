@@ -13,6 +13,7 @@
   closes it after a stream without saying so); an answer's ``system_fingerprint`` is
   ``pid-`` and its pid; ``/v1/embeddings``; ``GET /v1/models``; ``GET /slots`` (each slot's
   ``is_processing``; a client that goes away frees its slot, as llama-server's does);
+  a ``max_tokens`` that is not a number is refused with a 400, in OpenAI's error shape;
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
   ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
   ``POST /quit``: exits (what a descriptor's ``http.stop`` may call).
@@ -20,7 +21,8 @@
   ``/release_memory_occupation`` and ``/resume_memory_occupation`` too): sleep really gives
   its ``--mib`` back on the simulated GPU (its context stays), wake takes it again after
   ``--wake-s``; ``GET /is_sleeping``. A completion asked of it asleep answers 500.
-- ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``exit`` (exits at once, a line on
+- ``--mode``: ``ok``; ``never-healthy`` (503 forever); ``health-hangs`` (takes connections,
+  its health never answers); ``exit`` (exits at once, a line on
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
   that never ends); ``broken`` (a stream cut in the middle of its body); ``sleep-keeps``
@@ -63,6 +65,8 @@ class Server:
         self.loaded = self.args.mode != "never-healthy"
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.args.mode == "health-hangs":
+            self.frozen.set()
         await self._maybe_frozen()
         if not self.loaded:
             return web.json_response({"error": {"code": 503, "message": "Loading model",
@@ -80,6 +84,10 @@ class Server:
             request.transport.close()  # type: ignore[union-attr]
             return web.Response()  # never sent
         body = await request.json()
+        if not isinstance(body.get("max_tokens", 0), int):  # as llama-server refuses it
+            return web.json_response({"error": {"code": 400, "message": "Field 'max_tokens':"
+                                                " type must be number",
+                                                "type": "invalid_request_error"}}, status=400)
         mode = self.args.mode
         if mode == "crash":
             sys.stderr.write("model_server: GGML_ASSERT failed, crashing\n")
@@ -160,7 +168,8 @@ class Server:
     async def echo(self, request: web.Request) -> web.Response:
         data = await request.read()
         seen = {f"X-Seen-{k}": v for k, v in request.headers.items()
-                if k.lower() in ("content-type", "x-custom", "connection", "upgrade")}
+                if k.lower() in ("content-type", "x-custom", "connection", "upgrade",
+                                 "content-encoding")}
         return web.Response(body=data, status=201, headers={
             "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
             "X-Query": request.query_string, **seen})
@@ -213,8 +222,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
-        "ok", "never-healthy", "exit", "crash", "hang", "error500", "endless", "broken",
-        "sleep-keeps", "wake-hangs", "asleep-hangs"))
+        "ok", "never-healthy", "health-hangs", "exit", "crash", "hang", "error500", "endless",
+        "broken", "sleep-keeps", "wake-hangs", "asleep-hangs"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")

@@ -173,6 +173,10 @@ def test_reserved_and_self_referring_macros_are_refused(tmp_path: Path) -> None:
         text = yaml.safe_dump({"macros": macros, "models": {"m": {"cmd": "s ${PORT}"}}})
         entries, _, errors = _read(tmp_path, text)
         assert entries == {} and message in errors[0].message
+    # a model's own bad macro: one line, the model left out
+    text = yaml.safe_dump({"models": {"m": {"cmd": "s ${PORT}", "macros": {"a": "${a}"}}}})
+    entries, _, errors = _read(tmp_path, text)
+    assert entries == {} and [e.message for e in errors] == ["macro 'a' refers to itself"]
 
 
 def test_env_macros_outside_cmd_are_read_now(tmp_path: Path) -> None:
@@ -276,6 +280,18 @@ def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
     assert "exist(s) already: pass --force" in capsys.readouterr().err
     assert main(["import-llama-swap", str(file), "-o", str(out), "--force"]) == 0
     assert (out / "vllm.yaml").read_text().startswith("# vllm: converted")
+    # a folder that cannot be written, or a folder in the way of one file: one line, and
+    # nothing is written (not the files before it)
+    capsys.readouterr()
+    fresh = tmp_path / "fresh"
+    (fresh / "vllm.yaml").mkdir(parents=True)
+    for where in (fresh, file):  # (the second: a file where the folder would be)
+        assert main(["import-llama-swap", str(file), "-o", str(where), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert "nothing written" in err and "internal error" not in err, err
+        errors = [line for line in err.splitlines() if not line.startswith("vramtui: note:")]
+        assert len(errors) == 1, err
+    assert [p.name for p in fresh.iterdir()] == ["vllm.yaml"]  # no temporary left either
     # a model that cannot be read: named with the reason, and nothing is written
     broken = tmp_path / "broken.yaml"
     broken.write_text("models:\n  ok:\n    cmd: s --port ${PORT}\n  bad:\n    cmd: ${nope}\n")

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.process]
 @pytest.fixture(scope="module")
 @spawns
 def front() -> Iterator[Front]:
-    backends = [b for b in openai_backends() if b["name"] == "chat-sim"]
+    backends = [b for b in openai_backends() if b["name"] in ("chat-sim", "slow-chat")]
     for b in backends:  # honest figures: the simulated GPU's context counts too
         b["vram"]["context"] = "256MiB"
     with serve_http(backends, gpus="sim:4GiB") as f:
@@ -61,6 +61,25 @@ def test_unload_all_both_ways(front: Front) -> None:
     # a page of another site cannot unload everything with an <img src=…/unload>
     cross = front.get("/unload", headers={"Sec-Fetch-Site": "cross-site"})
     assert cross.status == 403
+
+
+def test_a_busy_model_is_unloaded_once_its_answer_is_done(front: Front) -> None:
+    # As llama-swap's: the answer under way is not cut, and the model does go after it (it
+    # did not: a busy model stayed loaded, though /unload said OK).
+    for unload in (lambda: front.get("/unload"),
+                   lambda: front.post("/api/models/unload/slow-chat")):
+        stream = front.sse("POST", "/v1/chat/completions", {
+            "model": "slow-chat", "stream": True, "messages": [{"role": "user",
+                                                               "content": "hi"}]})
+        first = stream.next()
+        assert first is not None
+        r = unload()
+        assert (r.status, r.body) == (200, b"OK")
+        events = [first.data]
+        while (event := stream.next()) is not None:
+            events.append(event.data)
+        assert events[-1] == "[DONE]" and len(events) > 3, events  # its answer whole
+        assert all(e["model"] != "slow-chat" for e in _running(front))
 
 
 def test_logs_and_a_models_log_stream(front: Front) -> None:

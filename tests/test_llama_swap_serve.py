@@ -36,6 +36,7 @@ models:
   "nomic-embed":
     cmd: ${{server}} --mib 256
     useModelName: nomic
+    aliases: ["org/nomic:v1"]
     unlisted: true
 groups:
   everything:
@@ -98,6 +99,9 @@ def test_ollama_and_openai_clients_reach_the_servers(served: Served) -> None:
     qwen = next(r for r in running if r["model"] == "qwen2.5-7b")
     assert qwen["proxy"].startswith("http://127.0.0.1:") and "${" not in qwen["proxy"]
     assert qwen["ttl"] == 60 and "--tokens 3" in qwen["cmd"]
+    # /upstream/:model with a model ID that has slashes, as llama-swap reads it
+    assert _get(url + "/upstream/org/nomic:v1/v1/models?x=1") == \
+        _get(url + "/upstream/nomic-embed/v1/models?x=1")
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
     chunks = c.chat.completions.create(model="qwen2.5:7b", stream=True,
                                        messages=[{"role": "user", "content": "hi"}])

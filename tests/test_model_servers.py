@@ -13,11 +13,13 @@ leave no process behind and the queue goes on.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,15 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         assert (reply.status, reply.body) == (201, raw)
         assert reply.headers["x-query"] == "x=1&y=2" and reply.headers["x-seen-x-custom"] == "yes"
         assert "x-seen-connection" not in reply.headers  # hop-by-hop: never forwarded
+        # A gzipped body: the door has decoded it, so it goes decoded, not labelled gzip
+        # (the server would gunzip plain JSON), by either route.
+        for path, sent in (("/upstream/llama/echo", raw),
+                           ("/v1/chat/completions", json.dumps(chat("llama")).encode())):
+            reply = front.request("POST", path, raw=gzip.compress(sent), headers={
+                "Content-Encoding": "gzip"})
+            assert "x-seen-content-encoding" not in reply.headers, (path, reply)
+            assert reply.status in (200, 201), (path, reply)
+        assert reply.json()["choices"]  # (the chat server read the body as JSON)
         # A multipart upload (audio to transcribe), as it came.
         form = (b'--XX\r\nContent-Disposition: form-data; name="model"\r\n\r\nllama\r\n'
                 b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
@@ -286,6 +297,23 @@ def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
         second.close()
 
 
+def test_a_queued_stream_the_server_refuses_gets_the_refusal_as_an_event() -> None:
+    # Opened as SSE for its queue notes, it is answered with the server's 400 JSON: that body
+    # must come as a data event (raw, it is no event at all: the client saw an empty stream).
+    one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
+    with serve_http([one]) as front:
+        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert first_data(first).startswith(b"data: ")
+        second = front.sse("POST", "/v1/chat/completions",
+                           chat("one", stream=True, max_tokens="lots"))
+        assert second.wait_comment(10).startswith(": queued, position 1")
+        first.close()
+        event = second.next()
+        assert event is not None and event.json()["error"]["code"] == 400, event
+        assert second.next() is None
+        second.close()
+
+
 def test_the_official_openai_client_streams_through_the_engine() -> None:
     from openai import OpenAI
 
@@ -354,6 +382,34 @@ def _error_text(body: bytes) -> str:
         if text.startswith(b'{"error"'):
             return str(json.loads(text)["error"]["message"])
     return body.decode(errors="replace")
+
+
+def test_a_server_whose_health_never_answers_fails_at_its_ready_timeout() -> None:
+    # It takes the health request's connection and never answers: the one request must be
+    # given up at the deadline, not after a health request's own 30 s (times three starts).
+    backend = server_backend("mute", mode="health-hangs", http={"ready_timeout": "0.5s"})
+    with serve_http([backend]) as front:
+        started = time.monotonic()
+        reply = front.post("/v1/chat/completions", chat("mute"))
+        took = time.monotonic() - started
+        message = _error_text(reply.body)
+        assert reply.status == 502 and "not healthy after 0.5 s" in message, message
+        assert took < 10, took  # three starts of 0.5 s each, and their stops
+    wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
+
+
+def test_an_ollama_stream_from_a_failing_server_ends_with_one_error_line() -> None:
+    import ollama
+
+    with serve_http([server_backend("err500", mode="error500")]) as front:
+        reply = front.post("/api/chat", {"model": "err500", "stream": True,
+                                         "messages": [{"role": "user", "content": "hi"}]})
+        lines = [json.loads(line) for line in reply.body.splitlines() if line.strip()]
+        assert len(lines) == 1 and "KV cache is full" in lines[0]["error"], lines
+        client = ollama.Client(host=front.base, timeout=30)
+        with pytest.raises(ollama.ResponseError, match="KV cache is full"):
+            list(client.chat(model="err500", messages=[{"role": "user", "content": "hi"}],
+                             stream=True))
 
 
 def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:

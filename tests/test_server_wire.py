@@ -327,3 +327,32 @@ def test_a_204_with_a_body_is_broken() -> None:
 
     srv: Scripted
     run(main())
+
+
+def test_non_ascii_header_values_travel_as_the_bytes_they_were() -> None:
+    # The door reads a client's header bytes as UTF-8 and writes an answer's headers as
+    # UTF-8: a value such as a UTF-8 file name must reach the server, and come back from
+    # it, as the same bytes (not refused, not re-encoded as Latin-1 into mojibake).
+    raw = wire("GET", "/view", "h:1", {"X-Name": "café", "X-Odd": "caf\udce9"}, b"")
+    assert b"\r\nX-Name: caf\xc3\xa9\r\n" in raw and b"\r\nX-Odd: caf\xe9\r\n" in raw
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Disposition: filename=\"caf\xc3\xa9.png\"\r\n"
+              b"X-Latin: caf\xe9\r\nContent-Length: 2\r\n\r\nok")
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        while await srv.read_request(reader) is not None:
+            writer.write(answer)
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            sink = Sink()
+            await link.complete(link.begin("GET", "/view", {"X-Name": "café"}, b"", sink))
+            link.close()
+        assert b"\r\nX-Name: caf\xc3\xa9\r\n" in srv.requests[0]
+        headers = dict(sink.headers)
+        assert headers["Content-Disposition"].encode() == b'filename="caf\xc3\xa9.png"'
+        assert headers["X-Latin"] == "café"  # not UTF-8: read as Latin-1, never a failure
+
+    srv: Scripted
+    run(main())

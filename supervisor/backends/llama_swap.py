@@ -127,6 +127,10 @@ class _Bad(ValueError):
         self.message = message
 
 
+class _Said(Exception):
+    """A model left out whose error has been told already."""
+
+
 def _line(node: Any, key: Any, fallback: int | None = None) -> int | None:
     return node.key_line(key) if isinstance(node, LinedDict) else fallback
 
@@ -174,6 +178,8 @@ class _Translator:
             line = _line(models, model_id)
             try:
                 entry = self._model(str(model_id), name, body, line, macros)
+            except _Said:
+                continue
             except _Bad as bad:
                 where = _line(body, bad.key, line) if bad.key else line
                 out.error(where, bad.key, name, bad.message)
@@ -299,7 +305,7 @@ class _Translator:
                        f"{brief(body)}")
         own = self._macros(body.get("macros"), _line(body, "macros", line), name)
         if own is None:
-            raise _Bad("macros", "see the error above")
+            raise _Said()  # (its one error line is out)
         macros = _merge([("MODEL_ID", model_id), *global_macros], own)
         values: dict[str, Any] = {}
         for key, value in body.items():

@@ -120,7 +120,7 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
             with_chunk = any(item.event.kind == "chunk" for item in stream.pending)
             response = await _open(srv, request, job_id, enc, with_chunk)
         else:
-            enc.sse = True
+            enc.opened_as_sse(watch.answer_head(srv.engine, job_id)[2])
         await stream.run(response)
         return response
 
@@ -179,6 +179,17 @@ class _RawEncoder:
         self.sse = False
         self.head_seen = False
         self.tail = b""  # the last bytes written of the server's body
+        # Opened as SSE for its queue notes, then answered with another type (a 400's JSON):
+        # its body is held and goes as one ``data:`` event at its end, so an SSE client
+        # reads it (raw, it is no event at all: the OpenAI client saw an empty stream).
+        self.wrap = False
+        self.held = bytearray()
+
+    def opened_as_sse(self, headers: dict[str, Any]) -> None:
+        """The answer opened as SSE before its head came; ``headers``: the server's."""
+        self.sse = True
+        kind = next((str(v) for k, v in headers.items() if k.lower() == "content-type"), "")
+        self.wrap = "text/event-stream" not in kind
 
     def wants(self, item: Item) -> bool:
         ev = item.event
@@ -199,18 +210,26 @@ class _RawEncoder:
         ev = item.event
         if ev.kind == "chunk":
             self.sent += 1
-            self._note_tail(ev.data or b"")
-            return ev.data or b"", False
+            return self._body(ev.data or b""), False
         if ev.job is not None and not ev.job.finished:
             return None  # the head: the response is open already
         return self.end(ev.job), True
 
-    def _note_tail(self, data: bytes) -> None:
+    def _body(self, data: bytes) -> bytes:
+        """What of the server's body goes out now (all of it, unless it is held)."""
+        if self.wrap:
+            self.held += data
+            return b""
         if data:
             self.tail = (self.tail + data)[-2:]
+        return data
 
     def end(self, view: Any) -> bytes:
-        if view is None or view.state is JobState.SUCCEEDED or not self.sse:
+        failed = view is not None and view.state is not JobState.SUCCEEDED
+        if self.wrap and not failed and self.held:
+            lines = bytes(self.held).rstrip(b"\r\n").replace(b"\r\n", b"\n").split(b"\n")
+            return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+        if view is None or not failed or not self.sse:
             return b""
         err = outcome_error(view)
         # An event the server left unfinished is ended first, so the error stands alone.
@@ -222,8 +241,7 @@ class _RawEncoder:
         view = watch.live_view(self.server.engine, self.job_id)
         if view is None:
             return b"", True
-        out = b"".join(view.chunks[self.sent:])
-        self._note_tail(out)
+        out = self._body(b"".join(view.chunks[self.sent:]))
         self.sent = max(self.sent, len(view.chunks))
         if view.finished:
             return out + self.end(view), True
@@ -232,10 +250,11 @@ class _RawEncoder:
 
 # -- /upstream/{model}/{path} ---------------------------------------------------------------
 async def upstream(server: HttpServer, request: web.Request, backend: str,
-                   path: str) -> web.StreamResponse:
-    """Any request to ``backend``'s server: a websocket straight through once it is ready,
+                   path: str, segments: int = 1) -> web.StreamResponse:
+    """Any request to ``backend``'s server (``segments``: how many path segments after
+    ``/upstream`` its model ID took): a websocket straight through once it is ready,
     anything else as a job."""
-    target = raw_target(request, path)
+    target = raw_target(request, path, segments)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(server, request, backend, target)
     payload = await request.read()
@@ -247,11 +266,13 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
                          notes=sse)
 
 
-def raw_target(request: web.Request, path: str) -> str:
-    """What follows ``/upstream/{model}`` in the request as the client wrote it (still
-    percent-encoded, its query kept): a relay that decoded it would send another request."""
-    parts = request.rel_url.raw_path.split("/", 3)  # "", "upstream", the model, the rest
-    rest = parts[3] if len(parts) == 4 and parts[1] == "upstream" else path
+def raw_target(request: web.Request, path: str, segments: int = 1) -> str:
+    """What follows ``/upstream/{model}`` (the model ID ``segments`` long) in the request as
+    the client wrote it (still percent-encoded, its query kept): a relay that decoded it would
+    send another request."""
+    # "", "upstream", the model's segments, the rest
+    parts = request.rel_url.raw_path.split("/", 2 + segments)
+    rest = parts[-1] if len(parts) == 3 + segments and parts[1] == "upstream" else path
     query = request.rel_url.raw_query_string
     return "/" + rest + (f"?{query}" if query else "")
 

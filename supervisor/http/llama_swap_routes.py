@@ -6,8 +6,10 @@ that call them.
   the backends whose process is up, by name, llama-swap's states (``starting``, ``ready``,
   ``stopping``);
 - ``GET /unload`` (``OK``) and ``POST /api/models/unload`` (``{"msg": "ok"}``): unload every
-  idle backend (a busy one finishes its jobs first: nothing is killed mid-answer);
-  ``POST /api/models/unload/{model}`` one (a name or an alias), ``OK``; ``GET /unload``
+  loaded backend; ``POST /api/models/unload/{model}`` one (a name or an alias), ``OK``. An
+  idle one goes at once; a busy one finishes the jobs it runs first (nothing is killed
+  mid-answer) and then goes, and the answer comes once it went, as llama-swap's comes once
+  its in-flight requests ended; ``GET /unload``
   changes the engine, so the guard treats it as a ``POST`` (:func:`.auth.changes_engine`);
 - ``GET /logs`` (and ``/log``): the engine's recent event log as text;
   ``GET /logs/stream/{model}``: a redirect to that backend's followed log.
@@ -17,6 +19,8 @@ that call them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import math
 import shlex
@@ -24,7 +28,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ..errors import Refused, VramtuiError
+from ..doors import watch
+from ..errors import VramtuiError
+from ..workers.states import WorkerState
 from .auth import changes_engine
 from .errors import from_engine
 
@@ -79,31 +85,48 @@ class _LlamaSwap:
                            "ttl": ttl, "name": b.name, "description": spec.description})
         return web.json_response({"running": listed})
 
-    def _unload_all(self) -> None:
-        try:
-            self.engine.zero()
-        except VramtuiError as exc:
-            raise from_engine(exc) from None
+    async def _unload_all(self) -> None:
+        await asyncio.gather(*(self._unload(name) for name in list(self.engine.backends)))
+
+    async def _unload(self, name: str) -> None:
+        """Evict ``name`` once the jobs it runs now have ended (at once when it runs none;
+        it may have taken new ones meanwhile: their ends are waited for too), and wait until
+        its process is gone."""
+        while True:
+            rt = self.engine.backends.get(name)
+            if rt is None or rt.worker is None or rt.worker.state == WorkerState.STOPPING:
+                return
+            if not rt.admitted:
+                worker = rt.worker
+                try:
+                    self.engine.evict(name)
+                except VramtuiError as exc:
+                    raise from_engine(exc) from None
+                # gone (its stop is bounded by its grace, then SIGKILL)
+                await worker.wait_exited(rt.spec.timeouts.stop_grace_s + 5.0)
+                return
+            ends = [end for job_id in list(rt.admitted)
+                    if (end := watch.JobEnd.of(self.engine, job_id)) is not None]
+            if not ends:  # ended, not yet let go of: the engine's next turn does
+                await asyncio.sleep(0.05)
+            for end in ends:
+                with contextlib.suppress(VramtuiError):
+                    await end.wait()
 
     @changes_engine  # a GET, as llama-swap has it, guarded as a POST
     async def unload(self, request: web.Request) -> web.Response:
-        self._unload_all()
+        await self._unload_all()
         return web.Response(text="OK", content_type=TEXT)
 
     async def unload_all(self, request: web.Request) -> web.Response:
-        self._unload_all()
+        await self._unload_all()
         return web.json_response({"msg": "ok"})
 
     async def unload_one(self, request: web.Request) -> web.Response:
         name = self._backend(request.match_info["model"])
         if name is None:
             return web.Response(status=404, text="model not found", content_type=TEXT)
-        try:
-            self.engine.evict(name)
-        except Refused as exc:
-            return web.Response(status=409, text=f"{exc}", content_type=TEXT)
-        except VramtuiError as exc:
-            raise from_engine(exc) from None
+        await self._unload(name)
         return web.Response(text="OK", content_type=TEXT)
 
     async def logs(self, request: web.Request) -> web.Response:

@@ -235,9 +235,9 @@ class _NdjsonEncoder:
         return bytes(out)
 
     def _end(self, view: JobView) -> bytes:
+        if self.failed:  # its error line went already (a server's error, translated)
+            return b""
         if view.state is JobState.SUCCEEDED:
-            if self.failed:
-                return b""
             took = time.monotonic_ns() - self.started
             return b"".join(_line(line) for line in self.reply.done(took))
         return _line(shapes.error_body(outcome_error(view).message))

@@ -226,13 +226,25 @@ class _OpenAI:
     @streaming  # websockets and event streams stay open: counted among the streams
     @changes_engine  # any method starts the server: no GET from another site, token needed
     async def upstream(self, request: web.Request) -> web.StreamResponse:
-        """``/upstream/{model}/{path}``: anything, to the model's own server."""
+        """``/upstream/{model}/{path}``: anything, to the model's own server. A model ID may
+        have slashes (llama-swap's ``org/model:7b``): the shortest run of leading segments
+        that names a model is it, as llama-swap reads it."""
         model = request.match_info["model"]
+        rest = request.match_info["path"].split("/")
+        for used in range(1, len(rest) + 1):
+            backend = self._server_named(model)
+            if backend is not None:
+                return await forward.upstream(self.server, request, backend,
+                                              "/".join(rest[used - 1:]), segments=used)
+            model = f"{model}/{rest[used - 1]}"
+        raise forward.unknown_server(request.match_info["model"])
+
+    def _server_named(self, model: str) -> str | None:
+        """The model server backend ``model`` names (a name or an alias), if any."""
         backend = self.table.resolve(model) or (model if model in self.engine.backends
                                                 else None)
-        if backend is None or not self.engine.backends[backend].spec.server:
-            raise forward.unknown_server(model)
-        return await forward.upstream(self.server, request, backend, request.match_info["path"])
+        return backend if backend is not None and self.engine.backends[backend].spec.server \
+            else None
 
     async def _form_body(self, request: web.Request) -> tuple[dict[str, Any], bytes]:
         ctype = request.headers.get("Content-Type", "")

@@ -158,7 +158,9 @@ class ServerHandle(SupervisedProcess):
         limit = self.http.ready_timeout_s
         deadline = self.started_at + limit if limit is not None else math.inf
         while not self._exited.is_set() and not self._stopping:
-            if await self._healthy():
+            # (one health request is given up at the deadline: a server that takes the
+            # connection and never answers is not waited for past its ready_timeout)
+            if await self._healthy(min(HEALTH_TIMEOUT_S, max(0.05, deadline - time.monotonic()))):
                 if self._exited.is_set() or self._stopping:
                     return
                 self.status_marks.append((time.time(), "ready"))
@@ -173,11 +175,12 @@ class ServerHandle(SupervisedProcess):
             if await self._wait_exit(FIRST_POLL_S if fast else SLOW_POLL_S):
                 return
 
-    async def _healthy(self) -> bool:
-        """Ready: its health path answers 200 (``health: none``: its port connects)."""
+    async def _healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+        """Ready: its health path answers 200 within ``timeout`` (``health: none``: its port
+        connects)."""
         if self.http.health is None:
             return await self._connects()
-        status = await self._get_status(self.http.health, timeout=HEALTH_TIMEOUT_S)
+        status = await self._get_status(self.http.health, timeout=timeout)
         return status == 200
 
     async def _get_status(self, path: str, timeout: float) -> int | None:

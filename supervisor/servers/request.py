@@ -90,12 +90,18 @@ def forwardable(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
             if not k.lower().startswith("x-forwarded-")}
 
 
+#: The ``Content-Encoding`` values whose bodies the door (aiohttp) has decoded already.
+DECODED_BY_DOOR = frozenset({"gzip", "deflate", "br", "zstd"})
+
+
 def job_metadata(method: str, path: str, headers: Mapping[str, str], *,
                  every_header: bool = False) -> dict[str, Any]:
     """What a door puts in a job's metadata so the server gets the client's request: the
-    headers that describe its body (``every_header``: all those given)."""
+    headers that describe its body (``every_header``: all those given), less a
+    ``Content-Encoding`` the door decoded (the body it forwards is the decoded one)."""
     kept = {k.lower(): v for k, v in headers.items()
-            if every_header or k.lower() in BODY_HEADERS}
+            if (every_header or k.lower() in BODY_HEADERS)
+            and not (k.lower() == "content-encoding" and v.lower() in DECODED_BY_DOOR)}
     return {"http": {"method": method, "path": path, "headers": kept}}
 
 

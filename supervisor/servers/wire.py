@@ -63,9 +63,12 @@ def request_event(method: str, target: str, authority: str, headers: Mapping[str
     """One request's head, checked by h11 (``Host`` first, our framing: ``Content-Length``
     when it has a body or its method may take one). Raises ``h11.LocalProtocolError`` for a
     target or header HTTP/1.1 cannot carry."""
-    fields = [("Host", authority)]
+    fields: list[tuple[str, str | bytes]] = [("Host", authority)]
     given = {k.lower() for k in headers}
-    fields += [(k, v) for k, v in headers.items()
+    # A value is sent as the bytes the client wrote: the door read them as UTF-8 (h11 would
+    # take only ASCII from a str).
+    fields += [(k, v if v.isascii() else v.encode("utf-8", "surrogateescape"))
+               for k, v in headers.items()
                if k.lower() not in ("host", "content-length", "transfer-encoding")]
     if "accept" not in given:
         fields.append(("Accept", "*/*"))
@@ -162,8 +165,19 @@ class _Answer:
         self.headed = True
         if b"transfer-encoding" in names and b"content-length" in names:
             self.keep = False  # (RFC 9112 §6.1: a smuggling attempt; chunked wins, then close)
-        self.sink.head(event.status_code, [(n.decode("latin-1"), v.decode("latin-1"))
+        self.sink.head(event.status_code, [(n.decode("latin-1"), _text(v))
                                            for n, v in event.headers.raw_items()])
+
+
+def _text(value: bytes) -> str:
+    """A header value as text that the door writes back as the same bytes (it writes
+    UTF-8): UTF-8 read as such, anything else (not UTF-8) as Latin-1."""
+    if value.isascii():
+        return value.decode("ascii")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
 
 
 class _Connection(asyncio.Protocol):

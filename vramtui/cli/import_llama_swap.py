@@ -2,7 +2,8 @@
 
 vramtui runs a llama-swap file as it is (``--backends config.yaml``); this is for moving it
 over for good: one descriptor file per model, ``DIR/NAME.yaml`` (default: the user's
-``backends.d``), each written whole or not at all.  Nothing is written when one of them
+``backends.d``), all written whole or none at all (a folder that cannot be written is one
+line, exit 2).  Nothing is written when one of them
 exists already, unless ``--force``.  Each thing llama-swap's file says that vramtui does not
 use is one line on stderr (and a comment in the model's file); a model that cannot be
 converted is named with the reason, and then nothing is written.
@@ -30,7 +31,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from supervisor.atomicfile import write_atomic
+    from supervisor.atomicfile import write_all_atomic
     from supervisor.backends.errors import DescriptorError
     from supervisor.backends.llama_swap import is_llama_swap
     from supervisor.backends.llama_swap_import import import_llama_swap
@@ -60,9 +61,12 @@ def run(args: argparse.Namespace) -> int:
     in_the_way = [t for t in targets if t.exists()]
     written: list[str] = []
     if not result.errors and not (in_the_way and not args.force):
-        for target in targets:
-            write_atomic(target, result.files[target.name])
-            written.append(str(target))
+        try:
+            write_all_atomic({target: result.files[target.name] for target in targets})
+        except OSError as exc:
+            where = exc.filename or out
+            raise UsageError(f"nothing written: {where}: {exc.strerror or exc}") from None
+        written = [str(target) for target in targets]
     if args.json:
         sys.stdout.write(json.dumps({
             "backends": list(result.names), "warnings": [str(w) for w in result.warnings],
