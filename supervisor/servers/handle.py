@@ -212,7 +212,7 @@ class ServerHandle(SupervisedProcess):
         process.signal_group(self.pid, signal.SIGKILL)  # what is left of its tree goes too
         self.exit_code = code
         expected = self._stopping
-        self._exited.set()
+        self._gone()
         for task in list(self._tasks) + list(self._jobs.values()):
             if task is not asyncio.current_task():
                 task.cancel()

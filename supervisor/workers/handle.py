@@ -136,7 +136,7 @@ class WorkerHandle(SupervisedProcess):
                 conn.on_lost = None
                 conn.close()
         expected = self._stopping
-        self._exited.set()
+        self._gone()
         for fut in self._asked.values():
             if not fut.done():
                 fut.set_result(SleepOutcome(False, f"the worker exited (code {code})"))

@@ -6,13 +6,16 @@ told to the handle's observer; the first READY stamps ``ready_at``), the start o
 (a start that fails is reported as a crash), the end of a stop (the handle's own ``begin_stop`` asks
 the worker to exit its way; then SIGTERM, then SIGKILL of the whole process group), the wait
 for the process to be gone, and the pids that belong to the worker (itself, its descendants,
-and those seen before that may outlive it on the GPU).
+and those seen before that may outlive it on the GPU). A descendant that left the worker's
+process group (``setsid``) is out of reach of a signal to the group: those seen when the
+worker is stopped or killed are killed by pid once it is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -81,6 +84,7 @@ class SupervisedProcess:
         # is no descendant
         self._descendants: dict[int, psutil.Process] = {}
         self._strangers: set[int] = set()  # pids on a GPU seen not to be ours (see pids)
+        self._escaped: dict[int, psutil.Process] = {}  # descendants out of its group
         self._started_waiters: list[Callable[[], None]] = []  # see when_started
 
     async def _start_process(self, *, pipes: bool = False) -> bool:
@@ -162,6 +166,7 @@ class SupervisedProcess:
         it exited."""
         if self._exited.is_set():
             return
+        self._note_escaped()
         self.begin_stop()
         if await self._wait_exit(grace):
             return
@@ -175,7 +180,32 @@ class SupervisedProcess:
     def kill(self) -> None:
         """SIGKILL the process group now (an unplanned end: reported as a crash)."""
         if self.pid is not None and not self._exited.is_set():
+            self._note_escaped()
             process.signal_group(self.pid, signal.SIGKILL)
+
+    def _note_escaped(self) -> None:
+        """Remember the worker's descendants that are not in its process group (a signal to
+        the group misses them): :meth:`_gone` kills them."""
+        if self.pid is None:
+            return
+        try:
+            tree = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in tree:
+            with contextlib.suppress(OSError):
+                if os.getpgid(proc.pid) != self.pid:
+                    self._escaped[proc.pid] = proc
+
+    def _gone(self) -> None:
+        """The worker's process has exited: said to whoever waits, and what escaped its
+        group when it was stopped or killed goes too (by pid: the process object knows its
+        start time, so a reused pid is never signalled)."""
+        self._exited.set()
+        escaped, self._escaped = self._escaped, {}
+        for proc in escaped.values():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
     async def wait_exited(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the process to be gone; True once it is."""

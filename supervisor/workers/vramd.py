@@ -186,7 +186,7 @@ class VramdWorkerHandle(SupervisedProcess):
         self._current = None
         self._queued.clear()
         expected = self._stopping
-        self._exited.set()
+        self._gone()
         if expected:
             reason = "stopped"
         elif self.init_error:

@@ -7,7 +7,8 @@
   HOSTMEM_ORPHAN_MIB      with it, initialize starts a child in its own session that holds
                           this much and outlives the worker (until HOSTMEM_ORPHAN_S, 30 s)
 
-Unloading frees the weights.  A request's JSON may set ``step_s``.  The reply is the worker's pid.
+Unloading frees the weights.  A request's JSON may set ``step_s``, or ``exit`` (the worker
+exits at once, as a crash: its child is left behind).  The reply is the worker's pid.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def predict(payload: bytes, ctx: worker_sdk.RequestContext) -> bytes:
         request = json.loads(payload) if payload else {}
     except ValueError:
         request = {}
+    if isinstance(request, dict) and request.get("exit"):
+        os._exit(3)
     step_s = float(request.get("step_s", STEP_S)) if isinstance(request, dict) else STEP_S
     block = touched(ACTIVATION)
     ctx.wait_cancelled(step_s)
