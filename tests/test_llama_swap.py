@@ -154,6 +154,7 @@ def test_what_is_not_mapped_is_said_once_each(tmp_path: Path) -> None:
     ({"cmd": "server --port 9"}, "cmd", "cmd does not take ${PORT}"),
     ({}, "cmd", "a model needs 'cmd'"),
     ({"cmd": ["s", "${PORT}"]}, "cmd", "is not a command line"),
+    ({"cmd": "server --port ${PORT}", "unlisted": "yes"}, "unlisted", "not true or false"),
 ])
 def test_a_bad_model_is_one_error_and_the_others_load(tmp_path: Path, change: dict,
                                                       field: str, message: str) -> None:
@@ -304,3 +305,24 @@ def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
     other.write_text("name: x\ncommand: [x]\n")
     assert main(["import-llama-swap", str(other), "-o", str(out)]) == 2
     assert "not a llama-swap config" in capsys.readouterr().err
+
+
+def test_values_llama_swap_reads_its_own_way_are_said(tmp_path: Path) -> None:
+    text = """
+models:
+  null:
+    cmd: server --port ${PORT}
+  quick:
+    cmd: llama-server --port ${PORT} -np 3
+    healthCheckTimeout: 0
+    concurrencyLimit: 0
+"""
+    entries, warnings, errors = _read(tmp_path, text)
+    assert [e.message for e in errors] == [
+        "a model ID is null, not text: quote it, or name the model"]
+    quick = entries["quick"]
+    assert quick["http"]["ready_timeout"] == "15s"  # llama-swap's minimum, as there
+    assert quick["concurrency"] == 3  # 0 is llama-swap's default: -np says it
+    said = {w.field: w.message for w in warnings}
+    assert "under llama-swap's minimum" in said["healthCheckTimeout"]
+    assert "0 is llama-swap's default" in said["concurrencyLimit"]

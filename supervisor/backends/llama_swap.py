@@ -52,6 +52,7 @@ _ENV_USE = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 # One piece of a word in our spelling: an env macro, a macro we keep, or any other ``$``.
 _DOLLAR = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}|\$\{(PORT)\}|\$")
 _PARALLEL = frozenset({"-np", "--parallel"})
+MIN_HEALTH_TIMEOUT_S = 15  # llama-swap raises a smaller healthCheckTimeout to this
 MAX_EXPANDED = 64 * 1024  # characters of one value once its macros are in (a command line)
 
 # What each model key becomes (the ones read below), and what each unmapped key means.
@@ -218,6 +219,11 @@ class _Translator:
         names: dict[str, str] = {}
         taken: set[str] = set()
         for model_id in models:
+            if model_id is None or isinstance(model_id, bool):  # (YAML's null:, yes:)
+                self.out.error(_line(models, model_id), None, None, f"a model ID is "
+                               f"{'null' if model_id is None else brief(model_id)}, not text: "
+                               "quote it, or name the model")
+                continue
             text = str(model_id)
             name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip("._-")[:64] or "model"
             base, n = name, 2
@@ -393,6 +399,11 @@ class _Translator:
             http["stop"] = self._words(str(stop), "cmdStop")
         if "healthCheckTimeout" in values:
             ready = _seconds(values["healthCheckTimeout"], "healthCheckTimeout")
+            if ready < MIN_HEALTH_TIMEOUT_S:  # (as llama-swap reads it)
+                self.out.warn(_line(body, "healthCheckTimeout", line), "healthCheckTimeout",
+                              name, f"{ready} s is under llama-swap's minimum: "
+                              f"{MIN_HEALTH_TIMEOUT_S} s, as there")
+                ready = MIN_HEALTH_TIMEOUT_S
             http["ready_timeout"] = f"{ready}s"
         put("http", http, None)
         put("api", list(API), None)
@@ -401,13 +412,20 @@ class _Translator:
         if "unloadTimeout" in values:
             grace = _seconds(values["unloadTimeout"], "unloadTimeout")
             put("timeouts", {"stop_grace": f"{grace}s"}, "unloadTimeout")
+        if values.get("concurrencyLimit") == 0:
+            self.out.warn(_line(body, "concurrencyLimit", line), "concurrencyLimit", name,
+                          "0 is llama-swap's default: the concurrency comes from -np/--parallel "
+                          "in cmd, else the engine's default")
         concurrency = self._concurrency(values.get("concurrencyLimit"), argv)
         if concurrency is not None:
             put("concurrency", concurrency, "concurrencyLimit")
         aliases = self._aliases(model_id, name, values.get("aliases"), body, line)
         if aliases:
             put("aliases", aliases, "aliases")
-        if values.get("unlisted") is True:
+        unlisted = values.get("unlisted", False)
+        if not isinstance(unlisted, bool):
+            raise _Bad("unlisted", f"{brief(unlisted)} is not true or false")
+        if unlisted:
             put("unlisted", True, "unlisted")
         if model_id in self.pinned:
             put("pinned", True, None)
@@ -471,7 +489,8 @@ class _Translator:
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
                 raise _Bad("concurrencyLimit", f"{brief(limit)} is not a whole number")
-            return limit or None
+            if limit:
+                return limit
         for flag, value in zip(argv, argv[1:], strict=False):
             if flag in _PARALLEL and value.isdigit() and int(value) > 0:
                 return int(value)
