@@ -3,12 +3,16 @@ llama-swap answers them, against a real engine with a simulated chat worker."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from http_support import Front, openai_backends, serve_http
 from spawning import spawns
 from waiting import wait_until
+
+from supervisor.http import llama_swap_routes
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.process]
 
@@ -90,3 +94,37 @@ def test_logs_and_a_models_log_stream(front: Front) -> None:
     r = front.get("/logs/stream/gpt-4o-mini")
     assert r.status == 307 and r.headers["location"] == "/v1/backends/chat-sim/logs?follow=1"
     assert front.get("/logs/stream/nope").status == 400
+
+
+def test_an_unload_waits_for_a_model_that_keeps_taking_jobs_only_so_long(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Requests that keep coming keep a model busy: its unload must not wait for a gap that
+    # never comes (it did: the answer hung as long as the requests came).
+    monkeypatch.setattr(llama_swap_routes, "UNLOAD_WAIT_S", 1.0)
+    (chat,) = [b for b in openai_backends(step_s="0.05") if b["name"] == "chat-sim"]
+    chat["concurrency"] = 2
+    with serve_http([chat], gpus="sim:4GiB") as busy_front:
+        stop = threading.Event()
+
+        def hammer() -> None:
+            while not stop.is_set():
+                _chat(busy_front)
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: _running(busy_front) != [], 10, "chat-sim to be loaded")
+            began = time.monotonic()
+            r = busy_front.post("/api/models/unload/chat-sim")
+            took = time.monotonic() - began
+            assert r.status == 409 and b"still ran jobs after 1 s" in r.body, r.body
+            assert took < 5, took
+            assert [e["model"] for e in _running(busy_front)] == ["chat-sim"]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        r = busy_front.post("/api/models/unload/chat-sim")  # the requests stopped: it goes
+        assert (r.status, r.body) == (200, b"OK")
+        assert _running(busy_front) == []

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 STATES = {"starting": "starting", "initializing": "starting", "ready": "ready",
           "busy": "ready", "asleep": "ready", "stopping": "stopping"}
 TEXT = "text/plain"
+UNLOAD_WAIT_S = 300.0  # an unload waits this long at most for a busy model's jobs to end
 
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
@@ -85,17 +86,22 @@ class _LlamaSwap:
                            "ttl": ttl, "name": b.name, "description": spec.description})
         return web.json_response({"running": listed})
 
-    async def _unload_all(self) -> None:
-        await asyncio.gather(*(self._unload(name) for name in list(self.engine.backends)))
+    async def _unload_all(self) -> list[str]:
+        """Unload every backend; those still busy at the deadline (see :meth:`_unload`)."""
+        names = list(self.engine.backends)
+        gone = await asyncio.gather(*(self._unload(name) for name in names))
+        return [name for name, went in zip(names, gone, strict=True) if not went]
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str) -> bool:
         """Evict ``name`` once the jobs it runs now have ended (at once when it runs none;
-        it may have taken new ones meanwhile: their ends are waited for too), and wait until
-        its process is gone."""
+        it may have taken new ones meanwhile: their ends are waited for too, for at most
+        :data:`UNLOAD_WAIT_S` in all), and wait until its process is gone. False: it still
+        ran jobs at the deadline (new ones kept coming) and stays."""
+        deadline = asyncio.get_running_loop().time() + UNLOAD_WAIT_S
         while True:
             rt = self.engine.backends.get(name)
             if rt is None or rt.worker is None or rt.worker.state == WorkerState.STOPPING:
-                return
+                return True
             if not rt.admitted:
                 worker = rt.worker
                 try:
@@ -104,29 +110,38 @@ class _LlamaSwap:
                     raise from_engine(exc) from None
                 # gone (its stop is bounded by its grace, then SIGKILL)
                 await worker.wait_exited(rt.spec.timeouts.stop_grace_s + 5.0)
-                return
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
             ends = [end for job_id in list(rt.admitted)
                     if (end := watch.JobEnd.of(self.engine, job_id)) is not None]
             if not ends:  # ended, not yet let go of: the engine's next turn does
                 await asyncio.sleep(0.05)
-            for end in ends:
-                with contextlib.suppress(VramtuiError):
-                    await end.wait()
+            with contextlib.suppress(VramtuiError, TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(end.wait() for end in ends)), left)
+
+    @staticmethod
+    def _busy(names: list[str]) -> web.Response:
+        return web.Response(status=409, content_type=TEXT, text=(
+            f"{', '.join(names)} still ran jobs after {UNLOAD_WAIT_S:g} s (new ones kept "
+            "coming) and stayed loaded; unload again once the requests stop"))
 
     @changes_engine  # a GET, as llama-swap has it, guarded as a POST
     async def unload(self, request: web.Request) -> web.Response:
-        await self._unload_all()
-        return web.Response(text="OK", content_type=TEXT)
+        busy = await self._unload_all()
+        return self._busy(busy) if busy else web.Response(text="OK", content_type=TEXT)
 
     async def unload_all(self, request: web.Request) -> web.Response:
-        await self._unload_all()
-        return web.json_response({"msg": "ok"})
+        busy = await self._unload_all()
+        return self._busy(busy) if busy else web.json_response({"msg": "ok"})
 
     async def unload_one(self, request: web.Request) -> web.Response:
         name = self._backend(request.match_info["model"])
         if name is None:
             return web.Response(status=404, text="model not found", content_type=TEXT)
-        await self._unload(name)
+        if not await self._unload(name):
+            return self._busy([name])
         return web.Response(text="OK", content_type=TEXT)
 
     async def logs(self, request: web.Request) -> web.Response:
