@@ -86,7 +86,8 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
                  notes: bool = True) -> web.StreamResponse:
     enc = _RawEncoder(srv, job_id)
     stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode, on_lag=enc.resync,
-                    heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer)
+                    heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer,
+                    job_id=job_id)
     response: web.StreamResponse | None = None
     with following(srv, job_id, stream):  # joined right after submit: no chunk is missed
         loop = asyncio.get_running_loop()

@@ -197,14 +197,14 @@ def following(server: HttpServer, job_id: str, stream: Stream) -> Iterator[None]
     """``stream`` fed by the hub while the block runs (joined now: no chunk is missed); the
     job is cancelled when its client went away: the block cancelled, or the stream ended by
     the client before the job did."""
-    server.hub.streams.add(stream)
+    server.hub.add(stream)
     try:
         yield
     except asyncio.CancelledError:
         cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
         raise
     finally:
-        server.hub.streams.discard(stream)
+        server.hub.discard(stream)
     if stream.client_gone and not stream.finished:
         cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
 

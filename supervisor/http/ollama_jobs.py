@@ -160,7 +160,8 @@ class _OllamaJobs:
         enc = _NdjsonEncoder(srv, job_id, reply, started)
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
-                        buffer_limit=srv.config.subscriber_buffer, heartbeat=None)
+                        buffer_limit=srv.config.subscriber_buffer, heartbeat=None,
+                        job_id=job_id)
 
         async def whole(view: JobView) -> web.StreamResponse:
             # Ended before a chunk: its whole answer (or its error) in one line.

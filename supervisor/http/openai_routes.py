@@ -271,7 +271,7 @@ class _OpenAI:
         enc = _ChunkEncoder(srv, job_id)
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
-                        buffer_limit=srv.config.subscriber_buffer)
+                        buffer_limit=srv.config.subscriber_buffer, job_id=job_id)
 
         async def whole(view: JobView) -> web.StreamResponse:
             return result_response(srv, view) if view.state.value == "succeeded" \

@@ -182,7 +182,7 @@ class _Routes:
         enc = JobStream(srv, job_id)
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
-                        buffer_limit=srv.config.subscriber_buffer)
+                        buffer_limit=srv.config.subscriber_buffer, job_id=job_id)
         last = last_event_id(request)
         replay = srv.hub.since(last) if last is not None else None
         if replay is None:
@@ -194,7 +194,7 @@ class _Routes:
         first = f"retry: {3000}\n\n".encode() + first
         if done:
             stream.ended = stream.finished = True
-        srv.hub.streams.add(stream)  # before any await: no event is missed
+        srv.hub.add(stream)  # before any await: no event is missed
         try:
             response = await open_response(request, status, headers)
             await stream.run(response, first)
@@ -203,7 +203,7 @@ class _Routes:
                 cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
             raise
         finally:
-            srv.hub.streams.discard(stream)
+            srv.hub.discard(stream)
         if cancel_on_disconnect and stream.client_gone and not stream.finished:
             cancel_quietly(srv, job_id, "cancelled: the HTTP client went away")
         return response
@@ -470,12 +470,12 @@ class _Routes:
                 stream.replay(replay)
         else:
             first += frame("snapshot", self._light_snapshot(0), srv.hub.seq)
-        srv.hub.streams.add(stream)
+        srv.hub.add(stream)
         try:
             response = await open_response(request)
             await stream.run(response, first)
         finally:
-            srv.hub.streams.discard(stream)
+            srv.hub.discard(stream)
         return response
 
     def _light_snapshot(self, lagged: int, resumed_from: int | None = None) -> dict[str, Any]:

@@ -6,7 +6,9 @@ bounded ring, so a client that reconnects with ``Last-Event-ID`` is replayed wha
 or, when that has left the ring, sent a fresh snapshot instead.
 
 :class:`Stream` is one client's response.  The engine's callback only appends to the stream's
-pending queue (O(1), never blocks); the stream's own task writes.  A client that does not
+pending queue (O(1), never blocks); the stream's own task writes.  A stream of one job's
+events (``job_id``: an answer streamed to its client) is offered that job's events only, so
+an event costs the hub the streams that want it, not every open stream.  A client that does not
 read falls behind: once its unsent bytes pass the limit, or its queue is full, its pending
 events are dropped, counted, and replaced by one fresh snapshot when it catches up.  A quiet
 stream gets a comment every ``heartbeat_s`` so proxies and clients know it is alive.
@@ -77,7 +79,8 @@ class Hub:
         self.ring_events = ring_events
         self.ring_bytes = ring_bytes
         self._bytes = 0
-        self.streams: set[Stream] = set()
+        self._all: set[Stream] = set()  # streams offered every event (the /v1/events feed)
+        self._by_job: dict[str, set[Stream]] = {}  # streams of one job's events, by its id
         self.closed = False
         self.dropped = 0  # events dropped for slow streams (all streams together)
         self._sub: Subscription | None = None
@@ -92,9 +95,31 @@ class Hub:
             self._sub = None
         self._closed()
 
+    def add(self, stream: Stream) -> None:
+        """Offer ``stream`` the events from now on (those of its job, when it has one)."""
+        if stream.job_id is None:
+            self._all.add(stream)
+        else:
+            self._by_job.setdefault(stream.job_id, set()).add(stream)
+
+    def discard(self, stream: Stream) -> None:
+        if stream.job_id is None:
+            self._all.discard(stream)
+            return
+        group = self._by_job.get(stream.job_id)
+        if group is not None:
+            group.discard(stream)
+            if not group:
+                del self._by_job[stream.job_id]
+
+    @property
+    def streams(self) -> list[Stream]:
+        """Every stream the hub feeds."""
+        return [*self._all, *(s for group in self._by_job.values() for s in group)]
+
     def _closed(self) -> None:
         self.closed = True
-        for stream in list(self.streams):
+        for stream in self.streams:
             stream.wake.set()
 
     def _on_event(self, event: EngineEvent) -> None:  # on the engine loop, inside publish
@@ -108,8 +133,11 @@ class Hub:
         self._bytes += size
         while self.ring and (len(self.ring) > self.ring_events or self._bytes > self.ring_bytes):
             self._bytes -= self.ring.popleft().size
-        for stream in self.streams:
+        for stream in self._all:
             stream.offer(item)
+        if event.job_id is not None and (group := self._by_job.get(event.job_id)):
+            for stream in tuple(group):
+                stream.offer(item)
 
     def since(self, last_id: int) -> list[Item] | None:
         """The events after ``last_id``, or None when some of them have left the ring."""
@@ -132,8 +160,10 @@ class Stream:
                  encode: Callable[[Item], Encoded | None],
                  on_lag: Callable[[int, int], Encoded], heartbeat_s: float,
                  buffer_limit: int, max_pending: int = MAX_PENDING,
-                 heartbeat: bytes | None = b": heartbeat\n\n") -> None:
+                 heartbeat: bytes | None = b": heartbeat\n\n",
+                 job_id: str | None = None) -> None:
         self.hub = hub
+        self.job_id = job_id  # set: only this job's events are offered (``wants`` still sees each)
         self.request = request
         self.wants = wants
         self.encode = encode
@@ -199,7 +229,7 @@ class Stream:
     # -- the writing side ------------------------------------------------------------------
     async def run(self, response: web.StreamResponse, first: bytes = b"") -> None:
         """Write until the stream ends, the client goes, or the hub closes."""
-        self.hub.streams.add(self)
+        self.hub.add(self)
         try:
             if first:
                 await response.write(first)
@@ -235,7 +265,7 @@ class Stream:
             self.client_gone = True  # aiohttp raises these on a closed transport
         finally:
             self.ended = True
-            self.hub.streams.discard(self)
+            self.hub.discard(self)
         with contextlib.suppress(ConnectionError, RuntimeError):
             await response.write_eof()
 
