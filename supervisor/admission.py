@@ -157,6 +157,7 @@ class WorkerFacts:
     falling: bool = False
     can_sleep: bool = False
     loading_for: int | None = None
+    loading_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +288,7 @@ def decide_inputs(
             over_declared=w.over_declared or (h is not None and h.over_mib > 0),
             can_sleep=w.can_sleep and w.state == "ready" and not w.jobs,
             loading_for=w.loading_for if w.state in ("starting", "initializing") else None,
+            loading_since=w.loading_since,
         )
     held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,

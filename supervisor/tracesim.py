@@ -131,21 +131,30 @@ class _Worker:
             return b.residual_mib
         return b.resident_mib + len(self.jobs) * b.activation_mib
 
-    def facts(self, b: TraceBackend, loading_for: int | None = None) -> WorkerFacts:
-        """This worker as the engine reports it to admission (``loading_for``: the highest
-        priority of the jobs admitted to it while it loads)."""
+    def facts(self, b: TraceBackend, admitted: Sequence[QueuedJob] = ()) -> WorkerFacts:
+        """This worker as the engine reports it to admission (``admitted``: the jobs admitted
+        to it while it loads)."""
         mem = self.memory(b)
         jobs = len(self.jobs) + len(self.pending)
         if self.state in ("falling", "asleep"):
             return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
                                state="asleep", observed_mib=mem, idle_since=self.idle_since,
                                sleep_mib=b.residual_mib, falling=self.state == "falling")
+        loading_for, loading_since = _loading(admitted if self.state == "starting" else ())
         state = "starting" if self.state == "waking" else self.state
         return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
                            jobs=jobs, observed_mib=mem if self.state != "starting" else None,
                            idle_since=self.idle_since,
                            can_sleep=b.wake_s is not None and self.state == "ready",
-                           loading_for=loading_for if self.state == "starting" else None)
+                           loading_for=loading_for, loading_since=loading_since)
+
+
+def _loading(admitted: Sequence[QueuedJob]) -> tuple[int | None, float | None]:
+    """``WorkerFacts.loading_for`` and ``loading_since`` of a worker loading for ``admitted``."""
+    if not admitted:
+        return None, None
+    return (max(q.priority for q in admitted),
+            min(q.submitted_at if q.blocked_since is None else q.blocked_since for q in admitted))
 
 
 class _Sim:
@@ -207,8 +216,7 @@ class _Sim:
         for w in self.workers.values():
             b = self.backends[w.backend]
             used[w.gpu] += w.memory(b)
-            facts.append(w.facts(b, max((self.admitted[j].priority for j in w.pending),
-                                        default=None)))
+            facts.append(w.facts(b, [self.admitted[j] for j in w.pending]))
             if w.state in ("falling", "asleep", "waking"):
                 host += b.host_mib
         devices = [Device(g, total, used[g], max(0, total - used[g]))

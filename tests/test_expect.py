@@ -264,14 +264,15 @@ def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> Non
 
 
 def big_loading_and_chat_queued(expected: Expectations | None, now: float,
-                                loading_for: int | None = 0, chat_priority: int = 10,
+                                loading_for: int | None = 0, waited: float = 20.0,
                                 gpu_mib: int = 24 * GIB) -> Snapshot:
-    """The big model loading (its job of ``loading_for`` admitted) in the chat model's room,
-    and a chat request queued."""
-    big = WorkerInfo("big", 0, "starting", 1, BIG.holds_mib(1), loading_for=loading_for)
+    """The big model loading (its job of ``loading_for`` admitted, blocked ``waited`` s ago)
+    in the chat model's room, and a chat request queued."""
+    big = WorkerInfo("big", 0, "starting", 1, BIG.holds_mib(1), loading_for=loading_for,
+                     loading_since=now - waited)
     return Snapshot(gpus=[GpuState(0, gpu_mib, None)], backends={"chat-llm": LLM, "big": BIG},
                     workers={"big": big},
-                    queue=[QueuedJob("chat-9", "chat-llm", chat_priority, 20, now)],
+                    queue=[QueuedJob("chat-9", "chat-llm", 10, 20, now)],
                     expected=expected)
 
 
@@ -284,11 +285,14 @@ def test_a_request_that_needs_the_room_of_a_load_for_lower_work_has_it_given_up(
     assert "its load is given up" in p.evictions[0].reason
     # Not without a stream (the engine before issue 28), nor for a load of work of the
     # request's priority or above, nor for a worker that began its job, nor when the request
-    # fits beside the load.
+    # fits beside the load, nor once its job has waited as long as a hold may hold it (a
+    # stream that never ends would starve it).
+    view = learner.view(now)
     for snap in (big_loading_and_chat_queued(None, now),
-                 big_loading_and_chat_queued(learner.view(now), now, loading_for=10),
-                 big_loading_and_chat_queued(learner.view(now), now, loading_for=None),
-                 big_loading_and_chat_queued(learner.view(now), now, gpu_mib=48 * GIB)):
+                 big_loading_and_chat_queued(view, now, loading_for=10),
+                 big_loading_and_chat_queued(view, now, loading_for=None),
+                 big_loading_and_chat_queued(view, now, gpu_mib=48 * GIB),
+                 big_loading_and_chat_queued(view, now, waited=300.0)):
         assert not any(e.requeue for e in plan(snap, now).evictions)
 
 

@@ -177,7 +177,9 @@ class WorkerInfo:
     put to sleep rather than stopped when its room is needed. ``loading_for``: while it
     starts (a spawn still loading, not a wake), the highest priority of the jobs admitted to
     it, which none has begun yet (None otherwise): its load may be given up for a job of
-    higher priority, those jobs back in the queue (``Evict.requeue``).
+    higher priority, those jobs back in the queue (``Evict.requeue``), until
+    ``SchedulerConfig.max_patience_s`` after ``loading_since`` (when the first of them was
+    first found blocked, else submitted: a job held that long is held no more).
     """
 
     backend: str
@@ -190,6 +192,7 @@ class WorkerInfo:
     over_declared: bool = False
     can_sleep: bool = False
     loading_for: int | None = None
+    loading_since: float | None = None
 
     def __post_init__(self) -> None:
         owner = f"worker {self.backend!r}"

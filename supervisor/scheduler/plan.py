@@ -735,12 +735,15 @@ class _Planner:
         run once their turn comes again, the stream's hold deciding when), and the request
         waits for its own model's reload rather than for the load, a job and that reload.
         Only for a request of a stream above those jobs that is alive (it just came): a stream
-        the hold took as ended but was not, the mistake undone while it is still cheap."""
+        the hold took as ended but was not, the mistake undone while it is still cheap; and
+        not once those jobs have waited ``max_patience_s``, as the hold holds them no longer
+        (a stream that never ends would starve them)."""
         exp = self.expected
         loading = [w for ws in self.live_on.values() for w in ws if w.loading_for is not None]
         if exp is None or not loading:
             return
         lowest = min(w.loading_for for w in loading if w.loading_for is not None)
+        patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
         for job in self.snapshot.queue:  # highest priority first
             if job.priority <= lowest:
                 return
@@ -755,7 +758,8 @@ class _Planner:
             for w in loading:
                 g = w.gpu
                 if (w.loading_for is None or w.loading_for >= job.priority or g not in allowed
-                        or w.backend in self.evicted
+                        or w.backend in self.evicted or (w.loading_since is not None and self.now
+                                                         - w.loading_since >= patience)
                         or self.budget[g] + self.stopping_mib[g] + w.reserved_mib < need
                         or exp.stream_above(job.backend, w.loading_for, self.now) is None):
                     continue
