@@ -139,7 +139,7 @@ class WorkerFacts:
     an unknown footprint and holds its GPU whole. An ``asleep`` worker is counted at
     ``sleep_mib`` (what it keeps: measured, or the backend's figure while ``falling`` asleep,
     when what it gives back is still counted as on its way back); ``can_sleep``: it may be put
-    to sleep rather than stopped."""
+    to sleep rather than stopped; ``loading_for``: see ``WorkerInfo``."""
 
     name: str
     backend: str
@@ -156,6 +156,8 @@ class WorkerFacts:
     sleep_mib: int | None = None
     falling: bool = False
     can_sleep: bool = False
+    loading_for: int | None = None
+    loading_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +287,8 @@ def decide_inputs(
             reserved_mib=reserved, idle_since=w.idle_since, accepting=w.accepting,
             over_declared=w.over_declared or (h is not None and h.over_mib > 0),
             can_sleep=w.can_sleep and w.state == "ready" and not w.jobs,
+            loading_for=w.loading_for if w.state in ("starting", "initializing") else None,
+            loading_since=w.loading_since,
         )
     held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,

@@ -131,19 +131,30 @@ class _Worker:
             return b.residual_mib
         return b.resident_mib + len(self.jobs) * b.activation_mib
 
-    def facts(self, b: TraceBackend) -> WorkerFacts:
-        """This worker as the engine reports it to admission."""
+    def facts(self, b: TraceBackend, admitted: Sequence[QueuedJob] = ()) -> WorkerFacts:
+        """This worker as the engine reports it to admission (``admitted``: the jobs admitted
+        to it while it loads)."""
         mem = self.memory(b)
         jobs = len(self.jobs) + len(self.pending)
         if self.state in ("falling", "asleep"):
             return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
                                state="asleep", observed_mib=mem, idle_since=self.idle_since,
                                sleep_mib=b.residual_mib, falling=self.state == "falling")
+        loading_for, loading_since = _loading(admitted if self.state == "starting" else ())
         state = "starting" if self.state == "waking" else self.state
         return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
                            jobs=jobs, observed_mib=mem if self.state != "starting" else None,
                            idle_since=self.idle_since,
-                           can_sleep=b.wake_s is not None and self.state == "ready")
+                           can_sleep=b.wake_s is not None and self.state == "ready",
+                           loading_for=loading_for, loading_since=loading_since)
+
+
+def _loading(admitted: Sequence[QueuedJob]) -> tuple[int | None, float | None]:
+    """``WorkerFacts.loading_for`` and ``loading_since`` of a worker loading for ``admitted``."""
+    if not admitted:
+        return None, None
+    return (max(q.priority for q in admitted),
+            min(q.submitted_at if q.blocked_since is None else q.blocked_since for q in admitted))
 
 
 class _Sim:
@@ -174,6 +185,8 @@ class _Sim:
         self.n_loads = 0
         self.done: set[str] = set()
         self.last_end = 0.0
+        self.admitted: dict[str, QueuedJob] = {}  # each started job as it was queued
+        self.n_requeued = 0  # loads given up, their jobs requeued
 
     def push(self, t: float, kind: str, what: str) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, what))
@@ -203,7 +216,7 @@ class _Sim:
         for w in self.workers.values():
             b = self.backends[w.backend]
             used[w.gpu] += w.memory(b)
-            facts.append(w.facts(b))
+            facts.append(w.facts(b, [self.admitted[j] for j in w.pending]))
             if w.state in ("falling", "asleep", "waking"):
                 host += b.host_mib
         devices = [Device(g, total, used[g], max(0, total - used[g]))
@@ -217,6 +230,9 @@ class _Sim:
         for ev in p.evictions:
             w = self.workers.get(ev.backend)
             b = self.backends[ev.backend]
+            if w is not None and ev.requeue and w.state == "starting":
+                self.requeue(w, now)
+                continue
             if w is None or w.jobs or w.pending:
                 continue
             if ev.sleep and w.state == "ready" and b.wake_s is not None:
@@ -235,6 +251,7 @@ class _Sim:
         started = set()
         for s in p.starts:
             started.add(s.job_id)
+            self.admitted[s.job_id] = next(q for q in self.queue if q.job_id == s.job_id)
             b = self.backends[s.backend]
             w = self.workers.get(s.backend)
             if s.spawn or w is None:
@@ -257,6 +274,15 @@ class _Sim:
         if p.revisit_at is not None and p.revisit_at > now:
             self.push(p.revisit_at, "revisit", "")
         return p
+
+    def requeue(self, w: _Worker, now: float) -> None:
+        """Give ``w``'s load up: it stops, the jobs admitted to it go back to the queue."""
+        self.queue.extend(self.admitted[j] for j in w.pending)
+        self.queue.sort(key=queue_sort_key)
+        w.pending.clear()
+        w.state = "stopping"
+        self.n_requeued += 1
+        self.push(now + self.backends[w.backend].stop_s, "gone", w.name)
 
     def wake(self, w: _Worker, now: float) -> None:
         wake_s = self.backends[w.backend].wake_s or 0.0

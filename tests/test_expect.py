@@ -263,6 +263,50 @@ def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> Non
     assert c.batch_makespan(r) <= 1.25 * c.batch_bound()
 
 
+def big_loading_and_chat_queued(expected: Expectations | None, now: float,
+                                loading_for: int | None = 0, waited: float = 20.0,
+                                gpu_mib: int = 24 * GIB) -> Snapshot:
+    """The big model loading (its job of ``loading_for`` admitted, blocked ``waited`` s ago)
+    in the chat model's room, and a chat request queued."""
+    big = WorkerInfo("big", 0, "starting", 1, BIG.holds_mib(1), loading_for=loading_for,
+                     loading_since=now - waited)
+    return Snapshot(gpus=[GpuState(0, gpu_mib, None)], backends={"chat-llm": LLM, "big": BIG},
+                    workers={"big": big},
+                    queue=[QueuedJob("chat-9", "chat-llm", 10, 20, now)],
+                    expected=expected)
+
+
+def test_a_request_that_needs_the_room_of_a_load_for_lower_work_has_it_given_up() -> None:
+    learner = periodic(1.5, 10, backend="chat-llm")  # ... 13.5, then silent until 25
+    learner.arrived("chat-llm", 10, 25.0)
+    now = 25.0
+    p = plan(big_loading_and_chat_queued(learner.view(now), now), now)
+    assert [(e.backend, e.requeue) for e in p.evictions] == [("big", True)]
+    assert "its load is given up" in p.evictions[0].reason
+    # Not without a stream (the engine before issue 28), nor for a load of work of the
+    # request's priority or above, nor for a worker that began its job, nor when the request
+    # fits beside the load, nor once its job has waited as long as a hold may hold it (a
+    # stream that never ends would starve it).
+    view = learner.view(now)
+    for snap in (big_loading_and_chat_queued(None, now),
+                 big_loading_and_chat_queued(view, now, loading_for=10),
+                 big_loading_and_chat_queued(view, now, loading_for=None),
+                 big_loading_and_chat_queued(view, now, gpu_mib=48 * GIB),
+                 big_loading_and_chat_queued(view, now, waited=300.0)):
+        assert not any(e.requeue for e in plan(snap, now).evictions)
+
+
+def test_poisson_seed_283_gives_the_big_load_up_for_the_request_after_a_long_silence() -> None:
+    """Its stream silent 19.7 s (8 of its mean gaps) late on, taken as ended: the big model
+    started loading (5.8 s), and the next request came 1.7 s into that load. It and the two
+    after it waited for the rest of the load, a big job and the chat's reload; with the load
+    given up, the first waits for the chat's reload (1.3 s) alone."""
+    c = case(283, "poisson")
+    r = simulate(c.trace)
+    assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s
+    assert c.batch_makespan(r) <= 1.25 * c.batch_bound()
+
+
 # --------------------------------------------------------------------------- arrival processes
 
 

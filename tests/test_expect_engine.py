@@ -33,3 +33,23 @@ def test_the_chat_keeps_its_model_and_the_big_batch_waits_for_its_end() -> None:
     assert waits[-2] <= 1.0, waits
     assert any(r.startswith("waits: chat-llm expects a request within") for r in
                played.reasons), played.reasons
+
+
+@pytest.mark.process
+def test_a_request_after_the_stream_seemed_to_end_has_the_big_load_given_up() -> None:
+    # The stream stops at 5 s; once it has been silent long enough, the big model starts
+    # loading (4 s) in the chat model's room. One more request comes in the middle of that
+    # load: the load is given up (its job back in the queue), so the request waits for the
+    # chat model's reload (0.5 s), not for the big load, its job and that reload (about 3 s).
+    llm = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10)
+    small = TraceBackend("embed", 0.3, 7 * GIB, 3 * GIB, safety_mib=128)
+    big = TraceBackend("big", 4.0, 16 * GIB, 4 * GIB, safety_mib=128)
+    chat = arrivals.jobs(arrivals.periodic(0.5, 5.0) + [8.5], llm.name, 0.1, 10,
+                         prefix="chat")
+    batch = tuple(TraceJob(f"embed-{i}", 1.6, small.name, 0.4) for i in range(4)) + \
+        tuple(TraceJob(f"big-{i}", 1.6, big.name, 0.3) for i in range(2))
+    trace = Trace("a late request, scaled", (24 * GIB,), (llm, small, big), chat + batch)
+    played = play_trace(trace, "sim:24GiB")
+    assert played.job_waits[chat[-1].id] < 2.0, played.job_waits
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    assert any("its load is given up" in line for line in played.log), played.log

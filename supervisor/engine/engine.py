@@ -96,7 +96,7 @@ class Engine:
             host_gpus=self.monitor.host_gpus(), max_result=config.max_result_bytes,
             follower=self.monitor, gpu_total_mib=lambda gpu: self.monitor.total_mib(gpu),
             budget_mib=lambda name: self.pool.runtime(name).peak), self.run, clock)
-        self.planner = Planner(config, clock)
+        self.planner = Planner(config, clock, self.jobs.get)
         self.yields = Yields(paths.yields_path if config.journal else None,
                              device=self.monitor.identity)
         self.rules = Rules(config.yield_when, self.notes.note, own=self.monitor.own)
@@ -106,8 +106,7 @@ class Engine:
                                  self.book, clock)
         self.sleeper = Sleeper(self.pool, self.jobs, self.monitor, self.notes, self.run, clock,
                                self._requeue, config.sleep_host_budget_mib)
-        self.calibrations = Calibrations(self.pool, self.monitor, paths,
-                                         self.request_progress)
+        self.calibrations = Calibrations(self.pool, self.monitor, paths, self.request_progress)
 
     # -- what the doors read ------------------------------------------------------------------
     @property
@@ -583,11 +582,13 @@ class Engine:
             if ev.sleep:
                 self.sleeper.sleep(rt, ev.reason)
             elif rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
+                if ev.requeue:  # a load given up: its jobs first, or they fail with it
+                    self.sleeper.requeue_admitted(rt, f"requeued: {ev.reason}")
                 self.notes.note("warning" if ev.others else "info", self.others.evicted(ev)
                                 if ev.others else f"evicting {ev.backend} from GPU{ev.gpu} "
                                 f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)
                 self.notes.counters.evicted(ev.backend, "others" if ev.others else "room")
-                self.pool.evict_now(rt)
+                self.pool.evict_now(rt, 0.0 if ev.requeue else None)
         queue = self.jobs.queue
         for job_id, passed in plan.passed.items():
             if (job := self.jobs.get(job_id)) is not None:
@@ -657,8 +658,7 @@ class Engine:
             self.journal.write("record_start", job.id, time.time(), f"on {worker.name}")
         job.peak_mib = None
         job.peak_samples = 0
-        worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata,
-                    deadline=None)
+        worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata, deadline=None)
         if job.timeout is not None:  # timeouts.request counts from dispatch
             self.run.set_timer(job.id, job.timeout, lambda: self._time_out(job.id))
         self._job_event(job)

@@ -43,8 +43,10 @@ def host_gpus(readings: Mapping[int, GpuReading]) -> list[int]:
 class Planner:
     """Admission's inputs and memory between steps (see the module doc)."""
 
-    def __init__(self, config: EngineConfig, clock: Callable[[], float]) -> None:
+    def __init__(self, config: EngineConfig, clock: Callable[[], float],
+                 job: Callable[[str], Job | None] = lambda _id: None) -> None:
         self.clock = clock  # the engine's: when requests arrive, and now
+        self.job = job  # the engine's jobs by id: the priorities a loading worker is for
         self.config = sched.SchedulerConfig(
             patience_factor=config.patience_factor,
             max_patience_s=config.max_patience_s,
@@ -92,7 +94,8 @@ class Planner:
             if w is not None and w.state not in GONE:
                 # A backend being calibrated takes no new job on its old worker, which the
                 # run stops once its running jobs are done.
-                workers.append(self._facts(rt, "stopping" if name in calibrating else None))
+                workers.append(self._facts(rt, "stopping" if name in calibrating else None,
+                                           *self._loading_for(rt)))
             for gh in rt.ghosts:
                 ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
                                                    gh.observed_mib))
@@ -117,11 +120,29 @@ class Planner:
         if start is not None:
             self.expect.ran(job.backend, job.finished_at - start)
 
+    def _loading_for(self, rt: BackendRuntime) -> tuple[int | None, float | None]:
+        """While ``rt``'s worker loads (a spawn, not a wake), the highest priority of the jobs
+        admitted to it, none begun yet, and when the first of them was first blocked (else
+        submitted); (None, None) otherwise."""
+        w = rt.worker
+        if w is None or rt.slumber is not None or w.state not in (
+                WorkerState.STARTING, WorkerState.INITIALIZING):
+            return None, None
+        jobs = [j for job_id in rt.admitted if (j := self.job(job_id)) is not None
+                and j.state is JobState.STARTING]
+        if not jobs or len(jobs) != len(rt.admitted):
+            return None, None
+        return (max(j.priority for j in jobs),
+                min(j.submitted_at if j.blocked_since is None else j.blocked_since
+                    for j in jobs))
+
     @staticmethod
-    def _facts(rt: BackendRuntime, state: str | None = None) -> admission.WorkerFacts:
+    def _facts(rt: BackendRuntime, state: str | None = None, loading_for: int | None = None,
+               loading_since: float | None = None) -> admission.WorkerFacts:
         """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
         it keeps (while it falls asleep, what it gives back on its way back), a waking one
-        whole, as one that starts."""
+        whole, as one that starts; ``loading_for`` and ``loading_since``: see
+        ``sched.WorkerInfo``."""
         w = rt.worker
         assert w is not None
         m, c, slumber = rt.measures, rt.conduct, rt.slumber
@@ -139,7 +160,7 @@ class Planner:
             idle_since=rt.usage.idle_for_eviction(), accepting=c.accepting,
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
-            can_sleep=rt.can_sleep)
+            can_sleep=rt.can_sleep, loading_for=loading_for, loading_since=loading_since)
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],

@@ -95,11 +95,14 @@ class WorkerPool:
         if worker.pid is not None and not worker.exited:
             self.factory.launched(worker)
 
-    def evict_now(self, rt: BackendRuntime) -> None:
-        """Stop ``rt``'s worker: it takes no job from this instant, then goes."""
+    def evict_now(self, rt: BackendRuntime, grace: float | None = None) -> None:
+        """Stop ``rt``'s worker: it takes no job from this instant, then goes, within
+        ``grace`` (default its backend's ``stop_grace``; 0 for a load given up: a worker
+        finishes its load before it reads any request to stop, and a load keeps nothing)."""
         if rt.worker is not None:
             rt.worker.begin_stop()  # synchronously: a step already queued must not use it
-            self._loop.spawn(self.stop(rt, grace=rt.spec.timeouts.stop_grace_s))
+            self._loop.spawn(self.stop(
+                rt, grace=rt.spec.timeouts.stop_grace_s if grace is None else grace))
 
     async def stop(self, rt: BackendRuntime, grace: float, drain: bool = False) -> None:
         """Stop ``rt``'s worker within ``grace``; with ``drain``, its running jobs get that

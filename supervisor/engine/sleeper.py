@@ -250,7 +250,7 @@ class Sleeper:
         took = self.clock() - slumber.since
         name = rt.spec.name
         if not outcome.ok:
-            self._requeue(rt, f"requeued: {name} did not wake")
+            self.requeue_admitted(rt, f"requeued: {name} did not wake")
             self._fall_back(rt, f"it did not wake: {outcome.error}")
             return
         rt.slumber = None
@@ -260,7 +260,9 @@ class Sleeper:
         self.notes.sleep(name, "awake", f"woke in {took:.3f} s", took)
         self.loop.schedule()
 
-    def _requeue(self, rt: BackendRuntime, why: str) -> None:
+    def requeue_admitted(self, rt: BackendRuntime, why: str) -> None:
+        """The jobs admitted to ``rt``'s worker that have not begun go back to the queue (it
+        did not wake, or its load is given up)."""
         for job_id in list(rt.admitted):
             job = self.jobs.get(job_id)
             if job is not None and job.state is JobState.STARTING:

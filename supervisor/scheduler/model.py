@@ -174,7 +174,12 @@ class WorkerInfo:
     declared, and is evicted once its job ends) gets none; ``over_declared`` marks such a
     worker, and makes it the first to evict when room is needed. An ``asleep`` worker holds
     what it keeps asleep (``reserved_mib``); ``can_sleep``: this (ready, idle) worker may be
-    put to sleep rather than stopped when its room is needed.
+    put to sleep rather than stopped when its room is needed. ``loading_for``: while it
+    starts (a spawn still loading, not a wake), the highest priority of the jobs admitted to
+    it, which none has begun yet (None otherwise): its load may be given up for a job of
+    higher priority, those jobs back in the queue (``Evict.requeue``), until
+    ``SchedulerConfig.max_patience_s`` after ``loading_since`` (when the first of them was
+    first found blocked, else submitted: a job held that long is held no more).
     """
 
     backend: str
@@ -186,6 +191,8 @@ class WorkerInfo:
     accepting: bool = True
     over_declared: bool = False
     can_sleep: bool = False
+    loading_for: int | None = None
+    loading_since: float | None = None
 
     def __post_init__(self) -> None:
         owner = f"worker {self.backend!r}"
@@ -332,7 +339,9 @@ class Start:
 class Evict:
     """Stop the idle worker of ``backend`` on ``gpu``; ``frees_mib`` is its reservation. With
     ``sleep``, put it to sleep instead: ``frees_mib`` is then what sleeping gives back (its
-    reservation less what it keeps asleep)."""
+    reservation less what it keeps asleep). With ``requeue``, the worker is still loading for
+    jobs of lower priority (``WorkerInfo.loading_for``): its load is given up and those jobs
+    go back to the queue."""
 
     backend: str
     gpu: int
@@ -340,6 +349,7 @@ class Evict:
     reason: str
     sleep: bool = False
     others: bool = False  # it makes room for strangers' memory (the device is over-committed)
+    requeue: bool = False
 
 
 @dataclass(frozen=True, slots=True)

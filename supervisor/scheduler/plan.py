@@ -44,7 +44,11 @@ whose stream is alive is dearer to evict, as one with queued jobs is, and a pati
 keeps an idle victim whose stream of at least its priority is due within a reload. An idle
 victim whose stream above the barrier's priority is alive leaves last: not while another
 victim still runs a job (its room is needed too, so the stream's worker leaving earlier only
-opens a window in which its next request must wait for the barrier and a reload).
+opens a window in which its next request must wait for the barrier and a reload). A stream
+taken as ended may not have: when its next request comes while the worker that took its room
+still loads for jobs of lower priority (``WorkerInfo.loading_for``), that load is given up
+and those jobs go back to the queue (``Evict.requeue``), so the request waits for its own
+model's reload, not for that load, a job and the reload (``_undo_loads``).
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
@@ -310,6 +314,7 @@ class _Planner:
 
     def run(self) -> Plan:
         queue = self.snapshot.queue
+        self._undo_loads()
         if self.alive and not self._walk(queue, _NARROW_AFTER):
             # A long walk through jobs that all wait: go on over the jobs that can still
             # start only. Every job already considered either started or settled its key,
@@ -724,6 +729,48 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(barrier_key, reason)
 
+    def _undo_loads(self) -> None:
+        """A stream's request that needs the room of a worker still loading for jobs of lower
+        priority gives that load up: the worker stops, its jobs go back to the queue (they
+        run once their turn comes again, the stream's hold deciding when), and the request
+        waits for its own model's reload rather than for the load, a job and that reload.
+        Only for a request of a stream above those jobs that is alive (it just came): a stream
+        the hold took as ended but was not, the mistake undone while it is still cheap; and
+        not once those jobs have waited ``max_patience_s``, as the hold holds them no longer
+        (a stream that never ends would starve them)."""
+        exp = self.expected
+        loading = [w for ws in self.live_on.values() for w in ws if w.loading_for is not None]
+        if exp is None or not loading:
+            return
+        lowest = min(w.loading_for for w in loading if w.loading_for is not None)
+        patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
+        for job in self.snapshot.queue:  # highest priority first
+            if job.priority <= lowest:
+                return
+            info = self.backends.get(job.backend)
+            if job.kind != "job" or job.backend in self.worker_gpu or info is None \
+                    or not info.measured:
+                continue
+            need = info.holds_mib(1)
+            allowed = self._allowed(info)
+            if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
+                continue  # it fits (or will) beside what loads
+            for w in loading:
+                g = w.gpu
+                if (w.loading_for is None or w.loading_for >= job.priority or g not in allowed
+                        or w.backend in self.evicted or (w.loading_since is not None and self.now
+                                                         - w.loading_since >= patience)
+                        or self.budget[g] + self.stopping_mib[g] + w.reserved_mib < need
+                        or exp.stream_above(job.backend, w.loading_for, self.now) is None):
+                    continue
+                self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
+                             "needs its room: its load is given up", requeue=True)
+                self.live_on[g].remove(w)
+                self.worker_gpu.pop(w.backend, None)
+                self.slots.pop(w.backend, None)
+                self.stopping.add(w.backend)
+                break
+
     def _has_work(self, backend: str) -> bool:
         """Work of ``backend`` waits or is expected: queued jobs, or a stream alive."""
         if self.queued_jobs.get(backend, 0) > 0:
@@ -904,8 +951,10 @@ class _Planner:
                     frozenset(c.worker.backend for c in chosen if c.sleep), others=True)
 
     def _evict(self, workers: list[WorkerInfo], g: int, reason: str,
-               sleepers: frozenset[str] = frozenset(), *, others: bool = False) -> None:
-        """Stop ``workers`` on ``g`` (those named in ``sleepers`` are put to sleep)."""
+               sleepers: frozenset[str] = frozenset(), *, others: bool = False,
+               requeue: bool = False) -> None:
+        """Stop ``workers`` on ``g`` (those named in ``sleepers`` are put to sleep; with
+        ``requeue``, loading ones whose jobs go back to the queue)."""
         for w in workers:
             info = self.backends.get(w.backend)
             if w.backend in sleepers and info is not None:
@@ -916,7 +965,8 @@ class _Planner:
                 self._settle(("job", w.backend), "its worker is going to sleep")
             else:
                 frees = w.reserved_mib
-                self.evictions.append(Evict(w.backend, g, frees, reason, others=others))
+                self.evictions.append(Evict(w.backend, g, frees, reason, others=others,
+                                            requeue=requeue))
                 self._settle(("job", w.backend), "worker stopping")
             self.evicted.add(w.backend)
             self.stopping_mib[g] += frees
