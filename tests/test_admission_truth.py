@@ -29,6 +29,7 @@ from supervisor.engine import EngineConfig
 from supervisor.paths import Paths
 
 EXECUTIONS = ROOT / "tests" / "workers" / "executions.py"
+MODEL_SERVER = ROOT / "tests" / "model_server.py"
 NOSIM = ROOT / "tests" / "workers" / "nosim.py"
 
 
@@ -496,3 +497,41 @@ def test_an_overlay_whose_backend_is_gone_is_reported_not_run(tmp_path: Path) ->
     loaded = load_backends([tmp_path], demo_fallback=False)
     assert set(loaded.backends) == {"kept"}
     assert any("only an overlay mentions this backend" in str(e) for e in loaded.errors)
+
+
+@pytest.mark.process
+def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group() -> None:
+    """A model server that started a helper in a session of its own (``setsid``): a signal to
+    the server's group misses it, so the lifeline also kills every process carrying this
+    engine's mark once the engine is gone (seen in /proc)."""
+    mark = f"vt-escaped-{os.getpid()}-{time.monotonic_ns()}"
+    helper = f"{sys.executable} -c 'import time; time.sleep(600)' {mark}"
+    server = f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}"
+    root = new_root()
+    spec = {"name": "esc", "command": ["bash", "-c", f"setsid {helper} & exec {server}"],
+            "http": {"health": "/health"}, "api": ["chat"], "simulated": True,
+            "vram": {"weights": "256MiB", "activation": "0MiB"}}
+    env = make_env(root, [spec])
+
+    def escaped() -> list[int]:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if mark.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+        return [pid for pid in found if not _gone(pid)]
+
+    served = start_serve(env, root)
+    try:
+        with served.client() as client:
+            client.preload("esc")
+            (pid,) = wait_until(escaped, 30, "the server's helper to start")
+        os.kill(served.proc.pid, signal.SIGKILL)
+        served.proc.wait(10)
+        wait_until(lambda: _gone(pid), 5, "the helper to die with the engine")
+    finally:
+        for pid in escaped():  # (a failed run leaves nothing behind either)
+            os.kill(pid, signal.SIGKILL)
+        reap(served)

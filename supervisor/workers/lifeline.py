@@ -9,6 +9,10 @@ Two mechanisms, because either alone has a hole:
   within milliseconds. Unlike ``PR_SET_PDEATHSIG`` this reaches the workers' own children too
   (a worker runs in its own session, and its children share its process group). The watcher
   lives in a session of its own and ignores SIGINT, SIGTERM and SIGHUP: only the pipe ends it.
+  Then it kills what a signal to a group misses: every process of our uid, started since the
+  engine, that carries this engine's mark in its environment (:data:`RUN_MARK`, set for each
+  worker, which passes it on to its children): one a worker or model server started in a
+  session of its own (``setsid``).
 - The *records*: one file per worker group in the runtime directory (``<pid>.json``: pid,
   start time, backend, engine pid). A restarted engine kills every group whose record
   survived (the watcher itself may have been killed) before it requeues the jobs the old one
@@ -29,6 +33,10 @@ import time
 from pathlib import Path
 
 # No package imports up here: this file also runs as a bare script (the watcher, ``-S``).
+
+#: In every worker's environment: which run of an engine started it (its pid and a random
+#: part: two engines of one process, as tests have, are told apart).
+RUN_MARK = "VRAMTUI_ENGINE_RUN"
 
 
 def start_ticks(pid: int) -> int | None:
@@ -53,13 +61,14 @@ class Lifeline:
 
     def __init__(self, records_dir: Path) -> None:
         self.records_dir = records_dir
+        self.run = f"{os.getpid()}.{os.urandom(6).hex()}"  # RUN_MARK's value for its workers
         self._proc: subprocess.Popen[bytes] | None = None
         self._broken = False
 
     def start(self) -> None:
         self.records_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
-            [sys.executable, "-S", os.path.abspath(__file__)],
+            [sys.executable, "-S", os.path.abspath(__file__), f"{RUN_MARK}={self.run}"],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
         )
@@ -225,10 +234,39 @@ def _members(groups: dict[int, tuple[int | None, str, Path]]) -> dict[int, list[
     return found
 
 
+def marked(mark: bytes, since: int | None) -> list[int]:
+    """Our live processes started no earlier than ``since`` (clock ticks after boot) whose
+    environment holds ``mark`` (``NAME=value``), but this one."""
+    uid, me, found = os.getuid(), os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        stat = _stat(int(entry))
+        if stat is None or stat[0] in ("Z", "X", "x") or (since is not None and stat[3] < since):
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
 def _watch() -> None:
-    """The watcher: remember the groups named on stdin; when stdin ends, SIGKILL them."""
+    """The watcher: remember the groups named on stdin; when stdin ends, SIGKILL them, then
+    the processes that carry the engine's mark (``argv[1]``)."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    mark = sys.argv[1].encode() if len(sys.argv) > 1 else None
+    since = start_ticks(os.getppid())  # the engine's start: nothing older is one of ours
     groups: set[int] = set()
     stdin = sys.stdin.buffer
     while True:
@@ -246,6 +284,9 @@ def _watch() -> None:
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    for pid in marked(mark, since) if mark else ():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
