@@ -170,6 +170,13 @@ class Played:
     states: dict[str, str]  # trace job id -> its final state
     reasons: list[str]  # why jobs waited, as their views said while the trace played
     log: list[str]
+    submitted: dict[str, float]  # trace job id -> when the engine took it (from the first)
+
+    def largest_gap(self, ids: list[str]) -> float:
+        """The longest time between two of these jobs' submissions, as the engine saw them
+        (a loaded box can hold the player's pacing up: a gap the trace does not have)."""
+        times = sorted(self.submitted[i] for i in ids)
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
 
 def play_trace(trace: Any, gpus: str, *, step_s: float = 0.1,
@@ -215,7 +222,7 @@ def play_trace(trace: Any, gpus: str, *, step_s: float = 0.1,
                  if v.started_at is not None}
     return Played(last - first, sum(1 for text in log if text.startswith("starting ")),
                   waits, job_waits, {tid: v.state.value for tid, v in views.items()}, reasons,
-                  log)
+                  log, {tid: v.submitted_at - first for tid, v in views.items()})
 
 
 def sleep_events(sup: Any) -> list[EngineEvent]:
