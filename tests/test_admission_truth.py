@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from engine_support import ROOT, UsageWatcher, engine, sim_backend
+from escaping import Escaper
 from serve_support import make_env, new_root, reap, start_serve
 from waiting import wait_until
 
@@ -504,34 +505,20 @@ def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group() -> Non
     """A model server that started a helper in a session of its own (``setsid``): a signal to
     the server's group misses it, so the lifeline also kills every process carrying this
     engine's mark once the engine is gone (seen in /proc)."""
-    mark = f"vt-escaped-{os.getpid()}-{time.monotonic_ns()}"
-    helper = f"{sys.executable} -c 'import time; time.sleep(600)' {mark}"
-    server = f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}"
+    escaper = Escaper(f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}")
     root = new_root()
-    spec = {"name": "esc", "command": ["bash", "-c", f"setsid {helper} & exec {server}"],
-            "http": {"health": "/health"}, "api": ["chat"], "simulated": True,
+    spec = {"name": "esc", "command": escaper.command, "http": {"health": "/health"},
+            "api": ["chat"], "simulated": True,
             "vram": {"weights": "256MiB", "activation": "0MiB"}}
     env = make_env(root, [spec])
-
-    def escaped() -> list[int]:
-        found = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if mark.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-        return [pid for pid in found if not _gone(pid)]
-
     served = start_serve(env, root)
     try:
         with served.client() as client:
             client.preload("esc")
-            (pid,) = wait_until(escaped, 30, "the server's helper to start")
+            (pid,) = wait_until(escaper.pids, 30, "the server's helper to start")
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
         wait_until(lambda: _gone(pid), 5, "the helper to die with the engine")
     finally:
-        for pid in escaped():  # (a failed run leaves nothing behind either)
-            os.kill(pid, signal.SIGKILL)
+        escaper.kill_left()
         reap(served)

@@ -13,11 +13,9 @@ leave no process behind and the queue goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from escaping import Escaper
 from http_support import Front, serve_http
 from waiting import wait_until
 
@@ -514,38 +513,21 @@ def test_a_fault_of_ours_while_forwarding_fails_the_job_and_the_queue_goes_on(
 def test_a_child_that_left_the_servers_process_group_goes_with_it() -> None:
     # A server whose command starts a helper in a session of its own (setsid): a signal to
     # the server's process group misses it, so it is killed by pid once the server is gone.
-    mark = f"vt-escaped-{os.getpid()}-{time.monotonic_ns()}"
-    helper = f"{sys.executable} -c 'import time; time.sleep(600)' {mark}"
-    server = f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256"
-    backend = server_backend("escaper", command=["bash", "-c",
-                                                 f"setsid {helper} & exec {server}"])
-
-    def escaped() -> set[int]:
-        found = set()
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if mark.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.add(int(entry))
-            except OSError:
-                continue
-        return found
-
+    escaper = Escaper(f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256")
+    backend = server_backend("escaper", command=escaper.command)
     try:
-        _serve_escaper(backend, escaped)
+        _serve_escaper(backend, escaper)
     finally:
-        for pid in escaped():  # (a failed run leaves nothing behind either)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        escaper.kill_left()
 
 
-def _serve_escaper(backend: dict[str, Any], escaped: Any) -> None:
+def _serve_escaper(backend: dict[str, Any], escaper: Escaper) -> None:
     with serve_http([backend]) as front:
         assert front.post("/v1/chat/completions", chat("escaper")).status == 200
-        wait_until(escaped, 10, "the server's helper to start")
-        (pid,) = escaped()
+        (pid,) = wait_until(escaper.pids, 10, "the server's helper to start")
         server_pid = next(iter(server_pids(front.root)))
         assert os.getpgid(pid) != os.getpgid(server_pid)  # out of the server's group
         assert front.post("/v1/backends/escaper/unload").status in (200, 202)
         wait_until(lambda: front.get("/v1/backends/escaper").json()["state"] == "cold", 10,
                    "the server to stop")
-        wait_until(lambda: not escaped(), 10, "the helper that left its group to be gone")
+        wait_until(lambda: not escaper.pids(), 10, "the helper that left its group to be gone")
