@@ -13,12 +13,13 @@ from pathlib import Path
 
 
 class Escaper:
-    """``command`` runs ``server`` (a shell command line) after starting the helper."""
+    """``command`` runs ``server`` (a shell command line) after starting the helper with
+    ``launcher`` (``setsid -f``: it forks, so the helper is out of the server's tree too)."""
 
-    def __init__(self, server: str) -> None:
+    def __init__(self, server: str, launcher: str = "setsid") -> None:
         self.mark = f"vt-escaped-{os.getpid()}-{time.monotonic_ns()}"
         helper = f"{sys.executable} -c 'import time; time.sleep(600)' {self.mark}"
-        self.command = ["bash", "-c", f"setsid {helper} & exec {server}"]
+        self.command = ["bash", "-c", f"{launcher} {helper} & exec {server}"]
 
     def pids(self) -> set[int]:
         """The helper's live processes (a zombie is gone)."""

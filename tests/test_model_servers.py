@@ -510,10 +510,13 @@ def test_a_fault_of_ours_while_forwarding_fails_the_job_and_the_queue_goes_on(
         assert [j["backend"] for j in failed] == ["a"]
 
 
-def test_a_child_that_left_the_servers_process_group_goes_with_it() -> None:
+@pytest.mark.parametrize("launcher", ["setsid", "setsid -f"])
+def test_a_child_that_left_the_servers_process_group_goes_with_it(launcher: str) -> None:
     # A server whose command starts a helper in a session of its own (setsid): a signal to
     # the server's process group misses it, so it is killed by pid once the server is gone.
-    escaper = Escaper(f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256")
+    # With setsid -f the helper is a daemon (forked twice, out of the server's tree): it
+    # is found by the worker's mark in its environment.
+    escaper = Escaper(f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256", launcher)
     backend = server_backend("escaper", command=escaper.command)
     try:
         _serve_escaper(backend, escaper)

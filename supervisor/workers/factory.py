@@ -22,7 +22,7 @@ from ..gpu.host import ENGINE_MARK
 from ..paths import Paths
 from .base import Worker
 from .handle import WorkerHandle, WorkerObserver
-from .lifeline import RUN_MARK, Lifeline, kill_leftovers
+from .lifeline import RUN_MARK, WORKER_MARK, Lifeline, kill_leftovers
 from .vramd import VramdWorkerHandle
 from .wire import WireListener
 
@@ -112,6 +112,7 @@ class ProcessWorkers:
         env["VRAMTUI_BACKEND"] = spec.name
         env[ENGINE_MARK] = str(os.getpid())  # its children, orphaned, are still ours
         env[RUN_MARK] = self.lifeline.run  # and the lifeline kills them with the engine
+        env[WORKER_MARK] = f"{self.lifeline.run}.{os.urandom(6).hex()}"  # and its stop
         if gpu in self.host_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ""  # on the host device: no GPU to take by mistake
             env.pop("VRAMTUI_SIM_DIR", None)

@@ -37,6 +37,9 @@ from pathlib import Path
 #: In every worker's environment: which run of an engine started it (its pid and a random
 #: part: two engines of one process, as tests have, are told apart).
 RUN_MARK = "VRAMTUI_ENGINE_RUN"
+#: In every worker's environment: which start of which worker (its run mark and a random
+#: part), so that its stop finds what it started, a process that left its tree included.
+WORKER_MARK = "VRAMTUI_WORKER_RUN"
 
 
 def start_ticks(pid: int) -> int | None:

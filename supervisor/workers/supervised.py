@@ -8,7 +8,8 @@ the worker to exit its way; then SIGTERM, then SIGKILL of the whole process grou
 for the process to be gone, and the pids that belong to the worker (itself, its descendants,
 and those seen before that may outlive it on the GPU). A descendant that left the worker's
 process group (``setsid``) is out of reach of a signal to the group: those seen when the
-worker is stopped or killed are killed by pid once it is gone.
+worker is stopped or killed are killed by pid once it is gone, and so are those that carry
+the worker's mark (``WORKER_MARK``, which its children inherit) though they left its tree.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import psutil
 
 from . import process
+from .lifeline import WORKER_MARK, marked, start_ticks
 from .states import HOT, INITIAL, WorkerState, check
 
 
@@ -196,6 +198,22 @@ class SupervisedProcess:
             with contextlib.suppress(OSError):
                 if os.getpgid(proc.pid) != self.pid:
                     self._escaped[proc.pid] = proc
+        for proc in self._marked():  # out of its tree too (a daemon that forked twice)
+            with contextlib.suppress(OSError):
+                if proc.pid != self.pid and os.getpgid(proc.pid) != self.pid:
+                    self._escaped.setdefault(proc.pid, proc)
+
+    def _marked(self) -> list[psutil.Process]:
+        """Our processes started since the worker that carry its mark (``WORKER_MARK``)."""
+        mark = self.env.get(WORKER_MARK)
+        since = start_ticks(self.pid) if self.pid is not None else None
+        if not mark or since is None:
+            return []
+        found = []
+        for pid in marked(f"{WORKER_MARK}={mark}".encode(), since):
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(pid))
+        return found
 
     def _gone(self) -> None:
         """The worker's process has exited: said to whoever waits, and what escaped its
