@@ -263,6 +263,56 @@ def marked(mark: bytes, since: int | None) -> list[int]:
     return found
 
 
+def strays(root: int, mark: bytes | None, since: int) -> list[int]:
+    """One pass over /proc: our live processes started no earlier than ``since`` (``root``'s
+    start) that are out of ``root``'s process group but in its tree (by parent) or carry
+    ``mark`` (``NAME=value``) in their environment: what a signal to its group misses."""
+    uid, table = os.getuid(), {}  # pid -> (parent, group)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2 :].split()
+            if fields[0] in (b"Z", b"X", b"x") or int(fields[19]) < since:
+                continue
+            table[int(entry)] = (int(fields[1]), int(fields[2]))
+        except (OSError, ValueError, IndexError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _group) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    tree: set[int] = set()
+    stack = [root]
+    while stack:
+        for pid in children.get(stack.pop(), ()):
+            if pid not in tree:
+                tree.add(pid)
+                stack.append(pid)
+    found = []
+    for pid, (_ppid, group) in table.items():
+        if pid == root or group == root:
+            continue
+        if pid in tree or (mark is not None and _ours_with(pid, uid, mark)):
+            found.append(pid)
+    return found
+
+
+def _ours_with(pid: int, uid: int, mark: bytes) -> bool:
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != uid:
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return mark in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def _watch() -> None:
     """The watcher: remember the groups named on stdin; when stdin ends, SIGKILL them, then
     the processes that carry the engine's mark (``argv[1]``)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 
 from . import process
-from .lifeline import WORKER_MARK, marked, start_ticks
+from .lifeline import WORKER_MARK, start_ticks, strays
 from .states import HOT, INITIAL, WorkerState, check
 
 
@@ -186,34 +185,16 @@ class SupervisedProcess:
             process.signal_group(self.pid, signal.SIGKILL)
 
     def _note_escaped(self) -> None:
-        """Remember the worker's descendants that are not in its process group (a signal to
-        the group misses them): :meth:`_gone` kills them."""
-        if self.pid is None:
-            return
-        try:
-            tree = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            return
-        for proc in tree:
-            with contextlib.suppress(OSError):
-                if os.getpgid(proc.pid) != self.pid:
-                    self._escaped[proc.pid] = proc
-        for proc in self._marked():  # out of its tree too (a daemon that forked twice)
-            with contextlib.suppress(OSError):
-                if proc.pid != self.pid and os.getpgid(proc.pid) != self.pid:
-                    self._escaped.setdefault(proc.pid, proc)
-
-    def _marked(self) -> list[psutil.Process]:
-        """Our processes started since the worker that carry its mark (``WORKER_MARK``)."""
-        mark = self.env.get(WORKER_MARK)
+        """Remember the worker's processes that are not in its process group (a signal to
+        the group misses them): its descendants, and what carries its mark (``WORKER_MARK``:
+        a daemon that forked twice is out of its tree too). :meth:`_gone` kills them."""
         since = start_ticks(self.pid) if self.pid is not None else None
-        if not mark or since is None:
-            return []
-        found = []
-        for pid in marked(f"{WORKER_MARK}={mark}".encode(), since):
+        if self.pid is None or since is None:
+            return
+        mark = self.env.get(WORKER_MARK)
+        for pid in strays(self.pid, f"{WORKER_MARK}={mark}".encode() if mark else None, since):
             with contextlib.suppress(psutil.Error):
-                found.append(psutil.Process(pid))
-        return found
+                self._escaped.setdefault(pid, psutil.Process(pid))
 
     def _gone(self) -> None:
         """The worker's process has exited: said to whoever waits, and what escaped its
