@@ -22,12 +22,14 @@ class Escaper:
         self.command = ["bash", "-c", f"{launcher} {helper} & exec {server}"]
 
     def pids(self) -> set[int]:
-        """The helper's live processes (a zombie is gone)."""
+        """The helper's live processes (a zombie is gone), once it runs (its launcher, an
+        ``env -i`` that has not exec'd it yet, still has the environment it clears)."""
         found = set()
         for entry in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if self.mark.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    continue
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                if argv[0] != sys.executable.encode() or self.mark.encode() not in argv:
+                    continue  # (not the helper yet: its launcher, which execs it)
                 stat = Path(f"/proc/{entry}/stat").read_bytes()
             except OSError:
                 continue

@@ -501,11 +501,13 @@ def test_an_overlay_whose_backend_is_gone_is_reported_not_run(tmp_path: Path) ->
 
 
 @pytest.mark.process
-def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group() -> None:
+@pytest.mark.parametrize("launcher", ["setsid", "setsid env -i"])
+def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group(launcher: str) -> None:
     """A model server that started a helper in a session of its own (``setsid``): a signal to
     the server's group misses it, so the lifeline also kills every process carrying this
-    engine's mark once the engine is gone (seen in /proc)."""
-    escaper = Escaper(f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}")
+    engine's mark once the engine is gone (seen in /proc), and what is still in the tree of
+    a worker group it watches, mark or none (``env -i`` cleared it)."""
+    escaper = Escaper(f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}", launcher)
     root = new_root()
     spec = {"name": "esc", "command": escaper.command, "http": {"health": "/health"},
             "api": ["chat"], "simulated": True,

@@ -314,8 +314,9 @@ def _ours_with(pid: int, uid: int, mark: bytes) -> bool:
 
 
 def _watch() -> None:
-    """The watcher: remember the groups named on stdin; when stdin ends, SIGKILL them, then
-    the processes that carry the engine's mark (``argv[1]``)."""
+    """The watcher: remember the groups named on stdin; when stdin ends, SIGKILL them and
+    what of their trees left them, then the processes that carry the engine's mark
+    (``argv[1]``)."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     mark = sys.argv[1].encode() if len(sys.argv) > 1 else None
@@ -334,10 +335,14 @@ def _watch() -> None:
             groups.add(pid)
         elif text[:1] == b"-":
             groups.discard(pid)
+    # What left a group but not its tree (setsid without a fork): found before the group
+    # goes, as its parents die with it; the mark finds it too unless its environment was
+    # cleared (env -i).
+    left = [p for g in groups for p in strays(g, None, since if since is not None else 0)]
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    for pid in marked(mark, since) if mark else ():
+    for pid in left + (marked(mark, since) if mark else []):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
