@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 # No package imports up here: this file also runs as a bare script (the watcher, ``-S``).
@@ -263,13 +264,14 @@ def marked(mark: bytes, since: int | None) -> list[int]:
     return found
 
 
-def strays(root: int, mark: bytes | None, since: int) -> list[int]:
-    """One pass over /proc: our live processes started no earlier than ``since`` (``root``'s
-    start) that are out of ``root``'s process group but in its tree (by parent) or carry
-    ``mark`` (``NAME=value``) in their environment: what a signal to its group misses."""
+def strays(roots: Collection[int], mark: bytes | None, since: int) -> list[int]:
+    """One pass over /proc: our live processes started no earlier than ``since`` (the
+    ``roots``' start) that are out of the roots' process groups but in their trees (by
+    parent) or carry ``mark`` (``NAME=value``) in their environment: what a signal to their
+    groups misses."""
     uid, table = os.getuid(), {}  # pid -> (parent, group)
     try:
-        entries = os.listdir("/proc")
+        entries = os.listdir("/proc") if roots else []
     except OSError:
         return []
     for entry in entries:
@@ -288,7 +290,7 @@ def strays(root: int, mark: bytes | None, since: int) -> list[int]:
     for pid, (ppid, _group) in table.items():
         children.setdefault(ppid, []).append(pid)
     tree: set[int] = set()
-    stack = [root]
+    stack = list(roots)
     while stack:
         for pid in children.get(stack.pop(), ()):
             if pid not in tree:
@@ -296,7 +298,7 @@ def strays(root: int, mark: bytes | None, since: int) -> list[int]:
                 stack.append(pid)
     found = []
     for pid, (_ppid, group) in table.items():
-        if pid == root or group == root:
+        if pid in roots or group in roots:
             continue
         if pid in tree or (mark is not None and _ours_with(pid, uid, mark)):
             found.append(pid)
@@ -338,7 +340,7 @@ def _watch() -> None:
     # What left a group but not its tree (setsid without a fork): found before the group
     # goes, as its parents die with it; the mark finds it too unless its environment was
     # cleared (env -i).
-    left = [p for g in groups for p in strays(g, None, since if since is not None else 0)]
+    left = strays(groups, None, since if since is not None else 0)
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)

@@ -192,7 +192,8 @@ class SupervisedProcess:
         if self.pid is None or since is None:
             return
         mark = self.env.get(WORKER_MARK)
-        for pid in strays(self.pid, f"{WORKER_MARK}={mark}".encode() if mark else None, since):
+        for pid in strays({self.pid}, f"{WORKER_MARK}={mark}".encode() if mark else None,
+                          since):
             with contextlib.suppress(psutil.Error):
                 self._escaped.setdefault(pid, psutil.Process(pid))
 

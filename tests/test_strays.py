@@ -1,0 +1,67 @@
+"""``lifeline.strays``: what a signal to a worker's process group misses, read from /proc:
+what left the group but not the tree, and what carries the mark though it left the tree;
+never what is still in the group, nor a process older than the worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from waiting import wait_until
+
+from supervisor.workers.lifeline import start_ticks, strays
+
+SLEEP = f"{sys.executable} -c 'import time; time.sleep(60)'"
+
+
+def _ticks_now() -> int:
+    """Now, as /proc counts a process's start: clock ticks since boot."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def _named(tag: str) -> set[int]:
+    """Live processes whose command line holds ``tag``."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if argv[0] == sys.executable.encode() and tag.encode() in argv:
+                found.add(int(entry))
+    return found
+
+
+@pytest.mark.process
+def test_strays_are_what_left_the_group_and_what_carries_the_mark() -> None:
+    tag = f"vt-strays-{os.getpid()}"
+    older = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              f"{tag}-older"], env={**os.environ, "MARK": tag},
+                             start_new_session=True)  # marked, but older than the worker
+    born = start_ticks(older.pid) or 0
+    wait_until(lambda: _ticks_now() > born + 1, 5, "a clock tick after it")  # (10 ms steps)
+    script = (f"{SLEEP} {tag}-in-group & setsid {SLEEP} {tag}-left & "
+              f"setsid -f {SLEEP} {tag}-daemon & setsid -f env -i {SLEEP} {tag}-cleared & wait")
+    root = subprocess.Popen(["bash", "-c", script], env={**os.environ, "MARK": tag},
+                            start_new_session=True)
+    try:
+        want = {name: wait_until(lambda n=name: _named(f"{tag}-{n}"), 10, name)
+                for name in ("in-group", "left", "daemon", "cleared")}
+        since = start_ticks(root.pid)
+        assert since is not None
+        found = set(strays({root.pid}, f"MARK={tag}".encode(), since))
+        assert want["left"] <= found and want["daemon"] <= found  # by tree, by mark
+        assert not found & (want["in-group"] | want["cleared"] | {root.pid, older.pid})
+        assert set(strays({root.pid}, None, since)) >= want["left"]  # the tree alone
+        assert not strays(set(), f"MARK={tag}".encode(), since)  # no root: nothing
+    finally:
+        for pid in {p for n in ("in-group", "left", "daemon", "cleared", "older")
+                    for p in _named(f"{tag}-{n}")} | {root.pid}:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        root.wait(5)
+        older.wait(5)
