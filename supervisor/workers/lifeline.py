@@ -286,6 +286,8 @@ def strays(roots: Collection[int], mark: bytes | None, since: int) -> list[int]:
             table[int(entry)] = (int(fields[1]), int(fields[2]))
         except (OSError, ValueError, IndexError):
             continue
+    # A root no longer leading its group is gone (its pid maybe another's now): no tree.
+    roots = {r for r in roots if r in table and table[r][1] == r}
     children: dict[int, list[int]] = {}
     for pid, (ppid, _group) in table.items():
         children.setdefault(ppid, []).append(pid)
