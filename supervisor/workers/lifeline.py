@@ -341,7 +341,11 @@ def _watch() -> None:
             groups.discard(pid)
     # What left a group but not its tree (setsid without a fork): found before the group
     # goes, as its parents die with it; the mark finds it too unless its environment was
-    # cleared (env -i).
+    # cleared (env -i). The groups are stopped first: reading /proc takes a while when it is
+    # large, and they must not go on running their jobs meanwhile.
+    for pid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGSTOP)
     left = strays(groups, None, since if since is not None else 0)
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
