@@ -524,6 +524,22 @@ def test_a_child_that_left_the_servers_process_group_goes_with_it(launcher: str)
         escaper.kill_left()
 
 
+@pytest.mark.parametrize("launcher", ["setsid", "setsid -f"])
+def test_a_child_that_left_the_group_of_a_server_that_crashed_goes_too(launcher: str) -> None:
+    # Nobody stopped it, and its tree went with it: what carries its mark is still found.
+    escaper = Escaper(f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256 --mode crash",
+                      launcher)
+    backend = server_backend("crasher", command=escaper.command)
+    try:
+        with serve_http([backend]) as front:
+            reply = front.post("/v1/chat/completions", chat("crasher"))
+            assert reply.status == 502 and "exited with code 3" in _error_text(reply.body)
+            wait_until(lambda: not escaper.pids(), 10, "the crashed server's helper to be gone")
+            assert front.get("/v1/backends/crasher").json()["state"] in ("cold", "crashed")
+    finally:
+        escaper.kill_left()
+
+
 def _serve_escaper(backend: dict[str, Any], escaper: Escaper) -> None:
     with serve_http([backend]) as front:
         assert front.post("/v1/chat/completions", chat("escaper")).status == 200

@@ -86,6 +86,8 @@ class SupervisedProcess:
         self._descendants: dict[int, psutil.Process] = {}
         self._strangers: set[int] = set()  # pids on a GPU seen not to be ours (see pids)
         self._escaped: dict[int, psutil.Process] = {}  # descendants out of its group
+        self._noted = False  # what escaped its group was read (it was stopped or killed)
+        self._since = 0  # its start, in clock ticks after boot
         self._started_waiters: list[Callable[[], None]] = []  # see when_started
 
     async def _start_process(self, *, pipes: bool = False) -> bool:
@@ -105,6 +107,7 @@ class SupervisedProcess:
             self.observer.worker_exited(self, None, self.init_error)
             return False
         self.pid = self.proc.pid
+        self._since = start_ticks(self.pid) or 0  # (read now: once it exits, it cannot be)
         self._started()
         return True
 
@@ -188,20 +191,24 @@ class SupervisedProcess:
         """Remember the worker's processes that are not in its process group (a signal to
         the group misses them): its descendants, and what carries its mark (``WORKER_MARK``:
         a daemon that forked twice is out of its tree too). :meth:`_gone` kills them."""
-        since = start_ticks(self.pid) if self.pid is not None else None
-        if self.pid is None or since is None:
+        if self.pid is None:
             return
+        self._noted = True
         mark = self.env.get(WORKER_MARK)
         for pid in strays({self.pid}, f"{WORKER_MARK}={mark}".encode() if mark else None,
-                          since):
+                          self._since):
             with contextlib.suppress(psutil.Error):
                 self._escaped.setdefault(pid, psutil.Process(pid))
 
     def _gone(self) -> None:
         """The worker's process has exited: said to whoever waits, and what escaped its
-        group when it was stopped or killed goes too (by pid: the process object knows its
-        start time, so a reused pid is never signalled)."""
+        group goes too (by pid: the process object knows its start time, so a reused pid is
+        never signalled): what was read when it was stopped or killed, else (it crashed, its
+        tree gone with it) what carries its mark."""
         self._exited.set()
+        if not self._noted and self.pid is not None and \
+                start_ticks(self.pid) in (None, self._since):  # (not a reused pid's tree)
+            self._note_escaped()
         escaped, self._escaped = self._escaped, {}
         for proc in escaped.values():
             with contextlib.suppress(psutil.Error):

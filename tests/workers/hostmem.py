@@ -5,7 +5,8 @@
   HOSTMEM_LOAD_S          seconds initialize waits once the weights are touched (default 0)
   HOSTMEM_STEP_S          seconds a request holds its activation (default 0.3)
   HOSTMEM_ORPHAN_MIB      with it, initialize starts a child in its own session that holds
-                          this much and outlives the worker (until HOSTMEM_ORPHAN_S, 30 s)
+                          this much and outlives the worker (until HOSTMEM_ORPHAN_S, 30 s):
+                          without the worker's mark, so a crash does not take it with it
 
 Unloading frees the weights.  A request's JSON may set ``step_s``, or ``exit`` (the worker
 exits at once, as a crash: its child is left behind).  The reply is the worker's pid.
@@ -20,6 +21,7 @@ import sys
 import time
 
 import worker_sdk
+from supervisor.workers.lifeline import WORKER_MARK
 
 MIB = 1024 * 1024
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -50,8 +52,9 @@ def touched(mib: int) -> bytearray:
 def load() -> None:
     held.append(touched(WEIGHTS))
     if ORPHAN:
+        env = {k: v for k, v in os.environ.items() if k != WORKER_MARK}
         child = subprocess.Popen([sys.executable, "-c", HOLD, str(ORPHAN), str(ORPHAN_S)],
-                                 stdout=subprocess.PIPE, start_new_session=True)
+                                 stdout=subprocess.PIPE, start_new_session=True, env=env)
         assert child.stdout is not None
         child.stdout.readline()  # it holds its memory now
     time.sleep(LOAD_S)
