@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from .backends.schema import HOST_GPU, BackendSpec, VramSpec
 from .ledger import Book, Declared, Device, Holder, Learned, Reserve, book, figures, reserve_on
@@ -130,6 +131,27 @@ def placed(info: BackendInfo, host_gpus: Sequence[int]) -> BackendInfo:
         return info
     return replace(info, allowed_gpus=tuple(
         dict.fromkeys(g for a in allowed for g in (host_gpus if a == HOST_GPU else (a,)))))
+
+
+class _Admitted(Protocol):
+    """A job admitted to a worker that still loads, as ``loading_facts`` reads it."""
+
+    @property
+    def priority(self) -> int: ...
+    @property
+    def submitted_at(self) -> float: ...
+    @property
+    def blocked_since(self) -> float | None: ...
+
+
+def loading_facts(jobs: Sequence[_Admitted]) -> tuple[int | None, float | None]:
+    """``WorkerFacts.loading_for`` and ``loading_since`` of a worker loading for ``jobs``
+    (none begun): their highest priority, and when the first of them was first found blocked
+    (else submitted); (None, None) for none."""
+    if not jobs:
+        return None, None
+    return (max(j.priority for j in jobs),
+            min(j.submitted_at if j.blocked_since is None else j.blocked_since for j in jobs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .admission import WorkerFacts, decide_inputs, reload_cost_s, wake_cost_s
+from .admission import WorkerFacts, decide_inputs, loading_facts, reload_cost_s, wake_cost_s
 from .ledger import Device
 from .scheduler.expect import Learner
 from .scheduler.model import BackendInfo, Plan, QueuedJob, SchedulerConfig, Snapshot
@@ -140,21 +140,14 @@ class _Worker:
             return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
                                state="asleep", observed_mib=mem, idle_since=self.idle_since,
                                sleep_mib=b.residual_mib, falling=self.state == "falling")
-        loading_for, loading_since = _loading(admitted if self.state == "starting" else ())
+        loading_for, loading_since = loading_facts(admitted if self.state == "starting"
+                                                   else ())
         state = "starting" if self.state == "waking" else self.state
         return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
                            jobs=jobs, observed_mib=mem if self.state != "starting" else None,
                            idle_since=self.idle_since,
                            can_sleep=b.wake_s is not None and self.state == "ready",
                            loading_for=loading_for, loading_since=loading_since)
-
-
-def _loading(admitted: Sequence[QueuedJob]) -> tuple[int | None, float | None]:
-    """``WorkerFacts.loading_for`` and ``loading_since`` of a worker loading for ``admitted``."""
-    if not admitted:
-        return None, None
-    return (max(q.priority for q in admitted),
-            min(q.submitted_at if q.blocked_since is None else q.blocked_since for q in admitted))
 
 
 class _Sim:
@@ -186,7 +179,6 @@ class _Sim:
         self.done: set[str] = set()
         self.last_end = 0.0
         self.admitted: dict[str, QueuedJob] = {}  # each started job as it was queued
-        self.n_requeued = 0  # loads given up, their jobs requeued
 
     def push(self, t: float, kind: str, what: str) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, what))
@@ -281,7 +273,6 @@ class _Sim:
         self.queue.sort(key=queue_sort_key)
         w.pending.clear()
         w.state = "stopping"
-        self.n_requeued += 1
         self.push(now + self.backends[w.backend].stop_s, "gone", w.name)
 
     def wake(self, w: _Worker, now: float) -> None:

@@ -130,11 +130,9 @@ class Planner:
             return None, None
         jobs = [j for job_id in rt.admitted if (j := self.job(job_id)) is not None
                 and j.state is JobState.STARTING]
-        if not jobs or len(jobs) != len(rt.admitted):
+        if len(jobs) != len(rt.admitted):
             return None, None
-        return (max(j.priority for j in jobs),
-                min(j.submitted_at if j.blocked_since is None else j.blocked_since
-                    for j in jobs))
+        return admission.loading_facts(jobs)
 
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None, loading_for: int | None = None,
