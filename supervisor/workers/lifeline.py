@@ -252,14 +252,7 @@ def marked(mark: bytes, since: int | None) -> list[int]:
         stat = _stat(int(entry))
         if stat is None or stat[0] in ("Z", "X", "x") or (since is not None and stat[3] < since):
             continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if mark in environ.split(b"\0"):
+        if _ours_with(int(entry), uid, mark):
             found.append(int(entry))
     return found
 
@@ -308,6 +301,7 @@ def strays(roots: Collection[int], mark: bytes | None, since: int) -> list[int]:
 
 
 def _ours_with(pid: int, uid: int, mark: bytes) -> bool:
+    """``pid`` is of ``uid`` and its environment holds ``mark`` (``NAME=value``)."""
     try:
         if os.stat(f"/proc/{pid}").st_uid != uid:
             return False
