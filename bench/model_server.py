@@ -20,7 +20,7 @@ run, side by side:
   directly.
 
 Beside them, the floor: ``bench/proxy_floor.py``, the least a Python proxy costs (aiohttp on
-uvloop and h11, as the engine's door uses, with no admission, job or check). What the floor
+uvloop and httptools, as the engine's door uses, with no admission, job or check). What the floor
 adds to a direct call is the hop itself on this machine; what the engine adds beyond the
 floor (``over floor``) is the cost of being an engine: a job, admission, events, the
 door's checks. On a busy or slow machine the hop alone can take most of a goal.

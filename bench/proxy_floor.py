@@ -2,11 +2,12 @@
 
 ``bench/model_server.py`` runs this beside the engine: an aiohttp server on uvloop that
 passes ``POST /v1/chat/completions`` to one upstream server over a kept-alive connection
-with h11 (the libraries the engine's HTTP door and its forwarding use), and the answer
-back, streamed chunk by chunk when it is an event stream. No admission, no job, no check:
-what it adds to a direct call is the hop itself on this machine (two more socket writes
-and wake-ups, aiohttp's request handling, h11's parsing), and what the engine adds beyond
-it is the cost of everything else. Not a product: a bench's reference; never run by tests.
+with httptools (the libraries the engine's HTTP door and its forwarding use), and the
+answer back, streamed chunk by chunk when it is an event stream. No admission, no job, no
+check: what it adds to a direct call is the hop itself on this machine (two more socket
+writes and wake-ups, aiohttp's request handling, httptools' parsing), and what the engine
+adds beyond it is the cost of everything else. Not a product: a bench's reference; never
+run by tests.
 
     python bench/proxy_floor.py UPSTREAM_PORT LISTEN_PORT
 """
@@ -23,7 +24,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 
 import asyncio
 
-import h11
+import httptools
 from aiohttp import web
 
 try:
@@ -31,27 +32,40 @@ try:
 except ImportError:  # (the engine falls back to asyncio's loop too)
     uvloop = None
 
+_END = object()
+
 
 class _Upstream(asyncio.Protocol):
-    """One connection to the server; the events of the answer under way go to ``events``."""
+    """One connection to the server; the answer under way goes to ``events``: its head
+    (status, content type), then each piece of its body, then ``_END`` (None: the connection
+    closed first)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.parser = h11.Connection(h11.CLIENT)
         self.events: asyncio.Queue[object] = asyncio.Queue()
+        self.parser = httptools.HttpResponseParser(self)
+        self.kind = b"application/json"
+        self.keep = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.parser.receive_data(data)
-        while True:
-            event = self.parser.next_event()
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                return
-            self.events.put_nowait(event)
-            if type(event) is h11.EndOfMessage:
-                return
+        self.parser.feed_data(data)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-type":
+            self.kind = value
+
+    def on_headers_complete(self) -> None:
+        self.events.put_nowait((self.parser.get_status_code(), self.kind.decode()))
+
+    def on_body(self, body: bytes) -> None:
+        self.events.put_nowait(bytes(body))
+
+    def on_message_complete(self) -> None:
+        self.keep = self.parser.should_keep_alive()
+        self.events.put_nowait(_END)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.events.put_nowait(None)
@@ -75,40 +89,35 @@ class Floor:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         conn = await self._connection()
-        head = h11.Request(method="POST", target=request.path, headers=[
-            ("Host", f"127.0.0.1:{self.port}"), ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body)))])
         assert conn.transport is not None
-        conn.transport.write(conn.parser.send(head) + conn.parser.send(h11.Data(data=body))
-                             + conn.parser.send(h11.EndOfMessage()))
+        conn.transport.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: "
+                             b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+                                 request.path.encode(), self.port, len(body), body))
         answer = await conn.events.get()
-        if not isinstance(answer, h11.Response):
+        if not isinstance(answer, tuple):
             raise web.HTTPBadGateway()
-        kind = dict(answer.headers).get(b"content-type", b"application/json").decode()
+        status, kind = answer
         if "event-stream" not in kind:
             parts = []
-            while (event := await conn.events.get()) is not None \
-                    and type(event) is not h11.EndOfMessage:
-                parts.append(bytes(event.data))  # type: ignore[attr-defined]
-            self._done(conn)
-            return web.Response(status=answer.status_code, body=b"".join(parts),
+            while isinstance(event := await conn.events.get(), bytes):
+                parts.append(event)
+            self._done(conn, event is _END)
+            return web.Response(status=status, body=b"".join(parts),
                                 content_type=kind.split(";")[0])
-        response = web.StreamResponse(status=answer.status_code,
-                                      headers={"Content-Type": kind})
+        response = web.StreamResponse(status=status, headers={"Content-Type": kind})
         await response.prepare(request)
-        while (event := await conn.events.get()) is not None \
-                and type(event) is not h11.EndOfMessage:
-            await response.write(bytes(event.data))  # type: ignore[attr-defined]
-        self._done(conn)
+        while isinstance(event := await conn.events.get(), bytes):
+            await response.write(event)
+        self._done(conn, event is _END)
         await response.write_eof()
         return response
 
-    def _done(self, conn: _Upstream) -> None:
+    def _done(self, conn: _Upstream, whole: bool) -> None:
         """Kept for the next request when both sides can go on; else closed, and another
         opened for the next request (as the engine does for a server that closes after each
         stream, llama-server: the next request does not wait for a connect)."""
-        if conn.parser.our_state is h11.DONE and conn.parser.their_state is h11.DONE:
-            conn.parser.start_next_cycle()
+        if whole and conn.keep:
+            conn.parser = httptools.HttpResponseParser(conn)
             conn.events = asyncio.Queue()
             self.idle.append(conn)
             return

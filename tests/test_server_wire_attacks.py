@@ -26,8 +26,9 @@ ERROR, HANG = "error", "hang"
 # (name, method, answer, outcome): outcome is ERROR, or (status, body, connection reused)
 CASES: list[tuple[str, str, bytes, object]] = [
     # smuggling and desync on a kept-alive connection
+    # (RFC 9112 §6.3: both "ought to be handled as an error")
     ("te-and-cl", "POST", OK + b"Transfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n"
-     b"2\r\nok\r\n0\r\n\r\n", (200, b"ok", False)),
+     b"2\r\nok\r\n0\r\n\r\n", ERROR),
     ("conflicting-cl", "POST", OK + b"Content-Length: 2\r\nContent-Length: 42\r\n\r\nok"
      + FORGED, ERROR),
     ("cl-list-conflict", "POST", OK + b"Content-Length: 2, 42\r\n\r\nok" + FORGED, ERROR),
@@ -45,8 +46,7 @@ CASES: list[tuple[str, str, bytes, object]] = [
      ERROR),
     ("chunk-size-superscript", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n\xb2\r\nok\r\n"
      b"0\r\n\r\n", ERROR),
-    # (h11 takes up to 20 hex digits: a 2**72-byte chunk is body until the sink's bound or
-    # the close; its connection can never serve another answer)
+    # (a chunk size past 64 bits: broken, never read as a smaller one)
     ("chunk-size-overflow", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n"
      b"ffffffffffffffffff\r\nok\r\n0\r\n\r\n", ERROR),
     ("chunk-extension", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n2;a=b;c=\"d\"\r\nok\r\n"
@@ -58,9 +58,10 @@ CASES: list[tuple[str, str, bytes, object]] = [
     ("bytes-after-chunked", "POST", OK + b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n"
      b"0\r\n\r\n" + FORGED, (200, b"ok", False)),
     # heads
-    ("bare-lf-head", "POST", b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", (200, b"ok", True)),
-    ("obs-fold", "POST", OK + b"X-A: a\r\n b\r\nContent-Length: 2\r\n\r\nok",
-     (200, b"ok", True)),
+    # (llhttp is strict: a bare LF, or a header folded over two lines (RFC 9112 §5.2: obsolete),
+    # is read as the broken answer it is, not guessed at)
+    ("bare-lf-head", "POST", b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", ERROR),
+    ("obs-fold", "POST", OK + b"X-A: a\r\n b\r\nContent-Length: 2\r\n\r\nok", ERROR),
     ("obs-fold-length", "POST", OK + b"Content-Length: 2\r\n 0\r\n\r\nok", ERROR),
     ("header-name-space", "POST", OK + b"Content Length: 2\r\n\r\nok", ERROR),
     ("header-name-space-before-colon", "POST", OK + b"Content-Length : 2\r\n\r\nok", ERROR),

@@ -5,14 +5,16 @@ the request is written in one ``send`` (head and body together) on a kept-alive 
 when one is idle, else on a new one; its answer is parsed as it arrives and handed to a
 :class:`Sink` from the connection's own ``data_received``, so a chunk the server writes is
 with the engine's observer in the same turn of the loop, not one task switch later. The
-HTTP/1.1 itself (writing the request; reading the answer's status, headers, framing and
-keep-alive) is h11's, a sans-I/O parser fed here from ``data_received``: it is strict where
-a hand-written parser is lenient (chunk sizes, conflicting lengths, header syntax), and a
-broken answer ends its exchange with a one-line :class:`WireError` and its connection. A
-connection is kept for the next request when its answer was framed (a length, or chunked),
-read whole with nothing after it, and neither side said ``Connection: close``; an answer
-with both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling attempt) is read as
-chunked and its connection closed. A server that closes each
+request is written here (its method, target and headers checked against HTTP/1.1's
+syntax first); the answer is read by httptools (llhttp, Node's HTTP/1.1 parser, in C: a
+few microseconds an answer where h11, pure Python, took some sixty, on the path of every
+request). It is strict where a hand-written parser is lenient (chunk sizes, conflicting
+lengths, header syntax, bare LF, folded headers), and a broken answer ends its exchange with
+a one-line :class:`WireError` and its connection. A connection is kept for the next request
+when its answer was framed (a length, or chunked), read whole with nothing after it, and
+neither side said ``Connection: close``; an answer with both ``Transfer-Encoding`` and
+``Content-Length`` (a smuggling attempt), or any transfer coding but ``chunked`` alone, is
+broken. A server that closes each
 connection after a streamed answer (llama-server does) gets a spare connection opened once
 that answer ends, so the next request does not wait for a connect; an idle spare the server
 closes is not replaced. A kept-alive connection that the server closed just as it was
@@ -27,21 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import ssl
 from collections.abc import Mapping
 from typing import Protocol, cast
 
-import h11
+import httptools
 from yarl import URL
 
 from .request import target_url
 
 MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers
-MAX_HEADERS = 256  # headers of an answer (h11 bounds a head's bytes only while it is unfinished)
+MAX_HEADERS = 256  # headers of an answer (and as many trailers)
 CONNECT_TIMEOUT_S = 10.0
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")  # a method or a header's name
+_TARGET = re.compile(r"[^\x00-\x20\x7f]+")  # no space, no control
+_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[ \t]*[\x21-\x7e\x80-\xff])*)?")
 
 
 class WireError(ConnectionError):
@@ -58,115 +64,193 @@ class Sink(Protocol):
         ...
 
 
+class RequestHead:
+    """One request's head as it goes on the wire: its request line and header lines."""
+
+    __slots__ = ("method", "lines")
+
+    def __init__(self, method: str, lines: bytes) -> None:
+        self.method = method
+        self.lines = lines  # the request line and the header lines, ending with the blank one
+
+
 def request_event(method: str, target: str, authority: str, headers: Mapping[str, str],
-                  body: bytes) -> h11.Request:
-    """One request's head, checked by h11 (``Host`` first, our framing: ``Content-Length``
-    when it has a body or its method may take one). Raises ``h11.LocalProtocolError`` for a
-    target or header HTTP/1.1 cannot carry."""
-    fields: list[tuple[str, str | bytes]] = [("Host", authority)]
+                  body: bytes) -> RequestHead:
+    """One request's head, checked (``Host`` first, our framing: ``Content-Length`` when it
+    has a body or its method may take one). Raises ``ValueError`` for a method, target or
+    header HTTP/1.1 cannot carry (RFC 9110's token and field-value syntax)."""
+    if not _TOKEN.fullmatch(method):
+        raise ValueError(f"{method[:40]!r} is not an HTTP method")
+    if not _TARGET.fullmatch(target):
+        raise ValueError(f"{target[:80]!r} is not a request target")
+    fields: list[tuple[str, bytes]] = [("Host", authority.encode("ascii"))]
     given = {k.lower() for k in headers}
-    # A value is sent as the bytes the client wrote: the door read them as UTF-8 (h11 would
-    # take only ASCII from a str).
-    fields += [(k, v if v.isascii() else v.encode("utf-8", "surrogateescape"))
+    # A value is sent as the bytes the client wrote (the door read them as UTF-8).
+    fields += [(k, v.encode("utf-8", "surrogateescape"))
                for k, v in headers.items()
                if k.lower() not in ("host", "content-length", "transfer-encoding")]
     if "accept" not in given:
-        fields.append(("Accept", "*/*"))
+        fields.append(("Accept", b"*/*"))
     if body or method not in _NO_BODY_METHODS:
-        fields.append(("Content-Length", str(len(body))))
-    return h11.Request(method=method, target=target, headers=fields)
+        fields.append(("Content-Length", str(len(body)).encode()))
+    lines = [f"{method} {target} HTTP/1.1\r\n".encode("ascii")]
+    for name, value in fields:
+        value = value.strip(b" \t")
+        if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
+            raise ValueError(f"the header {name[:40]!r} cannot be carried by HTTP/1.1")
+        lines.append(b"%s: %s\r\n" % (name.encode("ascii"), value))
+    lines.append(b"\r\n")
+    return RequestHead(method, b"".join(lines))
 
 
-def request_bytes(event: h11.Request, body: bytes) -> bytes:
-    """The request as it goes on the wire, head and body: what h11 writes for ``event``
-    (checked when it was made) and ``body`` (its length the head's), byte for byte."""
-    items = event.headers.raw_items()
-    lines = [b"%s %s HTTP/1.1\r\n" % (event.method, event.target)]
-    lines += [b"%s: %s\r\n" % (name, value) for name, value in items if name.lower() == b"host"]
-    lines += [b"%s: %s\r\n" % (name, value) for name, value in items if name.lower() != b"host"]
-    lines += [b"\r\n", body]
-    return b"".join(lines)
+def request_bytes(head: RequestHead, body: bytes) -> bytes:
+    """The request as it goes on the wire, head and body (its length the head's)."""
+    return head.lines + body
 
 
-def sent(parser: h11.Connection, event: h11.Request, body: bytes) -> None:
-    """Tell the exchange's HTTP/1.1 state that the request went (it then expects the answer
-    to it): once it is written, so h11's bookkeeping is not between the request and the
-    server."""
-    parser.send(event)
-    if body:
-        parser.send(h11.Data(data=body))
-    parser.send(h11.EndOfMessage())
+class _Stop(Exception):  # noqa: N818 - not an error: the sink said stop
+    """Raised from the parser's body callback when the sink says stop."""
 
 
 class _Answer:
-    """One exchange's answer: the bytes go into its h11 parser, its events to the sink."""
+    """One exchange's answer: the bytes go into its parser (httptools: llhttp, Node's
+    strict HTTP/1.1 parser, in C), its events to the sink."""
 
-    __slots__ = ("sink", "parser", "headed", "done", "keep", "got_any")
+    __slots__ = ("sink", "parser", "head_only", "headed", "done", "keep", "got_any",
+                 "headers", "interim", "until_close", "quiet", "error", "after")
 
-    def __init__(self, sink: Sink, parser: h11.Connection) -> None:
+    def __init__(self, sink: Sink, method: str) -> None:
         self.sink = sink
-        self.parser = parser
+        self.parser = httptools.HttpResponseParser(self)
+        self.head_only = method == "HEAD"  # its answer has a head alone (RFC 9110 §9.3.2)
         self.headed = False  # its final head came
         self.done = False
         self.keep = True  # the connection may serve the next request once this ends
         self.got_any = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.interim = False  # the head being read is a 1xx's
+        self.until_close = False  # its body ends with the connection
+        self.quiet = 0  # bytes taken since the parser last said something (a head, a chunk)
+        self.error: WireError | None = None  # raised in a callback, said by feed
+        self.after = False  # something came after the answer
 
     def feed(self, data: bytes) -> bool:
         """Take bytes (b"": the connection ended); False when the sink said stop. Raises
         :class:`WireError`."""
-        self.got_any = self.got_any or bool(data)
-        parser = self.parser
-        parser.receive_data(data)
-        while True:
-            try:
-                event = parser.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise self._broken(exc) from None
-            kind = type(event)
-            if kind is h11.Data:
-                if not self.sink.data(bytes(event.data)):  # type: ignore[union-attr]
-                    return False
-            elif kind is h11.Response:
-                self._head(event)  # type: ignore[arg-type]
-            elif kind is h11.InformationalResponse:
-                if event.status_code == 101:  # type: ignore[union-attr]
-                    raise WireError("it switched protocols (101) on a plain request")
-            elif kind is h11.EndOfMessage:
-                self.done = True
-                trailing, _closed = parser.trailing_data
-                # kept only when both sides can go on and nothing came after the answer
-                self.keep = self.keep and not trailing and parser.our_state is h11.DONE \
-                    and parser.their_state is h11.DONE
+        if not data:
+            if self.headed and self.until_close and not self.done:
+                self.done, self.keep = True, False
+            return True
+        self.got_any = True
+        if self.done:  # bytes after the answer: the connection serves no other
+            self.keep = False
+            return True
+        self.quiet += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            # (what a callback raised comes back wrapped: the sink's stop, our WireError,
+            # or a fault of ours, raised as it was)
+            if isinstance(exc.__context__, _Stop):
+                return False
+            if self.error is not None:
+                raise self.error from None
+            raise exc.__context__ or exc from None
+        except httptools.HttpParserUpgrade:
+            raise WireError("it switched protocols (101) on a plain request") from None
+        except httptools.HttpParserError as exc:
+            if self.done:  # after the answer: the next one's, or garbage
+                self.keep = False
                 return True
-            elif kind is h11.ConnectionClosed:
-                raise WireError("the server closed the connection before its answer ended")
-            else:  # NEED_DATA (PAUSED comes only after the end)
-                return True
-
-    def _broken(self, exc: h11.RemoteProtocolError) -> WireError:
-        said = str(exc)[:100]  # (h11 quotes the offending bytes with repr: one line)
-        if "peer closed" in said:
-            return WireError("the server closed the connection before its answer ended")
-        if "buffer too long" in said.lower():
+            raise self._broken(exc) from None
+        if not self.done and self.quiet > MAX_HEAD:
             part = "head" if not self.headed else "chunk-size or trailer line"
-            return WireError(f"its answer's {part} passed {MAX_HEAD} bytes")
+            raise WireError(f"its answer's {part} passed {MAX_HEAD} bytes")
+        return True
+
+    def _fail(self, error: WireError) -> None:
+        self.error = error
+        raise error
+
+    def _broken(self, exc: Exception) -> WireError:
+        said = str(exc)[:100]
+        if not self.headed and "header" in said.lower():
+            return WireError(f"its answer's head has a header HTTP/1.1 cannot carry ({said})")
         if not self.headed:
             return WireError(f"not an HTTP/1.x answer ({said})")
         return WireError(f"its answer's body broke HTTP/1.1 framing ({said})")
 
-    def _head(self, event: h11.Response) -> None:
-        if len(event.headers) > MAX_HEADERS:
-            raise WireError(f"its answer has more than {MAX_HEADERS} headers")
-        names = {name for name, _value in event.headers}
-        if event.status_code == 204 and (b"transfer-encoding" in names or any(
-                n == b"content-length" and v != b"0" for n, v in event.headers)):
+    # -- the parser's callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.done:
+            self.after = True
+            self.keep = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.done:
+            return
+        self.headers.append((name, value))
+        if len(self.headers) > MAX_HEADERS:
+            self._fail(WireError(f"its answer has more than {MAX_HEADERS} headers"))
+
+    def on_headers_complete(self) -> None:
+        if self.done:
+            return
+        self.quiet = 0
+        status = self.parser.get_status_code()
+        headers, self.headers = self.headers, []
+        if not 100 <= status <= 999:
+            self._fail(WireError(f"not an HTTP/1.x answer (status {status})"))
+        if status < 200:
+            if status == 101:
+                self._fail(WireError("it switched protocols (101) on a plain request"))
+            self.interim = True  # (its end is not the answer's)
+            return
+        self.interim = False
+        self._head(status, headers)
+
+    def on_body(self, body: bytes) -> None:
+        if self.done or self.interim:
+            return
+        self.quiet = 0
+        if not self.sink.data(bytes(body)):
+            raise _Stop
+
+    def on_chunk_header(self) -> None:
+        self.quiet = 0
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        if self.done:
+            return
+        self.done = True
+        self.keep = self.keep and not self.after and self.parser.should_keep_alive()
+
+    def _head(self, status: int, raw: list[tuple[bytes, bytes]]) -> None:
+        names = [name.lower() for name, _value in raw]
+        values = [value.strip(b" \t") for _name, value in raw]
+        encodings = [v.lower() for n, v in zip(names, values, strict=True)
+                     if n == b"transfer-encoding"]
+        if encodings and encodings != [b"chunked"]:
+            self._fail(WireError("its answer's Transfer-Encoding is not chunked alone"))
+        if status == 204 and (encodings or any(
+                n == b"content-length" and v != b"0" for n, v in zip(names, values,
+                                                                       strict=True))):
             # (RFC 9110 §8.6: never; its "body" would be read as the next answer)
-            raise WireError("it answered 204 (no content) with a body")
+            self._fail(WireError("it answered 204 (no content) with a body"))
+        if sum(len(n) + len(v) + 4 for n, v in raw) > MAX_HEAD:
+            self._fail(WireError(f"its answer's head passed {MAX_HEAD} bytes"))
         self.headed = True
-        if b"transfer-encoding" in names and b"content-length" in names:
-            self.keep = False  # (RFC 9112 §6.1: a smuggling attempt; chunked wins, then close)
-        self.sink.head(event.status_code, [(n.decode("latin-1"), _text(v))
-                                           for n, v in event.headers.raw_items()])
+        # (an HTTP/1.0 answer's keep-alive is an old convention: its connection is not reused)
+        self.keep = self.parser.should_keep_alive() and self.parser.get_http_version() == "1.1"
+        self.until_close = not (self.head_only or status in (204, 304) or encodings
+                                or b"content-length" in names)
+        self.sink.head(status, [(n.decode("latin-1"), _text(v))
+                                for (n, _raw), v in zip(raw, values, strict=True)])
+        if self.head_only:  # (a length it gives is the GET's; no body follows)
+            self.done, self.keep = True, False
 
 
 def _text(value: bytes) -> str:
@@ -285,9 +369,9 @@ class Exchange:
     else once one is open (:meth:`Link.complete`)."""
 
     __slots__ = ("head", "body", "answer", "reuse", "conn", "done", "reused", "running",
-                 "cancelled", "error", "told")
+                 "cancelled", "error")
 
-    def __init__(self, head: h11.Request | None, body: bytes, answer: _Answer,
+    def __init__(self, head: RequestHead | None, body: bytes, answer: _Answer,
                  reuse: bool) -> None:
         self.head = head  # None: it could not be written (``error`` says why)
         self.body = body
@@ -299,15 +383,11 @@ class Exchange:
         self.running = False  # complete() has begun
         self.cancelled = False
         self.error: WireError | None = None  # it could not even be written
-        self.told = False  # its answer's parser knows the request went
 
     def write(self, conn: _Connection, reused: bool) -> None:
         assert self.head is not None
         self.conn, self.reused = conn, reused
         self.done = conn.start(request_bytes(self.head, self.body), self.answer, self.reuse)
-        if not self.told:  # (a second try, on a new connection: its answer expects it already)
-            self.told = True
-            sent(self.answer.parser, self.head, self.body)
 
     def cancel(self) -> None:
         """Give it up: its connection closes (the server sees its client go)."""
@@ -350,13 +430,12 @@ class Link:
               sink: Sink, *, reuse: bool = True) -> Exchange:
         """The request, written now if a connection is idle (``reuse``: its connection may
         serve the next request; a server that closes after such an answer gets a spare)."""
-        parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
-        answer = _Answer(sink, parser)
+        answer = _Answer(sink, method)
         try:
             # A valid request target goes exactly as written; anything else is quoted.
             target = target_url(self.url, path).raw_path_qs
             head = request_event(method, target, self.authority, headers, body)
-        except (ValueError, UnicodeError, h11.LocalProtocolError) as exc:
+        except (ValueError, UnicodeError) as exc:
             ex = Exchange(None, b"", answer, False)  # never raised here: complete() says it
             ex.error = WireError(f"the request cannot be written: {exc}")
             return ex
