@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 
 import pytest
 from test_server_wire import Scripted, Sink, run
 
-from supervisor.servers.wire import MAX_HEAD, Link, WireError
+from supervisor.servers.wire import MAX_HEAD, MAX_INTERIM, Link, WireError
 
 OK = b"HTTP/1.1 200 OK\r\n"
 SECOND = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond"
@@ -69,6 +71,11 @@ CASES: list[tuple[str, str, bytes, object]] = [
     ("header-value-nul", "POST", OK + b"Content-Length: 2\r\nX: a\x00b\r\n\r\nok", ERROR),
     ("early-hints-then-answer", "POST", b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
      b"HTTP/1.1 100 Continue\r\n\r\n" + OK + b"Content-Length: 2\r\n\r\nok", (200, b"ok", True)),
+    ("endless-interims", "POST", b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_INTERIM + 1)
+     + OK + b"Content-Length: 2\r\n\r\nok", ERROR),
+    # (a 101 after the whole answer is bytes after it like any other: the answer stands)
+    ("answer-then-101", "POST", OK + b"Content-Length: 2\r\n\r\nok"
+     b"HTTP/1.1 101 SP\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", (200, b"ok", False)),
     ("switching-protocols", "POST", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"
      + FORGED, ERROR),
     ("status-superscript", "POST", b"HTTP/1.1 \xb2\xb2\xb2 OK\r\nContent-Length: 2\r\n\r\nok",
@@ -167,6 +174,102 @@ def test_bytes_on_an_idle_connection_drop_it_before_the_next_job_can_read_them()
             second = Sink()
             await link.complete(link.begin("POST", "/b", {}, b"{}", second))
             assert second.body == b"second" and srv.connections >= 2  # (a spare, maybe)
+            link.close()
+
+    srv: Scripted
+    run(main())
+
+
+def test_a_connection_the_server_closed_before_the_request_was_written_fails_at_once() -> None:
+    """A server that accepts and closes at once (at its connection limit, shutting down):
+    when the close is read before the request is written, the request fails with a one-line
+    error, never written on a dead transport and waited for forever (asyncio drops the write;
+    uvloop raises)."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        return  # (closed at once)
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            opened = Link._open
+
+            async def open_then_lose(self: Link):  # noqa: ANN202 - the close is read first
+                conn = await opened(self)
+                for _ in range(500):
+                    if conn.lost:
+                        break
+                    await asyncio.sleep(0.01)
+                assert conn.lost
+                return conn
+
+            link._open = open_then_lose.__get__(link)  # type: ignore[method-assign]
+            with pytest.raises(WireError, match="closed the connection before answering"):
+                await asyncio.wait_for(
+                    link.complete(link.begin("POST", "/a", {}, b"{}", Sink())), 3)
+            link.close()
+
+    srv: Scripted
+    run(main())
+
+
+def test_a_sinks_own_fault_is_raised_by_complete_not_blamed_on_the_server(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An exception of ours in a sink is a bug of ours: ``complete`` raises it as it was
+    (so the engine says so), the loop logs no "fatal error", and the server is not said to
+    have closed the connection."""
+
+    class Faulty(Sink):
+        def data(self, data: bytes) -> bool:
+            raise RuntimeError("a sink's own fault")
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        while await srv.read_request(reader) is not None:
+            writer.write(SECOND)
+            await writer.drain()
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            with pytest.raises(RuntimeError, match="a sink's own fault"):
+                await asyncio.wait_for(
+                    link.complete(link.begin("POST", "/a", {}, b"{}", Faulty())), 3)
+            second = Sink()
+            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", second)), 3)
+            assert second.body == b"second" and srv.connections == 2
+            link.close()
+
+    srv: Scripted
+    with caplog.at_level(logging.ERROR):
+        run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "the loop logged it"
+
+
+def test_an_answer_that_ends_with_its_connection_cut_by_a_reset_is_broken_not_whole() -> None:
+    """An answer with no length ends when its connection ends: with a FIN it is whole; with
+    a reset (RST) it was cut (and the kernel may have dropped what had come), never a whole
+    answer."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        await srv.read_request(reader)
+        writer.write(OK + b"Connection: close\r\n\r\npartial")
+        await writer.drain()
+        if i == 0:  # the first is reset, the second closed
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            with pytest.raises(WireError, match="broke before its answer ended"):
+                await asyncio.wait_for(
+                    link.complete(link.begin("POST", "/a", {}, b"{}", Sink())), 3)
+            whole = Sink()
+            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", whole)), 3)
+            assert (whole.status, whole.body) == (200, b"partial")
             link.close()
 
     srv: Scripted

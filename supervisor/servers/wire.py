@@ -42,6 +42,7 @@ from .request import target_url
 
 MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers
 MAX_HEADERS = 256  # headers of an answer (and as many trailers)
+MAX_INTERIM = 32  # interim (1xx) answers before the final one
 CONNECT_TIMEOUT_S = 10.0
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
@@ -117,7 +118,7 @@ class _Answer:
     strict HTTP/1.1 parser, in C), its events to the sink."""
 
     __slots__ = ("sink", "parser", "head_only", "headed", "done", "keep", "got_any",
-                 "headers", "interim", "until_close", "quiet", "error", "after")
+                 "headers", "interim", "interims", "until_close", "quiet", "error", "after")
 
     def __init__(self, sink: Sink, method: str) -> None:
         self.sink = sink
@@ -129,6 +130,7 @@ class _Answer:
         self.got_any = False
         self.headers: list[tuple[bytes, bytes]] = []
         self.interim = False  # the head being read is a 1xx's
+        self.interims = 0  # 1xx answers so far (each resets ``quiet``: bounded here)
         self.until_close = False  # its body ends with the connection
         self.quiet = 0  # bytes taken since the parser last said something (a head, a chunk)
         self.error: WireError | None = None  # raised in a callback, said by feed
@@ -157,6 +159,9 @@ class _Answer:
                 raise self.error from None
             raise exc.__context__ or exc from None
         except httptools.HttpParserUpgrade:
+            if self.done:  # (a 101 after the answer: bytes after it, like any other)
+                self.keep = False
+                return True
             raise WireError("it switched protocols (101) on a plain request") from None
         except httptools.HttpParserError as exc:
             if self.done:  # after the answer: the next one's, or garbage
@@ -205,6 +210,9 @@ class _Answer:
             if status == 101:
                 self._fail(WireError("it switched protocols (101) on a plain request"))
             self.interim = True  # (its end is not the answer's)
+            self.interims += 1
+            if self.interims > MAX_INTERIM:
+                self._fail(WireError(f"it sent more than {MAX_INTERIM} interim (1xx) answers"))
             return
         self.interim = False
         self._head(status, headers)
@@ -292,9 +300,15 @@ class _Connection(asyncio.Protocol):
 
     def start(self, payload: bytes, answer: _Answer, reuse: bool) -> asyncio.Future[None]:
         assert self.transport is not None and self.answer is None
+        done = asyncio.get_running_loop().create_future()
+        if self.lost or self.transport.is_closing():
+            # (it went between its opening and now: nothing was written, nothing will come;
+            # writing on it would be dropped (asyncio) or raise (uvloop))
+            done.set_exception(_Unanswered("the server closed the connection before answering"))
+            return done
         self.answer = answer
         self.reuse = reuse
-        self.done = asyncio.get_running_loop().create_future()
+        self.done = done
         self.transport.write(payload)
         self._quickack()  # (a write makes Linux delay its next ACK again: undone)
         return self.done
@@ -307,9 +321,9 @@ class _Connection(asyncio.Protocol):
             return
         try:
             go_on = answer.feed(data)
-        except WireError as exc:
-            self._end(exc)
-            self.abort()
+        except Exception as exc:  # noqa: BLE001 - WireError, or a fault of ours (a sink's):
+            self._end(exc)  # complete() raises it (never the loop's "fatal error" and a
+            self.abort()  # misleading "the server closed the connection")
             return
         if not go_on:
             self._end(None)
@@ -336,6 +350,10 @@ class _Connection(asyncio.Protocol):
             self._end(_Unanswered("the server closed the connection before answering"))
             return
         try:
+            if exc is not None and answer.until_close and not answer.done:
+                # (a reset is no end: the answer was cut, and the kernel may have dropped
+                # bytes of it that had come)
+                raise WireError(f"the connection broke before its answer ended ({exc})")
             answer.feed(b"")  # an answer delimited by the connection's end ends here
             if not answer.done:
                 raise WireError("the server closed the connection before its answer ended")
