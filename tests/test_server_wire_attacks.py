@@ -274,3 +274,34 @@ def test_an_answer_that_ends_with_its_connection_cut_by_a_reset_is_broken_not_wh
 
     srv: Scripted
     run(main())
+
+
+def test_a_connection_still_writing_our_body_when_its_answer_came_is_not_reused() -> None:
+    """A server that answers at once (413) without reading a large body may never read the
+    rest: the next request goes on a fresh connection, not behind the unsent body."""
+    body = b"x" * (32 << 20)
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        if i == 0:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 413 Too Large\r\nContent-Length: 2\r\n\r\nno")
+            await writer.drain()
+            await asyncio.Event().wait()  # (reads nothing more, keeps the connection)
+        while await srv.read_request(reader) is not None:
+            writer.write(SECOND)
+            await writer.drain()
+
+    async def main() -> None:
+        nonlocal srv
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            refused = Sink()
+            await asyncio.wait_for(link.complete(link.begin("POST", "/a", {}, body, refused)), 3)
+            assert (refused.status, refused.body) == (413, b"no")
+            second = Sink()
+            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", second)), 3)
+            assert second.body == b"second" and srv.connections >= 2  # (a spare, maybe)
+            link.close()
+
+    srv: Scripted
+    run(main())

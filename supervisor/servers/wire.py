@@ -329,7 +329,9 @@ class _Connection(asyncio.Protocol):
             self._end(None)
             self.abort()
         elif answer.done:
-            keep = answer.keep and self.reuse
+            # (a server that answered before it read our whole body, a 413 say, may never
+            # read the rest: the next request would wait behind it)
+            keep = answer.keep and self.reuse and not self.transport.get_write_buffer_size()
             self._end(None)
             if keep:
                 self.link.idle(self)
