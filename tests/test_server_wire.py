@@ -97,6 +97,12 @@ def run(coro: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
 
 
+async def ask(link: Link, sink: Sink, path: str = "/b", body: bytes = b"{}",
+              method: str = "POST") -> None:
+    """One request on ``link``, its answer fed to ``sink``, within 3 s."""
+    await asyncio.wait_for(link.complete(link.begin(method, path, {}, body, sink)), 3)
+
+
 def wire(method: str, target: str, authority: str, headers: dict[str, str],
          body: bytes) -> bytes:
     return request_bytes(request_event(method, target, authority, headers, body), body)

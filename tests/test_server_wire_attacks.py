@@ -14,9 +14,11 @@ import asyncio
 import logging
 import socket
 import struct
+from collections.abc import Coroutine
 
 import pytest
-from test_server_wire import Scripted, Sink, run
+from test_server_wire import Scripted, Sink, ask, run
+from waiting import wait_until_async
 
 from supervisor.servers.wire import MAX_HEAD, MAX_INTERIM, Link, WireError
 
@@ -97,6 +99,14 @@ CASES: list[tuple[str, str, bytes, object]] = [
 ]
 
 
+def run_logging_no_error(coro: Coroutine[None, None, None],
+                         caplog: pytest.LogCaptureFixture) -> None:
+    """``run``, and no error logged meanwhile (a traceback, the loop's "fatal error")."""
+    with caplog.at_level(logging.ERROR):
+        run(coro)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "an error logged"
+
+
 @pytest.mark.parametrize(("method", "answer", "outcome"),
                          [pytest.param(*c[1:], id=c[0]) for c in CASES])
 def test_a_hostile_answer_ends_its_job_cleanly_and_never_reaches_the_next(
@@ -131,7 +141,7 @@ def test_a_hostile_answer_ends_its_job_cleanly_and_never_reaches_the_next(
                 assert isinstance(outcome, tuple)
                 assert got == (outcome[0], outcome[1], None)
             second = Sink()
-            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", second)), 3)
+            await ask(link, second)
             assert (second.status, second.body) == (200, b"second")  # never the first's bytes
             if outcome != ERROR:
                 assert isinstance(outcome, tuple)
@@ -139,9 +149,7 @@ def test_a_hostile_answer_ends_its_job_cleanly_and_never_reaches_the_next(
             link.close()
 
     srv: Scripted
-    with caplog.at_level(logging.ERROR):
-        run(main())
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a traceback logged"
+    run_logging_no_error(main(), caplog)
 
 
 def test_bytes_on_an_idle_connection_drop_it_before_the_next_job_can_read_them() -> None:
@@ -197,17 +205,12 @@ def test_a_connection_the_server_closed_before_the_request_was_written_fails_at_
 
             async def open_then_lose(self: Link):  # noqa: ANN202 - the close is read first
                 conn = await opened(self)
-                for _ in range(500):
-                    if conn.lost:
-                        break
-                    await asyncio.sleep(0.01)
-                assert conn.lost
+                await wait_until_async(lambda: conn.lost, 5, "the close read")
                 return conn
 
             link._open = open_then_lose.__get__(link)  # type: ignore[method-assign]
             with pytest.raises(WireError, match="closed the connection before answering"):
-                await asyncio.wait_for(
-                    link.complete(link.begin("POST", "/a", {}, b"{}", Sink())), 3)
+                await ask(link, Sink(), "/a")
             link.close()
 
     srv: Scripted
@@ -234,17 +237,14 @@ def test_a_sinks_own_fault_is_raised_by_complete_not_blamed_on_the_server(
         async with Scripted(script) as srv:
             link = Link(srv.url)
             with pytest.raises(RuntimeError, match="a sink's own fault"):
-                await asyncio.wait_for(
-                    link.complete(link.begin("POST", "/a", {}, b"{}", Faulty())), 3)
+                await ask(link, Faulty(), "/a")
             second = Sink()
-            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", second)), 3)
+            await ask(link, second)
             assert second.body == b"second" and srv.connections == 2
             link.close()
 
     srv: Scripted
-    with caplog.at_level(logging.ERROR):
-        run(main())
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "the loop logged it"
+    run_logging_no_error(main(), caplog)
 
 
 def test_an_answer_that_ends_with_its_connection_cut_by_a_reset_is_broken_not_whole() -> None:
@@ -265,10 +265,9 @@ def test_an_answer_that_ends_with_its_connection_cut_by_a_reset_is_broken_not_wh
         async with Scripted(script) as srv:
             link = Link(srv.url)
             with pytest.raises(WireError, match="broke before its answer ended"):
-                await asyncio.wait_for(
-                    link.complete(link.begin("POST", "/a", {}, b"{}", Sink())), 3)
+                await ask(link, Sink(), "/a")
             whole = Sink()
-            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", whole)), 3)
+            await ask(link, whole)
             assert (whole.status, whole.body) == (200, b"partial")
             link.close()
 
@@ -296,10 +295,10 @@ def test_a_connection_still_writing_our_body_when_its_answer_came_is_not_reused(
         async with Scripted(script) as srv:
             link = Link(srv.url)
             refused = Sink()
-            await asyncio.wait_for(link.complete(link.begin("POST", "/a", {}, body, refused)), 3)
+            await ask(link, refused, "/a", body)
             assert (refused.status, refused.body) == (413, b"no")
             second = Sink()
-            await asyncio.wait_for(link.complete(link.begin("POST", "/b", {}, b"{}", second)), 3)
+            await ask(link, second)
             assert second.body == b"second" and srv.connections >= 2  # (a spare, maybe)
             link.close()
 
