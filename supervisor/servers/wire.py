@@ -304,7 +304,7 @@ class _Connection(asyncio.Protocol):
         if self.lost or self.transport.is_closing():
             # (it went between its opening and now: nothing was written, nothing will come;
             # writing on it would be dropped (asyncio) or raise (uvloop))
-            done.set_exception(_Unanswered("the server closed the connection before answering"))
+            done.set_exception(_Unanswered())
             return done
         self.answer = answer
         self.reuse = reuse
@@ -349,7 +349,7 @@ class _Connection(asyncio.Protocol):
         if answer is None:
             return
         if not answer.got_any:  # (its parser untouched: the request may go again as it is)
-            self._end(_Unanswered("the server closed the connection before answering"))
+            self._end(_Unanswered())
             return
         try:
             if exc is not None and answer.until_close and not answer.done:
@@ -382,6 +382,9 @@ class _Connection(asyncio.Protocol):
 
 class _Unanswered(WireError):
     """The connection ended before any byte of an answer: the request may be tried again."""
+
+    def __init__(self) -> None:
+        super().__init__("the server closed the connection before answering")
 
 
 class Exchange:
