@@ -315,6 +315,56 @@ def test_a_queued_stream_the_server_refuses_gets_the_refusal_as_an_event() -> No
         second.close()
 
 
+def test_a_waiting_stream_whose_server_never_starts_ends_with_an_error_event() -> None:
+    # Opened as SSE for its notes ("starting the model server"), the answer must not end
+    # bare when the job fails before the server answers: the openai client read that as an
+    # empty, successful completion.
+    from openai import APIError, OpenAI
+
+    backend = server_backend("neverup", mode="never-healthy", http={"ready_timeout": "1.5s"})
+    with serve_http([backend]) as front:
+        waiting = front.sse("POST", "/v1/chat/completions", chat("neverup", stream=True))
+        assert waiting.wait_comment(10).startswith(": starting the model server")
+        event = waiting.next()
+        assert event is not None and "not healthy after 1.5 s" in \
+            event.json()["error"]["message"], event
+        assert waiting.next() is None
+        waiting.close()
+        client = OpenAI(base_url=front.base + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(APIError, match="neverup"):
+            list(client.chat.completions.create(
+                model="neverup", messages=[{"role": "user", "content": "hi"}], stream=True))
+
+
+def test_a_waiting_stream_hears_the_engine_stop_as_an_error_event() -> None:
+    one = server_backend("one", concurrency=1, args=("--tokens", "400", "--token-s", "0.05"))
+    with serve_http([one]) as front:
+        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert first_data(first).startswith(b"data: ")
+        second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+        assert second.wait_comment(10).startswith(": queued, position 1")
+        threading.Thread(target=front.sup.stop, kwargs={"timeout": 30}, daemon=True).start()
+        event = second.next()
+        assert event is not None and "error" in event.json(), event
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("before", [b"\n", b"  ", b"\xef\xbb\xbf"])
+def test_a_body_with_blanks_or_a_bom_before_its_json_is_still_a_servers(before: bytes) -> None:
+    # (`curl -d @pretty.json`): it went the worker's way once, and its SSE was framed twice
+    backend = server_backend("llama", args=("--tokens", "3"), http={"model_name": "real"})
+    with serve_http([backend]) as front:
+        body = before + json.dumps(chat("llama", stream=True)).encode()
+        reply = front.post("/v1/chat/completions", raw=body)
+        assert reply.status == 200, reply.body
+        events = [line for line in reply.body.split(b"\n") if line.startswith(b"data: ")]
+        assert events[-1] == b"data: [DONE]" and len(events) == 4, reply.body
+        assert all(not e.startswith(b"data: data:") for e in events)
+        # the server got its own model name (http.model_name), as for any JSON body
+        assert json.loads(events[0][6:])["model"] == "real", events[0]
+
+
 def test_the_official_openai_client_streams_through_the_engine() -> None:
     from openai import OpenAI
 

@@ -103,11 +103,18 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
                     response = await _note_queue(srv, request, job_id, response)
                 except (ConnectionError, RuntimeError):  # the client went away meanwhile
                     raise asyncio.CancelledError from None  # (the job is cancelled below)
+                # Open as SSE now: a job that fails before its server answers ends with an
+                # error event (a bare end reads as an empty, successful completion).
+                enc.sse = enc.sse or response is not None
         if stream.client_gone:
             raise asyncio.CancelledError  # (the job is cancelled below)
         first = stream.pending[0] if stream.pending else None
         if first is None and not stream.lagged:
-            raise from_engine(EngineStopped("the engine stopped before the job answered"))
+            stopped = from_engine(EngineStopped("the engine stopped before the job answered"))
+            if response is None:
+                raise stopped
+            await response.write(sse_error(stopped))
+            return response
         if first is not None and first.event.kind == "job" and first.event.job.finished:
             view = finished_view(srv, job_id, first.event.job)
             if response is None:
@@ -160,6 +167,11 @@ async def _open(srv: HttpServer, request: web.Request, job_id: str,
     response = kind(status=status if 200 <= status <= 499 else 502, headers=allowed)
     await response.prepare(request)
     return response
+
+
+def sse_error(error: HttpError) -> bytes:
+    """An OpenAI-shaped error as one SSE event, for an answer that opened as a stream."""
+    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 
 
 class HeadWithFirstChunk(web.StreamResponse):
@@ -232,10 +244,9 @@ class _RawEncoder:
             return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
         if view is None or not failed or not self.sse:
             return b""
-        err = outcome_error(view)
         # An event the server left unfinished is ended first, so the error stands alone.
         cut = b"" if self.tail in (b"", b"\n\n") else b"\n\n"
-        return cut + b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+        return cut + sse_error(outcome_error(view))
 
     def resync(self, lagged: int, seq: int) -> Encoded:
         """Fell behind: the chunks it missed, read back from the job, then the end if due."""

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from ..doors import watch
 from ..errors import VramtuiError
-from ..servers.request import API_PATHS, job_metadata
+from ..servers.request import API_PATHS, job_metadata, looks_like_object
 from . import forward
 from .auth import changes_engine
 from .errors import HttpError, bad_request, from_engine, not_found
@@ -206,7 +206,7 @@ class _OpenAI:
             body: Any = {"model": form_field(payload, request.headers["Content-Type"], "model")}
         else:
             try:
-                body = json.loads(payload) if payload[:1] == b"{" else None
+                body = json.loads(payload) if looks_like_object(payload) else None
             except (ValueError, RecursionError):
                 body = None
         model = body.get("model") if isinstance(body, dict) else None

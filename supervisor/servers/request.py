@@ -132,9 +132,16 @@ def upstream_of(spec: BackendSpec, payload: bytes, metadata: Mapping[str, Any] |
         path = "/" + path
     http = spec.http
     raw_pass = (metadata or {}).get("api") == "upstream"  # /upstream: exactly as it came
-    if http is not None and http.model_name and payload[:1] == b"{" and not raw_pass:
+    if http is not None and http.model_name and looks_like_object(payload) and not raw_pass:
         payload = _renamed(payload, http.model_name)
     return Upstream(method, path, headers, payload)
+
+
+def looks_like_object(payload: bytes) -> bool:
+    """Whether ``payload`` may be a JSON object: ``{`` first, after any blanks and a UTF-8
+    BOM (which JSON's parser of bytes takes too: a pretty-printed file sent with
+    ``curl -d @file.json`` begins with a newline)."""
+    return payload.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] == b"{"
 
 
 def _renamed(payload: bytes, name: str) -> bytes:
