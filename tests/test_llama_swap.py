@@ -124,8 +124,9 @@ def test_models_become_server_backends(tmp_path: Path) -> None:
     assert embed["keep_alive"] == "never"
 
     vllm = entries["vllm"]
+    # (a model's own healthCheckTimeout: llama-swap sets every model's to the top-level one)
     assert vllm["http"] == {"url": "http://127.0.0.1:9000", "health": "/v1/models",
-                            "stop": ["docker", "stop", "vllm"], "ready_timeout": "600s"}
+                            "stop": ["docker", "stop", "vllm"], "ready_timeout": "300s"}
     assert vllm["timeouts"] == {"stop_grace": "30s"}
     assert vllm["keep_alive"] == "600s"  # globalTTL
     assert "concurrency" not in vllm
@@ -146,11 +147,9 @@ def test_what_is_not_mapped_is_said_once_each(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "field", "message"), [
     ({"cmd": "${nope} -m x"}, "cmd", "unknown macro '${nope}'"),
-    ({"cmd": "server 'unclosed"}, "cmd", "cannot be split"),
     ({"cmd": "server --port 9", "proxy": "http://localhost:${PORT}"}, "proxy",
      "proxy uses ${PORT} but cmd does not"),
     ({"cmd": "server --port ${PORT}", "ttl": "soon"}, "ttl", "not a whole number of seconds"),
-    ({"cmd": "server --port ${PORT}", "env": ["NOEQUALS"]}, "env", "is not K=V"),
     ({"cmd": "server --port 9"}, "cmd", "cmd does not take ${PORT}"),
     ({}, "cmd", "a model needs 'cmd'"),
     ({"cmd": ["s", "${PORT}"]}, "cmd", "is not a command line"),
@@ -309,12 +308,12 @@ def test_import_writes_one_descriptor_per_model_that_loads_back_the_same(
 
 def test_values_llama_swap_reads_its_own_way_are_said(tmp_path: Path) -> None:
     text = """
+healthCheckTimeout: 0
 models:
   null:
     cmd: server --port ${PORT}
   quick:
     cmd: llama-server --port ${PORT} -np 3
-    healthCheckTimeout: 0
     concurrencyLimit: 0
 """
     entries, warnings, errors = _read(tmp_path, text)
@@ -326,3 +325,138 @@ models:
     said = {w.field: w.message for w in warnings}
     assert "under llama-swap's minimum" in said["healthCheckTimeout"]
     assert "0 is llama-swap's default" in said["concurrencyLimit"]
+
+
+# -- as llama-swap reads them (each case below was read otherwise once) -----------------------
+def _warned(warnings: list, needle: str) -> bool:
+    return any(needle in str(w) for w in warnings)
+
+
+def test_an_id_keeps_its_name_and_wins_over_an_alias(tmp_path: Path) -> None:
+    """llama-swap looks a model up by its ID first: a name made of another ID ("a/b") must
+    not take "a-b", nor may another model's alias take an ID."""
+    entries, warnings, errors = _read(tmp_path, """\
+models:
+  "a/b": {cmd: "s --port ${PORT}"}
+  "a-b": {cmd: "s --port ${PORT}"}
+  beta: {cmd: "s --port ${PORT}", aliases: ["org/m:7b", gamma]}
+  "org/m:7b": {cmd: "s --port ${PORT}"}
+  delta: {cmd: "s --port ${PORT}", aliases: [gamma, "a-b-2"]}
+""")
+    assert errors == []
+    assert entries["a-b"]["command"][0] == "s" and "aliases" not in entries["a-b"]
+    assert entries["a-b-3"]["aliases"] == ["a/b"]  # (a-b-2 is delta's alias)
+    assert entries["beta"]["aliases"] == ["gamma"]  # org/m:7b is a model's own ID
+    assert entries["org-m-7b"]["aliases"] == ["org/m:7b"]
+    assert entries["delta"]["aliases"] == ["a-b-2"]  # gamma is beta's already
+    assert _warned(warnings, "alias 'org/m:7b' is left out: it is another model's ID")
+    assert _warned(warnings, "alias 'gamma' is left out: model 'beta' has it already")
+
+
+def test_macro_values_are_written_as_llama_swap_writes_them(tmp_path: Path) -> None:
+    entries, _, errors = _read(tmp_path, """\
+macros: {fa: on, mmap: no, temp: 1.0, base: 1000000.0, x: 1e3, n: 017, t: true}
+models:
+  m:
+    cmd: |
+      s --port ${PORT} --fa ${fa} --mmap ${mmap} --temp ${temp}
+      --rope ${base} --x ${x} -n ${n} --t ${t}
+""")
+    assert errors == []
+    assert entries["m"]["command"][3:] == ["--fa", "on", "--mmap", "no", "--temp", "1",
+                                           "--rope", "1e+06", "--x", "1000", "-n", "17",
+                                           "--t", "true"]
+    _, _, errors = _read(tmp_path, "macros:\n  draft:\nmodels:\n  m: {cmd: 's ${PORT}'}\n")
+    assert len(errors) == 1 and "has no value" in errors[0].message
+
+
+def test_env_macros_are_read_in_every_value(tmp_path: Path) -> None:
+    environ = {"SERVED": "qwen", "TTL": "120", "CHK": "/ready", "PORT": "9999", "HF": "tok"}
+    entries, _, errors = _read(tmp_path, """\
+models:
+  m:
+    cmd: s --port ${PORT} --upstream ${env.PORT} --token ${env.HF}
+    useModelName: "${env.SERVED}"
+    ttl: ${env.TTL}
+    checkEndpoint: "${env.CHK}"
+    aliases: ["${env.SERVED}-chat"]
+""", environ)
+    assert errors == []
+    m = entries["m"]
+    # ${env.PORT} is the user's PORT, read now, not the engine's ${PORT}; other env macros
+    # in cmd stay ours, read each time the file is loaded
+    assert m["command"] == ["s", "--port", "${PORT}", "--upstream", "9999", "--token", "${HF}"]
+    assert m["http"]["model_name"] == "qwen" and m["http"]["health"] == "/ready"
+    assert m["keep_alive"] == "120s" and m["aliases"] == ["qwen-chat"]
+
+
+def test_top_level_values_get_the_global_macros(tmp_path: Path) -> None:
+    entries, _, errors = _read(tmp_path, """\
+macros: {gttl: 300, hct: 600, first: m}
+globalTTL: ${gttl}
+healthCheckTimeout: ${hct}
+hooks: {on_startup: {preload: [" ${first} "]}}
+models:
+  m: {cmd: "s --port ${PORT}"}
+""")
+    assert errors == []
+    m = entries["m"]
+    assert m["keep_alive"] == "300s" and m["http"]["ready_timeout"] == "600s"
+    assert m["preload"] is True
+
+
+def test_commands_split_as_llama_swap_splits_them(tmp_path: Path) -> None:
+    entries, _, errors = _read(tmp_path, r"""
+macros:
+  extra: |
+    --no-mmap
+    # --flash-attn on
+models:
+  m:
+    cmd: |
+      s --port ${PORT}
+      ${extra}
+      --model "\$HOME/m.gguf" --say "a \q b" 'single \$' --open "runs to the end
+""")
+    assert errors == []
+    assert entries["m"]["command"] == ["s", "--port", "${PORT}", "--no-mmap", "--model",
+                                       "$$HOME/m.gguf", "--say", "a \\q b", "single \\$$",
+                                       "--open", "runs to the end\n"]
+
+
+def test_timeouts_take_llama_swaps_defaults(tmp_path: Path) -> None:
+    entries, warnings, errors = _read(tmp_path, """\
+globalTTL: 60
+unloadTimeout: 0
+models:
+  a: {cmd: "s --port ${PORT}"}
+  b: {cmd: "s --port ${PORT}", unloadTimeout: 0, ttl: -1, healthCheckTimeout: 900}
+  c: {cmd: "s --port ${PORT}", unloadTimeout: 5, ttl: 0, checkEndpoint: ready}
+  d: {cmd: "s --port ${PORT}", env: [NOEQUALS, "A=1"]}
+""")
+    assert errors == []
+    for name in ("a", "b"):
+        assert entries[name]["timeouts"] == {"stop_grace": "10s"}
+        assert entries[name]["keep_alive"] == "60s"
+        assert entries[name]["http"]["ready_timeout"] == "120s"
+    assert entries["c"]["timeouts"] == {"stop_grace": "5s"}
+    assert entries["c"]["keep_alive"] == "never" and entries["c"]["http"]["health"] == "/ready"
+    assert entries["d"]["env"] == {"A": "1"}
+    assert _warned(warnings, "a model's own is not read by llama-swap")
+    assert _warned(warnings, "'NOEQUALS' is not K=V: left out")
+
+
+def test_what_llama_swap_refuses_is_said(tmp_path: Path) -> None:
+    _, warnings, _ = _read(tmp_path, """\
+groups:
+  g1: {members: [m, n, n]}
+  g2: {members: [n]}
+models:
+  m:
+    cmd: s --port ${PORT}
+    filters: {setParamsByID: {"m:high": {reasoning: high}}}
+  n: {cmd: "s --port ${PORT}"}
+""")
+    assert _warned(warnings, "'n' is in it twice")
+    assert _warned(warnings, "'n' is in group 'g1' too")
+    assert _warned(warnings, "setParamsByID ('m:high') are not served")

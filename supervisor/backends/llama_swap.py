@@ -5,17 +5,23 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
 
 - macros: the top-level ``macros`` and a model's own (which override them), plus
   ``${MODEL_ID}``, expanded in every value of the model, the last declared first (so one may
-  use an earlier one), a value that is a whole ``${m}`` keeping its type; ``${PORT}`` stays
-  ours (the engine picks a free port, so ``startPort`` has no use); ``${env.X}`` becomes our
-  ``${X}`` in ``cmd`` and ``env`` (read when vramtui loads the file) and is read now elsewhere;
-- ``cmd`` split as llama-swap splits it: comment lines dropped, a line ending in ``\\``
-  joined to the next, then split as a POSIX shell would; a ``$`` that is no macro is written
-  ``$$`` (llama-swap starts no shell, so it is literal there too);
+  use an earlier one), a value that is a whole ``${m}`` keeping its type; the top-level
+  macros in the top-level values too; a macro's value read as llama-swap's YAML reads it
+  (1.2: ``on`` is text) and written into text as Go writes it (``1.0`` is ``1``);
+  ``${PORT}`` stays ours (the engine picks a free port, so ``startPort`` has no use);
+  ``${env.X}`` becomes our ``${X}`` in ``cmd``, ``cmdStop`` and ``env`` (read when vramtui
+  loads the file; read now when ``X`` is one of our server macros) and is read now in every
+  other value, a whole ``${env.X}`` as the YAML value it spells;
+- ``cmd`` split as llama-swap splits it: comment lines dropped (before and after the macros
+  go in), a line ending in ``\\`` joined to the next, then split by :func:`posix_words`;
+  a ``$`` that is no macro is written ``$$`` (llama-swap starts no shell, so it is literal
+  there too);
 - ``proxy`` → ``http.url`` (left out when it is the default ``http://localhost:${PORT}``),
   ``checkEndpoint`` → ``http.health`` (``none`` kept), ``useModelName`` →
-  ``http.model_name``, ``cmdStop`` → ``http.stop``, ``healthCheckTimeout`` (the model's, else
-  the top-level one) → ``http.ready_timeout``; ``ttl`` (else ``globalTTL``; 0 or none: never)
-  → ``keep_alive``, ``unloadTimeout`` → ``timeouts.stop_grace``, ``concurrencyLimit`` (else
+  ``http.model_name``, ``cmdStop`` → ``http.stop``, the top-level ``healthCheckTimeout``
+  (llama-swap reads no model's own) → ``http.ready_timeout``; ``ttl`` (none or -1:
+  ``globalTTL``; 0: never) → ``keep_alive``, ``unloadTimeout`` (0: the top-level one, else
+  10 s) → ``timeouts.stop_grace``, ``concurrencyLimit`` (else
   llama-server's ``-np``/``--parallel`` in ``cmd``) → ``concurrency``; ``env`` (``K=V``
   items) → ``env``, but ``CUDA_VISIBLE_DEVICES=N`` → ``gpus: [N]`` (the engine places a
   server and sets that variable itself); ``aliases``, ``unlisted``; ``name``/``description``
@@ -24,23 +30,28 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
   vramtui decides which models share a GPU from their measured memory, so ``swap`` and
   ``exclusive`` have nothing left to say, and ``persistent: true`` makes its members pinned.
 
-A model ID that is not a backend name (``org/model:7b``) gets a name made of it, the ID kept
-as an alias.  What cannot be mapped comes back as one ``DescriptorWarning`` each, never
-silently; a model that cannot be read at all is one ``DescriptorError`` and the others load.
+A model ID that is not a backend name (``org/model:7b``) gets a name made of it that is no
+other model's ID nor anyone's alias, the ID kept as an alias. As in llama-swap, a request's
+model is looked up among the IDs first: an alias that is another model's ID is left out, and
+so is one that an earlier model has (llama-swap refuses that file). What cannot be mapped
+comes back as one ``DescriptorWarning`` each, never silently; a model that cannot be read at
+all is one ``DescriptorError`` and the others load.
 """
 
 from __future__ import annotations
 
+import math
 import re
-import shlex
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from ..errors import brief
 from .errors import DescriptorError, DescriptorWarning
-from .schema import ALIAS_RE
-from .yamlio import LinedDict, LinedList
+from .http import MACROS as SERVER_MACROS
+from .schema import ALIAS_RE, NAME_RE
+from .yamlio import LinedDict, LinedList, core_scalar, load_core
 
 DEFAULT_PROXY = "http://localhost:${PORT}"
 _DEFAULT_PROXIES = frozenset({DEFAULT_PROXY, "http://127.0.0.1:${PORT}"})
@@ -53,6 +64,14 @@ _ENV_USE = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 _DOLLAR = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}|\$\{(PORT)\}|\$")
 _PARALLEL = frozenset({"-np", "--parallel"})
 MIN_HEALTH_TIMEOUT_S = 15  # llama-swap raises a smaller healthCheckTimeout to this
+DEFAULT_HEALTH_TIMEOUT_S = 120  # llama-swap's healthCheckTimeout when none is given
+DEFAULT_UNLOAD_TIMEOUT_S = 10  # llama-swap's unloadTimeout when none (or 0) is given
+DEFAULT_TTL = -1  # a model's ttl that means: globalTTL
+#: Keys whose ``${env.X}`` is kept as our ``${X}``, read each time vramtui loads the file
+#: (everywhere else it is read now, as llama-swap reads the whole file).
+LATE_ENV_KEYS = frozenset({"cmd", "cmdStop", "env"})
+#: The top-level values that are read (global macros and env macros in them).
+TOP_VALUES = ("healthCheckTimeout", "globalTTL", "unloadTimeout", "groups", "hooks")
 MAX_EXPANDED = 64 * 1024  # characters of one value once its macros are in (a command line)
 
 # What each model key becomes (the ones read below), and what each unmapped key means.
@@ -142,18 +161,35 @@ def from_llama_swap(document: Mapping[Any, Any], file: Path,
     """Each model of a llama-swap document as one of our entries (with its line), and a
     ``DescriptorWarning`` for each thing that is not mapped, or an error for what is bad."""
     out = _Out(file)
-    _Translator(document, out, environ).run()
+    _Translator(document, out, environ, load_core(file)).run()
     yield from out.items
 
 
 class _Translator:
-    def __init__(self, doc: Mapping[Any, Any], out: _Out, environ: Mapping[str, str]) -> None:
+    def __init__(self, doc: Mapping[Any, Any], out: _Out, environ: Mapping[str, str],
+                 core: Any = None) -> None:
         self.doc = doc
         self.out = out
         self.environ = environ
+        # The same file read as llama-swap reads its scalars (YAML 1.2): where the macros'
+        # values come from (``on`` stays ``on``; ``1e3`` is the number 1000).
+        self.core = core if isinstance(core, Mapping) else None
         self.names: dict[str, str] = {}  # model ID -> backend name
+        self.taken_aliases: dict[str, str] = {}  # alias -> the model ID that has it
         self.pinned: set[str] = set()
         self.preload: set[str] = set()
+        self.top: dict[str, Any] = {}  # TOP_VALUES, their macros in
+
+    def _core_macros(self, *path: Any) -> Any:
+        """The macros at ``path`` (("macros",) or ("models", ID, "macros")) as YAML 1.2 reads
+        them, else as given."""
+        node: Any = self.doc
+        core: Any = self.core
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+            core = core.get(key) if isinstance(core, Mapping) else None
+        return core if isinstance(core, Mapping) and isinstance(node, Mapping) \
+            and list(map(str, core)) == list(map(str, node)) else node
 
     def run(self) -> None:
         doc, out = self.doc, self.out
@@ -162,16 +198,25 @@ class _Translator:
                 continue
             why = TOP_UNMAPPED.get(str(key), "not a key vramtui knows of llama-swap's")
             out.warn(_line(doc, key), str(key), None, f"llama-swap's {key!r} is not used: {why}")
-        macros = self._macros(doc.get("macros"), _line(doc, "macros"), None)
+        macros = self._macros(self._core_macros("macros"), _line(doc, "macros"), None)
         if macros is None:
             return
         if "startPort" in doc:
             out.warn(_line(doc, "startPort"), "startPort", None, "not needed: the engine "
                      "picks a free port for each ${PORT}")
+        for key in TOP_VALUES:  # (as llama-swap: the global macros apply to them too)
+            if key not in doc:
+                continue
+            try:
+                self.top[key] = self._env_now(_substitute(doc[key], macros, key), key)
+                self._left_macros({key: self.top[key]})
+            except _Bad as bad:
+                out.error(_line(doc, key), key, None, bad.message)
+                return
         models = doc["models"]
         self.names = self._names(models)
-        self._groups(doc.get("groups"), _line(doc, "groups"))
-        self._hooks(doc.get("hooks"), _line(doc, "hooks"))
+        self._groups(self.top.get("groups"), _line(doc, "groups"))
+        self._hooks(self.top.get("hooks"), _line(doc, "hooks"))
         for model_id, body in models.items():
             name = self.names.get(str(model_id))
             if name is None:
@@ -207,6 +252,8 @@ class _Translator:
                 problem = f"macro name {text!r} is reserved (llama-swap sets it)"
             elif isinstance(macro, Mapping | list):
                 problem = f"macro {text!r} must be a single value, not {brief(macro)}"
+            elif macro is None:
+                problem = f"macro {text!r} has no value (llama-swap refuses a null macro)"
             elif isinstance(macro, str) and f"${{{text}}}" in macro:
                 problem = f"macro {text!r} refers to itself"
             if problem is not None:
@@ -216,15 +263,27 @@ class _Translator:
         return macros
 
     def _names(self, models: Mapping[Any, Any]) -> dict[str, str]:
+        """Each model ID's backend name: the ID itself when it is a backend name, else one
+        made of it that is no other model's ID nor anyone's alias (a request names a model
+        by its ID or an alias: the name made up here must not take either)."""
         names: dict[str, str] = {}
-        taken: set[str] = set()
+        ids: list[str] = []
         for model_id in models:
             if model_id is None or isinstance(model_id, bool):  # (YAML's null:, yes:)
                 self.out.error(_line(models, model_id), None, None, f"a model ID is "
                                f"{'null' if model_id is None else brief(model_id)}, not text: "
                                "quote it, or name the model")
                 continue
+            ids.append(str(model_id))
+        taken = set(ids) | {str(a) for body in models.values() if isinstance(body, Mapping)
+                            and isinstance(body.get("aliases"), list) for a in body["aliases"]}
+        for model_id in models:
+            if model_id is None or isinstance(model_id, bool):
+                continue
             text = str(model_id)
+            if NAME_RE.match(text):
+                names[text] = text
+                continue
             name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip("._-")[:64] or "model"
             base, n = name, 2
             while name in taken:
@@ -250,8 +309,14 @@ class _Translator:
                    for a in body["aliases"]}
         found = []
         for member in value:
-            model_id = str(member) if str(member) in self.names else aliases.get(str(member))
-            if model_id is not None:
+            text = str(member).strip()  # (llama-swap trims what it preloads)
+            if not text:
+                continue
+            model_id = text if text in self.names else aliases.get(text)
+            if model_id in found:
+                self.out.warn(line, what, None, f"{text!r} is in it twice (llama-swap refuses "
+                              "such a file); once is enough")
+            elif model_id is not None:
                 found.append(model_id)
             else:
                 self.out.warn(line, what, None, f"{brief(member)} is not a model of this "
@@ -264,6 +329,7 @@ class _Translator:
         if not isinstance(groups, Mapping):
             self.out.warn(line, "groups", None, "'groups' is not a mapping; ignored")
             return
+        group_of: dict[str, str] = {}
         for group_id, group in groups.items():
             where = _line(groups, group_id, line)
             if not isinstance(group, Mapping):
@@ -271,6 +337,12 @@ class _Translator:
                 continue
             members = self._members(group.get("members"), _line(group, "members", where),
                                     f"groups.{group_id}.members")
+            for member in members:
+                if member in group_of:
+                    self.out.warn(where, f"groups.{group_id}.members", None, f"{member!r} is "
+                                  f"in group {group_of[member]!r} too (llama-swap refuses such "
+                                  "a file); vramtui reads both")
+                group_of.setdefault(member, str(group_id))
             flags = ", ".join(f"{k}: {str(group[k]).lower()}" for k in
                               ("swap", "exclusive", "persistent") if k in group)
             text = (f"group {group_id!r} ({', '.join(members) or 'no members'}"
@@ -309,7 +381,8 @@ class _Translator:
         if not isinstance(body, Mapping):
             raise _Bad(None, f"model {model_id!r} must be a mapping (cmd, proxy, …), not "
                        f"{brief(body)}")
-        own = self._macros(body.get("macros"), _line(body, "macros", line), name)
+        own = self._macros(self._core_macros("models", model_id, "macros"),
+                           _line(body, "macros", line), name)
         if own is None:
             raise _Said()  # (its one error line is out)
         macros = _merge([("MODEL_ID", model_id), *global_macros], own)
@@ -320,17 +393,27 @@ class _Translator:
                 continue
             if key not in MODEL_KEYS:
                 why = MODEL_UNMAPPED.get(key, "not a model key vramtui knows of llama-swap's")
+                if key == "filters":
+                    why += _by_id_note(value)
                 self.out.warn(_line(body, key, line), key, name,
                               f"llama-swap's {key!r} is not used: {why}")
                 continue
             if key in ("cmd", "cmdStop") and isinstance(value, str):
                 value = _strip_comments(value)
-            values[key] = _substitute(value, macros, key)
-        top = self.doc
-        for key, top_key in (("healthCheckTimeout", "healthCheckTimeout"),
-                             ("ttl", "globalTTL"), ("unloadTimeout", "unloadTimeout")):
-            if key not in values and top_key in top:
-                values[key] = top[top_key]
+            value = _substitute(value, macros, key)
+            values[key] = value if key in LATE_ENV_KEYS else self._env_now(value, key)
+        if "healthCheckTimeout" in values:  # (llama-swap sets every model's to the global)
+            self.out.warn(_line(body, "healthCheckTimeout", line), "healthCheckTimeout", name,
+                          "a model's own is not read by llama-swap: the top-level "
+                          "healthCheckTimeout applies")
+        values["healthCheckTimeout"] = self.top.get("healthCheckTimeout",
+                                                    DEFAULT_HEALTH_TIMEOUT_S)
+        ttl = values.get("ttl", DEFAULT_TTL)
+        if ttl == DEFAULT_TTL:
+            values["ttl"] = self.top.get("globalTTL", 0)
+        grace = values.get("unloadTimeout", 0)
+        if grace == 0:  # (0 is llama-swap's "not given": the global one, else its default)
+            values["unloadTimeout"] = self.top.get("unloadTimeout") or DEFAULT_UNLOAD_TIMEOUT_S
         return self._entry(model_id, name, body, line, values)
 
     def _entry(self, model_id: str, name: str, body: Any, line: int | None,
@@ -367,7 +450,7 @@ class _Translator:
                 values else "name")
         put("command", argv, "cmd")
         if "env" in values:
-            env = self._env(values["env"])
+            env = self._env(values["env"], name, _line(body, "env", line))
             pinned_gpu = env.get("CUDA_VISIBLE_DEVICES", "")
             if pinned_gpu.isdigit():  # the engine places it, and sets the variable itself
                 del env["CUDA_VISIBLE_DEVICES"]
@@ -380,12 +463,15 @@ class _Translator:
                 put("env", env, "env")
         http = LinedDict(line=_line(body, "cmd", line))
         if proxy not in _DEFAULT_PROXIES:
-            http["url"] = self._resolve_env(proxy, "proxy")
+            http["url"] = proxy
         if "checkEndpoint" in values:
             check = values["checkEndpoint"]
-            if not isinstance(check, str) or not (check == "none" or check.startswith("/")):
+            if not isinstance(check, str) or not check.strip() or any(c.isspace()
+                                                                       for c in check):
                 raise _Bad("checkEndpoint", f"{brief(check)}: a path such as /health, or "
                            "none")
+            if check != "none" and not check.startswith("/"):
+                check = "/" + check  # (llama-swap asks it relative to the server's URL)
             if check != "/health":
                 http["health"] = check
         if values.get("useModelName"):
@@ -397,21 +483,20 @@ class _Translator:
                           "itself (SIGTERM, then SIGKILL after timeouts.stop_grace)")
         elif stop:
             http["stop"] = self._words(str(stop), "cmdStop")
-        if "healthCheckTimeout" in values:
-            ready = _seconds(values["healthCheckTimeout"], "healthCheckTimeout")
-            if ready < MIN_HEALTH_TIMEOUT_S:  # (as llama-swap reads it)
-                self.out.warn(_line(body, "healthCheckTimeout", line), "healthCheckTimeout",
-                              name, f"{ready} s is under llama-swap's minimum: "
-                              f"{MIN_HEALTH_TIMEOUT_S} s, as there")
-                ready = MIN_HEALTH_TIMEOUT_S
-            http["ready_timeout"] = f"{ready}s"
+        ready = _seconds(values["healthCheckTimeout"], "healthCheckTimeout")
+        if ready < MIN_HEALTH_TIMEOUT_S:  # (as llama-swap reads it)
+            self.out.warn(_line(self.doc, "healthCheckTimeout", line), "healthCheckTimeout",
+                          name, f"{ready} s is under llama-swap's minimum: "
+                          f"{MIN_HEALTH_TIMEOUT_S} s, as there")
+            ready = MIN_HEALTH_TIMEOUT_S
+        http["ready_timeout"] = f"{ready}s"
         put("http", http, None)
         put("api", list(API), None)
-        ttl = _seconds(values.get("ttl", 0), "ttl")
-        put("keep_alive", f"{ttl}s" if ttl > 0 else "never", "ttl" if "ttl" in values else None)
-        if "unloadTimeout" in values:
-            grace = _seconds(values["unloadTimeout"], "unloadTimeout")
-            put("timeouts", {"stop_grace": f"{grace}s"}, "unloadTimeout")
+        ttl = _seconds(values["ttl"], "ttl")
+        put("keep_alive", f"{ttl}s" if ttl > 0 else "never", "ttl" if "ttl" in body else None)
+        grace = _seconds(values["unloadTimeout"], "unloadTimeout")
+        put("timeouts", {"stop_grace": f"{grace}s"}, "unloadTimeout" if "unloadTimeout" in body
+            else None)
         if values.get("concurrencyLimit") == 0:
             self.out.warn(_line(body, "concurrencyLimit", line), "concurrencyLimit", name,
                           "0 is llama-swap's default: the concurrency comes from -np/--parallel "
@@ -434,36 +519,54 @@ class _Translator:
         return entry
 
     def _words(self, text: str, key: str) -> list[str]:
+        """A command line split as llama-swap splits it when it starts the server (after its
+        macros are in): comment lines dropped (again: a macro may have brought one), a line
+        ending in ``\\`` joined to the next, then :func:`posix_words`."""
         lines = []
         for raw in text.split("\n"):
             trimmed = raw.strip()
+            if trimmed.startswith("#"):
+                continue
             lines.append(trimmed[:-1] + " " if trimmed.endswith("\\") else raw)
-        try:
-            words = shlex.split("\n".join(lines), comments=False, posix=True)
-        except ValueError as exc:
-            raise _Bad(key, f"cannot be split into words as a shell would: {exc}") from None
+        words = posix_words("\n".join(lines))
         if not words:
             raise _Bad(key, "an empty command")
-        return [self._ours(word) for word in words]
+        return [self._ours(word, key) for word in words]
 
-    def _ours(self, word: str) -> str:
-        """One word in our spelling: ``${env.X}`` → ``${X}``, ``${PORT}`` kept, any other
-        ``$`` doubled."""
+    def _ours(self, word: str, key: str) -> str:
+        """One word in our spelling: ``${env.X}`` → ``${X}`` (read when vramtui loads the
+        file; read now when ``X`` is one of our server macros, ``PORT`` say, which ``${X}``
+        would mean instead), ``${PORT}`` kept, any other ``$`` doubled."""
         def piece(match: re.Match[str]) -> str:
             if match.group(1):
-                return f"${{{match.group(1)}}}"
+                var = match.group(1)
+                if var in SERVER_MACROS:
+                    return self._env_value(var, key).replace("$", "$$")
+                return f"${{{var}}}"
             if match.group(2):
                 return match.group(0)
             return "$$"
         return _DOLLAR.sub(piece, word)
 
-    def _resolve_env(self, text: str, key: str) -> str:
-        def value(match: re.Match[str]) -> str:
-            var = match.group(1)
-            if var not in self.environ:
-                raise _Bad(key, f"environment variable {var} is not set")
-            return self.environ[var]
-        return _ENV_USE.sub(value, text)
+    def _env_value(self, var: str, key: str) -> str:
+        if var not in self.environ:
+            raise _Bad(key, f"environment variable {var} is not set")
+        value = self.environ[var]
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise _Bad(key, f"environment variable {var} holds a line break or a NUL, which "
+                       "llama-swap refuses in a config")
+        return value
+
+    def _env_now(self, value: Any, key: str) -> Any:
+        """Every ``${env.X}`` in ``value`` read now, as llama-swap reads them into the file's
+        text before it parses it: a whole ``${env.X}`` is read as the YAML value it spells
+        (``ttl: ${env.TTL}`` is a number)."""
+        if isinstance(value, str):
+            whole = _ENV_USE.fullmatch(value)
+            if whole:
+                return core_scalar(self._env_value(whole.group(1), key))
+            return _ENV_USE.sub(lambda m: self._env_value(m.group(1), key), value)
+        return _each(value, lambda item: self._env_now(item, key))
 
     def _left_macros(self, values: Mapping[str, Any]) -> None:
         for key, value in values.items():
@@ -474,15 +577,17 @@ class _Translator:
                     raise _Bad(key, f"unknown macro '${{{macro}}}' (define it under "
                                "'macros:')")
 
-    def _env(self, value: Any) -> dict[str, str]:
+    def _env(self, value: Any, name: str, line: int | None) -> dict[str, str]:
         if not isinstance(value, list):
             raise _Bad("env", f"{brief(value)} is not a list of K=V items")
         env: dict[str, str] = {}
         for item in value:
             key, sep, val = str(item).partition("=")
             if not sep or not key:
-                raise _Bad("env", f"{brief(item)} is not K=V")
-            env[key] = self._ours(val)
+                self.out.warn(line, "env", name, f"{brief(item)} is not K=V: left out (a "
+                              "process's environment has no such entry)")
+                continue
+            env[key] = self._ours(val, "env")
         return env
 
     def _concurrency(self, limit: Any, argv: list[str]) -> int | None:
@@ -504,12 +609,25 @@ class _Translator:
                 raise _Bad("aliases", f"{brief(value)} is not a list of names")
             wanted += [str(a) for a in value]
         aliases: list[str] = []
+        where = _line(body, "aliases", line)
+        backends = set(self.names.values())
         for alias in wanted:
+            owner = self.taken_aliases.get(alias)
+            if alias in aliases or alias == name:
+                continue
             if not ALIAS_RE.match(alias):
-                self.out.warn(_line(body, "aliases", line), "aliases", name,
-                              f"alias {alias!r} is left out: a model name is letters, "
-                              "digits, . _ : / @ + - (up to 128)")
-            elif alias not in aliases and alias != name:
+                self.out.warn(where, "aliases", name, f"alias {alias!r} is left out: a model "
+                              "name is letters, digits, . _ : / @ + - (up to 128)")
+            elif alias != model_id and (alias in self.names or alias in backends):
+                # (llama-swap looks a request's model up among the IDs first)
+                self.out.warn(where, "aliases", name, f"alias {alias!r} is left out: it is "
+                              "another model's ID, and a request for it goes to that model, "
+                              "as in llama-swap")
+            elif owner is not None and owner != model_id:
+                self.out.warn(where, "aliases", name, f"alias {alias!r} is left out: model "
+                              f"{owner!r} has it already (llama-swap refuses such a file)")
+            else:
+                self.taken_aliases[alias] = model_id
                 aliases.append(alias)
         return aliases
 
@@ -540,7 +658,7 @@ def _substitute_one(value: Any, slug: str, macro: Any, field: str) -> Any:
         if value == slug:
             return macro
         if slug in value:
-            text = str(macro).lower() if isinstance(macro, bool) else str(macro)
+            text = go_text(macro)
             size = len(value) + value.count(slug) * (len(text) - len(slug))
             if size > MAX_EXPANDED:
                 raise _Bad(field, f"its macros expand it to {size:,} characters, more than "
@@ -582,3 +700,104 @@ def _seconds(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _Bad(key, f"{brief(value)} is not a whole number of seconds")
     return value
+
+
+def go_text(value: Any) -> str:
+    """A macro's value as text, as llama-swap writes it into a string (Go's ``%v``): ``true``,
+    ``42``, and a float in its shortest form, ``1e+06`` from six places up or below
+    ``1e-04``, ``1`` for 1.0."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if not isinstance(value, float):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return sign + "0"
+    digits_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()[1:]
+    digits = "".join(map(str, digits_tuple))
+    point = len(digits) + int(exponent)  # where the decimal point falls in ``digits``
+    if not -4 <= point - 1 < 6:  # %e
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{mantissa}e{point - 1:+03d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
+def posix_words(line: str) -> list[str]:
+    """``line`` split into words as llama-swap splits a command (the POSIX dialect of
+    golib's shlex, which never fails): blanks are space, tab and newline; outside quotes a
+    backslash takes the next character as it is (before a newline, or at the end, it is
+    dropped); inside double quotes it does only before ``$``, a backquote, ``"``, ``\\`` or
+    a newline, and stays otherwise; nothing is special inside single quotes; a quote left
+    open runs to the end."""
+    words: list[str] = []
+    word: list[str] | None = None  # the word being read (None: between words)
+    quote = ""  # the open quote, if any
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        i += 1
+        if c == "\\" and quote != "'":
+            nxt = line[i] if i < n else ""
+            if not (quote == '"' and nxt not in ("$", "`", '"', "\\", "\n", "")):
+                i += 1
+                if nxt in ("\n", ""):
+                    continue  # a line continued, or a backslash at the very end: gone
+                c = nxt  # taken as it is
+                word = [] if word is None else word
+                word.append(c)
+                continue
+        if quote and c == quote:
+            quote = ""
+        elif quote:
+            assert word is not None
+            word.append(c)
+        elif c in ("'", '"'):
+            quote = c
+            word = [] if word is None else word
+        elif c in (" ", "\t", "\n"):
+            if word is not None:
+                words.append("".join(word))
+                word = None
+        else:
+            word = [] if word is None else word
+            word.append(c)
+    if word is not None:
+        words.append("".join(word))
+    return words
+
+
+def _each(value: Any, fn: Any) -> Any:
+    """``value`` with ``fn`` applied to each of its items (of a mapping or list, keeping
+    their lines); ``value`` itself otherwise."""
+    if isinstance(value, Mapping):
+        out = LinedDict(line=value.line if isinstance(value, LinedDict) else None)
+        for key, item in value.items():
+            out[key] = fn(item)
+        if isinstance(value, LinedDict):
+            out.key_lines.update(value.key_lines)
+        return out
+    if isinstance(value, list):
+        items = LinedList([fn(v) for v in value],
+                          line=value.line if isinstance(value, LinedList) else None)
+        if isinstance(value, LinedList):
+            items.lines = list(value.lines)
+        return items
+    return value
+
+
+def _by_id_note(filters: Any) -> str:
+    """What a model's ``filters.setParamsByID`` would have served: llama-swap makes each of
+    its IDs an alias, with its parameters set; vramtui serves none of them."""
+    by_id = filters.get("setParamsByID") if isinstance(filters, Mapping) else None
+    if not isinstance(by_id, Mapping) or not by_id:
+        return ""
+    ids = ", ".join(repr(str(k)) for k in list(by_id)[:8]) + (" …" if len(by_id) > 8 else "")
+    return f"; the model IDs of its setParamsByID ({ids}) are not served"

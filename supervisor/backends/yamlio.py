@@ -9,6 +9,7 @@ Duplicate keys are an error (PyYAML would silently keep the last). Syntax errors
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -146,6 +147,62 @@ _LineLoader.add_constructor(_MAP_TAG, _construct_mapping)
 _LineLoader.add_constructor(_SEQ_TAG, _construct_sequence)
 
 
+class _CoreLoader(_LineLoader):
+    """As ``_LineLoader``, its plain scalars read by YAML 1.2's core schema, as Go's yaml.v3
+    (llama-swap's) reads them: ``on``/``yes``/``no`` are text, ``1e3`` a number, ``017``
+    seventeen, and no timestamps."""
+
+    yaml_implicit_resolvers: dict[Any, Any] = {}
+
+
+def _resolve(tag: str, pattern: str, first: str) -> None:
+    _CoreLoader.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", re.compile(pattern),
+                                      list(first))
+
+
+_resolve("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF")
+_resolve("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789")
+_resolve("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+.0123456789")
+_resolve("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""])
+_resolve("merge", r"^(?:<<)$", "<")
+
+
+def _core_int(loader: Any, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    return int(text, 0) if text.startswith(("0o", "0x")) else int(text, 10)
+
+
+def _core_float(loader: Any, node: yaml.ScalarNode) -> float:
+    text = loader.construct_scalar(node).lower()
+    if text.endswith(".inf"):
+        return float("-inf") if text.startswith("-") else float("inf")
+    return float("nan") if text == ".nan" else float(text)
+
+
+def _core_bool(loader: Any, node: yaml.ScalarNode) -> bool:
+    return bool(loader.construct_scalar(node).lower() == "true")
+
+
+_CoreLoader.add_constructor("tag:yaml.org,2002:int", _core_int)
+_CoreLoader.add_constructor("tag:yaml.org,2002:float", _core_float)
+_CoreLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)
+
+
+def load_core(path: Path) -> Any:
+    """The one document of ``path`` read by YAML 1.2's core schema (see ``_CoreLoader``);
+    None when it cannot be (unreadable, bad YAML, not one document: the caller has told or
+    will tell why, from :func:`load_documents`)."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        documents = list(yaml.load_all(path.read_bytes().decode("utf-8-sig"),
+                                       Loader=_CoreLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError):
+        return None
+    return documents[0] if len(documents) == 1 else None
+
+
 def load_documents(path: Path) -> list[Any]:
     """All YAML documents of ``path``; raise ``DescriptorError`` for unreadable or bad YAML."""
     try:
@@ -183,3 +240,13 @@ def load_documents(path: Path) -> list[Any]:
     except yaml.YAMLError as exc:
         message = " ".join(str(exc).split())
         raise DescriptorError(path, None, None, None, f"YAML error: {message}") from None
+
+
+def core_scalar(text: str) -> Any:
+    """``text`` as YAML 1.2's core schema reads it as a plain scalar (``42`` a number,
+    ``true`` a bool, ``on`` text); text that is no single plain scalar stays text."""
+    try:
+        value = yaml.load(text, Loader=_CoreLoader)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, str | int | float | bool) else text
