@@ -49,8 +49,10 @@ def test_health_running_and_unloading_one_model(front: Front) -> None:
     r = front.post("/api/models/unload/gpt-4o-mini")  # an alias names it too
     assert (r.status, r.body) == (200, b"OK")
     wait_until(lambda: _running(front) == [], 10, "chat-sim to unload")
-    missing = front.post("/api/models/unload/nope")
+    missing = front.post("/api/models/unload/nope", headers={"Accept": "text/plain"})
     assert (missing.status, missing.body) == (404, b"model not found")
+    missing = front.post("/api/models/unload/nope")  # (a JSON error, as llama-swap's)
+    assert missing.status == 404 and missing.json()["error"]["message"] == "model not found"
 
 
 def test_unload_all_both_ways(front: Front) -> None:

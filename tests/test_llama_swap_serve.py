@@ -99,6 +99,8 @@ def test_ollama_and_openai_clients_reach_the_servers(served: Served) -> None:
     qwen = next(r for r in running if r["model"] == "qwen2.5-7b")
     assert qwen["proxy"].startswith("http://127.0.0.1:") and "${" not in qwen["proxy"]
     assert qwen["ttl"] == 60 and "--tokens 3" in qwen["cmd"]
+    # the command as it runs: its port the one in its proxy, as llama-swap shows it
+    assert "${" not in qwen["cmd"] and qwen["proxy"].rsplit(":", 1)[1] in qwen["cmd"]
     # /upstream/:model with a model ID that has slashes, as llama-swap reads it
     assert _get(url + "/upstream/org/nomic:v1/v1/models?x=1") == \
         _get(url + "/upstream/nomic-embed/v1/models?x=1")

@@ -6,7 +6,9 @@ that call them.
   the backends whose process is up, by name, llama-swap's states (``starting``, ``ready``,
   ``stopping``);
 - ``GET /unload`` (``OK``) and ``POST /api/models/unload`` (``{"msg": "ok"}``): unload every
-  loaded backend; ``POST /api/models/unload/{model}`` one (a name or an alias), ``OK``. An
+  loaded backend; ``POST /api/models/unload/{model}`` one (a name or an alias), ``OK`` (an
+  unknown one: 404, ``model not found`` as text to a client that accepts text, else as a
+  JSON error, as llama-swap answers). An
   idle one goes at once; a busy one finishes the jobs it runs first (nothing is killed
   mid-answer) and then goes, and the answer comes once it went, as llama-swap's comes once
   its in-flight requests ended; ``GET /unload``
@@ -32,7 +34,7 @@ from ..doors import watch
 from ..errors import VramtuiError
 from ..workers.states import WorkerState
 from .auth import changes_engine
-from .errors import from_engine
+from .errors import from_engine, not_found
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -79,9 +81,11 @@ class _LlamaSwap:
             rt = self.engine.backends[b.name]
             spec = rt.spec
             ttl = 0 if math.isinf(spec.keep_alive_s) else int(spec.keep_alive_s)
-            # a running server's own URL (its port filled in), else the descriptor's
+            # a running server's own URL and command (its port filled in), else the descriptor's
             proxy = getattr(rt.worker, "url", None) or (spec.http.url if spec.http else "")
-            listed.append({"model": b.name, "state": state, "cmd": shlex.join(spec.command),
+            launch = getattr(rt.worker, "launch", None)
+            argv = getattr(launch, "argv", None) or spec.command
+            listed.append({"model": b.name, "state": state, "cmd": shlex.join(argv),
                            "proxy": proxy,
                            "ttl": ttl, "name": b.name, "description": spec.description})
         return web.json_response({"running": listed})
@@ -138,8 +142,10 @@ class _LlamaSwap:
 
     async def unload_one(self, request: web.Request) -> web.Response:
         name = self._backend(request.match_info["model"])
-        if name is None:
-            return web.Response(status=404, text="model not found", content_type=TEXT)
+        if name is None:  # (as llama-swap: text to who asks for text, else a JSON error)
+            if TEXT in request.headers.get("Accept", ""):
+                return web.Response(status=404, text="model not found", content_type=TEXT)
+            raise not_found("model not found", "model_not_found")
         if not await self._unload(name):
             return self._busy([name])
         return web.Response(text="OK", content_type=TEXT)
