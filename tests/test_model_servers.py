@@ -278,6 +278,16 @@ def first_data(sse: Any) -> bytes:
     return bytes(line)
 
 
+def one_streaming_one_queued(front: Front, **second: Any) -> tuple[Any, Any]:
+    """A stream running on backend "one" (concurrency 1), and a second (of ``second``'s
+    fields) that waits behind it, once it has heard its place."""
+    first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
+    assert first_data(first).startswith(b"data: ")
+    waiting = front.sse("POST", "/v1/chat/completions", chat("one", stream=True, **second))
+    assert waiting.wait_comment(10).startswith(": queued, position 1")
+    return first, waiting
+
+
 def _get_json(url: str) -> Any:
     import urllib.request
 
@@ -288,10 +298,7 @@ def _get_json(url: str) -> Any:
 def test_a_streamed_request_waiting_in_the_queue_hears_its_place() -> None:
     one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
     with serve_http([one]) as front:
-        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
-        assert first_data(first).startswith(b"data: ")
-        second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
-        assert second.wait_comment(10).startswith(": queued, position 1")
+        first, second = one_streaming_one_queued(front)
         first.close()
         assert first_data(second) == b'data: {"id": "c", "model": "one", "choices": [' \
             b'{"index": 0, "delta": {"content": "t0 "}}]}\n'  # the server's, once it ran
@@ -303,11 +310,7 @@ def test_a_queued_stream_the_server_refuses_gets_the_refusal_as_an_event() -> No
     # must come as a data event (raw, it is no event at all: the client saw an empty stream).
     one = server_backend("one", concurrency=1, args=("--tokens", "30", "--token-s", "0.05"))
     with serve_http([one]) as front:
-        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
-        assert first_data(first).startswith(b"data: ")
-        second = front.sse("POST", "/v1/chat/completions",
-                           chat("one", stream=True, max_tokens="lots"))
-        assert second.wait_comment(10).startswith(": queued, position 1")
+        first, second = one_streaming_one_queued(front, max_tokens="lots")
         first.close()
         event = second.next()
         assert event is not None and event.json()["error"]["code"] == 400, event
@@ -339,10 +342,7 @@ def test_a_waiting_stream_whose_server_never_starts_ends_with_an_error_event() -
 def test_a_waiting_stream_hears_the_engine_stop_as_an_error_event() -> None:
     one = server_backend("one", concurrency=1, args=("--tokens", "400", "--token-s", "0.05"))
     with serve_http([one]) as front:
-        first = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
-        assert first_data(first).startswith(b"data: ")
-        second = front.sse("POST", "/v1/chat/completions", chat("one", stream=True))
-        assert second.wait_comment(10).startswith(": queued, position 1")
+        first, second = one_streaming_one_queued(front)
         threading.Thread(target=front.sup.stop, kwargs={"timeout": 30}, daemon=True).start()
         event = second.next()
         assert event is not None and "error" in event.json(), event

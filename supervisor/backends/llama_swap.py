@@ -665,20 +665,7 @@ def _substitute_one(value: Any, slug: str, macro: Any, field: str) -> Any:
                            f"{MAX_EXPANDED:,}: does a macro use another many times over?")
             return value.replace(slug, text)
         return value
-    if isinstance(value, Mapping):
-        out = LinedDict(line=value.line if isinstance(value, LinedDict) else None)
-        for key, item in value.items():
-            out[key] = _substitute_one(item, slug, macro, field)
-        if isinstance(value, LinedDict):
-            out.key_lines.update(value.key_lines)
-        return out
-    if isinstance(value, list):
-        items = LinedList([_substitute_one(v, slug, macro, field) for v in value],
-                          line=value.line if isinstance(value, LinedList) else None)
-        if isinstance(value, LinedList):
-            items.lines = list(value.lines)
-        return items
-    return value
+    return _each(value, lambda item: _substitute_one(item, slug, macro, field))
 
 
 def _strings(value: Any) -> Iterator[str]:
