@@ -364,10 +364,20 @@ models:
 """)
     assert errors == []
     assert entries["m"]["command"][3:] == ["--fa", "on", "--mmap", "no", "--temp", "1",
-                                           "--rope", "1e+06", "--x", "1000", "-n", "17",
+                                           "--rope", "1e+06", "--x", "1000", "-n", "15",
                                            "--t", "true"]
     _, _, errors = _read(tmp_path, "macros:\n  draft:\nmodels:\n  m: {cmd: 's ${PORT}'}\n")
     assert len(errors) == 1 and "has no value" in errors[0].message
+    # a model ID YAML reads as a number keeps its own macros; a macro may be named "on";
+    # an empty globalTTL is its default (0: never), as in llama-swap
+    entries, _, errors = _read(tmp_path, """\
+macros: {on: "--flash-attn on"}
+globalTTL:
+models:
+  7: {macros: {a: x}, cmd: "s --port ${PORT} --x ${a} ${on}"}
+""")
+    assert errors == [] and entries["7"]["command"][3:] == ["--x", "x", "--flash-attn", "on"]
+    assert entries["7"]["keep_alive"] == "never"
 
 
 def test_env_macros_are_read_in_every_value(tmp_path: Path) -> None:
@@ -388,6 +398,10 @@ models:
     assert m["command"] == ["s", "--port", "${PORT}", "--upstream", "9999", "--token", "${HF}"]
     assert m["http"]["model_name"] == "qwen" and m["http"]["health"] == "/ready"
     assert m["keep_alive"] == "120s" and m["aliases"] == ["qwen-chat"]
+    for odd in ("!!int abc", "7" * 5000, "[1"):  # one line each, never a traceback
+        _, _, errors = _read(tmp_path, "models:\n  m: {cmd: 's ${PORT}', ttl: '${env.T}'}\n",
+                             {"T": odd})
+        assert len(errors) == 1 and "not a whole number" in errors[0].message, errors
 
 
 def test_top_level_values_get_the_global_macros(tmp_path: Path) -> None:

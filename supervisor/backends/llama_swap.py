@@ -186,10 +186,10 @@ class _Translator:
         node: Any = self.doc
         core: Any = self.core
         for key in path:
-            node = node.get(key) if isinstance(node, Mapping) else None
-            core = core.get(key) if isinstance(core, Mapping) else None
-        return core if isinstance(core, Mapping) and isinstance(node, Mapping) \
-            and list(map(str, core)) == list(map(str, node)) else node
+            node = _get(node, key)
+            core = _get(core, key)
+        # (its own names too: a macro named ``on`` is ``on`` there, not YAML 1.1's True)
+        return core if isinstance(core, Mapping) and isinstance(node, Mapping) else node
 
     def run(self) -> None:
         doc, out = self.doc, self.out
@@ -205,7 +205,7 @@ class _Translator:
             out.warn(_line(doc, "startPort"), "startPort", None, "not needed: the engine "
                      "picks a free port for each ${PORT}")
         for key in TOP_VALUES:  # (as llama-swap: the global macros apply to them too)
-            if key not in doc:
+            if doc.get(key) is None:  # (left empty: its default, as there)
                 continue
             try:
                 self.top[key] = self._env_now(_substitute(doc[key], macros, key), key)
@@ -314,8 +314,10 @@ class _Translator:
                 continue
             model_id = text if text in self.names else aliases.get(text)
             if model_id in found:
-                self.out.warn(line, what, None, f"{text!r} is in it twice (llama-swap refuses "
-                              "such a file); once is enough")
+                refused = " (llama-swap refuses such a file)" if what.startswith("groups") \
+                    else ""
+                self.out.warn(line, what, None, f"{text!r} is in it twice{refused}; once is "
+                              "enough")
             elif model_id is not None:
                 found.append(model_id)
             else:
@@ -684,9 +686,21 @@ def _strip_comments(text: str) -> str:
 
 
 def _seconds(value: Any, key: str) -> int:
+    if isinstance(value, float) and value.is_integer():  # (Go's YAML takes 60.0 for an int)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _Bad(key, f"{brief(value)} is not a whole number of seconds")
     return value
+
+
+def _get(node: Any, key: Any) -> Any:
+    """``node[key]``, a key matched by its text too (a model ID ``7`` is the number 7 in
+    the file and the text "7" here), None when absent or ``node`` is no mapping."""
+    if not isinstance(node, Mapping):
+        return None
+    if key in node:
+        return node[key]
+    return next((value for k, value in node.items() if str(k) == str(key)), None)
 
 
 def go_text(value: Any) -> str:

@@ -9,6 +9,7 @@ Duplicate keys are an error (PyYAML would silently keep the last). Syntax errors
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -148,9 +149,10 @@ _LineLoader.add_constructor(_SEQ_TAG, _construct_sequence)
 
 
 class _CoreLoader(_LineLoader):
-    """As ``_LineLoader``, its plain scalars read by YAML 1.2's core schema, as Go's yaml.v3
-    (llama-swap's) reads them: ``on``/``yes``/``no`` are text, ``1e3`` a number, ``017``
-    seventeen, and no timestamps."""
+    """As ``_LineLoader``, its plain scalars read as Go's yaml.v3 (llama-swap's) reads them:
+    YAML 1.2's booleans (``on``/``yes``/``no`` are text), a number as Go's ``ParseInt`` of
+    base 0 takes it (``0x1F``, ``0b11``, ``0o17`` and ``017`` octal, ``_`` ignored; past 64
+    bits a float), ``1e3`` a number, a float out of range text, and no timestamps."""
 
     yaml_implicit_resolvers: dict[Any, Any] = {}
 
@@ -161,23 +163,40 @@ def _resolve(tag: str, pattern: str, first: str) -> None:
 
 
 _resolve("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF")
-_resolve("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789")
+_resolve("int", r"^[-+]?(?:0[bB][01_]+|0[oO][0-7_]+|0[xX][0-9a-fA-F_]+|[0-9][0-9_]*)$",
+         "-+0123456789")
 _resolve("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+.0123456789")
 _resolve("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""])
 _resolve("merge", r"^(?:<<)$", "<")
 
 
-def _core_int(loader: Any, node: yaml.ScalarNode) -> int:
+def _core_int(loader: Any, node: yaml.ScalarNode) -> int | float | str:
     text = loader.construct_scalar(node)
-    return int(text, 0) if text.startswith(("0o", "0x")) else int(text, 10)
+    digits = text.replace("_", "").lstrip("+-").lower()
+    sign = -1 if text.startswith("-") else 1
+    try:
+        if digits[:2] in ("0x", "0o", "0b"):
+            value = int(digits, 0)
+        elif len(digits) > 1 and digits.startswith("0"):
+            value = int(digits, 8)  # (Go's base 0: a leading 0 is octal)
+        else:
+            value = int(digits, 10)
+    except ValueError:  # (017 with an 8 or 9 in it, or past Python's digits limit)
+        return text
+    value *= sign
+    return value if -(2**63) <= value < 2**63 else float(value)  # (past int64: a float)
 
 
-def _core_float(loader: Any, node: yaml.ScalarNode) -> float:
-    text = loader.construct_scalar(node).lower()
-    if text.endswith(".inf"):
-        return float("-inf") if text.startswith("-") else float("inf")
-    return float("nan") if text == ".nan" else float(text)
+def _core_float(loader: Any, node: yaml.ScalarNode) -> float | str:
+    text = loader.construct_scalar(node)
+    low = text.lower()
+    if low.endswith(".inf"):
+        return float("-inf") if low.startswith("-") else float("inf")
+    if low == ".nan":
+        return float("nan")
+    value = float(text)
+    return text if math.isinf(value) else value  # (Go keeps 1e400 as it is written)
 
 
 def _core_bool(loader: Any, node: yaml.ScalarNode) -> bool:
@@ -247,6 +266,6 @@ def core_scalar(text: str) -> Any:
     ``true`` a bool, ``on`` text); text that is no single plain scalar stays text."""
     try:
         value = yaml.load(text, Loader=_CoreLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, OverflowError):
         return text
     return value if isinstance(value, str | int | float | bool) else text
