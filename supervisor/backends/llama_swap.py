@@ -267,20 +267,18 @@ class _Translator:
         made of it that is no other model's ID nor anyone's alias (a request names a model
         by its ID or an alias: the name made up here must not take either)."""
         names: dict[str, str] = {}
-        ids: list[str] = []
+        ids: dict[Any, str] = {}  # the key as YAML read it -> its text
         for model_id in models:
             if model_id is None or isinstance(model_id, bool):  # (YAML's null:, yes:)
                 self.out.error(_line(models, model_id), None, None, f"a model ID is "
                                f"{'null' if model_id is None else brief(model_id)}, not text: "
                                "quote it, or name the model")
                 continue
-            ids.append(str(model_id))
-        taken = set(ids) | {str(a) for body in models.values() if isinstance(body, Mapping)
-                            and isinstance(body.get("aliases"), list) for a in body["aliases"]}
-        for model_id in models:
-            if model_id is None or isinstance(model_id, bool):
-                continue
-            text = str(model_id)
+            ids[model_id] = str(model_id)
+        taken = set(ids.values()) | {
+            str(a) for body in models.values() if isinstance(body, Mapping)
+            and isinstance(body.get("aliases"), list) for a in body["aliases"]}
+        for model_id, text in ids.items():
             if NAME_RE.match(text):
                 names[text] = text
                 continue
@@ -525,10 +523,8 @@ class _Translator:
         macros are in): comment lines dropped (again: a macro may have brought one), a line
         ending in ``\\`` joined to the next, then :func:`posix_words`."""
         lines = []
-        for raw in text.split("\n"):
+        for raw in _strip_comments(text).split("\n"):
             trimmed = raw.strip()
-            if trimmed.startswith("#"):
-                continue
             lines.append(trimmed[:-1] + " " if trimmed.endswith("\\") else raw)
         words = posix_words("\n".join(lines))
         if not words:
@@ -614,9 +610,9 @@ class _Translator:
         where = _line(body, "aliases", line)
         backends = set(self.names.values())
         for alias in wanted:
-            owner = self.taken_aliases.get(alias)
             if alias in aliases or alias == name:
                 continue
+            owner = self.taken_aliases.get(alias)
             if not ALIAS_RE.match(alias):
                 self.out.warn(where, "aliases", name, f"alias {alias!r} is left out: a model "
                               "name is letters, digits, . _ : / @ + - (up to 128)")

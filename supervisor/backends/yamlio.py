@@ -209,7 +209,7 @@ _CoreLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)
 
 
 def load_core(path: Path) -> Any:
-    """The one document of ``path`` read by YAML 1.2's core schema (see ``_CoreLoader``);
+    """The one document of ``path`` read as Go's yaml.v3 reads it (see ``_CoreLoader``);
     None when it cannot be (unreadable, bad YAML, not one document: the caller has told or
     will tell why, from :func:`load_documents`)."""
     try:
