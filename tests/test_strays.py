@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from supervisor.workers.lifeline import start_ticks, strays
+from supervisor.workers.lifeline import RUN_MARK, Lifeline, start_ticks, strays
 
 SLEEP = f"{sys.executable} -c 'import time; time.sleep(60)'"
 
@@ -65,3 +65,38 @@ def test_strays_are_what_left_the_group_and_what_carries_the_mark() -> None:
                 os.kill(pid, signal.SIGKILL)
         root.wait(5)
         older.wait(5)
+
+
+@pytest.mark.process
+def test_the_watcher_kills_a_marked_worker_it_was_never_told_of_and_its_tree(
+        tmp_path: Path) -> None:
+    """The engine killed between a worker's fork and the line that tells the watcher of it:
+    the worker carries the engine's mark from its exec, so the watcher finds it, and through
+    it what it started in a session of its own with its environment cleared (no mark)."""
+    tag = f"vt-untold-{os.getpid()}"
+    lifeline = Lifeline(tmp_path / "records")
+    lifeline.start()
+    script = f"setsid env -i {SLEEP} {tag}-cleared & exec {SLEEP} {tag}-worker"
+    worker = subprocess.Popen(["bash", "-c", script], start_new_session=True,
+                              env={**os.environ, RUN_MARK: lifeline.run})
+    try:
+        found = {name: wait_until(lambda n=name: _named(f"{tag}-{n}"), 10, name)
+                 for name in ("worker", "cleared")}
+        lifeline.close()  # as the engine's death closes the pipe: nothing was ever added
+        for name, pids in found.items():
+            wait_until(lambda p=pids: all(_gone(pid) for pid in p), 5, f"the {name} to die")
+    finally:
+        lifeline.close()
+        for pid in {p for n in ("worker", "cleared") for p in _named(f"{tag}-{n}")}:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        worker.wait(5)
+
+
+def _gone(pid: int) -> bool:
+    """Dead, or a zombie nobody reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")

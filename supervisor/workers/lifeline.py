@@ -12,7 +12,9 @@ Two mechanisms, because either alone has a hole:
   Then it kills what a signal to a group misses: every process of our uid, started since the
   engine, that carries this engine's mark in its environment (:data:`RUN_MARK`, set for each
   worker, which passes it on to its children): one a worker or model server started in a
-  session of its own (``setsid``).
+  session of its own (``setsid``); and what is in the tree of a group or of a marked process
+  (one that cleared its environment, ``env -i``).  The mark is there from a worker's exec, so
+  a worker the engine had not told it of yet (killed between the fork and that line) dies too.
 - The *records*: one file per worker group in the runtime directory (``<pid>.json``: pid,
   start time, backend, engine pid). A restarted engine kills every group whose record
   survived (the watcher itself may have been killed) before it requeues the jobs the old one
@@ -257,14 +259,16 @@ def marked(mark: bytes, since: int | None) -> list[int]:
     return found
 
 
-def strays(roots: Collection[int], mark: bytes | None, since: int) -> list[int]:
+def strays(roots: Collection[int], mark: bytes | None, since: int,
+           parents: Collection[int] = ()) -> list[int]:
     """One pass over /proc: our live processes started no earlier than ``since`` (the
     ``roots``' start) that are out of the roots' process groups but in their trees (by
     parent) or carry ``mark`` (``NAME=value``) in their environment: what a signal to their
-    groups misses."""
+    groups misses.  ``parents``: more processes whose trees count, leading a group or not
+    (what is in their trees is found, not the parents themselves)."""
     uid, table = os.getuid(), {}  # pid -> (parent, group)
     try:
-        entries = os.listdir("/proc") if roots else []
+        entries = os.listdir("/proc") if roots or parents else []
     except OSError:
         return []
     for entry in entries:
@@ -285,7 +289,7 @@ def strays(roots: Collection[int], mark: bytes | None, since: int) -> list[int]:
     for pid, (ppid, _group) in table.items():
         children.setdefault(ppid, []).append(pid)
     tree: set[int] = set()
-    stack = list(roots)
+    stack = [*roots, *(p for p in parents if p in table)]
     while stack:
         for pid in children.get(stack.pop(), ()):
             if pid not in tree:
@@ -293,7 +297,7 @@ def strays(roots: Collection[int], mark: bytes | None, since: int) -> list[int]:
                 stack.append(pid)
     found = []
     for pid, (_ppid, group) in table.items():
-        if pid in roots or group in roots:
+        if pid in roots or group in roots or pid in parents:
             continue
         if pid in tree or (mark is not None and _ours_with(pid, uid, mark)):
             found.append(pid)
@@ -336,15 +340,24 @@ def _watch() -> None:
     # What left a group but not its tree (setsid without a fork): found before the group
     # goes, as its parents die with it; the mark finds it too unless its environment was
     # cleared (env -i). The groups are stopped first: reading /proc takes a while when it is
-    # large, and they must not go on running their jobs meanwhile.
+    # large, and they must not go on running their jobs meanwhile.  So is every process that
+    # carries the mark, and their trees count too: a worker the engine started but had not
+    # told of yet (it was killed between the fork and the line on stdin) carries the mark
+    # from its first instruction, and its group and tree are found through it.
+    since_ticks = since if since is not None else 0
+    carriers = marked(mark, since) if mark else []
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGSTOP)
-    left = strays(groups, None, since if since is not None else 0)
+    for pid in carriers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+    left = strays(groups, None, since_ticks, parents=carriers)
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    for pid in left + (marked(mark, since) if mark else []):
+    # (the mark read again: what a carrier forked before it was stopped)
+    for pid in {*carriers, *left, *(marked(mark, since) if mark else [])}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
