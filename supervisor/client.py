@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -64,6 +65,8 @@ def __getattr__(name: str) -> Any:  # LogChunk used to live here
 CALL_TIMEOUT = 30.0
 WAIT_MARGIN = 30.0
 POOL_SIZE = 4
+#: Signals a subscription's reader thread never takes (they are the main thread's).
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 class _Conn:
@@ -158,6 +161,11 @@ class _RemoteHub(EventHub):
         self.conn.close()
 
     def pump(self, sub: RemoteSubscription) -> None:
+        # Ctrl+C and kill go to the main thread, never to this one: Python runs handlers only
+        # in the main thread, and one that waits on this subscription's queue would not wake
+        # for a signal the kernel gave to this thread (``vramtui events`` hung until the next
+        # event came).
+        signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
         try:
             while not self.closed:
                 try:

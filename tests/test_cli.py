@@ -7,6 +7,7 @@ process, as a script would run it.  Every error must be one line and never a tra
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,6 +347,28 @@ def test_events_follows_the_engine(served: Served) -> None:
                 break
         assert {e["kind"] for e in seen} >= {"job"}
         assert all(abs(e["t"] - seen[-1]["t"]) < 60 for e in seen)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+
+
+def test_only_the_main_thread_of_events_takes_ctrl_c(served: Served) -> None:
+    """A signal the kernel hands to the subscription's reader thread would leave the main
+    thread waiting on the queue until the next event: that thread blocks them (/proc)."""
+    import signal
+
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "events"], env=served.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        tasks = Path(f"/proc/{proc.pid}/task")
+        others = wait_until(lambda: [t for t in os.listdir(tasks) if int(t) != proc.pid],
+                            30, "the reader thread")
+        for tid in [str(proc.pid), *others]:
+            status = (tasks / tid / "status").read_text()
+            blocked = int(next(line.split()[1] for line in status.splitlines()
+                               if line.startswith("SigBlk:")), 16)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                assert bool(blocked >> (sig - 1) & 1) == (tid != str(proc.pid)), (tid, sig)
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
