@@ -501,6 +501,43 @@ def test_an_overlay_whose_backend_is_gone_is_reported_not_run(tmp_path: Path) ->
 
 
 @pytest.mark.process
+@pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f"])
+def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
+        launcher: str) -> None:
+    """The engine and its lifeline both killed (``kill -9``): the next engine kills the
+    leftover server's group and what left it: a helper in its tree with its environment
+    cleared, or one that forked out of its tree but carries the old run's mark."""
+    escaper = Escaper(f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}", launcher)
+    root = new_root()
+    spec = {"name": "esc", "command": escaper.command, "http": {"health": "/health"},
+            "api": ["chat"], "simulated": True,
+            "vram": {"weights": "256MiB", "activation": "0MiB"}}
+    env = make_env(root, [spec])
+    served = start_serve(env, root)
+    again = None
+    try:
+        with served.client() as client:
+            client.preload("esc")
+            wait_until(lambda: any(b.state == "ready" for b in client.snapshot().backends),
+                       30, "the server to be ready")
+            (pid,) = wait_until(escaper.pids, 30, "the server's helper to start")
+        watcher = _lifeline_of(env)
+        assert watcher is not None
+        os.kill(watcher, signal.SIGKILL)
+        os.kill(served.proc.pid, signal.SIGKILL)
+        served.proc.wait(10)
+        assert not _gone(pid)  # left behind, until the next engine starts
+        again = start_serve(env, root)
+        wait_until(lambda: _gone(pid), 10, "the helper to die as the next engine starts")
+        assert "had left their worker's group" in again.stderr(), again.stderr()[-2000:]
+    finally:
+        escaper.kill_left()
+        if again is not None:
+            reap(again)
+        reap(served)
+
+
+@pytest.mark.process
 @pytest.mark.parametrize("launcher", ["setsid", "setsid env -i"])
 def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group(launcher: str) -> None:
     """A model server that started a helper in a session of its own (``setsid``): a signal to

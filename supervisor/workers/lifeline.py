@@ -16,11 +16,12 @@ Two mechanisms, because either alone has a hole:
   (one that cleared its environment, ``env -i``).  The mark is there from a worker's exec, so
   a worker the engine had not told it of yet (killed between the fork and that line) dies too.
 - The *records*: one file per worker group in the runtime directory (``<pid>.json``: pid,
-  start time, backend, engine pid). A restarted engine kills every group whose record
+  start time, backend, engine pid, run mark). A restarted engine kills every group whose record
   survived (the watcher itself may have been killed) before it requeues the jobs the old one
   was running, so a job never executes twice at once. It touches only processes of its own
-  uid whose session and group are the recorded worker's and that started no earlier than it,
-  so a reused pid is never signalled.
+  uid that started no earlier than the recorded worker: in the recorded session and group, in
+  the tree of one of those, or carrying the recording run's mark; a reused pid is never
+  signalled.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class Lifeline:
         from ..paths import pid_record
 
         record = {"pid": pid, "start_time": start_ticks(pid), "backend": backend,
-                  "engine_pid": os.getpid()}
+                  "engine_pid": os.getpid(), "run": self.run}
         path = pid_record(self.records_dir, pid)
         tmp = path.with_suffix(".tmp")
         with contextlib.suppress(OSError):
@@ -160,14 +161,16 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
     """Kill the worker groups an earlier engine recorded and left behind; say what was done.
 
     Returns one line per group that still had processes. Records are deleted once their group
-    is gone. Only processes of our own uid, in the recorded session and group, started no
-    earlier than the recorded worker, are signalled.
+    is gone. Only processes of our own uid, started no earlier than the recorded worker, are
+    signalled: those in the recorded session and group, and what escaped it (in the tree of
+    one of them, or carrying the run mark of the engine that recorded it).
     """
     try:
         paths = sorted(records_dir.glob("*.json"))
     except OSError:
         return []
     groups: dict[int, tuple[int | None, str, Path]] = {}
+    runs: dict[int, str] = {}  # pgid -> the RUN_MARK value of the engine that recorded it
     for path in paths:
         try:
             record = json.loads(path.read_text())
@@ -175,6 +178,8 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
             start = record.get("start_time")
             groups[pid] = (int(start) if start is not None else None,
                            str(record.get("backend", "?")), path)
+            if isinstance(record.get("run"), str):
+                runs[pid] = record["run"]
         except (OSError, ValueError, KeyError, TypeError):
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -182,6 +187,7 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
         return []
     notes: list[str] = []
     members = _members(groups)
+    escaped = _escaped(groups, runs, members)
     for pgid, pids in members.items():
         _start, backend, _path = groups[pgid]
         for pid in pids:
@@ -189,6 +195,12 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
         notes.append(f"killed {len(pids)} leftover process(es) of {backend} (group {pgid}) "
                      "from an engine that did not stop cleanly")
+    for pid in escaped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if escaped:
+        notes.append(f"killed {len(escaped)} leftover process(es) that had left their worker's "
+                     "group (setsid), from an engine that did not stop cleanly")
     deadline = time.monotonic() + timeout
     while members and time.monotonic() < deadline:
         members = {g: [p for p in pids if _alive(p)] for g, pids in members.items()}
@@ -202,6 +214,29 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
             with contextlib.suppress(OSError):
                 path.unlink()
     return notes
+
+
+def _escaped(groups: dict[int, tuple[int | None, str, Path]], runs: dict[int, str],
+             members: dict[int, list[int]]) -> list[int]:
+    """What of the recorded workers left their groups: in the trees of the groups' live
+    members (stopped first, so that none forks or exits meanwhile), or carrying the mark of
+    the run that recorded them, and started no earlier than the recorded worker."""
+    found: set[int] = set()
+    for pgid, pids in members.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGSTOP)
+        since = groups[pgid][0]
+        if since is not None:
+            found.update(strays((), None, since, parents=pids))
+    earliest: dict[str, int] = {}  # a run's mark -> its earliest recorded worker's start
+    for pgid, run in runs.items():
+        since = groups[pgid][0]
+        if since is not None:
+            earliest[run] = min(since, earliest.get(run, since))
+    for run, since in earliest.items():
+        found.update(marked(f"{RUN_MARK}={run}".encode(), since))
+    stopped = {pid for pids in members.values() for pid in pids}
+    return sorted(found - stopped)
 
 
 def _alive(pid: int) -> bool:
