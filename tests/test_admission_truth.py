@@ -9,12 +9,14 @@ worker that never allocated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import pytest
 import yaml
 from engine_support import ROOT, UsageWatcher, engine, sim_backend
 from escaping import Escaper
-from serve_support import make_env, new_root, reap, start_serve
+from serve_support import Served, make_env, new_root, reap, start_serve
 from waiting import wait_until
 
 from supervisor import JobState, Supervisor
@@ -500,13 +502,11 @@ def test_an_overlay_whose_backend_is_gone_is_reported_not_run(tmp_path: Path) ->
     assert any("only an overlay mentions this backend" in str(e) for e in loaded.errors)
 
 
-@pytest.mark.process
-@pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f"])
-def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
-        launcher: str) -> None:
-    """The engine and its lifeline both killed (``kill -9``): the next engine kills the
-    leftover server's group and what left it: a helper in its tree with its environment
-    cleared, or one that forked out of its tree but carries the old run's mark."""
+@contextlib.contextmanager
+def _escaping_server(launcher: str) -> Iterator[tuple[Served, dict[str, str], Path, int]]:
+    """An engine whose model server started a helper with ``launcher`` (out of the server's
+    group), the server loaded: (the engine, its env, its root, the helper's pid).  Whatever
+    of the helper is left is killed at the end."""
     escaper = Escaper(f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}", launcher)
     root = new_root()
     spec = {"name": "esc", "command": escaper.command, "http": {"health": "/health"},
@@ -514,13 +514,28 @@ def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
             "vram": {"weights": "256MiB", "activation": "0MiB"}}
     env = make_env(root, [spec])
     served = start_serve(env, root)
-    again = None
     try:
         with served.client() as client:
             client.preload("esc")
+            # ready: the engine has recorded the server's group (the record is what the
+            # next engine reads)
             wait_until(lambda: any(b.state == "ready" for b in client.snapshot().backends),
                        30, "the server to be ready")
             (pid,) = wait_until(escaper.pids, 30, "the server's helper to start")
+        yield served, env, root, pid
+    finally:
+        escaper.kill_left()
+        reap(served)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f"])
+def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
+        launcher: str) -> None:
+    """The engine and its lifeline both killed (``kill -9``): the next engine kills the
+    leftover server's group and what left it: a helper in its tree with its environment
+    cleared, or one that forked out of its tree but carries the old run's mark."""
+    with _escaping_server(launcher) as (served, env, root, pid):
         watcher = _lifeline_of(env)
         assert watcher is not None
         os.kill(watcher, signal.SIGKILL)
@@ -528,13 +543,11 @@ def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
         served.proc.wait(10)
         assert not _gone(pid)  # left behind, until the next engine starts
         again = start_serve(env, root)
-        wait_until(lambda: _gone(pid), 10, "the helper to die as the next engine starts")
-        assert "had left their worker's group" in again.stderr(), again.stderr()[-2000:]
-    finally:
-        escaper.kill_left()
-        if again is not None:
+        try:
+            wait_until(lambda: _gone(pid), 10, "the helper to die as the next engine starts")
+            assert "had left their worker's group" in again.stderr(), again.stderr()[-2000:]
+        finally:
             reap(again)
-        reap(served)
 
 
 @pytest.mark.process
@@ -544,20 +557,7 @@ def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group(launcher
     the server's group misses it, so the lifeline also kills every process carrying this
     engine's mark once the engine is gone (seen in /proc), and what is still in the tree of
     a worker group it watches, mark or none (``env -i`` cleared it)."""
-    escaper = Escaper(f"{sys.executable} {MODEL_SERVER} --port ${{PORT}}", launcher)
-    root = new_root()
-    spec = {"name": "esc", "command": escaper.command, "http": {"health": "/health"},
-            "api": ["chat"], "simulated": True,
-            "vram": {"weights": "256MiB", "activation": "0MiB"}}
-    env = make_env(root, [spec])
-    served = start_serve(env, root)
-    try:
-        with served.client() as client:
-            client.preload("esc")
-            (pid,) = wait_until(escaper.pids, 30, "the server's helper to start")
+    with _escaping_server(launcher) as (served, _env, _root, pid):
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
         wait_until(lambda: _gone(pid), 5, "the helper to die with the engine")
-    finally:
-        escaper.kill_left()
-        reap(served)
