@@ -104,7 +104,8 @@ class Script:
     sleep_keeps_mib: int | None = None
     # honest; keeps (its sleep gives nothing back); lies (it says it keeps sleep_keeps_mib
     # but gives nothing back); grows (it takes its memory back while asleep, unasked);
-    # sleep-fails, sleep-hangs, wake-fails, wake-hangs
+    # sleep-fails, sleep-hangs, wake-fails, wake-hangs, wake-crashes (its process dies in
+    # the wake: a crash in the hook, the OOM killer)
     sleep_mode: str = "honest"
     sleep_s: float = 0.0  # a sleep's time
     wake_s: float = 0.0  # a wake's time
@@ -283,6 +284,9 @@ class FakeWorker:
             return done
         if script.sleep_mode == "wake-fails":
             return SleepOutcome(False, "RuntimeError: the weights are gone")
+        if script.sleep_mode == "wake-crashes":
+            self.crash(-9)
+            return SleepOutcome(False, "the worker exited")
         self.factory.gpu.hold(self.pid or 0, self.gpu, script.weights_mib)
         if not self._stopping:
             self._set(WorkerState.READY)

@@ -151,6 +151,26 @@ def test_a_wake_that_fails_or_hangs_runs_the_job_on_a_fresh_worker(mode: str, wh
     assert fe.gpu.overcommits == []
 
 
+def test_a_worker_that_dies_in_its_wake_runs_the_waiting_job_on_a_fresh_worker() -> None:
+    """The job waited for the wake: it never ran on that worker, so it is not failed with the
+    worker's crash (a crash in the hook, the OOM killer), it runs on a fresh one."""
+    with fake_engine({"a": NINE, "b": NINE}, gpus=[CARD],
+                     scripts={"a": sleepy("wake-crashes"), "b": sleepy()}) as fe:
+        events = Events(fe)
+        views = alternate(fe, rounds=3)
+        stopped = events.of("stopped")
+        assert [(e.backend, "it died in its wake" in e.message) for e in stopped] == [
+            ("a", True)], [e.message for e in stopped]
+        assert [v.state for v in views] == [JobState.SUCCEEDED] * 6, [v.error for v in views]
+        notes = [note for _t, _s, note in views[2].history]
+        assert any(n.startswith("requeued: a") and "before it ran" in n for n in notes), notes
+    first, second, third = fe.workers.of("a")
+    assert first.wakes == 1 and first.exited and first.sent == [views[0].id]
+    assert second.sent == [views[2].id] and third.sent == [views[4].id]
+    assert second.sleeps == third.sleeps == []  # stopped for b's turns, not put to sleep
+    assert fe.gpu.overcommits == []
+
+
 def test_a_worker_that_takes_its_memory_back_asleep_is_stopped() -> None:
     with fake_engine({"a": NINE, "b": NINE}, gpus=[CARD],
                      scripts={"a": sleepy("grows"), "b": sleepy(job_s=0.5)}) as fe:

@@ -756,6 +756,9 @@ class Engine:
                 self._stopped_during(job)
             elif job.cancel_requested:
                 self._finish(job, job.cancel_state, error=job.error or "cancelled (worker killed)")
+            elif job.state is JobState.STARTING and not never_ready:
+                # it waited for this worker (a wake), never sent to it: it has not run
+                self._requeue(job, f"requeued: {name} {reason} before it ran")
             elif "retry" in handle.features and not never_ready and not job.retried \
                     and job.status_code is None:
                 job.retried = True  # its server died before answering it: once more
