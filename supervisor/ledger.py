@@ -135,6 +135,12 @@ class GpuBook:
         """How far what is held exceeds the device (0: it fits)."""
         return max(0, self.held_mib + self.foreign_mib - self.total_mib)
 
+    @property
+    def over_reserve_mib(self) -> int:
+        """How far what is held reaches into the device's reserve, or past it (0: it
+        leaves the reserve free)."""
+        return max(0, self.held_mib + self.foreign_mib + self.reserve_mib - self.total_mib)
+
 
 @dataclass(frozen=True, slots=True)
 class Book:

@@ -104,9 +104,11 @@ class Script:
     sleep_keeps_mib: int | None = None
     # honest; keeps (its sleep gives nothing back); lies (it says it keeps sleep_keeps_mib
     # but gives nothing back); grows (it takes its memory back while asleep, unasked);
+    # creeps (half a second after its sleep it takes creep_mib back, unasked);
     # sleep-fails, sleep-hangs, wake-fails, wake-hangs, wake-crashes (its process dies in
     # the wake: a crash in the hook, the OOM killer)
     sleep_mode: str = "honest"
+    creep_mib: int = 0
     sleep_s: float = 0.0  # a sleep's time
     wake_s: float = 0.0  # a wake's time
 
@@ -272,6 +274,9 @@ class FakeWorker:
         if mode == "grows":
             self._later(0.05, lambda: self.factory.gpu.hold(self.pid or 0, self.gpu,
                                                              script.weights_mib))
+        elif mode == "creeps":
+            self._later(0.5, lambda: self.factory.gpu.hold(self.pid or 0, self.gpu,
+                                                            keeps + script.creep_mib))
         return SleepOutcome(True, None, keeps, 0)
 
     async def wake(self, timeout: float) -> SleepOutcome:

@@ -183,6 +183,30 @@ def test_a_worker_that_takes_its_memory_back_asleep_is_stopped() -> None:
     assert fe.workers.of("a")[0].exited
 
 
+@pytest.mark.parametrize(("card_mib", "stopped"), [(CARD, True), (19 * 1024, False)],
+                         ids=["over-commits", "room-left"])
+def test_a_sleeping_worker_that_creeps_back_is_stopped_once_its_gpu_is_over_committed(
+        card_mib: int, stopped: bool) -> None:
+    """It takes back 900 MiB asleep (less than the 1 GiB a sleeper may grow unasked), after
+    a model was loaded into the room its sleep gave: on a 12 GiB card that over-commits the
+    GPU (the fake GPU's own count), and it is stopped; with room left, it stays asleep."""
+    big = {"vram": {"weights": "11264MiB", "activation": "512MiB"}, "safety": "0MiB"}
+    with fake_engine({"a": NINE, "b": big}, gpus=[card_mib],
+                     scripts={"a": sleepy("creeps", creep_mib=900),
+                              "b": Script(weights_mib=11264, activation_mib=512,
+                                          load_s=0.05, job_s=1.5)}) as fe:
+        events = Events(fe)
+        fe.sup.wait(fe.sup.submit("a", b""), 10)
+        b_job = fe.sup.submit("b", b"")
+        wait_until(lambda: fe.workers.of("a")[0].sleeps, what="a asleep")
+        if stopped:
+            wait_until(lambda: events.of("stopped"), what="a stopped")
+            (why,) = [e.message for e in events.of("stopped")]
+            assert "took its memory back while asleep" in why and "more than it may" in why
+        assert fe.sup.wait(b_job, 10).state is JobState.SUCCEEDED
+        assert [e.backend for e in events.of("stopped")] == (["a"] if stopped else [])
+
+
 def test_sleep_and_wake_asked() -> None:
     plain = Script(weights_mib=1000, activation_mib=100)
     with fake_engine({"a": NINE, "plain": {"vram": "2GiB"}}, gpus=[CARD],

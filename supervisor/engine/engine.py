@@ -883,7 +883,7 @@ class Engine:
         if self.monitor.took(sample):
             self.watch.observe(sample, self.calibrations.runs())
             self.others.observe(self.clock(), self.monitor, self.book)
-            self.sleeper.check()
+            self.sleeper.check(self.book)
         self.calibrations.on_sample(sample)
         self.notes.sample()
         self.run.schedule()

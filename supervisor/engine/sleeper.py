@@ -25,6 +25,7 @@ from collections.abc import Callable
 from ..errors import Refused
 from ..jobs import Job, JobState
 from ..jobs.table import JobTable
+from ..ledger import Book
 from ..scheduler.evict import MIN_SLEEP_GAIN_MIB, sleep_gain_enough
 from ..workers.base import Worker
 from ..workers.states import WorkerState
@@ -33,6 +34,7 @@ from .monitor import Monitor
 from .notes import Notes
 from .pool import WorkerPool
 from .runtime import BackendRuntime, Slumber
+from .watch import MIN_OVERUSE_TOLERANCE_MIB
 
 #: How far what a sleeping worker holds may exceed what it said it keeps (the CUDA context
 #: is outside what frameworks count), or what it kept when it slept.
@@ -275,18 +277,32 @@ class Sleeper:
                 self.requeue(job, why)
 
     # -- fall-backs -----------------------------------------------------------------------------
-    def check(self) -> None:
+    def check(self, book: Callable[[], Book]) -> None:
         """After a sample: a sleeping worker seen holding more than it kept when it slept is
-        stopped (its memory came back unasked)."""
+        stopped (its memory came back unasked): by more than ``KEEP_TOLERANCE_MIB``, or by
+        more than a reading's noise while its GPU is over-committed or its reserve taken
+        (``book``: the ledger now; the room its sleep gave back went to others, and a job
+        there may die of it, or the desktop starve)."""
+        overcommitted: dict[int, int] | None = None
         for rt in self.pool.runtimes():
             slumber, w = rt.slumber, rt.worker
             observed = rt.measures.observed_mib
             if (slumber is None or slumber.phase != "asleep" or w is None or w.exited
                     or w.state != WorkerState.ASLEEP or observed is None):
                 continue
-            if observed > slumber.keeps_mib + KEEP_TOLERANCE_MIB:
-                self._fall_back(rt, f"it took its memory back while asleep (it holds "
-                                f"{observed} MiB, {slumber.keeps_mib} MiB when it slept)")
+            grew = observed - slumber.keeps_mib
+            if grew <= MIN_OVERUSE_TOLERANCE_MIB:
+                continue
+            if grew <= KEEP_TOLERANCE_MIB:
+                if overcommitted is None:
+                    overcommitted = {i: g.over_reserve_mib for i, g in book().gpus.items()}
+                if overcommitted.get(w.gpu, 0) <= 0:
+                    continue
+            over = overcommitted.get(w.gpu, 0) if overcommitted is not None else 0
+            self._fall_back(rt, f"it took its memory back while asleep (it holds "
+                            f"{observed} MiB, {slumber.keeps_mib} MiB when it slept"
+                            + (f"; GPU{w.gpu} holds {over} MiB more than it may, its "
+                               "reserve counted)" if over > 0 else ")"))
 
     def _fall_back(self, rt: BackendRuntime, why: str) -> None:
         """Stop ``rt``'s worker instead of keeping it asleep, and say why; its backend is not
