@@ -88,3 +88,26 @@ def test_a_real_worker_whose_sleep_or_wake_misbehaves_is_stopped_instead(
     assert [(e.backend, why in e.message) for e in stopped] == [("a", True)], stopped
     assert pids[0] != pids[2]  # a's job ran on a fresh worker
     assert watch.overcommits == []
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_a_sleep_that_takes_more_host_memory_than_the_budget_leaves_is_stopped() -> None:
+    """It declares 10 MiB and says its sleep took none (``host_mib: 0``), but its process
+    grew by 160 MiB (its PSS, read from /proc): counted at what it took, past the sleepers'
+    100 MiB budget, so it is stopped, and the job that needed the room still runs."""
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0, sleep_host_budget_mib=100)
+    hungry = misbehaving("a", "honest")
+    hungry["env"]["SLEEPY_HOST_MIB"] = "160"
+    hungry["sleep"] = {"host": "10MiB"}  # what it declares its sleep takes: it fits
+    with engine([hungry, misbehaving("b", "honest")], gpus="sim:8GiB", config=config) as sup:
+        events = sleep_events(sup)
+        for backend in "ab":
+            view = sup.wait(sup.submit(backend, b"x"), 60)
+            assert view.state is JobState.SUCCEEDED, view.error
+        stopped = [e for e in events if e.state == "stopped"]
+        a = sup.snapshot().backend("a")
+    assert [e.backend for e in stopped] == ["a"], [e.message for e in events]
+    assert "it said 0" in stopped[0].message
+    assert "sleepers may take 100 MiB more" in stopped[0].message
+    assert a is not None and a.state in ("cold", "stopping")

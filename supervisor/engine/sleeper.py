@@ -6,8 +6,9 @@ chose to put a worker to sleep rather than stop it (``Evict.sleep``), or a user 
 
 - after its sleep hook returned, what it keeps is *measured* (the GPU reader's reading of its
   processes): that is what the ledger counts it at from then on, never zero, and what
-  admission learns for its next sleep; the host memory its weights took is counted against
-  ``EngineConfig.sleep_host_budget_mib``;
+  admission learns for its next sleep; the host memory its weights took (what it says, never
+  less than its processes' PSS grew) is counted against ``EngineConfig.sleep_host_budget_mib``,
+  and a sleep that took more than the budget left is stopped;
 - a sleep that gave (almost) nothing back, a worker that says it keeps less than the GPU shows,
   one that takes its memory back while asleep, a sleep or a wake that fails or does not answer
   within ``timeouts.start``: the worker is stopped instead, an event says why, and the backend
@@ -23,6 +24,7 @@ import asyncio
 from collections.abc import Callable
 
 from ..errors import Refused
+from ..gpu.procmem import tree_memory_mib
 from ..jobs import Job, JobState
 from ..jobs.table import JobTable
 from ..ledger import Book
@@ -136,7 +138,8 @@ class Sleeper:
     def sleep(self, rt: BackendRuntime, reason: str) -> None:
         """Put ``rt``'s ready, idle worker to sleep (the planner chose it, or a user did)."""
         w = rt.worker
-        if w is None or w.state != WorkerState.READY or rt.admitted or not rt.can_sleep:
+        if w is None or w.state != WorkerState.READY or rt.admitted or not rt.can_sleep \
+                or rt.slumber is not None:  # (its sleep is under way: asked once)
             return
         info = rt.info()
         m = rt.measures  # (settling: the last sample saw its job's memory, not what it holds)
@@ -153,6 +156,7 @@ class Sleeper:
     async def _fall_asleep(self, rt: BackendRuntime, w: Worker) -> None:
         spec = rt.spec
         slumber = rt.slumber
+        before = await self._host_memory(w)
         outcome = await w.sleep(spec.sleep.level, spec.timeouts.start_s)
         if rt.worker is not w or w.exited or rt.slumber is not slumber or slumber is None:
             return
@@ -184,19 +188,39 @@ class Sleeper:
                             f"give back at least {MIN_SLEEP_GAIN_MIB} MiB and a tenth)")
             return
         took = self.clock() - slumber.since
-        host = outcome.host_mib if outcome.host_mib is not None else slumber.host_mib
+        said = outcome.host_mib if outcome.host_mib is not None else slumber.host_mib
+        after = await self._host_memory(w)
+        if rt.worker is not w or w.exited or rt.slumber is not slumber:
+            return
+        grew = round(after - before) if after is not None and before is not None else 0
+        host = max(said, grew)  # what it said, never less than its processes were seen to take
+        others = self.host_held_mib() - slumber.host_mib
         slumber.phase, slumber.since = "asleep", self.clock()
         slumber.keeps_mib, slumber.host_mib = keeps, host
         m = rt.measures
         m.sleep_residual_mib, m.sleep_host_mib = keeps, host
         m.observed_mib = keeps  # measured now: the last sample saw it before it slept
         name = spec.name
+        if others + host > self.budget_mib:
+            seen = f" (its processes grew by {grew} MiB; it said {said})" if grew > said else ""
+            self._fall_back(rt, f"its sleep took {host} MiB of host memory{seen}, and "
+                            f"sleepers may take {max(0, self.budget_mib - others)} MiB more "
+                            f"(sleep_host_budget {self.budget_mib} MiB)", learned=True)
+            return
         self.notes.note("info", f"{name} asleep in {took:.2f} s: keeps {keeps} MiB on "
                         f"GPU{w.gpu} (gave back {gave} MiB), {host} MiB of host memory", name)
         self.notes.sleep(name, "asleep", f"keeps {keeps} MiB, gave back {gave} MiB", took)
         if slumber.wake_wanted:
             self._begin_wake(rt, slumber)
         self.loop.schedule()
+
+    @staticmethod
+    async def _host_memory(w: Worker) -> float | None:
+        """The host memory (PSS) of ``w``'s process and its descendants, read off the loop
+        (a large process's smaps take a while); None when it cannot be read."""
+        if w.pid is None:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(None, tree_memory_mib, w.pid)
 
     async def _measure(self, w: Worker, held: int) -> int | None:
         """What ``w``'s processes hold on its GPU now (None: the reader cannot tell), read
@@ -304,13 +328,17 @@ class Sleeper:
                             + (f"; GPU{w.gpu} holds {over} MiB more than it may, its "
                                "reserve counted)" if over > 0 else ")"))
 
-    def _fall_back(self, rt: BackendRuntime, why: str) -> None:
+    def _fall_back(self, rt: BackendRuntime, why: str, *, learned: bool = False) -> None:
         """Stop ``rt``'s worker instead of keeping it asleep, and say why; its backend is not
-        put to sleep again until respawned."""
+        put to sleep again until respawned (``learned``: it may be, now that what its sleep
+        takes is known and checked before the next one)."""
         name = rt.spec.name
-        rt.health.no_sleep = why
-        self.notes.note("warning", f"{name}: {why}; stopping it instead (it is not put to "
-                        "sleep again until respawned)", name)
+        if learned:
+            then = "its next sleep is checked against what this one took"
+        else:
+            rt.health.no_sleep = why
+            then = "it is not put to sleep again until respawned"
+        self.notes.note("warning", f"{name}: {why}; stopping it instead ({then})", name)
         self.notes.sleep(name, "stopped", why, None)
         self.notes.counters.sleep_failed(name)
         self.pool.evict_now(rt)

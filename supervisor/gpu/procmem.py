@@ -14,6 +14,7 @@ point them at a directory of its own), in MiB (2**20 bytes) unless said otherwis
 - :func:`resident_pages`: one process's RSS in pages from ``statm`` (it says whether the PSS
   may have moved, for a fraction of a ``smaps_rollup`` read's cost);
 - :func:`parents`: pid -> (parent pid, start time) of every process (one pass over ``/proc``);
+- :func:`tree_memory_mib`: the PSS of a process and its descendants;
 - :func:`has_env`: whether a process's environment holds an item (a mark it inherited);
 - :func:`last_pid`: the last pid given out (a new process started when it moves);
 - :func:`start_ticks`: one process's state letter and start time (tells a reused pid apart).
@@ -200,3 +201,21 @@ def parents(proc: str = "/proc") -> dict[int, tuple[int, int]]:
         if stat is not None and stat[0] not in ("Z", "X", "x"):
             out[int(name)] = (stat[1], stat[2])
     return out
+
+
+def tree_memory_mib(pid: int, proc: str = "/proc") -> float | None:
+    """The PSS of ``pid`` and every process descended from it, MiB (each page once); None
+    when ``pid`` is gone."""
+    table = parents(proc)
+    if pid not in table:
+        return None
+    children: dict[int, list[int]] = {}
+    for child, (parent, _start) in table.items():
+        children.setdefault(parent, []).append(child)
+    total, stack = 0.0, [pid]
+    while stack:
+        one = stack.pop()
+        mem = process_memory(one, proc)
+        total += mem.mib if mem is not None else 0.0
+        stack.extend(children.get(one, ()))
+    return total

@@ -11,6 +11,9 @@ It holds ``SLEEPY_WEIGHTS`` MiB (``worker_sdk.sim``) from initialize on; asleep 
 - ``sleep-fails`` / ``wake-fails``: that hook raises;
 - ``wake-hangs``: wake never returns.
 
+``SLEEPY_HOST_MIB`` (default 0): its sleep also takes that much host memory (touched), kept
+until it wakes, and says nothing of it (``host_mib: 0``).
+
 A request answers ``{"pid": ..., "asleep_calls": n, "wake_calls": n, "level": last level}``.
 """
 
@@ -28,7 +31,9 @@ WEIGHTS = int(os.environ.get("SLEEPY_WEIGHTS", "1000"))
 KEEP = int(os.environ.get("SLEEPY_KEEP", "100"))
 WAKE_S = float(os.environ.get("SLEEPY_WAKE_S", "0"))
 MODE = os.environ.get("SLEEPY_MODE", "honest")
+HOST_MIB = int(os.environ.get("SLEEPY_HOST_MIB", "0"))
 CALLS = {"sleep": 0, "wake": 0, "level": 0}
+HOST: list[bytearray] = []  # the host memory its sleep took (the weights moved there)
 
 
 @worker_sdk.initialize
@@ -53,11 +58,14 @@ def _sleep(level: int) -> dict[str, int] | None:
     if MODE == "lies":
         return {"kept_mib": KEEP}
     sim.free(WEIGHTS - KEEP)
+    if HOST_MIB:
+        HOST.append(bytearray(b"\1" * (HOST_MIB << 20)))  # (touched: resident)
     return {"kept_mib": KEEP, "host_mib": 0}
 
 
 def _wake() -> None:
     CALLS["wake"] += 1
+    HOST.clear()
     if MODE == "wake-fails":
         raise RuntimeError("the weights are gone")
     if MODE == "wake-hangs":
