@@ -80,6 +80,8 @@ _DURATION_UNITS: dict[str, tuple[int, int]] = {  # seconds, as a ratio
     "hr": (3600, 1),
     "d": (86400, 1),
 }
+_PLAIN_NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
+MAX_DURATION_TEXT = 100  # characters: longer is no duration anyone means
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|sec|min|hr|s|m|h|d)", re.IGNORECASE)
 _INFINITE_WORDS = frozenset({"never", "forever", "inf", "infinity"})
 _DURATION_HELP = "(use e.g. 30s, 5m, 1h30m or a number of seconds)"
@@ -147,12 +149,15 @@ def _parse_duration_text(text: str) -> float:
     from fractions import Fraction
 
     stripped = text.strip()
+    if len(stripped) > MAX_DURATION_TEXT:
+        raise ValueError(f"{brief(text)} is too long to be a duration {_DURATION_HELP}")
     if stripped.lower() in _INFINITE_WORDS:
         return math.inf
-    try:
-        return float(Fraction(stripped))  # a plain number of seconds, e.g. "300" or "1.5"
-    except (ValueError, ZeroDivisionError):
-        pass
+    if _PLAIN_NUMBER.match(stripped):
+        # a plain number of seconds, e.g. "300", "1.5" or "1e3" (read as a float: "1e9999999"
+        # is infinity at once, where an exact fraction would first build a 10-million-digit
+        # integer)
+        return float(stripped)
     total = Fraction(0)
     position = 0
     compact = stripped.replace(" ", "")
@@ -163,7 +168,10 @@ def _parse_duration_text(text: str) -> float:
         position = match.end()
     if position == 0 or position != len(compact):
         raise ValueError(f"{text!r} is not a duration {_DURATION_HELP}")
-    return float(total)
+    try:
+        return float(total)
+    except OverflowError:
+        return math.inf
 
 
 def mib_from_gib(gib: float) -> int:

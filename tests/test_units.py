@@ -117,6 +117,18 @@ def test_parse_duration_infinite_and_errors() -> None:
             parse_duration(bad)
 
 
+def test_a_huge_exponent_is_an_error_at_once_not_a_ten_million_digit_number() -> None:
+    """``1e9999999`` used to build 10**9999999 exactly (about 10 s of the engine's loop when
+    it came over HTTP), and ``1e400`` to raise OverflowError (a 500, a CLI traceback)."""
+    for text in ("1e400", "1e9999999"):
+        with pytest.raises(ValueError, match="finite"):
+            parse_duration(text)
+    assert parse_duration("1e9999999", allow_infinite=True) == math.inf
+    assert parse_duration("1e-400") == 0.0 and parse_duration("1e3") == 1000.0
+    with pytest.raises(ValueError, match="too long"):
+        parse_duration("1" * 5000 + "s")
+
+
 @given(st.floats(min_value=0, max_value=1e9, allow_nan=False) | st.integers(0, 10**9))
 def test_duration_format_round_trip(seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == float(seconds)
