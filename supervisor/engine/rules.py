@@ -3,7 +3,8 @@
 Each rule is a process name (the GPU it holds memory on is yielded while it runs there, and
 resumed once it left), or a command whose exit code decides (0: yield; its ``gpus``, else every
 GPU), run every ``every`` with a ``timeout``: a command that hangs is killed at its timeout,
-said once, and counts as "no" — nothing sticks::
+said once, and counts as "no"; whatever a command leaves running once it has answered is
+killed with it (its whole process group) — nothing sticks::
 
     engine:
       yield_when:
@@ -198,6 +199,10 @@ class Rules:
             self._trouble(index, f"yield_when: `{shlex.join(rule.command)}` did not answer "
                           f"within {rule.timeout_s:g} s (killed); the rule counts as no")
             return False
+        # What it left behind in its session (``sh -c 'x & exit 1'``) would pile up at every
+        # run and outlive the engine: its answer is its exit code, the rest goes with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         self._said.discard(index)
         return code == 0
 
