@@ -25,8 +25,10 @@ from .apispec import METHODS
 from .backends.loader import default_layers, load_backends
 from .doors.watch import JobEnd
 from .engine import Engine, EngineConfig
+from .engine.config import reserve_problem
 from .errors import EngineStopped, VramtuiError
 from .events import EngineEvent, Subscription
+from .gpu.errors import BadGpuSpec
 from .gpu.select import open_probe
 from .jobs import JobView
 from .limits import Limits, raise_open_file_limit
@@ -136,6 +138,12 @@ class Supervisor:
         paths = (paths or Paths.from_env(environ)).ensure()
         probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir, host_reserve_mib=(
             config or EngineConfig()).host_reserve_mib)
+        if config is not None and config.gpu_reserve_mib:
+            why = reserve_problem(config.gpu_reserve_mib,
+                                  {d.index: d.total_mib for d in probe.devices()})
+            if why is not None:
+                probe.close()
+                raise BadGpuSpec(why)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
         loaded = load_backends(layers, environ=environ)
         if loaded.demo:

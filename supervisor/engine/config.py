@@ -55,3 +55,18 @@ class EngineConfig:
     others_cancel_after_s: float = 3.0
     yield_when: tuple[YieldRule, ...] = ()  # yield a GPU while a program runs (rules.py)
     gpu_reserve_mib: dict[int, int] = field(default_factory=dict)  # per GPU, over reserve_mib
+
+
+def reserve_problem(reserve: dict[int, int], totals: dict[int, int]) -> str | None:
+    """Why ``engine.reserve`` (GPU -> MiB kept free) cannot be kept on these devices (GPU ->
+    size in MiB), in one line; None when it can."""
+    for gpu, mib in sorted(reserve.items()):
+        total = totals.get(gpu)
+        if total is None:
+            have = ", ".join(f"GPU{i}" for i in sorted(totals)) or "none"
+            return (f"config.yaml engine.reserve names GPU{gpu}, which this engine does not "
+                    f"have (it has {have}): remove it, or fix the index")
+        if mib >= total:
+            return (f"config.yaml engine.reserve keeps {mib} MiB free on GPU{gpu}, which has "
+                    f"{total} MiB: nothing could ever run there; keep less free")
+    return None
