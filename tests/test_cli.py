@@ -371,7 +371,8 @@ def test_only_the_main_thread_of_events_takes_ctrl_c(served: Served) -> None:
                 assert bool(blocked >> (sig - 1) & 1) == (tid != str(proc.pid)), (tid, sig)
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        # 0 once it follows; 130 (interrupted) when ctrl+c came as it was still subscribing
+        assert proc.wait(20) in (0, 130)
 
 
 def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
