@@ -64,6 +64,9 @@ class GpuView:
     yielded_by: str | None = None  # handed over (vramtui yield): who asked; None: not yielded
     yielded_until: float | None = None  # epoch seconds (None: until resumed)
     source: str = "nvml"  # what measures it: "nvml", "simulated", or "host" (host memory)
+    # What admission may still hand out here now: the ledger's budget (what others are
+    # counted at, hysteresis and all), 0 while it is yielded or draining.
+    budget_mib: int = 0
 
     @property
     def yielded_text(self) -> str:
@@ -91,12 +94,6 @@ class GpuView:
         """How its figures are labelled: ``SIMULATED``, ``host memory`` or ``GPU``."""
         return kind_label("simulated" if self.simulated else self.source)
 
-    @property
-    def budget_mib(self) -> int:
-        """What admission may still hand out here."""
-        free = self.free_mib if self.free_mib is not None else self.total_mib
-        room = self.total_mib - self.reserved_mib - (self.foreign_mib or 0)
-        return max(0, min(free, room) - self.reserve_mib)
 
 
 @dataclass(frozen=True, slots=True)

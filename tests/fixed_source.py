@@ -288,6 +288,11 @@ class FixedSource:
         self._hub.close()
 
 
+def _budget(total: int, free: int, held: int, others: int, reserve: int) -> int:
+    """What admission may still hand out on a GPU of these figures (as the ledger says)."""
+    return max(0, min(free, total - held - others) - reserve)
+
+
 def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSnapshot:
     """The demo backends on one 24 GiB GPU, mid-afternoon: one job running, two waiting."""
     total = 24576
@@ -297,6 +302,7 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                       used_mib=19020, free_mib=total - 19020, reserved_mib=20480,
                       ours_mib=19020, foreign_mib=0, util_pct=None, temp_c=None,
                       power_w=None, simulated=True, reserve_mib=256, history=hist,
+                      budget_mib=_budget(total, total - 19020, 20480, 0, 256),
                       processes=(GpuProcess(41027, 10342, "ada", "llm-8b-sim"),
                                  GpuProcess(41021, 8678, "ada", "sdxl-sim"),
                                  GpuProcess(41022, 538, "ada", "sdxl-sim")))
@@ -305,6 +311,7 @@ def demo_snapshot(*, simulated: bool = True, log_dir: str = LOG_DIR) -> EngineSn
                       free_mib=total - 19788, reserved_mib=20480, ours_mib=19020,
                       foreign_mib=768, util_pct=87, temp_c=64, power_w=61.4,
                       simulated=False, reserve_mib=256, history=hist,
+                      budget_mib=_budget(total, total - 19788, 20480, 768, 256),
                       processes=(GpuProcess(41027, 10342, "ada", "llm-8b-sim"),
                                  GpuProcess(41021, 8678, "ada", "sdxl-sim"),
                                  GpuProcess(7311, 768, "grace", None)))
@@ -408,7 +415,9 @@ def big_snapshot(gpus: int = 4, jobs: int = 50, history_s: float = 600.0,
                              used_mib=hist[-1][1], free_mib=total - hist[-1][1],
                              reserved_mib=hist[-1][1] + 2048, ours_mib=hist[-1][1],
                              foreign_mib=0, util_pct=None, temp_c=None, power_w=None,
-                             simulated=True, reserve_mib=256, history=hist))
+                             simulated=True, reserve_mib=256, history=hist,
+                             budget_mib=_budget(total, total - hist[-1][1],
+                                                hist[-1][1] + 2048, 0, 256)))
     backends = tuple(
         _backend(f"model-{i:02d}", ("busy", "ready", "cold")[i % 3],
                  pid=50000 + i if i % 3 != 2 else None, gpu=i % gpus if i % 3 != 2 else None,

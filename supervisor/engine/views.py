@@ -73,6 +73,8 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             yielded_by=y.by if (y := parts.yielded.get(index)) is not None else None,
             yielded_until=y.until if y is not None else None,
             source=r.source or probe.source,
+            budget_mib=0 if accounts is None or index in parts.draining
+            or index in parts.yielded else accounts.budget_mib,
         ))
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:

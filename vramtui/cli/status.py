@@ -55,6 +55,6 @@ def _status(client: Client, args: argparse.Namespace) -> None:
     procs = process_table(snap)
     if procs is not None:
         show(procs)
-    free = sum(g.budget_mib for g in snap.gpus if not g.draining and g.yielded_by is None)
+    free = sum(g.budget_mib for g in snap.gpus)
     show(f"jobs: {len(snap.running)} running, {len(snap.queued)} queued; admission "
          f"budget left {mib_text(free)}")
