@@ -2,10 +2,14 @@
 
 Read through psutil once per process and kept, keyed by pid and start time (a reused pid is
 read again); the cache is bounded.  "?" when the system does not tell (the process is gone,
-or belongs to someone the engine may not look at).
+or belongs to someone the engine may not look at).  A process names itself (``prctl``, its
+``argv[0]``), so any user's process may put an escape sequence in its name: what is kept is
+:func:`~supervisor.textsafe.visible`, safe for every face to print.
 """
 
 from __future__ import annotations
+
+from ..textsafe import visible
 
 MAX_KEPT = 4096
 _KEPT: dict[tuple[int, str], tuple[float, str]] = {}  # (pid, fact) -> (start time, value)
@@ -20,7 +24,7 @@ def _fact(pid: int, fact: str) -> str:
         known = _KEPT.get((pid, fact))
         if known is not None and known[0] == created:
             return known[1]
-        value = proc.name() if fact == "name" else proc.username()
+        value = visible(proc.name() if fact == "name" else proc.username())
     except (psutil.Error, KeyError, OSError):
         return "?"
     if len(_KEPT) >= MAX_KEPT:
