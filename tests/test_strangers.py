@@ -150,6 +150,22 @@ def test_how_long_a_device_stays_over_is_told() -> None:
     assert w.observe(1.2, 0, 6 * GIB, 18 * GIB, 24 * GIB).over_for_s == 0  # it fits
 
 
+def test_the_clock_of_an_over_committed_device_stops_when_the_stranger_leaves() -> None:
+    """Hysteresis keeps a stranger's memory held back ``leave_s`` after it left; the device
+    it over-committed fits again meanwhile, so the cancel policy's clock stops at once (it
+    ran on to 4 s before and cancelled a job for a stranger gone 1.5 s)."""
+    w = StrangerWatch(arrive_s=3.0, leave_s=3.0, urgent_s=0.3)
+    held = 3 * GIB + 256  # a running job: nothing idle to evict
+    feed(w, ticks(0.0, 0.4), 0, held=held)
+    over = [w.observe(t, 0, 22 * GIB, held, 24 * GIB) for t in ticks(0.5, 2.4)]
+    assert over[-1].over_mib and over[-1].over_for_s == pytest.approx(1.6)  # counted from 0.8
+    after = [w.observe(t, 0, 0, held, 24 * GIB) for t in ticks(2.5, 5.3)]
+    assert all(v.counted_mib == 22 * GIB and v.over_mib for v in after)  # still held back
+    assert [v.over_for_s for v in after] == [0.0] * len(after)
+    back = [w.observe(t, 0, 22 * GIB, held, 24 * GIB) for t in ticks(5.4, 5.9)]
+    assert back[0].over_for_s == 0 and back[-1].over_for_s == pytest.approx(0.5)  # afresh
+
+
 @pytest.mark.parametrize("policy", ["wait", "cancel"])
 def test_a_running_job_is_cancelled_for_others_only_when_the_policy_says_so(policy: str
                                                                             ) -> None:
@@ -166,6 +182,26 @@ def test_a_running_job_is_cancelled_for_others_only_when_the_policy_says_so(poli
             assert "others need its GPU" in (fe.sup.job(job).error or "")
         else:
             assert fe.sup.wait(job, 5).state == "succeeded"
+
+
+def test_a_running_job_is_not_cancelled_for_a_stranger_that_left() -> None:
+    """The stranger over-commits the GPU, is counted, and leaves well before
+    ``others_cancel_after_s``; its memory stays held back ``others_leave_s`` after, which
+    must not count as the GPU staying over-committed: the job finishes."""
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_policy="cancel", others_cancel_after_s=1.0, others_leave_s=30.0)
+    descs = {"a": {"vram": {"weights": "3GiB", "activation": "512MiB"}, "safety": "0MiB"}}
+    with fake_engine(descs, scripts={"a": Script(weights_mib=3 * GIB, activation_mib=512,
+                                                 job_s=2.5)}, config=cfg) as fe:
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
+        fe.gpu.hold(STRANGER, 0, 6 * GIB)  # 3.5 + 6 > 8 GiB, and nothing idle to evict
+        wait_until(lambda: fe.sup.snapshot().gpus[0].others_mib, what="the stranger counted")
+        fe.gpu.release(STRANGER)
+        assert fe.sup.wait(job, 10).state == "succeeded", fe.sup.job(job).error
+        assert fe.sup.snapshot().gpus[0].others_mib == 6 * GIB  # still held back meanwhile
+        lines = [line.text for line in fe.sup.snapshot().log]
+        assert not [t for t in lines if "cancelling" in t], lines
 
 
 def test_with_the_cancel_policy_idle_models_go_first_even_when_they_are_slow_to_go() -> None:

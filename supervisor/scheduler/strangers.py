@@ -18,7 +18,10 @@ Hysteresis, so that a brief spike changes nothing:
 The first reading of a GPU is counted whole (strangers present before the engine looked).
 ``Verdict.over_for_s`` says how long a GPU has stayed over: once every idle model is gone,
 only running jobs hold it, and a policy (``EngineConfig.others_policy: cancel``) may cancel
-them after ``others_cancel_after_s``; by default they finish.
+them after ``others_cancel_after_s``; by default they finish.  That clock runs only while the
+device is over by what strangers hold *now* as well as by what is counted: hysteresis keeps
+memory held back ``leave_s`` after a stranger let go, but a device whose strangers left is not
+over-committed, and no job is to be cancelled for a stranger that is gone.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class Verdict:
     counted_mib: int
     over_mib: int
     urgent: bool = False  # the counted figure jumped because the device was over-committed
-    over_for_s: float = 0.0  # how long it has been over by what is counted, without a break
+    over_for_s: float = 0.0  # how long it has been over, by what is counted and by what
+    # strangers hold now, without a break (0 once they let go, whatever is still counted)
 
 
 class StrangerWatch:
@@ -103,6 +107,8 @@ class StrangerWatch:
         elif state.counted_over_since is None:
             state.counted_over_since = now
         since = state.counted_over_since
+        if since is not None:  # and over now: what hysteresis still counts is not a stranger
+            since = None if state.over_since is None else max(since, state.over_since)
         return Verdict(strangers_mib, state.counted, over, urgent,
                        0.0 if since is None else now - since)
 
