@@ -4,13 +4,16 @@ and the engine's answer on fake workers (a stranger is a pid the fake GPU holds 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from fake_worker import Script, fake_engine
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
-from supervisor.scheduler.model import BackendInfo, GpuState, Snapshot, WorkerInfo
+from supervisor.engine.others import Others
+from supervisor.ledger import Book, GpuBook
+from supervisor.scheduler.model import BackendInfo, Evict, GpuState, Snapshot, WorkerInfo
 from supervisor.scheduler.plan import plan
 from supervisor.scheduler.strangers import StrangerWatch
 
@@ -204,6 +207,31 @@ def test_a_running_job_is_not_cancelled_for_a_stranger_that_left() -> None:
         assert not [t for t in lines if "cancelling" in t], lines
 
 
+def test_a_model_evicted_for_others_that_left_says_so() -> None:
+    """A job holds the GPU while a stranger over-commits it, then the stranger leaves; its
+    memory stays held back (``others_leave_s``), so the model, idle once its job ends, is
+    evicted for it: the event says for whom it was held back, not that it is taken."""
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_leave_s=30.0)
+    descs = {"a": {"vram": {"weights": "3GiB", "activation": "512MiB"}, "safety": "0MiB"}}
+    with fake_engine(descs, scripts={"a": Script(weights_mib=3 * GIB, activation_mib=512,
+                                                 job_s=1.0)}, config=cfg) as fe:
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
+        fe.gpu.hold(STRANGER, 0, 6 * GIB)  # 3.5 + 6 > 8 GiB, and nothing idle to evict
+        wait_until(lambda: fe.sup.snapshot().gpus[0].others_mib, what="the stranger counted")
+        fe.gpu.release(STRANGER)
+        assert fe.sup.wait(job, 10).state == "succeeded"
+
+        def evicted() -> list[str]:
+            return [t.text for t in fe.sup.snapshot().log if t.text.startswith("evicted a")]
+
+        line = wait_until(evicted, deadline=5, what="a evicted")[0]
+        assert line.startswith(f"evicted a: 6.0 GiB held back on GPU0 for pid {STRANGER} ("), \
+            line
+        assert " s ago (frees " in line and "taken" not in line, line
+
+
 def test_with_the_cancel_policy_idle_models_go_first_even_when_they_are_slow_to_go() -> None:
     """An idle model still letting go (its stop takes 1 s) is the room a running job waits
     for: ``cancel`` is for a GPU with nothing idle left, not a race against a slow stop."""
@@ -219,6 +247,42 @@ def test_with_the_cancel_policy_idle_models_go_first_even_when_they_are_slow_to_
         wait_until(lambda: fe.sup.job(job).state == "running", what="running")
         fe.gpu.hold(STRANGER, 0, 3 * GIB)  # 2.5 + 3 + 3 > 8 GiB: the idle model must go
         assert fe.sup.wait(job, 10).state == "succeeded"  # it went; the job was not cancelled
+
+
+def sample(strangers: dict[int, int], unlisted: int = 0) -> SimpleNamespace:
+    """A monitor's last sample of GPU0 (24 GiB, none of ours on it): ``strangers`` pid -> MiB
+    the driver lists, and ``unlisted`` MiB the device counts as used that no process holds."""
+    foreign = sum(strangers.values()) + unlisted
+    reading = SimpleNamespace(used_mib=foreign, total_mib=24 * GIB)
+    return SimpleNamespace(readings={0: reading}, foreign={0: foreign}, owners={},
+                           per_gpu=lambda: {0: dict(strangers)})
+
+
+def no_book() -> Book:
+    return Book({0: GpuBook(0, 24 * GIB, 0, None, None, 0)})
+
+
+def test_memory_held_back_for_others_that_left_is_not_said_to_be_taken() -> None:
+    """Once strangers let go, hysteresis holds their memory back a while: an eviction then
+    names who left and when, not "taken by processes the driver does not list"."""
+    notes: list[str] = []
+    others = Others(lambda _level, text: notes.append(text), EngineConfig(others_leave_s=3.0))
+    evict = Evict("long", 0, 2 * GIB, "others hold it", others=True)
+    others.observe(0.0, sample({STRANGER: 6 * GIB}), no_book)  # counted at once: it was there
+    assert others.counted[0] == 6 * GIB
+    assert others.evicted(evict).startswith(f"evicted long: 6.0 GiB taken by pid {STRANGER} (")
+    others.observe(1.0, sample({}), no_book)
+    others.observe(2.5, sample({}), no_book)
+    assert others.counted[0] == 6 * GIB  # held back
+    line = others.evicted(evict)
+    assert line.startswith(f"evicted long: 6.0 GiB held back on GPU0 for pid {STRANGER} ("), line
+    assert line.endswith("), gone 1.5 s ago (frees 2.0 GiB)"), line
+    assert "taken" not in line and "driver does not list" not in line
+
+    others.observe(2.6, sample({}, unlisted=5 * GIB), no_book)  # nobody listed holds it
+    assert others.who(0) == "processes the driver does not list"
+    others.observe(3.0, sample({}), no_book)
+    assert others.who(0) == "others gone 0.0 s ago"
 
 
 def test_what_is_counted_stays_between_what_lasted_and_what_was_seen_lately() -> None:

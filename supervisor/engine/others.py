@@ -55,6 +55,10 @@ class Others:
         self._cancelled: set[int] = set()  # GPUs whose jobs were cancelled in this episode
         self.strangers: dict[int, tuple[Stranger, ...]] = {}  # GPU -> largest first
         self.over: dict[int, int] = {}  # GPU -> MiB over the device by what is counted
+        # GPU -> the strangers last seen there and when they let go, while memory is still
+        # held back for them (hysteresis): nobody holds it now
+        self.left: dict[int, tuple[tuple[Stranger, ...], float]] = {}
+        self._at = 0.0  # the time of the last sample taken in
 
     @property
     def counted(self) -> dict[int, int]:
@@ -72,6 +76,7 @@ class Others:
         owners = monitor.owners
         counted = self.watch.counted()
         accounts: Book | None = None
+        self._at = now
         for index, reading in sorted(monitor.readings.items()):
             now_mib = monitor.foreign.get(index, 0) if reading.used_mib is not None else 0
             if not now_mib and not counted.get(index):
@@ -81,6 +86,10 @@ class Others:
             if accounts is None:
                 accounts = book()
             gpu = accounts.gpus.get(index)
+            if now_mib:
+                self.left.pop(index, None)
+            elif index not in self.left:  # they just let go; memory stays held back a while
+                self.left[index] = (self.strangers.get(index, ()), now)
             self.strangers[index] = self._who(per_gpu.get(index, {}), owners)
             verdict = self.watch.observe(now, index, now_mib,
                                          gpu.held_mib if gpu is not None else 0,
@@ -116,6 +125,7 @@ class Others:
     def _gone(self, index: int) -> None:
         self.strangers.pop(index, None)
         self.over.pop(index, None)
+        self.left.pop(index, None)
 
     @staticmethod
     def _who(processes: Mapping[int, int], owners: Mapping[int, str]
@@ -125,13 +135,25 @@ class Others:
         return tuple(Stranger(pid, mib, process_name(pid)) for mib, pid in theirs[:MAX_NAMED])
 
     def who(self, gpu: int) -> str:
-        """``pid 4242 (blender)``, ``pid 1 (a), pid 2 (b)``, or ``processes the driver does
-        not list``."""
-        named = self.strangers.get(gpu, ())
-        return ", ".join(str(s) for s in named[:3]) or "processes the driver does not list"
+        """``pid 4242 (blender)``, ``pid 1 (a), pid 2 (b)``, ``processes the driver does not
+        list`` (memory the device counts as used that no listed process accounts for), or,
+        once they let go while their memory is still held back, ``pid 4242 (blender), gone
+        1.5 s ago`` (``others gone 1.5 s ago`` where none was named)."""
+        if (left := self.left.get(gpu)) is not None:
+            named, since = left
+            ago = f"gone {max(0.0, self._at - since):.1f} s ago"
+            return f"{self._names(named)}, {ago}" if named else f"others {ago}"
+        return self._names(self.strangers.get(gpu, ())) or "processes the driver does not list"
+
+    @staticmethod
+    def _names(named: tuple[Stranger, ...]) -> str:
+        return ", ".join(str(s) for s in named[:3])
 
     def evicted(self, ev: Evict) -> str:
-        """The event line of an eviction made for strangers."""
+        """The event line of an eviction made for strangers: the memory is ``taken by`` them,
+        or ``held back for`` them once they let go (hysteresis)."""
         what = "put to sleep" if ev.sleep else "evicted"
-        return f"{what} {ev.backend}: {mib_text(self.counted.get(ev.gpu, 0))} taken by " \
-            f"{self.who(ev.gpu)} on GPU{ev.gpu} (frees {mib_text(ev.frees_mib)})"
+        how = f"held back on GPU{ev.gpu} for {self.who(ev.gpu)}" if ev.gpu in self.left \
+            else f"taken by {self.who(ev.gpu)} on GPU{ev.gpu}"
+        return f"{what} {ev.backend}: {mib_text(self.counted.get(ev.gpu, 0))} {how} " \
+            f"(frees {mib_text(ev.frees_mib)})"
