@@ -214,6 +214,29 @@ def test_a_rule_command_still_running_when_the_engine_stops_is_killed() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.process
+def test_what_a_rule_command_leaves_behind_is_killed_once_it_has_answered() -> None:
+    rule = parse_rules([{"command": ["sh", "-c", "sleep 31 & exit 1"]}], "test")[0]
+    sessions: list[int] = []
+    rules = Rules([rule], lambda *_a, **_k: None, own=sessions.append)
+
+    def left() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getsid(p.pid) in sessions and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+        return found
+
+    try:
+        assert asyncio.run(rules.ask(0, rule)) is False  # exit 1: no
+        wait_until(lambda: not left(), 5, "the command's sleep killed with it")
+    finally:
+        for p in left():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 def test_a_rule_yield_kept_over_a_restart_stays_until_its_command_first_answers() -> None:
     rules = Rules(parse_rules([{"command": "pgrep -x darktable"}], "test"),
                   lambda *_a, **_k: None)
