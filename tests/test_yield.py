@@ -137,15 +137,89 @@ def test_bad_rules_are_refused_in_one_line() -> None:
 def test_a_rule_yields_a_gpu_while_a_named_program_holds_memory_there() -> None:
     me = psutil.Process().name()  # this test's process plays the program (on GPU0)
     cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_arrive_s=0.1, others_leave_s=0.1,
                        yield_when=parse_rules([me], "test"))
     with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg,
                      scripts={"a": script(job_s=0.01)}) as fe:
+        assert (fe.engine.rules.arrive_s, fe.engine.rules.leave_s) == (0.1, 0.1)  # as others
         fe.gpu.hold(os.getpid(), 0, 512)
         wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by == f"while {me} runs", 5,
                    "GPU0 yielded by the rule")
         assert fe.sup.snapshot().gpus[1].yielded_by is None
         fe.gpu.release(os.getpid())
         wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by is None, 5, "resumed")
+
+
+class RuleGpus:
+    """What ``Rules.follow`` is given, on a clock the test moves: the GPUs it yielded and
+    resumed, and the programs on them (GPU -> names)."""
+
+    def __init__(self, rules: list[object], held: dict[int, YieldInfo] | None = None) -> None:
+        self.t = 0.0
+        self.rules = Rules(parse_rules(rules, "test"), lambda *_a, **_k: None,
+                           arrive_s=3.0, leave_s=3.0, clock=lambda: self.t)
+        self.held: dict[int, YieldInfo] = dict(held or {})
+        self.yielded: list[tuple[float, int]] = []
+        self.resumed: list[tuple[float, int]] = []
+
+    def at(self, t: float, *names: str, gpu: int = 0) -> None:
+        self.t = t
+        from supervisor.engine.others import Stranger
+
+        strangers = {gpu: tuple(Stranger(100 + i, 1024, n) for i, n in enumerate(names))}
+        self.rules.follow(strangers, [0, 1], self.held, self._give, self._take_back)
+
+    def _give(self, gpus: list[int], *, by: str, rule: bool) -> None:
+        for g in gpus:
+            self.held[g] = YieldInfo(g, by, self.t, rule=rule)
+            self.yielded.append((self.t, g))
+
+    def _take_back(self, gpus: list[int]) -> None:
+        for g in gpus:
+            del self.held[g]
+            self.resumed.append((self.t, g))
+
+
+def test_a_name_rule_yields_once_its_program_stayed_and_resumes_once_it_stayed_gone() -> None:
+    g = RuleGpus(["steam"])
+    for t in (0.0, 0.5, 1.0):  # a 1-second steam changes nothing
+        g.at(t, "steam")
+    for t in (1.5, 2.0, 2.5):
+        g.at(t)
+    for t in (3.0, 3.5, 4.0, 4.5, 5.0, 5.5):  # it comes back: 3 s from its return again
+        g.at(t, "steam")
+    assert g.yielded == [] and g.held == {}
+    g.at(6.0, "steam")
+    assert g.yielded == [(6.0, 0)] and g.held[0].by == "while steam runs"
+    g.at(6.5, "steam", gpu=1)  # gone from GPU0 (and only arriving on GPU1)
+    g.at(8.0)
+    g.at(9.0, "steam")  # back before 3 s: GPU0 stays yielded, its absence starts anew
+    for t in (9.5, 11.0, 12.0):
+        g.at(t)
+    assert g.resumed == [] and 0 in g.held
+    g.at(12.5)
+    assert g.resumed == [(12.5, 0)] and g.yielded == [(6.0, 0)]
+
+
+def test_a_program_that_flaps_never_makes_its_rule_yield() -> None:
+    g = RuleGpus(["steam"])
+    for step in range(60):  # 1 s there, 1 s gone, for a minute, seen twice a second
+        g.at(step / 2, *(["steam"] if step % 4 < 2 else []))
+    assert g.yielded == [] and g.resumed == []
+
+
+def test_a_rule_yield_kept_over_a_restart_is_resumed_once_its_program_stayed_gone() -> None:
+    kept = {0: YieldInfo(0, "while steam runs", 1.0, rule=True)}
+    g = RuleGpus(["steam"], held=kept)
+    for t in (0.0, 1.0, 2.5):  # the engine just started: steam is not seen (yet)
+        g.at(t)
+    assert g.resumed == []
+    g.at(3.0)
+    assert g.resumed == [(3.0, 0)]
+    again = RuleGpus(["steam"], held=kept)
+    for t in (0.0, 5.0, 10.0):  # still there: it stays yielded, never resumed in between
+        again.at(t, "steam")
+    assert again.resumed == [] and again.yielded == [] and 0 in again.held
 
 
 @pytest.mark.process

@@ -46,7 +46,8 @@ class EngineConfig:
     # GPU); a sleep that would take more is a stop instead.
     sleep_host_budget_mib: int = field(default_factory=default_sleep_host_budget_mib)
     # Strangers (processes on a GPU that are not ours): how long one must stay before memory
-    # is held back for it, and be gone before it is taken again (see scheduler/strangers.py).
+    # is held back for it, and be gone before it is taken again (see scheduler/strangers.py);
+    # a yield_when rule's program likewise, before the rule yields its GPU and resumes it.
     others_arrive_s: float = 3.0
     others_leave_s: float = 3.0
     # "wait": running jobs finish even on a GPU others over-commit (the default); "cancel":

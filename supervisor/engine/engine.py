@@ -99,7 +99,9 @@ class Engine:
         self.planner = Planner(config, clock, self.jobs.get)
         self.yields = Yields(paths.yields_path if config.journal else None,
                              device=self.monitor.identity)
-        self.rules = Rules(config.yield_when, self.notes.note, own=self.monitor.own)
+        self.rules = Rules(config.yield_when, self.notes.note, own=self.monitor.own,
+                           arrive_s=config.others_arrive_s, leave_s=config.others_leave_s,
+                           clock=clock)
         self.others = Others(self.notes.note, config, lambda gpus: [self.cancel(
             j, note="cancelled: others need its GPU") for j in self.pool.admitted_on(gpus)])
         self.watch = WorkerWatch(self.pool, self.jobs, self.monitor, self.notes, self.run,

@@ -21,6 +21,12 @@ killed with it (its whole process group) — nothing sticks::
 :class:`Rules` keeps what the commands answered last and says which GPUs the rules want yielded
 now (:meth:`Rules.wanted`); the engine yields and resumes through the same methods as a person
 (:mod:`.yielding`, marked ``rule``), and never resumes a GPU a person yielded.
+
+A process name is followed with the hysteresis the engine uses for strangers
+(``EngineConfig.others_arrive_s`` / ``others_leave_s``, see ``scheduler/strangers.py``): the
+program must be seen on a GPU for ``arrive_s`` without a break before its rule yields it, and be
+gone for ``leave_s`` before the rule resumes it, so that a program that comes and goes briefly
+does not cost a model reload each time.
 """
 
 from __future__ import annotations
@@ -31,17 +37,20 @@ import logging
 import os
 import shlex
 import signal
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import VramtuiError
+from ..scheduler.strangers import ARRIVE_S, LEAVE_S
 from ..units import parse_duration
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_EVERY_S = 5.0
 MAX_RULES = 32
+_EPS = 1e-6  # clock readings are floats (as in scheduler/strangers.py)
 
 
 class BadRule(VramtuiError):
@@ -113,27 +122,69 @@ def _rule(item: Any, where: str) -> YieldRule:
                      gpus=None if gpus is None else tuple(gpus))
 
 
+@dataclass(slots=True)
+class _Presence:
+    """A name rule on one GPU: whether it counts its program as there (``on``), and since
+    when it has been seen otherwise without a break (None: as counted)."""
+
+    on: bool
+    since: float | None = None
+
+
 class Rules:
     """What the rules want now (see the module doc)."""
 
     def __init__(self, rules: Sequence[YieldRule], note: Callable[..., None],
-                 own: Callable[[int], None] = lambda pid: None) -> None:
+                 own: Callable[[int], None] = lambda pid: None, *,
+                 arrive_s: float = ARRIVE_S, leave_s: float = LEAVE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.rules = tuple(rules)
         self.note = note
         self.own = own  # told each command's pid: the engine's own, on no device
+        self.arrive_s, self.leave_s, self.clock = arrive_s, leave_s, clock
         self.answers: dict[int, bool] = {}  # command rule's index -> its last answer
         self._said: set[int] = set()  # command rules whose trouble was said (once each)
+        self._presence: dict[tuple[int, int], _Presence] = {}  # (name rule, GPU) -> state
 
-    def wanted(self, names: Mapping[int, Iterable[str]], present: Iterable[int]
-               ) -> dict[int, str]:
-        """GPU -> the first rule that wants it yielded now; ``names``: GPU -> the names of
-        the processes on it that are not ours."""
+    def observe(self, names: Mapping[int, Iterable[str]], present: Iterable[int],
+                held: Mapping[int, Any]) -> None:
+        """Take in which programs are on each GPU now (``names``: GPU -> the names of the
+        processes on it that are not ours), with hysteresis (see the module doc). A yield
+        of a rule found in ``held`` (kept over a restart) counts its program as there: it is
+        resumed only once the program has been seen gone for ``leave_s``."""
+        now = self.clock()
+        gpus = sorted(present)
+        seen = {g: set(names.get(g, ())) for g in gpus}
+        for i, rule in enumerate(self.rules):
+            if rule.name is None:
+                continue
+            for g in gpus:
+                there = rule.name in seen[g]
+                state = self._presence.get((i, g))
+                if state is None:
+                    y = held.get(g)
+                    kept = y is not None and y.rule and y.by == rule.label
+                    if not there and not kept:
+                        continue
+                    state = self._presence[(i, g)] = _Presence(kept)
+                if there == state.on:
+                    state.since = None
+                else:
+                    if state.since is None:
+                        state.since = now
+                    if now - state.since >= (self.arrive_s if there else self.leave_s) - _EPS:
+                        state.on, state.since = there, None
+                if not state.on and state.since is None:
+                    del self._presence[(i, g)]
+
+    def wanted(self, present: Iterable[int]) -> dict[int, str]:
+        """GPU -> the first rule that wants it yielded now (as last observed)."""
         gpus = sorted(present)
         out: dict[int, str] = {}
         for i, rule in enumerate(self.rules):
             if rule.name is not None:
                 for g in gpus:
-                    if rule.name in set(names.get(g, ())):
+                    if (state := self._presence.get((i, g))) is not None and state.on:
                         out.setdefault(g, rule.label)
             elif self.answers.get(i):
                 for g in rule.gpus if rule.gpus is not None else gpus:
@@ -147,7 +198,8 @@ class Rules:
         """Yield (``give``) what the rules want and is not yielded yet; resume (``take_back``)
         what a rule yielded and no rule wants any more (a person's yield is never touched)."""
         here = set(present)
-        wanted = self.wanted({g: [s.name for s in ss] for g, ss in strangers.items()}, here)
+        self.observe({g: [s.name for s in ss] for g, ss in strangers.items()}, here, held)
+        wanted = self.wanted(here)
         for g, why in wanted.items():
             if g not in held:
                 give([g], by=why, rule=True)
