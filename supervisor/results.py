@@ -132,8 +132,11 @@ class YieldInfo:
 
     @property
     def text(self) -> str:
-        """``GPU0 is yielded (ada (cli), until 14:05:09)`` (or ``until resumed``)."""
+        """``GPU0 is yielded (ada (cli), until 14:05:09)`` (or ``until resumed``); a rule's:
+        ``GPU0 is yielded (rule: while steam runs, or until resumed)``."""
         from .units import wall_time_text
 
+        if self.rule:
+            return f"GPU{self.gpu} is yielded (rule: {self.by}, or until resumed)"
         until = "until resumed" if self.until is None else f"until {wall_time_text(self.until)}"
-        return f"GPU{self.gpu} is yielded ({'rule: ' if self.rule else ''}{self.by}, {until})"
+        return f"GPU{self.gpu} is yielded ({self.by}, {until})"

@@ -63,6 +63,7 @@ class GpuView:
     others_mib: int = 0  # what admission holds back for strangers (with hysteresis)
     yielded_by: str | None = None  # handed over (vramtui yield): who asked; None: not yielded
     yielded_until: float | None = None  # epoch seconds (None: until resumed)
+    yielded_rule: bool = False  # a yield_when rule yielded it: until its program leaves
     source: str = "nvml"  # what measures it: "nvml", "simulated", or "host" (host memory)
     # What admission may still hand out here now: the ledger's budget (what others are
     # counted at, hysteresis and all), 0 while it is yielded or draining.
@@ -70,9 +71,12 @@ class GpuView:
 
     @property
     def yielded_text(self) -> str:
-        """``yielded to ada (cli) until 14:05:09`` (or ``until resumed``); "" when open."""
+        """``yielded to ada (cli) until 14:05:09`` (or ``until resumed``); a rule's:
+        ``yielded while steam runs (rule), or until resumed``; "" when open."""
         if self.yielded_by is None:
             return ""
+        if self.yielded_rule:
+            return f"yielded {self.yielded_by} (rule), or until resumed"
         if self.yielded_until is None:
             return f"yielded to {self.yielded_by} until resumed"
         from .units import wall_time_text

@@ -179,6 +179,11 @@ class RuleGpus:
             del self.held[g]
             self.resumed.append((self.t, g))
 
+    def person_resumes(self, gpu: int) -> list[str]:
+        """What the engine does when a person resumes ``gpu``."""
+        y = self.held.pop(gpu)
+        return self.rules.waive(gpu, y.by if y.rule else None)
+
 
 def test_a_name_rule_yields_once_its_program_stayed_and_resumes_once_it_stayed_gone() -> None:
     g = RuleGpus(["steam"])
@@ -220,6 +225,77 @@ def test_a_rule_yield_kept_over_a_restart_is_resumed_once_its_program_stayed_gon
     for t in (0.0, 5.0, 10.0):  # still there: it stays yielded, never resumed in between
         again.at(t, "steam")
     assert again.resumed == [] and again.yielded == [] and 0 in again.held
+
+
+def test_a_persons_resume_holds_until_the_rules_program_has_left_and_come_back() -> None:
+    g = RuleGpus(["steam"])
+    for t in (0.0, 1.5, 3.0):
+        g.at(t, "steam")
+    assert g.yielded == [(3.0, 0)]
+    assert g.person_resumes(0) == ["while steam runs"]
+    for t in (3.5, 10.0, 20.0):  # steam still there: a person's resume stands
+        g.at(t, "steam")
+    g.at(21.0)
+    g.at(22.0, "steam")  # gone for 1 s only: still the same visit
+    for t in (23.0, 26.0, 29.0):
+        g.at(t, "steam")
+    assert g.yielded == [(3.0, 0)] and g.held == {}
+    for t in (30.0, 33.0):  # gone for 3 s: that visit is over
+        g.at(t)
+    for t in (34.0, 35.0, 36.0):  # a new one: 3 s, and the rule yields again
+        g.at(t, "steam")
+    assert g.yielded == [(3.0, 0)]
+    g.at(37.0, "steam")
+    assert g.yielded == [(3.0, 0), (37.0, 0)]
+
+
+def test_a_persons_resume_holds_against_a_command_rule_until_it_answers_no() -> None:
+    g = RuleGpus([{"command": "pgrep -x darktable", "gpus": [1]}])
+    g.rules.answered(0, True)
+    g.at(0.0)
+    assert g.yielded == [(0.0, 1)]
+    assert g.person_resumes(1) == ["while `pgrep -x darktable`"]
+    g.rules.answered(0, True)
+    g.at(5.0)
+    assert g.yielded == [(0.0, 1)] and g.held == {}
+    g.rules.answered(0, False)
+    g.rules.answered(0, True)
+    g.at(10.0)
+    assert g.yielded == [(0.0, 1), (10.0, 1)]
+
+
+def test_a_persons_resume_right_after_a_restart_holds_for_the_kept_rule_yield() -> None:
+    kept = {0: YieldInfo(0, "while steam runs", 1.0, rule=True)}
+    g = RuleGpus(["steam"], held=kept)
+    assert g.person_resumes(0) == ["while steam runs"]  # before the rules' first look
+    for t in (0.0, 3.0, 6.0):
+        g.at(t, "steam")
+    assert g.yielded == [] and g.held == {}
+
+
+def test_a_persons_resume_of_a_gpu_a_rule_yielded_holds_while_its_program_runs() -> None:
+    me = psutil.Process().name()  # this test's process plays the program (on GPU0)
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_arrive_s=0.1, others_leave_s=0.1,
+                       yield_when=parse_rules([me], "test"))
+    with fake_engine({"a": desc(gpus=[0])}, config=cfg,
+                     scripts={"a": script(job_s=0.3)}) as fe:
+        fe.gpu.hold(os.getpid(), 0, 512)
+        gpu = wait_until(lambda: (g := fe.sup.snapshot().gpus[0]).yielded_by and g, 5,
+                         "GPU0 yielded by the rule")
+        assert gpu.yielded_rule and gpu.yielded_text == \
+            f"yielded while {me} runs (rule), or until resumed"
+        assert fe.sup.resume_gpus([0]) == (0,)
+        # A job of 0.3 s (15 ticks) runs there while the program still does: not yielded again.
+        assert fe.sup.wait(fe.sup.submit("a", b"x"), 5).state == "succeeded"
+        assert fe.sup.snapshot().gpus[0].yielded_by is None
+        assert any(f"its rule (while {me} runs) yields it again only once" in line.text
+                   for line in fe.sup.snapshot().log)
+        fe.gpu.release(os.getpid())  # it leaves (for 0.1 s), then comes back: yielded again
+        wait_until(lambda: not fe.engine.rules._presence, 5, "the program's visit over")
+        fe.gpu.hold(os.getpid(), 0, 512)
+        wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by == f"while {me} runs", 5,
+                   "GPU0 yielded again by the rule")
 
 
 @pytest.mark.process

@@ -161,7 +161,7 @@ def gpu_json(g: GpuView, uuid: str | None) -> dict[str, Any]:
         "reserve_mib": g.reserve_mib, "budget_mib": g.budget_mib, "util_pct": g.util_pct,
         "temp_c": g.temp_c, "power_w": g.power_w,
         "yielded": None if g.yielded_by is None else {
-            "by": g.yielded_by, "until": g.yielded_until},
+            "by": g.yielded_by, "until": g.yielded_until, "rule": g.yielded_rule},
         "others": {"held_back_mib": g.others_mib,
                    "processes": [{"pid": p.pid, "name": p.name, "user": p.user,
                                   "used_mib": p.used_mib} for p in g.strangers]},

@@ -220,7 +220,7 @@ class Engine:
         for y in self.yields.expire():
             self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
         self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
-                          self.yield_gpus, self.resume_gpus)
+                          self.yield_gpus, lambda gpus: self.resume_gpus(gpus, rule=True))
         now = time.monotonic()
         if now >= self._next_ping:
             self._next_ping = now + self.config.ping_interval_s
@@ -525,11 +525,18 @@ class Engine:
         self.run.schedule()
         return given
 
-    def resume_gpus(self, gpus: Sequence[int]) -> tuple[int, ...]:
-        """Open yielded ``gpus`` again (none: all of them)."""
+    def resume_gpus(self, gpus: Sequence[int], *, rule: bool = False) -> tuple[int, ...]:
+        """Open yielded ``gpus`` again (none: all of them). A person's resume (not ``rule``)
+        overrides the rules that want them now: they do not yield them again while what they
+        saw goes on (:meth:`.rules.Rules.waive`)."""
+        was = dict(self.yields.held)
         back = self.yields.take_back(gpus, self.monitor.readings)
         for g in back:
-            self.notes.note("info", f"GPU{g} resumed: jobs run there again")
+            y = was[g]
+            waived = [] if rule else self.rules.waive(g, y.by if y.rule else None)
+            self.notes.note("info", f"GPU{g} resumed: jobs run there again" + (
+                f"; its rule ({', '.join(waived)}) yields it again only once that has ended "
+                "and begun anew" if waived else ""))
         self.run.schedule()
         return back
 

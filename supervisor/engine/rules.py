@@ -27,6 +27,11 @@ A process name is followed with the hysteresis the engine uses for strangers
 program must be seen on a GPU for ``arrive_s`` without a break before its rule yields it, and be
 gone for ``leave_s`` before the rule resumes it, so that a program that comes and goes briefly
 does not cost a model reload each time.
+
+A person overrides a rule: a GPU a person resumes (:meth:`Rules.waive`) is not yielded again by
+the rules that wanted it then, for as long as what they saw goes on; a rule yields it again
+only once its condition has ended (its program gone for ``leave_s``, its command answered no)
+and begun anew.
 """
 
 from __future__ import annotations
@@ -124,11 +129,13 @@ def _rule(item: Any, where: str) -> YieldRule:
 
 @dataclass(slots=True)
 class _Presence:
-    """A name rule on one GPU: whether it counts its program as there (``on``), and since
-    when it has been seen otherwise without a break (None: as counted)."""
+    """A name rule on one GPU: whether it counts its program as there (``on``), since when
+    it has been seen otherwise without a break (None: as counted), and whether a person
+    resumed the GPU while it was there (``waived``: not yielded again until it has left)."""
 
     on: bool
     since: float | None = None
+    waived: bool = False
 
 
 class Rules:
@@ -145,6 +152,7 @@ class Rules:
         self.answers: dict[int, bool] = {}  # command rule's index -> its last answer
         self._said: set[int] = set()  # command rules whose trouble was said (once each)
         self._presence: dict[tuple[int, int], _Presence] = {}  # (name rule, GPU) -> state
+        self._waived: set[tuple[int, int]] = set()  # (command rule, GPU) a person resumed
 
     def observe(self, names: Mapping[int, Iterable[str]], present: Iterable[int],
                 held: Mapping[int, Any]) -> None:
@@ -184,13 +192,43 @@ class Rules:
         for i, rule in enumerate(self.rules):
             if rule.name is not None:
                 for g in gpus:
-                    if (state := self._presence.get((i, g))) is not None and state.on:
+                    state = self._presence.get((i, g))
+                    if state is not None and state.on and not state.waived:
                         out.setdefault(g, rule.label)
             elif self.answers.get(i):
                 for g in rule.gpus if rule.gpus is not None else gpus:
-                    if g in gpus:
+                    if g in gpus and (i, g) not in self._waived:
                         out.setdefault(g, rule.label)
         return out
+
+    def waive(self, gpu: int, by: str | None = None) -> list[str]:
+        """A person resumed ``gpu`` (``by``: the rule that had yielded it, if one had): the
+        rules that want it now do not yield it again before their condition has ended and
+        begun anew. The labels of the rules waived."""
+        out = []
+        for i, rule in enumerate(self.rules):
+            if rule.name is not None:
+                state = self._presence.get((i, gpu))
+                if state is None and by == rule.label:  # kept over a restart, not seen yet
+                    state = self._presence[(i, gpu)] = _Presence(True)
+                if state is None or not state.on or state.waived:
+                    continue
+                state.waived = True
+            else:
+                answer = self.answers.get(i)
+                if answer is False or (answer is None and by != rule.label) or \
+                        (rule.gpus is not None and gpu not in rule.gpus) or \
+                        (i, gpu) in self._waived:
+                    continue
+                self._waived.add((i, gpu))
+            out.append(rule.label)
+        return out
+
+    def answered(self, index: int, yes: bool) -> None:
+        """Command rule ``index`` answered ``yes``: a "no" ends what a person waived of it."""
+        self.answers[index] = yes
+        if not yes:
+            self._waived = {(i, g) for i, g in self._waived if i != index}
 
     def follow(self, strangers: Mapping[int, Iterable[Any]], present: Iterable[int],
                held: Mapping[int, Any], give: Callable[..., Any],
@@ -222,7 +260,7 @@ class Rules:
 
     async def _watch(self, index: int, rule: YieldRule) -> None:
         while True:
-            self.answers[index] = await self.ask(index, rule)
+            self.answered(index, await self.ask(index, rule))
             await asyncio.sleep(rule.every_s)
 
     async def ask(self, index: int, rule: YieldRule) -> bool:

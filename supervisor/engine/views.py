@@ -72,6 +72,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
             others_mib=parts.others.get(index, 0),
             yielded_by=y.by if (y := parts.yielded.get(index)) is not None else None,
             yielded_until=y.until if y is not None else None,
+            yielded_rule=y is not None and y.rule,
             source=r.source or probe.source,
             budget_mib=0 if accounts is None or index in parts.draining
             or index in parts.yielded else accounts.budget_mib,
