@@ -156,7 +156,7 @@ class Sleeper:
     async def _fall_asleep(self, rt: BackendRuntime, w: Worker) -> None:
         spec = rt.spec
         slumber = rt.slumber
-        before = await self._host_memory(w)
+        before = self._host_memory(w)  # (read now: the sleep is asked in this same turn)
         outcome = await w.sleep(spec.sleep.level, spec.timeouts.start_s)
         if rt.worker is not w or w.exited or rt.slumber is not slumber or slumber is None:
             return
@@ -189,9 +189,7 @@ class Sleeper:
             return
         took = self.clock() - slumber.since
         said = outcome.host_mib if outcome.host_mib is not None else slumber.host_mib
-        after = await self._host_memory(w)
-        if rt.worker is not w or w.exited or rt.slumber is not slumber:
-            return
+        after = self._host_memory(w)
         grew = round(after - before) if after is not None and before is not None else 0
         host = max(said, grew)  # what it said, never less than its processes were seen to take
         others = self.host_held_mib() - slumber.host_mib
@@ -215,12 +213,10 @@ class Sleeper:
         self.loop.schedule()
 
     @staticmethod
-    async def _host_memory(w: Worker) -> float | None:
-        """The host memory (PSS) of ``w``'s process and its descendants, read off the loop
-        (a large process's smaps take a while); None when it cannot be read."""
-        if w.pid is None:
-            return None
-        return await asyncio.get_running_loop().run_in_executor(None, tree_memory_mib, w.pid)
+    def _host_memory(w: Worker) -> float | None:
+        """The host memory (PSS) of ``w``'s process and its descendants (a few small /proc
+        reads); None when it cannot be read."""
+        return None if w.pid is None else tree_memory_mib(w.pid)
 
     async def _measure(self, w: Worker, held: int) -> int | None:
         """What ``w``'s processes hold on its GPU now (None: the reader cannot tell), read

@@ -203,19 +203,53 @@ def parents(proc: str = "/proc") -> dict[int, tuple[int, int]]:
     return out
 
 
+def children(pid: int, proc: str = "/proc") -> list[int] | None:
+    """The children of ``pid`` (of all its threads), from the kernel's ``task/*/children``
+    lists: no pass over every process. None when they cannot be read."""
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return None
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            found.extend(int(c) for c in _read(f"{proc}/{pid}/task/{tid}/children").split())
+        except (OSError, ValueError):
+            return None
+    return found
+
+
 def tree_memory_mib(pid: int, proc: str = "/proc") -> float | None:
     """The PSS of ``pid`` and every process descended from it, MiB (each page once); None
-    when ``pid`` is gone."""
-    table = parents(proc)
-    if pid not in table:
+    when ``pid`` is gone. Found through the kernel's children lists (a few small reads, cheap
+    enough for the engine's loop), else one pass over every process."""
+    if not os.path.exists(f"{proc}/{pid}"):
         return None
-    children: dict[int, list[int]] = {}
-    for child, (parent, _start) in table.items():
-        children.setdefault(parent, []).append(child)
-    total, stack = 0.0, [pid]
-    while stack:
+    tree: dict[int, list[int]] | None = {}
+    stack, seen = [pid], set()
+    while stack and tree is not None:
         one = stack.pop()
+        if one in seen:
+            continue
+        seen.add(one)
+        kids = children(one, proc)
+        if kids is None and os.path.exists(f"{proc}/{one}"):
+            tree = None  # (no children lists here: the slow way)
+            break
+        stack.extend(kids or ())
+    if tree is None:
+        table = parents(proc)
+        by_parent: dict[int, list[int]] = {}
+        for child, (parent, _start) in table.items():
+            by_parent.setdefault(parent, []).append(child)
+        seen, stack = set(), [pid]
+        while stack:
+            one = stack.pop()
+            if one not in seen:
+                seen.add(one)
+                stack.extend(by_parent.get(one, ()))
+    total = 0.0
+    for one in seen:
         mem = process_memory(one, proc)
         total += mem.mib if mem is not None else 0.0
-        stack.extend(children.get(one, ()))
     return total
