@@ -154,6 +154,12 @@ class Rules:
         self._presence: dict[tuple[int, int], _Presence] = {}  # (name rule, GPU) -> state
         self._waived: set[tuple[int, int]] = set()  # (command rule, GPU) a person resumed
 
+    @property
+    def following(self) -> bool:
+        """Whether a name rule follows a visit of its program now (seen, and not yet gone
+        for ``leave_s``)."""
+        return bool(self._presence)
+
     def observe(self, names: Mapping[int, Iterable[str]], present: Iterable[int],
                 held: Mapping[int, Any]) -> None:
         """Take in which programs are on each GPU now (``names``: GPU -> the names of the
