@@ -63,6 +63,25 @@ def test_a_yield_for_a_while_ends_by_itself_and_now_cancels_what_runs() -> None:
                    for line in fe.sup.snapshot().log)
 
 
+@pytest.mark.parametrize("now", [False, True], ids=["yield", "yield-now"])
+def test_a_load_under_way_on_a_yielded_gpu_is_given_up(now: bool) -> None:
+    """The GPU is handed over now, not once a 60 s load ends: the loading worker goes (the
+    fake GPU holds nothing of it), and its job waits for the resume (``--now``: cancelled)."""
+    with fake_engine({"a": desc()}, scripts={"a": script(load_s=60, job_s=0.01)}) as fe:
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.snapshot().backend("a").state in ("starting", "initializing"),
+                   5, "a loading")
+        fe.sup.yield_gpus(now=now)
+        (worker,) = fe.workers.of("a")
+        wait_until(lambda: worker.exited, 5, "the loading worker gone")
+        assert fe.gpu.used(0) == 0
+        if now:
+            assert fe.sup.wait(job, 5).state == "cancelled"
+            return
+        wait_until(lambda: fe.sup.job(job).state == "queued", 5, "its job back in the queue")
+        assert any("its load is given up" in n for _t, _s, n in fe.sup.job(job).history)
+
+
 def test_bad_yields_and_resumes_are_refused_clearly() -> None:
     with fake_engine({"a": desc()}, gpus=[8192, 8192]) as fe:
         with pytest.raises(Refused, match=r"there is no GPU7 \(present: GPU0, GPU1\)"):
@@ -292,7 +311,7 @@ def test_a_persons_resume_of_a_gpu_a_rule_yielded_holds_while_its_program_runs()
         assert any(f"its rule (while {me} runs) yields it again only once" in line.text
                    for line in fe.sup.snapshot().log)
         fe.gpu.release(os.getpid())  # it leaves (for 0.1 s), then comes back: yielded again
-        wait_until(lambda: not fe.engine.rules._presence, 5, "the program's visit over")
+        wait_until(lambda: not fe.engine.rules.following, 5, "the program's visit over")
         fe.gpu.hold(os.getpid(), 0, 512)
         wait_until(lambda: fe.sup.snapshot().gpus[0].yielded_by == f"while {me} runs", 5,
                    "GPU0 yielded again by the rule")

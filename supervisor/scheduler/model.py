@@ -53,7 +53,7 @@ class GpuState:
     foreign_mib: int = 0
     draining: bool = False
     leaving_mib: int = 0
-    closed_why: str = ""  # a draining GPU's reason, when not "GPUi is draining" (yielded)
+    closed_why: str = ""  # set for a yielded GPU only: why it is closed (it drains too)
 
     def __post_init__(self) -> None:
         owner = f"GPU{self.index}"

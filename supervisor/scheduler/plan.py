@@ -61,7 +61,9 @@ even what it keeps is needed. Sleepers' host memory stays within
 Kinds. A ``preload`` starts a worker without a job (or wakes a sleeping one), only in room
 nobody waits for, never evicting; a ``calibration`` needs an empty GPU, like an unmeasured
 backend, and closes it for the rest of the plan. A draining GPU, or one ``held`` by a
-calibration run, admits nothing, and a draining GPU's idle workers are evicted.
+calibration run, admits nothing, and a draining GPU's idle workers are evicted; on a yielded
+one (``GpuState.closed_why``) a load or wake under way is given up too, its jobs back in the
+queue.
 
 Others. When what our workers hold plus strangers' memory (``GpuState.foreign_mib``, counted
 with hysteresis by ``strangers``) exceeds a GPU, its idle workers are evicted (or put to
@@ -921,6 +923,13 @@ class _Planner:
                 idle = [w for w in self.live_on[g] if self._evictable(w)]
                 if idle:
                     self._evict(idle, g, gpu.closed_why or f"GPU{g} is draining")
+            if gpu.closed_why:  # yielded: handed over now, so a load (or wake) there is
+                # given up and its jobs wait (a draining GPU lets it finish and run them)
+                loading = [w for w in self.live_on[g] if w.state in ("starting", "initializing")
+                           and w.backend not in self.evicted]
+                if loading:
+                    self._evict(loading, g, f"{gpu.closed_why}: its load is given up",
+                                requeue=True)
 
     def _stream_keeps(self, w: WorkerInfo, barrier: _Barrier) -> bool:
         """An idle victim whose stream above the barrier's priority is alive stays while
