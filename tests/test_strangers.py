@@ -313,3 +313,25 @@ def window(seen: list[tuple[float, int]], t: float, span: float) -> list[int]:
     """What was seen from ``span`` before ``t`` (the reading in force then included)."""
     start = max(s for s, _ in seen if s <= t - span + 1e-6)
     return [m for s, m in seen if s >= start]
+
+
+def test_a_job_whose_model_loaded_while_others_took_its_room_starts_once_it_fits() -> None:
+    """A stranger comes while the model loads and takes the room its job was admitted with:
+    once loaded, the job is not sent (its activation would over-commit the GPU; the fake
+    GPU's own count says whether it did); it starts when the stranger leaves."""
+    desc = {"vram": {"weights": "1GiB", "activation": "512MiB"}, "safety": "0MiB"}
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_leave_s=0.2)
+    with fake_engine({"a": desc}, scripts={"a": Script(weights_mib=GIB, activation_mib=512,
+                                                       load_s=0.5, job_s=0.05)},
+                     config=cfg) as fe:
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.workers.of("a"), 5, "a's worker started")
+        fe.gpu.hold(STRANGER, 0, 7 * GIB - 256)  # fits beside the weights, not the job's too
+        wait_until(lambda: any("start once it fits" in line.text
+                               for line in fe.sup.snapshot().log), 5, "the job held")
+        (worker,) = fe.workers.of("a")
+        assert fe.sup.job(job).state == "starting" and worker.sent == []
+        fe.gpu.release(STRANGER)
+        assert fe.sup.wait(job, 10).state == "succeeded"
+    assert all(used <= 8 * GIB for _g, used in fe.gpu.overcommits), fe.gpu.overcommits

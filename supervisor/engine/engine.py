@@ -557,10 +557,12 @@ class Engine:
             self.run.step_now()
 
     def _nothing_waits(self) -> bool:
-        """No job, preload or draining GPU: a plan could neither start nor evict anything."""
+        """No job, preload or draining GPU: a plan could neither start nor evict anything
+        (nor a job held while others over-commit its GPU start)."""
         return not self.jobs.queue and not self.planner.draining and \
             not self.others.pressing() and not self.yields.held and \
-            not any(rt.preload_until is not None for rt in self.pool.runtimes())
+            not any(rt.preload_until is not None or rt.health.held_for_others is not None
+                    for rt in self.pool.runtimes())
 
     def book(self) -> Book:
         """The memory ledger's accounts of the engine now."""
@@ -607,6 +609,9 @@ class Engine:
                 queue.set_blocked(job, since)
         for start in plan.starts:
             self._start(start, snap)
+        for rt in self.pool.live():  # (jobs held while others over-committed their GPU)
+            if rt.health.held_for_others is not None:
+                self._start_admitted(rt)
         for rt in preloads:  # (a sleeping worker's waits until its wake began)
             if rt.worker is not None and not Sleeper.unwoken(rt):
                 rt.preload_until = None
@@ -719,13 +724,36 @@ class Engine:
             loaded = max(0.0, handle.ready_at - handle.started_at)
             m.load_times.append(loaded)
             self.notes.loaded(rt.spec.name, handle.gpu, loaded, preloaded=not rt.admitted)
-        for job_id in list(rt.admitted):
-            job = self.jobs.get(job_id)
-            # While stopping, admitted jobs stay unstarted: they run after a restart.
-            if job is not None and job.state is JobState.STARTING and not self.stopping:
-                self._dispatch(rt, job)
+        self._start_admitted(rt)
         if not rt.admitted and rt.usage.idle_since is None:
             rt.usage.idle_since = self.clock()
+
+    def _start_admitted(self, rt: BackendRuntime) -> None:
+        """Send its hot worker the jobs admitted to it that wait for it (a load, a wake) —
+        not while others over-commit its GPU: they took the room those jobs were admitted
+        with since (a stranger that came during the load), and a job started there would
+        take memory the device no longer has. They start once it fits (``_step``)."""
+        w = rt.worker
+        # While stopping, admitted jobs stay unstarted: they run after a restart.
+        if w is None or not w.hot or self.stopping:
+            return
+        waiting = [job for job_id in list(rt.admitted)
+                   if (job := self.jobs.get(job_id)) is not None
+                   and job.state is JobState.STARTING]
+        if not waiting:
+            return
+        g = self.book().gpus.get(w.gpu)
+        over = g.overcommit_mib if g is not None and g.foreign_mib > 0 else 0
+        if over > 0:
+            if rt.health.held_for_others is None:
+                rt.health.held_for_others = over
+                self.notes.note("warning", f"{rt.spec.name} is loaded on GPU{w.gpu}, but "
+                                f"others over-commit it by {over} MiB: its {len(waiting)} "
+                                "job(s) start once it fits", rt.spec.name)
+            return
+        rt.health.held_for_others = None
+        for job in waiting:
+            self._dispatch(rt, job)
 
     def worker_exited(self, handle: Worker, code: int | None, reason: str) -> None:
         rt = self.pool.get(handle.backend)

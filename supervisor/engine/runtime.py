@@ -48,6 +48,8 @@ class Health:
     # worker that gave nothing back or lied about what it keeps); None: it may. A respawn, or
     # a reload that changes its sleep settings, forgets it.
     no_sleep: str | None = None
+    # MiB others over-committed its GPU by when its loaded worker's jobs were held (None: none)
+    held_for_others: int | None = None
 
     def record_exit(self, name: str, reason: str, init_error: str | None, log_hint: str, *,
                     killed_for: str | None, expected: bool,
@@ -223,6 +225,7 @@ class BackendRuntime:
         c.exclusive = self.peak is None
         c.baseline = None if c.exclusive else self.info()
         self.health.kill_reason = None
+        self.health.held_for_others = None
         self.measures.observed_mib = None
         self.slumber = None
 
