@@ -303,8 +303,9 @@ class FakeWorker:
             await self.wait_exited(timeout)
             return SleepOutcome(False, "the worker exited" if self.exited
                                 else f"no answer within {timeout:g} s")
-        await asyncio.sleep(seconds)
-        return SleepOutcome(False, "the worker exited") if self.exited else None
+        # (a worker that exits meanwhile answers at once, as a real one's handle does)
+        exited = await self.wait_exited(seconds) if seconds > 0 else self.exited
+        return SleepOutcome(False, "the worker exited") if exited else None
 
     # -- liveness ---------------------------------------------------------------------------
     def ping(self) -> None:

@@ -171,6 +171,25 @@ def test_a_worker_that_dies_in_its_wake_runs_the_waiting_job_on_a_fresh_worker()
     assert fe.gpu.overcommits == []
 
 
+def test_a_wake_the_engine_gives_up_is_no_failed_wake() -> None:
+    """A wake under way on a GPU just yielded is given up (the worker stopped): that is no
+    crash in the wake, so no sleep event says it died, and the backend may sleep again."""
+    with fake_engine({"a": NINE, "b": NINE}, gpus=[CARD],
+                     scripts={"a": sleepy(wake_s=1.5), "b": sleepy()}) as fe:
+        events = Events(fe)
+        alternate(fe, rounds=1)  # a, b: a asleep
+        job = fe.sup.submit("a", b"x")  # its wake takes 1.5 s
+        wait_until(lambda: fe.workers.of("a")[0].wakes == 1, 5, "a waking")
+        fe.sup.yield_gpus()
+        wait_until(lambda: fe.workers.of("a")[0].exited, 5, "the wake given up")
+        wait_until(lambda: any(line.text == "a stopped" for line in fe.sup.snapshot().log),
+                   5, "its stop told")
+        assert fe.sup.job(job).state == "queued"
+        assert events.of("stopped") == []
+        view = fe.sup.snapshot().backend("a")
+        assert view is not None and view.no_sleep is None
+
+
 def test_a_worker_that_takes_its_memory_back_asleep_is_stopped() -> None:
     with fake_engine({"a": NINE, "b": NINE}, gpus=[CARD],
                      scripts={"a": sleepy("grows"), "b": sleepy(job_s=0.5)}) as fe:

@@ -267,9 +267,11 @@ class Sleeper:
 
     async def _wake_up(self, rt: BackendRuntime, w: Worker, slumber: Slumber) -> None:
         outcome = await w.wake(rt.spec.timeouts.start_s)
-        if w.exited and rt.worker is None and rt.slumber is slumber:
-            # it died in its wake (a crash in the hook, the OOM killer): its waiting jobs went
-            # back to the queue as it went; said, and not put to sleep again
+        if w.exited and w.state == WorkerState.CRASHED and rt.worker is None \
+                and rt.slumber is slumber:
+            # it died in its wake (a crash in the hook, the OOM killer; not a stop the engine
+            # asked, as a yield's): its waiting jobs went back to the queue as it went; said,
+            # and not put to sleep again
             self._fall_back(rt, f"it died in its wake ({outcome.error})")
             return
         if rt.worker is not w or w.exited or rt.slumber is not slumber:
