@@ -161,11 +161,11 @@ class _RemoteHub(EventHub):
         self.conn.close()
 
     def pump(self, sub: RemoteSubscription) -> None:
-        # Ctrl+C and kill go to the main thread, never to this one: Python runs handlers only
-        # in the main thread, and one that waits on this subscription's queue would not wake
-        # for a signal the kernel gave to this thread (``vramtui events`` hung until the next
-        # event came).
-        signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+        # It starts with TERMINAL_SIGNALS blocked (see _subscribe). A callback is the
+        # caller's code, run here: what it starts must take ctrl+c and kill as usual (a
+        # child inherits the mask), and no thread waits on a queue then.
+        if sub.callback is not None:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINAL_SIGNALS)
         try:
             while not self.closed:
                 try:
@@ -490,8 +490,16 @@ class Client:
             self._hubs = [h for h in self._hubs if not h.closed] + [hub]
         sub = RemoteSubscription(hub, maxsize, frozenset(kinds) if kinds else None, callback)
         hub.attach(sub)
-        threading.Thread(target=hub.pump, args=(sub,), name="vramtui-events",
-                         daemon=True).start()
+        # Ctrl+C and kill go to the main thread, never to the reader: Python runs handlers
+        # only in the main thread, and one waiting on this subscription's queue would not
+        # wake for a signal the kernel gave the reader (``vramtui events`` hung until the
+        # next event). Blocked here, the thread starts with them blocked: no moment unmasked.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+        try:
+            threading.Thread(target=hub.pump, args=(sub,), name="vramtui-events",
+                             daemon=True).start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return result, sub
 
     def stop(self, timeout: float | None = None) -> None:

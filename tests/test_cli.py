@@ -375,6 +375,30 @@ def test_only_the_main_thread_of_events_takes_ctrl_c(served: Served) -> None:
         assert proc.wait(20) in (0, 130)
 
 
+def test_a_subscription_callback_runs_with_ctrl_c_unblocked(served: Served) -> None:
+    """A callback is the caller's code, run on the reader thread: that thread takes signals
+    as usual there, so what the callback starts does too (a child inherits the mask)."""
+    import signal
+    import threading
+
+    masks: list[int] = []
+
+    def callback(_event: object) -> None:
+        tid = threading.get_native_id()
+        status = Path(f"/proc/self/task/{tid}/status").read_text()
+        masks.append(int(next(line.split()[1] for line in status.splitlines()
+                              if line.startswith("SigBlk:")), 16))
+
+    with served.client() as client:
+        sub = client.subscribe(kinds=["job"], callback=callback)
+        try:
+            client.wait(client.submit("echo", b'{"cb": 1}'), 30)
+            wait_until(lambda: masks, 10, "the callback to run")
+        finally:
+            sub.close()
+    assert not masks[0] >> (signal.SIGINT - 1) & 1
+
+
 def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     import signal
 
