@@ -5,6 +5,7 @@ never what is still in the group, nor a process older than the worker."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from supervisor.workers.lifeline import RUN_MARK, Lifeline, start_ticks, strays
+from supervisor.workers.lifeline import RUN_MARK, Lifeline, kill_leftovers, start_ticks, strays
 
 SLEEP = f"{sys.executable} -c 'import time; time.sleep(60)'"
 
@@ -100,3 +101,30 @@ def _gone(pid: int) -> bool:
     except OSError:
         return True
     return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
+
+
+@pytest.mark.process
+def test_a_record_whose_pid_was_given_out_again_kills_nothing(tmp_path: Path) -> None:
+    """A worker recorded by an engine that died long ago; its pid now leads another session
+    of ours (a reboot-less reuse): the next engine leaves that session alone, and drops the
+    record."""
+    tag = f"vt-reused-{os.getpid()}"
+    victim = subprocess.Popen(["bash", "-c", f"{SLEEP} {tag} & wait"], start_new_session=True)
+    try:
+        wait_until(lambda: _named(tag), 10, "the session's child")
+        start = start_ticks(victim.pid)
+        assert start is not None
+        records = tmp_path / "records"
+        records.mkdir()
+        record = records / f"{victim.pid}.json"
+        record.write_text(json.dumps({"pid": victim.pid, "start_time": start - 100,
+                                      "backend": "old", "engine_pid": 1, "run": "1.gone"}))
+        assert kill_leftovers(records, timeout=1.0) == []
+        assert victim.poll() is None and _named(tag)  # untouched (not even stopped)
+        assert Path(f"/proc/{victim.pid}/stat").read_text().split(")")[1].split()[0] != "T"
+        assert not record.exists()
+    finally:
+        for pid in _named(tag) | {victim.pid}:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        victim.wait(5)

@@ -183,6 +183,16 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             with contextlib.suppress(OSError):
                 path.unlink()
+    for pgid, (start, _backend, path) in list(groups.items()):
+        # A live leader that is not the recorded one (its start differs): the pid was given
+        # out again, so nothing of that group is the old worker's (while any member of the
+        # old group lived, the kernel could not have reused its id).
+        leader = _stat(pgid)
+        if leader is not None and start is not None and leader[3] != start:
+            del groups[pgid]
+            runs.pop(pgid, None)
+            with contextlib.suppress(OSError):
+                path.unlink()
     if not groups:
         return []
     notes: list[str] = []
@@ -380,10 +390,10 @@ def _watch() -> None:
     # told of yet (it was killed between the fork and the line on stdin) carries the mark
     # from its first instruction, and its group and tree are found through it.
     since_ticks = since if since is not None else 0
-    carriers = marked(mark, since) if mark else []
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGSTOP)
+    carriers = marked(mark, since) if mark else []  # (a pass over /proc: the groups wait)
     for pid in carriers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGSTOP)
