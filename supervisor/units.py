@@ -131,7 +131,10 @@ def parse_duration(value: object, *, allow_infinite: bool = False) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{brief(value)} is not a duration {_DURATION_HELP}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past a float's range: infinite, refused below
+            seconds = math.inf
         if math.isnan(seconds):
             raise ValueError(f"{brief(value)} is not a duration {_DURATION_HELP}")
     elif isinstance(value, str):
