@@ -127,6 +127,8 @@ def test_a_huge_exponent_is_an_error_at_once_not_a_ten_million_digit_number() ->
     assert parse_duration("1e-400") == 0.0 and parse_duration("1e3") == 1000.0
     with pytest.raises(ValueError, match="too long"):
         parse_duration("1" * 5000 + "s")
+    with pytest.raises(ValueError, match="finite"):  # an int past a float (a JSON body)
+        parse_duration(10**400)
 
 
 @given(st.floats(min_value=0, max_value=1e9, allow_nan=False) | st.integers(0, 10**9))
