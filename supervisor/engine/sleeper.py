@@ -7,8 +7,9 @@ chose to put a worker to sleep rather than stop it (``Evict.sleep``), or a user 
 - after its sleep hook returned, what it keeps is *measured* (the GPU reader's reading of its
   processes): that is what the ledger counts it at from then on, never zero, and what
   admission learns for its next sleep; the host memory its weights took (what it says, never
-  less than its processes' PSS grew) is counted against ``EngineConfig.sleep_host_budget_mib``,
-  and a sleep that took more than the budget left is stopped;
+  less than its processes' anonymous memory grew) is counted against
+  ``EngineConfig.sleep_host_budget_mib``, and a sleep that took more than the budget left is
+  stopped;
 - a sleep that gave (almost) nothing back, a worker that says it keeps less than the GPU shows,
   one that takes its memory back while asleep, a sleep or a wake that fails or does not answer
   within ``timeouts.start``: the worker is stopped instead, an event says why, and the backend
@@ -24,7 +25,7 @@ import asyncio
 from collections.abc import Callable
 
 from ..errors import Refused
-from ..gpu.procmem import tree_memory_mib
+from ..gpu.procmem import tree_anon_mib
 from ..jobs import Job, JobState
 from ..jobs.table import JobTable
 from ..ledger import Book
@@ -200,7 +201,7 @@ class Sleeper:
         m.observed_mib = keeps  # measured now: the last sample saw it before it slept
         name = spec.name
         if others + host > self.budget_mib:
-            seen = f" (its processes grew by {grew} MiB; it said {said})" if grew > said else ""
+            seen = f" (its processes took {grew} MiB more; it said {said})" if grew > said else ""
             self._fall_back(rt, f"its sleep took {host} MiB of host memory{seen}, and "
                             f"sleepers may take {max(0, self.budget_mib - others)} MiB more "
                             f"(sleep_host_budget {self.budget_mib} MiB)", learned=True)
@@ -214,9 +215,10 @@ class Sleeper:
 
     @staticmethod
     def _host_memory(w: Worker) -> float | None:
-        """The host memory (PSS) of ``w``'s process and its descendants (a few small /proc
-        reads); None when it cannot be read."""
-        return None if w.pid is None else tree_memory_mib(w.pid)
+        """The host memory ``w``'s process and its descendants took (anonymous and shared
+        pages, not the file pages they map; a few small /proc reads); None when it cannot be
+        read."""
+        return None if w.pid is None else tree_anon_mib(w.pid)
 
     async def _measure(self, w: Worker, held: int) -> int | None:
         """What ``w``'s processes hold on its GPU now (None: the reader cannot tell), read

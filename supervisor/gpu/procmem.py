@@ -14,7 +14,8 @@ point them at a directory of its own), in MiB (2**20 bytes) unless said otherwis
 - :func:`resident_pages`: one process's RSS in pages from ``statm`` (it says whether the PSS
   may have moved, for a fraction of a ``smaps_rollup`` read's cost);
 - :func:`parents`: pid -> (parent pid, start time) of every process (one pass over ``/proc``);
-- :func:`tree_memory_mib`: the PSS of a process and its descendants;
+- :func:`anon_mib` / :func:`tree_anon_mib`: the anonymous memory a process (and its
+  descendants) took, from the kernel's counters;
 - :func:`has_env`: whether a process's environment holds an item (a mark it inherited);
 - :func:`last_pid`: the last pid given out (a new process started when it moves);
 - :func:`start_ticks`: one process's state letter and start time (tells a reused pid apart).
@@ -219,28 +220,47 @@ def children(pid: int, proc: str = "/proc") -> list[int] | None:
     return found
 
 
-def tree_memory_mib(pid: int, proc: str = "/proc") -> float | None:
-    """The PSS of ``pid`` and every process descended from it, MiB (each page once); None
-    when ``pid`` is gone. Found through the kernel's children lists (a few small reads, cheap
-    enough for the engine's loop), else one pass over every process."""
+def anon_mib(pid: int, proc: str = "/proc") -> float | None:
+    """The anonymous and shared-memory pages ``pid`` holds (``RssAnon`` + ``RssShmem`` of
+    its ``status``), MiB: memory it took, not file pages it maps (shared libraries, mapped
+    weights, whose share moves when another process maps or unmaps them); read from
+    counters the kernel keeps, with no walk over its pages. None when it cannot be read."""
+    try:
+        text = _read(f"{proc}/{pid}/status").decode("ascii", "replace")
+    except OSError:
+        return None
+    kib = 0
+    for line in text.splitlines():
+        if line.startswith(("RssAnon:", "RssShmem:")):
+            try:
+                kib += int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return kib / KIB_PER_MIB
+
+
+def tree_anon_mib(pid: int, proc: str = "/proc") -> float | None:
+    """:func:`anon_mib` of ``pid`` and every process descended from it, MiB; None when
+    ``pid`` is gone. Found through the kernel's children lists (a few small reads), else
+    one pass over every process."""
     if not os.path.exists(f"{proc}/{pid}"):
         return None
-    tree: dict[int, list[int]] | None = {}
-    stack, seen = [pid], set()
-    while stack and tree is not None:
+    stack: list[int] = [pid]
+    seen: set[int] = set()
+    complete = True
+    while stack:
         one = stack.pop()
         if one in seen:
             continue
         seen.add(one)
         kids = children(one, proc)
         if kids is None and os.path.exists(f"{proc}/{one}"):
-            tree = None  # (no children lists here: the slow way)
+            complete = False  # (no children lists here: the slow way)
             break
         stack.extend(kids or ())
-    if tree is None:
-        table = parents(proc)
+    if not complete:
         by_parent: dict[int, list[int]] = {}
-        for child, (parent, _start) in table.items():
+        for child, (parent, _start) in parents(proc).items():
             by_parent.setdefault(parent, []).append(child)
         seen, stack = set(), [pid]
         while stack:
@@ -248,8 +268,4 @@ def tree_memory_mib(pid: int, proc: str = "/proc") -> float | None:
             if one not in seen:
                 seen.add(one)
                 stack.extend(by_parent.get(one, ()))
-    total = 0.0
-    for one in seen:
-        mem = process_memory(one, proc)
-        total += mem.mib if mem is not None else 0.0
-    return total
+    return sum(anon_mib(one, proc) or 0.0 for one in seen)
