@@ -277,6 +277,10 @@ def test_a_persons_resume_holds_against_a_command_rule_until_it_answers_no() -> 
     g.rules.answered(0, True)
     g.at(5.0)
     assert g.yielded == [(0.0, 1)] and g.held == {}
+    g.rules.answered(0, None)  # no answer (a timeout): not the condition's end
+    g.rules.answered(0, True)
+    g.at(7.0)
+    assert g.yielded == [(0.0, 1)] and g.held == {}
     g.rules.answered(0, False)
     g.rules.answered(0, True)
     g.at(10.0)

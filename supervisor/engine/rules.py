@@ -230,10 +230,12 @@ class Rules:
             out.append(rule.label)
         return out
 
-    def answered(self, index: int, yes: bool) -> None:
-        """Command rule ``index`` answered ``yes``: a "no" ends what a person waived of it."""
-        self.answers[index] = yes
-        if not yes:
+    def answered(self, index: int, yes: bool | None) -> None:
+        """Command rule ``index`` answered ``yes``; None: it gave no answer (it could not
+        run, or timed out), which counts as no but does not end what a person waived of it
+        (only a real "no" does: the condition ended)."""
+        self.answers[index] = bool(yes)
+        if yes is False:
             self._waived = {(i, g) for i, g in self._waived if i != index}
 
     def follow(self, strangers: Mapping[int, Iterable[Any]], present: Iterable[int],
@@ -269,8 +271,9 @@ class Rules:
             self.answered(index, await self.ask(index, rule))
             await asyncio.sleep(rule.every_s)
 
-    async def ask(self, index: int, rule: YieldRule) -> bool:
-        """Run the rule's command once: True when it exits 0 within its timeout."""
+    async def ask(self, index: int, rule: YieldRule) -> bool | None:
+        """Run the rule's command once: True when it exits 0 within its timeout, False when
+        it exits otherwise; None when it gave no answer (it could not run, or timed out)."""
         try:
             proc = await asyncio.create_subprocess_exec(
                 *rule.command, stdin=asyncio.subprocess.DEVNULL,
@@ -279,7 +282,7 @@ class Rules:
         except OSError as exc:
             self._trouble(index, f"yield_when: cannot run `{shlex.join(rule.command)}`: "
                           f"{exc.strerror or exc}; the rule counts as no")
-            return False
+            return None
         self.own(proc.pid)
         try:
             code = await asyncio.wait_for(proc.wait(), rule.timeout_s)
@@ -294,7 +297,7 @@ class Rules:
                 await asyncio.wait_for(proc.wait(), 1.0)
             self._trouble(index, f"yield_when: `{shlex.join(rule.command)}` did not answer "
                           f"within {rule.timeout_s:g} s (killed); the rule counts as no")
-            return False
+            return None
         # What it left behind in its session (``sh -c 'x & exit 1'``) would pile up at every
         # run and outlive the engine: its answer is its exit code, the rest goes with it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
