@@ -22,11 +22,12 @@ killed with it (its whole process group) — nothing sticks::
 now (:meth:`Rules.wanted`); the engine yields and resumes through the same methods as a person
 (:mod:`.yielding`, marked ``rule``), and never resumes a GPU a person yielded.
 
-A process name is followed with the hysteresis the engine uses for strangers
-(``EngineConfig.others_arrive_s`` / ``others_leave_s``, see ``scheduler/strangers.py``): the
-program must be seen on a GPU for ``arrive_s`` without a break before its rule yields it, and be
-gone for ``leave_s`` before the rule resumes it, so that a program that comes and goes briefly
-does not cost a model reload each time.
+A process name is followed with the strangers' durations (``EngineConfig.others_arrive_s`` /
+``others_leave_s``) but a rule of its own, on presence rather than memory: the program must be
+seen on a GPU for ``arrive_s`` without a break before its rule yields it, and be gone for
+``leave_s`` before the rule resumes it, so that a program that comes and goes briefly does not
+cost a model reload each time. (``scheduler/strangers.py`` follows what strangers hold, by
+the lowest and highest readings over windows of those lengths.)
 
 A person overrides a rule: a GPU a person resumes (:meth:`Rules.waive`) is not yielded again by
 the rules that wanted it then, for as long as what they saw goes on; a rule yields it again
@@ -48,14 +49,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import VramtuiError
-from ..scheduler.strangers import ARRIVE_S, LEAVE_S
+from ..scheduler.strangers import ARRIVE_S, EPS, LEAVE_S
 from ..units import parse_duration
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_EVERY_S = 5.0
 MAX_RULES = 32
-_EPS = 1e-6  # clock readings are floats (as in scheduler/strangers.py)
 
 
 class BadRule(VramtuiError):
@@ -186,7 +186,7 @@ class Rules:
                 else:
                     if state.since is None:
                         state.since = now
-                    if now - state.since >= (self.arrive_s if there else self.leave_s) - _EPS:
+                    if now - state.since >= (self.arrive_s if there else self.leave_s) - EPS:
                         state.on, state.since = there, None
                 if not state.on and state.since is None:
                     del self._presence[(i, g)]

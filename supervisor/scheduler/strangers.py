@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 ARRIVE_S = 3.0  # a stranger must stay this long before memory is held back for it
 LEAVE_S = 3.0  # and be gone this long before that memory is taken again
 URGENT_S = 0.3  # an over-committed device is answered after this long (a few samples)
-_EPS = 1e-6  # readings' times are floats: 1.4 - 1.1 is a hair under 0.3
+EPS = 1e-6  # readings' times are floats: 1.4 - 1.1 is a hair under 0.3
 
 
 @dataclass
@@ -83,22 +83,22 @@ class StrangerWatch:
             state = self._gpus[gpu] = _Gpu(strangers_mib)
         seen = state.seen
         seen.append((now, strangers_mib))
-        horizon = now - max(self.arrive_s, self.leave_s) + _EPS
+        horizon = now - max(self.arrive_s, self.leave_s) + EPS
         while len(seen) > 1 and seen[1][0] <= horizon:
             seen.popleft()  # keep one reading at or before the horizon: the window's start
         urgent = False
         if held_mib + strangers_mib > total_mib:
             if state.over_since is None:
                 state.over_since = now
-            if now - state.over_since >= self.urgent_s - _EPS and strangers_mib > state.counted:
+            if now - state.over_since >= self.urgent_s - EPS and strangers_mib > state.counted:
                 state.counted, urgent = strangers_mib, True
         else:
             state.over_since = None
         if not urgent:
-            low = self._extreme(seen, now - self.arrive_s + _EPS, min)
+            low = self._extreme(seen, now - self.arrive_s + EPS, min)
             if low is not None and low > state.counted:
                 state.counted = low
-            high = self._extreme(seen, now - self.leave_s + _EPS, max)
+            high = self._extreme(seen, now - self.leave_s + EPS, max)
             if high is not None and high < state.counted:
                 state.counted = high
         over = max(0, held_mib + state.counted - total_mib)
