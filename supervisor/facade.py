@@ -25,7 +25,7 @@ from .apispec import METHODS
 from .backends.loader import default_layers, load_backends
 from .doors.watch import JobEnd
 from .engine import Engine, EngineConfig
-from .engine.config import reserve_problem
+from .engine.config import reserve_problem, reserve_unknown
 from .errors import EngineStopped, VramtuiError
 from .events import EngineEvent, Subscription
 from .gpu.errors import BadGpuSpec
@@ -139,11 +139,14 @@ class Supervisor:
         probe, notice = open_probe(gpus, ledger_dir=paths.sim_dir, host_reserve_mib=(
             config or EngineConfig()).host_reserve_mib)
         if config is not None and config.gpu_reserve_mib:
-            why = reserve_problem(config.gpu_reserve_mib,
-                                  {d.index: d.total_mib for d in probe.devices()})
+            totals = {d.index: d.total_mib for d in probe.devices()}
+            why = reserve_problem(config.gpu_reserve_mib, totals)
             if why is not None:
                 probe.close()
                 raise BadGpuSpec(why)
+            unknown = reserve_unknown(config.gpu_reserve_mib, totals)
+            if unknown is not None:
+                notice = f"{notice}; {unknown}" if notice else unknown
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
         loaded = load_backends(layers, environ=environ)
         if loaded.demo:

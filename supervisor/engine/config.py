@@ -60,14 +60,22 @@ class EngineConfig:
 
 def reserve_problem(reserve: dict[int, int], totals: dict[int, int]) -> str | None:
     """Why ``engine.reserve`` (GPU -> MiB kept free) cannot be kept on these devices (GPU ->
-    size in MiB), in one line; None when it can."""
+    size in MiB), in one line; None when it can (a GPU it names that is not here is
+    :func:`reserve_unknown`'s, a warning: a config may be shared by machines, or run with
+    ``--gpus`` naming fewer)."""
     for gpu, mib in sorted(reserve.items()):
         total = totals.get(gpu)
-        if total is None:
-            have = ", ".join(f"GPU{i}" for i in sorted(totals)) or "none"
-            return (f"config.yaml engine.reserve names GPU{gpu}, which this engine does not "
-                    f"have (it has {have}): remove it, or fix the index")
-        if mib >= total:
+        if total is not None and mib >= total:
             return (f"config.yaml engine.reserve keeps {mib} MiB free on GPU{gpu}, which has "
                     f"{total} MiB: nothing could ever run there; keep less free")
     return None
+
+
+def reserve_unknown(reserve: dict[int, int], totals: dict[int, int]) -> str | None:
+    """The line saying which GPUs ``engine.reserve`` names that are not here (ignored)."""
+    unknown = sorted(set(reserve) - set(totals))
+    if not unknown:
+        return None
+    have = ", ".join(f"GPU{i}" for i in sorted(totals)) or "none"
+    return (f"config.yaml engine.reserve names {', '.join(f'GPU{g}' for g in unknown)}, "
+            f"which this engine does not have (it has {have}): ignored")
