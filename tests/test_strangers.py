@@ -3,11 +3,13 @@ and the engine's answer on fake workers (a stranger is a pid the fake GPU holds 
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
-from fake_worker import Script, fake_engine
+from fake_worker import FakeEngine, Script, fake_engine
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
@@ -187,21 +189,29 @@ def test_a_running_job_is_cancelled_for_others_only_when_the_policy_says_so(poli
             assert fe.sup.wait(job, 5).state == "succeeded"
 
 
+@contextlib.contextmanager
+def _a_stranger_came_and_left(cfg: EngineConfig, job_s: float) -> Iterator[FakeEngine]:
+    """A 3.5 GiB job runs while a stranger over-commits the GPU (6 GiB beside it, nothing
+    idle to evict), is counted, and leaves; the job ends well: the engine, for the rest."""
+    descs = {"a": {"vram": {"weights": "3GiB", "activation": "512MiB"}, "safety": "0MiB"}}
+    with fake_engine(descs, scripts={"a": Script(weights_mib=3 * GIB, activation_mib=512,
+                                                 job_s=job_s)}, config=cfg) as fe:
+        job = fe.sup.submit("a", b"x")
+        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
+        fe.gpu.hold(STRANGER, 0, 6 * GIB)
+        wait_until(lambda: fe.sup.snapshot().gpus[0].others_mib, what="the stranger counted")
+        fe.gpu.release(STRANGER)
+        assert fe.sup.wait(job, 10).state == "succeeded", fe.sup.job(job).error
+        yield fe
+
+
 def test_a_running_job_is_not_cancelled_for_a_stranger_that_left() -> None:
     """The stranger over-commits the GPU, is counted, and leaves well before
     ``others_cancel_after_s``; its memory stays held back ``others_leave_s`` after, which
     must not count as the GPU staying over-committed: the job finishes."""
     cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
                        others_policy="cancel", others_cancel_after_s=1.0, others_leave_s=30.0)
-    descs = {"a": {"vram": {"weights": "3GiB", "activation": "512MiB"}, "safety": "0MiB"}}
-    with fake_engine(descs, scripts={"a": Script(weights_mib=3 * GIB, activation_mib=512,
-                                                 job_s=2.5)}, config=cfg) as fe:
-        job = fe.sup.submit("a", b"x")
-        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
-        fe.gpu.hold(STRANGER, 0, 6 * GIB)  # 3.5 + 6 > 8 GiB, and nothing idle to evict
-        wait_until(lambda: fe.sup.snapshot().gpus[0].others_mib, what="the stranger counted")
-        fe.gpu.release(STRANGER)
-        assert fe.sup.wait(job, 10).state == "succeeded", fe.sup.job(job).error
+    with _a_stranger_came_and_left(cfg, job_s=2.5) as fe:
         assert fe.sup.snapshot().gpus[0].others_mib == 6 * GIB  # still held back meanwhile
         lines = [line.text for line in fe.sup.snapshot().log]
         assert not [t for t in lines if "cancelling" in t], lines
@@ -213,15 +223,7 @@ def test_a_model_evicted_for_others_that_left_says_so() -> None:
     evicted for it: the event says for whom it was held back, not that it is taken."""
     cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
                        others_leave_s=30.0)
-    descs = {"a": {"vram": {"weights": "3GiB", "activation": "512MiB"}, "safety": "0MiB"}}
-    with fake_engine(descs, scripts={"a": Script(weights_mib=3 * GIB, activation_mib=512,
-                                                 job_s=1.0)}, config=cfg) as fe:
-        job = fe.sup.submit("a", b"x")
-        wait_until(lambda: fe.sup.job(job).state == "running", what="running")
-        fe.gpu.hold(STRANGER, 0, 6 * GIB)  # 3.5 + 6 > 8 GiB, and nothing idle to evict
-        wait_until(lambda: fe.sup.snapshot().gpus[0].others_mib, what="the stranger counted")
-        fe.gpu.release(STRANGER)
-        assert fe.sup.wait(job, 10).state == "succeeded"
+    with _a_stranger_came_and_left(cfg, job_s=1.0) as fe:
 
         def evicted() -> list[str]:
             return [t.text for t in fe.sup.snapshot().log if t.text.startswith("evicted a")]
