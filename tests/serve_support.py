@@ -12,6 +12,7 @@ tests' fixtures), worker process groups included.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -65,7 +66,11 @@ def make_env(root: Path, backends: list[dict[str, Any]] | None = None) -> dict[s
 
 
 def new_root() -> Path:
-    return Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    """A fresh directory for an engine's files, removed when this test process exits (a
+    suite run made some 300 of them and left them all in /tmp)."""
+    root = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
 def cli(env: dict[str, str], *args: str, input: bytes | None = None,
