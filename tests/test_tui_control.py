@@ -55,7 +55,8 @@ async def test_jobs_keys_retry_priority_marks_sort_and_navigation() -> None:
         app = VramApp(sup, "embedded", confirm=False)
         async with app.run_test(size=WIDE) as pilot:
             await rendered(pilot)
-            busy = sup.submit("alpha", req(steps=400, step_s=0.02))
+            # (it runs until the test cancels it: 8 s was not enough on a loaded 2-core box)
+            busy = sup.submit("alpha", req(steps=6000, step_s=0.02))
             await until(pilot, lambda: sup.job(busy).state is JobState.RUNNING, "running")
             low, high = sup.submit("alpha", b""), sup.submit("alpha", b"")
             done = sup.submit("beta", req(steps=1, step_s=0.01))
