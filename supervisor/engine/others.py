@@ -100,7 +100,8 @@ class Others:
                 self.note("warning", f"GPU{index} is over-committed: others hold "
                           f"{mib_text(verdict.now_mib)} ({self.who(index)}); evicting idle "
                           "models there and admitting nothing more until it fits")
-            elif was and not verdict.over_mib:
+            elif was and not verdict.over_mib and verdict.counted_mib:
+                # (when nothing is held back any more, "others left" below says it all)
                 self.note("info", f"GPU{index} fits again beside others "
                           f"({mib_text(verdict.counted_mib)} held back for them)")
             # idle models (or ones still letting go) are evicted first: jobs wait for them
