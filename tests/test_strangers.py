@@ -217,6 +217,18 @@ def test_a_running_job_is_not_cancelled_for_a_stranger_that_left() -> None:
         assert not [t for t in lines if "cancelling" in t], lines
 
 
+def test_that_others_left_a_gpu_is_said_once() -> None:
+    """Nothing idle to evict, so the GPU stays over until the stranger's memory stops being
+    held back: then "others left" says it all, with no "fits again beside 0 MiB" beside it."""
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       others_leave_s=0.3)
+    with _a_stranger_came_and_left(cfg, job_s=1.0) as fe:
+        wait_until(lambda: any(line.text.startswith("others left GPU0")
+                               for line in fe.sup.snapshot().log), 5, "others left, said")
+        lines = [line.text for line in fe.sup.snapshot().log]
+        assert not [t for t in lines if "(0 MiB held back" in t], lines
+
+
 def test_a_model_evicted_for_others_that_left_says_so() -> None:
     """A job holds the GPU while a stranger over-commits it, then the stranger leaves; its
     memory stays held back (``others_leave_s``), so the model, idle once its job ends, is
