@@ -20,7 +20,7 @@ from waiting import wait_until, wait_until_async
 from supervisor.engine import EngineConfig
 from supervisor.engine.rules import BadRule, Rules, parse_rules
 from supervisor.engine.yielding import Yields
-from supervisor.errors import InvalidRequest, Refused, VramtuiError
+from supervisor.errors import InvalidRequest, Refused, UnknownGpu, VramtuiError
 from supervisor.results import YieldInfo
 
 
@@ -84,7 +84,8 @@ def test_a_load_under_way_on_a_yielded_gpu_is_given_up(now: bool) -> None:
 
 def test_bad_yields_and_resumes_are_refused_clearly() -> None:
     with fake_engine({"a": desc()}, gpus=[8192, 8192]) as fe:
-        with pytest.raises(Refused, match=r"there is no GPU7 \(present: GPU0, GPU1\)"):
+        with pytest.raises(UnknownGpu,
+                           match=r"unknown GPU 7: there is no GPU7 \(present: GPU0, GPU1\)"):
             fe.sup.yield_gpus([7])
         with pytest.raises(InvalidRequest, match="more than 0 s"):
             fe.sup.yield_gpus([0], for_s=-1)

@@ -58,7 +58,8 @@ def test_yield_and_resume_over_the_cli(front: Front) -> None:
 
 
 def test_bad_yields_are_one_line_errors_with_their_exit_codes(front: Front) -> None:
-    for args, code, words in ((("yield", "7"), 5, "there is no GPU7 (present: GPU0, GPU1)"),
+    for args, code, words in ((("yield", "7"), 4, "unknown GPU 7: there is no GPU7 (present: "
+                                                  "GPU0, GPU1)"),
                               (("yield", "0", "--for=-1s"), 2, "--for: '-1s' is"),
                               (("yield", "0", "--for", "-1s"), 2, "--for: '-1s' is"),
                               (("resume", "1"), 5, "GPU1 is not yielded")):
@@ -73,7 +74,7 @@ def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
     assert bad.status == 400 and "is not a duration" in bad.error["message"]
     bad = front.post("/v1/gpus/0/yield", {"for": -1})
     assert bad.status == 400 and "negative" in bad.error["message"]
-    assert front.post("/v1/gpus/7/yield").status == 409
+    assert front.post("/v1/gpus/7/yield").status == 404  # no such GPU, as for drain
     assert front.post("/v1/gpus/1/resume").status == 409
     front.sup.preload("m")
     wait_until(lambda: on_gpu0(front), 30, "m loaded on GPU0")

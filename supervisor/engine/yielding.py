@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ..atomicfile import write_atomic
-from ..errors import InvalidRequest, Refused
+from ..errors import InvalidRequest, Refused, UnknownGpu
 from ..results import YieldInfo
 
 log = logging.getLogger(__name__)
@@ -155,5 +155,6 @@ class Yields:
         missing = [g for g in targets if g not in have]
         if missing:
             names = ", ".join(f"GPU{g}" for g in have) or "none"
-            raise Refused(f"there is no GPU{missing[0]} (present: {names})")
+            raise UnknownGpu(f"unknown GPU {missing[0]}: there is no GPU{missing[0]} "
+                             f"(present: {names})")
         return targets
