@@ -399,6 +399,27 @@ def test_a_subscription_callback_runs_with_ctrl_c_unblocked(served: Served) -> N
     assert not masks[0] >> (signal.SIGINT - 1) & 1
 
 
+def test_ctrl_c_on_submit_wait_without_a_terminal_names_the_job_that_goes_on(
+        served: Served) -> None:
+    import signal
+
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "submit", "slow", "--wait", "--data",
+                             '{"steps": 400, "step_s": 0.05}'], env=served.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        running = wait_until(lambda: [j for j in json.loads(run(
+            served, "jobs", "--json").stdout)["running"] if j["backend"] == "slow"], 30,
+            "the job under way")
+        job_id = running[0]["id"]
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130, err
+        assert f"job {job_id} goes on (vramtui cancel {job_id}" in err, err
+        run(served, "cancel", job_id)
+    finally:
+        proc.kill()
+
+
 def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     import signal
 

@@ -2,9 +2,9 @@
 
 While it waits, a status line on stderr (only when stderr is a terminal) shows the job's
 queue position, then the worker's progress; ``--stream`` prints chunks to stdout as they come,
-in order, and the status line never mixes into them.  Without a terminal, ``--wait`` is one
-round trip (``submit_wait``).  Ctrl-C leaves the job running and says how to cancel it or
-fetch its result.
+in order, and the status line never mixes into them.  Without a terminal, ``--wait`` submits
+and then waits (the job's id known, so that ctrl-c can name it).  Ctrl-C leaves the job
+running and says how to cancel it or fetch its result.
 """
 
 from __future__ import annotations
@@ -94,18 +94,29 @@ def run(args: argparse.Namespace) -> int:
             print(job_id)
         return Exit.OK
     if not args.stream and (args.json or not sys.stderr.isatty()):
-        # Nobody to show progress to: one round trip.
-        return finish(client.submit_wait(args.backend, payload, **kw), args, printed=0)
+        # Nobody to show progress to: submit, then wait (the job's id known here, so that
+        # ctrl+c can still say which job goes on).
+        job_id = client.submit(args.backend, payload, **kw)
+        try:
+            view = client.wait(job_id)
+        except KeyboardInterrupt:
+            return _goes_on(job_id)
+        return finish(view, args, printed=0)
     job_id, sub = client.submit_follow(args.backend, payload, **kw)
     try:
         printed = _follow(client, job_id, sub, args)
     except KeyboardInterrupt:
-        sys.stderr.write(f"\nvramtui: job {job_id} goes on (vramtui cancel {job_id} to stop "
-                         f"it; vramtui result {job_id} --wait for its result)\n")
-        return Exit.INTERRUPTED
+        return _goes_on(job_id)
     finally:
         sub.close()
     return finish(client.wait(job_id), args, printed)
+
+
+def _goes_on(job_id: str) -> int:
+    """Ctrl+c while waiting: the job goes on; say how to reach it."""
+    sys.stderr.write(f"\nvramtui: job {job_id} goes on (vramtui cancel {job_id} to stop "
+                     f"it; vramtui result {job_id} --wait for its result)\n")
+    return Exit.INTERRUPTED
 
 
 def _follow(client: Client, job_id: str, sub: RemoteSubscription,
