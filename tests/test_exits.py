@@ -27,7 +27,8 @@ exit codes:
   6   the job has not finished yet (result without --wait)
   7   nothing to do: the job had already ended (cancel), the backend is not loaded (evict)
   70  internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)
-  130 interrupted (Ctrl-C; a submitted job goes on, a calibration is cancelled)
+  130 interrupted (Ctrl-C; a submitted job goes on, a calibration is cancelled);
+      Ctrl-C ends a follow (events, logs -f, status --watch) with 0
 """
 
 

@@ -48,7 +48,8 @@ CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
                           "not loaded (evict)",)),
     (Exit.INTERNAL, ("internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)",)),
     (Exit.INTERRUPTED, ("interrupted (Ctrl-C; a submitted job goes on, a calibration is "
-                        "cancelled)",)),
+                        "cancelled);",
+                        "Ctrl-C ends a follow (events, logs -f, status --watch) with 0")),
 )
 
 
