@@ -29,15 +29,17 @@ def run(args: argparse.Namespace) -> int:
         return Exit.OK
     from .submit import write_out
 
-    write_out(chunk.data)
-    offset = chunk.offset
     try:
+        write_out(chunk.data)
+        offset = chunk.offset
         while args.follow:
             time.sleep(0.25)  # tail -f: poll the file's growth through the engine
             chunk = client.logs(args.backend, offset=offset)
             if chunk.data:
                 write_out(chunk.data)
             offset = chunk.offset
-    except KeyboardInterrupt:  # how a follow ends, as events' and status --watch's do
-        return Exit.OK
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+        return Exit.OK  # how a follow ends, as events' and status --watch's do
     return Exit.OK
