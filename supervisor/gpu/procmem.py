@@ -245,27 +245,24 @@ def tree_anon_mib(pid: int, proc: str = "/proc") -> float | None:
     one pass over every process."""
     if not os.path.exists(f"{proc}/{pid}"):
         return None
-    stack: list[int] = [pid]
+    by_parent: dict[int, list[int]] | None = None  # (the slow way, built once if needed)
+
+    def kids(one: int) -> list[int]:
+        nonlocal by_parent
+        found = children(one, proc)
+        if found is not None or not os.path.exists(f"{proc}/{one}"):
+            return found or []
+        if by_parent is None:
+            by_parent = {}
+            for child, (parent, _start) in parents(proc).items():
+                by_parent.setdefault(parent, []).append(child)
+        return by_parent.get(one, [])
+
     seen: set[int] = set()
-    complete = True
+    stack = [pid]
     while stack:
         one = stack.pop()
-        if one in seen:
-            continue
-        seen.add(one)
-        kids = children(one, proc)
-        if kids is None and os.path.exists(f"{proc}/{one}"):
-            complete = False  # (no children lists here: the slow way)
-            break
-        stack.extend(kids or ())
-    if not complete:
-        by_parent: dict[int, list[int]] = {}
-        for child, (parent, _start) in parents(proc).items():
-            by_parent.setdefault(parent, []).append(child)
-        seen, stack = set(), [pid]
-        while stack:
-            one = stack.pop()
-            if one not in seen:
-                seen.add(one)
-                stack.extend(by_parent.get(one, ()))
+        if one not in seen:
+            seen.add(one)
+            stack.extend(kids(one))
     return sum(anon_mib(one, proc) or 0.0 for one in seen)
