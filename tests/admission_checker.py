@@ -31,7 +31,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
+from engine_support import scratch_dir
 
 from supervisor import JobState, Supervisor
 from supervisor.engine import EngineConfig
@@ -339,7 +339,7 @@ class Verdict:
 def run_scenario(sc: Scenario, *, watch_hz: float = 200.0, episode_limit_s: float = 0.5,
                  stall_s: float = 3.0, deadline_s: float = 120.0,
                  log: Callable[[str], None] | None = None) -> Verdict:
-    root = Path(tempfile.mkdtemp(prefix="vt-chk-", dir="/tmp"))
+    root = scratch_dir("vt-chk-")
     files = []
     for name, doc in sc.descriptors.items():
         path = root / name

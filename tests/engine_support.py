@@ -1,8 +1,11 @@
-"""Shared helpers for engine tests: isolated paths, descriptors of simulated models, polling."""
+"""Shared helpers for engine tests: isolated paths (``scratch_dir``), descriptors of simulated
+models, polling."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -24,6 +27,16 @@ from supervisor.paths import Paths
 ROOT = Path(__file__).resolve().parents[1]
 SIMMODEL = ROOT / "examples" / "demo" / "simmodel.py"
 T = TypeVar("T")
+
+
+def scratch_dir(prefix: str = "vt-") -> Path:
+    """A fresh directory under /tmp (short socket paths), removed when this process exits,
+    whatever the test did with it; ``VRAMTUI_TEST_KEEP=1`` keeps them all, to read a failed
+    run's logs. (A suite run left some 200 of them behind.)"""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    if os.environ.get("VRAMTUI_TEST_KEEP") != "1":
+        atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def sim_backend(name: str, weights: int, activation: int, *, load_s: float = 0.05,
@@ -54,7 +67,7 @@ def sim_backend(name: str, weights: int, activation: int, *, load_s: float = 0.0
 def engine(backends: list[dict[str, Any]], gpus: str = "sim:8GiB",
            config: EngineConfig | None = None) -> Iterator[Supervisor]:
     """A started embedded engine with its own config/state/runtime directories."""
-    root = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    root = scratch_dir()
     env = dict(os.environ)
     env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
                VRAMTUI_CONFIG_DIR=str(root / "cfg"))

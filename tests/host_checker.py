@@ -25,7 +25,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import yaml
 from admission_checker import StallWatch, Watching
+from engine_support import scratch_dir
 
 from supervisor import JobState, Supervisor
 from supervisor.engine import EngineConfig
@@ -180,7 +180,7 @@ class HostVerdict:
 
 def run_host_scenario(sc: HostScenario, *, stall_s: float = 3.0,
                       deadline_s: float = 120.0) -> HostVerdict:
-    root = Path(tempfile.mkdtemp(prefix="vt-hchk-", dir="/tmp"))
+    root = scratch_dir("vt-hchk-")
     desc = root / "backends.yaml"
     desc.write_text(yaml.safe_dump({"backends": [b.descriptor() for b in sc.backends]}))
     env = dict(os.environ)

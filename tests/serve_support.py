@@ -12,7 +12,6 @@ tests' fixtures), worker process groups included.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -20,14 +19,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from engine_support import ROOT, sim_backend
+from engine_support import ROOT, scratch_dir, sim_backend
 from waiting import wait_until
 
 from supervisor.client import Client
@@ -66,11 +64,8 @@ def make_env(root: Path, backends: list[dict[str, Any]] | None = None) -> dict[s
 
 
 def new_root() -> Path:
-    """A fresh directory for an engine's files, removed when this test process exits (a
-    suite run made some 300 of them and left them all in /tmp)."""
-    root = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
-    atexit.register(shutil.rmtree, root, True)
-    return root
+    """A fresh directory for an engine's files, removed when this test process exits."""
+    return scratch_dir()
 
 
 def cli(env: dict[str, str], *args: str, input: bytes | None = None,

@@ -8,10 +8,10 @@ would: the demo stays, and the reload's answer says why.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
+from engine_support import scratch_dir
 
 from supervisor import Supervisor
 from supervisor.backends.loader import load_backends
@@ -30,7 +30,7 @@ def _demo_engine(root: Path) -> Supervisor:
 
 @pytest.mark.process
 def test_a_broken_first_file_keeps_the_demo_and_the_reload_says_so() -> None:
-    root = Path(tempfile.mkdtemp(prefix="vt-", dir="/tmp"))
+    root = scratch_dir()
     sup = _demo_engine(root).start_in_thread()
     try:
         demo = {b.name for b in sup.snapshot().backends}
