@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from engine_support import scratch_dir
 from fake_worker import Script, fake_engine
 from waiting import wait_until, wait_until_async
 
@@ -295,6 +296,57 @@ def test_a_persons_resume_right_after_a_restart_holds_for_the_kept_rule_yield() 
     for t in (0.0, 3.0, 6.0):
         g.at(t, "steam")
     assert g.yielded == [] and g.held == {}
+
+
+def test_a_persons_resume_outlives_a_restart_until_the_rules_program_has_left() -> None:
+    g = RuleGpus(["steam", {"command": "pgrep -x darktable", "gpus": [1]}])
+    g.rules.answered(1, True)
+    for t in (0.0, 1.5, 3.0):
+        g.at(t, "steam")
+    assert g.yielded == [(0.0, 1), (3.0, 0)]
+    g.person_resumes(0)
+    g.person_resumes(1)
+    kept = g.rules.waivers()
+    assert kept == {0: ("while steam runs",), 1: ("while `pgrep -x darktable`",)}
+    again = RuleGpus(["steam", {"command": "pgrep -x darktable", "gpus": [1]}])  # restarted
+    again.rules.restore(kept)
+    again.rules.answered(1, True)
+    for t in (0.0, 3.0, 6.0, 9.0):  # steam and darktable still there: the resumes stand
+        again.at(t, "steam")
+    assert again.yielded == [] and again.rules.waivers() == kept
+    again.rules.answered(1, False)  # darktable gone, then back: yielded again
+    again.rules.answered(1, True)
+    for t in (10.0, 13.5):  # steam gone for 3 s: that visit is over
+        again.at(t)
+    assert again.rules.waivers() == {}
+    for t in (14.0, 17.0):
+        again.at(t, "steam")
+    assert again.yielded == [(10.0, 1), (17.0, 0)]
+
+
+@pytest.mark.process
+def test_a_persons_resume_of_a_rules_yield_is_kept_over_an_engine_restart() -> None:
+    root = scratch_dir("vt-yield-")
+    asked = root / "asked"  # a line per question: the command says yes, every 0.1 s
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=100.0, ping_interval_s=0.05,
+                       yield_when=parse_rules([{"command": ["sh", "-c", f"echo >> {asked}"],
+                                                "gpus": [1], "every": "0.1s"}], "test"))
+    label = f"while `sh -c 'echo >> {asked}'`"
+    with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg, journal=True,
+                     root=root) as fe:
+        wait_until(lambda: fe.sup.snapshot().gpus[1].yielded_by == label, 5,
+                   "GPU1 yielded by the command")
+        fe.sup.resume_gpus([1])
+    saved = json.loads((root / "state" / "yielded.json").read_text())
+    assert saved["yielded"] == [] and [w["rules"] for w in saved["waived"]] == [[label]]
+    with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg, journal=True,
+                     root=root) as again:
+        before = len(asked.read_text().splitlines())
+        # five more yeses, each followed by ticks: the person's resume still stands
+        wait_until(lambda: len(asked.read_text().splitlines()) >= before + 5, 10,
+                   "five answers of the restarted engine's command")
+        assert again.sup.snapshot().gpus[1].yielded_by is None
+        assert again.engine.rules.waivers() == {1: (label,)}
 
 
 def test_a_persons_resume_of_a_gpu_a_rule_yielded_holds_while_its_program_runs() -> None:

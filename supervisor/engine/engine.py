@@ -168,6 +168,7 @@ class Engine:
         self.notes.warn_each(leftovers)
         self._recover()
         self.notes.warn_each(self.yields.load())
+        self.rules.restore(self.yields.waived)
         for rt in self.pool.runtimes():
             if rt.spec.preload:
                 self._request_preload(rt)
@@ -221,6 +222,7 @@ class Engine:
             self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
         self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
                           self.yield_gpus, lambda gpus: self.resume_gpus(gpus, rule=True))
+        self.yields.keep_waivers(self.rules.waivers())
         now = time.monotonic()
         if now >= self._next_ping:
             self._next_ping = now + self.config.ping_interval_s
@@ -537,6 +539,7 @@ class Engine:
             self.notes.note("info", f"GPU{g} resumed: jobs run there again" + (
                 f"; its rule ({', '.join(waived)}) yields it again only once that has ended "
                 "and begun anew" if waived else ""))
+        self.yields.keep_waivers(self.rules.waivers())
         self.run.schedule()
         return back
 

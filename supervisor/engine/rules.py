@@ -32,7 +32,9 @@ the lowest and highest readings over windows of those lengths.)
 A person overrides a rule: a GPU a person resumes (:meth:`Rules.waive`) is not yielded again by
 the rules that wanted it then, for as long as what they saw goes on; a rule yields it again
 only once its condition has ended (its program gone for ``leave_s``, its command answered no)
-and begun anew.
+and begun anew. What a person waived outlives an engine restart (:meth:`Rules.waivers`, kept
+in the yields file by :mod:`.yielding`, and :meth:`Rules.restore`): the condition that went on
+goes on being waived until it ends.
 """
 
 from __future__ import annotations
@@ -229,6 +231,30 @@ class Rules:
                 self._waived.add((i, gpu))
             out.append(rule.label)
         return out
+
+    def waivers(self) -> dict[int, tuple[str, ...]]:
+        """GPU -> the labels of the rules a person waived there, as they stand now."""
+        out: dict[int, list[str]] = {}
+        for (i, g), state in self._presence.items():
+            if state.waived:
+                out.setdefault(g, []).append(self.rules[i].label)
+        for i, g in self._waived:
+            out.setdefault(g, []).append(self.rules[i].label)
+        return {g: tuple(sorted(labels)) for g, labels in sorted(out.items())}
+
+    def restore(self, waived: Mapping[int, Iterable[str]]) -> None:
+        """Take back the waivers of an engine before a restart (:meth:`waivers`): a name
+        rule's program counts as there, waived, until it has been gone for ``leave_s``; a
+        command rule stays waived until it answers no. Labels of rules no longer configured
+        are dropped."""
+        for g, labels in waived.items():
+            for i, rule in enumerate(self.rules):
+                if rule.label not in labels:
+                    continue
+                if rule.name is not None:
+                    self._presence[(i, g)] = _Presence(True, waived=True)
+                else:
+                    self._waived.add((i, g))
 
     def answered(self, index: int, yes: bool | None) -> None:
         """Command rule ``index`` answered ``yes``; None: it gave no answer (it could not

@@ -7,17 +7,20 @@ finish (or, yielded ``now``, are cancelled), its idle and sleeping workers are e
 queued jobs wait — or run on another GPU they may use; none is dropped.  It opens again when
 resumed, or by itself once ``until`` has passed (:meth:`Yields.expire`, from the engine's
 ticker).  A ``yield_when`` rule (:mod:`.rules`) yields and resumes through the same methods,
-marked ``rule``.
+marked ``rule``. The same file keeps what a person waived of those rules (GPU -> the rules'
+labels: :meth:`Yields.keep_waivers`), so that a resume overriding a rule outlives a restart too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..atomicfile import write_atomic
 from ..errors import InvalidRequest, Refused, UnknownGpu
@@ -45,6 +48,7 @@ class Yields:
         # close another device 0 after a restart (the simulated GPU, then --gpus host).
         self.device = device
         self.held: dict[int, YieldInfo] = {}
+        self.waived: dict[int, tuple[str, ...]] = {}  # GPU -> rules a person overrode there
 
     # -- what the engine reads -----------------------------------------------------------------
     def get(self, gpu: int) -> YieldInfo | None:
@@ -96,6 +100,12 @@ class Yields:
         self._save()
         return tuple(targets)
 
+    def keep_waivers(self, waived: dict[int, tuple[str, ...]]) -> None:
+        """Record the rules' waivers as they stand (``Rules.waivers``), when they changed."""
+        if waived != self.waived:
+            self.waived = dict(waived)
+            self._save()
+
     def expire(self) -> list[YieldInfo]:
         """Drop the yields whose time is up; those dropped."""
         now = self.wall()
@@ -124,6 +134,7 @@ class Yields:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return [f"cannot read the yielded GPUs from {self.path} ({exc}); every GPU is "
                     "open: yield again where needed"]
+        self.waived = self._waivers_in(raw)
         now = self.wall()
         recorded = {int(e["gpu"]): e.get("device") for e in entries}
         other = [y for y in loaded if recorded[y.gpu] not in (None, self.device(y.gpu))]
@@ -137,12 +148,26 @@ class Yields:
             f"GPU{y.gpu} was yielded on {recorded[y.gpu]}; there is no GPU{y.gpu} now: its "
             "yield is dropped" for y in other]
 
+    def _waivers_in(self, raw: dict[str, Any]) -> dict[int, tuple[str, ...]]:
+        """The waivers a previous engine recorded, on the same devices (an unreadable entry
+        is dropped: a waiver lost costs a yield that a person can resume again)."""
+        out: dict[int, tuple[str, ...]] = {}
+        entries = raw.get("waived")
+        for e in entries if isinstance(entries, list) else ():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                gpu, labels = int(e["gpu"]), e["rules"]
+                if e.get("device") in (None, self.device(gpu)) and isinstance(labels, list):
+                    out[gpu] = tuple(str(label) for label in labels)
+        return out
+
     def _save(self) -> None:
         if self.path is None:
             return
         data = {"yielded": [{"gpu": y.gpu, "by": y.by, "since": y.since, "until": y.until,
                              "now": y.now, "rule": y.rule, "device": self.device(y.gpu)}
-                            for y in self.held.values()]}
+                            for y in self.held.values()],
+                "waived": [{"gpu": g, "rules": list(labels), "device": self.device(g)}
+                           for g, labels in self.waived.items()]}
         try:
             write_atomic(self.path, json.dumps(data, indent=1) + "\n", mode=0o600)
         except OSError as exc:  # the yield holds in memory; only a restart would forget it
