@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import make_mocked_request
 from http_support import Front, serve_http
+from other_user import needs_other_user, run_as_other_user
 from serve_support import echo_backend
 from spawning import spawns
 
@@ -28,6 +29,7 @@ from supervisor.http.config import (
     HttpConfig,
     HttpConfigError,
     Listen,
+    bind_sockets,
     load_http_config,
     parse_listen,
 )
@@ -196,6 +198,67 @@ def test_unix_socket_listener_is_private_and_checks_the_peer(tmp_path: Path) -> 
     finally:
         if path.exists():
             path.unlink()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+
+BIND_V6 = r'''
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+try:
+    s.bind(("::1", int(sys.argv[1]))); s.listen(1); print("held")
+except OSError as exc:
+    print(exc.strerror)
+'''
+
+
+@needs_ipv6
+@needs_other_user
+def test_localhost_is_held_on_both_its_addresses(front: Front) -> None:
+    """The door on 127.0.0.1:P holds [::1]:P too: localhost:P is both (a browser, curl try
+    ::1 first), and another user listening there got the owner's token from a client that
+    asked localhost, and served a page as this very origin, whose requests, once that user
+    let go of [::1]:P, reached the door over 127.0.0.1 from the owner's browser."""
+    got = run_as_other_user(BIND_V6, front.port)
+    assert got.stdout.strip() == "Address already in use", got.stdout + got.stderr
+    conn = http.client.HTTPConnection("::1", front.port, timeout=10)  # and it answers there
+    conn.request("GET", "/v1/backends", headers={"Host": f"localhost:{front.port}"})
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+@needs_ipv6
+def test_a_start_refuses_when_another_program_holds_localhosts_other_address() -> None:
+    squatter = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    squatter.bind(("::1", 0))
+    squatter.listen(1)
+    port = squatter.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=rf"\[::1\]:{port}, the other address of "
+                           rf"localhost:{port}, is held by another program"):
+            bind_sockets(Listen("127.0.0.1", port))
+        with socket.socket() as probe:  # nothing was left bound
+            probe.bind(("127.0.0.1", port))
+    finally:
+        squatter.close()
+    socks = bind_sockets(Listen("0.0.0.0", 0))  # a wildcard: localhost reaches it too
+    try:
+        assert sorted(s.getsockname()[0] for s in socks) == ["0.0.0.0", "::1"]
+        assert len({s.getsockname()[1] for s in socks}) == 1
+    finally:
+        for s in socks:
+            s.close()
 
 
 # -- settings -----------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def run_web(args: Any) -> int:
 
     from supervisor.http import available as http_missing
     from supervisor.http.auth import Guard
-    from supervisor.http.config import HttpConfigError, bind_socket, load_http_config
+    from supervisor.http.config import HttpConfigError, bind_sockets, load_http_config
     from supervisor.http.errors import HttpError
     from supervisor.http.gate import ConnectionGate, GatedSite
 
@@ -167,12 +167,14 @@ def run_web(args: Any) -> int:
         app.router.add_get("/", root)
         app.add_subapp(UI_PREFIX, make_ui_app(ui_command(socket, readonly=args.readonly),
                                               sessions=config.ui_sessions))
-        sock = bind_socket(config.listen)
+        socks = bind_sockets(config.listen)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        await GatedSite(runner, sock, gate).start()
+        for sock in socks:  # its address, and localhost's other one (bind_sockets)
+            await GatedSite(runner, sock, gate).start()
+        host, port = socks[0].getsockname()[:2] if not config.listen.path else ("", 0)
         where = config.listen.url() if config.listen.path else \
-            f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+            f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(f"vramtui web: the dashboard on {where}{UI_PREFIX}/ (attached to {socket}); "
               "Ctrl-C stops it", flush=True)
         try:

@@ -259,48 +259,114 @@ def load_http_config(*, listen: str | None = None, token_file: str | None = None
                       allowed_hosts=tuple(h.lower() for h in hosts), ui=ui, **values)
 
 
-def bind_socket(listen: Listen) -> socket.socket:
-    """A listening, non-blocking socket for ``listen`` (OSError with the reason)."""
+#: What ``localhost`` names, by family: a browser (Chrome, Firefox) and curl try both.
+LOCALHOST = {socket.AF_INET: "127.0.0.1", socket.AF_INET6: "::1"}
+#: Ports tried for ``:0`` until one is free on both of localhost's addresses.
+TWIN_TRIES = 20
+
+
+def bind_sockets(listen: Listen) -> list[socket.socket]:
+    """The listening, non-blocking sockets for ``listen`` (OSError with the reason).
+
+    A TCP address that ``localhost`` reaches (127.0.0.1, ::1, or a wildcard that covers one
+    of them) is held on localhost's other address too, on the same port: ``localhost:PORT``
+    is both, and a client tries one then the other.  Left free, another user could listen
+    there: a client that asks localhost would send it its token, and a browser would load
+    that user's page as this server's very origin (its requests, once that user lets go,
+    reach us over the other address from the owner's browser).  So the other address is
+    ours too, or the start fails saying who holds it (for port 0, another port is drawn)."""
     if listen.path is not None:
-        path = str(listen.path)
+        return [_bind_unix(listen.path)]
+    assert listen.host is not None and listen.port is not None
+    for _ in range(TWIN_TRIES if listen.port == 0 else 1):
+        first = _bind_tcp(listen.host, listen.port)
+        port = first.getsockname()[1]
+        twin_family = _twin_family(first)
+        if twin_family is None:
+            return [first]
         try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    probe.settimeout(1.0)
-                    probe.connect(path)
-                except OSError:
-                    os.unlink(path)  # a stale socket: nobody answers on it
-                else:
-                    raise OSError(errno.EADDRINUSE, f"something already answers on {path}")
-                finally:
-                    probe.close()
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            old = os.umask(0o177)
+            twin = socket.socket(twin_family, socket.SOCK_STREAM)
+            return [first, _bind(twin, (LOCALHOST[twin_family], port))]
+        except OSError as exc:
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                return [first]  # no such address on this machine: nobody can hold it
+            first.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            if listen.port != 0:
+                twin = LOCALHOST[twin_family]
+                shown = f"[{twin}]" if ":" in twin else twin
+                raise OSError(errno.EADDRINUSE, (
+                    f"{shown}:{port}, the other address of localhost:{port}, is held by "
+                    "another program, which would get what is sent to localhost (a token "
+                    "too) and could serve pages as this server; free it or choose another "
+                    "port")) from None
+    raise OSError(errno.EADDRINUSE, f"no port was free on both of localhost's addresses in "
+                  f"{TWIN_TRIES} tries")
+
+
+def _twin_family(sock: socket.socket) -> int | None:
+    """The family of localhost's other address when ``sock`` holds one of localhost's
+    (itself, or a wildcard that covers it); None when localhost does not reach it."""
+    try:
+        ip = ipaddress.ip_address(str(sock.getsockname()[0]).split("%", 1)[0])
+    except ValueError:
+        return None
+    if not (ip.is_unspecified or ip == ipaddress.ip_address(LOCALHOST[sock.family])):
+        return None
+    return socket.AF_INET6 if sock.family == socket.AF_INET else socket.AF_INET
+
+
+def _bind_tcp(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _type, proto, _name, addr = infos[0]
+    return _bind(socket.socket(family, socket.SOCK_STREAM, proto), addr)
+
+
+def _bind(sock: socket.socket, addr: Any) -> socket.socket:
+    """``sock`` (TCP) bound to ``addr`` and listening; closed if it cannot be."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return _listening(sock)
+
+
+def _bind_unix(where: Path) -> socket.socket:
+    path = str(where)
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.bind(path)
+                probe.settimeout(1.0)
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # a stale socket: nobody answers on it
+            else:
+                raise OSError(errno.EADDRINUSE, f"something already answers on {path}")
             finally:
-                os.umask(old)
-            os.chmod(path, 0o600)
-        except BaseException:
-            sock.close()
-            raise
-    else:
-        infos = socket.getaddrinfo(listen.host, listen.port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-        family, _type, proto, _name, addr = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM, proto)
+                probe.close()
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(addr)
-        except BaseException:
-            sock.close()
-            raise
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+    except BaseException:
+        sock.close()
+        raise
+    return _listening(sock)
+
+
+def _listening(sock: socket.socket) -> socket.socket:
     try:
         sock.listen(128)
         sock.setblocking(False)

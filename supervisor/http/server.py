@@ -30,7 +30,7 @@ from aiohttp import web
 from ..errors import VramtuiError
 from ..units import bytes_text
 from .auth import DECISION, Guard
-from .config import HttpConfig, bind_socket
+from .config import HttpConfig, bind_sockets
 from .errors import HttpError
 from .gate import KEEPALIVE_TIMEOUT_S, ConnectionGate, GatedSite
 from .gpu_ids import device_uuids
@@ -73,7 +73,7 @@ class HttpServer:
         self.address: str = config.listen.url()
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
-        self._sock: socket.socket | None = None
+        self._socks: list[socket.socket] = []
         self._starting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.ready: asyncio.Event | None = None  # set once serving (made in start)
@@ -85,23 +85,23 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         self.ready = asyncio.Event()
         try:
-            sock = bind_socket(self.config.listen)
+            socks = bind_sockets(self.config.listen)
         except OSError as exc:
             raise VramtuiError(f"the HTTP front door cannot listen on "
                                f"{self.config.listen.url()}: {exc.strerror or exc}") from None
-        self._sock = sock
+        self._socks = socks
         if self.config.listen.path is None:
-            host, port = sock.getsockname()[:2]
+            host, port = socks[0].getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
             self.address = f"http://{shown}:{port}"
         self.hub.start()
         self.app = self._make_app()
-        self._starting = loop.create_task(self._serve(sock))
+        self._starting = loop.create_task(self._serve(socks))
         log.info("HTTP front door on %s%s", self.address,
                  f" (bearer token from {self.config.token_source})" if self.config.token
                  else " (no token: this user only, over loopback)")
 
-    async def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, socks: list[socket.socket]) -> None:
         assert self.app is not None
         loop = asyncio.get_running_loop()
         try:
@@ -115,7 +115,8 @@ class HttpServer:
                                keepalive_timeout=KEEPALIVE_TIMEOUT_S)
         await runner.setup()
         self._runner = runner
-        await GatedSite(runner, sock, self.gate).start()
+        for sock in socks:  # its address, and localhost's other one (bind_sockets)
+            await GatedSite(runner, sock, self.gate).start()
         assert self.ready is not None
         self.ready.set()
         if self.on_ready is not None:
@@ -131,9 +132,9 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        for sock in self._socks:
+            sock.close()
+        self._socks = []
         path = self.config.listen.path
         if path is not None:
             with contextlib.suppress(OSError):
