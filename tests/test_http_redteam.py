@@ -22,6 +22,8 @@ The attacks:
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import sys
 from collections.abc import Iterator
@@ -230,3 +232,74 @@ def test_another_user_reaches_no_model_server_and_reads_no_log(front: Front) -> 
     lines = out.stdout.splitlines()
     assert len(lines) == 5, out.stderr
     assert all(line.split()[1] == "403" for line in lines), lines
+
+
+KEYED_SERVER = r'''
+import os, sys
+from aiohttp import web
+key = os.environ["SERVER_KEY"]
+
+@web.middleware
+async def keyed(request, handler):
+    if request.headers.get("Authorization") != f"Bearer {key}":
+        return web.Response(status=401, text="no key")
+    return await handler(request)
+
+async def health(request):
+    return web.Response(text="ok")
+
+async def ws(request):
+    sock = web.WebSocketResponse()
+    await sock.prepare(request)
+    async for msg in sock:
+        await sock.send_str("echo " + msg.data)
+    return sock
+
+app = web.Application(middlewares=[keyed])
+app.add_routes([web.get("/health", health), web.get("/hello", health), web.get("/ws", ws)])
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+'''
+
+DIRECT = r'''
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=10)
+c.request("GET", "/hello")
+print(c.getresponse().status)
+'''
+
+
+@pytest.fixture(scope="module")
+@spawns
+def keyed_front() -> Iterator[Front]:
+    keyed = {"name": "keyed", "command": [sys.executable, "-c", KEYED_SERVER, "${PORT}"],
+             "env": {"SERVER_KEY": "${API_KEY}"}, "http": {"health": "/health"},
+             "api": ["chat"], "simulated": True,
+             "vram": {"weights": "16MiB", "activation": "0MiB", "context": "0MiB"},
+             "safety": "0MiB", "keep_alive": "forever",
+             "timeouts": {"start": "20s", "stop_grace": "3s", "request": "10s"}}
+    with serve_http([keyed]) as f:
+        yield f
+
+
+@pytest.mark.process
+def test_a_model_server_can_ask_every_caller_for_a_key_only_the_engine_has(
+        keyed_front: Front) -> None:
+    """A model server listens on loopback, where every local user reaches it, around the
+    door's checks. With ``${API_KEY}`` in its ``env`` (llama-server's LLAMA_API_KEY, vLLM's
+    VLLM_API_KEY) it is given a secret drawn at each start, which the engine sends with each
+    of its requests (health, jobs, websockets) and nobody else knows."""
+    r = keyed_front.get("/upstream/keyed/hello")
+    assert r.status == 200 and r.body == b"ok", r.body[:200]
+    worker = keyed_front.engine.backends["keyed"].worker
+    key = worker.launch.api_key
+    assert key and len(key) >= 32 and worker.launch.env["SERVER_KEY"] == key
+    cmdline = Path(f"/proc/{worker.pid}/cmdline").read_bytes()  # every user reads it
+    assert key.encode() not in cmdline
+    with socket.create_connection(("127.0.0.1", keyed_front.port), timeout=10) as s:
+        s.sendall(b"GET /upstream/keyed/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 101"), "the websocket carried no key"
+    port = int(worker.url.rsplit(":", 1)[1])
+    if os.geteuid() == 0 and shutil.which("setpriv"):  # another user, straight to its port
+        assert run_as_other_user(DIRECT, port).stdout.strip() == "401"

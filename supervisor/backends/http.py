@@ -4,7 +4,11 @@ Owns the ``http:`` section's keys, their validation (``parse_http``: one ``Field
 and the macros a server's ``command``, ``env``, ``url`` and ``stop`` may use, which only the
 engine knows when it starts the server: ``${PORT}`` (a free port it picked), ``${GPU}`` (the
 placed GPU's index), ``${MODEL}`` (the backend's name), ``${VRAM_MIB}`` and
-``${VRAM_FRACTION}`` (the budget it was admitted with, in MiB and as a fraction of its GPU).
+``${VRAM_FRACTION}`` (the budget it was admitted with, in MiB and as a fraction of its GPU),
+``${API_KEY}`` (a secret drawn at each start, which the engine then sends the server as
+``Authorization: Bearer``: its port on loopback is open to every local user, the door's
+checks are not; give it in ``env``, as ``LLAMA_API_KEY`` or ``VLLM_API_KEY``, since a command
+line is readable by every user).
 The loader keeps them as written (``keep_macros``); ``fill`` puts the values in at spawn.
 
 ``http.sleep`` and ``http.wake`` are the requests that put a server to sleep and wake it
@@ -26,14 +30,15 @@ from ..errors import brief
 from ..units import parse_duration
 from .errors import FieldError, unknown_key_message
 
-MACROS = ("PORT", "GPU", "MODEL", "VRAM_MIB", "VRAM_FRACTION")
+MACROS = ("PORT", "GPU", "MODEL", "VRAM_MIB", "VRAM_FRACTION", "API_KEY")
 HTTP_KEYS = frozenset({"health", "url", "model_name", "stop", "ready_timeout", "sleep",
                        "wake"})
 CALL_METHODS = ("POST", "PUT", "PATCH", "GET", "DELETE")
 DEFAULT_HEALTH = "/health"
 DEFAULT_URL = "http://127.0.0.1:${PORT}"
 _MACRO_RE = re.compile(r"\$\{(" + "|".join(MACROS) + r")\}")
-_SAMPLE = {"PORT": "5800", "GPU": "0", "MODEL": "m", "VRAM_MIB": "1024", "VRAM_FRACTION": "0.5"}
+_SAMPLE = {"PORT": "5800", "GPU": "0", "MODEL": "m", "VRAM_MIB": "1024", "VRAM_FRACTION": "0.5",
+           "API_KEY": "k"}
 
 
 @dataclass(frozen=True)

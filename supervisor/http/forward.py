@@ -328,6 +328,8 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
             # The handshake to the server is the engine's own, not the client's.
             own = {k: v for k, v in forwarded_headers(request).items()
                    if not k.lower().startswith("sec-websocket-")}
+            launch = getattr(server.engine.backends[backend].worker, "launch", None)
+            own.update(getattr(launch, "auth_headers", None) or {})  # its ${API_KEY}
             upstream_ws = await session.ws_connect(
                 target_url(base.replace("http", "ws", 1), target), headers=own)
         except Exception as exc:  # noqa: BLE001 - any failure is the client's 502

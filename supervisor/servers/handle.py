@@ -133,7 +133,8 @@ class ServerHandle(SupervisedProcess):
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
-            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
+            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            headers=self.launch.auth_headers)  # health, sleep, wake: with its ${API_KEY}
         self._spawn(self._watch_exit())
         if self._stopping:  # stopped before it was even running
             self._send_stop()
@@ -250,7 +251,8 @@ class ServerHandle(SupervisedProcess):
         sink = _JobSink(self, job_id, stream)
         # llama-server closes a connection after a stream without saying so: a streamed
         # answer's connection is never used again (a spare is opened in its place).
-        ex = self._link.begin(up.method, up.path, up.headers, up.body, sink, reuse=not stream)
+        ex = self._link.begin(up.method, up.path, {**up.headers, **self.launch.auth_headers},
+                              up.body, sink, reuse=not stream)
         self._exchanges[job_id] = ex
         self._jobs[job_id] = self._spawn(self._forward(job_id, ex, sink))
         if self.state == WorkerState.READY:

@@ -2,11 +2,14 @@
 
 ``plan_launch`` gives the argv, environment, base URL and stop command of one start of a
 server (``${PORT}`` a free port on this host, ``${GPU}`` the placed GPU, ``${MODEL}`` the
-backend's name, ``${VRAM_MIB}``/``${VRAM_FRACTION}`` its admitted budget).
+backend's name, ``${VRAM_MIB}``/``${VRAM_FRACTION}`` its admitted budget, ``${API_KEY}`` a
+secret of this start, which every request the engine makes of it then carries).
 """
 
 from __future__ import annotations
 
+import logging
+import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +19,8 @@ from yarl import URL
 from ..backends.http import MACROS, fill
 from ..backends.schema import BackendSpec
 
+log = logging.getLogger("supervisor")
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -24,6 +29,12 @@ class Launch:
     url: str  # its base URL, no trailing slash
     stop: tuple[str, ...] | None
     port: int | None  # the port the engine picked (None: the url names its own)
+    api_key: str | None = None  # ${API_KEY}: sent as Authorization: Bearer on every request
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The headers every request of the engine to this server carries."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -34,9 +45,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def macro_values(spec: BackendSpec, gpu: int, port: int | None, gpu_total_mib: int | None,
-                 budget_mib: int | None) -> dict[str, str]:
+                 budget_mib: int | None, api_key: str | None = None) -> dict[str, str]:
     """The macros' values; a backend of unknown size runs alone: its budget is the GPU."""
     values = {"GPU": str(gpu), "MODEL": spec.name}
+    if api_key is not None:
+        values["API_KEY"] = api_key
     if port is not None:
         values["PORT"] = str(port)
     budget = budget_mib if budget_mib is not None else gpu_total_mib
@@ -54,15 +67,20 @@ def plan_launch(spec: BackendSpec, gpu: int, env: Mapping[str, str],
     ``budget_mib``: the peak it is admitted at, declared or measured)."""
     http = spec.http
     assert http is not None
-    wants_port = any("${PORT}" in text for text in
-                     (http.url, *spec.command, *spec.env.values(), *(http.stop or ())))
+    texts = (http.url, *spec.command, *spec.env.values(), *(http.stop or ()))
+    wants_port = any("${PORT}" in text for text in texts)
     port = free_port(URL(fill(http.url, {"PORT": "1"})).host or "127.0.0.1") \
         if wants_port else None
+    api_key = secrets.token_urlsafe(32) if any("${API_KEY}" in text for text in texts) \
+        else None
+    if api_key is not None and any("${API_KEY}" in word for word in spec.command):
+        log.warning("%s: ${API_KEY} in its command line is readable by every local user (ps); "
+                    "give it in env (LLAMA_API_KEY, VLLM_API_KEY) instead", spec.name)
     values = macro_values(spec, gpu, port, gpu_total_mib,
-                          budget_mib if budget_mib is not None else spec.peak)
+                          budget_mib if budget_mib is not None else spec.peak, api_key)
     full = dict(env)
     full.update({k: fill(v, values) for k, v in spec.env.items()})
     return Launch(argv=tuple(fill(w, values) for w in spec.command), env=full,
                   url=fill(http.url, values),
                   stop=tuple(fill(w, values) for w in http.stop) if http.stop else None,
-                  port=port)
+                  port=port, api_key=api_key)
