@@ -289,17 +289,19 @@ def raw_target(request: web.Request, path: str, segments: int = 1) -> str:
     return "/" + rest + (f"?{query}" if query else "")
 
 
-async def server_url(server: HttpServer, backend: str, timeout: float) -> str:
+async def server_url(server: HttpServer, backend: str,
+                     timeout: float) -> tuple[str, dict[str, str]]:
     """The base URL of ``backend``'s server once it is ready (it is started if cold, woken
-    if asleep)."""
+    if asleep), and the headers the engine's own requests to it carry (its ``${API_KEY}``)."""
     engine = server.engine
     deadline = time.monotonic() + timeout
     asked = False
     while True:
         rt = engine.backends.get(backend)
         worker = rt.worker if rt is not None else None
-        if worker is not None and worker.hot and getattr(worker, "url", None):
-            return str(worker.url)
+        launch = getattr(worker, "launch", None)
+        if worker is not None and worker.hot and launch is not None:
+            return launch.url, launch.auth_headers
         if rt is not None and rt.health.failed:
             raise HttpError(502, f"{backend} failed to start: {rt.health.last_error}",
                             "server_error", "backend_failed")
@@ -322,14 +324,13 @@ async def _websocket(server: HttpServer, request: web.Request, backend: str,
     the client's; open, it is use of the server: no keep_alive unload under it (room may
     still evict it; its server's end then closes the client's with WS_SERVER_GONE)."""
     spec = server.engine.backends[backend].spec
-    base = await server_url(server, backend, spec.timeouts.start_s)
+    base, auth = await server_url(server, backend, spec.timeouts.start_s)
     async with ClientSession(trace_configs=[_NO_REDIRECTS]) as session:
         try:
             # The handshake to the server is the engine's own, not the client's.
             own = {k: v for k, v in forwarded_headers(request).items()
                    if not k.lower().startswith("sec-websocket-")}
-            launch = getattr(server.engine.backends[backend].worker, "launch", None)
-            own.update(getattr(launch, "auth_headers", None) or {})  # its ${API_KEY}
+            own.update(auth)  # its ${API_KEY}
             upstream_ws = await session.ws_connect(
                 target_url(base.replace("http", "ws", 1), target), headers=own)
         except Exception as exc:  # noqa: BLE001 - any failure is the client's 502
