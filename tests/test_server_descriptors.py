@@ -157,6 +157,29 @@ def test_a_start_fills_in_the_macros_and_picks_a_free_port(tmp_path: Path) -> No
     assert upstream_of(spec, body, {"api": "upstream", "http": {"path": "/x"}}).body == body
 
 
+def test_the_engine_sends_the_key_the_server_was_given(tmp_path: Path) -> None:
+    """llama-server and vLLM ask every caller for the key they were given (``--api-key``,
+    else their variable): the engine's requests carry it, the first of a list."""
+    from supervisor.servers.launch import plan_launch
+
+    def key(command: str, env: str = "{}", base: dict[str, str] | None = None) -> dict[str, str]:
+        spec = _load(tmp_path, f"name: s\ncommand: {command}\nenv: {env}\nhttp: {{}}\n"
+                               "api: [chat]\nvram: 1GiB\n").backends["s"]
+        return plan_launch(spec, 0, base or {}, 8192).auth_headers
+
+    assert key('[llama-server, --port, "${PORT}", --api-key, "k1,k2"]') == \
+        {"Authorization": "Bearer k1"}
+    assert key('[vllm, serve, m, --port, "${PORT}", "--api-key=k3"]', "{VLLM_API_KEY: other}") == \
+        {"Authorization": "Bearer k3"}  # the flag wins, as there
+    assert key('[llama-server, --port, "${PORT}"]', "{LLAMA_API_KEY: k4}") == \
+        {"Authorization": "Bearer k4"}
+    assert key('[llama-server, --port, "${PORT}"]', base={"VLLM_API_KEY": "k5"}) == \
+        {"Authorization": "Bearer k5"}  # inherited: the server reads it all the same
+    drawn = key('[llama-server, --port, "${PORT}"]', '{LLAMA_API_KEY: "${API_KEY}"}')
+    assert len(drawn["Authorization"]) > 40  # a secret of this start
+    assert key('[llama-server, --port, "${PORT}"]') == {}
+
+
 def test_the_example_servers_load() -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "servers" / "backends.yaml"
     result = load_backends([example], environ={"HOME": "/home/t"}, demo_fallback=False)

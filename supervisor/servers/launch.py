@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from yarl import URL
@@ -20,6 +20,9 @@ from ..backends.http import MACROS, fill
 from ..backends.schema import BackendSpec
 
 log = logging.getLogger("supervisor")
+#: Where llama-server and vLLM take the key they ask every caller for (``server_key``).
+KEY_FLAG = "--api-key"
+KEY_VARIABLES = ("LLAMA_API_KEY", "VLLM_API_KEY")
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,27 @@ def plan_launch(spec: BackendSpec, gpu: int, env: Mapping[str, str],
                           budget_mib if budget_mib is not None else spec.peak, api_key)
     full = dict(env)
     full.update({k: fill(v, values) for k, v in spec.env.items()})
-    return Launch(argv=tuple(fill(w, values) for w in spec.command), env=full,
-                  url=fill(http.url, values),
+    argv = tuple(fill(w, values) for w in spec.command)
+    return Launch(argv=argv, env=full, url=fill(http.url, values),
                   stop=tuple(fill(w, values) for w in http.stop) if http.stop else None,
-                  port=port, api_key=api_key)
+                  port=port, api_key=server_key(argv, full) or api_key)
+
+
+def server_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The key the server will ask every caller for, as llama-server and vLLM take it: its
+    ``--api-key`` (the first of a comma-separated list), else ``LLAMA_API_KEY`` or
+    ``VLLM_API_KEY`` in its environment. The engine's requests carry it: a llama-swap
+    ``cmd`` with ``--api-key`` works unchanged (there the clients sent it; here the door has
+    its own token, and a client's ``Authorization`` is never forwarded)."""
+    for i, word in enumerate(argv):
+        if word == KEY_FLAG and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith(KEY_FLAG + "="):
+            value = word.split("=", 1)[1]
+        else:
+            continue
+        return value.split(",")[0].strip() or None
+    for name in KEY_VARIABLES:
+        if env.get(name):
+            return env[name].split(",")[0].strip() or None
+    return None
