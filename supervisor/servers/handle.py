@@ -49,6 +49,7 @@ from ..workers.states import WorkerState
 from ..workers.supervised import SleepOutcome, SupervisedProcess
 from .calls import call
 from .launch import Launch
+from .listener import listeners_of, trusted_uids
 from .request import end_to_end, upstream_of
 from .wire import Exchange, Link, WireError
 
@@ -159,9 +160,21 @@ class ServerHandle(SupervisedProcess):
         limit = self.http.ready_timeout_s
         deadline = self.started_at + limit if limit is not None else math.inf
         while not self._exited.is_set() and not self._stopping:
+            held = listeners_of(self.url)  # None: not on this host, it cannot be told
+            if held is not None and (squatters := sorted(held - trusted_uids())):
+                self.init_error = (
+                    f"another user (uid {', '.join(map(str, squatters))}) listens on "
+                    f"{self.url}, the server's port: nothing was sent there; " + (
+                        "the next start picks another port" if self.launch.port is not None
+                        else "free that port (http.url names it)"))
+                self.kill()
+                return
+            # Nothing is asked before one listens (no health request to whoever binds first).
             # (one health request is given up at the deadline: a server that takes the
             # connection and never answers is not waited for past its ready_timeout)
-            if await self._healthy(min(HEALTH_TIMEOUT_S, max(0.05, deadline - time.monotonic()))):
+            listening = held is None or bool(held)
+            if listening and await self._healthy(
+                    min(HEALTH_TIMEOUT_S, max(0.05, deadline - time.monotonic()))):
                 if self._exited.is_set() or self._stopping:
                     return
                 self.status_marks.append((time.time(), "ready"))
@@ -169,7 +182,8 @@ class ServerHandle(SupervisedProcess):
                 self._set_state(WorkerState.READY)
                 return
             if time.monotonic() >= deadline:
-                self.init_error = f"not healthy after {limit:g} s (http.ready_timeout)"
+                self.init_error = (f"not {'healthy' if listening else 'listening'} after "
+                                   f"{limit:g} s (http.ready_timeout)")
                 self.kill()
                 return
             fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S

@@ -1,0 +1,82 @@
+"""Who listens on a model server's port, by the kernel's table of TCP sockets.
+
+A server's command line, ``${PORT}`` included, is readable by every local user, and a server
+binds its port when it is ready to (ComfyUI or koboldcpp after loading their model): another
+user can listen there first and answer the health checks, and would then be sent the
+requests and the server's ``${API_KEY}``. :func:`listeners_of` reads ``/proc/net/tcp`` and
+``/proc/net/tcp6`` (readable by every user) for the sockets listening where a connection to
+the server's URL would go, and their owners' uids. The server handle sends nothing there
+before one of them listens (once the server holds the port, nobody else can take it), and
+stops the server if one that is not :func:`trusted_uids`' does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from pathlib import Path
+
+from yarl import URL
+
+LISTEN = 0x0A  # TCP_LISTEN in the table's ``st`` column
+TABLES = {socket.AF_INET: Path("/proc/net/tcp"), socket.AF_INET6: Path("/proc/net/tcp6")}
+#: What a name in a server's URL may stand for here, by family (loopback names only).
+LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
+
+
+def _address(hex_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A table's address: its 32-bit words, each printed as the number the machine reads."""
+    return ipaddress.ip_address(b"".join(int(hex_ip[i:i + 8], 16).to_bytes(4, sys.byteorder)
+                                         for i in range(0, len(hex_ip), 8)))
+
+
+def listener_uids(host: str, port: int) -> set[int]:
+    """The uids of the sockets listening on ``port`` that a connection to ``host`` (an IP
+    address) reaches: bound to it, or to its family's wildcard (and for IPv4, IPv6's ``::``,
+    which may take IPv4 too)."""
+    ip = ipaddress.ip_address(host)
+    families = [socket.AF_INET, socket.AF_INET6] if ip.version == 4 else [socket.AF_INET6]
+    uids: set[int] = set()
+    for family in families:
+        try:
+            lines = TABLES[family].read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 8 or int(fields[3], 16) != LISTEN:
+                continue
+            hex_ip, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) != port:
+                continue
+            bound = _address(hex_ip)
+            if bound == ip or bound.is_unspecified or (
+                    ip.version == 4 and getattr(bound, "ipv4_mapped", None) == ip):
+                uids.add(int(fields[7]))
+    return uids
+
+
+def listeners_of(url: str) -> set[int] | None:
+    """The uids of the sockets listening where a request to ``url`` would go, for a server
+    on this host (a loopback address or ``localhost``); None for any other host, whose
+    sockets this table does not show."""
+    parsed = URL(url)
+    host = (parsed.host or "").strip("[]").lower()
+    port = parsed.port
+    if port is None:
+        return None
+    try:
+        ips = [ipaddress.ip_address(a) for a in LOOPBACK_NAMES.get(host, (host,))]
+    except ValueError:
+        return None
+    if not all(ip.is_loopback for ip in ips):
+        return None
+    return {uid for ip in ips for uid in listener_uids(str(ip), port)}
+
+
+def trusted_uids() -> frozenset[int]:
+    """Whose listener may be the server: the engine's user, and root (who can read all of
+    ours anyway: a container's port forwarder, docker-proxy, runs as root)."""
+    return frozenset({0, os.getuid()})
