@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from supervisor.jobs import JobState, JobView
@@ -120,6 +121,32 @@ def devices_kind(snap: EngineSnapshot) -> str:
     kinds = dict.fromkeys(g.kind if g.kind != "GPU" else (snap.source.split("+")[0] or "GPU")
                           for g in snap.gpus)
     return " + ".join(kinds) or ("SIMULATED" if snap.simulated else snap.source or "GPU")
+
+
+def simulated_note(snap: EngineSnapshot, backends: Iterable[str] | None = None) -> str | None:
+    """The line that says which memory figures are SIMULATED, for the commands that show
+    figures without the devices beside them (``jobs``, ``backends``, ``events``): every
+    figure (the engine simulates its GPUs), those of some GPUs, or those of backends that
+    declare themselves simulated (of ``backends`` only, when given); None: all are real.
+    The one place that words it (the TUI's dashboard says the same)."""
+    if snap.simulated:
+        return "memory figures are SIMULATED (the engine runs on a simulated GPU)"
+    where = [f"GPU{g.index}" for g in snap.gpus if g.simulated]
+    shown = None if backends is None else set(backends)
+    names = [b.name for b in snap.backends
+             if b.simulated and (shown is None or b.name in shown)]
+    parts = ([f"on {', '.join(where)}"] if where else []) + \
+        ([f"of {', '.join(names)}"] if names else [])
+    return f"memory figures {' and '.join(parts)} are SIMULATED" if parts else None
+
+
+def show_simulated_note(snap: EngineSnapshot, backends: Iterable[str] | None = None) -> None:
+    """:func:`simulated_note` on its own line, when there is one."""
+    note = simulated_note(snap, backends)
+    if note is not None:
+        from .plain import show
+
+        show((note, "bold magenta"))
 
 
 def gpu_table(snap: EngineSnapshot) -> Table:

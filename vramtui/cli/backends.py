@@ -24,9 +24,10 @@ def run(args: argparse.Namespace) -> int:
                      "suggested_peak_mib": suggested_peak_mib(b),
                      "memory_kind": memory_kind(snap, b.gpu)} for b in snap.backends])
         return Exit.OK
-    from ..output import backend_table
+    from ..output import backend_table, show_simulated_note
     from ..plain import show
 
+    show_simulated_note(snap)
     show(backend_table(snap, wide=True))
     for backend in snap.backends:
         line = over_declared_line(backend)

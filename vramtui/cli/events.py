@@ -1,5 +1,6 @@
 """``vramtui events``: follow the engine's events as they happen, one line each (``--json``:
-one JSON document each), until ctrl+c or the engine stops."""
+one JSON document each, with ``simulated``), until ctrl+c or the engine stops; on the
+simulated GPU the first line says its figures are SIMULATED."""
 
 from __future__ import annotations
 
@@ -20,10 +21,15 @@ def run(args: argparse.Namespace) -> int:
     client = open_client(args)
     kinds = args.kind or ["log", "job", "worker", "sleep"]
     sub = client.subscribe(kinds=kinds, maxsize=10_000)
-    from ..output import event_line, jsonable
+    from ..output import event_line, jsonable, show_simulated_note
 
     lagged = 0
     try:
+        # The engine's devices do not change while it runs: read once whether its figures
+        # (the GPU samples, what a sleep kept, ...) are simulated.
+        snap = client.snapshot(data_limit=0, light=True)
+        if not args.json:
+            show_simulated_note(snap)
         for event in sub:
             if sub.dropped > lagged:
                 print(f"vramtui: {sub.dropped - lagged} events dropped (this terminal fell "
@@ -32,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 import json
 
-                sys.stdout.write(json.dumps(jsonable(event), default=str) + "\n")
+                sys.stdout.write(json.dumps({**jsonable(event), "simulated": snap.simulated},
+                                            default=str) + "\n")
             else:
                 sys.stdout.write(event_line(event) + "\n")
             sys.stdout.flush()

@@ -1,5 +1,6 @@
 """``vramtui jobs``: running, queued and recent jobs, newest first, filtered by state and
-backend (``--watch``: live)."""
+backend (``--watch``: live); on the simulated GPU a line says their figures are SIMULATED
+(``--json``: ``simulated``)."""
 
 from __future__ import annotations
 
@@ -42,15 +43,17 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             from ..output import print_json
 
-            print_json(wanted, compact=compact(args))
+            # simulated: whether the figures (peak) are, as status --json says it
+            print_json({"simulated": snap.simulated, **wanted}, compact=compact(args))
             return
-        from ..output import jobs_table
+        from ..output import jobs_table, show_simulated_note
         from ..plain import show
 
         jobs = wanted["running"] + wanted["queued"] + wanted["recent"]
         if not jobs:
             show("no jobs" + (" like that" if args.state or args.backend else " yet"))
         else:
+            show_simulated_note(snap, {j.backend for j in jobs})
             show(jobs_table(jobs))
 
     return watching(args, show)
