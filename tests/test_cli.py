@@ -444,7 +444,7 @@ def test_ctrl_c_on_submit_wait_without_a_terminal_names_the_job_that_goes_on(
 def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     import signal
 
-    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "status", "-n", "0.2", "--json"],
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "status", "--watch", "-n", "0.2", "--json"],
                             env=served.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -454,4 +454,16 @@ def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    assert run(served, "status", "-n", "0").returncode == 2
+    assert run(served, "status", "--watch", "-n", "0").returncode == 2
+
+
+def test_n_without_watch_is_a_usage_error_not_a_count(served: Served, tmp_path: Path) -> None:
+    # `jobs -n 3` reads like "three jobs"; -n is --watch's interval: said, never watched
+    nowhere = {**served.env, "VRAMTUI_RUNTIME_DIR": str(tmp_path / "none")}
+    for env in (served.env, nowhere):  # said before the engine is asked (or missed)
+        for command in ("jobs", "status", "queue", "gpus"):
+            done = cli(env, command, "-n", "3", timeout=15)
+            line = one_line_error(done)
+            assert done.returncode == 2 and done.stdout == "", (command, done)
+            assert "-n is the refresh interval of --watch (`--watch -n 3`)" in line, line
+            assert ("`--limit N`" in line) == (command == "jobs"), line

@@ -8,7 +8,7 @@ import argparse
 
 from ..connect import open_client
 from ..exits import UsageError
-from .watch import add_watch_arguments, compact, watching
+from .watch import add_watch_arguments, check_watch, compact, watching
 
 STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "timed_out")
 
@@ -23,6 +23,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_watch(args)  # bad usage is said before the engine is asked
     client = open_client(args)
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit takes a number of jobs, 1 or more")

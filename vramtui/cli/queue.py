@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..connect import open_client
-from .watch import add_watch_arguments, compact, watching
+from .watch import add_watch_arguments, check_watch, compact, watching
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -13,6 +13,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_watch(args)  # bad usage is said before the engine is asked
     client = open_client(args)
 
     def show() -> None:

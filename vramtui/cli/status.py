@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..connect import open_client
 from ..exits import UsageError
-from .watch import add_watch_arguments, compact, watching
+from .watch import add_watch_arguments, check_watch, compact, watching
 
 if TYPE_CHECKING:
     from supervisor.client import Client
@@ -22,6 +22,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_watch(args)  # bad usage is said before the engine is asked
     client = open_client(args)
     if args.history and not args.json:
         raise UsageError("--history goes with --json (the tables never show it)")
