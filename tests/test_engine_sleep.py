@@ -20,7 +20,7 @@ from fake_worker import FakeEngine, Script, fake_engine
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
-from supervisor.errors import Refused
+from supervisor.errors import NothingToDo, Refused
 from supervisor.events import EngineEvent
 from supervisor.jobs import JobState
 
@@ -230,11 +230,14 @@ def test_sleep_and_wake_asked() -> None:
     plain = Script(weights_mib=1000, activation_mib=100)
     with fake_engine({"a": NINE, "plain": {"vram": "2GiB"}}, gpus=[CARD],
                      scripts={"a": sleepy(), "plain": plain}) as fe:
-        with pytest.raises(Refused, match="not loaded"):
+        with pytest.raises(NothingToDo, match="a is not loaded: nothing to put to sleep"):
             fe.sup.sleep("a")
-        with pytest.raises(Refused, match="preload"):
+        with pytest.raises(NothingToDo, match=r"nothing to wake \(`vramtui preload a`"):
             fe.sup.wake("a")
         fe.sup.wait(fe.sup.submit("a", b""), 10)
+        with pytest.raises(NothingToDo, match=r"a is not asleep \(it is ready\): nothing to "
+                                              "wake"):
+            fe.sup.wake("a")
         fe.sup.wait(fe.sup.submit("plain", b""), 10)
         with pytest.raises(Refused, match="no @worker_sdk.sleep"):
             fe.sup.sleep("plain")
@@ -242,7 +245,8 @@ def test_sleep_and_wake_asked() -> None:
         wait_until(lambda: fe.sup.snapshot().backend("a").reserved_mib == 300,  # type: ignore
                    what="a asleep, measured")
         assert fe.gpu.used(0) == 300 + 1000
-        fe.sup.sleep("a")  # asleep already: nothing
+        with pytest.raises(NothingToDo, match="a is asleep already: nothing to put to sleep"):
+            fe.sup.sleep("a")
         fe.sup.wake("a")
         wait_until(lambda: state(fe, "a") == "ready", what="a awake")
         assert fe.gpu.used(0) == 8704 + 1000

@@ -25,7 +25,8 @@ exit codes:
   5   refused: too large for every GPU, queue full, backend failed or busy, access denied,
       or (--serve) another engine already runs in this runtime directory
   6   the job has not finished yet (result without --wait)
-  7   nothing to do: the job had already ended (cancel), the backend is not loaded (evict)
+  7   nothing to do: the job had already ended (cancel); the backend is not loaded (evict,
+      sleep, wake), asleep already (sleep) or awake (wake); the GPU is not yielded (resume)
   70  internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)
   130 interrupted (Ctrl-C; a submitted job goes on, a calibration is cancelled);
       Ctrl-C ends a follow (events, logs -f, status --watch) with 0
@@ -64,6 +65,7 @@ def test_the_command_and_every_subcommand_print_the_list() -> None:
     (E.UnknownJob("j-1"), Exit.NOT_FOUND),
     (E.NoReport("none"), Exit.NOT_FOUND),
     (E.Refused("too large"), Exit.REFUSED),
+    (E.NothingToDo("not yielded"), Exit.NOTHING_TO_DO),
     (E.QueueFull("full"), Exit.REFUSED),
     (E.BackendFailed("failed"), Exit.REFUSED),
     (CE.AccessDenied("no"), Exit.REFUSED),

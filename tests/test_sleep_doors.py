@@ -101,6 +101,35 @@ def test_what_cannot_sleep_is_refused_in_one_clear_line(front: Front) -> None:
     assert line.startswith("vramtui: error: ") and "evict" in line
 
 
+def test_sleep_and_wake_with_nothing_to_do_exit_7(front: Front) -> None:
+    # as evict of a backend not loaded: the line on stdout, no error, exit 7 (not 5: refused)
+    assert front.post("/v1/backends/napper/unload").status == 202
+    wait_until(lambda: backend(front, "napper")["state"] == "cold", 20, "napper unloaded")
+    for verb, words in (("sleep", "napper is not loaded: nothing to put to sleep"),
+                        ("wake", "napper is not loaded, so not asleep: nothing to wake")):
+        done = cli(front.env, verb, "napper")
+        assert (done.returncode, done.stderr) == (Exit.NOTHING_TO_DO, ""), done
+        assert done.stdout.startswith(words), done.stdout
+        reply = front.post(f"/v1/backends/napper/{verb}")
+        assert reply.status == 409 and reply.json()["error"]["code"] == "nothing_to_do"
+    done = cli(front.env, "sleep", "napper", "--json")
+    assert done.returncode == Exit.NOTHING_TO_DO and json.loads(done.stdout) == {
+        "backend": "napper", "action": "sleep", "ok": True, "nothing_to_do": True,
+        "message": "napper is not loaded: nothing to put to sleep"}
+    assert front.post("/v1/jobs", {"backend": "napper", "input": {"steps": 1}}).status == 200
+    wait_until(lambda: backend(front, "napper")["state"] == "ready", 20, "napper ready")
+    done = cli(front.env, "wake", "napper")
+    assert done.returncode == Exit.NOTHING_TO_DO, done
+    assert done.stdout == "napper is not asleep (it is ready): nothing to wake\n"
+    assert cli(front.env, "sleep", "napper").returncode == 0
+    wait_until(lambda: backend(front, "napper")["state"] == "asleep", 20, "napper asleep")
+    done = cli(front.env, "sleep", "napper")
+    assert done.returncode == Exit.NOTHING_TO_DO, done
+    assert done.stdout == "napper is asleep already: nothing to put to sleep\n"
+    assert cli(front.env, "wake", "napper").returncode == 0  # as the next test expects it
+    wait_until(lambda: backend(front, "napper")["state"] == "ready", 20, "napper awake")
+
+
 def test_the_cli_puts_to_sleep_and_wakes_and_events_tell_the_wake_time(front: Front) -> None:
     assert front.post("/v1/jobs", {"backend": "napper", "input": {"steps": 1}}).status == 200
     wait_until(lambda: backend(front, "napper")["state"] == "ready", 20, "napper ready")

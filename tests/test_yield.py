@@ -21,7 +21,7 @@ from waiting import wait_until, wait_until_async
 from supervisor.engine import EngineConfig
 from supervisor.engine.rules import BadRule, Rules, parse_rules
 from supervisor.engine.yielding import Yields
-from supervisor.errors import InvalidRequest, Refused, UnknownGpu, VramtuiError
+from supervisor.errors import InvalidRequest, NothingToDo, Refused, UnknownGpu, VramtuiError
 from supervisor.results import YieldInfo
 
 
@@ -90,9 +90,9 @@ def test_bad_yields_and_resumes_are_refused_clearly() -> None:
             fe.sup.yield_gpus([7])
         with pytest.raises(InvalidRequest, match="more than 0 s"):
             fe.sup.yield_gpus([0], for_s=-1)
-        with pytest.raises(Refused, match="GPU1 is not yielded"):
+        with pytest.raises(NothingToDo, match="GPU1 is not yielded"):
             fe.sup.resume_gpus([1])
-        with pytest.raises(Refused, match="no GPU is yielded"):
+        with pytest.raises(NothingToDo, match="no GPU is yielded"):
             fe.sup.resume_gpus()
         with pytest.raises(InvalidRequest, match="at most 80 printable"):
             fe.sup.yield_gpus([0], by="x" * 81)

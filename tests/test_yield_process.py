@@ -61,12 +61,23 @@ def test_bad_yields_are_one_line_errors_with_their_exit_codes(front: Front) -> N
     for args, code, words in ((("yield", "7"), 4, "unknown GPU 7: there is no GPU7 (present: "
                                                   "GPU0, GPU1)"),
                               (("yield", "0", "--for=-1s"), 2, "--for: '-1s' is"),
-                              (("yield", "0", "--for", "-1s"), 2, "--for: '-1s' is"),
-                              (("resume", "1"), 5, "GPU1 is not yielded")):
+                              (("yield", "0", "--for", "-1s"), 2, "--for: '-1s' is")):
         done = cli(front.env, *args)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == code and len(lines) == 1 and words in lines[0], done.stderr
     assert not any(g.yielded_by for g in front.sup.snapshot().gpus)
+
+
+def test_a_resume_of_a_gpu_not_yielded_has_nothing_to_do(front: Front) -> None:
+    # exit 7, as evict of a backend not loaded: said on stdout, no error (not 5: refused)
+    done = cli(front.env, "resume", "1")
+    assert (done.returncode, done.stderr) == (7, ""), done
+    assert done.stdout == "GPU1 is not yielded (yielded now: none); nothing to resume\n"
+    done = cli(front.env, "resume", "--json")
+    assert done.returncode == 7 and json.loads(done.stdout) == {
+        "resumed": [], "nothing_to_do": True, "message": "no GPU is yielded: nothing to resume"}
+    reply = front.post("/v1/gpus/1/resume")
+    assert reply.status == 409 and reply.error["code"] == "nothing_to_do", reply.body
 
 
 def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
@@ -75,7 +86,7 @@ def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
     bad = front.post("/v1/gpus/0/yield", {"for": -1})
     assert bad.status == 400 and "negative" in bad.error["message"]
     assert front.post("/v1/gpus/7/yield").status == 404  # no such GPU, as for drain
-    assert front.post("/v1/gpus/1/resume").status == 409
+    assert front.post("/v1/gpus/1/resume").status == 409  # not yielded: nothing to do
     front.sup.preload("m")
     wait_until(lambda: on_gpu0(front), 30, "m loaded on GPU0")
     r = front.post("/v1/gpus/0/yield", {"for": "1.5s", "by": "ada"})

@@ -44,8 +44,10 @@ CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
                     "access denied,",
                     "or (--serve) another engine already runs in this runtime directory")),
     (Exit.NOT_FINISHED, ("the job has not finished yet (result without --wait)",)),
-    (Exit.NOTHING_TO_DO, ("nothing to do: the job had already ended (cancel), the backend is "
-                          "not loaded (evict)",)),
+    (Exit.NOTHING_TO_DO, ("nothing to do: the job had already ended (cancel); the backend is "
+                          "not loaded (evict,",
+                          "sleep, wake), asleep already (sleep) or awake (wake); the GPU is "
+                          "not yielded (resume)")),
     (Exit.INTERNAL, ("internal error (a bug; VRAMTUI_DEBUG=1 shows the traceback)",)),
     (Exit.INTERRUPTED, ("interrupted (Ctrl-C; a submitted job goes on, a calibration is "
                         "cancelled);",
@@ -77,6 +79,7 @@ def exit_code(exc: BaseException) -> int:
         (E.UnknownBackend, Exit.NOT_FOUND),
         (E.UnknownJob, Exit.NOT_FOUND),
         (E.UnknownGpu, Exit.NOT_FOUND),
+        (E.NothingToDo, Exit.NOTHING_TO_DO),  # (a Refused: before it)
         (E.Refused, Exit.REFUSED),
         (E.QueueFull, Exit.REFUSED),
         (E.BackendFailed, Exit.REFUSED),

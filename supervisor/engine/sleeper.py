@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..errors import Refused
+from ..errors import NothingToDo, Refused
 from ..gpu.procmem import tree_anon_mib
 from ..jobs import Job, JobState
 from ..jobs.table import JobTable
@@ -74,13 +74,17 @@ class Sleeper:
 
     # -- asked through a door -------------------------------------------------------------------
     def sleep_asked(self, backend: str) -> None:
-        """Put ``backend``'s idle worker to sleep now, or say why not (Refused)."""
+        """Put ``backend``'s idle worker to sleep now, or say why not (Refused; NothingToDo
+        when it is not loaded, or asleep already)."""
         rt = self.pool.runtime(backend)
         w = rt.worker
         if w is None or w.exited:
-            raise Refused(f"{backend} has no worker to put to sleep (it is not loaded)")
+            raise NothingToDo(f"{backend} is not loaded: nothing to put to sleep")
         if w.state == WorkerState.ASLEEP:
-            return
+            if rt.slumber is not None and rt.slumber.phase == "waking":
+                raise Refused(f"{backend} is waking up; wait until it is awake, then put it "
+                              "to sleep")
+            raise NothingToDo(f"{backend} is asleep already: nothing to put to sleep")
         if not rt.can_sleep:
             raise Refused(f"{backend} cannot sleep: {self.why_not(rt)}; `vramtui evict "
                           f"{backend}` stops it instead")
@@ -98,14 +102,17 @@ class Sleeper:
 
     def wake_asked(self, backend: str, preload: Callable[[BackendRuntime], None]) -> None:
         """Wake ``backend``'s sleeping worker when what waking adds fits (admitted like a
-        preload: in room nobody waits for); a worker awake already stays as it is."""
+        preload: in room nobody waits for); NothingToDo when it is not loaded, or not
+        asleep."""
         rt = self.pool.runtime(backend)
         w = rt.worker
         if w is None or w.exited:
-            raise Refused(f"{backend} is not loaded, so not asleep; `vramtui preload "
-                          f"{backend}` loads it")
-        if w.state == WorkerState.ASLEEP:
-            preload(rt)
+            raise NothingToDo(f"{backend} is not loaded, so not asleep: nothing to wake "
+                              f"(`vramtui preload {backend}` loads it)")
+        if w.state != WorkerState.ASLEEP:
+            raise NothingToDo(f"{backend} is not asleep (it is {w.state.value}): nothing "
+                              "to wake")
+        preload(rt)
 
     @staticmethod
     def unwoken(rt: BackendRuntime) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomicfile import write_atomic
-from ..errors import InvalidRequest, Refused, UnknownGpu
+from ..errors import InvalidRequest, NothingToDo, UnknownGpu
 from ..results import YieldInfo
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class Yields:
     # -- changes -------------------------------------------------------------------------------
     def give(self, gpus: Sequence[int], present: Iterable[int], *, for_s: float | None = None,
              now: bool = False, by: str = "", rule: bool = False) -> tuple[YieldInfo, ...]:
-        """Yield ``gpus`` (none: every GPU); what each is now. Refused for a GPU that is not
-        there, InvalidRequest for a duration that is not a positive, finite time."""
+        """Yield ``gpus`` (none: every GPU); what each is now. UnknownGpu for a GPU that is
+        not there, InvalidRequest for a duration that is not a positive, finite time."""
         targets = self._targets(gpus, present)
         if for_s is not None and not (0 < for_s <= MAX_FOR_S and math.isfinite(for_s)):
             raise InvalidRequest(f"a yield lasts more than 0 s and at most a year, not "
@@ -83,18 +83,18 @@ class Yields:
         return tuple(out)
 
     def take_back(self, gpus: Sequence[int], present: Iterable[int]) -> tuple[int, ...]:
-        """Resume ``gpus`` (none: every yielded GPU); the GPUs resumed. Refused for one that
-        is not there or not yielded."""
+        """Resume ``gpus`` (none: every yielded GPU); the GPUs resumed. UnknownGpu for one
+        that is not there, NothingToDo for one not yielded (or none, when none is)."""
         if not gpus:
             if not self.held:
-                raise Refused("no GPU is yielded: nothing to resume")
+                raise NothingToDo("no GPU is yielded: nothing to resume")
             gpus = sorted(self.held)
         targets = self._targets(gpus, present)
         idle = [g for g in targets if g not in self.held]
         if idle:
             yielded = ", ".join(f"GPU{g}" for g in sorted(self.held)) or "none"
-            raise Refused(f"GPU{idle[0]} is not yielded (yielded now: {yielded}); nothing "
-                          "to resume")
+            raise NothingToDo(f"GPU{idle[0]} is not yielded (yielded now: {yielded}); "
+                              "nothing to resume")
         for g in targets:
             del self.held[g]
         self._save()

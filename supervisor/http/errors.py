@@ -8,6 +8,7 @@ QueueFull             503     + ``Retry-After``: try again soon
 EngineStopped         503     + ``Retry-After``: the engine is stopping (or restarting)
 BackendFailed         503     + ``Retry-After``: it waits for a respawn
 Refused (submit)      507     too large for every GPU here (another box may take it)
+NothingToDo           409     ``nothing_to_do``: so already (resume a GPU not yielded, …)
 Refused (other)       409     e.g. evict while busy
 UnknownBackend/Job/Gpu 404
 NoReport              404     no calibration report (of that name)
@@ -29,6 +30,7 @@ from ..errors import (
     InvalidRequest,
     JobTimeout,
     NoReport,
+    NothingToDo,
     QueueFull,
     Refused,
     UnknownBackend,
@@ -91,6 +93,8 @@ def from_engine(exc: BaseException, *, submitting: bool = False) -> HttpError:
         return unavailable(text, "engine_stopping", retry_after=10)
     if isinstance(exc, BackendFailed):
         return unavailable(text, "backend_failed", retry_after=30)
+    if isinstance(exc, NothingToDo):  # (a Refused: before it)
+        return conflict(text, "nothing_to_do")
     if isinstance(exc, Refused):
         if submitting:
             return HttpError(507, text, "insufficient_storage_error", "too_large")

@@ -300,8 +300,12 @@ class VramApp(App[int]):
         try:
             result = call(self.api)
         except Exception as exc:  # noqa: BLE001 - shown to the user
+            kind = exc.__class__.__name__
+            if kind == "NothingToDo":  # (not loaded, asleep already, not yielded): no failure
+                self.ui(self.notify, f"{exc}.", severity="warning")
+                return
             self.ui(self.notify, f"{label}: {exc}", severity="error", timeout=8,
-                    title="refused" if exc.__class__.__name__ == "Refused" else "failed")
+                    title="refused" if kind == "Refused" else "failed")
             return
         self.ui(self.notify, done(result))
 

@@ -41,7 +41,12 @@ def backend_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _act(args: argparse.Namespace, verb: str, done: str) -> int:
-    getattr(open_client(args), verb)(args.backend)
+    from supervisor.errors import NothingToDo
+
+    try:
+        getattr(open_client(args), verb)(args.backend)
+    except NothingToDo as exc:  # not loaded, asleep or awake already: said as evict says it
+        return _nothing_to_do(args, verb, str(exc))
     if args.json:
         from ..output import print_json
 
@@ -56,15 +61,20 @@ def evict(args: argparse.Namespace) -> int:
     snap = client.snapshot(data_limit=0, light=True)
     view = next((b for b in snap.backends if b.name == args.backend), None)
     if view is not None and view.pid is None and view.state in ("cold", "failed"):
-        if args.json:
-            from ..output import print_json
-
-            print_json({"backend": args.backend, "action": "evict", "ok": True,
-                        "nothing_to_do": True})
-        else:
-            print(f"{args.backend} is not loaded: nothing to evict")
-        return Exit.NOTHING_TO_DO
+        return _nothing_to_do(args, "evict", f"{args.backend} is not loaded: nothing to evict")
     return _act(args, "evict", "evicting (its worker stops once idle)")
+
+
+def _nothing_to_do(args: argparse.Namespace, verb: str, why: str) -> int:
+    """A backend action that had nothing to do: why, on stdout (no error), and exit 7."""
+    if args.json:
+        from ..output import print_json
+
+        print_json({"backend": args.backend, "action": verb, "ok": True,
+                    "nothing_to_do": True, "message": why})
+    else:
+        print(why)
+    return Exit.NOTHING_TO_DO
 
 
 def respawn(args: argparse.Namespace) -> int:

@@ -68,7 +68,18 @@ def yield_(args: argparse.Namespace) -> int:
 
 
 def resume(args: argparse.Namespace) -> int:
-    back = open_client(args).resume_gpus(args.gpus)
+    from supervisor.errors import NothingToDo
+
+    try:
+        back = open_client(args).resume_gpus(args.gpus)
+    except NothingToDo as exc:  # not yielded: said as evict says a backend not loaded
+        if args.json:
+            from ..output import print_json
+
+            print_json({"resumed": [], "nothing_to_do": True, "message": str(exc)})
+        else:
+            print(exc)
+        return Exit.NOTHING_TO_DO
     if args.json:
         from ..output import print_json
 
