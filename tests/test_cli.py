@@ -457,6 +457,24 @@ def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     assert run(served, "status", "--watch", "-n", "0").returncode == 2
 
 
+def test_engine_start_flags_given_to_a_command_are_said_to_be_ignored(served: Served) -> None:
+    # the engine runs on sim:8GiB; these flags would only shape one that starts
+    done = run(served, "--gpus", "sim:4GiB", "jobs", "--json")
+    assert done.returncode == 0 and "running" in json.loads(done.stdout)  # JSON untouched
+    [line] = done.stderr.splitlines()
+    assert line == (f"vramtui: warning: --gpus ignored: the engine (pid {served.proc.pid}) "
+                    "already runs on Simulated GPU (8 GiB); such options take effect only when "
+                    "an engine starts (`vramtui stop` first to start one with them)"), line
+    # several, abbreviated, and beside a command's own GPUs (resume's): each named once
+    done = run(served, "--gp", "sim:4GiB", "--backends", "a", "--backends", "b", "--max-queue",
+               "3", "--http", "127.0.0.1:1", "resume", "0")
+    [line] = done.stderr.splitlines()
+    assert line.startswith("vramtui: warning: --gpus, --backends, --max-queue, --http ignored: "
+                           "the engine (pid "), line
+    assert run(served, "jobs").stderr == ""  # none given: nothing said
+    assert "ignored" not in served.stderr()  # --serve --gpus started it: they were used
+
+
 def test_n_without_watch_is_a_usage_error_not_a_count(served: Served, tmp_path: Path) -> None:
     # `jobs -n 3` reads like "three jobs"; -n is --watch's interval: said, never watched
     nowhere = {**served.env, "VRAMTUI_RUNTIME_DIR": str(tmp_path / "none")}

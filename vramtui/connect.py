@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -113,11 +114,34 @@ def open_engine(args: argparse.Namespace, *, allow_embedded: bool) -> tuple[Engi
 
 
 def open_client(args: argparse.Namespace) -> Client:
-    """The running engine for a CLI command (never starts one): EngineNotRunning if none."""
+    """The running engine for a CLI command (never starts one): EngineNotRunning if none.
+
+    The options that only matter when an engine starts (``--gpus``, ``--backends``, ``--serve``'s
+    ``--http`` …: ``args.engine_flags``) have no effect here: a line on stderr says so, once."""
     explicit = getattr(args, "attach", None)
     paths = Paths.from_env()
     path = Path(explicit) if explicit else paths.control_socket
-    return attach(path, paths=None if explicit else paths)
+    client = attach(path, paths=None if explicit else paths)
+    given = tuple(getattr(args, "engine_flags", ()))
+    if given:
+        args.engine_flags = ()  # said once, however often the command attaches
+        sys.stderr.write(f"vramtui: warning: {ignored_flags(given, client)}\n")
+        sys.stderr.flush()
+    return client
+
+
+def ignored_flags(given: tuple[str, ...], client: Client) -> str:
+    """Why options that start an engine did nothing: one already runs (its pid, its devices)."""
+    try:
+        snap = client.snapshot(data_limit=0, light=True)
+    except VramtuiError:
+        where = f" at {client.path}"
+    else:
+        devices = " + ".join(g.name + (f" ({g.total_mib // 1024} GiB)" if g.host else "")
+                             for g in snap.gpus)
+        where = f" (pid {snap.pid}) already runs" + (f" on {devices}" if devices else "")
+    return (f"{', '.join(given)} ignored: the engine{where}; such options take effect only when an "
+            "engine starts (`vramtui stop` first to start one with them)")
 
 
 def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:

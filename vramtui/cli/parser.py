@@ -56,13 +56,36 @@ def _queue_limit(text: str) -> int:
     return value
 
 
+def _recorded(base: type[argparse.Action]) -> type[argparse.Action]:
+    """``base`` that also notes its option in ``engine_flags``: the options that only matter
+    when an engine starts, so that a command that attaches to a running one can say they
+    were ignored (:func:`vramtui.connect.open_client`).  A dest of its own: a command's
+    same-named argument (``yield``'s GPUs, ``install-service``'s ``--gpus``) cannot hide
+    it."""
+
+    class Recorded(base):  # type: ignore[valid-type,misc]
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: object, option_string: str | None = None) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            given = tuple(getattr(namespace, "engine_flags", ()))
+            if self.option_strings[0] not in given:
+                namespace.engine_flags = (*given, self.option_strings[0])
+
+    return Recorded
+
+
+_STORE = _recorded(argparse._StoreAction)
+_APPEND = _recorded(argparse._AppendAction)
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpus", default=None, metavar="SPEC",
+    parser.set_defaults(engine_flags=())
+    parser.add_argument("--gpus", default=None, metavar="SPEC", action=_STORE,
                         help="'auto' (NVML, else a simulated 24 GiB GPU), 'nvml', "
                              "'sim:24GiB[,sim:8GiB…]', 'host[:SIZE]' (the host's memory), "
                              "or one of them then the host ('auto,host') (default: "
                              "config.yaml's engine: gpus, else auto)")
-    parser.add_argument("--backends", action="append", default=[], metavar="PATH",
+    parser.add_argument("--backends", action=_APPEND, default=[], metavar="PATH",
                         help="a backend descriptor file or directory (repeatable)")
 
 
@@ -147,23 +170,24 @@ def build_parser(only: str | None = None, *,
                              "directory's)")
     parser.add_argument("--serve", action="store_true",
                         help="run the engine headless on this terminal (logs to stderr)")
-    parser.add_argument("--log-file", metavar="FILE", help="with --serve: also log to FILE")
-    parser.add_argument("--allow-group", metavar="GROUP",
+    parser.add_argument("--log-file", action=_STORE, metavar="FILE",
+                        help="with --serve: also log to FILE")
+    parser.add_argument("--allow-group", action=_STORE, metavar="GROUP",
                         help="with --serve: let members of GROUP use the control socket (it "
                              "becomes 0660 and the runtime directory 0710, both of group "
                              "GROUP; every directory above must be searchable by GROUP)")
-    parser.add_argument("--dynamo", metavar="NAMESPACE",
+    parser.add_argument("--dynamo", action=_STORE, metavar="NAMESPACE",
                         help="with --serve: also serve each backend as the NVIDIA Dynamo "
                              "endpoint NAMESPACE.BACKEND.generate (needs vramtui[dynamo])")
-    parser.add_argument("--max-queue", metavar="N", type=_queue_limit,
+    parser.add_argument("--max-queue", action=_STORE, metavar="N", type=_queue_limit,
                         help="with --serve: refuse new jobs (queue full) while N wait "
                              "(default: $VRAMTUI_MAX_QUEUE, else config.yaml's engine: "
                              "max_queue, else 512)")
-    parser.add_argument("--http", metavar="ADDR",
+    parser.add_argument("--http", action=_STORE, metavar="ADDR",
                         help="with --serve: also serve the HTTP API on ADDR (127.0.0.1:8080, "
                              "[::1]:8080, or unix:/PATH; anything but loopback needs a token); "
                              "config.yaml's http: section does the same (needs vramtui[http])")
-    parser.add_argument("--http-token-file", metavar="FILE",
+    parser.add_argument("--http-token-file", action=_STORE, metavar="FILE",
                         help="with --http: the bearer token, in a file only you can read "
                              "(or set VRAMTUI_HTTP_TOKEN)")
     parser.add_argument("--readonly", action="store_true",
