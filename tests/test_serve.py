@@ -35,7 +35,12 @@ from supervisor.control import messages as m
 from supervisor.control.errors import EngineNotRunning, RequestTooLarge
 from supervisor.errors import QueueFull
 from supervisor.jobs import JobState
+from supervisor.paths import Paths
 from worker_sdk.protocol import DataType, MessageType, encode_bytes
+
+# What textual-serve gives a browser's session: a TUI that needs no terminal (the TUI's
+# errors before it runs are tested with it; without it, the terminal it lacks comes first)
+WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
 
 StartServe = Callable[..., Served]
 
@@ -281,10 +286,42 @@ def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> No
     blocker = root / "not-a-dir"
     blocker.write_text("")
     env["VRAMTUI_RUNTIME_DIR"] = str(blocker / "run")
-    served, tui = cli(env, "--serve"), cli(env, "--gpus", "sim:8GiB")
+    served = cli(env, "--serve")
+    tui = cli({**env, "TEXTUAL_DRIVER": WEB_DRIVER}, "--gpus", "sim:8GiB")
     assert served.returncode == tui.returncode == 2, (served.stderr, tui.stderr)
     for done in (served, tui):
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert "terminal" not in done.stderr and "not-a-dir" in done.stderr, done.stderr
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("stdin_tty", [False, True])
+def test_the_tui_without_a_terminal_says_so_in_one_line_and_exits_2(stdin_tty: bool) -> None:
+    # CI, a pipeline, `vramtui < /dev/null > out.txt`: no full screen waiting forever for keys
+    import pty
+
+    root = new_root()
+    env = {k: v for k, v in make_env(root).items() if k != "TEXTUAL_DRIVER"}
+    keys, tty = pty.openpty() if stdin_tty else (None, None)
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui"], env=env, start_new_session=True,
+                            stdin=tty if tty is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("the TUI ran with no terminal and did not exit") from None
+    finally:
+        for fd in (keys, tty):
+            if fd is not None:
+                os.close(fd)
+    assert proc.returncode == 2 and out == b"", (proc.returncode, out, err)
+    [line] = err.decode().splitlines()
+    assert line.startswith("vramtui: error: the TUI needs a terminal"), line
+    for command in ("`vramtui --serve`", "`vramtui status`", "`vramtui web`"):
+        assert command in line, line
+    assert not Paths.from_env(env).control_socket.exists()  # no engine was started
 
 
 @pytest.mark.process
@@ -324,7 +361,7 @@ def test_the_limits_come_from_the_environment_and_a_bad_one_is_one_line() -> Non
     bad = make_env(new_root())
     bad["VRAMTUI_MAX_QUEUE"] = "lots"
     for args in (["--serve"], ["--gpus", "sim:8GiB"]):
-        done = cli(bad, *args)
+        done = cli(bad if "--serve" in args else {**bad, "TEXTUAL_DRIVER": WEB_DRIVER}, *args)
         assert done.returncode == 2 and "VRAMTUI_MAX_QUEUE" in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
 

@@ -38,12 +38,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..serve import run_serve
 
             return run_serve(args)
+        if not _terminal():
+            from ..output import error
+
+            error("the TUI needs a terminal (stdin and stderr are not both one); headless, "
+                  "`vramtui --serve` runs the engine, `vramtui status` shows it, "
+                  "`vramtui web` serves the dashboard to a browser")
+            return Exit.USAGE
         from ..app import run_app
 
         return run_app(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
+
+
+def _terminal() -> bool:
+    """Whether the TUI has a terminal to run on: Textual reads keys from stdin and draws on
+    stderr (stdout may go elsewhere).  A driver named in ``TEXTUAL_DRIVER`` needs none:
+    textual-serve's web driver (``vramtui web``, ``--serve --http``'s ``/ui``) speaks over
+    pipes.  Without one, the TUI would wait forever for keys that never come (CI, a
+    pipeline, ``vramtui < /dev/null``)."""
+    import os
+
+    if os.environ.get("TEXTUAL_DRIVER"):
+        return True
+    streams = (sys.__stdin__, sys.__stderr__)
+    try:
+        return all(s is not None and s.isatty() for s in streams)
+    except (AttributeError, ValueError):  # closed
+        return False
 
 
 def _run(row: Command, args: argparse.Namespace) -> int:
