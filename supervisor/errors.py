@@ -38,10 +38,10 @@ class Refused(VramtuiError):
 
 
 class NothingToDo(Refused):
-    """What was asked is so already: a backend that is not loaded has nothing to put to sleep
-    or wake, one asleep (awake) nothing to put to sleep (wake), a GPU not yielded nothing to
-    resume.  Nothing was done.  A refusal (``except Refused`` still takes it), told apart so
-    that the CLI exits 7 and HTTP says ``nothing_to_do`` (:func:`vramtui.exits.exit_code`,
+    """There is nothing to do what was asked of: a backend that is not loaded has nothing to
+    put to sleep or wake, a GPU not yielded nothing to resume.  Nothing was done.  A refusal
+    (``except Refused`` still takes it), told apart so that the CLI exits 7 and HTTP says
+    ``nothing_to_do`` (:func:`vramtui.exits.exit_code`,
     :func:`supervisor.http.errors.from_engine`)."""
 
 

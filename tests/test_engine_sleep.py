@@ -235,9 +235,7 @@ def test_sleep_and_wake_asked() -> None:
         with pytest.raises(NothingToDo, match=r"nothing to wake \(`vramtui preload a`"):
             fe.sup.wake("a")
         fe.sup.wait(fe.sup.submit("a", b""), 10)
-        with pytest.raises(NothingToDo, match=r"a is not asleep \(it is ready\): nothing to "
-                                              "wake"):
-            fe.sup.wake("a")
+        fe.sup.wake("a")  # awake already: it stays so (asking twice is no error)
         fe.sup.wait(fe.sup.submit("plain", b""), 10)
         with pytest.raises(Refused, match="no @worker_sdk.sleep"):
             fe.sup.sleep("plain")
@@ -245,8 +243,7 @@ def test_sleep_and_wake_asked() -> None:
         wait_until(lambda: fe.sup.snapshot().backend("a").reserved_mib == 300,  # type: ignore
                    what="a asleep, measured")
         assert fe.gpu.used(0) == 300 + 1000
-        with pytest.raises(NothingToDo, match="a is asleep already: nothing to put to sleep"):
-            fe.sup.sleep("a")
+        fe.sup.sleep("a")  # asleep already: it stays so
         fe.sup.wake("a")
         wait_until(lambda: state(fe, "a") == "ready", what="a awake")
         assert fe.gpu.used(0) == 8704 + 1000

@@ -121,11 +121,15 @@ def test_sleep_and_wake_with_nothing_to_do_exit_7(front: Front) -> None:
     done = cli(front.env, "wake", "napper")
     assert done.returncode == Exit.NOTHING_TO_DO, done
     assert done.stdout == "napper is not asleep (it is ready): nothing to wake\n"
+    assert front.post("/v1/backends/napper/wake").status == 202
     assert cli(front.env, "sleep", "napper").returncode == 0
     wait_until(lambda: backend(front, "napper")["state"] == "asleep", 20, "napper asleep")
     done = cli(front.env, "sleep", "napper")
     assert done.returncode == Exit.NOTHING_TO_DO, done
     assert done.stdout == "napper is asleep already: nothing to put to sleep\n"
+    # over HTTP and the API, asking twice is no error: it stays asleep
+    assert front.post("/v1/backends/napper/sleep").status == 202
+    assert backend(front, "napper")["state"] == "asleep"
     assert cli(front.env, "wake", "napper").returncode == 0  # as the next test expects it
     wait_until(lambda: backend(front, "napper")["state"] == "ready", 20, "napper awake")
 

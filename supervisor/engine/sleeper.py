@@ -75,7 +75,7 @@ class Sleeper:
     # -- asked through a door -------------------------------------------------------------------
     def sleep_asked(self, backend: str) -> None:
         """Put ``backend``'s idle worker to sleep now, or say why not (Refused; NothingToDo
-        when it is not loaded, or asleep already)."""
+        when it is not loaded). Asleep already, it stays so (asking twice is no error)."""
         rt = self.pool.runtime(backend)
         w = rt.worker
         if w is None or w.exited:
@@ -84,7 +84,7 @@ class Sleeper:
             if rt.slumber is not None and rt.slumber.phase == "waking":
                 raise Refused(f"{backend} is waking up; wait until it is awake, then put it "
                               "to sleep")
-            raise NothingToDo(f"{backend} is asleep already: nothing to put to sleep")
+            return
         if not rt.can_sleep:
             raise Refused(f"{backend} cannot sleep: {self.why_not(rt)}; `vramtui evict "
                           f"{backend}` stops it instead")
@@ -102,17 +102,15 @@ class Sleeper:
 
     def wake_asked(self, backend: str, preload: Callable[[BackendRuntime], None]) -> None:
         """Wake ``backend``'s sleeping worker when what waking adds fits (admitted like a
-        preload: in room nobody waits for); NothingToDo when it is not loaded, or not
-        asleep."""
+        preload: in room nobody waits for); NothingToDo when it is not loaded. Awake already,
+        it stays as it is (asking twice is no error)."""
         rt = self.pool.runtime(backend)
         w = rt.worker
         if w is None or w.exited:
             raise NothingToDo(f"{backend} is not loaded, so not asleep: nothing to wake "
                               f"(`vramtui preload {backend}` loads it)")
-        if w.state != WorkerState.ASLEEP:
-            raise NothingToDo(f"{backend} is not asleep (it is {w.state.value}): nothing "
-                              "to wake")
-        preload(rt)
+        if w.state == WorkerState.ASLEEP:
+            preload(rt)
 
     @staticmethod
     def unwoken(rt: BackendRuntime) -> bool:

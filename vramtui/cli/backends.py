@@ -43,9 +43,18 @@ def backend_argument(p: argparse.ArgumentParser) -> None:
 def _act(args: argparse.Namespace, verb: str, done: str) -> int:
     from supervisor.errors import NothingToDo
 
+    client = open_client(args)
+    if verb in ("sleep", "wake"):  # so already: the engine leaves it as it is; said here
+        view = next((b for b in client.snapshot(data_limit=0, light=True).backends
+                     if b.name == args.backend), None)
+        if view is not None and view.pid is not None and (view.state == "asleep") == (
+                verb == "sleep"):
+            return _nothing_to_do(args, verb, f"{args.backend} is asleep already: nothing "
+                                  "to put to sleep" if verb == "sleep" else f"{args.backend} is "
+                                  f"not asleep (it is {view.state}): nothing to wake")
     try:
-        getattr(open_client(args), verb)(args.backend)
-    except NothingToDo as exc:  # not loaded, asleep or awake already: said as evict says it
+        getattr(client, verb)(args.backend)
+    except NothingToDo as exc:  # not loaded: said as evict says it
         return _nothing_to_do(args, verb, str(exc))
     if args.json:
         from ..output import print_json
