@@ -148,3 +148,44 @@ def test_a_worker_process_that_is_not_ours_cannot_take_a_name(sup: Supervisor) -
     sock.close()
     assert sup.wait(sup.submit("victim", b"b"), 30).data == b"b"  # the real one serves on
     assert os.getpid() != name.pid
+
+
+def test_a_junk_registration_sent_before_the_start_returned_its_pid_is_still_told() -> None:
+    """A worker can connect (and be refused) while its start has not yet given the engine
+    its pid: the refusal reaches its handle once the pid is known, not the start time-out
+    (under a loaded suite the refusal was dropped and the job waited ~20 s)."""
+    from types import SimpleNamespace
+
+    from supervisor.workers.wire import WireListener
+
+    class Starting:
+        """A claimant whose process is being started (``when_started``, as a worker's)."""
+
+        def __init__(self) -> None:
+            self.pid: int | None = None
+            self.waiters: list[Any] = []
+            self.told: list[str] = []
+
+        def when_started(self, then: Any) -> bool:
+            if self.pid is not None:
+                return False
+            self.waiters.append(then)
+            return True
+
+        def accepts_pid(self, pid: int | None) -> bool:
+            return pid is not None and pid == self.pid
+
+        def registration_refused(self, why: str) -> None:
+            self.told.append(why)
+
+    listener = WireListener("/nonexistent/c.sock", "/nonexistent/d.sock")
+    worker = Starting()
+    listener.claim("junk", worker)  # type: ignore[arg-type]
+    conn = SimpleNamespace(peer_pid=4242)
+    listener.registration_refused(conn, "registration metadata must be a map")  # type: ignore[arg-type]
+    listener.registration_refused(conn, "again, on its other socket")  # type: ignore[arg-type]
+    assert worker.told == []
+    worker.pid = 4242  # its start returned
+    for then in worker.waiters:
+        then()
+    assert worker.told == ["registration metadata must be a map"]

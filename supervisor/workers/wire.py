@@ -354,16 +354,26 @@ class WireListener:
             self._waiting_per_pid.pop(conn.peer_pid, None)
 
     def registration_refused(self, conn: WireConnection, why: str) -> None:
-        """Tell the claimant whose process sent a refused registration (once per pid)."""
+        """Tell the claimant whose process sent a refused registration (once per pid); a
+        claimant still starting (its pid not known yet: the process connected before its
+        start returned) is asked once it is known, as for a registration."""
         pid = conn.peer_pid
         if pid is None or pid in self._told or len(self._told) > 4096:
             return
-        self._told.add(pid)
         for claimant in list(self._claims.values()):
-            refused = getattr(claimant, "registration_refused", None)
-            if refused is not None and claimant.accepts_pid(pid):
-                refused(why)
+            later = getattr(claimant, "when_started", None)
+            if later is not None and later(lambda c=claimant: self._tell_refused(c, pid, why)):
+                continue
+            if self._tell_refused(claimant, pid, why):
                 return
+
+    def _tell_refused(self, claimant: Claimant, pid: int, why: str) -> bool:
+        refused = getattr(claimant, "registration_refused", None)
+        if pid in self._told or refused is None or not claimant.accepts_pid(pid):
+            return False
+        self._told.add(pid)
+        refused(why)
+        return True
 
     def registered(self, conn: WireConnection, reg: Registration) -> None:
         self.forget(conn)
