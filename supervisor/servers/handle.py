@@ -182,8 +182,8 @@ class ServerHandle(SupervisedProcess):
                 self._set_state(WorkerState.READY)
                 return
             if time.monotonic() >= deadline:
-                self.init_error = (f"not {'healthy' if listening else 'listening'} after "
-                                   f"{limit:g} s (http.ready_timeout)")
+                self.init_error = f"not healthy after {limit:g} s (http.ready_timeout)" + (
+                    "" if listening else f"; nothing listened on {self.url}")
                 self.kill()
                 return
             fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S
