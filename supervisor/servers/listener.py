@@ -32,18 +32,20 @@ def _address(hex_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
                                          for i in range(0, len(hex_ip), 8)))
 
 
-def listener_uids(host: str, port: int) -> set[int]:
+def listener_uids(host: str, port: int) -> set[int] | None:
     """The uids of the sockets listening on ``port`` that a connection to ``host`` (an IP
     address) reaches: bound to it, or to its family's wildcard (and for IPv4, IPv6's ``::``,
-    which may take IPv4 too)."""
+    which may take IPv4 too); None when the kernel's tables cannot be read here."""
     ip = ipaddress.ip_address(host)
     families = [socket.AF_INET, socket.AF_INET6] if ip.version == 4 else [socket.AF_INET6]
     uids: set[int] = set()
+    read = False
     for family in families:
         try:
             lines = TABLES[family].read_text().splitlines()[1:]
-        except OSError:
+        except OSError:  # (no IPv6 here, or a /proc that hides them)
             continue
+        read = True
         for line in lines:
             fields = line.split()
             if len(fields) < 8 or int(fields[3], 16) != LISTEN:
@@ -55,13 +57,13 @@ def listener_uids(host: str, port: int) -> set[int]:
             if bound == ip or bound.is_unspecified or (
                     ip.version == 4 and getattr(bound, "ipv4_mapped", None) == ip):
                 uids.add(int(fields[7]))
-    return uids
+    return uids if read else None
 
 
 def listeners_of(url: str) -> set[int] | None:
     """The uids of the sockets listening where a request to ``url`` would go, for a server
     on this host (a loopback address or ``localhost``); None for any other host, whose
-    sockets this table does not show."""
+    sockets this table does not show, or when the table cannot be read."""
     parsed = URL(url)
     host = (parsed.host or "").strip("[]").lower()
     port = parsed.port
@@ -73,7 +75,10 @@ def listeners_of(url: str) -> set[int] | None:
         return None
     if not all(ip.is_loopback for ip in ips):
         return None
-    return {uid for ip in ips for uid in listener_uids(str(ip), port)}
+    found = [listener_uids(str(ip), port) for ip in ips]
+    if all(uids is None for uids in found):
+        return None
+    return {uid for uids in found if uids is not None for uid in uids}
 
 
 def trusted_uids() -> frozenset[int]:
