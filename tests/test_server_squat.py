@@ -91,3 +91,62 @@ def test_where_the_kernels_tables_cannot_be_read_the_check_stands_aside(
         assert listener.listeners_of("http://10.1.2.3:80") is None  # not on this host
         monkeypatch.setattr(listener, "TABLES", {f: tmp_path / "gone" for f in listener.TABLES})
         assert listener.listeners_of(url) is None
+
+
+@pytest.mark.process
+def test_a_localhost_server_is_sent_to_the_address_its_own_listener_holds() -> None:
+    """``localhost`` is 127.0.0.1 and ::1: the server binds one, and the other, on the same
+    port, is free for any user. Where localhost resolves to ::1 first (Fedora), a user who
+    listened there once the server was ready would get every request and its ${API_KEY}, so
+    the engine sends to the address the server's listener holds, never by name."""
+    local = server_backend("local", http={"health": "/health", "url": "http://localhost:${PORT}"})
+    with serve_http([local]) as front:
+        reply = front.post("/v1/chat/completions", chat("local"))
+        assert reply.status == 200, reply.body[:300]
+        worker = front.engine.backends["local"].worker
+        assert worker.url.startswith("http://127.0.0.1:"), worker.url  # (the server's --host)
+        assert worker.launch.url == worker.url and worker._link.host == "127.0.0.1"
+
+
+def test_pinned_names_the_address_of_the_servers_own_listener() -> None:
+    import socket
+
+    from supervisor.servers.listener import pinned
+
+    for family, address, shown in ((socket.AF_INET, "127.0.0.1", "127.0.0.1"),
+                                   (socket.AF_INET6, "::1", "[::1]")):
+        with socket.socket(family) as s:
+            try:
+                s.bind((address, 0))
+            except OSError:  # (no IPv6 here)
+                continue
+            s.listen()
+            port = s.getsockname()[1]
+            assert pinned(f"http://localhost:{port}") == f"http://{shown}:{port}"
+            assert pinned(f"http://127.0.0.2:{port}") == f"http://127.0.0.2:{port}"
+    with socket.socket() as s:  # nobody listens: as it is (nothing is sent before one does)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert pinned(f"http://localhost:{port}") == f"http://localhost:{port}"
+
+
+@pytest.mark.process
+@needs_other_user
+def test_pinned_never_names_another_users_listener() -> None:
+    import socket
+
+    from supervisor.servers.listener import pinned
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    other = start_as_other_user(
+        "import socket, sys, time\ns = socket.socket()\n"
+        f"s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('listening', flush=True)\n"
+        "time.sleep(60)\n")
+    try:
+        assert other.stdout is not None and other.stdout.readline().startswith("listening")
+        assert pinned(f"http://localhost:{port}") == f"http://localhost:{port}"
+    finally:
+        other.kill()
+        other.communicate(timeout=10)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
@@ -49,7 +50,7 @@ from ..workers.states import WorkerState
 from ..workers.supervised import SleepOutcome, SupervisedProcess
 from .calls import call
 from .launch import Launch
-from .listener import listeners_of, trusted_uids
+from .listener import listeners_of, pinned, trusted_uids
 from .request import end_to_end, upstream_of
 from .wire import Exchange, Link, WireError
 
@@ -169,6 +170,8 @@ class ServerHandle(SupervisedProcess):
                         else "free that port (http.url names it)"))
                 self.kill()
                 return
+            if held:  # the server's own listener: a localhost URL goes to its address only
+                self._pin(pinned(self.url))
             # Nothing is asked before one listens (no health request to whoever binds first).
             # (one health request is given up at the deadline: a server that takes the
             # connection and never answers is not waited for past its ready_timeout)
@@ -189,6 +192,17 @@ class ServerHandle(SupervisedProcess):
             fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S
             if await self._wait_exit(FIRST_POLL_S if fast else SLOW_POLL_S):
                 return
+
+    def _pin(self, url: str) -> None:
+        """Send everything to ``url`` from now on (:func:`.listener.pinned`: the address that
+        the server's listener holds, in place of ``localhost``, whose other address another
+        user could listen on)."""
+        if url == self.url:
+            return
+        self.url = url
+        self.launch = dataclasses.replace(self.launch, url=url)
+        self._link.close()
+        self._link = Link(url)
 
     async def _healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> bool:
         """Ready: its health path answers 200 within ``timeout`` (``health: none``: its port

@@ -8,6 +8,12 @@ requests and the server's ``${API_KEY}``. :func:`listeners_of` reads ``/proc/net
 the server's URL would go, and their owners' uids. The server handle sends nothing there
 before one of them listens (once the server holds the port, nobody else can take it), and
 stops the server if one that is not :func:`trusted_uids`' does.
+
+``localhost`` is two addresses, 127.0.0.1 and ::1, and a server binds one of them: the other,
+on the same port, stays free for any user, and a connection to ``localhost`` may try it first
+(where it resolves to ::1 first, as on Fedora). So a ``localhost`` URL is sent to as
+:func:`pinned` says: to the address the server's own listener holds, which nobody else can
+take, never by name.
 """
 
 from __future__ import annotations
@@ -79,6 +85,23 @@ def listeners_of(url: str) -> set[int] | None:
     if all(uids is None for uids in found):
         return None
     return {uid for uids in found if uids is not None for uid in uids}
+
+
+def pinned(url: str) -> str:
+    """``url`` as the engine sends to it: for a ``localhost`` URL, the same URL on the one of
+    localhost's addresses that a :func:`trusted_uids` listener holds (the server's own,
+    directly or by a wildcard); any other URL, or one whose listener is not seen (yet), as it
+    is."""
+    parsed = URL(url)
+    addresses = LOOPBACK_NAMES.get((parsed.host or "").lower())
+    if addresses is None or parsed.port is None:
+        return url
+    trusted = trusted_uids()
+    for address in addresses:
+        uids = listener_uids(address, parsed.port)
+        if uids and uids <= trusted:
+            return str(parsed.with_host(address))
+    return url
 
 
 def trusted_uids() -> frozenset[int]:
