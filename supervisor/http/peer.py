@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..control.peer import peer_cred
+from ..tcp_table import ESTABLISHED, TABLES, read_rows
 
-_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-ESTABLISHED = 1
+_TABLES = tuple(str(path) for path in TABLES.values())
 
 # sock_diag (linux/sock_diag.h, linux/inet_diag.h)
 _NETLINK_SOCK_DIAG = 4
@@ -87,15 +87,6 @@ class DiagUnavailable(OSError):
     """This kernel (or sandbox) does not answer sock_diag: read /proc instead."""
 
 
-def _hex_address(raw: str) -> tuple[bytes, int]:
-    """``0100007F:1F90`` -> (b'\\x7f\\x00\\x00\\x01', 8080); the kernel prints each 32-bit word
-    of the address in host (little-endian) order."""
-    addr, _, port = raw.partition(":")
-    data = bytes.fromhex(addr)
-    words = b"".join(data[i:i + 4][::-1] for i in range(0, len(data), 4))
-    return words, int(port, 16)
-
-
 def _packed(host: str) -> bytes:
     return ipaddress.ip_address(host.split("%", 1)[0]).packed
 
@@ -119,22 +110,13 @@ def table_row(client: tuple[str, int], server: tuple[str, int],
         return None
     for table in tables:
         try:
-            with open(table, encoding="ascii") as f:
-                next(f, None)
-                for line in f:
-                    parts = line.split()
-                    if len(parts) < 10:
-                        continue
-                    try:
-                        local, remote = _hex_address(parts[1]), _hex_address(parts[2])
-                        if not (local[1] == client[1] and remote[1] == server[1]
-                                and local[0] in client_ips and remote[0] in server_ips):
-                            continue
-                        return SocketRow(int(parts[3], 16), int(parts[7]), int(parts[9]))
-                    except ValueError:
-                        continue
+            rows = read_rows(table)
         except OSError:
             continue
+        for row in rows:
+            if row.local[1] == client[1] and row.remote[1] == server[1] \
+                    and row.local[0].packed in client_ips and row.remote[0].packed in server_ips:
+                return SocketRow(row.state, row.uid, row.inode)
     return None
 
 

@@ -21,21 +21,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import sys
-from pathlib import Path
 
 from yarl import URL
 
-LISTEN = 0x0A  # TCP_LISTEN in the table's ``st`` column
-TABLES = {socket.AF_INET: Path("/proc/net/tcp"), socket.AF_INET6: Path("/proc/net/tcp6")}
+from ..tcp_table import LISTEN, TABLES, read_rows
+
 #: What a name in a server's URL may stand for here, by family (loopback names only).
 LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
-
-
-def _address(hex_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """A table's address: its 32-bit words, each printed as the number the machine reads."""
-    return ipaddress.ip_address(b"".join(int(hex_ip[i:i + 8], 16).to_bytes(4, sys.byteorder)
-                                         for i in range(0, len(hex_ip), 8)))
 
 
 def listener_uids(host: str, port: int) -> set[int] | None:
@@ -48,21 +40,17 @@ def listener_uids(host: str, port: int) -> set[int] | None:
     read = False
     for family in families:
         try:
-            lines = TABLES[family].read_text().splitlines()[1:]
+            rows = read_rows(TABLES[family])
         except OSError:  # (no IPv6 here, or a /proc that hides them)
             continue
         read = True
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 8 or int(fields[3], 16) != LISTEN:
+        for row in rows:
+            bound, bound_port = row.local
+            if row.state != LISTEN or bound_port != port:
                 continue
-            hex_ip, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) != port:
-                continue
-            bound = _address(hex_ip)
             if bound == ip or bound.is_unspecified or (
                     ip.version == 4 and getattr(bound, "ipv4_mapped", None) == ip):
-                uids.add(int(fields[7]))
+                uids.add(row.uid)
     return uids if read else None
 
 
