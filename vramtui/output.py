@@ -66,6 +66,19 @@ def print_json(value: Any, *, compact: bool = False) -> None:
     sys.stdout.flush()
 
 
+def nothing_to_do(why: str, as_json: bool, **fields: Any) -> int:
+    """A command that had nothing to do (the job ended already, the backend not loaded, the
+    GPU not yielded): ``why`` on stdout, no error (``--json``: ``fields`` with
+    ``nothing_to_do`` and ``message``), and its exit code, 7."""
+    from .exits import Exit
+
+    if as_json:
+        print_json({**fields, "nothing_to_do": True, "message": why})
+    else:
+        print(why)
+    return Exit.NOTHING_TO_DO
+
+
 def error(text: str) -> None:
     """One line on stderr, ``vramtui: error: ...``."""
     first = " ".join(str(text).split("\n")[0].split())

@@ -75,15 +75,9 @@ def evict(args: argparse.Namespace) -> int:
 
 
 def _nothing_to_do(args: argparse.Namespace, verb: str, why: str) -> int:
-    """A backend action that had nothing to do: why, on stdout (no error), and exit 7."""
-    if args.json:
-        from ..output import print_json
+    from ..output import nothing_to_do
 
-        print_json({"backend": args.backend, "action": verb, "ok": True,
-                    "nothing_to_do": True, "message": why})
-    else:
-        print(why)
-    return Exit.NOTHING_TO_DO
+    return nothing_to_do(why, args.json, backend=args.backend, action=verb, ok=True)
 
 
 def respawn(args: argparse.Namespace) -> int:

@@ -73,13 +73,9 @@ def resume(args: argparse.Namespace) -> int:
     try:
         back = open_client(args).resume_gpus(args.gpus)
     except NothingToDo as exc:  # not yielded: said as evict says a backend not loaded
-        if args.json:
-            from ..output import print_json
+        from ..output import nothing_to_do
 
-            print_json({"resumed": [], "nothing_to_do": True, "message": str(exc)})
-        else:
-            print(exc)
-        return Exit.NOTHING_TO_DO
+        return nothing_to_do(str(exc), args.json, resumed=[])
     if args.json:
         from ..output import print_json
 
