@@ -334,7 +334,7 @@ def test_a_persons_resume_of_a_rules_yield_is_kept_over_an_engine_restart() -> N
     label = f"while `sh -c 'echo >> {asked}'`"
     with fake_engine({"a": desc()}, gpus=[8192, 8192], config=cfg, journal=True,
                      root=root) as fe:
-        wait_until(lambda: fe.sup.snapshot().gpus[1].yielded_by == label, 5,
+        wait_until(lambda: fe.sup.snapshot().gpus[1].yielded_by == label, 20,
                    "GPU1 yielded by the command")
         fe.sup.resume_gpus([1])
     saved = json.loads((root / "state" / "yielded.json").read_text())
