@@ -9,6 +9,7 @@ ignore and SGLang's (``/release_memory_occupation``) need.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..backends.http import HttpCall
@@ -16,12 +17,14 @@ from ..backends.http import HttpCall
 SNIPPET = 200  # characters of a failed answer in the error
 
 
-async def call(session: Any, base_url: str, what: HttpCall, timeout: float) -> str | None:
-    """Make ``what`` of the server at ``base_url``; None when it answered 2xx, else why not."""
+async def call(session: Any, base_url: str, what: HttpCall, timeout: float,
+               auth: Mapping[str, str]) -> str | None:
+    """Make ``what`` of the server at ``base_url`` (with ``auth``, its key's header); None
+    when it answered 2xx, else why not."""
     import aiohttp
 
     body = None if what.method == "GET" else b"{}"
-    headers = {} if body is None else {"Content-Type": "application/json"}
+    headers = dict(auth) if body is None else {**auth, "Content-Type": "application/json"}
     try:
         async with session.request(what.method, base_url + what.path, data=body,
                                    headers=headers, allow_redirects=False,

@@ -135,8 +135,7 @@ class ServerHandle(SupervisedProcess):
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
-            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            headers=self.launch.auth_headers)  # health, sleep, wake: with its ${API_KEY}
+            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
         self._spawn(self._watch_exit())
         if self._stopping:  # stopped before it was even running
             self._send_stop()
@@ -161,24 +160,19 @@ class ServerHandle(SupervisedProcess):
         limit = self.http.ready_timeout_s
         deadline = self.started_at + limit if limit is not None else math.inf
         while not self._exited.is_set() and not self._stopping:
-            held = listeners_of(self.url)  # None: not on this host, it cannot be told
-            if held is not None and (squatters := sorted(held - trusted_uids())):
-                self.init_error = (
-                    f"another user (uid {', '.join(map(str, squatters))}) listens on "
-                    f"{self.url}, the server's port: nothing was sent there; " + (
-                        "the next start picks another port" if self.launch.port is not None
-                        else "free that port (http.url names it)"))
-                self.kill()
-                return
-            if held:  # the server's own listener: a localhost URL goes to its address only
-                self._pin(pinned(self.url))
-            # Nothing is asked before one listens (no health request to whoever binds first).
+            seen = self._check_listener()
+            if seen is False:
+                return  # another user's: stopped
+            # Where the kernel lists no listener, the server has not bound yet, or its port is
+            # forwarded into a container (a NAT rule, its listener in another network
+            # namespace): it is asked without its key, and once it answers, the table is read
+            # again: a listener that came meanwhile must be the server's own.
             # (one health request is given up at the deadline: a server that takes the
             # connection and never answers is not waited for past its ready_timeout)
-            listening = held is None or bool(held)
-            if listening and await self._healthy(
-                    min(HEALTH_TIMEOUT_S, max(0.05, deadline - time.monotonic()))):
-                if self._exited.is_set() or self._stopping:
+            if await self._healthy(min(HEALTH_TIMEOUT_S,
+                                       max(0.05, deadline - time.monotonic())),
+                                   secret=seen is not None):
+                if self._exited.is_set() or self._stopping or self._check_listener() is False:
                     return
                 self.status_marks.append((time.time(), "ready"))
                 self._link.spare()  # the first request finds a connection open
@@ -186,12 +180,32 @@ class ServerHandle(SupervisedProcess):
                 return
             if time.monotonic() >= deadline:
                 self.init_error = f"not healthy after {limit:g} s (http.ready_timeout)" + (
-                    "" if listening else f"; nothing listened on {self.url}")
+                    f"; no listener on {self.url} was seen" if seen is None else "")
                 self.kill()
                 return
             fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S
             if await self._wait_exit(FIRST_POLL_S if fast else SLOW_POLL_S):
                 return
+
+    def _check_listener(self) -> bool | None:
+        """Who listens on the server's port (:mod:`.listener`): True, the server itself (its
+        URL pinned to the address it holds), or a host whose sockets cannot be seen; None,
+        nobody that the kernel lists; False, another user, and the server is stopped."""
+        held = listeners_of(self.url)
+        if held is None:
+            return True
+        if squatters := sorted(held - trusted_uids()):
+            self.init_error = (
+                f"another user (uid {', '.join(map(str, squatters))}) listens on "
+                f"{self.url}, the server's port: nothing was sent there; " + (
+                    "the next start picks another port" if self.launch.port is not None
+                    else "free that port (http.url names it)"))
+            self.kill()
+            return False
+        if not held:
+            return None
+        self._pin(pinned(self.url))  # a localhost URL goes to the address it holds only
+        return True
 
     def _pin(self, url: str) -> None:
         """Send everything to ``url`` from now on (:func:`.listener.pinned`: the address that
@@ -204,19 +218,20 @@ class ServerHandle(SupervisedProcess):
         self._link.close()
         self._link = Link(url)
 
-    async def _healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+    async def _healthy(self, timeout: float = HEALTH_TIMEOUT_S, secret: bool = True) -> bool:
         """Ready: its health path answers 200 within ``timeout`` (``health: none``: its port
-        connects)."""
+        connects); ``secret``: with its ``${API_KEY}``."""
         if self.http.health is None:
             return await self._connects()
-        status = await self._get_status(self.http.health, timeout=timeout)
+        status = await self._get_status(self.http.health, timeout=timeout, secret=secret)
         return status == 200
 
-    async def _get_status(self, path: str, timeout: float) -> int | None:
+    async def _get_status(self, path: str, timeout: float, secret: bool = True) -> int | None:
         import aiohttp
 
         try:
             async with self._session.get(self.url + path, allow_redirects=False,
+                                         headers=self.launch.auth_headers if secret else None,
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 return int(resp.status)
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
@@ -368,7 +383,7 @@ class ServerHandle(SupervisedProcess):
         return outcome
 
     async def _call(self, what: HttpCall, timeout: float) -> SleepOutcome:
-        error = await call(self._session, self.url, what, timeout)
+        error = await call(self._session, self.url, what, timeout, self.launch.auth_headers)
         if error is not None and self._exited.is_set():
             error = f"the server exited (code {self.exit_code}) during {what}"
         return SleepOutcome(error is None, error)

@@ -5,9 +5,12 @@ binds its port when it is ready to (ComfyUI or koboldcpp after loading their mod
 user can listen there first and answer the health checks, and would then be sent the
 requests and the server's ``${API_KEY}``. :func:`listeners_of` reads ``/proc/net/tcp`` and
 ``/proc/net/tcp6`` (readable by every user) for the sockets listening where a connection to
-the server's URL would go, and their owners' uids. The server handle sends nothing there
-before one of them listens (once the server holds the port, nobody else can take it), and
-stops the server if one that is not :func:`trusted_uids`' does.
+the server's URL would go, and their owners' uids. The server handle sends no secret there
+before the server's own listener is seen (once it holds the port, nobody else can take it),
+and stops the server if one that is not :func:`trusted_uids`' listens. Where none is listed
+(not bound yet, or a container's port forwarded by a NAT rule, its listener in another
+network namespace), the health check goes without the server's key, and the table is read
+again before the server counts as ready.
 
 ``localhost`` is two addresses, 127.0.0.1 and ::1, and a server binds one of them: the other,
 on the same port, stays free for any user, and a connection to ``localhost`` may try it first
