@@ -444,7 +444,7 @@ def test_ctrl_c_on_submit_wait_without_a_terminal_names_the_job_that_goes_on(
 def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     import signal
 
-    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "status", "--watch", "-n", "0.2", "--json"],
+    proc = subprocess.Popen([PYTHON, "-m", "vramtui", "status", "-n", "0.2", "--json"],
                             env=served.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -454,7 +454,7 @@ def test_status_watch_refreshes_until_ctrl_c(served: Served) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    assert run(served, "status", "--watch", "-n", "0").returncode == 2
+    assert run(served, "status", "-n", "0").returncode == 2
 
 
 def test_engine_start_flags_given_to_a_command_are_said_to_be_ignored(served: Served) -> None:
@@ -475,13 +475,22 @@ def test_engine_start_flags_given_to_a_command_are_said_to_be_ignored(served: Se
     assert "ignored" not in served.stderr()  # --serve --gpus started it: they were used
 
 
-def test_n_without_watch_is_a_usage_error_not_a_count(served: Served, tmp_path: Path) -> None:
-    # `jobs -n 3` reads like "three jobs"; -n is --watch's interval: said, never watched
-    nowhere = {**served.env, "VRAMTUI_RUNTIME_DIR": str(tmp_path / "none")}
-    for env in (served.env, nowhere):  # said before the engine is asked (or missed)
-        for command in ("jobs", "status", "queue", "gpus"):
-            done = cli(env, command, "-n", "3", timeout=15)
-            line = one_line_error(done)
-            assert done.returncode == 2 and done.stdout == "", (command, done)
-            assert "-n is the refresh interval of --watch (`--watch -n 3`)" in line, line
-            assert ("`--limit N`" in line) == (command == "jobs"), line
+def test_n_alone_watches_and_jobs_says_it_is_no_count(served: Served) -> None:
+    # `-n 2` alone watches, as the README has always said (`--watch / -n 2`); `jobs -n 3`
+    # reads like "three jobs", so jobs says on stderr what -n does instead
+    import signal
+
+    for command in ("jobs", "status"):
+        proc = subprocess.Popen([PYTHON, "-m", "vramtui", command, "-n", "0.2", "--json"],
+                                env=served.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert ("-n 0.2 refreshes every 0.2 s" in err) == (command == "jobs"), err
+    done = cli(served.env, "jobs", "-n", "0")
+    assert done.returncode == 2 and "-n takes between 0.1 and 86400 seconds" in done.stderr

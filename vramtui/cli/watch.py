@@ -1,8 +1,8 @@
 """``--watch`` / ``-n``: show a table once, or again every few seconds until ctrl+c.
 
-Shared by ``status``, ``queue``, ``gpus`` and ``jobs``: the two options (``-n`` only with
-``--watch``: :func:`check_watch`), and the loop that clears the screen (on a terminal,
-without ``--json``) and shows the table again.
+Shared by ``status``, ``queue``, ``gpus`` and ``jobs``: the two options (``-n`` alone implies
+``--watch``, as ``watch -n`` does; :func:`check_watch`), and the loop that clears the screen
+(on a terminal, without ``--json``) and shows the table again.
 """
 
 from __future__ import annotations
@@ -19,22 +19,24 @@ def add_watch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", "-w", action="store_true",
                    help="keep showing it, refreshed every -n seconds (ctrl+c stops)")
     p.add_argument("-n", "--interval", type=float, metavar="SECONDS", default=None,
-                   help="with --watch: seconds between refreshes (default 2)")
+                   help="seconds between refreshes (default 2; alone, implies --watch)")
 
 
 def check_watch(args: argparse.Namespace) -> None:
-    """UsageError for ``-n`` without ``--watch`` (it is no count: a user who writes ``jobs -n
-    3`` wants three jobs, and would get a screen refreshed every 3 s) or out of range.  Each
-    command calls it before it reaches the engine; :func:`watching` again."""
+    """UsageError for an ``-n`` out of range; ``-n`` alone turns ``--watch`` on. Where the
+    command lists items (``jobs``: ``--limit``), ``-n 3`` reads like "three of them": a line
+    on stderr says what it does instead. Each command calls it before it reaches the engine;
+    :func:`watching` again."""
     interval = getattr(args, "interval", None)
     if interval is None:
         return
-    if not getattr(args, "watch", False):
-        count = "; `--limit N` caps how many are shown" if hasattr(args, "limit") else ""
-        raise UsageError(f"-n is the refresh interval of --watch (`--watch -n {interval:g}`)"
-                         f"{count}")
     if not 0.1 <= interval <= 86400:
         raise UsageError("-n takes between 0.1 and 86400 seconds")
+    if not getattr(args, "watch", False):
+        args.watch = True
+        if hasattr(args, "limit"):
+            sys.stderr.write(f"vramtui: note: -n {interval:g} refreshes every {interval:g} s "
+                             "(ctrl+c stops); `--limit N` shows N\n")
 
 
 def compact(args: argparse.Namespace) -> bool:
