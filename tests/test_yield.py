@@ -136,6 +136,12 @@ def test_the_yields_file_drops_what_expired_and_survives_garbage(tmp_path: Path)
     path.write_text("{not json")
     broken = Yields(path, lambda: clock[0])
     assert "cannot read the yielded GPUs" in broken.load()[0] and not broken.held
+    for garbage in ('{"yielded": [{"gpu": Infinity, "by": "x", "since": 1}]}',
+                    '{"yielded": [], "waived": [{"gpu": -Infinity, "rules": ["r"]}, 7]}'):
+        path.write_text(garbage)  # (json reads Infinity; int() of it overflows)
+        broken = Yields(path, lambda: clock[0])
+        said = broken.load()
+        assert not broken.held and not broken.waived, said
 
 
 # -- rules and per-GPU reserves --------------------------------------------------------------

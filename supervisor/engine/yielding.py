@@ -131,7 +131,7 @@ class Yields:
                                 bool(e.get("now")), bool(e.get("rule"))) for e in entries]
         except FileNotFoundError:
             return []
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
             return [f"cannot read the yielded GPUs from {self.path} ({exc}); every GPU is "
                     "open: yield again where needed"]
         self.waived = self._waivers_in(raw)
@@ -154,7 +154,7 @@ class Yields:
         out: dict[int, tuple[str, ...]] = {}
         entries = raw.get("waived")
         for e in entries if isinstance(entries, list) else ():
-            with contextlib.suppress(KeyError, TypeError, ValueError):
+            with contextlib.suppress(KeyError, TypeError, ValueError, OverflowError):
                 gpu, labels = int(e["gpu"]), e["rules"]
                 if e.get("device") in (None, self.device(gpu)) and isinstance(labels, list):
                     out[gpu] = tuple(str(label) for label in labels)
