@@ -661,6 +661,11 @@ class VramApp(App[int]):
     def open_submit(self, backend: str | None = None) -> None:
         if self._refuse_readonly("submit") or self.snap is None:
             return
+        if not self.snap.backends:
+            self.notify("No backend is configured: nothing to submit to.  Add a descriptor "
+                        "(~/.config/vramtui/backends.d/NAME.yaml), then L reloads.",
+                        severity="warning")
+            return
 
         def submitted(req: SubmitRequest | None) -> None:
             if req is not None:
