@@ -7,10 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
-from test_tui_walk import WIDE, aio, notes, shown
+from test_tui_walk import WIDE, aio, notes, shown, until
 
 from vramtui.app import VramApp
+from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import Dashboard
+from vramtui.app.widgets.backends_table import BackendsTable
+from vramtui.app.widgets.gpu_panel import GpuPanel
 
 
 @aio
@@ -25,3 +28,32 @@ async def test_submit_with_no_backend_configured_says_so_and_keeps_the_app() -> 
         assert isinstance(app.screen, Dashboard)
         assert "No backend is configured" in notes(app)
         assert not [c for c in source.calls if c[0] == "submit"]
+
+
+MARKUP = "[/] [@click=app.quit]q[/] [b"  # closes nothing, clicks to quit, opens a tag
+
+
+@aio
+async def test_what_is_typed_or_reported_is_text_never_markup() -> None:
+    """A filter, a GPU's name, who yielded it and an engine's error carry ``[/]`` (one user
+    may name a yield as they like): each is shown as typed, and the app stays up."""
+    snap = demo_snapshot()
+    gpu = replace(snap.gpus[0], name=f"GPU {MARKUP}", yielded_by=f"mallory {MARKUP}")
+    source = FixedSource(replace(snap, gpus=(gpu,)))
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE, notifications=True) as pilot:
+        await shown(pilot)
+        panel = app.screen.query_one(GpuPanel)
+        assert f"GPU {MARKUP}" in panel._border_title.plain
+        assert f"MALLORY {MARKUP.upper()}" in panel._border_title.plain
+        await pilot.press("slash", *"[/")
+        await pilot.pause()
+        assert app.filter_text == "[/"
+        assert app.screen.query_one(BackendsTable)._border_title.plain.endswith("filter [/")
+        await pilot.press("escape", "Y")  # "Resume GPU0? It is yielded to mallory [/] …"
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the dialog")
+        assert f"mallory {MARKUP}" in str(app.screen.query_one("#dialog-body").render())
+        await pilot.press("n")
+        app.notify(f"evict x: {MARKUP}")  # as an engine's refusal would read
+        await pilot.pause(0.3)
+        assert app.is_running and isinstance(app.screen, Dashboard)

@@ -25,6 +25,7 @@ from typing import Any
 from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
@@ -151,6 +152,15 @@ class VramApp(App[int]):
             fn(*args, **kwargs)
         else:
             self.post_message(UiCall(fn, args, kwargs))
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast whose text is shown as it is, never read as markup (whatever ``markup``
+        says: a screen's ``notify`` passes True): it carries what the engine and the user
+        said (an error's words, a typed path), where a ``[/]`` would raise in the middle of
+        a render and take the app down."""
+        super().notify(message, title=title, severity=severity, timeout=timeout,
+                       markup=False)
 
     def on_ui_call(self, message: UiCall) -> None:
         message.fn(*message.args, **message.kwargs)

@@ -31,8 +31,8 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="confirm"):
-            yield Label(self.title_text, id="dialog-title")
-            yield Static(self.body, id="dialog-body")
+            yield Label(self.title_text, id="dialog-title", markup=False)
+            yield Static(self.body, id="dialog-body", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("Yes (y)", variant="error", id="yes", compact=True)
                 yield Button("No (n)", id="no", compact=True)

@@ -12,6 +12,7 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.widgets import Input, Static
 
 from supervisor.snapshot import EngineSnapshot
@@ -178,7 +179,8 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
                                       ("▸ Simulated demo: press ", "bold cyan"),
                                       ("d", "bold reverse cyan"),
                                       (" to run a demo workload (12 jobs)", "bold cyan")))
-        titles(backends, f"Backends · filter [b]{query}[/]" if query else "Backends")
+        titles(backends, Content.assemble("Backends · filter ", (query, "bold")) if query
+               else "Backends")
 
     def _show_job_note(self) -> None:
         """Under the jobs: the selected job's whole note, when its column cuts it."""

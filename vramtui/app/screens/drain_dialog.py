@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -33,9 +34,9 @@ class DrainDialog(ModalScreen[tuple[int, bool] | None]):
         from textual.widgets import OptionList
 
         with Vertical(id="dialog", classes="drain"):
-            yield Label(self.title_text, id="dialog-title")
-            yield Static(self.body, id="dialog-body")
-            yield OptionList(*[f"GPU{i} · {name} · " + self.states[d]
+            yield Label(self.title_text, id="dialog-title", markup=False)
+            yield Static(self.body, id="dialog-body", markup=False)
+            yield OptionList(*[Text(f"GPU{i} · {name} · " + self.states[d])
                                for i, name, d in self.gpus], id="drain-gpus")
 
     def on_key(self, event: events.Key) -> None:

@@ -35,14 +35,14 @@ class SaveDataDialog(ModalScreen[Path | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="save"):
-            yield Label(self.title_text, id="dialog-title")
+            yield Label(self.title_text, id="dialog-title", markup=False)
             yield Static(Text.assemble(
                 self.what if isinstance(self.what, Text) else Text(self.what),
                 (f"\n{len(self.data)} bytes.  A relative path is taken from ", "dim"),
                 fmt.short_path(os.getcwd()), ("; a directory keeps the name.", "dim")),
                 id="dialog-body")
             yield Input(value=self.name_default, id="save-path", compact=True)
-            yield Static("", id="dialog-error")
+            yield Static("", id="dialog-error", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("Save (enter)", variant="primary", id="ok", compact=True)
                 yield Button("Cancel (esc)", id="cancel", compact=True)

@@ -88,7 +88,7 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
             yield Label("Priority (empty: the backend's)", classes="field")
             yield Input(placeholder=self._default_priority(value), id="priority",
                         compact=True)
-            yield Static("", id="dialog-error")
+            yield Static("", id="dialog-error", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("Submit (ctrl+s)", variant="primary", id="ok", compact=True)
                 yield Button("Cancel (esc)", id="cancel", compact=True)

@@ -5,6 +5,7 @@ the bar's legend and the history graph.
 from __future__ import annotations
 
 from textual.containers import Vertical
+from textual.content import Content
 
 from supervisor.snapshot import GpuView
 
@@ -43,12 +44,13 @@ class GpuPanel(Vertical):
         yield self.graph
 
     def show(self, g: GpuView, window_s: float, short: bool) -> None:
-        sim = " [b yellow on #8b008b] SIM [/]" if g.simulated else ""
-        drain = " [b reverse yellow] DRAINING [/]" if g.draining else ""
+        # (the name is the driver's, who yielded it anyone's: text, never markup)
+        sim = (" ", (" SIM ", "b yellow on #8b008b")) if g.simulated else ()
+        drain = (" ", (" DRAINING ", "b reverse yellow")) if g.draining else ()
         if g.yielded_by is not None:
-            drain = f" [b reverse yellow] {g.yielded_text.upper()} [/]"
-        titles(self, f"{'HOST' if g.host else 'GPU'}{g.index} · {g.name}{sim}{drain}",
-               gpu_stats(g))
+            drain = (" ", (f" {g.yielded_text.upper()} ", "b reverse yellow"))
+        titles(self, Content.assemble(f"{'HOST' if g.host else 'GPU'}{g.index} · ", g.name,
+                                      *sim, *drain), gpu_stats(g))
         self.bar.show(g)
         key = (g.ours_mib, g.reserved_mib, g.foreign_mib, g.total_mib, g.budget_mib, short)
         if key != self._legend_key:
