@@ -8,8 +8,11 @@ from dataclasses import replace
 
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from test_tui_walk import WIDE, aio, notes, shown, until
+from textual.command import CommandPalette
+from textual.widgets import OptionList
 
 from vramtui.app import VramApp
+from vramtui.app.commands import VramCommands
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import Dashboard
 from vramtui.app.widgets.backends_table import BackendsTable
@@ -57,3 +60,43 @@ async def test_what_is_typed_or_reported_is_text_never_markup() -> None:
         app.notify(f"evict x: {MARKUP}")  # as an engine's refusal would read
         await pilot.pause(0.3)
         assert app.is_running and isinstance(app.screen, Dashboard)
+
+
+@aio
+async def test_readonly_palette_offers_only_what_looks() -> None:
+    """In --readonly the palette's per-backend, per-GPU and per-job commands are the details
+    only (as with the keys); each one offered changes nothing when run."""
+    source = FixedSource(demo_snapshot())
+    app = VramApp(source, "attached to /tmp/x.sock", readonly=True, clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        offered = list(VramCommands(app.screen).targets())
+        names = [name for name, _cb, _help in offered]
+        assert names and all(n.startswith(("Backend details:", "Job details:"))
+                             for n in names), names
+        for _name, callback, _help in offered:
+            callback()
+            await pilot.pause()
+            await pilot.press("escape")
+        assert not [c for c in source.calls
+                    if c[0] not in ("logs", "descriptor", "calibration_report", "job_request")]
+
+
+@aio
+async def test_the_palette_shows_a_description_with_brackets_as_written() -> None:
+    snap = demo_snapshot()
+    backends = tuple(replace(b, description=f"a model {MARKUP}") for b in snap.backends)
+    app = VramApp(FixedSource(replace(snap, backends=backends)), "attached to /tmp/x.sock",
+                  clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+        await pilot.press(*"Backend details")
+        await until(pilot, lambda: app.screen.query(".option-list--option")
+                    or app.screen.query_one(OptionList).option_count, "hits")
+        await pilot.pause(0.3)
+        options = app.screen.query_one(OptionList)
+        assert any(MARKUP in str(options.get_option_at_index(i).prompt)
+                   for i in range(options.option_count))
+        assert app.is_running

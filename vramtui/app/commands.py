@@ -11,6 +11,8 @@ from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 if TYPE_CHECKING:
+    from supervisor.snapshot import EngineSnapshot
+
     from .app import VramApp
 
 Command = tuple[str, Callable[[], object], str]
@@ -21,6 +23,12 @@ def _command(binding: Binding, callback: Callable[[], object]) -> Command:
     tip = str(binding.tooltip or "")
     text = f"{binding.description}: {tip[:1].lower()}{tip[1:]}" if tip else binding.description
     return text, callback, f"key {binding.key_display or binding.key}"
+
+
+def _literal(text: str) -> str:
+    """``text`` as markup that reads as the text itself: a help line is markup to the
+    palette, and a backend's description (anyone's descriptor) may hold a ``[/]``."""
+    return text.replace("[", "\\[")
 
 
 class VramCommands(Provider):
@@ -48,21 +56,34 @@ class VramCommands(Provider):
         return out
 
     def targets(self) -> Iterator[Command]:
+        """Per backend, GPU and job; in --readonly only those that look (details), as the
+        keys that would change something are not offered there either."""
         app = self.vapp
         snap = app.snap
         if snap is None:
             return
+        changes = not app.readonly
         for b in snap.backends:
             n = b.name
-            yield (f"Evict {n}", partial(app.request_evict, n), f"backend, {b.state}")
-            yield (f"Respawn {n}", partial(app.request_respawn, n), f"backend, {b.state}")
-            yield (f"Preload {n}", partial(app.request_preload, n), f"backend, {b.state}")
-            yield (f"Calibrate {n}", partial(app.request_calibrate, n), "backend")
-            yield (f"Submit a job to {n}", partial(app.open_submit, n), "backend")
+            if changes:
+                yield (f"Evict {n}", partial(app.request_evict, n), f"backend, {b.state}")
+                yield (f"Respawn {n}", partial(app.request_respawn, n), f"backend, {b.state}")
+                yield (f"Preload {n}", partial(app.request_preload, n), f"backend, {b.state}")
+                yield (f"Calibrate {n}", partial(app.request_calibrate, n), "backend")
+                yield (f"Submit a job to {n}", partial(app.open_submit, n), "backend")
             yield (f"Backend details: {n}", partial(app.open_backend, n), b.description)
         for job_id, backend in reversed(app.calibrations.items()):
             yield (f"Calibration of {backend} ({job_id})",
                    partial(app.open_calibration, job_id, backend), "live chart or results")
+        if changes:
+            yield from self._changes(snap)
+        for j in (*snap.running, *snap.queued, *snap.recent[:30]):
+            yield (f"Job details: {j.id} ({j.backend})", partial(app.open_job, j.id),
+                   j.state.value)
+
+    def _changes(self, snap: EngineSnapshot) -> Iterator[Command]:
+        """The per-GPU and per-job commands that change something."""
+        app = self.vapp
         for g in snap.gpus:
             if g.yielded_by is not None:
                 yield (f"Resume GPU{g.index}", partial(app.request_yield, g.index),
@@ -75,17 +96,14 @@ class VramCommands(Provider):
         for j in (*snap.running, *snap.queued):
             yield (f"Cancel job {j.id} ({j.backend})", partial(app.request_cancel, j.id),
                    j.state.value)
-        for j in (*snap.running, *snap.queued, *snap.recent[:30]):
-            yield (f"Job details: {j.id} ({j.backend})", partial(app.open_job, j.id),
-                   j.state.value)
 
     async def discover(self) -> Hits:
         for name, callback, help_text in self.general():
-            yield DiscoveryHit(name, callback, help=help_text)
+            yield DiscoveryHit(name, callback, help=_literal(help_text))
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for name, callback, help_text in (*self.general(), *self.targets()):
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+                yield Hit(score, matcher.highlight(name), callback, help=_literal(help_text))
