@@ -4,8 +4,12 @@ says what to do and loses nothing; --readonly offers nothing that changes anythi
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from test_tui_walk import WIDE, aio, notes, shown, until
 from textual.command import CommandPalette
@@ -15,6 +19,7 @@ from vramtui.app import VramApp
 from vramtui.app.commands import VramCommands
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import Dashboard
+from vramtui.app.screens.save_data_dialog import write_copy
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.gpu_panel import GpuPanel
 
@@ -100,3 +105,22 @@ async def test_the_palette_shows_a_description_with_brackets_as_written() -> Non
         assert any(MARKUP in str(options.get_option_at_index(i).prompt)
                    for i in range(options.option_count))
         assert app.is_running
+
+
+def test_saving_over_a_device_or_pipe_is_refused_and_leaves_it_be(tmp_path: Path) -> None:
+    """(As root, saving a result to /dev/null replaced the device with a file.)  A pipe
+    stands in for the device; a link is followed; a NUL in a path is an OSError the dialog
+    shows, not a ValueError that ends the app."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        write_copy(b"data", fifo, "r.json")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    real = tmp_path / "real.json"
+    real.write_bytes(b"old")
+    (tmp_path / "link").symlink_to(real)
+    assert write_copy(b"new", tmp_path / "link", "r.json") == real
+    assert (tmp_path / "link").is_symlink() and real.read_bytes() == b"new"
+    with pytest.raises(OSError, match="NUL"):
+        write_copy(b"data", f"{tmp_path}/a\0b", "r.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link", "real.json"]

@@ -4,7 +4,9 @@ report), written there atomically by `write_copy`.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 from rich.text import Text
@@ -89,13 +91,25 @@ class SaveDataDialog(ModalScreen[Path | None]):
 
 def write_copy(data: bytes, target: str | os.PathLike[str], name: str) -> Path:
     """Write ``data`` to ``target`` (a directory: ``name`` in it) atomically: never half a
-    file, and an existing one is replaced only once the new one is complete."""
+    file, and an existing one is replaced only once the new one is complete.  A link is
+    followed (the file it names is replaced, the link stays); a device, pipe or socket is
+    refused, never replaced by a file (as root, ``/dev/null`` would have become one)."""
     from supervisor.atomicfile import write_atomic
 
-    dest = Path(os.path.expanduser(os.fspath(target)))
+    raw = os.fspath(target)
+    if "\0" in raw:
+        raise OSError(errno.EINVAL, "a path cannot hold a NUL character")
+    dest = Path(os.path.expanduser(raw))
     if dest.is_dir():
         dest = dest / name
-    dest = dest.absolute()
+    dest = Path(os.path.realpath(dest.absolute()))
     if not dest.parent.is_dir():
-        raise FileNotFoundError(2, "no such directory", str(dest.parent))
+        raise FileNotFoundError(errno.ENOENT, "no such directory", str(dest.parent))
+    try:
+        kind = dest.stat().st_mode
+    except FileNotFoundError:
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):
+        raise OSError(errno.EINVAL, "not a regular file (a device, pipe or socket); give "
+                      "the path of a file or a directory", str(dest))
     return write_atomic(dest, data, mode=0o644)
