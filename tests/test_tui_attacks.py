@@ -8,18 +8,22 @@ import os
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
 from test_tui_walk import WIDE, aio, notes, shown, until
 from textual.command import CommandPalette
-from textual.widgets import OptionList
+from textual.widgets import Input, OptionList, Static, TextArea
 
+from supervisor.errors import UnknownBackend
+from supervisor.validate import PRIORITY_MAX, PRIORITY_MIN
 from vramtui.app import VramApp
 from vramtui.app.commands import VramCommands
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import Dashboard
 from vramtui.app.screens.save_data_dialog import write_copy
+from vramtui.app.screens.submit_dialog import SubmitDialog, priority_problem
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.gpu_panel import GpuPanel
 
@@ -124,3 +128,47 @@ def test_saving_over_a_device_or_pipe_is_refused_and_leaves_it_be(tmp_path: Path
     with pytest.raises(OSError, match="NUL"):
         write_copy(b"data", f"{tmp_path}/a\0b", "r.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link", "real.json"]
+
+
+@aio
+async def test_a_refused_submit_keeps_the_dialog_and_what_was_typed() -> None:
+    """The engine refuses (here: the backend went away in a reload): the dialog stays open,
+    says why, keeps the payload; submitted again (twice, quickly), it makes one job."""
+    source = FixedSource(demo_snapshot())
+    submit = source.submit
+    refuse = [True]
+
+    def flaky(backend: str, payload: bytes = b"", **kw: Any) -> str:
+        if refuse[0]:
+            raise UnknownBackend(backend, ("echo",))
+        return submit(backend, payload, **kw)
+
+    source.submit = flaky  # type: ignore[method-assign]
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        app.open_submit("sdxl-sim")
+        await until(pilot, lambda: isinstance(app.screen, SubmitDialog)
+                    and app.screen.query("#payload"), "the dialog")
+        dialog = app.screen
+        dialog.query_one("#payload", TextArea).text = '{"steps": 4242}'
+        dialog.query_one("#priority", Input).value = "7"
+        await pilot.press("ctrl+s")
+        error = dialog.query_one("#dialog-error", Static)
+        await until(pilot, lambda: "not submitted" in str(error.render()), "the refusal")
+        assert "sdxl-sim" in str(error.render()) and app.screen is dialog
+        assert dialog.query_one("#payload", TextArea).text == '{"steps": 4242}'
+        assert dialog.query_one("#priority", Input).value == "7"
+        refuse[0] = False
+        await pilot.press("ctrl+s", "ctrl+s")
+        await until(pilot, lambda: isinstance(app.screen, Dashboard), "the dialog to close")
+        await pilot.pause(0.3)
+        assert [c for c in source.calls if c[0] == "submit"] == [
+            ("submit", ("sdxl-sim", b'{"steps": 4242}', 7))]
+        assert "Submitted j-00000fixed to sdxl-sim." in notes(app)
+
+
+def test_the_dialog_takes_the_priorities_the_engine_takes() -> None:
+    assert priority_problem(str(PRIORITY_MAX)) is None
+    assert priority_problem(str(PRIORITY_MIN)) is None
+    assert "between" in (priority_problem(str(PRIORITY_MAX + 1)) or "")

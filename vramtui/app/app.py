@@ -677,14 +677,14 @@ class VramApp(App[int]):
                         severity="warning")
             return
 
-        def submitted(req: SubmitRequest | None) -> None:
-            if req is not None:
-                self.run_command(
-                    f"submit to {req.backend}",
-                    lambda api: api.submit(req.backend, req.payload, priority=req.priority),
-                    lambda job_id: f"Submitted {job_id} to {req.backend}.")
+        def send(req: SubmitRequest) -> str:  # (in the dialog's thread worker)
+            return self.api.submit(req.backend, req.payload, priority=req.priority)
 
-        self.push_screen(SubmitDialog(list(self.snap.backends), backend), submitted)
+        def submitted(done: tuple[SubmitRequest, str] | None) -> None:
+            if done is not None:
+                self.notify(f"Submitted {done[1]} to {done[0].backend}.")
+
+        self.push_screen(SubmitDialog(list(self.snap.backends), backend, send), submitted)
 
     def open_job(self, job_id: str) -> None:
         snap = self.snap

@@ -1,13 +1,16 @@
-"""`SubmitDialog`: submit a job (backend, payload, priority); it answers a
-`SubmitRequest`, which the app sends through the API.
+"""`SubmitDialog`: submit a job (backend, payload, priority).  It hands a `SubmitRequest`
+to the app's ``send`` (in a thread worker) and closes with the new job's id only once the
+engine took it: a refusal (the payload too large, the backend gone, the engine away) is shown
+in the dialog, and what was typed stays there to fix.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -15,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from supervisor.snapshot import BackendView
+from supervisor.validate import PRIORITY_MAX, PRIORITY_MIN
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ def priority_problem(raw: str) -> str | None:
         value = int(raw)
     except ValueError:
         return f"priority must be a whole number, like 10 or -5 (not {raw[:20]!r})"
-    if not -10**9 <= value <= 10**9:
-        return "priority must be between -1000000000 and 1000000000"
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}"
     return None
 
 
@@ -59,18 +63,23 @@ def example_payload(b: BackendView | None) -> str:
     return '{"steps": 10}'
 
 
-class SubmitDialog(ModalScreen[SubmitRequest | None]):
-    """Submit a job: backend, payload (sent as UTF-8 bytes), priority."""
+class SubmitDialog(ModalScreen[tuple[SubmitRequest, str] | None]):
+    """Submit a job: backend, payload (sent as UTF-8 bytes), priority.  ``send`` submits a
+    request and returns the job's id (it raises the engine's refusal); the dialog closes
+    with (the request, the id), or None when cancelled."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", id="submit_cancel", tooltip="Close the dialog"),
         Binding("ctrl+s", "ok", "Submit", id="submit_ok", tooltip="Submit the job"),
     ]
 
-    def __init__(self, backends: list[BackendView], selected: str | None) -> None:
+    def __init__(self, backends: list[BackendView], selected: str | None,
+                 send: Callable[[SubmitRequest], str]) -> None:
         super().__init__()
         self.backends = backends
         self.selected = selected
+        self.send = send
+        self.sending = False
 
     def compose(self) -> ComposeResult:
         names = [b.name for b in self.backends]
@@ -118,9 +127,11 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
             payload.text = self._example
 
     def action_cancel(self) -> None:
-        self.dismiss(None)
+        self.dismiss(None)  # (a submit on its way still goes: _sent says so)
 
     def action_ok(self) -> None:
+        if self.sending:  # a second ctrl+s while the first is on its way: one job
+            return
         backend = self.query_one("#backend", Select).value
         if backend is Select.NULL or not isinstance(backend, str):
             self.query_one("#dialog-error", Static).update("choose a backend")
@@ -132,8 +143,39 @@ class SubmitDialog(ModalScreen[SubmitRequest | None]):
             self.query_one("#priority", Input).focus()
             return
         priority = int(raw) if raw else None
-        payload = self.query_one("#payload", TextArea).text.encode()
-        self.dismiss(SubmitRequest(backend, payload, priority))
+        try:
+            payload = self.query_one("#payload", TextArea).text.encode()
+        except UnicodeEncodeError:  # a lone surrogate pasted in
+            self.query_one("#dialog-error", Static).update(
+                "the payload is not valid text (a lone surrogate): remove it")
+            return
+        self.sending = True
+        self.query_one("#dialog-error", Static).update("submitting…")
+        self._send(SubmitRequest(backend, payload, priority))
+
+    @work(thread=True, exclusive=True, group="submit", exit_on_error=False)
+    def _send(self, req: SubmitRequest) -> None:
+        try:
+            job_id = self.send(req)
+        except Exception as exc:  # noqa: BLE001 - shown in the dialog, which stays open
+            self.app.call_from_thread(self._refused, f"{req.backend}: {exc}")
+            return
+        self.app.call_from_thread(self._sent, req, job_id)
+
+    def _sent(self, req: SubmitRequest, job_id: str) -> None:
+        self.sending = False
+        if self.is_mounted:
+            self.dismiss((req, job_id))
+        else:  # closed (esc) while it was on its way: it went all the same
+            self.app.notify(f"Submitted {job_id} to {req.backend}.")
+
+    def _refused(self, why: str) -> None:
+        self.sending = False
+        if self.is_mounted:
+            self.query_one("#dialog-error", Static).update(
+                f"not submitted: {why}  (fix it and submit again, or esc)")
+        else:
+            self.app.notify(f"not submitted: {why}", severity="error", timeout=8)
 
     @on(Input.Submitted, "#priority")
     def _priority_entered(self) -> None:
