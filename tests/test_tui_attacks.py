@@ -26,6 +26,7 @@ from vramtui.app.screens.save_data_dialog import write_copy
 from vramtui.app.screens.submit_dialog import SubmitDialog, priority_problem
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.gpu_panel import GpuPanel
+from vramtui.app.widgets.jobs_table import JobsTable
 
 
 @aio
@@ -172,3 +173,23 @@ def test_the_dialog_takes_the_priorities_the_engine_takes() -> None:
     assert priority_problem(str(PRIORITY_MAX)) is None
     assert priority_problem(str(PRIORITY_MIN)) is None
     assert "between" in (priority_problem(str(PRIORITY_MAX + 1)) or "")
+
+
+@aio
+async def test_priority_keys_stop_at_the_engines_limits() -> None:
+    snap = demo_snapshot()
+    top = replace(snap.queued[0], priority=PRIORITY_MAX)
+    source = FixedSource(replace(snap, queued=(top, *snap.queued[1:])))
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        jobs = app.screen.query_one(JobsTable)
+        jobs.focus()
+        jobs.move_cursor(jobs.get_row_index(top.id))
+        await pilot.press("plus")
+        await pilot.pause()
+        assert f"already at the highest priority ({PRIORITY_MAX})" in notes(app)
+        assert not [c for c in source.calls if c[0] == "set_priority"]
+        await pilot.press("minus")
+        await until(pilot, lambda: ("set_priority", (top.id, PRIORITY_MAX - 1)) in source.calls,
+                    "one step down")

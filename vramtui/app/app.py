@@ -33,6 +33,7 @@ from supervisor.api import EngineAPI
 from supervisor.events import EngineEvent, Subscription
 from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
+from supervisor.validate import PRIORITY_MAX, PRIORITY_MIN
 from vramtui.demo import DemoRequest, demo_loaded, demo_plan, submit_workload
 
 from . import fmt
@@ -449,6 +450,11 @@ class VramApp(App[int]):
                         severity="warning")
             return
         new = view.priority + delta
+        if not PRIORITY_MIN <= new <= PRIORITY_MAX:
+            end = "highest" if delta > 0 else "lowest"
+            self.notify(f"Job {job_id} is already at the {end} priority ({view.priority}).",
+                        severity="warning")
+            return
         self.run_command(f"priority of {job_id}", lambda api: api.set_priority(job_id, new),
                          lambda v: f"Job {job_id}: priority {v.priority}"
                          + (f", position {v.position} in the queue." if v.position else "."))
