@@ -17,9 +17,11 @@ from textual.command import CommandPalette
 from textual.widgets import Input, OptionList, Static, TextArea
 
 from supervisor.errors import UnknownBackend
+from supervisor.results import LogChunk
 from supervisor.validate import PRIORITY_MAX, PRIORITY_MIN
 from vramtui.app import VramApp
 from vramtui.app.commands import VramCommands
+from vramtui.app.screens.backend_detail import BackendDetail
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import Dashboard
 from vramtui.app.screens.save_data_dialog import write_copy
@@ -27,6 +29,7 @@ from vramtui.app.screens.submit_dialog import SubmitDialog, priority_problem
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.gpu_panel import GpuPanel
 from vramtui.app.widgets.jobs_table import JobsTable
+from vramtui.app.widgets.rewrap_log import RewrapLog
 
 
 @aio
@@ -193,3 +196,32 @@ async def test_priority_keys_stop_at_the_engines_limits() -> None:
         await pilot.press("minus")
         await until(pilot, lambda: ("set_priority", (top.id, PRIORITY_MAX - 1)) in source.calls,
                     "one step down")
+
+
+HOSTILE_LOG = (b"loading\n\x1b[31mERROR\x1b[0m boom\n 10%|#  \r100%|#####\r\n"
+               b"title \x1b]0;pwned\x07 clear \x1b[2J clip \x1b]52;c;aGk=\x07 \xe2\x80\xaeevil\n")
+
+
+@aio
+async def test_a_worker_log_with_escape_sequences_is_shown_inert() -> None:
+    """What a model's code prints goes to its log, and the log box shows it: its colours
+    are dropped, a progress bar shows its last state, and no title, clear-screen, clipboard
+    or bidi sequence reaches the terminal."""
+    source = FixedSource(demo_snapshot())
+
+    def logs(backend: str, *, lines: int = 50, offset: int | None = None) -> LogChunk:
+        data = HOSTILE_LOG if offset is None else b""
+        return LogChunk(f"/x/{backend}.log", data, len(HOSTILE_LOG))
+
+    source.logs = logs  # type: ignore[method-assign]
+    app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
+    async with app.run_test(size=WIDE) as pilot:
+        await shown(pilot)
+        app.open_backend("echo")
+        await until(pilot, lambda: isinstance(app.screen, BackendDetail)
+                    and app.screen.logs_read, "the log")
+        await pilot.pause()
+        shown_lines = [t.plain for t in app.screen.query_one(RewrapLog)._source]
+        assert shown_lines[:3] == ["loading", "ERROR boom", "100%|#####"]
+        assert not any(c in "".join(shown_lines) for c in "\x1b\x07\r\u202e"), shown_lines
+        assert "\\x1b]0;pwned" in shown_lines[3] and "\\u202eevil" in shown_lines[3]

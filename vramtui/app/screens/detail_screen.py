@@ -5,6 +5,7 @@ their key-value boxes.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,6 +17,8 @@ from textual import work
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import RichLog
+
+from supervisor.textsafe import visible
 
 from .. import fmt
 from ..widgets.rewrap_log import RewrapLog
@@ -61,7 +64,20 @@ class LogTail:
         self.offset = chunk.offset
         lines = (self._partial + chunk.data).split(b"\n")
         self._partial = lines.pop()
-        return [ln.decode(errors="replace") for ln in lines], None
+        return [shown_line(ln) for ln in lines], None
+
+
+_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+
+
+def shown_line(raw: bytes) -> str:
+    """A line of a worker's log as the log box shows it: whatever the model's code printed
+    (colours, a progress bar's carriage returns, a title or clipboard sequence) must not
+    reach the terminal, where an escape sequence would act.  Colours are dropped, a line
+    redrawn with ``\\r`` shows its last state (as a terminal would), and every other control
+    character is written out (``supervisor.textsafe.visible``)."""
+    text = _SGR.sub("", raw.decode(errors="replace")).rstrip("\r")
+    return visible(text.rsplit("\r", 1)[-1])
 
 
 def kv(rows: Iterable[tuple[str, Any]]) -> Table:
