@@ -80,6 +80,20 @@ def test_a_resume_of_a_gpu_not_yielded_has_nothing_to_do(front: Front) -> None:
     assert reply.status == 409 and reply.error["code"] == "nothing_to_do", reply.body
 
 
+def test_ending_a_drain_on_a_yielded_gpu_says_it_stays_yielded(front: Front) -> None:
+    assert cli(front.env, "drain", "1").returncode == 0
+    assert cli(front.env, "yield", "1").returncode == 0
+    try:
+        done = cli(front.env, "drain", "1", "--off")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == ("GPU1 no longer drains; it stays yielded (vramtui resume 1 "
+                               "admits work there again)\n"), done.stdout
+    finally:
+        cli(front.env, "resume", "1")
+    done = cli(front.env, "drain", "1", "--off")
+    assert done.stdout == "GPU1 admits work again\n", done.stdout
+
+
 def test_yield_over_http_for_a_while_resumes_by_itself(front: Front) -> None:
     bad = front.post("/v1/gpus/0/yield", {"for": "-1s"})
     assert bad.status == 400 and "is not a duration" in bad.error["message"]

@@ -127,6 +127,12 @@ def event_line(event: Any) -> str:
     return f"{head} {event.backend or ''} {event.state or ''}".rstrip()
 
 
+def drain_ended_text(gpu: int, yielded: bool) -> str:
+    """What a GPU's drain turned off means: it admits work again, unless it is yielded."""
+    return (f"GPU{gpu} no longer drains; it stays yielded (vramtui resume {gpu} admits work "
+            "there again)" if yielded else f"GPU{gpu} admits work again")
+
+
 # -- tables -------------------------------------------------------------------------------------
 
 def devices_kind(snap: EngineSnapshot) -> str:

@@ -35,6 +35,7 @@ from supervisor.jobs import JobState, JobView
 from supervisor.snapshot import EngineSnapshot
 from supervisor.validate import PRIORITY_MAX, PRIORITY_MIN
 from vramtui.demo import DemoRequest, demo_loaded, demo_plan, submit_workload
+from vramtui.output import drain_ended_text
 
 from . import fmt
 from .commands import VramCommands
@@ -484,10 +485,11 @@ class VramApp(App[int]):
             if choice is None:
                 return
             gpu, on = choice
+            yielded = any(g.index == gpu and g.yielded_by is not None for g in snap.gpus)
             self.run_command(f"drain GPU{gpu}", lambda api: api.drain(gpu, on),
-                             lambda _: f"GPU{gpu} " + ("draining: running work finishes, "
-                                                       "nothing new is admitted there."
-                                                       if on else "admits work again."))
+                             lambda _: (f"GPU{gpu} draining: running work finishes, "
+                                        "nothing new is admitted there." if on
+                                        else drain_ended_text(gpu, yielded) + "."))
 
         if len(snap.gpus) == 1:
             g = snap.gpus[0]

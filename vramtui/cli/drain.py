@@ -15,13 +15,18 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    draining = open_client(args).drain(args.gpu, not args.off)
+    client = open_client(args)
+    draining = client.drain(args.gpu, not args.off)
     if args.json:
         from ..output import print_json
 
         print_json({"gpu": args.gpu, "draining": list(draining)})
     elif args.off:
-        print(f"GPU{args.gpu} admits work again"
+        from ..output import drain_ended_text
+
+        yielded = any(g.index == args.gpu and g.yielded_by is not None
+                      for g in client.snapshot(data_limit=0, light=True).gpus)
+        print(drain_ended_text(args.gpu, yielded)
               + (f" (still draining: {', '.join(f'GPU{g}' for g in draining)})"
                  if draining else ""))
     else:
