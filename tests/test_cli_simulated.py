@@ -70,6 +70,16 @@ def stop(proc: subprocess.Popen[str]) -> None:
     assert proc.wait(20) == 0
 
 
+def first_line(s: Served, *args: str) -> str:
+    """The first line a following command (``events``) prints; it is then stopped."""
+    proc = follow(s, *args)
+    try:
+        assert proc.stdout is not None
+        return read_line(proc.stdout, f"the first line of {' '.join(args)}")
+    finally:
+        stop(proc)
+
+
 def test_jobs_and_backends_say_their_figures_are_simulated(sim: Served) -> None:
     one_job(sim)
     for command in ("jobs", "backends"):
@@ -98,18 +108,8 @@ def test_jobs_watch_says_it_on_every_refresh(sim: Served) -> None:
 
 
 def test_events_say_it_first_and_in_each_document(sim: Served) -> None:
-    proc = follow(sim, "events")
-    try:
-        assert proc.stdout is not None
-        assert read_line(proc.stdout, "the first line").startswith(NOTE)
-    finally:
-        stop(proc)
-    proc = follow(sim, "events", "--json", "--kind", "sample")
-    try:
-        assert proc.stdout is not None
-        assert json.loads(read_line(proc.stdout, "a sample"))["simulated"] is True
-    finally:
-        stop(proc)
+    assert first_line(sim, "events").startswith(NOTE)
+    assert json.loads(first_line(sim, "events", "--json", "--kind", "sample"))["simulated"] is True
 
 
 def test_real_figures_carry_no_label(host: Served) -> None:
@@ -118,16 +118,7 @@ def test_real_figures_carry_no_label(host: Served) -> None:
         out = run(host, command).stdout
         assert "SIMULATED" not in out and "echo" in out, (command, out)
     assert json.loads(run(host, "jobs", "--json").stdout)["simulated"] is False
-    proc = follow(host, "events", "--json", "--kind", "sample")
-    try:
-        assert proc.stdout is not None
-        assert json.loads(read_line(proc.stdout, "a sample"))["simulated"] is False
-    finally:
-        stop(proc)
-    proc = follow(host, "events", "--kind", "sample")
-    try:
-        assert proc.stdout is not None
-        line = read_line(proc.stdout, "the first line")
-        assert "SIMULATED" not in line and " sample" in line, line
-    finally:
-        stop(proc)
+    sample = first_line(host, "events", "--json", "--kind", "sample")
+    assert json.loads(sample)["simulated"] is False
+    line = first_line(host, "events", "--kind", "sample")
+    assert "SIMULATED" not in line and " sample" in line, line
