@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
-from test_tui_walk import WIDE, aio, notes, shown, until
+from test_tui_walk import WIDE, aio, notes, open_submit_dialog, shown, until
 from textual.command import CommandPalette
 from textual.widgets import Input, OptionList, Static, TextArea
 
@@ -25,7 +25,7 @@ from vramtui.app.screens.backend_detail import BackendDetail
 from vramtui.app.screens.confirm_dialog import ConfirmDialog
 from vramtui.app.screens.dashboard import Dashboard
 from vramtui.app.screens.save_data_dialog import write_copy
-from vramtui.app.screens.submit_dialog import SubmitDialog, priority_problem
+from vramtui.app.screens.submit_dialog import priority_problem
 from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.gpu_panel import GpuPanel
 from vramtui.app.widgets.jobs_table import JobsTable
@@ -150,11 +150,7 @@ async def test_a_refused_submit_keeps_the_dialog_and_what_was_typed() -> None:
     source.submit = flaky  # type: ignore[method-assign]
     app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
     async with app.run_test(size=WIDE) as pilot:
-        await shown(pilot)
-        app.open_submit("sdxl-sim")
-        await until(pilot, lambda: isinstance(app.screen, SubmitDialog)
-                    and app.screen.query("#payload"), "the dialog")
-        dialog = app.screen
+        dialog = await open_submit_dialog(pilot, "sdxl-sim")
         dialog.query_one("#payload", TextArea).text = '{"steps": 4242}'
         dialog.query_one("#priority", Input).value = "7"
         await pilot.press("ctrl+s")

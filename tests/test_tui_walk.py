@@ -49,6 +49,17 @@ async def shown(pilot: Pilot[int]) -> None:
     await pilot.pause()
 
 
+async def open_submit_dialog(pilot: Pilot[int], backend: str) -> SubmitDialog:
+    """The submit dialog, opened on ``backend`` once the dashboard shows, with its fields."""
+    app: VramApp = pilot.app  # type: ignore[assignment]
+    await shown(pilot)
+    app.open_submit(backend)
+    await until(pilot, lambda: isinstance(app.screen, SubmitDialog)
+                and app.screen.query("#payload"), "the dialog")
+    assert isinstance(app.screen, SubmitDialog)
+    return app.screen
+
+
 @aio
 async def test_the_palette_offers_every_key_under_its_own_key() -> None:
     app = VramApp(FixedSource(demo_snapshot()), "attached to /tmp/x.sock", clocks=fixed_clocks())
@@ -201,10 +212,7 @@ async def test_the_submit_dialogs_example_fits_the_backends_api() -> None:
     source = FixedSource(replace(snap, backends=(*snap.backends, chat)))
     app = VramApp(source, "attached to /tmp/x.sock", clocks=fixed_clocks())
     async with app.run_test(size=WIDE) as pilot:
-        await shown(pilot)
-        app.open_submit("chat-sim")
-        await until(pilot, lambda: isinstance(app.screen, SubmitDialog)
-                    and app.screen.query("#payload"), "the dialog")
+        await open_submit_dialog(pilot, "chat-sim")
         payload = app.screen.query_one("#payload", TextArea)
         assert '"model": "chat-sim", "messages": [' in payload.text
         app.screen.query_one("#backend", Select).value = "sdxl-sim"
