@@ -221,8 +221,11 @@ class DynamoBridge:
     def _connect(self) -> None:
         """On the connect thread: create the runtime, then hand it to the engine loop."""
         assert self.dyn is not None and self._loop is not None
+        from worker_sdk.dynamo.loader import secure_discovery_dir
+
         backend = os.environ.get("DYN_DISCOVERY_BACKEND", "etcd")
         try:
+            secure_discovery_dir()  # file discovery: a directory no other user can write
             runtime = self.dyn.DistributedRuntime(
                 self._loop, backend, os.environ.get("DYN_REQUEST_PLANE", "tcp"))
         except BaseException as exc:  # noqa: BLE001 - the engine is told, then stops

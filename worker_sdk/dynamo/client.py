@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from .errors import RequestError, error_info
-from .loader import apply_discovery_dir, import_dynamo
+from .loader import apply_discovery_dir, import_dynamo, secure_discovery_dir
 
 _ENV_LOCK = threading.Lock()
 _END = object()
@@ -134,6 +134,7 @@ class Client:
             try:
                 if discovery_dir:
                     apply_discovery_dir(discovery_dir)
+                secure_discovery_dir()  # (UnsafeDiscoveryDir: one that others could write)
                 self.runtime = self.dyn.DistributedRuntime(
                     asyncio.get_running_loop(),
                     os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),

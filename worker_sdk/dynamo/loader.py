@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
+import stat
 from types import SimpleNamespace
 
 MISSING_MESSAGE = ("worker_sdk.dynamo needs NVIDIA Dynamo (ai-dynamo-runtime): "
@@ -54,9 +56,14 @@ def import_dynamo() -> SimpleNamespace:
     )
 
 
+class UnsafeDiscoveryDir(RuntimeError):
+    """The file-discovery directory is one another user could write; the message is one line."""
+
+
 def apply_discovery_dir(directory: str) -> None:
-    """Point Dynamo (this process) at file discovery in ``directory``, TCP, ZMQ: no etcd/NATS."""
-    os.makedirs(directory, exist_ok=True)
+    """Point Dynamo (this process) at file discovery in ``directory``, TCP, ZMQ: no etcd/NATS.
+    The directory is made (private) and checked when a runtime starts
+    (:func:`secure_discovery_dir`)."""
     os.environ["DYN_DISCOVERY_BACKEND"] = "file"
     os.environ["DYN_FILE_KV"] = os.path.abspath(directory)
     os.environ.setdefault("DYN_REQUEST_PLANE", "tcp")
@@ -74,3 +81,96 @@ def discovery_backend() -> str:
 
 def request_plane() -> str:
     return os.environ.get("DYN_REQUEST_PLANE", "tcp")
+
+
+# -- file discovery: a directory only we may write -----------------------------------------
+#
+# Dynamo's file backend trusts every file in its directory: an entry there names the TCP
+# address a client sends its requests to.  Another user who can write the directory (one
+# they made first in /tmp: Dynamo's default is /tmp/dynamo_store_kv, a fixed name) can plant
+# an instance that receives every request, and remove ours.  So before a runtime starts with
+# file discovery, the directory must be ours (made 0700 when missing), no directory in it
+# writable by group or others, and no directory above it writable by another user (unless
+# sticky, as /tmp); Dynamo is then given the checked path, links resolved.
+
+FILE_KV_NAME = "dynamo_store_kv"  # Dynamo 1.6.1's file store without DYN_FILE_KV: $TMPDIR/this
+
+
+def file_discovery_dir() -> str | None:
+    """The directory Dynamo's file discovery will use (``DYN_FILE_KV``, else Dynamo's default
+    in ``$TMPDIR`` or ``/tmp``); None when discovery is not the file backend."""
+    if discovery_backend() != "file":
+        return None
+    configured = os.environ.get("DYN_FILE_KV")
+    if configured:
+        return os.path.abspath(configured)
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", FILE_KV_NAME)
+
+
+def secure_discovery_dir() -> str | None:
+    """Check (and create, private) the file-discovery directory; point ``DYN_FILE_KV`` at it,
+    links resolved.  None when discovery is not the file backend; :class:`UnsafeDiscoveryDir`
+    (one line) when another user could write it."""
+    directory = file_discovery_dir()
+    if directory is None:
+        return None
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise UnsafeDiscoveryDir(f"cannot create the Dynamo discovery directory {directory}: "
+                                 f"{exc.strerror or exc}") from None
+    real = os.path.realpath(directory)
+    uid = os.geteuid()
+    advice = ("another user could add endpoints there and receive your requests; use a "
+              "directory of your own (--discovery-dir DIR or DYN_FILE_KV)")
+    try:
+        st = os.stat(real)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeDiscoveryDir(f"the Dynamo discovery directory {directory} is not a "
+                                     "directory")
+        if st.st_uid != uid:
+            raise UnsafeDiscoveryDir(f"the Dynamo discovery directory {_named(directory, real)} "
+                                     f"belongs to {_user(st.st_uid)}, not to you: {advice}")
+        for parent in _parents(real):
+            pst = os.stat(parent)
+            if pst.st_uid not in (uid, 0) or (pst.st_mode & 0o022 and
+                                              not pst.st_mode & stat.S_ISVTX):
+                raise UnsafeDiscoveryDir(
+                    f"the Dynamo discovery directory {_named(directory, real)} is in {parent}, "
+                    f"which another user can change: {advice}")
+        for top, dirs, _files in os.walk(real):  # (links are not followed)
+            for path in (top, *(os.path.join(top, d) for d in dirs)):
+                sub = os.lstat(path)
+                if stat.S_ISLNK(sub.st_mode) or sub.st_uid != uid:
+                    raise UnsafeDiscoveryDir(
+                        f"the Dynamo discovery directory {_named(directory, real)} holds "
+                        f"{path}, which belongs to {_user(sub.st_uid)}: {advice}")
+                if stat.S_IMODE(sub.st_mode) & 0o022:
+                    raise UnsafeDiscoveryDir(
+                        f"the Dynamo discovery directory {_named(directory, real)} is writable "
+                        f"by others ({path} is mode {stat.S_IMODE(sub.st_mode):o}): {advice}, "
+                        f"or chmod go-w it")
+    except OSError as exc:
+        raise UnsafeDiscoveryDir(f"cannot check the Dynamo discovery directory {directory}: "
+                                 f"{exc.strerror or exc}") from None
+    os.environ["DYN_FILE_KV"] = real
+    return real
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while (parent := os.path.dirname(path)) != path:
+        out.append(parent)
+        path = parent
+    return out
+
+
+def _named(directory: str, real: str) -> str:
+    return directory if directory == real else f"{directory} (that is {real})"
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"

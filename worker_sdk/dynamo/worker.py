@@ -41,7 +41,14 @@ import threading
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from .loader import apply_enable_nats, discovery_backend, import_dynamo, request_plane
+from .loader import (
+    UnsafeDiscoveryDir,
+    apply_enable_nats,
+    discovery_backend,
+    import_dynamo,
+    request_plane,
+    secure_discovery_dir,
+)
 
 log = logging.getLogger("worker_sdk.dynamo")
 
@@ -188,6 +195,10 @@ def run_worker(worker: DynamoWorker, *, enable_nats: bool = False, setup: bool =
     async def main() -> None:
         loop = asyncio.get_running_loop()
         backend = discovery_backend()
+        try:
+            secure_discovery_dir()
+        except UnsafeDiscoveryDir as exc:
+            raise DynamoFailed(str(exc)) from None
         try:
             runtime = dyn.DistributedRuntime(loop, backend, request_plane())
         except Exception as exc:  # noqa: BLE001 - e.g. etcd unreachable, a bad backend name
