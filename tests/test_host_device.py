@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -568,7 +569,6 @@ def test_the_dashboard_labels_the_host_device() -> None:
 def test_another_users_process_is_counted_at_its_rss_not_zero() -> None:
     """Read as uid 65534, a root process's smaps_rollup is closed: the reader (its own source,
     run by that user) falls back to the RSS, an over-estimate, and says it did."""
-    import subprocess
     import sys
 
     from supervisor.gpu import procmem
@@ -589,6 +589,38 @@ def test_another_users_process_is_counted_at_its_rss_not_zero() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.process
+@needs_other_user
+def test_another_users_process_with_our_mark_is_not_counted_as_ours() -> None:
+    """Anyone may put VRAMTUI_ENGINE_PID=<engine> in their environment, and a root engine
+    reads every environment: another user's process that outlived its parent (forked and
+    left) and carries the mark must not be taken for an orphan of our workers, or its memory
+    would eat the engine's host:SIZE budget."""
+    from other_user import other_user_argv
+
+    probe = HostProbe("host:1GiB", reserve_mib=0, root=os.getpid())
+    hold = ("import os, sys\nif os.fork(): print(0, flush=True); os._exit(0)\n"
+            "b = bytearray(300 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+            "print(os.getpid(), flush=True)\nsys.stdin.read()\n")
+    attacker = subprocess.Popen(other_user_argv(hold), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                env={ENGINE_MARK: str(os.getpid()), "PATH": "/usr/bin:/bin"})
+    assert attacker.stdout is not None
+    try:
+        attacker.stdout.readline()
+        attacker.wait(30)
+        held_by = int(attacker.stdout.readline())  # re-parented: not under the engine
+        assert _parent(held_by) != os.getpid()
+        wait_until(lambda: pss_mib(held_by) >= 290, 30, "the other user to hold 300 MiB")
+        listed = {p.pid for p in probe.processes()}
+        assert held_by not in listed and held_by not in probe.orphans
+        assert probe.devices()[0].free_mib > 1024 - 290  # its 300 MiB are not in the budget
+    finally:
+        if attacker.stdin is not None:
+            attacker.stdin.close()
+        attacker.wait(30)
 
 
 @pytest.mark.process

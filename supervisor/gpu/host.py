@@ -16,7 +16,8 @@ Each process's memory is its PSS (``supervisor.gpu.procmem``): the processes lis
 descendant of ``root`` (the engine), and every process that outlived its parent (an orphan,
 re-parented to init) and was one, until it is gone: known as one when seen before, else by
 the mark its worker's environment passed on (``VRAMTUI_ENGINE_PID=<root>``, set by the
-worker factory; :data:`ENGINE_MARK`); summing PSS over processes counts a shared
+worker factory; :data:`ENGINE_MARK`), in a process of the engine's own user (anyone can set
+the mark, and a root engine reads every environment); summing PSS over processes counts a shared
 page once. Descendants are discovered by one pass over ``/proc`` when a process started on
 the host since the last pass (the last pid given out moved), at most every 0.1 s, and every
 ``discover_s`` whatever (the pause grows when a pass is expensive: at most
@@ -129,6 +130,7 @@ class HostProbe:
         root_stat = start_ticks(self.root, proc)
         self._root_start = root_stat[2] if root_stat is not None else 0
         self._mark = f"{ENGINE_MARK}={self.root}".encode()
+        self._uid = os.geteuid()  # the engine's workers' user: only its processes carry the mark
         self._orphans: set[int] = set()  # tracked processes no longer under the root
         self._closed = False
         try:
@@ -300,7 +302,9 @@ class HostProbe:
             if pid in under_root or pid in self._tracked or pid in self._checked \
                     or started < self._root_start:
                 continue
-            if has_env(pid, self._mark, self._proc):  # an orphan of ours, never seen before
+            # an orphan of ours, never seen before: our workers run as the engine's user, and
+            # another user's process that carries the mark is not one (a root engine reads it)
+            if has_env(pid, self._mark, self._proc, uid=self._uid):
                 self._tracked[pid] = started
             else:
                 self._checked[pid] = started

@@ -170,9 +170,14 @@ def start_ticks(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
         return None
 
 
-def has_env(pid: int, item: bytes, proc: str = "/proc") -> bool:
-    """Whether ``pid``'s environment holds ``item`` (``NAME=value``); False if unreadable."""
+def has_env(pid: int, item: bytes, proc: str = "/proc", *, uid: int | None = None) -> bool:
+    """Whether ``pid``'s environment holds ``item`` (``NAME=value``); False if unreadable.
+
+    With ``uid``, only a process of that user counts: anyone may put any mark in their own
+    environment, and root reads every user's."""
     try:
+        if uid is not None and os.stat(f"{proc}/{pid}").st_uid != uid:
+            return False
         with open(f"{proc}/{pid}/environ", "rb") as f:
             return item in f.read().split(b"\0")
     except OSError:
