@@ -4,13 +4,23 @@ Sends are scatter/gather (``sendmsg``) under a lock, so large payloads leave unc
 threads never interleave frames; receives go straight into the conversation's buffer.  What the
 frames mean is the conversation's business (:mod:`worker_sdk.conversation`); this module only
 moves bytes.
+
+Whom a worker talks to: the sockets may be in a shared place (verda-io's defaults are
+``/tmp/verda-io.*.sock``), where another user could listen first and would then send the
+worker its own requests (run on our model and GPU) and read the answers.  So once connected,
+before a byte is sent, the server's uid (``SO_PEERCRED``: who listened) must be ours, root's, or
+the user ``VRAMTUI_ENGINE_USER`` names (:func:`check_server`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
 import socket
+import struct
 import threading
+from collections.abc import Mapping
 
 from .conversation import ServerConversation, WorkerConversation
 from .events import Event
@@ -20,8 +30,57 @@ _SOCK_BUF = 4 * 1024 * 1024
 Conversation = WorkerConversation | ServerConversation
 
 
+TRUST_VARIABLE = "VRAMTUI_ENGINE_USER"  # as the engine's clients: one more trusted user
+_UCRED = struct.Struct("3i")
+
+
 class ConnectionLost(Exception):
     """The peer went away (EOF, reset, or broken pipe)."""
+
+
+class UntrustedServer(Exception):
+    """The server at a socket is another user's; nothing was sent.  One line."""
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
+    """Our own uid, root, and the user ``VRAMTUI_ENGINE_USER`` names (a name or a uid)."""
+    uids = {os.geteuid(), 0}
+    value = environ.get(TRUST_VARIABLE, "").strip()
+    if value:
+        if value.isdigit():
+            uids.add(int(value))
+        else:
+            try:
+                uids.add(pwd.getpwnam(value).pw_uid)
+            except KeyError:
+                raise UntrustedServer(f"{TRUST_VARIABLE}={value}: no such user on this "
+                                      "machine") from None
+    return frozenset(uids)
+
+
+def check_server(sock: socket.socket, path: str, trusted: frozenset[int]) -> None:
+    """Refuse a connected socket whose server is not a trusted user (before any send);
+    where the platform cannot tell (no ``SO_PEERCRED``), nothing is refused."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return
+    try:
+        pid, uid, _gid = _UCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError as exc:
+        raise UntrustedServer(f"cannot tell who serves {path} ({exc.strerror or exc}); "
+                              "nothing was sent") from None
+    if uid not in trusted:
+        raise UntrustedServer(
+            f"refusing the server at {path}: it is pid {pid} of {_user(uid)}, neither you "
+            f"nor root; nothing was sent (if that user serves you on purpose, set "
+            f"{TRUST_VARIABLE}={uid}; else use sockets in a private directory)")
 
 
 def send_buffers(sock: socket.socket, buffers: list[bytes | memoryview]) -> None:
@@ -43,7 +102,10 @@ def send_buffers(sock: socket.socket, buffers: list[bytes | memoryview]) -> None
         sent = sock.sendmsg(views)
 
 
-def connect_unix(path: str, timeout: float | None = None) -> socket.socket:
+def connect_unix(path: str, timeout: float | None = None,
+                 trusted: frozenset[int] | None = None) -> socket.socket:
+    """Connect to ``path``; with ``trusted``, refuse a server of any other uid
+    (:class:`UntrustedServer`, the socket closed) before the caller sends anything."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCK_BUF)
@@ -51,7 +113,9 @@ def connect_unix(path: str, timeout: float | None = None) -> socket.socket:
         sock.settimeout(timeout)
         sock.connect(path)
         sock.settimeout(None)
-    except OSError:
+        if trusted is not None:
+            check_server(sock, path, trusted)
+    except BaseException:
         sock.close()
         raise
     return sock

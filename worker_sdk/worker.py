@@ -31,7 +31,13 @@ from typing import Any
 
 from . import context as ctxmod
 from .asyncpredict import iterate_async, run_async
-from .connection import Connection, ConnectionLost, connect_unix
+from .connection import (
+    Connection,
+    ConnectionLost,
+    UntrustedServer,
+    connect_unix,
+    trusted_uids,
+)
 from .context import Cancelled, RequestContext
 from .conversation import Channel, LocalProtocolError, WorkerConversation
 from .events import (
@@ -159,7 +165,12 @@ class Worker:
     def run(self) -> ExitCode:
         self._main_ident = threading.get_ident()
         try:
-            if not self._connect(self.connect_timeout):
+            try:
+                connected = self._connect(self.connect_timeout)
+            except UntrustedServer as exc:
+                log.error("%s", exc)
+                return ExitCode.SERVER_LOST
+            if not connected:
                 if self._stop.is_set():
                     return ExitCode.OK
                 log.error(
@@ -216,12 +227,13 @@ class Worker:
         import time
 
         deadline = time.monotonic() + timeout
+        trusted = trusted_uids()  # (UntrustedServer: another user's server; nothing sent)
         while not self._stop.is_set():
             try:
-                control_sock = connect_unix(self.control_path, timeout=5.0)
+                control_sock = connect_unix(self.control_path, timeout=5.0, trusted=trusted)
                 try:
-                    data_sock = connect_unix(self.data_path, timeout=5.0)
-                except OSError:
+                    data_sock = connect_unix(self.data_path, timeout=5.0, trusted=trusted)
+                except BaseException:
                     control_sock.close()
                     raise
                 break
@@ -275,7 +287,12 @@ class Worker:
             if self._stop.is_set():
                 return False
             log.warning("connection to the server lost; reconnect attempt %d", attempt)
-            if self._connect(timeout=0.0):
+            try:
+                connected = self._connect(timeout=0.0)
+            except UntrustedServer as exc:  # another user's server took the socket's place
+                log.error("%s", exc)
+                return False
+            if connected:
                 self._set_state("ready", force=True)
                 log.info("reconnected after %d attempt(s)", attempt)
                 return True
