@@ -60,6 +60,9 @@ def test_a_missing_directory_is_made_private_and_given_to_dynamo_links_resolved(
     file_env.setenv("DYN_FILE_KV", str(link))
     assert secure_discovery_dir() == str(target)
     assert os.environ["DYN_FILE_KV"] == str(target)
+    os.chmod(target, 0o755)  # made by hand: others could read the instance ids (a request's key)
+    secure_discovery_dir()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
 
 
 def test_dynamos_default_is_checked_too(file_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -91,7 +91,9 @@ def request_plane() -> str:
 # an instance that receives every request, and remove ours.  So before a runtime starts with
 # file discovery, the directory must be ours (made 0700 when missing), no directory in it
 # writable by group or others, and no directory above it writable by another user (unless
-# sticky, as /tmp); Dynamo is then given the checked path, links resolved.
+# sticky, as /tmp); Dynamo is then given the checked path, links resolved.  It is made 0700
+# too: an entry's instance id is what Dynamo's TCP request plane asks of a request, so a user
+# who can read the entries can send jobs to every endpoint listed there.
 
 FILE_KV_NAME = "dynamo_store_kv"  # Dynamo 1.6.1's file store without DYN_FILE_KV: $TMPDIR/this
 
@@ -150,6 +152,8 @@ def secure_discovery_dir() -> str | None:
                         f"the Dynamo discovery directory {_named(directory, real)} is writable "
                         f"by others ({path} is mode {stat.S_IMODE(sub.st_mode):o}): {advice}, "
                         f"or chmod go-w it")
+        if stat.S_IMODE(st.st_mode) & 0o077:  # its entries' instance ids open the endpoints
+            os.chmod(real, 0o700)
     except OSError as exc:
         raise UnsafeDiscoveryDir(f"cannot check the Dynamo discovery directory {directory}: "
                                  f"{exc.strerror or exc}") from None
