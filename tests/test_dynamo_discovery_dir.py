@@ -74,17 +74,30 @@ def test_dynamos_default_is_checked_too(file_env: pytest.MonkeyPatch, tmp_path: 
 
 
 @pytest.mark.parametrize("where", ["", "v1/instances"])
-def test_a_directory_others_may_write_is_refused_in_one_line(
+def test_a_directory_of_ours_others_could_write_is_made_private_and_checked(
         file_env: pytest.MonkeyPatch, tmp_path: Path, where: str) -> None:
+    """Ours but open to all (a chmod, a umask of 0): made 0700, then nothing in it may be
+    another's or a link (a group-writable one is what umask 002 gives everyone: no refusal)."""
     kv = tmp_path / "kv"
     (kv / "v1" / "instances").mkdir(parents=True)
     os.chmod(kv / where, 0o777)
+    (kv / "v1" / "instances" / "ours").write_text("{}")
     file_env.setenv("DYN_FILE_KV", str(kv))
+    assert secure_discovery_dir() == str(kv)
+    assert stat.S_IMODE(kv.stat().st_mode) == 0o700
+    planted = kv / "v1" / "instances" / "planted"
+    planted.symlink_to("/etc/passwd")
     with pytest.raises(UnsafeDiscoveryDir) as caught:
         secure_discovery_dir()
     message = str(caught.value)
-    assert "\n" not in message and "writable by others" in message, message
+    assert "\n" not in message and f"holds {planted}, which is a link" in message, message
     assert "receive your requests" in message
+    if os.geteuid() == 0:  # (a file another user left there while it was open)
+        planted.unlink()
+        planted.write_text("{}")
+        os.chown(planted, 65534, 65534)
+        with pytest.raises(UnsafeDiscoveryDir, match="which belongs to uid 65534"):
+            secure_discovery_dir()
 
 
 @needs_other_user

@@ -7,6 +7,7 @@ AITune's ``dynamo_worker`` raises when ``ai-dynamo-runtime`` is absent) with a o
 
 from __future__ import annotations
 
+import grp
 import importlib.util
 import os
 import pwd
@@ -134,31 +135,52 @@ def secure_discovery_dir() -> str | None:
             raise UnsafeDiscoveryDir(f"the Dynamo discovery directory {_named(directory, real)} "
                                      f"belongs to {_user(st.st_uid)}, not to you: {advice}")
         for parent in _parents(real):
-            pst = os.stat(parent)
-            if pst.st_uid not in (uid, 0) or (pst.st_mode & 0o022 and
-                                              not pst.st_mode & stat.S_ISVTX):
+            if _others_may_change(os.stat(parent), uid):
                 raise UnsafeDiscoveryDir(
                     f"the Dynamo discovery directory {_named(directory, real)} is in {parent}, "
                     f"which another user can change: {advice}")
-        for top, dirs, _files in os.walk(real):  # (links are not followed)
-            for path in (top, *(os.path.join(top, d) for d in dirs)):
+        if stat.S_IMODE(st.st_mode) & 0o077:  # its entries' instance ids open the endpoints
+            os.chmod(real, 0o700)
+        # Made private just now: what another user may have put there before must go too.
+        for top, dirs, files in os.walk(real):  # (links are not followed)
+            for path in (top, *(os.path.join(top, name) for name in (*dirs, *files))):
                 sub = os.lstat(path)
                 if stat.S_ISLNK(sub.st_mode) or sub.st_uid != uid:
                     raise UnsafeDiscoveryDir(
                         f"the Dynamo discovery directory {_named(directory, real)} holds "
-                        f"{path}, which belongs to {_user(sub.st_uid)}: {advice}")
-                if stat.S_IMODE(sub.st_mode) & 0o022:
-                    raise UnsafeDiscoveryDir(
-                        f"the Dynamo discovery directory {_named(directory, real)} is writable "
-                        f"by others ({path} is mode {stat.S_IMODE(sub.st_mode):o}): {advice}, "
-                        f"or chmod go-w it")
-        if stat.S_IMODE(st.st_mode) & 0o077:  # its entries' instance ids open the endpoints
-            os.chmod(real, 0o700)
+                        f"{path}, which " + ("is a link" if stat.S_ISLNK(sub.st_mode) else
+                                             f"belongs to {_user(sub.st_uid)}") + f": {advice}")
     except OSError as exc:
         raise UnsafeDiscoveryDir(f"cannot check the Dynamo discovery directory {directory}: "
                                  f"{exc.strerror or exc}") from None
     os.environ["DYN_FILE_KV"] = real
     return real
+
+
+def _others_may_change(st: os.stat_result, uid: int) -> bool:
+    """Whether a user other than ``uid`` (and root) may rename or replace what is in this
+    directory: its owner is another, or it is writable by others (unless sticky, as /tmp),
+    or by a group that is not ``uid``'s own private one (umask 002 makes every directory
+    group-writable for a group of one)."""
+    if st.st_uid not in (uid, 0):
+        return True
+    if st.st_mode & stat.S_ISVTX:
+        return False
+    if st.st_mode & 0o002:
+        return True
+    return bool(st.st_mode & 0o020) and not _private_group(st.st_gid, uid)
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """``gid`` is ``uid``'s primary group and has no other member."""
+    try:
+        user = pwd.getpwuid(uid)
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    if user.pw_gid != gid or members - {user.pw_name}:
+        return False
+    return not any(other.pw_gid == gid and other.pw_uid != uid for other in pwd.getpwall())
 
 
 def _parents(path: str) -> list[str]:
