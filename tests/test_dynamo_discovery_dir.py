@@ -155,3 +155,29 @@ def test_a_worker_client_and_engine_refuse_another_users_directory(place: Path) 
         assert list((shared / "v1" / "instances").iterdir()) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_entry_that_goes_while_it_is_checked_is_no_refusal(
+        file_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Our other workers write there meanwhile: Dynamo writes an entry as ``.tmp_<id>``, links
+    it to its name and unlinks the temporary (and removes an entry when its worker stops), so
+    a name listed a moment ago may be gone when it is looked at; that is no reason to refuse
+    the directory (a second worker started at once exited 4)."""
+    kv = tmp_path / "kv"
+    instances = kv / "v1" / "instances"
+    instances.mkdir(parents=True)
+    os.chmod(kv, 0o700)
+    gone = instances / ".tmp_c6ad2cb2c772cea3"
+    gone.write_text("{}")
+    (instances / "a%2Fb%2Fgenerate%2F98283f4bdd22ceb7").write_text("{}")
+    real_lstat = os.lstat
+
+    def lstat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if os.fspath(path) == str(gone) and gone.exists():  # another worker, between the two
+            gone.unlink()
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    file_env.setattr(os, "lstat", lstat)
+    file_env.setenv("DYN_FILE_KV", str(kv))
+    assert secure_discovery_dir() == str(kv)
+    assert not gone.exists()

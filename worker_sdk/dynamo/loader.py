@@ -142,9 +142,15 @@ def secure_discovery_dir() -> str | None:
         if stat.S_IMODE(st.st_mode) & 0o077:  # its entries' instance ids open the endpoints
             os.chmod(real, 0o700)
         # Made private just now: what another user may have put there before must go too.
+        # Our other processes write there meanwhile: Dynamo writes an entry as .tmp_<id>,
+        # links it to its name and unlinks the temporary, and removes an instance's entry
+        # when it stops, so what was listed a moment ago may be gone (and is no threat).
         for top, dirs, files in os.walk(real):  # (links are not followed)
             for path in (top, *(os.path.join(top, name) for name in (*dirs, *files))):
-                sub = os.lstat(path)
+                try:
+                    sub = os.lstat(path)
+                except FileNotFoundError:
+                    continue
                 if stat.S_ISLNK(sub.st_mode) or sub.st_uid != uid:
                     raise UnsafeDiscoveryDir(
                         f"the Dynamo discovery directory {_named(directory, real)} holds "
