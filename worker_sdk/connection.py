@@ -49,8 +49,14 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
-    """Our own uid, root, and the user ``VRAMTUI_ENGINE_USER`` names (a name or a uid)."""
+class UnknownTrustedUser(ValueError):
+    """``VRAMTUI_ENGINE_USER`` names no user here; the message is one line."""
+
+
+def trusted_user_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
+    """Our own uid, root, and the user ``VRAMTUI_ENGINE_USER`` names (a name or a uid):
+    whom a worker's server and a client's engine may be (the engine's client reads it too);
+    :class:`UnknownTrustedUser` when it names nobody."""
     uids = {os.geteuid(), 0}
     value = environ.get(TRUST_VARIABLE, "").strip()
     if value:
@@ -60,9 +66,17 @@ def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
             try:
                 uids.add(pwd.getpwnam(value).pw_uid)
             except KeyError:
-                raise UntrustedServer(f"{TRUST_VARIABLE}={value}: no such user on this "
-                                      "machine") from None
+                raise UnknownTrustedUser(f"{TRUST_VARIABLE}={value}: no such user on this "
+                                         "machine") from None
     return frozenset(uids)
+
+
+def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
+    """:func:`trusted_user_uids`, as the worker says it (:class:`UntrustedServer`)."""
+    try:
+        return trusted_user_uids(environ)
+    except UnknownTrustedUser as exc:
+        raise UntrustedServer(str(exc)) from None
 
 
 def check_server(sock: socket.socket, path: str, trusted: frozenset[int]) -> None:

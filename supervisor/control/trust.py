@@ -20,11 +20,11 @@ import socket
 import stat
 from collections.abc import Mapping
 
+from worker_sdk.connection import TRUST_VARIABLE, UnknownTrustedUser, trusted_user_uids
+
 from ..paths import user_name
 from .errors import UntrustedEngine
 from .peer import PeerCred, peer_cred
-
-TRUST_VARIABLE = "VRAMTUI_ENGINE_USER"
 
 _WHAT_TO_DO = ("remove it (it may need root), or set XDG_RUNTIME_DIR or VRAMTUI_RUNTIME_DIR to "
                "a private directory; `vramtui --serve` moves away from a squatted /tmp "
@@ -32,19 +32,12 @@ _WHAT_TO_DO = ("remove it (it may need root), or set XDG_RUNTIME_DIR or VRAMTUI_
 
 
 def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
-    """Our own uid, root, and the user ``VRAMTUI_ENGINE_USER`` names (if any)."""
-    uids = {os.geteuid(), 0}
-    value = environ.get(TRUST_VARIABLE, "").strip()
-    if value:
-        if value.isdigit():
-            uids.add(int(value))
-        else:
-            try:
-                uids.add(pwd.getpwnam(value).pw_uid)
-            except KeyError:
-                raise UntrustedEngine(f"{TRUST_VARIABLE}={value}: no such user on this machine "
-                                      "(see `getent passwd`)") from None
-    return frozenset(uids)
+    """Our own uid, root, and the user ``VRAMTUI_ENGINE_USER`` names (if any): the worker
+    SDK's one reader of it (workers check their server the same way)."""
+    try:
+        return trusted_user_uids(environ)
+    except UnknownTrustedUser as exc:
+        raise UntrustedEngine(f"{exc} (see `getent passwd`)") from None
 
 
 def _stranger(uid: int) -> str:
