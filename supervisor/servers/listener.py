@@ -57,22 +57,31 @@ def listener_uids(host: str, port: int) -> set[int] | None:
     return uids if read else None
 
 
+def _on_this_host(url: str) -> tuple[tuple[str, ...], int, bool] | None:
+    """The loopback addresses ``url`` may reach, its port, and whether its host is a name
+    (``localhost``) rather than one address; None for another host or no port."""
+    parsed = URL(url)
+    host = (parsed.host or "").strip("[]").lower()
+    if parsed.port is None:
+        return None
+    addresses = LOOPBACK_NAMES.get(host, (host,))
+    try:
+        if not all(ipaddress.ip_address(a).is_loopback for a in addresses):
+            return None
+    except ValueError:
+        return None
+    return addresses, parsed.port, host in LOOPBACK_NAMES
+
+
 def listeners_of(url: str) -> set[int] | None:
     """The uids of the sockets listening where a request to ``url`` would go, for a server
     on this host (a loopback address or ``localhost``); None for any other host, whose
     sockets this table does not show, or when the table cannot be read."""
-    parsed = URL(url)
-    host = (parsed.host or "").strip("[]").lower()
-    port = parsed.port
-    if port is None:
+    here = _on_this_host(url)
+    if here is None:
         return None
-    try:
-        ips = [ipaddress.ip_address(a) for a in LOOPBACK_NAMES.get(host, (host,))]
-    except ValueError:
-        return None
-    if not all(ip.is_loopback for ip in ips):
-        return None
-    found = [listener_uids(str(ip), port) for ip in ips]
+    addresses, port, _named = here
+    found = [listener_uids(address, port) for address in addresses]
     if all(uids is None for uids in found):
         return None
     return {uid for uids in found if uids is not None for uid in uids}
@@ -83,15 +92,15 @@ def pinned(url: str) -> str:
     localhost's addresses that a :func:`trusted_uids` listener holds (the server's own,
     directly or by a wildcard); any other URL, or one whose listener is not seen (yet), as it
     is."""
-    parsed = URL(url)
-    addresses = LOOPBACK_NAMES.get((parsed.host or "").lower())
-    if addresses is None or parsed.port is None:
+    here = _on_this_host(url)
+    if here is None or not here[2]:
         return url
+    addresses, port, _named = here
     trusted = trusted_uids()
     for address in addresses:
-        uids = listener_uids(address, parsed.port)
+        uids = listener_uids(address, port)
         if uids and uids <= trusted:
-            return str(parsed.with_host(address))
+            return str(URL(url).with_host(address))
     return url
 
 
