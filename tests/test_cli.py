@@ -475,6 +475,34 @@ def test_engine_start_flags_given_to_a_command_are_said_to_be_ignored(served: Se
     assert "ignored" not in served.stderr()  # --serve --gpus started it: they were used
 
 
+def test_the_tuis_options_given_to_a_command_are_said_to_be_ignored(served: Served) -> None:
+    # --readonly, --no-confirm and --theme shape the TUI only; a command ignored them silently
+    done = run(served, "--readonly", "--no-confirm", "--theme", "nord", "jobs", "--json")
+    assert done.returncode == 0 and "running" in json.loads(done.stdout)  # JSON untouched
+    [line] = done.stderr.splitlines()
+    assert line == ("vramtui: warning: --readonly, --no-confirm, --theme ignored: such options "
+                    "are the TUI's (`vramtui` with no command) and do nothing for "
+                    "`vramtui jobs`"), line
+    # abbreviated, beside an engine's options (each kind its own line), and before web's own
+    # --readonly, which hides the TUI's value but not that it was given
+    done = run(served, "--gpus", "sim:4GiB", "--read", "status", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [line.split(" ignored: ")[0] for line in done.stderr.splitlines()] == [
+        "vramtui: warning: --readonly", "vramtui: warning: --gpus"], done.stderr
+    from vramtui.cli.parser import parse
+
+    args = parse(["--readonly", "web"])[1]
+    assert args.tui_flags == ("--readonly",) and args.readonly is False
+    # a command that never attaches says so too; the TUI itself uses them (no terminal here)
+    done = run(served, "--theme", "nord", "completion", "bash")
+    assert done.returncode == 0 and done.stdout, done.stderr
+    assert done.stderr == ("vramtui: warning: --theme ignored: such options are the TUI's "
+                           "(`vramtui` with no command) and do nothing for "
+                           "`vramtui completion`\n"), done.stderr
+    done = run(served, "--readonly", "--no-confirm", "--theme", "nord")
+    assert done.returncode == 2 and "ignored" not in done.stderr, done.stderr
+
+
 def test_n_alone_watches_and_jobs_says_it_is_no_count(served: Served) -> None:
     # `-n 2` alone watches, as the README has always said (`--watch / -n 2`); `jobs -n 3`
     # reads like "three jobs", so jobs says on stderr what -n does instead

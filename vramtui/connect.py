@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,13 +123,14 @@ def open_client(args: argparse.Namespace) -> Client:
     client = attach(path, paths=None if explicit else paths)
     given = tuple(getattr(args, "engine_flags", ()))
     if given:
+        from .output import ignored
+
         args.engine_flags = ()  # said once, however often the command attaches
-        sys.stderr.write(f"vramtui: warning: {ignored_flags(given, client)}\n")
-        sys.stderr.flush()
+        ignored(given, already_runs(client))
     return client
 
 
-def ignored_flags(given: tuple[str, ...], client: Client) -> str:
+def already_runs(client: Client) -> str:
     """Why options that start an engine did nothing: one already runs (its pid, its devices)."""
     try:
         snap = client.snapshot(data_limit=0, light=True)
@@ -140,8 +140,8 @@ def ignored_flags(given: tuple[str, ...], client: Client) -> str:
         devices = " + ".join(g.name + (f" ({g.total_mib // 1024} GiB)" if g.host else "")
                              for g in snap.gpus)
         where = f" (pid {snap.pid}) already runs" + (f" on {devices}" if devices else "")
-    return (f"{', '.join(given)} ignored: the engine{where}; such options take effect only when an "
-            "engine starts (`vramtui stop` first to start one with them)")
+    return (f"the engine{where}; such options take effect only when an engine starts "
+            "(`vramtui stop` first to start one with them)")
 
 
 def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:

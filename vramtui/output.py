@@ -86,6 +86,13 @@ def error(text: str) -> None:
     sys.stderr.flush()
 
 
+def ignored(flags: Iterable[str], why: str) -> None:
+    """One line on stderr, ``vramtui: warning: --a, --b ignored: WHY``: options given to a
+    command that does nothing with them (:func:`vramtui.cli.parser._recorded` notes them)."""
+    sys.stderr.write(f"vramtui: warning: {', '.join(flags)} ignored: {why}\n")
+    sys.stderr.flush()
+
+
 def state_text(state: JobState) -> Cell:
     return (state.value, STATE_STYLE.get(state, ""))
 

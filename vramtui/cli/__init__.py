@@ -73,7 +73,15 @@ def _terminal() -> bool:
 def _run(row: Command, args: argparse.Namespace) -> int:
     """Run one command.  Every error the user can cause is one line on stderr (``vramtui:
     error: ...``) and a non-zero exit code, never a traceback; with ``--json`` the error is
-    also printed on stdout as ``{"error": ..., "type": ...}``."""
+    also printed on stdout as ``{"error": ..., "type": ...}``.
+
+    The TUI's options given with a command (``args.tui_flags``) do nothing: a line on stderr
+    says so first, as a command that attaches does for the options that start an engine."""
+    if getattr(args, "tui_flags", ()):
+        from ..output import ignored
+
+        ignored(args.tui_flags, "such options are the TUI's (`vramtui` with no command) and "
+                                f"do nothing for `vramtui {row.name}`")
     handler = row.handler()
     if not row.reports_errors:
         return handler(args)

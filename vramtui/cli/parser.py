@@ -56,26 +56,30 @@ def _queue_limit(text: str) -> int:
     return value
 
 
-def _recorded(base: type[argparse.Action]) -> type[argparse.Action]:
-    """``base`` that also notes its option in ``engine_flags``: the options that only matter
-    when an engine starts, so that a command that attaches to a running one can say they
-    were ignored (:func:`vramtui.connect.open_client`).  A dest of its own: a command's
-    same-named argument (``yield``'s GPUs, ``install-service``'s ``--gpus``) cannot hide
-    it."""
+def _recorded(base: type[argparse.Action], into: str) -> type[argparse.Action]:
+    """``base`` that also notes its option in ``into``, the namespace's tuple of the options
+    given that a command does not use: ``engine_flags``, those that only matter when an
+    engine starts (a command that attaches to a running one says they were ignored:
+    :func:`vramtui.connect.open_client`), and ``tui_flags``, the TUI's own (every command
+    says they were ignored: :func:`vramtui.cli.main`).  A dest of its own: a command's
+    same-named argument (``yield``'s GPUs, ``install-service``'s ``--gpus``, ``web``'s
+    ``--readonly``) cannot hide it."""
 
     class Recorded(base):  # type: ignore[valid-type,misc]
         def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                      values: object, option_string: str | None = None) -> None:
             super().__call__(parser, namespace, values, option_string)
-            given = tuple(getattr(namespace, "engine_flags", ()))
+            given = tuple(getattr(namespace, into, ()))
             if self.option_strings[0] not in given:
-                namespace.engine_flags = (*given, self.option_strings[0])
+                setattr(namespace, into, (*given, self.option_strings[0]))
 
     return Recorded
 
 
-_STORE = _recorded(argparse._StoreAction)
-_APPEND = _recorded(argparse._AppendAction)
+_STORE = _recorded(argparse._StoreAction, "engine_flags")
+_APPEND = _recorded(argparse._AppendAction, "engine_flags")
+_TUI_STORE = _recorded(argparse._StoreAction, "tui_flags")
+_TUI_SWITCH = _recorded(argparse._StoreTrueAction, "tui_flags")
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
@@ -190,11 +194,12 @@ def build_parser(only: str | None = None, *,
     parser.add_argument("--http-token-file", action=_STORE, metavar="FILE",
                         help="with --http: the bearer token, in a file only you can read "
                              "(or set VRAMTUI_HTTP_TOKEN)")
-    parser.add_argument("--readonly", action="store_true",
+    parser.set_defaults(tui_flags=())
+    parser.add_argument("--readonly", action=_TUI_SWITCH,
                         help="TUI: show everything, change nothing")
-    parser.add_argument("--no-confirm", action="store_true",
+    parser.add_argument("--no-confirm", action=_TUI_SWITCH,
                         help="TUI: do not ask before evict/cancel/zero/kill/drain")
-    parser.add_argument("--theme", metavar="NAME",
+    parser.add_argument("--theme", action=_TUI_STORE, metavar="NAME",
                         help="TUI: the colour theme (e.g. textual-dark, nord, gruvbox, "
                              "textual-light; ctrl+p lists them all; default: $VRAMTUI_THEME, "
                              "else textual-dark).  NO_COLOR=1 turns colour off")
