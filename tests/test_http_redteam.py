@@ -23,6 +23,7 @@ The attacks:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -237,7 +238,7 @@ def test_another_user_reaches_no_model_server_and_reads_no_log(front: Front) -> 
 KEYED_SERVER = r'''
 import os, sys
 from aiohttp import web
-key = os.environ["SERVER_KEY"]
+key = sys.argv[3] if sys.argv[2:3] == ["--api-key"] else os.environ["SERVER_KEY"]
 
 @web.middleware
 async def keyed(request, handler):
@@ -277,7 +278,13 @@ def keyed_front() -> Iterator[Front]:
              "vram": {"weights": "16MiB", "activation": "0MiB", "context": "0MiB"},
              "safety": "0MiB", "keep_alive": "forever",
              "timeouts": {"start": "20s", "stop_grace": "3s", "request": "10s"}}
-    with serve_http([keyed]) as f:
+    # the key given on the command line of a server that a shell starts, as llama-swap
+    # configs do (`sh -c "exec llama-server … --api-key K"`)
+    script = (f"exec {shlex.quote(sys.executable)} -c {shlex.quote(KEYED_SERVER)} "
+              "${PORT} --api-key sesame")
+    shelled = {**keyed, "name": "keyed-sh", "command": ["sh", "-c", script], "env": {},
+               "timeouts": {"start": "10s", "stop_grace": "3s", "request": "10s"}}
+    with serve_http([keyed, shelled]) as f:
         yield f
 
 
@@ -303,3 +310,12 @@ def test_a_model_server_can_ask_every_caller_for_a_key_only_the_engine_has(
     port = int(worker.url.rsplit(":", 1)[1])
     if os.geteuid() == 0 and shutil.which("setpriv"):  # another user, straight to its port
         assert run_as_other_user(DIRECT, port).stdout.strip() == "401"
+
+
+@pytest.mark.process
+def test_the_key_of_a_server_a_shell_starts_goes_with_every_request(keyed_front: Front) -> None:
+    """``sh -c "exec SERVER … --api-key K"``: the key is in the script, not a word of the
+    command; the engine reads it there, so its health checks and requests are not 401s."""
+    r = keyed_front.get("/upstream/keyed-sh/hello")
+    assert r.status == 200 and r.body == b"ok", r.body[:200]
+    assert keyed_front.engine.backends["keyed-sh"].worker.launch.api_key == "sesame"

@@ -180,6 +180,36 @@ def test_the_engine_sends_the_key_the_server_was_given(tmp_path: Path) -> None:
     assert key('[llama-server, --port, "${PORT}"]') == {}
 
 
+def test_the_key_of_a_server_a_shell_starts_is_read_from_its_script(tmp_path: Path) -> None:
+    """``sh -c "exec llama-server … --api-key K"`` (or a multi-line llama-swap ``cmd`` given
+    to ``bash -c``) hides the key from a reading of the argv alone: the engine's requests had
+    none, and the server answered each with 401."""
+    from supervisor.servers.launch import plan_launch, server_key
+
+    assert server_key(["sh", "-c", "exec llama-server --port 1 --api-key k1,k2"], {}) == "k1"
+    assert server_key(["/bin/bash", "-lc", "cd /m && llama-server --api-key=k2#;"], {}) == "k2#"
+    multi = "set -e\n# --api-key not-this\nexec llama-server \\\n  --api-key 'k3' \\\n  -ngl 99"
+    assert server_key(["bash", "-e", "-c", multi], {}) == "k3"
+    assert server_key(["sh", "-o", "pipefail", "-c", "llama-server --api-key k4 | tee l"],
+                      {}) == "k4"
+    assert server_key(["sh", "-c", 'exec vllm serve m --api-key "${MINE}"'],
+                      {"MINE": "k5"}) == "k5"  # the shell's variable, from its environment
+    assert server_key(["sh", "-c", "export LLAMA_API_KEY=k6\nexec llama-server"],
+                      {"LLAMA_API_KEY": "old"}) == "k6"
+    assert server_key(["sh", "-c", "VLLM_API_KEY=k7 exec vllm serve m"], {}) == "k7"
+    # what only running the script would tell, a script that does not split, no shell: none
+    assert server_key(["sh", "-c", "exec llama-server --api-key $(cat key)"],
+                      {"LLAMA_API_KEY": "not-the-flag's"}) is None
+    assert server_key(["sh", "-c", "exec llama-server --api-key 'k8"], {}) is None
+    assert server_key(["sh", "-c", "exec llama-server --api-key 'k8"],
+                      {"LLAMA_API_KEY": "k9"}) == "k9"  # the environment still counts
+    assert server_key(["python", "-c", "print('--api-key x')"], {}) is None
+    assert server_key(["sh", "-x", "run.sh", "--api-key", "k10"], {}) == "k10"  # as before
+    spec = _load(tmp_path, "name: s\ncommand: sh -c 'exec llama-server --port ${PORT} "
+                           "--api-key k11'\nhttp: {}\napi: [chat]\nvram: 1GiB\n").backends["s"]
+    assert plan_launch(spec, 0, {}, 8192).auth_headers == {"Authorization": "Bearer k11"}
+
+
 def test_the_example_servers_load() -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "servers" / "backends.yaml"
     result = load_backends([example], environ={"HOME": "/home/t"}, demo_fallback=False)

@@ -9,7 +9,10 @@ secret of this start, which every request the engine makes of it then carries).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import secrets
+import shlex
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,9 @@ log = logging.getLogger("supervisor")
 #: Where llama-server and vLLM take the key they ask every caller for (``server_key``).
 KEY_FLAG = "--api-key"
 KEY_VARIABLES = ("LLAMA_API_KEY", "VLLM_API_KEY")
+#: The shells whose ``-c SCRIPT`` ``server_key`` reads (the server runs inside the script).
+SHELLS = frozenset({"sh", "bash", "dash"})
+_VARIABLE_RE = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
 
 
 @dataclass(frozen=True)
@@ -94,16 +100,79 @@ def server_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     ``--api-key`` (the first of a comma-separated list), else ``LLAMA_API_KEY`` or
     ``VLLM_API_KEY`` in its environment. The engine's requests carry it: a llama-swap
     ``cmd`` with ``--api-key`` works unchanged (there the clients sent it; here the door has
-    its own token, and a client's ``Authorization`` is never forwarded)."""
-    for i, word in enumerate(argv):
-        if word == KEY_FLAG and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif word.startswith(KEY_FLAG + "="):
-            value = word.split("=", 1)[1]
-        else:
-            continue
-        return value.split(",")[0].strip() or None
+    its own token, and a client's ``Authorization`` is never forwarded).
+
+    A server started by a shell (``sh -c "exec llama-server … --api-key K"``, a multi-line
+    ``cmd`` given to ``bash -c``) has its key in the script: its words are read too, with
+    ``$NAME`` taken from ``env`` and ``export LLAMA_API_KEY=K`` as the environment; a script
+    that does not split (an open quote), or a key that only running it would tell
+    (``$(cat key)``), gives none."""
+    script = _script_words(argv)
+    scope = dict(env)
+    for word in script:  # `export LLAMA_API_KEY=K`, `LLAMA_API_KEY=K exec llama-server`
+        name, eq, value = word.partition("=")
+        if eq and name in KEY_VARIABLES:
+            scope[name] = _expanded(value, scope) or ""
+    for words, shell in ((argv, False), (script, True)):
+        for i, word in enumerate(words):
+            if word == KEY_FLAG and i + 1 < len(words):
+                value: str | None = words[i + 1]
+            elif word.startswith(KEY_FLAG + "="):
+                value = word.split("=", 1)[1]
+            else:
+                continue
+            if shell:
+                value = _expanded(value, scope)
+            return _first_key(value)
     for name in KEY_VARIABLES:
-        if env.get(name):
-            return env[name].split(",")[0].strip() or None
+        if scope.get(name):
+            return _first_key(scope[name])
     return None
+
+
+def _script_words(argv: Sequence[str]) -> tuple[str, ...]:
+    """The words of the script ``argv`` runs when it is ``sh -c SCRIPT`` (or ``bash -lc``,
+    ``sh -e -c``, ``/bin/bash -c`` …), split as the shell would at its blanks, newlines and
+    ``;``/``&&``/``|`` (no expansion; comment lines dropped); none for any other command or
+    a script that does not split."""
+    if not argv or os.path.basename(argv[0]) not in SHELLS:
+        return ()
+    i, runs_script = 1, False
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        if word in ("-o", "+o", "-O", "+O"):  # an option that takes the next word
+            i += 2
+        elif word.startswith("--"):  # bash's own (--login, --norc)
+            i += 1
+        elif len(word) > 1 and word[0] in "-+":
+            runs_script = runs_script or (word[0] == "-" and "c" in word[1:])
+            i += 1
+        else:
+            break
+    if not runs_script or i >= len(argv):
+        return ()
+    # A comment line goes; shlex's `#` would also end a word at it (`--api-key ab#c`).
+    lines = (line for line in argv[i].split("\n") if not line.lstrip().startswith("#"))
+    lexer = shlex.shlex("\n".join(lines), posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return tuple(lexer)
+    except ValueError:  # "No closing quotation", "No escaped character": the shell says so
+        return ()
+
+
+def _expanded(word: str | None, env: Mapping[str, str]) -> str | None:
+    """``word`` of a script with its ``$NAME``/``${NAME}`` taken from ``env``; None when it
+    holds another expansion (``$(…)``, ``${X:-y}``), which only the shell can tell."""
+    if word is None or "$" in _VARIABLE_RE.sub("", word):
+        return None
+    return _VARIABLE_RE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word)
+
+
+def _first_key(value: str | None) -> str | None:
+    """The first of a comma-separated list of keys (llama-server takes several)."""
+    return (value or "").split(",")[0].strip() or None
