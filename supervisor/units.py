@@ -69,6 +69,9 @@ _SIZE_UNITS: dict[str, int] = {
 }
 _SIZE_RE = re.compile(r"^\s*([+-]?)(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _SIZE_HELP = "(use e.g. 12GiB or 12288)"
+#: The largest size anyone means: 1 PiB.  Beyond it a figure is a typo, and unbounded it
+#: overflowed the control socket's 64-bit integers (every `status` and `backends` failed).
+MAX_SIZE_MIB = 1024**3
 
 _DURATION_UNITS: dict[str, tuple[int, int]] = {  # seconds, as a ratio
     "ms": (1, 1000),
@@ -93,6 +96,7 @@ def parse_size(value: object) -> int:
     An int is MiB; a string is a number and a unit — ``KiB MiB GiB TiB`` (powers of 1024) or
     ``KB MB GB TB`` (powers of 1000), case-insensitive, space optional — or digits alone
     (MiB).  Fractions of a MiB round up: a VRAM figure is better slightly high than low.
+    More than :data:`MAX_SIZE_MIB` (1 PiB) is an error.
     """
     from fractions import Fraction
 
@@ -101,13 +105,13 @@ def parse_size(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{brief(value)} is negative; a size must be 0 or more")
-        return value
+        return _at_most_max(value, value)
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
             raise ValueError(f"{brief(value)} is not a whole number of MiB {_SIZE_HELP}")
         if value < 0:
             raise ValueError(f"{brief(value)} is negative; a size must be 0 or more")
-        return int(value)
+        return _at_most_max(int(value), value)
     if not isinstance(value, str):
         raise ValueError(f"{brief(value)} is not a size {_SIZE_HELP}")
     match = _SIZE_RE.match(value)
@@ -119,7 +123,14 @@ def parse_size(value: object) -> int:
         raise ValueError(f"{brief(value)} has an unknown unit {unit!r} {_SIZE_HELP}")
     if sign == "-" and Fraction(number) != 0:
         raise ValueError(f"{brief(value)} is negative; a size must be 0 or more")
-    return math.ceil(Fraction(number) * factor / MIB)
+    return _at_most_max(math.ceil(Fraction(number) * factor / MIB), value)
+
+
+def _at_most_max(mib: int, value: object) -> int:
+    if mib > MAX_SIZE_MIB:
+        raise ValueError(f"{brief(value)} is more than 1 PiB, more than any device holds "
+                         f"{_SIZE_HELP}")
+    return mib
 
 
 def parse_duration(value: object, *, allow_infinite: bool = False) -> float:

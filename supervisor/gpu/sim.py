@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import psutil
 from supervisor.gpu.errors import BadGpuSpec
 from supervisor.gpu.model import GpuReading, ProcessReading
 from supervisor.paths import pid_record
-from supervisor.units import mib_exact
+from supervisor.units import MAX_SIZE_MIB, mib_exact
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,12 @@ def parse_sim_spec(spec: str) -> list[int]:
         match = _SIZE.match(part.strip())
         if not match:
             raise BadGpuSpec(f"bad simulated GPU spec {spec!r}: expected {SPEC_FORM}")
-        number, unit = float(match.group(1)), (match.group(2) or "mib").lower()
+        number, unit = Fraction(match.group(1)), (match.group(2) or "mib").lower()
         mib = number * 1024 if unit.startswith("g") else number
-        if mib < 1 or mib != int(mib):
+        if mib < 1 or mib.denominator != 1 or mib > MAX_SIZE_MIB:
             raise BadGpuSpec(
-                f"bad simulated GPU size {part.strip()!r}: must be a whole number of MiB, >= 1"
+                f"bad simulated GPU size {part.strip()!r}: must be a whole number of MiB, >= 1 "
+                f"and at most {MAX_SIZE_MIB} (1 PiB)"
             )
         sizes.append(int(mib))
     return sizes
