@@ -73,3 +73,17 @@ def test_every_module_but_the_extras_faces_imports_with_the_base_dependencies() 
     wrong = {name: why for name, why in seen["failed"].items()
              if not name.startswith(EXTRA_ONLY)}
     assert not wrong, wrong
+
+
+@pytest.mark.process
+def test_web_without_the_http_extra_says_what_to_install() -> None:
+    # `vramtui web` after a plain install died in a ModuleNotFoundError traceback: its module
+    # imports aiohttp as it loads, before run_web could say which extra it needs.
+    probe = ("import sys\nsys.modules['aiohttp'] = None\nfrom vramtui.cli import main\n"
+             "sys.exit(main(['web']))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("vramtui web: the HTTP front door needs aiohttp and "
+                                   "prometheus-client: pip install 'vramtui[http]'")

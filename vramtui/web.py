@@ -119,7 +119,6 @@ def run_web(args: Any) -> int:
     """``vramtui web``: the dashboard alone on ``--http``, attached to the running engine."""
     import asyncio
 
-    from supervisor.http import available as http_missing
     from supervisor.http.auth import Guard
     from supervisor.http.config import HttpConfigError, bind_sockets, load_http_config
     from supervisor.http.errors import HttpError
@@ -128,7 +127,7 @@ def run_web(args: Any) -> int:
     from .connect import control_socket
     from .exits import Exit
 
-    missing = http_missing() or available()
+    missing = available()  # aiohttp's absence: vramtui.cli.web says it, as this imports it
     if missing is not None:
         print(f"vramtui web: {missing}", file=sys.stderr)
         return Exit.USAGE

@@ -8,6 +8,7 @@ what ``--serve --http`` serves at ``/ui``).
 from __future__ import annotations
 
 import argparse
+import sys
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
 
@@ -28,6 +29,14 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from supervisor.http import available
+
+    missing = available()
+    if missing is not None:  # asked before vramtui.web, which imports aiohttp as it loads
+        from ..exits import Exit
+
+        print(f"vramtui web: {missing}", file=sys.stderr)
+        return Exit.USAGE
     from ..web import run_web
 
     return run_web(args)
