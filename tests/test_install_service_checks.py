@@ -44,3 +44,28 @@ def test_a_unit_that_could_not_start_is_refused_with_the_reason(tmp_path: Path) 
         assert "VRAMTUI_HTTP_TOKEN" not in text
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("gpus", "says"), [
+    ("bogus", "bad --gpus value 'bogus'"),
+    ("sim:0", "bad simulated GPU size 'sim:0'"),
+    ("host,auto", "one host device at most, and last"),
+    ("auto,host:lots", "bad host memory size"),
+])
+def test_a_gpus_value_serve_refuses_is_no_unit(tmp_path: Path, gpus: str, says: str) -> None:
+    # `install-service --gpus bogus` wrote a unit whose --serve exits 2 at once: systemd
+    # restarted it every five seconds, for ever
+    root = new_root()
+    env = make_env(root, [echo_backend()])
+    env["XDG_CONFIG_HOME"] = str(tmp_path)
+    unit = tmp_path / "systemd" / "user" / "vramtui.service"
+    try:
+        done = cli(env, "install-service", "--gpus", gpus)
+        assert done.returncode == 2 and not unit.exists(), done.stderr
+        assert done.stderr.startswith("vramtui install-service: the unit could not start: ")
+        assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        done = cli(env, "install-service", "--gpus", "sim:8GiB,host", "--print")
+        assert done.returncode == 0 and "--gpus sim:8GiB,host" in done.stdout, done.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -10,7 +10,8 @@
 On a headless box a user's services stop when their last session ends; ``loginctl
 enable-linger USER`` keeps them running from boot without anyone logged in.
 
-Before it writes the unit it checks that the unit can start (:func:`unit_problem`): the HTTP
+Before it writes the unit it checks that the unit can start (:func:`unit_problem`): its
+``--gpus`` is read as ``--serve`` reads it (without opening NVML), and the HTTP
 settings it would run with are read as ``--serve`` reads them, without
 ``VRAMTUI_HTTP_TOKEN`` (a unit never carries it) — so a non-loopback address needs a token
 file that exists and only the user can read — and it refuses with the reason instead of
@@ -49,9 +50,15 @@ def stop_timeout(backends: list[str]) -> int:
 def unit_problem(args: argparse.Namespace) -> str | None:
     """Why the unit ``args`` describe could not start, or None."""
     from supervisor.errors import VramtuiError
+    from supervisor.gpu.errors import BadGpuSpec
+    from supervisor.gpu.select import check_spec
     from supervisor.http.config import TOKEN_ENV, load_http_config
     from supervisor.paths import Paths
 
+    try:
+        check_spec(args.gpus)
+    except BadGpuSpec as exc:
+        return str(exc)
     environ = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     try:
         load_http_config(listen=args.http, token_file=args.http_token_file,
