@@ -166,7 +166,9 @@ def _short_name(value: Any) -> str | None:
 
 
 def _positive_duration(value: Any) -> str | None:
-    if value > 0 and value <= 366 * 86400:
+    from .engine.yielding import MAX_FOR_S  # a yield's (the one duration checked here)
+
+    if 0 < value <= MAX_FOR_S:
         return None
     return "must be a duration of more than 0 s and at most a year"
 

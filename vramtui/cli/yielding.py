@@ -41,6 +41,7 @@ def _who() -> str:
 
 
 def yield_(args: argparse.Namespace) -> int:
+    from supervisor.engine.yielding import MAX_FOR_S
     from supervisor.units import parse_duration
 
     for_s = None
@@ -49,9 +50,9 @@ def yield_(args: argparse.Namespace) -> int:
             for_s = parse_duration(args.duration)
         except ValueError as exc:
             raise UsageError(f"--for: {exc}") from None
-        if for_s <= 0:
-            raise UsageError("--for: a yield lasts more than 0 s (leave --for out to yield "
-                             "until `vramtui resume`)")
+        if not 0 < for_s <= MAX_FOR_S:
+            raise UsageError("--for: a yield lasts more than 0 s and at most a year (leave "
+                             "--for out to yield until `vramtui resume`)")
     given = open_client(args).yield_gpus(args.gpus, for_s=for_s, now=args.now, by=_who())
     if args.json:
         from supervisor.doors.codec import yield_json
