@@ -39,6 +39,10 @@ def test_a_calibration_measures_writes_the_overlay_and_admission_uses_it() -> No
         overlay = Path(summary["overlay"])
         written = yaml.safe_load(overlay.read_text())
         assert "steady" in json.dumps(written)
+        # figures measured on a simulated GPU say so in the file they are written to (its
+        # comment was "measured by vramtui calibrate on <stamp>; report <path>" alone)
+        header = overlay.read_text().split("\nname:")[0]
+        assert "(simulated GPU 0)" in header and f"# report {summary['report']}" in header
         report = json.loads(Path(summary["report"]).read_text())
         assert len(report["samples"]) > 20  # every raw sample is kept, for recalibrate
         assert {m["phase"] if isinstance(m, dict) else m[1] for m in report["record"]["marks"]} \

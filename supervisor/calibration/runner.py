@@ -343,7 +343,9 @@ class CalibrationRun:
         fields = report.overlay_fields() if self.outcome == "completed" else None
         if fields:
             overlay = host.paths.calibration_overlay(spec.name)
-            comment = f"measured by vramtui calibrate on {stamp}; report {report_path}"
+            # the report's own words (when, on which device: "simulated GPU 0", how sure), as
+            # `recalibrate --write-overlay` writes them, and where the report is
+            comment = f"{report.overlay_comment()}\nreport {report_path}"
             write_overlay(overlay, spec.name, fields, comment=comment)
             summary["overlay"] = str(overlay)
             # The overlay itself, for a client that cannot read the engine's files
