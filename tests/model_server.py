@@ -16,7 +16,9 @@
   a ``max_tokens`` that is not a number is refused with a 400, in OpenAI's error shape;
   ``POST /echo`` answers the body it got, byte for byte, with the headers it got as
   ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
-  ``POST /quit``: exits (what a descriptor's ``http.stop`` may call).
+  ``POST /quit``: exits (what a descriptor's ``http.stop`` may call); ``GET /files/cut``:
+  a file of 4096 bytes declared whose connection closes after its first 100 (a download
+  that broke off).
 - ``POST /sleep?level=1`` and ``POST /wake_up`` (vLLM's routes; SGLang's
   ``/release_memory_occupation`` and ``/resume_memory_occupation`` too): sleep really gives
   its ``--mib`` back on the simulated GPU (its context stays), wake takes it again after
@@ -174,6 +176,15 @@ class Server:
             "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
             "X-Query": request.query_string, **seen})
 
+    async def cut(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = 4096
+        await resp.prepare(request)
+        await resp.write(b"x" * 100)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
     async def sleep(self, request: web.Request) -> web.Response:
         if not self.asleep:
             self.asleep = True
@@ -238,7 +249,7 @@ def main() -> None:
         web.post("/echo", server.echo), web.post("/v1/audio/transcriptions", server.echo),
         web.post("/quit", server.quit), web.get("/ws", server.ws),
         web.post("/sleep", server.sleep), web.post("/wake_up", server.wake_up),
-        web.get("/is_sleeping", server.is_sleeping),
+        web.get("/is_sleeping", server.is_sleeping), web.get("/files/cut", server.cut),
         web.post("/release_memory_occupation", server.sleep),
         web.post("/resume_memory_occupation", server.wake_up)])
 

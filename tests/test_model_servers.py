@@ -435,6 +435,33 @@ def _error_text(body: bytes) -> str:
     return body.decode(errors="replace")
 
 
+def test_an_answer_that_is_no_event_stream_and_breaks_off_reaches_the_client_broken() -> None:
+    # A download through /upstream (every request there is relayed as it comes): the server
+    # declares 4096 bytes and closes after 100. The relay's own framing (chunked) must not end
+    # it as if whole: the client has to see a broken answer, not 100 bytes that look complete.
+    import http.client
+
+    # A server's 5xx fails its job too, but that answer came whole: it goes whole.
+    with serve_http([server_backend("llama"), server_backend("err500", mode="error500")]) \
+            as front:
+        conn = front.conn()
+        try:
+            conn.request("GET", "/upstream/llama/files/cut")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            with pytest.raises(http.client.IncompleteRead) as cut:
+                resp.read()
+            assert cut.value.partial == b"x" * 100
+        finally:
+            conn.close()
+        jobs = front.get("/v1/jobs?backend=llama").json()["data"]
+        assert [j["state"] for j in jobs] == ["failed"], jobs
+        assert "broke off" in jobs[0]["error"], jobs[0]
+        assert front.post("/v1/chat/completions", chat("llama")).status == 200
+        refused = front.post("/upstream/err500/v1/chat/completions", chat("err500"))
+        assert refused.status == 502 and b"KV cache is full" in refused.body, refused
+
+
 def test_a_server_whose_health_never_answers_fails_at_its_ready_timeout() -> None:
     # It takes the health request's connection and never answers: the one request must be
     # given up at the deadline, not after a health request's own 30 s (times three starts).

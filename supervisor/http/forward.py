@@ -10,7 +10,8 @@ apply as to a worker's result: ``jobflow.answer_headers``). A streamed request s
 in the queue is sent SSE comment lines with its place (``: queued, position 2``); clients
 ignore them (through ``/upstream``, only a client that accepts ``text/event-stream`` gets
 them). If the job fails once its answer has begun, an SSE answer ends with an OpenAI-shaped
-error event.
+error event; any other answer has no way to carry one, and is cut: its connection closes
+without the end of its body, so the client reads a broken answer, never a whole one.
 
 ``/upstream/{model}/{path}`` passes any request to the model's server (loading it first):
 a plain request as a job like the others, a websocket (``Upgrade: websocket``) straight to
@@ -84,7 +85,7 @@ async def forward(server: HttpServer, request: web.Request, backend: str, payloa
 
 async def _relay(srv: HttpServer, request: web.Request, job_id: str,
                  notes: bool = True) -> web.StreamResponse:
-    enc = _RawEncoder(srv, job_id)
+    enc = _RawEncoder(srv, job_id, request)
     stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode, on_lag=enc.resync,
                     heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer,
                     job_id=job_id)
@@ -162,6 +163,7 @@ async def _open(srv: HttpServer, request: web.Request, job_id: str,
         cancel_quietly(srv, job_id, "cancelled: its server's headers cannot be served")
         raise
     enc.sse = "text/event-stream" in allowed.get("Content-Type", "")
+    enc.whole_when_failed = status >= 500  # (its failure is the status: the body is whole)
     # A 5xx fails the job (a 502, as its finished answer would be); one HTTP cannot carry too.
     kind = HeadWithFirstChunk if with_chunk else web.StreamResponse
     response = kind(status=status if 200 <= status <= 499 else 502, headers=allowed)
@@ -183,13 +185,16 @@ class HeadWithFirstChunk(web.StreamResponse):
 
 
 class _RawEncoder:
-    """One job's chunks as the server wrote them; at a failed end, an SSE error event."""
+    """One job's chunks as the server wrote them; at a failed end, an SSE error event, or
+    (an answer of another type) its connection cut before the body's end."""
 
-    def __init__(self, server: HttpServer, job_id: str) -> None:
+    def __init__(self, server: HttpServer, job_id: str, request: web.Request) -> None:
         self.server = server
         self.job_id = job_id
+        self.request = request
         self.sent = 0
         self.sse = False
+        self.whole_when_failed = False  # a 5xx answer: the job fails, its body went whole
         self.head_seen = False
         self.tail = b""  # the last bytes written of the server's body
         # Opened as SSE for its queue notes, then answered with another type (a 400's JSON):
@@ -242,7 +247,13 @@ class _RawEncoder:
         if self.wrap and not failed and self.held:
             lines = bytes(self.held).rstrip(b"\r\n").replace(b"\r\n", b"\n").split(b"\n")
             return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
-        if view is None or not failed or not self.sse:
+        if view is None or not failed:
+            return b""
+        if not self.sse:
+            # No error fits in its body: the connection closes (what was written still goes)
+            # without the body's end (its last chunk), which would tell the client it was whole.
+            if not self.whole_when_failed and self.request.transport is not None:
+                self.request.transport.close()
             return b""
         # An event the server left unfinished is ended first, so the error stands alone.
         cut = b"" if self.tail in (b"", b"\n\n") else b"\n\n"
