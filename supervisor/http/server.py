@@ -11,7 +11,7 @@ accepted, before a byte is read, and its request headers have a deadline.  Every
 passes three middlewares, outermost first: errors (everything leaves in the one JSON error
 shape), the guard (:mod:`.auth`: host, origin, token, peer uid), and limits (requests in
 flight, like the control socket's connection limit).  Request bodies are bounded by
-``max_body`` (413 past it).
+``max_body`` (413 past it; at once, before a byte of it is read, when its declared length is).
 """
 
 from __future__ import annotations
@@ -214,6 +214,11 @@ class HttpServer:
     @web.middleware
     async def _limits(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.counters["requests"] += 1
+        declared = request.content_length
+        if declared is not None and declared > self.config.max_body:
+            # (refused on its word: read to the limit first, each one held max_body here)
+            raise web.HTTPRequestEntityTooLarge(max_size=self.config.max_body,
+                                                actual_size=declared)
         route_handler = getattr(request.match_info, "handler", None)
         is_stream = bool(getattr(route_handler, "streaming", False))
         if is_stream:
