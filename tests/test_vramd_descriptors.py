@@ -367,3 +367,36 @@ def test_the_warnings_reach_the_engine_log_and_doctor(tmp_path: Path, home: Path
         check_backends(report, paths, [str(file)])
     warned = [c["detail"] for c in report.checks if c["status"] == WARN]
     assert len(warned) == 3 and "footprint_key" in warned[0]
+
+
+def test_import_vramd_anchors_our_own_relative_paths_at_the_files_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys of ours in a vramd file (script:, python:, a command's ./program) are relative to
+    the file's folder: the converted file, written elsewhere, says them absolute. Its own
+    load-back check ran in a scratch folder and died as an internal error (exit 70)."""
+    src = tmp_path / "src $x"
+    sim = Path(__file__).resolve().parents[1] / "examples" / "demo" / "simmodel.py"
+    write(src / "simmodel.py", sim.read_text())
+    venv_python(src, "tool")
+    write(src / "bin" / "serve.sh", "#!/bin/sh\n").chmod(0o755)
+    file = write(src / "v.yaml", """
+        version: 2
+        backends:
+          - name: v1
+            script: simmodel.py
+            python: tool/.venv/bin/python
+          - name: v2
+            command: ./bin/serve.sh --port 1
+            protocol: vramd
+        """)
+    monkeypatch.chdir(tmp_path)  # not the file's folder
+    out = tmp_path / "cfg" / "from-vramd.yaml"
+    assert main(["import-vramd", str(file.relative_to(tmp_path)), "--out", str(out)]) == 0
+    written = out.read_text()
+    assert f"script: {tmp_path}/src $$x/simmodel.py" in written  # $$: a literal $
+    direct = ok(load(file, env=dict(os.environ), workdir=tmp_path))
+    back = ok(load(out, env=dict(os.environ), workdir=tmp_path))
+    assert {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in back.items()} == \
+        {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in direct.items()}
+    assert direct["v1"].command[-1] == str(src / "simmodel.py")
+    assert direct["v2"].command[0] == str(src / "bin" / "serve.sh")

@@ -21,6 +21,7 @@ import yaml
 from .errors import DescriptorError, DescriptorWarning, display_path
 from .loader import _Collector
 from .round_trip import check_round_trip
+from .schema import anchor_paths
 from .vramd import VramdContext
 
 
@@ -52,13 +53,10 @@ def import_llama_swap(path: Path, *,
     stamp = time.strftime("%Y-%m-%d %H:%M")
     files: dict[str, str] = {}
     for name in result.backends:
-        data = {"name": name, **_plain(collector.resolved[name].data)}
         # Where llama-swap's file is: relative paths resolve there, as when it runs as it is.
         folder = path.resolve().parent
-        command = data.get("command")
-        if isinstance(command, list) and command and "/" in str(command[0]):
-            command[0] = os.path.normpath(folder / str(command[0]))
-        data.setdefault("cwd", str(folder))
+        data = {"name": name, **anchor_paths(_plain(collector.resolved[name].data),
+                                             lambda key, folder=folder: folder, environ)}
         lines = [f"# {name}: converted from llama-swap's {display_path(path)}",
                  f"# by `vramtui import-llama-swap` on {stamp}. ${{VAR}} is read from the",
                  "# environment when vramtui loads this file; ${PORT} is a free port the",

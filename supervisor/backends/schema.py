@@ -348,6 +348,45 @@ def _command(value: object, base: Path, environ: Mapping[str, str]) -> tuple[str
     return tuple(argv)
 
 
+PATH_KEYS = ("script", "python", "cwd")  # read by _path, relative to the file's folder
+
+
+def anchor_paths(data: Mapping[str, Any], base_dir: Callable[[str], Path],
+                 environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``data`` with each relative path that ``build_spec`` resolves against ``base_dir(key)``
+    (``script``, ``python``, ``cwd``, a ``command``'s program) made absolute, so that it means
+    the same written to a file elsewhere (what an importer writes). ``$VAR``s are kept."""
+
+    def absolute(text: str, base: Path, program: bool = False) -> str:
+        try:
+            expanded = expand(text, environ)
+        except ValueError:
+            return text  # left for build_spec to report
+        if not expanded or os.path.isabs(expanded) or (program and "/" not in expanded):
+            return text
+        if "$" not in text:  # all literal: tidied ($$ is a literal '$')
+            return os.path.normpath(os.path.join(base, text)).replace("$", "$$")
+        return os.path.join(str(base).replace("$", "$$"), text)
+
+    out = dict(data)
+    if out.get("cwd") is None:  # build_spec's default: the folder of what it runs
+        run_key = "script" if out.get("script") is not None else "command"
+        out["cwd"] = str(base_dir(run_key)).replace("$", "$$")
+    for key in PATH_KEYS:
+        if isinstance(out.get(key), str):
+            out[key] = absolute(out[key], base_dir(key))
+    command = out.get("command")
+    try:
+        words = shlex.split(command) if isinstance(command, str) else command
+    except ValueError:
+        words = None  # left for build_spec to report
+    if isinstance(words, list | tuple) and words and isinstance(words[0], str):
+        first = absolute(words[0], base_dir("command"), program=True)
+        if first != words[0]:
+            out["command"] = [first, *words[1:]]
+    return out
+
+
 def _size_field(value: object) -> int:
     return parse_size(value)
 

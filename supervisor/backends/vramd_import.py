@@ -22,6 +22,7 @@ import yaml
 from .errors import DescriptorError, DescriptorWarning, display_path
 from .loader import _Collector, working_directory
 from .round_trip import check_round_trip
+from .schema import anchor_paths
 from .vramd import VramdContext
 
 BACKENDS_FILE_ENV = "VRAMD_BACKENDS_FILE"
@@ -88,12 +89,19 @@ def import_vramd(paths: Sequence[str | Path], *, environ: Mapping[str, str] = os
     for path in paths:
         collector.add_path(path)
     result = collector.finish()
-    entries = [_ordered(name, collector.resolved[name].data) for name in result.backends]
+    entries = []
+    for name in result.backends:
+        raw = collector.resolved[name]
+        # Our own keys in a vramd file (script:, python: …) are relative to its folder.
+        data = anchor_paths(raw.data, lambda key, raw=raw: raw.origin_of(key).file.parent,
+                            environ)
+        entries.append(_ordered(name, data))
     shown = ", ".join(display_path(f) for f in result.layers) or "nothing"
     lines = [f"# vramtui backends converted from vramd's {shown}",
              f"# by `vramtui import-vramd` on {time.strftime('%Y-%m-%d %H:%M')}. Relative paths",
-             f"# were resolved from {workdir} as vramd resolves them; ${{VAR}} is read from",
-             "# the environment when vramtui loads this file."]
+             f"# were resolved from {workdir} as vramd resolves them (vramtui's own keys,",
+             "# such as script:, from the file's folder); ${VAR} is read from the",
+             "# environment when vramtui loads this file."]
     for warning in result.warnings:
         lines.append(f"# warning: {warning}")
     for error in result.errors:
