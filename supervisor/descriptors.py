@@ -116,9 +116,9 @@ def _sleep_view(sleep: Any) -> Any:
 
 
 def describe(backend: str, spec: Any, layers: Sequence[Path] | None,
-             environ: Any) -> DescriptorInfo:
-    """``backend``'s layers read from the descriptor files now, and its effective descriptor
-    (``spec``, what the engine runs with)."""
+             environ: Any, *, demo: bool = False) -> DescriptorInfo:
+    """``backend``'s layers read from the descriptor files now (the demo's too while the engine
+    runs on it), and its effective descriptor (``spec``, what the engine runs with)."""
     from .backends.errors import DescriptorError, display_path
     from .backends.loader import load_backends
     from .backends.raw import entries_of, entry_name
@@ -127,7 +127,7 @@ def describe(backend: str, spec: Any, layers: Sequence[Path] | None,
     found: list[DescriptorLayer] = []
     errors: list[str] = []
     if layers is not None:
-        loaded = load_backends(layers, environ=environ)
+        loaded = load_backends(layers, environ=environ, demo_fallback=demo)
         for file in loaded.layers:
             try:
                 documents = load_documents(file)

@@ -22,7 +22,8 @@ from typing import Any, Protocol, TypeVar
 
 from . import eventloop, operations
 from .apispec import METHODS
-from .backends.loader import default_layers, load_backends
+from .backends.errors import display_path
+from .backends.loader import default_layers, load_backends, named_layers
 from .doors.watch import JobEnd
 from .engine import Engine, EngineConfig
 from .engine.config import reserve_problem, reserve_unknown
@@ -147,11 +148,18 @@ class Supervisor:
             unknown = reserve_unknown(config.gpu_reserve_mib, totals)
             if unknown is not None:
                 notice = f"{notice}; {unknown}" if notice else unknown
+        named = named_layers([Path(b) for b in backends], environ)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
-        loaded = load_backends(layers, environ=environ)
+        loaded = load_backends(layers, environ=environ, demo_fallback=not named)
+        empty_note = None
         if loaded.demo:
-            demo_note = "no backends configured: loaded the simulated demo backends"
-            notice = f"{notice}; {demo_note}" if notice else demo_note
+            empty_note = "no backends configured: loaded the simulated demo backends"
+        elif not loaded.backends and not loaded.errors:
+            where = ", ".join(display_path(p) for p in named) or display_path(paths.backends_dir)
+            empty_note = (f"no backends: none defined in {where}; add one (see the README's "
+                          "'Describing a backend'), then run `vramtui reload`")
+        if empty_note:
+            notice = f"{notice}; {empty_note}" if notice else empty_note
         engine = Engine(
             layers=layers,
             environ=environ,

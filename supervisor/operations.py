@@ -126,8 +126,11 @@ def reload(engine: Engine) -> Blocking:
     layers, environ = engine.descriptors.layers, engine.descriptors.environ
     if layers is None:
         raise Refused("this engine was not started from descriptor files: nothing to reload")
-    demo = engine.descriptors.demo  # a broken first file keeps the demo that runs
-    return Blocking(lambda: load_backends(layers, environ=environ, keep_demo=demo),
+    # Only the demo that runs can stay (a broken first file keeps it); a reload never brings
+    # it in, e.g. when the last file is deleted.
+    demo = engine.descriptors.demo
+    return Blocking(lambda: load_backends(layers, environ=environ, demo_fallback=demo,
+                                          keep_demo=demo),
                     engine.apply_descriptors)
 
 
@@ -170,7 +173,7 @@ def descriptor(engine: Engine, backend: str) -> Blocking:
     _known(engine, backend)
     spec, d = engine.spec(backend), engine.descriptors
     layers, environ = d.layers, d.environ
-    return Blocking(lambda: describe(backend, spec, layers, environ))
+    return Blocking(lambda: describe(backend, spec, layers, environ, demo=d.demo))
 
 
 def calibration_report(engine: Engine, backend: str, name: str | None) -> Blocking:

@@ -23,7 +23,7 @@ def _demo_engine(root: Path) -> Supervisor:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
     env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
                VRAMTUI_CONFIG_DIR=str(root / "cfg"))
-    (root / "cfg" / "backends.d").mkdir(parents=True)
+    (root / "cfg" / "backends.d").mkdir(parents=True, exist_ok=True)
     return Supervisor.from_config(gpus="sim:24GiB", environ=env, paths=Paths.from_env(env),
                                   config=EngineConfig(reserve_mib=0, tick_s=0.1))
 
@@ -69,3 +69,43 @@ def test_a_configuration_that_disables_everything_is_not_replaced_by_the_demo(
     assert not load_backends([tmp_path]).demo  # at start: the errors, no demo
     assert load_backends([tmp_path], keep_demo=True).demo  # while it runs: it stays
     assert not load_backends([tmp_path / "gone.yaml"], keep_demo=True).demo  # named: must exist
+
+
+@pytest.mark.process
+def test_deleting_the_last_file_and_reloading_never_brings_the_demo_in() -> None:
+    """The demo stands in only when nothing was configured at start; a reload that finds the
+    files gone leaves no backends (it added the five simulated demo backends)."""
+    root = scratch_dir()
+    (root / "w.py").write_text("")
+    mine = root / "cfg" / "backends.d" / "mine.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text(f"name: mine\nscript: {root / 'w.py'}\nvram: 2GiB\n")
+    sup = _demo_engine(root).start_in_thread()
+    try:
+        assert [b.name for b in sup.snapshot().backends] == ["mine"]
+        mine.unlink()
+        result = sup.reload()
+        assert result.removed == ("mine",) and result.added == () and not result.errors
+        assert sup.snapshot().backends == ()
+    finally:
+        sup.stop(timeout=30)
+
+
+def test_a_named_empty_file_means_no_backends_and_says_how_to_add_one() -> None:
+    """``--backends empty.yaml`` (or $VRAMTUI_BACKENDS) is a configuration: no demo."""
+    root = scratch_dir()
+    empty = root / "empty.yaml"
+    empty.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
+    env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
+               VRAMTUI_CONFIG_DIR=str(root / "cfg"))
+    for backends, extra in (([empty], {}), ([], {"VRAMTUI_BACKENDS": str(empty)})):
+        sup = Supervisor.from_config(gpus="sim:24GiB", backends=backends,
+                                     environ={**env, **extra}, paths=Paths.from_env(env))
+        try:
+            assert sup.engine.backends == {} and not sup.engine.descriptors.demo
+            notice = sup.engine.monitor.notice or ""
+            assert "no backends: none defined in " in notice and "empty.yaml" in notice
+            assert "vramtui reload" in notice and "demo" not in notice
+        finally:
+            sup.engine.probe.close()

@@ -83,14 +83,21 @@ def default_layers(
     defaults = packaged_defaults_dir()
     if defaults.is_dir():
         layers.append(defaults)
-    for item in environ.get(BACKENDS_ENV, "").split(os.pathsep):
-        if item.strip():
-            layers.append(_expand_user(item.strip(), environ))
-    layers.extend(_expand_user(item, environ) for item in extra)
+    layers.extend(named_layers(extra, environ))
     user_dir = backends_dir_of(config_dir)
     if user_dir.is_dir():
         layers.append(user_dir)
     return layers
+
+
+def named_layers(extra: Sequence[str | Path] = (),
+                 environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """The layers the user named: each path of ``$VRAMTUI_BACKENDS``, then ``extra`` (the
+    ``--backends`` files). Only when there is none may an empty configuration be replaced
+    by the demo backends: a file named and empty means no backends."""
+    named = [_expand_user(item.strip(), environ)
+             for item in environ.get(BACKENDS_ENV, "").split(os.pathsep) if item.strip()]
+    return named + [_expand_user(item, environ) for item in extra]
 
 
 def working_directory() -> Path | None:
@@ -112,7 +119,9 @@ def load_backends(
     """Load and validate the backends of ``paths`` (layers, lowest first).
 
     When nothing at all was found (no backend entry, no error) and ``demo_fallback`` is set,
-    the demo backends of ``demo_backends_dir()`` are loaded instead and ``demo`` is true.
+    the demo backends of ``demo_backends_dir()`` are loaded instead and ``demo`` is true
+    (callers set it only when no layer was named, ``named_layers``, at start, or while the
+    demo runs: a reload never brings it in).
     ``keep_demo`` (a reload while the demo runs): also when the files have errors and not one
     backend of theirs loads, every path named being there — a first file that fails to load
     never takes the demo away (its errors are still reported).

@@ -68,11 +68,12 @@ def backend_names() -> list[str]:
     except Exception:  # noqa: BLE001 - no engine: read the descriptors instead
         pass
     try:
-        from supervisor.backends.loader import default_layers, load_backends
+        from supervisor.backends.loader import default_layers, load_backends, named_layers
         from supervisor.paths import Paths
 
         paths = Paths.from_env()
-        loaded = load_backends(default_layers(paths.config_dir, [], os.environ))
+        loaded = load_backends(default_layers(paths.config_dir, [], os.environ),
+                               demo_fallback=not named_layers([], os.environ))
         return sorted(loaded.backends)
     except Exception:  # noqa: BLE001 - completion must never print an error
         return []

@@ -193,7 +193,12 @@ def check_state(r: Report, paths: Paths, engine_pid: int | None = None) -> None:
 
 
 def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
-    from supervisor.backends.loader import default_layers, demo_backends_dir, load_backends
+    from supervisor.backends.loader import (
+        default_layers,
+        demo_backends_dir,
+        load_backends,
+        named_layers,
+    )
 
     given = [Path(b) for b in extra]
     layers = default_layers(paths.config_dir, given)
@@ -201,8 +206,9 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
         skip = [Path(os.path.abspath(d)) for d in layers]
         skip += [demo] if (demo := demo_backends_dir()) else []
         more = [f for f in r.engine_files if not any(f == d or d in f.parents for d in skip)]
-        layers = default_layers(paths.config_dir, given + more)
-    loaded = load_backends(layers)
+        given += more
+        layers = default_layers(paths.config_dir, given)
+    loaded = load_backends(layers, demo_fallback=not named_layers(given))
     told = [c["detail"] for c in r.checks if c["check"] == "engine descriptor"]
     for problem in loaded.errors:
         if not _told_by_engine(problem, told):
@@ -213,6 +219,9 @@ def check_backends(r: Report, paths: Paths, extra: list[str]) -> None:
     if loaded.demo:
         r.add(WARN, "backends", "none configured: the simulated demo backends are used",
               f"add descriptors to {paths.backends_dir}")
+    elif not loaded.backends and not loaded.errors:
+        r.add(WARN, "backends", "none: the descriptor files define no backend",
+              "add one (see the README's 'Describing a backend'), then run `vramtui reload`")
     checked: dict[str, str | None] = {}
     for name, spec in sorted(loaded.backends.items()):
         if not spec.command:
