@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from serve_support import PYTHON, Served, cli, echo_backend, make_env, new_root, reap, start_serve
 from spawning import spawns
 
@@ -67,3 +69,28 @@ def test_an_absurd_simulated_gpu_is_one_line_and_exit_2(spec: str) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "at most" in lines[0] and "1 PiB" in lines[0]
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("keep_alive", 99999999999999999999999, "longer than a year: write 'never'"),
+    ("keep_alive", "367d", "longer than a year: write 'never'"),
+    ("concurrency", 99999999999999999999, "too large (the most is 1024)"),
+    ("priority", 99999999999999999999, "too large (the most is 1000000)"),
+    ("priority", -(10**20), "too small (the least is -1000000)"),
+])
+def test_a_descriptors_absurd_keep_alive_concurrency_or_priority_is_one_error(
+        tmp_path: Path, key: str, value: object, says: str) -> None:
+    """Loaded as written, they showed as keep-alive 99999999999999999999999s, or a
+    concurrency no worker has (and a priority past the journal's 64-bit integers)."""
+    from supervisor.backends.loader import load_backends
+
+    file = tmp_path / "b.yaml"
+    file.write_text(yaml.safe_dump({"backends": [
+        {"name": "x", "command": ["/bin/true"], key: value},
+        {"name": "fine", "command": ["/bin/true"], "keep_alive": "366d", "concurrency": 1024,
+         "priority": 1_000_000}]}))
+    result = load_backends([file], demo_fallback=False)
+    assert list(result.backends) == ["fine"]
+    assert len(result.errors) == 1
+    line = str(result.errors[0])
+    assert f"backend 'x': field '{key}': " in line and says in line and "\n" not in line

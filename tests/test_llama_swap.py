@@ -474,3 +474,26 @@ models:
     assert _warned(warnings, "'n' is in it twice")
     assert _warned(warnings, "'n' is in group 'g1' too")
     assert _warned(warnings, "setParamsByID ('m:high') are not served")
+
+
+def test_import_names_a_ttl_or_concurrency_limit_it_cannot_map(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """They became keep_alive 99999999999999999999999s and concurrency 99999999999999999999,
+    which the engine then loaded; now each is one 'not converted' line at its line."""
+    from vramtui.cli import main
+
+    file = tmp_path / "config.yaml"
+    file.write_text("models:\n  big:\n    cmd: /bin/true --port ${PORT}\n"
+                    "    ttl: 99999999999999999999999\n"
+                    "    concurrencyLimit: 99999999999999999999\n"
+                    "  ok:\n    cmd: /bin/true --port ${PORT}\n")
+    out = tmp_path / "out"
+    assert main(["import-llama-swap", str(file), "-o", str(out)]) == 2
+    assert not out.exists()
+    errors = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("vramtui: error: not converted")]
+    assert len(errors) == 2, errors
+    assert ":4: backend 'big': field 'keep_alive'" in errors[0]
+    assert "longer than a year" in errors[0]
+    assert ":5: backend 'big': field 'concurrency'" in errors[1]
+    assert "too large (the most is 1024)" in errors[1]

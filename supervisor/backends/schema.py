@@ -21,11 +21,14 @@ from typing import Any
 
 from ..errors import brief
 from ..units import parse_duration, parse_size
+from ..validate import PRIORITY_MAX, PRIORITY_MIN
 from .errors import FieldError, unknown_key_message
 from .http import HttpSpec, keep_macros, parse_http
 
 DEFAULT_SAFETY_MIB = 512
 DEFAULT_KEEP_ALIVE_S = 300.0
+MAX_KEEP_ALIVE_S = 366 * 86400.0  # longer is no idle time anyone means: 'never' says it
+MAX_CONCURRENCY = 1024  # requests one worker runs at once (llama-server's -np is far below)
 DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_PING_TIMEOUT_S = 5.0
@@ -269,11 +272,13 @@ class BackendSpec:
 # -- small converters: raise ValueError (message only) or FieldError (field and message) ----
 
 
-def _int(value: object, *, minimum: int | None = None) -> int:
+def _int(value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{brief(value)} is not a whole number")
     if minimum is not None and value < minimum:
         raise ValueError(f"{brief(value)} is too small (the least is {minimum})")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{brief(value)} is too large (the most is {maximum})")
     return value
 
 
@@ -496,6 +501,14 @@ def _overuse(value: object) -> str:
 
 def _infinite_duration(value: object) -> float:
     return parse_duration(value, allow_infinite=True)
+
+
+def _keep_alive(value: object) -> float:
+    seconds = _infinite_duration(value)
+    if math.isfinite(seconds) and seconds > MAX_KEEP_ALIVE_S:
+        raise ValueError(f"{brief(value)} is longer than a year: write 'never' for a worker "
+                         "that is never stopped for idleness")
+    return seconds
 
 
 def _calibration(value: object) -> bytes | None:
@@ -735,15 +748,15 @@ def build_spec(
     take("env", "env", _env, environ)
     take("vram", "vram", _vram)
     take("safety", "safety_mib", _size_field)
-    take("priority", "priority", _int)
+    take("priority", "priority", lambda v: _int(v, minimum=PRIORITY_MIN, maximum=PRIORITY_MAX))
     take("gpus", "gpus", _gpus)
-    take("keep_alive", "keep_alive_s", _infinite_duration)
+    take("keep_alive", "keep_alive_s", _keep_alive)
     take("pinned", "pinned", _bool)
     take("preload", "preload", _bool)
     take("unlisted", "unlisted", _bool)
     take("stream", "stream", _bool)
     take("inline_results", "inline_results", _bool)
-    take("concurrency", "concurrency", lambda v: _int(v, minimum=1))
+    take("concurrency", "concurrency", lambda v: _int(v, minimum=1, maximum=MAX_CONCURRENCY))
     take("timeouts", "timeouts", _timeouts)
     take("calibration", "calibration_request", _calibration)
     take("reload_cost", "reload_cost_s", parse_duration)
