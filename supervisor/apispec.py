@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .control.logtail import MAX_LINES as MAX_LOG_LINES
 from .errors import InvalidRequest
 from .jobs import JobView
 from .snapshot import EngineSnapshot
@@ -446,7 +447,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        how="stream"),
     _m("logs", "LogChunk", "The last lines of a backend's worker log, or what follows offset.",
        _BACKEND,
-       Arg("lines", INT, 50, "lines from the end", check=between(0, 100_000)),
+       Arg("lines", INT, 50, "lines from the end", check=between(0, MAX_LOG_LINES)),
        Arg("offset", INT, None, "continue from here (the offset of the last chunk)",
            check=at_least(0)),
        safe=True),

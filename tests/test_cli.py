@@ -123,6 +123,16 @@ def test_status_queue_jobs_backends_logs(served: Served) -> None:
     assert logs.returncode == 0 and "ready" in logs.stdout
 
 
+def test_logs_refuses_a_count_of_lines_it_cannot_show(served: Served) -> None:
+    """-n -5 was taken as 0: no output and exit 0, as if the log were empty."""
+    for count in ("-5", "100001"):
+        done = run(served, "logs", "echo", "-n", count)
+        assert done.returncode == 2 and done.stdout == ""
+        assert f"-n takes a number of lines between 0 and 100000, got {count}" in \
+            one_line_error(done)
+    assert run(served, "logs", "echo", "-n", "0").returncode == 0
+
+
 def test_errors_are_one_line_with_exit_codes(served: Served, tmp_path: Path) -> None:
     unknown = run(served, "submit", "nope", "--data", "{}")
     assert unknown.returncode == 4

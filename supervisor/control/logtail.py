@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 MAX_READ = 1024 * 1024
+MAX_LINES = 100_000  # lines from the end one call may ask for (the API's and the CLI's check)
 
 
 def read_log(path: Path, lines: int = 50, offset: int | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..connect import open_client
-from ..exits import Exit
+from ..exits import Exit, UsageError
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -17,8 +17,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from supervisor.control.logtail import MAX_LINES
+
+    if not 0 <= args.lines <= MAX_LINES:
+        raise UsageError(f"-n takes a number of lines between 0 and {MAX_LINES}, got "
+                         f"{args.lines}")
     client = open_client(args)
-    chunk = client.logs(args.backend, lines=max(0, args.lines))
+    chunk = client.logs(args.backend, lines=args.lines)
     if args.json and not args.follow:
         from ..output import print_json
 
