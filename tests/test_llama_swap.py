@@ -497,3 +497,15 @@ def test_import_names_a_ttl_or_concurrency_limit_it_cannot_map(
     assert "longer than a year" in errors[0]
     assert ":5: backend 'big': field 'concurrency'" in errors[1]
     assert "too large (the most is 1024)" in errors[1]
+
+
+def test_import_of_a_folder_says_it_is_one(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """It said '/tmp: no such file'."""
+    from vramtui.cli import main
+
+    assert main(["import-llama-swap", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vramtui: error: {tmp_path}: is a directory: name a file in it\n"
+    assert main(["import-llama-swap", str(tmp_path / "gone.yaml")]) == 2
+    assert "gone.yaml: no such file\n" in capsys.readouterr().err

@@ -4,6 +4,7 @@ vram: block, where relative paths resolve, a warning for each key we cannot hono
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -400,3 +401,23 @@ def test_import_vramd_anchors_our_own_relative_paths_at_the_files_folder(
         {n: s.__class__(**{**s.__dict__, "source": ""}) for n, s in direct.items()}
     assert direct["v1"].command[-1] == str(src / "simmodel.py")
     assert direct["v2"].command[0] == str(src / "bin" / "serve.sh")
+
+
+def test_import_vramd_reads_a_folder_as_vramd_reads_its_backends_d(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder said '/tmp: no such file', though the default it reads is a folder."""
+    conf = tmp_path / "backends.d"
+    write(conf / "b.yaml", "version: 2\nbackends: [{name: b, runtime: {command: [/bin/true]}}]")
+    write(conf / "a.yml", "version: 2\nbackends: [{name: a, runtime: {command: [/bin/true]}}]")
+    write(conf / "notes.txt", "not read")
+    assert main(["import-vramd", str(conf), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["backends"] == ["a", "b"]
+    assert out["files"] == [str(conf / "a.yml"), str(conf / "b.yaml")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["import-vramd", str(empty)]) == 2
+    assert capsys.readouterr().err == (f"vramtui: error: {empty}: a folder with no *.yaml or "
+                                       "*.yml file in it: name the vramd file\n")
+    assert main(["import-vramd", str(tmp_path / "gone")]) == 2
+    assert "gone: no such file or folder\n" in capsys.readouterr().err

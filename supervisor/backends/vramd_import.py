@@ -56,9 +56,14 @@ def vramd_sources(environ: Mapping[str, str] = os.environ) -> list[Path]:
     raw_dir = environ.get(BACKENDS_DIR_ENV, "").strip()
     folder = expand(raw_dir) if raw_dir else Path(home) / ".config" / "vramd" / "backends.d"
     if folder.is_dir():
-        sources += sorted(p for p in folder.iterdir()
-                          if p.suffix in (".yaml", ".yml") and p.is_file())
+        sources += folder_sources(folder)
     return sources
+
+
+def folder_sources(folder: Path) -> list[Path]:
+    """The descriptor files vramd reads in a folder: its ``*.yaml``/``*.yml``, in name order
+    (OSError when it cannot be listed)."""
+    return sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
 
 
 def _plain(value: Any) -> Any:

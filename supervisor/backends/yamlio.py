@@ -234,7 +234,8 @@ def load_documents(path: Path) -> list[Any]:
     except FileNotFoundError:
         raise DescriptorError(path, None, None, None, "no such file") from None
     except IsADirectoryError:
-        raise DescriptorError(path, None, None, None, "is a directory") from None
+        raise DescriptorError(path, None, None, None,
+                              "is a directory: name a file in it") from None
     except OSError as exc:
         raise DescriptorError(path, None, None, None, f"cannot read: {exc.strerror}") from None
     try:

@@ -41,10 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from ..output import error
 
     path = Path(args.file).expanduser()
-    if not path.is_file():
-        raise UsageError(f"{args.file}: no such file")
     try:
-        documents = load_documents(path)
+        documents = load_documents(path)  # says: no such file, is a directory, bad YAML …
     except DescriptorError as exc:
         raise UsageError(str(exc)) from None
     if len(documents) != 1 or not is_llama_swap(documents[0]):

@@ -1,7 +1,8 @@
 """``vramtui import-vramd [FILE]``: a vramd descriptor file in vramtui's own spelling.
 
 vramtui runs vramd files as they are (``--backends FILE``, or a ``version: 2`` file in
-``backends.d``); this is for moving them over for good. Without FILE, the files vramd itself
+``backends.d``); this is for moving them over for good. FILE may be a folder (its ``*.yaml``
+and ``*.yml`` in name order, as vramd reads its backends.d). Without FILE, the files vramd itself
 reads are converted ($VRAMD_BACKENDS_FILE, then $VRAMD_BACKENDS_DIR or
 ~/.config/vramd/backends.d). The result goes to stdout, or with ``--out`` to a file written
 whole or not at all (an existing one is replaced only with ``--force``). Each vramd key that
@@ -23,7 +24,8 @@ from ..exits import Exit, UsageError
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", metavar="FILE",
-                        help="the vramd file (default: the files vramd reads: "
+                        help="the vramd file, or a folder of them like vramd's backends.d "
+                             "(default: the files vramd reads: "
                              "$VRAMD_BACKENDS_FILE, then $VRAMD_BACKENDS_DIR or "
                              "~/.config/vramd/backends.d)")
     parser.add_argument("--out", "-o", metavar="PATH",
@@ -34,14 +36,22 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from supervisor.atomicfile import write_atomic
-    from supervisor.backends.vramd_import import import_vramd, vramd_sources
+    from supervisor.backends.vramd_import import folder_sources, import_vramd, vramd_sources
 
     from ..output import error
 
     if args.file is not None:
         paths = [Path(args.file).expanduser()]
-        if not paths[0].is_file():
-            raise UsageError(f"{args.file}: no such file")
+        if paths[0].is_dir():
+            try:
+                paths = folder_sources(paths[0])
+            except OSError as exc:
+                raise UsageError(f"{args.file}: cannot list: {exc.strerror or exc}") from None
+            if not paths:
+                raise UsageError(f"{args.file}: a folder with no *.yaml or *.yml file in it: "
+                                 "name the vramd file")
+        elif not paths[0].is_file():
+            raise UsageError(f"{args.file}: no such file or folder")
     else:
         paths = vramd_sources()
         if not paths:
