@@ -1,7 +1,8 @@
 """Every CLI screen that shows a memory figure says when it is SIMULATED, and only then.
 
-``status`` and ``gpus`` name the devices; ``jobs``, ``backends`` and ``events`` show figures
-without them, so they carry a line of their own (and their JSON a ``simulated`` field).  One
+``status`` and ``gpus`` name the devices; ``jobs``, ``queue`` (its notes), ``backends`` and
+``events`` show figures without them, so they carry a line of their own (and their JSON a
+``simulated`` field, but for queue's, a list of jobs).  One
 engine on the simulated GPU, one on the host's memory (real figures, not simulated).
 """
 
@@ -105,6 +106,19 @@ def test_jobs_watch_says_it_on_every_refresh(sim: Served) -> None:
         assert sum(line.startswith(NOTE) for line in lines) >= 2, lines
     finally:
         stop(proc)
+
+
+def test_queue_says_it_above_waiting_notes_with_figures(sim: Served) -> None:
+    run(sim, "yield", "0")  # nothing of ours runs there: the job waits
+    try:
+        job = run(sim, "submit", "slow", "--data", "{}").stdout.strip()
+        try:
+            out = run(sim, "queue").stdout
+            assert out.startswith(NOTE) and job in out, out
+        finally:
+            run(sim, "cancel", job)
+    finally:
+        run(sim, "resume", "0")
 
 
 def test_events_say_it_first_and_in_each_document(sim: Served) -> None:

@@ -23,12 +23,13 @@ def run(args: argparse.Namespace) -> int:
 
             print_json(snap.queued, compact=compact(args))
             return
-        from ..output import queue_table
+        from ..output import queue_table, show_simulated_note
         from ..plain import show
 
         if not snap.queued:
             show("the queue is empty")
         else:
+            show_simulated_note(snap, {j.backend for j in snap.queued})  # the notes' figures
             show(queue_table(snap.queued))
 
     return watching(args, show)
