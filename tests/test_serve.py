@@ -280,6 +280,20 @@ def test_serve_refuses_bad_options_in_one_line() -> None:
 
 
 @pytest.mark.process
+def test_serve_refuses_attach_in_one_line_and_serves_nothing() -> None:
+    """--attach names a running engine; --serve served on the default socket regardless."""
+    root = new_root()
+    env = make_env(root)
+    done = cli(env, "--serve", "--attach", str(root / "x.sock"), timeout=20)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"vramtui --serve: --attach names a running engine's socket, and --serve serves its "
+        f"own ({root / 'run' / 'control.sock'}): leave --attach out (set VRAMTUI_RUNTIME_DIR "
+        "to serve in another directory)"]
+    assert not (root / "x.sock").exists() and not (root / "run" / "control.sock").exists()
+
+
+@pytest.mark.process
 def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> None:
     root = new_root()
     env = make_env(root)

@@ -45,6 +45,10 @@ def _fail(text: str, code: int) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if getattr(args, "attach", None):  # a running engine's socket: --serve serves its own
+        return _fail(f"--attach names a running engine's socket, and --serve serves its own "
+                     f"({Paths.from_env().control_socket}): leave --attach out (set "
+                     "VRAMTUI_RUNTIME_DIR to serve in another directory)", Exit.USAGE)
     try:
         setup_logging(args.log_file)
     except OSError as exc:

@@ -171,7 +171,7 @@ def build_parser(only: str | None = None, *,
     _engine_options(parser)
     parser.add_argument("--attach", metavar="SOCKET",
                         help="the control socket of a running engine (default: the runtime "
-                             "directory's)")
+                             "directory's; not with --serve, which serves its own)")
     parser.add_argument("--serve", action="store_true",
                         help="run the engine headless on this terminal (logs to stderr)")
     parser.add_argument("--log-file", action=_STORE, metavar="FILE",
