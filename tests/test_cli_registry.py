@@ -90,7 +90,24 @@ def test_each_command_parses_on_its_own(name: str) -> None:
     choices = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert list(choices) == [name]
     sub = choices[name]
-    assert {"--json", "--attach"} <= set(sub._option_string_actions)
+    # --json and --attach where they do something (an engine asked, output to read) only
+    row = command(name)
+    assert {o for o in ("--json", "--attach") if o in sub._option_string_actions} == \
+        set(row.common)
+    # and every positional argument says what it is
+    assert all(a.help for a in sub._actions if not a.option_strings), name
+
+
+def test_commands_that_ask_no_engine_have_no_attach() -> None:
+    """completion and recalibrate (and the importers, install-service) listed --attach and
+    --json, where they did nothing."""
+    assert command("completion").common == command("install-service").common == ()
+    for name in ("recalibrate", "import-vramd", "import-llama-swap"):
+        assert command(name).common == ("--json",), name
+    assert command("web").common == ("--attach",)
+    choices = build_parser("completion")._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    help_text = choices["completion"].format_help()
+    assert "--attach" not in help_text and "--json" not in help_text
 
 
 def test_an_abbreviated_option_still_finds_the_command() -> None:

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def backend_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("backend")
+    p.add_argument("backend", help="the backend's name (`vramtui backends` lists them)")
 
 
 def _act(args: argparse.Namespace, verb: str, done: str) -> int:

@@ -48,7 +48,7 @@ MAX_REPEATS = 100  # the engine's own limit
 
 
 def calibrate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("backend")
+    p.add_argument("backend", help="the backend to measure (`vramtui backends` lists them)")
     p.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="requests to run, one after another (default 3; 2 or more tell a "
                         "leak or a warm-up apart)")
@@ -67,7 +67,8 @@ def calibrate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def recalibrate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("report", metavar="REPORT.json",
+                   help="a calibration report (`vramtui calibrate` names the one it writes)")
     p.add_argument("--write-overlay", action="store_true",
                    help="write the measured figures into the config's backends.d (when the "
                         "report justifies them)")

@@ -13,7 +13,7 @@ from ..exits import Exit, UsageError
 
 
 def result_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job")
+    p.add_argument("job", help="the job's id (j-…; `vramtui jobs` lists them)")
     p.add_argument("--wait", action="store_true", help="wait for it to finish")
     p.add_argument("--output", "-o", metavar="FILE", help="write the result data to FILE")
 
@@ -47,7 +47,8 @@ def result(args: argparse.Namespace) -> int:
 
 
 def cancel_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("jobs", nargs="+", metavar="JOB")
+    p.add_argument("jobs", nargs="+", metavar="JOB",
+                   help="the jobs' ids (j-…; `vramtui jobs` lists them)")
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -95,7 +96,7 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def retry_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job")
+    p.add_argument("job", help="the job's id (j-…; `vramtui jobs` lists them)")
     p.add_argument("--wait", action="store_true", help="wait for the new job's result")
 
 
@@ -116,8 +117,9 @@ def retry(args: argparse.Namespace) -> int:
 
 
 def priority_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job")
-    p.add_argument("priority", type=int)
+    p.add_argument("job", help="the job's id (j-…; `vramtui jobs` lists them)")
+    p.add_argument("priority", type=int,
+                   help="the new priority (higher runs first)")
 
 
 def priority(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@ from ..exits import Exit, UsageError
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("backend")
+    p.add_argument("backend", help="the backend whose worker log to show (`vramtui backends` "
+                                   "lists them)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
 

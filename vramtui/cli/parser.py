@@ -212,9 +212,13 @@ def build_parser(only: str | None = None, *,
             continue
         p = sub.add_parser(row.name, help=row.help, description=row.help,
                            epilog=EXIT_CODES, formatter_class=_Formatter)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--attach", metavar="SOCKET", default=argparse.SUPPRESS,
-                       help="the control socket of the engine (default: the runtime "
-                            "directory's)")
+        if "--json" in row.common:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        else:
+            p.set_defaults(json=False)  # (read by the code that reports errors)
+        if "--attach" in row.common:
+            p.add_argument("--attach", metavar="SOCKET", default=argparse.SUPPRESS,
+                           help="the control socket of the engine (default: the runtime "
+                                "directory's)")
         row.add_arguments(p)
     return parser

@@ -3,7 +3,8 @@
 One row per command, in the order ``vramtui --help`` lists them.  A row names the module
 under :mod:`vramtui.cli` that implements the command and two functions there: ``arguments``
 (``(parser) -> None``: adds the command's own arguments; ``--json`` and ``--attach`` are added
-for every command by :mod:`vramtui.cli.parser`) and ``run`` (``(args) -> exit code``).  The
+by :mod:`vramtui.cli.parser` to each command whose row lists them in ``common``, by default
+every command) and ``run`` (``(args) -> exit code``).  The
 rows are plain strings, so that reading them imports nothing: a command's module is imported
 only when that command is parsed or run (``vramtui status`` never imports the code of
 ``calibrate``), and ``vramtui --help`` lists every command without importing any.
@@ -29,21 +30,25 @@ class Command:
 
     ``reports_errors``: the engine's errors (and :class:`vramtui.exits.UsageError`) become
     one line on stderr and their exit code, a bug one line and exit 70; the commands around
-    the HTTP front door handle their own.
+    the HTTP front door handle their own.  ``common``: which of the options every command
+    could have, ``--json`` and ``--attach``, it has (one that asks no engine has no
+    ``--attach``; one with no output to read has no ``--json``).
 
     (A plain class, not a dataclass: building one costs ``vramtui status`` nothing.)
     """
 
-    __slots__ = ("arguments", "help", "module", "name", "reports_errors", "run")
+    __slots__ = ("arguments", "common", "help", "module", "name", "reports_errors", "run")
 
     def __init__(self, name: str, help: str, module: str, run: str,
-                 arguments: str | None = None, *, reports_errors: bool = True) -> None:
+                 arguments: str | None = None, *, reports_errors: bool = True,
+                 common: tuple[str, ...] = ("--json", "--attach")) -> None:
         self.name = name
         self.help = help
         self.module = module
         self.run = run
         self.arguments = arguments
         self.reports_errors = reports_errors
+        self.common = common
 
     def __repr__(self) -> str:
         return f"Command({self.name!r}, module={self.module!r}, run={self.run!r})"
@@ -115,19 +120,20 @@ REGISTRY: tuple[Command, ...] = (
             "calibrate", "calibrate", "calibrate_arguments"),
     Command("recalibrate", "re-run the analysis on a stored calibration report (no GPU, "
                            "no engine) and say what changed",
-            "calibrate", "recalibrate", "recalibrate_arguments"),
-    Command("import-vramd", IMPORT_VRAMD_HELP, "import_vramd", "run", "arguments"),
+            "calibrate", "recalibrate", "recalibrate_arguments", common=("--json",)),
+    Command("import-vramd", IMPORT_VRAMD_HELP, "import_vramd", "run", "arguments",
+            common=("--json",)),
     Command("import-llama-swap", "write vramtui descriptors for the models of a llama-swap "
                                  "config.yaml (which also runs as it is)",
-            "import_llama_swap", "run", "arguments"),
+            "import_llama_swap", "run", "arguments", common=("--json",)),
     Command("completion", "print a shell completion script (bash, zsh or fish)",
-            "completion", "run", "arguments", reports_errors=False),
+            "completion", "run", "arguments", reports_errors=False, common=()),
     Command("install-service", "write a systemd user unit that runs `vramtui --serve` "
                                "(KillMode=mixed, Restart=on-failure)",
-            "install_service", "run", "arguments", reports_errors=False),
+            "install_service", "run", "arguments", reports_errors=False, common=()),
     Command("web", "the dashboard in a browser, attached to the running engine "
                    "(needs vramtui[http]; --serve --http serves it at /ui too)",
-            "web", "run", "arguments", reports_errors=False),
+            "web", "run", "arguments", reports_errors=False, common=("--attach",)),
 )
 
 COMMANDS: tuple[str, ...] = tuple(c.name for c in REGISTRY)

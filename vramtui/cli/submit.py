@@ -25,7 +25,8 @@ from ..exits import Exit, UsageError
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("backend")
+    p.add_argument("backend", help="the backend that runs the job (`vramtui backends` lists "
+                                   "them)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--data", metavar="JSON", help="the request, as JSON text")
     source.add_argument("--data-file", metavar="FILE", help="the request, read from FILE")
