@@ -66,15 +66,18 @@ def sim_backend(name: str, weights: int, activation: int, *, load_s: float = 0.0
 @contextmanager
 def engine(backends: list[dict[str, Any]], gpus: str = "sim:8GiB",
            config: EngineConfig | None = None) -> Iterator[Supervisor]:
-    """A started embedded engine with its own config/state/runtime directories."""
+    """A started embedded engine with its own config/state/runtime directories; with no
+    ``backends``, nothing is configured (no file named: the engine loads the demo)."""
     root = scratch_dir()
     env = dict(os.environ)
     env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
                VRAMTUI_CONFIG_DIR=str(root / "cfg"))
     env.pop("VRAMTUI_BACKENDS", None)
-    desc = root / "backends.yaml"
-    desc.write_text(yaml.safe_dump({"backends": backends}))
-    sup = Supervisor.from_config(gpus=gpus, backends=[desc], environ=env,
+    named = []
+    if backends:
+        named.append(root / "backends.yaml")
+        named[0].write_text(yaml.safe_dump({"backends": backends}))
+    sup = Supervisor.from_config(gpus=gpus, backends=named, environ=env,
                                  paths=Paths.from_env(env),
                                  config=config or EngineConfig(reserve_mib=0, tick_s=0.1))
     sup.start_in_thread()
