@@ -72,16 +72,14 @@ def test_an_absurd_simulated_gpu_is_one_line_and_exit_2(spec: str) -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "says"), [
-    ("keep_alive", 99999999999999999999999, "longer than a year: write 'never'"),
-    ("keep_alive", "367d", "longer than a year: write 'never'"),
     ("concurrency", 99999999999999999999, "too large (the most is 1024)"),
     ("priority", 99999999999999999999, "too large (the most is 1000000)"),
     ("priority", -(10**20), "too small (the least is -1000000)"),
 ])
-def test_a_descriptors_absurd_keep_alive_concurrency_or_priority_is_one_error(
+def test_a_descriptors_absurd_concurrency_or_priority_is_one_error(
         tmp_path: Path, key: str, value: object, says: str) -> None:
-    """Loaded as written, they showed as keep-alive 99999999999999999999999s, or a
-    concurrency no worker has (and a priority past the journal's 64-bit integers)."""
+    """Loaded as written, they showed as a concurrency no worker has (and a priority past
+    the journal's 64-bit integers)."""
     from supervisor.backends.loader import load_backends
 
     file = tmp_path / "b.yaml"
@@ -94,3 +92,21 @@ def test_a_descriptors_absurd_keep_alive_concurrency_or_priority_is_one_error(
     assert len(result.errors) == 1
     line = str(result.errors[0])
     assert f"backend 'x': field '{key}': " in line and says in line and "\n" not in line
+
+
+@pytest.mark.parametrize("value", ["9999h", "367d", 99999999, 99999999999999999999999])
+def test_a_keep_alive_of_more_than_a_year_is_never(tmp_path: Path, value: object) -> None:
+    """``keep_alive: 9999h`` is how many files say 'never': it loaded, and must still load
+    (it was refused, and the backend was gone); past a float's range it is 'never' too."""
+    import math
+
+    from supervisor.backends.loader import load_backends
+
+    file = tmp_path / "b.yaml"
+    file.write_text(yaml.safe_dump({"backends": [
+        {"name": "x", "command": ["/bin/true"], "keep_alive": value},
+        {"name": "year", "command": ["/bin/true"], "keep_alive": "366d"}]}))
+    result = load_backends([file], demo_fallback=False)
+    assert not result.errors, result.errors
+    assert result.backends["x"].keep_alive_s == math.inf
+    assert result.backends["year"].keep_alive_s == 366 * 86400

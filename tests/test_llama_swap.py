@@ -476,10 +476,11 @@ models:
     assert _warned(warnings, "setParamsByID ('m:high') are not served")
 
 
-def test_import_names_a_ttl_or_concurrency_limit_it_cannot_map(
+def test_import_names_a_concurrency_limit_it_cannot_map_and_a_huge_ttl_is_never(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """They became keep_alive 99999999999999999999999s and concurrency 99999999999999999999,
-    which the engine then loaded; now each is one 'not converted' line at its line."""
+    which the engine then loaded; now the concurrency is one 'not converted' line at its
+    line, and a ttl of more than a year (a config llama-swap runs) is keep_alive never."""
     from vramtui.cli import main
 
     file = tmp_path / "config.yaml"
@@ -492,11 +493,15 @@ def test_import_names_a_ttl_or_concurrency_limit_it_cannot_map(
     assert not out.exists()
     errors = [line for line in capsys.readouterr().err.splitlines()
               if line.startswith("vramtui: error: not converted")]
-    assert len(errors) == 2, errors
-    assert ":4: backend 'big': field 'keep_alive'" in errors[0]
-    assert "longer than a year" in errors[0]
-    assert ":5: backend 'big': field 'concurrency'" in errors[1]
-    assert "too large (the most is 1024)" in errors[1]
+    assert len(errors) == 1, errors
+    assert ":5: backend 'big': field 'concurrency'" in errors[0]
+    assert "too large (the most is 1024)" in errors[0]
+    file.write_text("models:\n  big:\n    cmd: /bin/true --port ${PORT}\n"
+                    "    ttl: 99999999999999999999999\n  year:\n"
+                    "    cmd: /bin/true --port ${PORT}\n    ttl: 99999999\n")
+    assert main(["import-llama-swap", str(file), "-o", str(out)]) == 0, capsys.readouterr()
+    written = "\n".join(f.read_text() for f in sorted(out.iterdir()))
+    assert written.count("keep_alive: never") == 2 and "99999" not in written, written
 
 
 def test_import_of_a_folder_says_it_is_one(tmp_path: Path,

@@ -50,7 +50,7 @@ from typing import Any
 from ..errors import brief
 from .errors import DescriptorError, DescriptorWarning
 from .http import MACROS as SERVER_MACROS
-from .schema import ALIAS_RE, NAME_RE
+from .schema import ALIAS_RE, MAX_KEEP_ALIVE_S, NAME_RE
 from .yamlio import LinedDict, LinedList, core_scalar, load_core
 
 DEFAULT_PROXY = "http://localhost:${PORT}"
@@ -493,7 +493,9 @@ class _Translator:
         put("http", http, None)
         put("api", list(API), None)
         ttl = _seconds(values["ttl"], "ttl")
-        put("keep_alive", f"{ttl}s" if ttl > 0 else "never", "ttl" if "ttl" in body else None)
+        # 0, or more than a year (as vramtui reads keep_alive): never
+        put("keep_alive", f"{ttl}s" if 0 < ttl <= MAX_KEEP_ALIVE_S else "never",
+            "ttl" if "ttl" in body else None)
         grace = _seconds(values["unloadTimeout"], "unloadTimeout")
         put("timeouts", {"stop_grace": f"{grace}s"}, "unloadTimeout" if "unloadTimeout" in body
             else None)

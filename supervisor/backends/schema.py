@@ -27,7 +27,9 @@ from .http import HttpSpec, keep_macros, parse_http
 
 DEFAULT_SAFETY_MIB = 512
 DEFAULT_KEEP_ALIVE_S = 300.0
-MAX_KEEP_ALIVE_S = 366 * 86400.0  # longer is no idle time anyone means: 'never' says it
+#: Longer is no idle time anyone means: it reads as 'never' (``9999h`` was a common way to
+#: write it, and a figure past a float's range must not reach the engine's timers).
+MAX_KEEP_ALIVE_S = 366 * 86400.0
 MAX_CONCURRENCY = 1024  # requests one worker runs at once (llama-server's -np is far below)
 DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_STOP_GRACE_S = 10.0
@@ -504,11 +506,9 @@ def _infinite_duration(value: object) -> float:
 
 
 def _keep_alive(value: object) -> float:
+    """A keep-alive; more than a year is 'never' (a file that loaded before still loads)."""
     seconds = _infinite_duration(value)
-    if math.isfinite(seconds) and seconds > MAX_KEEP_ALIVE_S:
-        raise ValueError(f"{brief(value)} is longer than a year: write 'never' for a worker "
-                         "that is never stopped for idleness")
-    return seconds
+    return math.inf if seconds > MAX_KEEP_ALIVE_S else seconds
 
 
 def _calibration(value: object) -> bytes | None:
