@@ -493,16 +493,11 @@ def test_the_tuis_options_given_to_a_command_are_said_to_be_ignored(served: Serv
     assert line == ("vramtui: warning: --readonly, --no-confirm, --theme ignored: such options "
                     "are the TUI's (`vramtui` with no command) and do nothing for "
                     "`vramtui jobs`"), line
-    # abbreviated, beside an engine's options (each kind its own line), and before web's own
-    # --readonly, which hides the TUI's value but not that it was given
+    # abbreviated, and beside an engine's options (each kind its own line)
     done = run(served, "--gpus", "sim:4GiB", "--read", "status", "--json")
     assert done.returncode == 0, done.stderr
     assert [line.split(" ignored: ")[0] for line in done.stderr.splitlines()] == [
         "vramtui: warning: --readonly", "vramtui: warning: --gpus"], done.stderr
-    from vramtui.cli.parser import parse
-
-    args = parse(["--readonly", "web"])[1]
-    assert args.tui_flags == ("--readonly",) and args.readonly is False
     # a command that never attaches says so too; the TUI itself uses them (no terminal here)
     done = run(served, "--theme", "nord", "completion", "bash")
     assert done.returncode == 0 and done.stdout, done.stderr
@@ -511,6 +506,19 @@ def test_the_tuis_options_given_to_a_command_are_said_to_be_ignored(served: Serv
                            "`vramtui completion`\n"), done.stderr
     done = run(served, "--readonly", "--no-confirm", "--theme", "nord")
     assert done.returncode == 2 and "ignored" not in done.stderr, done.stderr
+
+
+def test_readonly_before_web_is_webs_own() -> None:
+    """`vramtui --readonly web` served a dashboard that could change everything (web's own
+    --readonly default hid the TUI's), with a warning that it was ignored."""
+    from vramtui.cli.parser import parse
+
+    for line in (["--readonly", "web"], ["--read", "web"], ["web", "--readonly"]):
+        args = parse(line)[1]
+        assert args.tui_flags == () and args.readonly is True, line
+    assert parse(["--theme", "nord", "web"])[1].tui_flags == ("--theme",)
+    assert parse(["web"])[1].readonly is False
+    assert parse(["--readonly", "status"])[1].tui_flags == ("--readonly",)
 
 
 def test_n_alone_watches_and_jobs_says_it_is_no_count(served: Served) -> None:

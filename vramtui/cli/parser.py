@@ -144,10 +144,17 @@ def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namesp
             return listing, listing.parse_args(argv)
     parser = build_parser(named)
     args, extra = parser.parse_known_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[named]  # type: ignore[union-attr]
     if extra:  # a flag nobody takes: the usage of the part of the line it was given to
-        sub = parser._subparsers._group_actions[0].choices[named]  # type: ignore[union-attr]
         before = extra[0] in argv and named in argv and argv.index(extra[0]) < argv.index(named)
         (parser if before else sub).error(f"unrecognized arguments: {' '.join(extra)}")
+    # A TUI switch the command takes too (`vramtui --readonly web`) is its own, not ignored:
+    # the command's default would otherwise hide it (a dashboard that can change things).
+    for flag in getattr(args, "tui_flags", ()):
+        action = sub._option_string_actions.get(flag)
+        if isinstance(action, argparse._StoreTrueAction):
+            setattr(args, action.dest, True)
+            args.tui_flags = tuple(f for f in args.tui_flags if f != flag)
     return parser, args
 
 
