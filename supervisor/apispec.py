@@ -167,9 +167,9 @@ def _short_name(value: Any) -> str | None:
 
 
 def _positive_duration(value: Any) -> str | None:
-    from .engine.yielding import MAX_FOR_S  # a yield's (the one duration checked here)
+    from .validate import YIELD_MAX_S  # a yield's (the one duration checked here)
 
-    if 0 < value <= MAX_FOR_S:
+    if 0 < value <= YIELD_MAX_S:
         return None
     return "must be a duration of more than 0 s and at most a year"
 

@@ -40,6 +40,7 @@ from .units import bytes_text
 PRIORITY_MIN = -1_000_000
 PRIORITY_MAX = 1_000_000
 TIMEOUT_MAX_S = 30 * 86400.0
+YIELD_MAX_S = 366 * 86400  # a yield's duration: at most a year (longer: no --for)
 METADATA_MAX_BYTES = 64 * 1024
 METADATA_MAX_DEPTH = 32
 BACKEND_NAME_MAX = 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,19 @@ def loaded_after(code: str) -> list[str]:
                           timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
+
+
+@pytest.mark.process
+def test_yield_imports_no_engine(tmp_path: Path) -> None:
+    """`vramtui yield 0 --for 1h` imported the whole engine (and yaml) for its one limit."""
+    env = {**os.environ, "VRAMTUI_RUNTIME_DIR": str(tmp_path / "run"),
+           "VRAMTUI_STATE_DIR": str(tmp_path / "state"),
+           "VRAMTUI_CONFIG_DIR": str(tmp_path / "cfg")}
+    code = ("import sys; from vramtui.cli import main; rc = main(['yield', '0', '--for', '1h']);"
+            "print(rc, [m for m in sys.modules if m.startswith(('supervisor.engine', 'yaml'))])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=env)
+    assert done.stdout.strip() == "3 []", (done.stdout, done.stderr)  # 3: no engine runs
 
 
 @pytest.mark.process

@@ -25,9 +25,9 @@ from typing import Any
 from ..atomicfile import write_atomic
 from ..errors import InvalidRequest, NothingToDo, UnknownGpu
 from ..results import YieldInfo
+from ..validate import YIELD_MAX_S as MAX_FOR_S
 
 log = logging.getLogger(__name__)
-MAX_FOR_S = 366 * 86400  # a yield's duration: at most a year (longer: no --for)
 
 
 def announce(y: YieldInfo, now: bool) -> str:

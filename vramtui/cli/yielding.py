@@ -41,8 +41,8 @@ def _who() -> str:
 
 
 def yield_(args: argparse.Namespace) -> int:
-    from supervisor.engine.yielding import MAX_FOR_S
     from supervisor.units import parse_duration
+    from supervisor.validate import YIELD_MAX_S  # (not the engine's module: all the engine)
 
     for_s = None
     if args.duration is not None:
@@ -50,7 +50,7 @@ def yield_(args: argparse.Namespace) -> int:
             for_s = parse_duration(args.duration)
         except ValueError as exc:
             raise UsageError(f"--for: {exc}") from None
-        if not 0 < for_s <= MAX_FOR_S:
+        if not 0 < for_s <= YIELD_MAX_S:
             raise UsageError("--for: a yield lasts more than 0 s and at most a year (leave "
                              "--for out to yield until `vramtui resume`)")
     given = open_client(args).yield_gpus(args.gpus, for_s=for_s, now=args.now, by=_who())
