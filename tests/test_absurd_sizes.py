@@ -72,7 +72,7 @@ def test_an_absurd_simulated_gpu_is_one_line_and_exit_2(spec: str) -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "says"), [
-    ("concurrency", 99999999999999999999, "too large (the most is 1024)"),
+    ("concurrency", 99999999999999999999, "too large (the most is 65536)"),
     ("priority", 99999999999999999999, "too large (the most is 1000000)"),
     ("priority", -(10**20), "too small (the least is -1000000)"),
 ])
@@ -85,7 +85,7 @@ def test_a_descriptors_absurd_concurrency_or_priority_is_one_error(
     file = tmp_path / "b.yaml"
     file.write_text(yaml.safe_dump({"backends": [
         {"name": "x", "command": ["/bin/true"], key: value},
-        {"name": "fine", "command": ["/bin/true"], "keep_alive": "366d", "concurrency": 1024,
+        {"name": "fine", "command": ["/bin/true"], "keep_alive": "366d", "concurrency": 65536,
          "priority": 1_000_000}]}))
     result = load_backends([file], demo_fallback=False)
     assert list(result.backends) == ["fine"]

@@ -495,7 +495,7 @@ def test_import_names_a_concurrency_limit_it_cannot_map_and_a_huge_ttl_is_never(
               if line.startswith("vramtui: error: not converted")]
     assert len(errors) == 1, errors
     assert ":5: backend 'big': field 'concurrency'" in errors[0]
-    assert "too large (the most is 1024)" in errors[0]
+    assert "too large (the most is 65536)" in errors[0]
     file.write_text("models:\n  big:\n    cmd: /bin/true --port ${PORT}\n"
                     "    ttl: 99999999999999999999999\n  year:\n"
                     "    cmd: /bin/true --port ${PORT}\n    ttl: 99999999\n")

@@ -30,7 +30,7 @@ DEFAULT_KEEP_ALIVE_S = 300.0
 #: Longer is no idle time anyone means: it reads as 'never' (``9999h`` was a common way to
 #: write it, and a figure past a float's range must not reach the engine's timers).
 MAX_KEEP_ALIVE_S = 366 * 86400.0
-MAX_CONCURRENCY = 1024  # requests one worker runs at once (llama-server's -np is far below)
+MAX_CONCURRENCY = 65536  # requests one worker runs at once (a vLLM may be set to thousands)
 DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_PING_TIMEOUT_S = 5.0
