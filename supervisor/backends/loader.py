@@ -100,6 +100,14 @@ def named_layers(extra: Sequence[str | Path] = (),
     return named + [_expand_user(item, environ) for item in extra]
 
 
+def folder_files(folder: Path) -> list[Path]:
+    """The descriptor files of a folder layer: its ``*.yaml``/``*.yml`` files in name order,
+    dotfiles left out (an editor's swap file is none); OSError when it cannot be listed."""
+    return [child for child in sorted(folder.iterdir(), key=lambda p: p.name)
+            if child.suffix in YAML_SUFFIXES and not child.name.startswith(".")
+            and child.is_file()]
+
+
 def working_directory() -> Path | None:
     """The process's working directory (where vramd resolves relative paths), None if gone."""
     try:
@@ -168,7 +176,7 @@ class _Collector:
         layer = Path(os.path.abspath(_expand_user(path, self.environ)))
         if layer.is_dir():
             try:
-                children = sorted(layer.iterdir(), key=lambda p: p.name)
+                children = folder_files(layer)
             except OSError as exc:
                 self.missing = True
                 self.errors.append(
@@ -176,12 +184,7 @@ class _Collector:
                 )
                 return
             for child in children:
-                if (
-                    child.suffix in YAML_SUFFIXES
-                    and not child.name.startswith(".")
-                    and child.is_file()
-                ):
-                    self.add_file(child)
+                self.add_file(child)
         elif layer.exists():
             self.add_file(layer)
         else:

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from .errors import DescriptorError, DescriptorWarning, display_path
-from .loader import _Collector, working_directory
+from .loader import _Collector, folder_files, working_directory
 from .round_trip import check_round_trip
 from .schema import anchor_paths
 from .vramd import VramdContext
@@ -56,14 +56,8 @@ def vramd_sources(environ: Mapping[str, str] = os.environ) -> list[Path]:
     raw_dir = environ.get(BACKENDS_DIR_ENV, "").strip()
     folder = expand(raw_dir) if raw_dir else Path(home) / ".config" / "vramd" / "backends.d"
     if folder.is_dir():
-        sources += folder_sources(folder)
+        sources += folder_files(folder)
     return sources
-
-
-def folder_sources(folder: Path) -> list[Path]:
-    """The descriptor files vramd reads in a folder: its ``*.yaml``/``*.yml``, in name order
-    (OSError when it cannot be listed)."""
-    return sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
 
 
 def _plain(value: Any) -> Any:

@@ -36,7 +36,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from supervisor.atomicfile import write_atomic
-    from supervisor.backends.vramd_import import folder_sources, import_vramd, vramd_sources
+    from supervisor.backends.loader import folder_files
+    from supervisor.backends.vramd_import import import_vramd, vramd_sources
 
     from ..output import error
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         paths = [Path(args.file).expanduser()]
         if paths[0].is_dir():
             try:
-                paths = folder_sources(paths[0])
+                paths = folder_files(paths[0])
             except OSError as exc:
                 raise UsageError(f"{args.file}: cannot list: {exc.strerror or exc}") from None
             if not paths:
