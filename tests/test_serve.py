@@ -294,6 +294,15 @@ def test_serve_refuses_attach_in_one_line_and_serves_nothing() -> None:
 
 
 @pytest.mark.process
+def test_serve_takes_attach_naming_its_own_socket(serve: StartServe) -> None:
+    """--attach that names the socket --serve serves says nothing more: it serves there."""
+    root = new_root()
+    s = serve("--attach", str(root / "run" / "control.sock"), root=root)
+    banner = wait_until(lambda: s.stdout().strip(), 10, "the banner")
+    assert str(s.socket) in banner and s.socket == root / "run" / "control.sock"
+
+
+@pytest.mark.process
 def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> None:
     root = new_root()
     env = make_env(root)

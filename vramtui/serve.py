@@ -45,7 +45,9 @@ def _fail(text: str, code: int) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if getattr(args, "attach", None):  # a running engine's socket: --serve serves its own
+    named = getattr(args, "attach", None)
+    if named and os.path.realpath(os.path.expanduser(named)) != os.path.realpath(
+            Paths.from_env().control_socket):  # a running engine's: --serve serves its own
         return _fail(f"--attach names a running engine's socket, and --serve serves its own "
                      f"({Paths.from_env().control_socket}): leave --attach out (set "
                      "VRAMTUI_RUNTIME_DIR to serve in another directory)", Exit.USAGE)
