@@ -521,6 +521,15 @@ def test_a_body_declared_over_the_limit_is_refused_before_a_byte_of_it_is_read()
             answer = sock.recv(65536)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert b"request body too large: the limit is 1 MiB" in answer, answer
+        # Under /api/ the refusal is in Ollama's shape, which its clients read
+        with socket.create_connection(("127.0.0.1", front.port), timeout=10) as sock:
+            sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % front.port +
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: 1073741824\r\n\r\n")
+            head, _, body = sock.recv(65536).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413"), head
+        error = json.loads(body)["error"]
+        assert isinstance(error, str) and "request body too large" in error, body
         assert front.get("/v1/jobs?backend=llama").json()["data"] == []
         assert front.post("/v1/chat/completions", chat("llama")).status == 200
 

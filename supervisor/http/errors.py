@@ -42,6 +42,10 @@ from ..errors import (
 RETRY_AFTER_S = 2
 
 
+#: Where Ollama's routes are: their errors are in its shape.
+OLLAMA_PREFIX = "/api/"
+
+
 class HttpError(Exception):
     """An error answer: raise it from a route (or build one with :func:`from_engine`)."""
 
@@ -64,6 +68,19 @@ class HttpError(Exception):
     def response(self) -> web.Response:
         return web.Response(status=self.status, body=json.dumps(self.body()).encode(),
                             content_type="application/json", headers=self.headers)
+
+    def ollama_response(self) -> web.Response:
+        """The same error in Ollama's shape (``{"error": "…"}``), which its clients read."""
+        from .ollama_shapes import error_body
+
+        return web.Response(status=self.status, body=json.dumps(error_body(self.message)).encode(),
+                            content_type="application/json", headers=self.headers)
+
+    def response_for(self, path: str) -> web.Response:
+        """The answer in the shape the clients of ``path``'s routes read: Ollama's under
+        ``/api/``, OpenAI's elsewhere (an error a middleware raises, before any route: the
+        token, the body limit, requests in flight)."""
+        return self.ollama_response() if path.startswith(OLLAMA_PREFIX) else self.response()
 
 
 def bad_request(message: str, code: str = "invalid_request", param: str | None = None

@@ -47,8 +47,7 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
 
 
 def ollama_error(status: int, message: str) -> web.Response:
-    return web.Response(status=status, content_type="application/json",
-                        body=json.dumps(shapes.error_body(message)).encode())
+    return HttpError(status, message, "ollama_error").ollama_response()
 
 
 def ollama_errors(handler: Handler) -> Handler:
@@ -58,9 +57,7 @@ def ollama_errors(handler: Handler) -> Handler:
         try:
             return await handler(self, request)
         except HttpError as exc:
-            resp = ollama_error(exc.status, exc.message)
-            resp.headers.update(exc.headers)
-            return resp
+            return exc.ollama_response()
         except shapes.ShapeError as exc:
             return ollama_error(400, str(exc))
         except web.HTTPRequestEntityTooLarge as exc:

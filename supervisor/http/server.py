@@ -174,12 +174,12 @@ class HttpServer:
         try:
             return await handler(request)
         except HttpError as exc:
-            return exc.response()
+            return exc.response_for(request.path)
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.max_body
             return HttpError(413, f"request body too large: the limit is {bytes_text(limit)} "
                              f"({limit} bytes); raise http.max_body if you must",
-                             "invalid_request_error", "body_too_large").response()
+                             "invalid_request_error", "body_too_large").response_for(request.path)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -194,13 +194,13 @@ class HttpServer:
                 text = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
             return HttpError(exc.status, text, kind, code=exc.reason.lower().replace(" ", "_"),
                              headers={k: v for k, v in exc.headers.items()
-                                      if k.lower() == "allow"}).response()
+                                      if k.lower() == "allow"}).response_for(request.path)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
             log.exception("HTTP %s %s failed", request.method, request.path)
             return HttpError(500, f"internal error: {type(exc).__name__}: {exc}",
-                             "internal_error").response()
+                             "internal_error").response_for(request.path)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
