@@ -63,12 +63,19 @@ class Upstream:
 def end_to_end(headers: Iterable[tuple[str, str]], also: Iterable[str] = ()) -> list[
         tuple[str, str]]:
     """``headers`` without the hop-by-hop ones (and those ``Connection`` names, and ``also``)."""
-    items = list(headers)
-    drop = set(HOP_BY_HOP) | {h.lower() for h in also}
-    for key, value in items:
-        if key.lower() == "connection":
-            drop |= {v.strip().lower() for v in value.split(",")}
-    return [(k, v) for k, v in items if k.lower() not in drop]
+    drop = HOP_BY_HOP | {h.lower() for h in also}
+    return [(k, v) for k, v, _low in _kept(headers, drop)]
+
+
+def _kept(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> list[
+        tuple[str, str, str]]:
+    """``headers`` (name, value, lowercased name: each name lowered once) but those named in
+    ``drop`` (lowercase) and those a ``Connection`` header names."""
+    items = [(k, v, k.lower()) for k, v in headers]
+    for _k, value, low in items:
+        if low == "connection":
+            drop = drop | {v.strip().lower() for v in value.split(",")}
+    return [item for item in items if item[2] not in drop]
 
 
 _SENDABLE = re.compile(r"^/[!-~]*$")  # printable ASCII, no space: a request target as is
@@ -86,8 +93,8 @@ def target_url(base: str, path: str) -> URL:
 def forwardable(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """``headers`` without those a server is never sent (:data:`NEVER_FORWARDED`,
     ``X-Forwarded-*``, and those ``Connection`` names)."""
-    return {k: v for k, v in end_to_end(headers, also=NEVER_FORWARDED)
-            if not k.lower().startswith("x-forwarded-")}
+    return {k: v for k, v, low in _kept(headers, NEVER_FORWARDED)
+            if not low.startswith("x-forwarded-")}
 
 
 #: The ``Content-Encoding`` values whose bodies the door (aiohttp) has decoded already.
@@ -99,9 +106,12 @@ def job_metadata(method: str, path: str, headers: Mapping[str, str], *,
     """What a door puts in a job's metadata so the server gets the client's request: the
     headers that describe its body (``every_header``: all those given), less a
     ``Content-Encoding`` the door decoded (the body it forwards is the decoded one)."""
-    kept = {k.lower(): v for k, v in headers.items()
-            if (every_header or k.lower() in BODY_HEADERS)
-            and not (k.lower() == "content-encoding" and v.lower() in DECODED_BY_DOOR)}
+    kept: dict[str, str] = {}
+    for key, value in headers.items():
+        low = key.lower()
+        if (every_header or low in BODY_HEADERS) and not (
+                low == "content-encoding" and value.lower() in DECODED_BY_DOOR):
+            kept[low] = value
     return {"http": {"method": method, "path": path, "headers": kept}}
 
 

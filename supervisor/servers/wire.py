@@ -46,6 +46,7 @@ MAX_INTERIM = 32  # interim (1xx) answers before the final one
 CONNECT_TIMEOUT_S = 10.0
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding"})  # ours, never a caller's
 _TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")  # a method or a header's name
 _TARGET = re.compile(r"[^\x00-\x20\x7f]+")  # no space, no control
 _VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[ \t]*[\x21-\x7e\x80-\xff])*)?")
@@ -85,12 +86,14 @@ def request_event(method: str, target: str, authority: str, headers: Mapping[str
     if not _TARGET.fullmatch(target):
         raise ValueError(f"{target[:80]!r} is not a request target")
     fields: list[tuple[str, bytes]] = [("Host", authority.encode("ascii"))]
-    given = {k.lower() for k in headers}
-    # A value is sent as the bytes the client wrote (the door read them as UTF-8).
-    fields += [(k, v.encode("utf-8", "surrogateescape"))
-               for k, v in headers.items()
-               if k.lower() not in ("host", "content-length", "transfer-encoding")]
-    if "accept" not in given:
+    accept = False
+    for k, v in headers.items():
+        low = k.lower()
+        accept = accept or low == "accept"
+        if low not in _FRAMING:
+            # A value is sent as the bytes the client wrote (the door read them as UTF-8).
+            fields.append((k, v.encode("utf-8", "surrogateescape")))
+    if not accept:
         fields.append(("Accept", b"*/*"))
     if body or method not in _NO_BODY_METHODS:
         fields.append(("Content-Length", str(len(body)).encode()))
