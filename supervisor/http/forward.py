@@ -77,8 +77,7 @@ async def forward(server: HttpServer, request: web.Request, backend: str, payloa
     except VramtuiError as exc:
         raise from_engine(exc, submitting=True) from None
     if not stream:
-        view = await wait_done(server, job.id)
-        return result_response(server, finished_view(server, job.id, view))
+        return result_response(server, await wait_done(server, job.id))
     watch.hurry(server.engine)
     return await _relay(server, request, job.id, notes)
 

@@ -166,7 +166,8 @@ def _inline_allowed(server: HttpServer, backend: str) -> bool:
 
 async def wait_done(server: HttpServer, job_id: str, *, cancel_on_disconnect: bool = True,
                     timeout: float | None = None) -> JobView:
-    """The job's final view once it ends; cancels the job if this request is cancelled (the
+    """The job's final view once it ends, its result included (what the engine holds of the
+    finished job: no need to read it again); cancels the job if this request is cancelled (the
     client went away) before that.  ``timeout``: give up waiting (504) after this many seconds
     (the job goes on)."""
     engine = server.engine

@@ -27,7 +27,7 @@ from ..errors import Refused, VramtuiError
 from ..jobs import JobState, JobView
 from . import ollama_shapes as shapes
 from .errors import HttpError, bad_request, from_engine
-from .jobflow import finished_view, outcome_error, stream_job, wait_done
+from .jobflow import outcome_error, stream_job, wait_done
 from .openai_routes import OPENAI
 from .routes import read_json
 from .sse import Item, Stream
@@ -131,7 +131,7 @@ class _OllamaJobs:
         job_id, stream = door.submit(openai, translated, json.dumps(translated).encode())
         reply = shapes.Reply(kind, model, openai)
         if not stream:
-            view = finished_view(self.server, job_id, await wait_done(self.server, job_id))
+            view = await wait_done(self.server, job_id)
             parsed, _ = _result(view)
             return web.json_response(reply.whole(parsed, time.monotonic_ns() - started))
         return await self._stream(request, job_id, reply, started)
@@ -191,7 +191,7 @@ class _OllamaJobs:
         started = time.monotonic_ns()
         door = self.app[OPENAI]
         job_id, _ = door.submit("embeddings", translated, json.dumps(translated).encode())
-        view = finished_view(self.server, job_id, await wait_done(self.server, job_id))
+        view = await wait_done(self.server, job_id)
         parsed, _ = _result(view)
         return web.json_response(shapes.embed_reply(parsed, model,
                                                     time.monotonic_ns() - started,

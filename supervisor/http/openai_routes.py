@@ -34,7 +34,7 @@ from ..servers.request import API_PATHS, job_metadata, looks_like_object
 from . import forward
 from .auth import changes_engine
 from .errors import HttpError, bad_request, from_engine, not_found
-from .jobflow import finished_view, outcome_error, result_response, stream_job, wait_done
+from .jobflow import outcome_error, result_response, stream_job, wait_done
 from .routes import json_response, read_json
 from .server import streaming
 from .sse import Item, Stream, open_response
@@ -161,8 +161,7 @@ class _OpenAI:
                               param="messages")
         job_id, stream = self.submit(kind, body, payload)
         if not stream:
-            view = await wait_done(self.server, job_id)
-            return result_response(self.server, finished_view(self.server, job_id, view))
+            return result_response(self.server, await wait_done(self.server, job_id))
         return await self._stream(request, job_id)
 
     def backend_for(self, model: object, kind: str | None = None) -> str:

@@ -34,7 +34,6 @@ from .jobflow import (
     SANDBOX,
     JobStream,
     cancel_quietly,
-    finished_view,
     result_response,
     wait_done,
 )
@@ -135,8 +134,7 @@ class _Routes:
         if wants_sse(request):
             return await self._stream_job(request, job.id, cancel_on_disconnect=True,
                                           status=200, headers=location)
-        view = await wait_done(self.server, job.id)
-        return result_response(self.server, finished_view(self.server, job.id, view))
+        return result_response(self.server, await wait_done(self.server, job.id))
 
     async def jobs(self, request: web.Request) -> web.Response:
         q = request.query
