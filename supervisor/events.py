@@ -84,21 +84,38 @@ class EventHub:
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
+        # The kinds the subscriptions take (None: one takes every kind), set with _subs: what
+        # wants() reads, once per event the engine may build.
+        self._wanted: frozenset[str] | None = frozenset()
 
     def subscribe(self, *, maxsize: int = 1000, kinds: frozenset[str] | None = None,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
         sub = Subscription(self, maxsize, kinds, callback)
         with self._lock:
-            self._subs = [*self._subs, sub]
+            self._set_subs([*self._subs, sub])
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
-            self._subs = [s for s in self._subs if s is not sub]
+            self._set_subs([s for s in self._subs if s is not sub])
+
+    def _set_subs(self, subs: list[Subscription]) -> None:
+        """The subscriptions from now on, and the kinds they take (set first: an event built
+        for a subscription just leaving, or not yet in, is harmless)."""
+        kinds: set[str] = set()
+        for s in subs:
+            if s.kinds is None:
+                self._wanted = None
+                break
+            kinds |= s.kinds
+        else:
+            self._wanted = frozenset(kinds)
+        self._subs = subs
 
     def wants(self, kind: str) -> bool:
         """Whether anyone listens to ``kind`` (an event nobody takes is not even built)."""
-        return any(sub.kinds is None or kind in sub.kinds for sub in self._subs)
+        wanted = self._wanted
+        return wanted is None or kind in wanted
 
     def publish(self, event: EngineEvent) -> None:
         for sub in self._subs:
