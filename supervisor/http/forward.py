@@ -52,9 +52,6 @@ if TYPE_CHECKING:
 
 QUEUE_NOTE_S = 0.5  # a streamed request still waiting after this hears its queue position
 WAITING = frozenset({JobState.QUEUED, JobState.STARTING})
-# The server's body goes out as it wrote it: no heartbeat comment is ever put in (one could
-# land in the middle of an event the server split across two writes).
-NO_HEARTBEAT_S = 1e9
 
 
 def forwarded_headers(request: web.Request) -> dict[str, str]:
@@ -85,8 +82,10 @@ async def forward(server: HttpServer, request: web.Request, backend: str, payloa
 async def _relay(srv: HttpServer, request: web.Request, job_id: str,
                  notes: bool = True) -> web.StreamResponse:
     enc = _RawEncoder(srv, job_id, request)
+    # The server's body goes out as it wrote it: no heartbeat comment is ever put in (one could
+    # land in the middle of an event the server split across two writes).
     stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode, on_lag=enc.resync,
-                    heartbeat_s=NO_HEARTBEAT_S, buffer_limit=srv.config.subscriber_buffer,
+                    heartbeat_s=None, buffer_limit=srv.config.subscriber_buffer,
                     job_id=job_id)
     response: web.StreamResponse | None = None
     with following(srv, job_id, stream):  # joined right after submit: no chunk is missed

@@ -11,7 +11,8 @@ events (``job_id``: an answer streamed to its client) is offered that job's even
 an event costs the hub the streams that want it, not every open stream.  A client that does not
 read falls behind: once its unsent bytes pass the limit, or its queue is full, its pending
 events are dropped, counted, and replaced by one fresh snapshot when it catches up.  A quiet
-stream gets a comment every ``heartbeat_s`` so proxies and clients know it is alive.
+stream gets a comment every ``heartbeat_s`` so proxies and clients know it is alive (None:
+never, and no timer is set while it waits).
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class Stream:
 
     def __init__(self, hub: Hub, request: web.Request, *, wants: Callable[[Item], bool],
                  encode: Callable[[Item], Encoded | None],
-                 on_lag: Callable[[int, int], Encoded], heartbeat_s: float,
+                 on_lag: Callable[[int, int], Encoded], heartbeat_s: float | None,
                  buffer_limit: int, max_pending: int = MAX_PENDING,
                  heartbeat: bytes | None = b": heartbeat\n\n",
                  job_id: str | None = None) -> None:
@@ -204,8 +205,11 @@ class Stream:
     async def _woken(self) -> bool:
         """Wait for an offer (True) or ``heartbeat_s`` (False).  A timer sets the same event:
         no task per wait (as ``wait_for`` makes), so a chunk is written one turn of the loop
-        after it is offered, not three."""
+        after it is offered, not three; a stream with no heartbeat sets none."""
         self.wake.clear()
+        if self.heartbeat_s is None:
+            await self.wake.wait()
+            return True
         beat = asyncio.get_running_loop().call_later(self.heartbeat_s, self._beat)
         self._beat_due = False
         try:
