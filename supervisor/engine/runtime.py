@@ -184,8 +184,11 @@ class BackendRuntime:
     @property
     def wake_cost_s(self) -> float:
         """What a wake costs, learned from measured wakes."""
-        return admission.wake_cost_s(self.spec.wake_cost_s, self.measures.wake_times,
-                                     self.reload_cost_s)
+        return self._wake_cost_s(self.reload_cost_s)
+
+    def _wake_cost_s(self, reload_s: float) -> float:
+        """:attr:`wake_cost_s`, given :attr:`reload_cost_s` (its prior is a part of it)."""
+        return admission.wake_cost_s(self.spec.wake_cost_s, self.measures.wake_times, reload_s)
 
     @property
     def can_sleep(self) -> bool:
@@ -198,9 +201,10 @@ class BackendRuntime:
 
     def info(self) -> sched.BackendInfo:
         """What admission knows of this backend (rebuilt only when its figures move)."""
-        reload = round(self.reload_cost_s, 2)
         m = self.measures
-        wake = round(self.wake_cost_s, 2)
+        reload_s = self.reload_cost_s  # (read once: the wake's prior is a part of it)
+        reload = round(reload_s, 2)
+        wake = round(self._wake_cost_s(reload_s), 2)
         # The spec itself, compared by identity: a replaced spec's id may be reused by the next.
         key = (self.spec, m.learned, m.distrusted, reload, wake, m.sleep_residual_mib,
                m.sleep_host_mib)
