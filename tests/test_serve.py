@@ -303,6 +303,14 @@ def test_serve_takes_attach_naming_its_own_socket(serve: StartServe) -> None:
 
 
 @pytest.mark.process
+def test_serve_says_the_tuis_options_do_nothing(serve: StartServe) -> None:
+    s = serve("--theme", "nord", "--no-confirm")
+    wait_until(lambda: s.stdout().strip(), 10, "the banner")
+    assert ("vramtui: warning: --theme, --no-confirm ignored: such options are the TUI's, and "
+            "--serve runs none") in s.stderr().splitlines()
+
+
+@pytest.mark.process
 def test_serve_and_the_tui_give_the_same_exit_code_for_a_bad_runtime_dir() -> None:
     root = new_root()
     env = make_env(root)

@@ -51,6 +51,10 @@ def run_serve(args: argparse.Namespace) -> int:
         return _fail(f"--attach names a running engine's socket, and --serve serves its own "
                      f"({Paths.from_env().control_socket}): leave --attach out (set "
                      "VRAMTUI_RUNTIME_DIR to serve in another directory)", Exit.USAGE)
+    if getattr(args, "tui_flags", ()):
+        from .output import ignored
+
+        ignored(args.tui_flags, "such options are the TUI's, and --serve runs none")
     try:
         setup_logging(args.log_file)
     except OSError as exc:
