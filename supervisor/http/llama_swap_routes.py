@@ -48,12 +48,12 @@ UNLOAD_WAIT_S = 300.0  # an unload waits this long at most for a busy model's jo
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _LlamaSwap(server)
-    app.add_routes([web.get("/health", r.health), web.get("/running", r.running),
-                    web.get("/unload", r.unload, allow_head=False),
-                    web.post("/api/models/unload", r.unload_all),
-                    web.post("/api/models/unload/{model:.+}", r.unload_one),
-                    web.get("/logs", r.logs), web.get("/log", r.logs),
-                    web.get("/logs/stream/{model:.+}", r.log_stream)])
+    server.add_routes(app, [web.get("/health", r.health), web.get("/running", r.running),
+                            web.get("/unload", r.unload, allow_head=False),
+                            web.post("/api/models/unload", r.unload_all),
+                            web.post("/api/models/unload/{model:.+}", r.unload_one),
+                            web.get("/logs", r.logs), web.get("/log", r.logs),
+                            web.get("/logs/stream/{model:.+}", r.log_stream)])
 
 
 class _LlamaSwap:

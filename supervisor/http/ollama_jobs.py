@@ -41,9 +41,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OllamaJobs(server, app)
-    app.add_routes([web.post("/api/chat", r.chat), web.post("/api/generate", r.generate),
-                    web.post("/api/embed", r.embed),
-                    web.post("/api/embeddings", r.embeddings)])
+    server.add_routes(app, [web.post("/api/chat", r.chat), web.post("/api/generate", r.generate),
+                            web.post("/api/embed", r.embed),
+                            web.post("/api/embeddings", r.embeddings)])
 
 
 def ollama_error(status: int, message: str) -> web.Response:

@@ -58,8 +58,8 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
     route_table.check(METHODS)
     r = _Routes(server)
     make = {"GET": web.get, "POST": web.post}  # a GET answers HEAD too
-    app.add_routes([make[route.method](route.path, getattr(r, route.handler))
-                    for route in route_table.ROUTES if route.module == "native"])
+    server.add_routes(app, [make[route.method](route.path, getattr(r, route.handler))
+                            for route in route_table.ROUTES if route.module == "native"])
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None

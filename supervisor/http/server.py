@@ -22,10 +22,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 
 from ..errors import VramtuiError
 from ..units import bytes_text
@@ -169,6 +170,48 @@ class HttpServer:
         self._exporter.collector.uuids = self.uuids
         return self._exporter
 
+    def add_routes(self, app: web.Application, defs: Iterable[web.RouteDef]) -> None:
+        """Add the door's routes, each answering ``Expect: 100-continue`` after the checks
+        that need no body (``_expect``)."""
+        app.add_routes([web.RouteDef(d.method, d.path, d.handler,
+                                     {**d.kwargs, "expect_handler": self._expect})
+                        for d in defs])
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: the client waits for a go before it sends its body, and
+        aiohttp asks this before any middleware. The guard (token, host, origin, peer) and
+        a declared length over ``max_body`` answer first, so a refused client is told so
+        instead of being asked for its body (aiohttp's own handler said 100 to anyone)."""
+        try:
+            self.guard.check(request)
+        except HttpError as exc:
+            self.counters["refused"] += 1
+            return exc.response_for(request.path)
+        if self._declared_too_large(request):
+            return self._too_large().response_for(request.path)
+        expect = request.headers.get(hdrs.EXPECT, "")
+        if request.version != HttpVersion11:
+            return None  # (HTTP/1.0 has no 100: the body simply comes)
+        if expect.lower() != "100-continue":
+            return HttpError(417, f"Expect: {expect[:80]!r} is not understood (only "
+                             "100-continue is)", "invalid_request_error",
+                             "expectation_failed").response_for(request.path)
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # (the answer's own size counts from here)
+        return None
+
+    def _declared_too_large(self, request: web.Request) -> bool:
+        """Its declared length is over ``max_body``: refused on its word (read to the limit
+        first, each such request held ``max_body`` here)."""
+        declared = request.content_length
+        return declared is not None and declared > self.config.max_body
+
+    def _too_large(self) -> HttpError:
+        limit = self.config.max_body
+        return HttpError(413, f"request body too large: the limit is {bytes_text(limit)} "
+                         f"({limit} bytes); raise http.max_body if you must",
+                         "invalid_request_error", "body_too_large")
+
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
@@ -176,10 +219,7 @@ class HttpServer:
         except HttpError as exc:
             return exc.response_for(request.path)
         except web.HTTPRequestEntityTooLarge:
-            limit = self.config.max_body
-            return HttpError(413, f"request body too large: the limit is {bytes_text(limit)} "
-                             f"({limit} bytes); raise http.max_body if you must",
-                             "invalid_request_error", "body_too_large").response_for(request.path)
+            return self._too_large().response_for(request.path)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -214,11 +254,8 @@ class HttpServer:
     @web.middleware
     async def _limits(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.counters["requests"] += 1
-        declared = request.content_length
-        if declared is not None and declared > self.config.max_body:
-            # (refused on its word: read to the limit first, each one held max_body here)
-            raise web.HTTPRequestEntityTooLarge(max_size=self.config.max_body,
-                                                actual_size=declared)
+        if self._declared_too_large(request):
+            raise self._too_large()
         route_handler = getattr(request.match_info, "handler", None)
         is_stream = bool(getattr(route_handler, "streaming", False))
         if is_stream:
