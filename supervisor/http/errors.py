@@ -42,8 +42,9 @@ from ..errors import (
 RETRY_AFTER_S = 2
 
 
-#: Where Ollama's routes are: their errors are in its shape.
-OLLAMA_PREFIX = "/api/"
+#: The mark of a route handler whose errors are in Ollama's shape (``ollama_jobs.ollama_errors``
+#: sets it): its clients read that shape, wherever the error is raised.
+OLLAMA_SHAPED = "ollama_shaped"
 
 
 class HttpError(Exception):
@@ -76,11 +77,13 @@ class HttpError(Exception):
         return web.Response(status=self.status, body=json.dumps(error_body(self.message)).encode(),
                             content_type="application/json", headers=self.headers)
 
-    def response_for(self, path: str) -> web.Response:
-        """The answer in the shape the clients of ``path``'s routes read: Ollama's under
-        ``/api/``, OpenAI's elsewhere (an error a middleware raises, before any route: the
-        token, the body limit, requests in flight)."""
-        return self.ollama_response() if path.startswith(OLLAMA_PREFIX) else self.response()
+    def response_for(self, request: web.Request) -> web.Response:
+        """The answer in the shape the clients of ``request``'s route read: Ollama's for its
+        routes (marked ``OLLAMA_SHAPED``), OpenAI's elsewhere; for an error a middleware raises
+        before the route runs (the token, the body limit, requests in flight)."""
+        handler = getattr(request.match_info, "handler", None)
+        return self.ollama_response() if getattr(handler, OLLAMA_SHAPED, False) \
+            else self.response()
 
 
 def bad_request(message: str, code: str = "invalid_request", param: str | None = None

@@ -26,7 +26,7 @@ from ..doors import watch
 from ..errors import Refused, VramtuiError
 from ..jobs import JobState, JobView
 from . import ollama_shapes as shapes
-from .errors import HttpError, bad_request, from_engine
+from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
 from .jobflow import outcome_error, stream_job, wait_done
 from .openai_routes import OPENAI
 from .routes import read_json
@@ -62,6 +62,7 @@ def ollama_errors(handler: Handler) -> Handler:
             return ollama_error(400, str(exc))
         except web.HTTPRequestEntityTooLarge as exc:
             return ollama_error(413, f"request body too large: {exc.text}")
+    setattr(wrapped, OLLAMA_SHAPED, True)  # (the door's own errors take its shape too)
     return wrapped  # type: ignore[return-value]
 
 

@@ -76,12 +76,14 @@ class _Ollama:
                 "expires_at": expires.isoformat(), "size_vram": (b.observed_mib or 0) * MIB,
                 "state": b.state, "gpu": b.gpu}
 
+    @ollama_errors
     async def ps(self, request: web.Request) -> web.Response:
         snap = self.engine.snapshot()
         now = dt.datetime.now(dt.UTC)
         return json_response({"models": [self._entry(b, now) for b in snap.backends
                                          if b.state in LOADED]})
 
+    @ollama_errors
     async def tags(self, request: web.Request) -> web.Response:
         peaks = {b.name: b.peak_mib for b in self.engine.snapshot().backends}
         modified = dt.datetime.fromtimestamp(self.engine.wall_started, dt.UTC).isoformat()
@@ -91,6 +93,7 @@ class _Ollama:
              "details": self._details(name)}
             for model, name in self.app[OPENAI].table.listed()]})
 
+    @ollama_errors
     async def version(self, request: web.Request) -> web.Response:
         return json_response({"version": self.server.version})
 
@@ -123,6 +126,7 @@ class _Ollama:
             "details": self._details(name), "model_info": info,
             "capabilities": capabilities, "modified_at": modified})
 
+    @ollama_errors
     async def not_here(self, request: web.Request) -> web.Response:
         what = request.path.rsplit("/", 1)[-1]
         known = ", ".join(sorted(self.app[OPENAI].table.names)) or "none yet"

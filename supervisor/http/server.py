@@ -186,16 +186,16 @@ class HttpServer:
             self.guard.check(request)
         except HttpError as exc:
             self.counters["refused"] += 1
-            return exc.response_for(request.path)
+            return exc.response_for(request)
         if self._declared_too_large(request):
-            return self._too_large().response_for(request.path)
+            return self._too_large().response_for(request)
         expect = request.headers.get(hdrs.EXPECT, "")
         if request.version != HttpVersion11:
             return None  # (HTTP/1.0 has no 100: the body simply comes)
         if expect.lower() != "100-continue":
             return HttpError(417, f"Expect: {expect[:80]!r} is not understood (only "
                              "100-continue is)", "invalid_request_error",
-                             "expectation_failed").response_for(request.path)
+                             "expectation_failed").response_for(request)
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # (the answer's own size counts from here)
         return None
@@ -217,9 +217,9 @@ class HttpServer:
         try:
             return await handler(request)
         except HttpError as exc:
-            return exc.response_for(request.path)
+            return exc.response_for(request)
         except web.HTTPRequestEntityTooLarge:
-            return self._too_large().response_for(request.path)
+            return self._too_large().response_for(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -234,13 +234,13 @@ class HttpServer:
                 text = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
             return HttpError(exc.status, text, kind, code=exc.reason.lower().replace(" ", "_"),
                              headers={k: v for k, v in exc.headers.items()
-                                      if k.lower() == "allow"}).response_for(request.path)
+                                      if k.lower() == "allow"}).response_for(request)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
             log.exception("HTTP %s %s failed", request.method, request.path)
             return HttpError(500, f"internal error: {type(exc).__name__}: {exc}",
-                             "internal_error").response_for(request.path)
+                             "internal_error").response_for(request)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
