@@ -114,7 +114,8 @@ def test_the_http_door_carries_every_listed_method_or_says_why_not() -> None:
 
 
 def test_the_http_app_serves_exactly_the_route_table() -> None:
-    server: Any = SimpleNamespace(engine=SimpleNamespace(backends={}))
+    server: Any = SimpleNamespace(engine=SimpleNamespace(backends={}),  # (HttpServer's two)
+                                  add_routes=lambda app, defs: app.add_routes(list(defs)))
     app = web.Application()
     for module in (routes, openai_routes, ollama_routes, llama_swap_routes):
         module.add_routes(app, server)
