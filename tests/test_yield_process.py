@@ -5,17 +5,21 @@ on a GPU is read from the simulated device's own ledger, never from the engine."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
-from engine_support import sim_backend
+from engine_support import engine, sim_backend
 from http_support import Front, serve_http
 from serve_support import cli, make_env, new_root, reap, start_serve
 from spawning import spawns
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
+from supervisor.engine.rules import parse_rules
 from supervisor.gpu.sim import SimulatedProbe
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -145,3 +149,47 @@ def test_a_yielded_gpu_stays_yielded_across_a_restart_of_vramtui_serve() -> None
             == "succeeded"
     finally:
         reap(served)
+
+
+# A program on the simulated GPU that names itself (PR_SET_NAME, as a game's binary is named)
+# and holds memory there until its stdin closes.
+PROGRAM = r"""
+import ctypes, sys
+from worker_sdk import sim
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
+sim.allocate(int(sys.argv[2]))
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_rule_finds_its_program_beside_more_others_than_are_named() -> None:
+    """steam holds the least of ten programs on the GPU: the faces name the largest eight,
+    but the rule that follows steam must see it there all the same."""
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.1, others_arrive_s=0.2, others_leave_s=0.2,
+                       yield_when=parse_rules(["steam"], "test"))
+    with engine([sim_backend("m", 512, 128)], gpus="sim:16GiB", config=cfg) as sup:
+        env = dict(os.environ, VRAMTUI_SIM_DIR=str(sup.paths.sim_dir))
+        programs = [subprocess.Popen([sys.executable, "-c", PROGRAM, name, str(mib)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                    for name, mib in [*((f"desktop{i}", 300 + i) for i in range(9)),
+                                      ("steam", 100)]]
+        try:
+            for p in programs:
+                assert p.stdout is not None and p.stdout.readline() == b"holding\n"
+            wait_until(lambda: len(sup.engine.others.strangers.get(0, ())) == 8, 10,
+                       "the programs seen on GPU0 (the largest eight named)")
+            wait_until(lambda: sup.snapshot().gpus[0].yielded_by == "while steam runs", 10,
+                       "GPU0 yielded while steam runs")
+            steam = programs.pop()
+            assert steam.stdin is not None
+            steam.stdin.close()
+            steam.wait(10)
+            wait_until(lambda: sup.snapshot().gpus[0].yielded_by is None, 10,
+                       "GPU0 resumed once steam left, the others still there")
+        finally:
+            for p in programs:
+                assert p.stdin is not None
+                p.stdin.close()
+            for p in programs:
+                p.wait(10)

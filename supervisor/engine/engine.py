@@ -220,8 +220,11 @@ class Engine:
         self.watch.expire_keep_alive()
         for y in self.yields.expire():
             self.notes.note("info", f"GPU{y.gpu} resumed: its yield ({y.by}) is over")
-        self.rules.follow(self.others.strangers, self.monitor.readings, self.yields.held,
-                          self.yield_gpus, lambda gpus: self.resume_gpus(gpus, rule=True))
+        # (every stranger, not the few largest that are named: a program a rule follows may
+        # hold less than the rest of a desktop)
+        self.rules.follow(self.others.everyone() if self.rules.by_name else {},
+                          self.monitor.readings, self.yields.held, self.yield_gpus,
+                          lambda gpus: self.resume_gpus(gpus, rule=True))
         self.yields.keep_waivers(self.rules.waivers())
         now = time.monotonic()
         if now >= self._next_ping:

@@ -54,6 +54,8 @@ class Others:
         self.cancel_after_s = config.others_cancel_after_s
         self._cancelled: set[int] = set()  # GPUs whose jobs were cancelled in this episode
         self.strangers: dict[int, tuple[Stranger, ...]] = {}  # GPU -> largest first
+        self._theirs: dict[int, dict[int, int]] = {}  # GPU -> pid -> MiB: every stranger
+        self._everyone: dict[int, tuple[Stranger, ...]] | None = None  # named, when asked
         self.over: dict[int, int] = {}  # GPU -> MiB over the device by what is counted
         # GPU -> the strangers last seen there and when they let go, while memory is still
         # held back for them (hysteresis): nobody holds it now
@@ -77,6 +79,7 @@ class Others:
         counted = self.watch.counted()
         accounts: Book | None = None
         self._at = now
+        self._everyone = None
         for index, reading in sorted(monitor.readings.items()):
             now_mib = monitor.foreign.get(index, 0) if reading.used_mib is not None else 0
             if not now_mib and not counted.get(index):
@@ -90,7 +93,9 @@ class Others:
                 self.left.pop(index, None)
             elif index not in self.left:  # they just let go; memory stays held back a while
                 self.left[index] = (self.strangers.get(index, ()), now)
-            self.strangers[index] = self._who(per_gpu.get(index, {}), owners)
+            theirs = self._theirs[index] = {pid: mib for pid, mib in
+                                            per_gpu.get(index, {}).items() if pid not in owners}
+            self.strangers[index] = self._who(theirs, MAX_NAMED)
             verdict = self.watch.observe(now, index, now_mib,
                                          gpu.held_mib if gpu is not None else 0,
                                          reading.total_mib)
@@ -123,17 +128,26 @@ class Others:
                       "jobs (others_policy: cancel)")
             self.cancel({index})
 
+    def everyone(self) -> dict[int, tuple[Stranger, ...]]:
+        """GPU -> every stranger there at the last sample, largest first: what a
+        ``yield_when`` rule looks for its program in, which must find it however many others
+        hold more (:attr:`strangers` names only the largest few, for the faces). Named once
+        per sample, when asked."""
+        if self._everyone is None:
+            self._everyone = {g: self._who(theirs, None) for g, theirs in self._theirs.items()}
+        return self._everyone
+
     def _gone(self, index: int) -> None:
         self.strangers.pop(index, None)
+        self._theirs.pop(index, None)
         self.over.pop(index, None)
         self.left.pop(index, None)
 
     @staticmethod
-    def _who(processes: Mapping[int, int], owners: Mapping[int, str]
-             ) -> tuple[Stranger, ...]:
-        theirs = sorted(((mib, pid) for pid, mib in processes.items() if pid not in owners),
-                        reverse=True)
-        return tuple(Stranger(pid, mib, process_name(pid)) for mib, pid in theirs[:MAX_NAMED])
+    def _who(theirs: Mapping[int, int], most: int | None) -> tuple[Stranger, ...]:
+        """The strangers of ``theirs`` (pid -> MiB), largest first, at most ``most``."""
+        largest = sorted(((mib, pid) for pid, mib in theirs.items()), reverse=True)[:most]
+        return tuple(Stranger(pid, mib, process_name(pid)) for mib, pid in largest)
 
     def who(self, gpu: int) -> str:
         """``pid 4242 (blender)``, ``pid 1 (a), pid 2 (b)``, ``processes the driver does not

@@ -148,6 +148,7 @@ class Rules:
                  arrive_s: float = ARRIVE_S, leave_s: float = LEAVE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rules = tuple(rules)
+        self.by_name = any(r.name is not None for r in self.rules)  # reads programs' names
         self.note = note
         self.own = own  # told each command's pid: the engine's own, on no device
         self.arrive_s, self.leave_s, self.clock = arrive_s, leave_s, clock
