@@ -3,6 +3,7 @@ the overlay they justify, and the JSON report written, read back and recalibrate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -142,6 +143,32 @@ def test_overlay_fields_are_valid_descriptor_fields(tmp_path: Path) -> None:
     text = path.read_text()
     assert text.startswith("# calibrated by vramtui on ")
     assert yaml.safe_load(text) == {"name": "model-x", "overlay": True, **fields}
+
+
+def test_a_sample_read_across_a_mark_counts_in_neither_phase(tmp_path: Path) -> None:
+    """On a busy machine a sample stamped as its reads began, in ``settle-load``, was read
+    after ``predict-1`` had begun and the worker had taken its activation: counted as
+    resident, it made the resident spread the activation and the confidence medium."""
+    record = record_of(standard())
+    predict = next(m.t for m in record.marks if m.phase == "predict-1")
+    straddler = CalSample(predict - 0.01, {PID: RESIDENT + A}, RESIDENT + A, read_s=0.05)
+    spanning = dataclasses.replace(record, samples=tuple(sorted(
+        (*record.samples, straddler), key=lambda s: s.t)))
+    report = analyze(spanning)
+    assert report.resident is not None and report.resident.spread_mib == 0
+    assert report.confidence == "high" and report.findings == ()
+    # read at once (read_s 0), the same reading is the resident's, as it says
+    at_once = dataclasses.replace(spanning, samples=tuple(
+        dataclasses.replace(s, read_s=0.0) for s in spanning.samples))
+    assert "memory-unsettled" in analyze(at_once).codes
+    # the report keeps how long each read took; a report without it (older) still loads
+    path = write_report(tmp_path / "model-x.json", spanning, report)
+    assert load_report(path)[0] == spanning
+    document = json.loads(path.read_text())
+    assert [len(row) for row in document["samples"]].count(4) == 1
+    document["samples"] = [row[:3] for row in document["samples"]]
+    path.write_text(json.dumps(document))
+    assert load_report(path)[0] == at_once
 
 
 def test_context_is_the_floor_before_load_or_after_unload() -> None:

@@ -189,3 +189,30 @@ def test_stop_does_not_wait_forever_for_a_hung_probe(probe: SimulatedProbe) -> N
     release.set()  # the hung call returns after stop(): nothing is delivered
     with pytest.raises(queue.Empty):
         samples.get(timeout=0.2)
+
+
+def test_a_sample_says_how_long_its_reads_took(probe: SimulatedProbe) -> None:
+    """Stamped as its reads began; what it shows is of some instant until they ended (the
+    calibration leaves out of a phase a sample whose reads spanned its mark)."""
+    ticks = iter(range(1_000_000))
+    elapsed: dict[str, float] = {"s": 0.0}
+
+    class Slow(SimulatedProbe):  # its process read takes 0.3 s of the sampler's clock
+        def processes(self) -> list[ProcessReading]:
+            elapsed["s"] += 0.3
+            return super().processes()
+
+    def clock() -> float:
+        return next(ticks) * 1e-6 + elapsed["s"]
+
+    samples: queue.Queue[Sample] = queue.Queue()
+    sampler = Sampler(Slow("sim:24GiB", probe.ledger_dir, context_mib=0), samples.put,
+                      clock=clock)
+    sampler.start()
+    try:
+        got = take(samples, 2)
+    finally:
+        sampler.stop()
+    polled = [s for s in got if s.processes is not None]
+    assert polled and all(0.3 <= s.read_s < 1.0 for s in polled), polled
+    assert all(s.read_s < 0.01 for s in got if s.processes is None)

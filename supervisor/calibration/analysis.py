@@ -89,7 +89,9 @@ def _totals(samples: Iterable[CalSample]) -> list[int]:
 
 @dataclass
 class _Phases:
-    """The record's samples split by phase (samples before the first mark are dropped)."""
+    """The record's samples split by phase (samples before the first mark are dropped, and
+    so is a sample whose reads spanned a mark: what it shows may be of either phase — on a
+    busy machine the worker's activation, read after ``predict-1``, counted as resident)."""
 
     by_phase: dict[str, list[CalSample]] = field(default_factory=dict)
     starts: dict[str, float] = field(default_factory=dict)
@@ -106,7 +108,7 @@ class _Phases:
         out = cls(starts={m.phase: m.t for m in marks})
         for sample in samples:
             index = bisect_right(times, sample.t) - 1
-            if index >= 0:
+            if index >= 0 and bisect_right(times, sample.t + sample.read_s) - 1 == index:
                 out.by_phase.setdefault(marks[index].phase, []).append(sample)
         return out
 

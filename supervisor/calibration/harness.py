@@ -108,7 +108,7 @@ class _Run:
             if p.gpu_index == GPU and p.used_mib is not None and self.ours(p.pid)
         }
         device = next((d.used_mib for d in sample.devices if d.index == GPU), None)
-        self.samples.append(CalSample(sample.t - self.t0, procs, device))
+        self.samples.append(CalSample(sample.t - self.t0, procs, device, sample.read_s))
 
     def watch(self) -> None:  # on the watcher thread
         self.proc.wait()

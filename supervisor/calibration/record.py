@@ -65,11 +65,13 @@ def run_of(phase: str) -> tuple[str, int] | None:
 @dataclass(frozen=True)
 class CalSample:
     """One reading: ``procs`` maps pid -> MiB for the worker's processes the GPU source showed
-    (empty: none of them visible); ``device_used_mib`` is the whole GPU's used memory."""
+    (empty: none of them visible); ``device_used_mib`` is the whole GPU's used memory.  It
+    was read over ``read_s`` seconds from ``t``: it shows some instant of that span."""
 
     t: float
     procs: dict[int, int] = field(default_factory=dict)
     device_used_mib: int | None = None
+    read_s: float = 0.0
 
     @property
     def visible(self) -> bool:

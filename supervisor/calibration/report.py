@@ -11,7 +11,7 @@ none, never half of one.  Layout (``version`` 1)::
                 "marks": [[t, phase], ...]},
      "analysis": {... Report fields ...},
      "overlay": {"vram": {...}} or null,
-     "samples": [[t, device_used_mib, {"pid": mib, ...}], ...]}   # one per line
+     "samples": [[t, device_used_mib, {"pid": mib, ...}(, read_s)], ...]}   # one per line
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def _record_json(record: CalibrationRecord) -> dict[str, Any]:
 
 
 def _sample_json(sample: CalSample) -> list[Any]:
-    return [sample.t, sample.device_used_mib, {str(pid): mib for pid, mib in sample.procs.items()}]
+    row = [sample.t, sample.device_used_mib, {str(pid): mib for pid, mib in sample.procs.items()}]
+    return [*row, round(sample.read_s, 6)] if sample.read_s > 0 else row
 
 
 def _analysis_json(report: Report) -> dict[str, Any]:
@@ -175,8 +176,8 @@ def _record(data: dict[str, Any], samples: list[Any]) -> CalibrationRecord:
         started_wall=float(data["started_wall"]),
         samples=tuple(
             CalSample(float(t), {int(pid): int(mib) for pid, mib in procs.items()},
-                      None if used is None else int(used))
-            for t, used, procs in samples
+                      None if used is None else int(used), float(read[0]) if read else 0.0)
+            for t, used, procs, *read in samples
         ),
         marks=tuple(PhaseMark(float(t), str(phase)) for t, phase in data["marks"]),
         device_total_mib=int(data["device_total_mib"]),

@@ -190,7 +190,7 @@ class CalibrationRun:
             elif p.allocated is False and self.allocated is None:
                 self.allocated = False
         device = next((d.used_mib for d in sample.devices if d.index == self.gpu), None)
-        self.samples.append(CalSample(sample.t - self.t0, procs, device))
+        self.samples.append(CalSample(sample.t - self.t0, procs, device, sample.read_s))
 
     # -- WorkerObserver -----------------------------------------------------------------------
     def worker_state(self, handle: WorkerHandle) -> None:

@@ -28,11 +28,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One tick: ``processes`` is None on ticks that did not poll them (or where it failed)."""
+    """One tick: ``processes`` is None on ticks that did not poll them (or where it failed).
+    Stamped ``t`` as its reads began; they took ``read_s``, so what it shows is of some
+    instant of ``[t, t + read_s]`` (long on a busy machine)."""
 
     t: float
     devices: tuple[GpuReading, ...]
     processes: tuple[ProcessReading, ...] | None
+    read_s: float = 0.0
 
 
 class Sampler:
@@ -134,7 +137,8 @@ class Sampler:
         if stop.is_set():
             return  # stop() has returned: deliver nothing more
         sample = Sample(
-            now, tuple(devices), tuple(processes) if processes is not None else None
+            now, tuple(devices), tuple(processes) if processes is not None else None,
+            max(0.0, self._clock() - now),
         )
         self._guard("on_sample", lambda: self._on_sample(sample))
 
