@@ -326,3 +326,38 @@ def test_a_job_that_comes_as_the_sleep_is_asked_leaves_no_sleep_half_begun() -> 
         assert state(fe, "a") == "ready" and fe.worker("a").sleeps == []
         fe.sup.sleep("a")  # asked again, idle: it sleeps
         wait_until(lambda: state(fe, "a") == "asleep", 5, "a asleep")
+
+
+@pytest.mark.parametrize("sleeps", [True, False])
+def test_room_a_stop_makes_is_not_made_twice_while_the_reading_lags(sleeps: bool) -> None:
+    # a and b fill a 4 GiB card between them; c needs the room of one of them. With sleep, b
+    # is put to sleep for c and keeps 356 MiB where its prior said 256: c is 72 MiB short,
+    # and one more sleeper must go (stopping either one is enough). Without, one of a, b
+    # stops. The worker that stopped is let go of on a process list read right after its exit
+    # (not at the next sample): the device reading must be read after that list too, or,
+    # still showing the memory used while nothing counts it as on its way back, it has
+    # admission evict the other one as well (a reload for nothing).
+    if sleeps:
+        desc = {"vram": {"weights": "3000MiB", "activation": "200MiB", "context": "256MiB"},
+                "safety": "0MiB", "keep_alive": "10m"}
+        script = sleepy(weights_mib=3256, activation_mib=200, sleep_keeps_mib=356,
+                        load_s=0.02, job_s=0.0)
+    else:
+        desc = {"vram": {"weights": "1500MiB", "activation": "200MiB", "context": "256MiB"},
+                "safety": "0MiB", "keep_alive": "10m"}
+        script = Script(weights_mib=1756, activation_mib=200, load_s=0.02)
+    # samples far apart: a reading taken before the exit stays the latest a long while
+    cfg = EngineConfig(reserve_mib=0, tick_s=0.02, sample_hz=4.0, ping_interval_s=0.05)
+    with fake_engine({n: desc for n in "abc"}, gpus=[4096], config=cfg,
+                     scripts={n: script for n in "abc"}) as fe:
+        for n in "abc":
+            view = fe.sup.wait(fe.sup.submit(n, b"x"), 10)
+            assert view.state is JobState.SUCCEEDED, view.error
+            wait_until(lambda: fe.on_loop(lambda: fe.engine.monitor.readings[0].used_mib)
+                       == fe.gpu.used(0), 5, "a sample of the card as it is now")
+        lines = [line.text for line in fe.sup.snapshot().log if line.text.startswith("evicting")]
+        kept = [n for n in "ab" if state(fe, n) == ("asleep" if sleeps else "ready")]
+        stopped = [n for n in "ab" for w in fe.workers.of(n) if w.exited]
+    assert len(lines) == 1, lines
+    assert len(kept) == 1 and len(stopped) == 1 and kept != stopped, (kept, stopped)
+    assert fe.gpu.overcommits == []

@@ -1,7 +1,9 @@
-"""The sampler thread over a simulated probe, and the pure History ring."""
+"""The sampler thread over a simulated probe, the pure History ring, and the monitor's
+readings, never older than a process list acted on."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.engine.monitor import Monitor
 from supervisor.gpu.model import GpuReading, ProcessReading
 from supervisor.gpu.sampler import History, Sample, Sampler
 from supervisor.gpu.sim import SimulatedProbe
@@ -216,3 +219,45 @@ def test_a_sample_says_how_long_its_reads_took(probe: SimulatedProbe) -> None:
     polled = [s for s in got if s.processes is not None]
     assert polled and all(0.3 <= s.read_s < 1.0 for s in polled), polled
     assert all(s.read_s < 0.01 for s in got if s.processes is None)
+
+
+class Exiting:
+    """A 4 GiB GPU on which pid 7 holds 1000 MiB until ``exit()``."""
+
+    source = "fake"
+
+    def __init__(self) -> None:
+        self.held = {7: 1000}
+        self.calls: list[str] = []
+
+    def exit(self) -> None:
+        self.held.pop(7)
+
+    def devices(self) -> list[GpuReading]:
+        self.calls.append("devices")
+        used = sum(self.held.values())
+        return [GpuReading(0, "FAKE0", 4096, used, 4096 - used, None, None, None)]
+
+    def processes(self) -> list[ProcessReading]:
+        self.calls.append("processes")
+        return [ProcessReading(pid, 0, mib, True) for pid, mib in self.held.items()]
+
+
+def test_a_process_list_read_between_samples_brings_the_devices_read_after_it() -> None:
+    # A worker exits after the last sample read the devices: the process list read now (to
+    # let go of its memory at once) must come with a reading that no longer shows it used,
+    # or admission sees the room neither as coming back nor as free, and evicts again.
+    probe = Exiting()
+    monitor = Monitor(probe, 10.0)  # type: ignore[arg-type]
+    stale = Sample(monitor.clock(), tuple(probe.devices()), tuple(probe.processes()))
+    assert monitor.took(stale) and monitor.readings[0].free_mib == 3096
+    probe.exit()
+    probe.calls.clear()
+    assert asyncio.run(monitor.processes_now()) == ()
+    assert probe.calls == ["processes", "devices"]
+    assert monitor.readings[0].free_mib == 4096
+    # a sample read before that, delivered after it, is dropped: readings never go back
+    assert not monitor.took(stale) and monitor.readings[0].free_mib == 4096
+    assert monitor.processes == stale.processes  # (nor its process list taken)
+    later = Sample(monitor.clock(), tuple(probe.devices()), tuple(probe.processes()))
+    assert monitor.took(later) and monitor.processes == ()

@@ -159,3 +159,32 @@ def test_a_model_whose_sleep_would_give_back_too_little_is_stopped() -> None:
     big = model("big", resident=11_800, act=200)
     p = decide([small, big], [ready(small)], [queued("big")])
     assert [(e.backend, e.sleep) for e in p.evictions] == [("small", False)]
+
+
+def test_room_on_its_way_back_is_not_made_twice() -> None:
+    # b slept for c and keeps 356 MiB where its prior said 256: c (3456) is 72 MiB short on
+    # a 4 GiB card where a sleeps too, and stopping one sleeper is enough. Once a stopped,
+    # its memory is on its way back until the device reading no longer shows it: counted as
+    # leaving (its ghost) while the reading still shows it used, or gone from the ledger and
+    # free in the reading. Either way c waits and nothing more is evicted.
+    a, b, c = (model(n, resident=3256, act=200, reload=0.2, wake=0.02, residual=356)
+               for n in "abc")
+    job = queued("c")
+
+    def decide_on(free: int, leaving: int, workers: list[WorkerInfo]) -> Plan:
+        snap = Snapshot(gpus=[GpuState(0, 4096, free, 0, leaving_mib=leaving)],
+                        backends={m.name: m for m in (a, b, c)},
+                        workers={w.backend: w for w in workers}, queue=[job],
+                        sleep_host_room_mib=64 * GIB)
+        return plan(snap, NOW)
+
+    first = decide_on(4096 - 712, 0, [asleep(a, 356, idle_for=9), asleep(b, 356)])
+    assert [(e.backend, e.sleep) for e in first.evictions] == [("a", False)]
+    ghost = decide_on(4096 - 712, 356, [asleep(b, 356)])  # the reading still shows a
+    assert ghost.evictions == () and ghost.starts == ()
+    fresh = decide_on(4096 - 356, 0, [asleep(b, 356)])
+    assert fresh.evictions == () and [s.job_id for s in fresh.starts] == [job.job_id]
+    # The hazard the engine must never hand it: a let go of on a process list newer than
+    # the reading (no ghost, the reading still showing a used): b is stopped for nothing.
+    lagging = decide_on(4096 - 712, 0, [asleep(b, 356)])
+    assert [(e.backend, e.sleep) for e in lagging.evictions] == [("b", False)]

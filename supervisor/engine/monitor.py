@@ -5,10 +5,20 @@ samples say: each device's last reading and its history, the processes on the GP
 backend each works for (the one attribution, made each sample from the workers' process
 trees), and on each GPU the memory that none of ours holds (foreign).  Samples reach the
 engine loop through the callback given to :meth:`start`; everything else here runs there.
+
+Readings never lag a process list acted on. Admission's room on a GPU is the least of what
+the ledger leaves and the device's free reading, and the ledger lets go of a worker's memory
+(a ghost, a sleep's release) when a process list no longer shows it: a process list read
+*after* the device reading would un-count memory the reading still shows used, counted
+neither as on its way back nor as free — and admission would evict again for room that is
+already coming. So a process list read between samples (:meth:`processes_now`) brings the
+devices, read right after it, and a sample read before the readings held is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping
 
 from ..gpu.model import GpuReading, Probe, ProcessReading, own, track
@@ -38,6 +48,8 @@ class Monitor:
         self._sources = {r.index: r.source or probe.source for r in devices}
         self._identity = {r.index: r.name or device_kind(r, probe) for r in devices}
         self._told: dict[str, frozenset[int]] = {}  # what the probe said of processes, by kind
+        self.clock: Callable[[], float] = time.monotonic  # stamps every sample
+        self._read_at: float | None = None  # the stamp of the readings held
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:
         """Read the devices once, then sample them on a thread (``on_sample`` is called on
@@ -45,7 +57,7 @@ class Monitor:
         for reading in self.probe.devices():
             self.readings[reading.index] = reading
         self._sampler = Sampler(self.probe, on_sample, device_hz=self.sample_hz,
-                                process_hz=self.sample_hz)
+                                process_hz=self.sample_hz, clock=self.clock)
         self._sampler.start()
 
     def track(self, pid: int) -> None:
@@ -68,7 +80,13 @@ class Monitor:
 
     # -- a sample -----------------------------------------------------------------------------
     def took(self, sample: Sample) -> bool:
-        """Take in ``sample``'s device readings (and its processes, when it has them: True)."""
+        """Take in ``sample``'s device readings (and its processes, when it has them: True);
+        a sample read before the readings held (:meth:`processes_now` read since) is dropped
+        whole: readings never go back in time."""
+        if self._read_at is not None and sample.t < self._read_at:
+            return False
+        if sample.devices:
+            self._read_at = sample.t
         for reading in sample.devices:
             self.readings[reading.index] = reading
             if reading.used_mib is not None and \
@@ -79,6 +97,21 @@ class Monitor:
             return False
         self.processes = sample.processes
         return True
+
+    async def processes_now(self) -> tuple[ProcessReading, ...]:
+        """The processes on the GPUs now (read off the loop; what the reader raises is
+        raised), and the devices read right after them taken in: what the ledger lets go of
+        on this list is no longer used in the readings (see the module doc)."""
+        sample = await asyncio.get_running_loop().run_in_executor(None, self._read_now)
+        self.took(Sample(sample.t, sample.devices, None))
+        assert sample.processes is not None
+        return sample.processes
+
+    def _read_now(self) -> Sample:
+        """(On an executor thread.) The processes, then the devices, stamped in between."""
+        processes = tuple(self.probe.processes())
+        t = self.clock()
+        return Sample(t, tuple(self.probe.devices()), processes)
 
     def total_mib(self, gpu: int) -> int | None:
         """GPU ``gpu``'s memory as last read (None: not read yet)."""

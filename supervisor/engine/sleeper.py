@@ -238,9 +238,8 @@ class Sleeper:
         return keeps
 
     async def _read(self, w: Worker) -> int | None:
-        assert self.loop.loop is not None
-        try:
-            procs = await self.loop.loop.run_in_executor(None, self.monitor.probe.processes)
+        try:  # (the devices read after it: what its sleep gave back is free in the readings)
+            procs = await self.monitor.processes_now()
         except Exception:  # noqa: BLE001 - a reader that fails cannot tell
             return None
         pids = w.pids({p.pid for p in procs})

@@ -262,10 +262,10 @@ class WorkerWatch:
 
     # -- ghosts ---------------------------------------------------------------------------------
     async def confirm_ghosts(self, rt: BackendRuntime) -> None:
-        """Look at the GPU's process list right after an exit, not at the next sample."""
-        assert self.loop.loop is not None
+        """Look at the GPU's process list right after an exit, not at the next sample (with
+        the devices read after it: a ghost let go is free in the readings too)."""
         try:
-            procs = await self.loop.loop.run_in_executor(None, self.monitor.probe.processes)
+            procs = await self.monitor.processes_now()
         except Exception:  # noqa: BLE001 - the periodic samples will confirm it instead
             return
         on_gpu = {p.pid for p in procs}
