@@ -79,7 +79,7 @@ class Flaky:
 
     def __init__(self) -> None:
         self.device_failures = 2
-        self.process_failures = 2
+        self.process_failures = 4  # (read first: two go with the devices' failed ticks)
 
     def devices(self) -> list[GpuReading]:
         if self.device_failures:
@@ -117,7 +117,8 @@ def test_probe_and_callback_errors_are_logged_and_polling_goes_on(
             got = take(samples, 3)
         finally:
             sampler.stop()
-    assert got[0].processes is None  # the second process failure
+    assert got[0].processes is None  # the fourth process failure (the third's tick: the
+    # callback's)
     assert got[-1].processes == ()
     assert all(s.devices[0].name == "flaky" for s in got)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -261,3 +262,30 @@ def test_a_process_list_read_between_samples_brings_the_devices_read_after_it() 
     assert monitor.processes == stale.processes  # (nor its process list taken)
     later = Sample(monitor.clock(), tuple(probe.devices()), tuple(probe.processes()))
     assert monitor.took(later) and monitor.processes == ()
+
+
+def test_a_tick_reads_processes_before_devices(probe: SimulatedProbe) -> None:
+    """A worker that exits between the two reads must still be listed (its memory counted
+    as leaving) when the reading shows it free, never gone from the list while the reading
+    still shows it used."""
+    calls: list[str] = []
+
+    class Told(SimulatedProbe):
+        def processes(self) -> list[ProcessReading]:
+            calls.append("processes")
+            return super().processes()
+
+        def devices(self) -> list[GpuReading]:
+            calls.append("devices")
+            return super().devices()
+
+    samples: queue.Queue[Sample] = queue.Queue()
+    sampler = Sampler(Told("sim:24GiB", probe.ledger_dir, context_mib=0), samples.put)
+    sampler.start()
+    try:
+        got = take(samples, 1)
+    finally:
+        sampler.stop()
+    assert got[0].processes is not None  # the first tick polls both
+    first = calls[:calls.index("devices") + 1]
+    assert first.index("processes") < first.index("devices"), calls

@@ -130,10 +130,14 @@ class Sampler:
                 wake.clear()
 
     def _tick(self, now: float, poll_procs: bool, stop: threading.Event) -> None:
+        # Processes first: a worker that exits between the two reads is still listed while
+        # the device shows its memory free, so the engine's ledger still counts it (room
+        # understated a moment), never the reverse — memory neither held nor free, for which
+        # admission would stop another worker (``Monitor.processes_now`` reads so too).
+        processes = self._guard("processes", self._probe.processes) if poll_procs else None
         devices = self._guard("devices", self._probe.devices)
         if devices is None:
             return
-        processes = self._guard("processes", self._probe.processes) if poll_procs else None
         if stop.is_set():
             return  # stop() has returned: deliver nothing more
         sample = Sample(
