@@ -51,13 +51,13 @@ def ollama_error(status: int, message: str) -> web.Response:
 
 
 def ollama_errors(handler: Handler) -> Handler:
-    """Errors in Ollama's shape (``{"error": "…"}``), which its clients read, not OpenAI's."""
+    """Errors in Ollama's shape (``{"error": "…"}``), which its clients read, not OpenAI's:
+    the route is marked ``OLLAMA_SHAPED``, so the door answers its ``HttpError``s so
+    (``HttpError.response_for``), and its own request errors are answered here."""
     @functools.wraps(handler)
     async def wrapped(self: Any, request: web.Request) -> web.StreamResponse:
         try:
             return await handler(self, request)
-        except HttpError as exc:
-            return exc.ollama_response()
         except shapes.ShapeError as exc:
             return ollama_error(400, str(exc))
         except web.HTTPRequestEntityTooLarge as exc:
