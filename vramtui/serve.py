@@ -46,11 +46,12 @@ def _fail(text: str, code: int) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     named = getattr(args, "attach", None)
-    if named and os.path.realpath(os.path.expanduser(named)) != os.path.realpath(
-            Paths.from_env().control_socket):  # a running engine's: --serve serves its own
-        return _fail(f"--attach names a running engine's socket, and --serve serves its own "
-                     f"({Paths.from_env().control_socket}): leave --attach out (set "
-                     "VRAMTUI_RUNTIME_DIR to serve in another directory)", Exit.USAGE)
+    if named:  # a running engine's socket: --serve serves its own
+        own = Paths.from_env().control_socket
+        if os.path.realpath(os.path.expanduser(named)) != os.path.realpath(own):
+            return _fail(f"--attach names a running engine's socket, and --serve serves its "
+                         f"own ({own}): leave --attach out (set VRAMTUI_RUNTIME_DIR to serve "
+                         "in another directory)", Exit.USAGE)
     if getattr(args, "tui_flags", ()):
         from .output import ignored
 
