@@ -79,14 +79,21 @@ def trusted_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]:
         raise UntrustedServer(str(exc)) from None
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (``SO_PEERCRED``: as
+    it was when it listened or connected); the one reader of it, the engine's too."""
+    pid, uid, gid = _UCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid, gid
+
+
 def check_server(sock: socket.socket, path: str, trusted: frozenset[int]) -> None:
     """Refuse a connected socket whose server is not a trusted user (before any send);
     where the platform cannot tell (no ``SO_PEERCRED``), nothing is refused."""
     if not hasattr(socket, "SO_PEERCRED"):
         return
     try:
-        pid, uid, _gid = _UCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        pid, uid, _gid = peer_credentials(sock)
     except OSError as exc:
         raise UntrustedServer(f"cannot tell who serves {path} ({exc.strerror or exc}); "
                               "nothing was sent") from None

@@ -11,10 +11,9 @@ import grp
 import os
 import pwd
 import socket
-import struct
 from dataclasses import dataclass
 
-_UCRED = struct.Struct("3i")
+from worker_sdk.connection import peer_credentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +25,7 @@ class PeerCred:
 
 def peer_cred(sock: socket.socket) -> PeerCred:
     """The credentials of the process at the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return PeerCred(pid, uid, gid)
+    return PeerCred(*peer_credentials(sock))
 
 
 def resolve_group(name: str) -> int:

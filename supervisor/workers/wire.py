@@ -28,13 +28,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
+from worker_sdk.connection import peer_credentials
 from worker_sdk.conversation import (
     CONTROL_MAX_FRAME,
     MAX_UNANSWERED,
@@ -45,14 +44,6 @@ from worker_sdk.events import Event, Ping, Pong, Registration
 from worker_sdk.protocol import DEFAULT_MAX_FRAME, KNOWN_FEATURES, ProtocolError
 
 log = logging.getLogger(__name__)
-_UCRED = struct.Struct("3i")
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return pid, uid, gid
 
 
 @dataclass(frozen=True, slots=True)
