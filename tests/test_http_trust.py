@@ -17,6 +17,7 @@ Each test is the attacker's own program against a real engine and its real HTTP 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import resource
@@ -327,6 +328,43 @@ def test_half_sent_headers_are_cut_at_their_deadline(open_front: Front) -> None:
         gate.header_timeout_s = old
     assert open_front.server.stats()["connections"]["header_timeouts"] == before + 1
 
+
+
+def test_a_body_that_stops_coming_is_cut_after_its_idle_time(open_front: Front) -> None:
+    gate = open_front.server.gate
+    old = gate.body_idle_s
+    gate.body_idle_s = 0.5  # the default (30 s) is too long for a test
+    before = open_front.server.stats()["connections"]["body_timeouts"]
+    try:
+        s = socket.create_connection(("127.0.0.1", open_front.port), timeout=30)
+        try:  # declares 100 bytes, sends 10, then nothing: it held its connection for good
+            s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                      b'{"backend"')
+            t0 = time.monotonic()
+            assert s.recv(100) == b""  # closed by the server, no answer
+            assert time.monotonic() - t0 < 5.0  # the idle time, not the 30 s default
+        finally:
+            s.close()
+        assert open_front.server.stats()["connections"]["body_timeouts"] == before + 1
+        # A slow body that keeps coming is not cut: a byte every 0.2 s over 1.6 s.
+        body = json.dumps({"backend": "nosuch", "input": {}}).encode()
+        head, tail = body[:-8], body[-8:]
+        with socket.create_connection(("127.0.0.1", open_front.port), timeout=30) as s:
+            s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                      % len(body) + head)
+            for byte in tail:
+                time.sleep(0.2)  # the client's pace, not a wait for a condition
+                s.sendall(bytes([byte]))
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 404"), answer[:200]  # read whole, then judged
+        assert b"nosuch" in answer
+    finally:
+        gate.body_idle_s = old
+    assert open_front.server.stats()["connections"]["body_timeouts"] == before + 1
 
 # -- 5. results as data ------------------------------------------------------------------
 

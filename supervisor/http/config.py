@@ -56,6 +56,8 @@ class GateLimits:
     max_pending_per_peer: int = 16
     # Seconds a request's headers may take to arrive whole.
     header_timeout_s: float = 10.0
+    # Seconds a request's body may go without a byte before it is whole.
+    body_idle_s: float = 30.0
 DEFAULT_LISTEN = "127.0.0.1:8080"
 HTTP_KEYS = frozenset({"enabled", "listen", "token_file", "max_body", "heartbeat",
                        "allowed_hosts", "ui", "ui_sessions", "max_streams"})

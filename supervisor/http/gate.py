@@ -15,7 +15,11 @@ accepted, before its first byte is read:
   closed at once: its descriptor is not held;
 - **a header deadline**: a request's headers must arrive whole within ``header_timeout_s`` of
   its first byte (of the connection's opening, for the first request), or the connection is
-  closed.  Bodies and responses are bounded elsewhere (``max_body``, requests in flight).
+  closed;
+- **a body that keeps coming**: until a request's body is whole, ``body_idle_s`` without a
+  byte of it closes the connection (a body shorter than its ``Content-Length``, then
+  silence, held it for good).  Sizes and responses are bounded elsewhere (``max_body``,
+  requests in flight).
 
 Every refusal is counted in :meth:`ConnectionGate.stats` and logged, at most once every few
 seconds per kind.  :class:`GatedSite` serves an ``AppRunner`` through the gate; the app's
@@ -34,7 +38,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestHandler
 
 from .config import GateLimits
@@ -53,9 +57,11 @@ class ConnectionGate:
         self.limits = limits or GateLimits()
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
         self.header_timeout_s = self.limits.header_timeout_s
+        self.body_idle_s = self.limits.body_idle_s
         self.open: Counter[str] = Counter()
         self.pending: Counter[str] = Counter()
-        self.counters = {"accepted": 0, "refused": 0, "header_timeouts": 0}
+        self.counters = {"accepted": 0, "refused": 0, "header_timeouts": 0,
+                         "body_timeouts": 0}
         self._logged: dict[str, float] = {}
 
     # -- admission ----------------------------------------------------------------------------
@@ -109,6 +115,11 @@ class ConnectionGate:
         self._warn(f"headers {peer.key}", f"closed an HTTP connection from {peer.describe()}: "
                    f"its request headers did not arrive within {self.header_timeout_s:g} s")
 
+    def body_stalled(self, peer: Peer) -> None:
+        self.counters["body_timeouts"] += 1
+        self._warn(f"body {peer.key}", f"closed an HTTP connection from {peer.describe()}: "
+                   f"its request body sent nothing for {self.body_idle_s:g} s")
+
     def _warn(self, key: str, text: str) -> None:
         now = time.monotonic()
         if now - self._logged.get(key, -1e9) >= 5.0:
@@ -121,7 +132,7 @@ class ConnectionGate:
         return {**self.counters, "open": sum(self.open.values()),
                 "headers_pending": sum(self.pending.values()), "peers": dict(self.open),
                 "max_open": self.limits.max_open, "max_per_peer": self.limits.max_per_peer,
-                "header_timeout_s": self.header_timeout_s}
+                "header_timeout_s": self.header_timeout_s, "body_idle_s": self.body_idle_s}
 
     # -- the middleware ---------------------------------------------------------------------
     @web.middleware
@@ -131,7 +142,7 @@ class ConnectionGate:
         proto = request.protocol
         gated = proto if isinstance(proto, GatedHandler) else None
         if gated is not None:
-            gated.request_started()
+            gated.request_started(request.content if request.body_exists else None)
         try:
             return await handler(request)
         finally:
@@ -151,7 +162,8 @@ def refusal_bytes(why: str) -> bytes:
 class GatedHandler(RequestHandler):
     """aiohttp's request handler, identified and counted at accept (see the module doc)."""
 
-    __slots__ = ("gate", "peer", "_admitted", "_in_request", "_deadline", "_waiting")
+    __slots__ = ("gate", "peer", "_admitted", "_in_request", "_deadline", "_waiting",
+                 "_body", "_body_timer", "_body_seen")
 
     def __init__(self, manager: web.Server, gate: ConnectionGate, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -161,6 +173,9 @@ class GatedHandler(RequestHandler):
         self._in_request = False
         self._waiting = False
         self._deadline: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_seen = 0  # the body's bytes when the body deadline last looked
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = identify_socket(transport.get_extra_info("socket"))
@@ -185,6 +200,7 @@ class GatedHandler(RequestHandler):
             return
         self._admitted = False
         self._stop_waiting()
+        self._stop_body()
         assert self.peer is not None
         self.gate.release(self.peer)
         super().connection_lost(exc)
@@ -216,12 +232,43 @@ class GatedHandler(RequestHandler):
         if self.transport is not None:
             self.transport.close()
 
-    def request_started(self) -> None:
+    def request_started(self, body: StreamReader | None) -> None:
         self._in_request = True
         self._stop_waiting()
+        if body is not None and not body.is_eof():
+            self._body = body
+            self._arm_body(body)
 
     def request_ended(self) -> None:
         self._in_request = False
+        self._stop_body()
+
+    # -- the body deadline ------------------------------------------------------------------
+    def _arm_body(self, body: StreamReader) -> None:
+        self._body_seen = body.total_bytes
+        self._body_timer = asyncio.get_running_loop().call_later(
+            self.gate.body_idle_s, self._body_check)
+
+    def _stop_body(self) -> None:
+        self._body = None
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_check(self) -> None:
+        self._body_timer = None
+        body = self._body
+        if body is None or body.is_eof():
+            self._body = None
+            return
+        if body.total_bytes != self._body_seen:  # it came on: look again a period later
+            self._arm_body(body)
+            return
+        assert self.peer is not None
+        self.gate.body_stalled(self.peer)
+        self._body = None
+        if self.transport is not None:
+            self.transport.close()
 
 
 class GatedSite(web.SockSite):
