@@ -211,6 +211,40 @@ def test_the_dashboard_websocket_refuses_another_port(token_front: Front) -> Non
     assert ok.status == 101
 
 
+@pytest.fixture(scope="module")
+@spawns
+def ui_front() -> Iterator[Front]:
+    """The default setup with the dashboard: loopback, no token."""
+    with serve_http([echo_backend()], ui=True) as f:
+        yield f
+
+
+def test_another_site_cannot_frame_the_dashboard(ui_front: Front) -> None:
+    """Clickjacking: a page of another site puts the dashboard in an invisible ``<iframe>``;
+    the framed page is of our origin, so its WebSocket (the whole TUI) passes the Origin
+    check, and the user's clicks and keys meant for the page on top drive the TUI."""
+    port = ui_front.port
+    framed = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Dest": "iframe",
+              "Sec-Fetch-Mode": "navigate"}
+    for path in ("/ui/", "/ui"):
+        r = ui_front.get(path, headers=framed)
+        assert r.status == 403 and r.error["code"] == "bad_origin", (path, r.status, r.body)
+        assert b"textual" not in r.body.lower()
+    r = ui_front.get("/ui/", headers={**framed, "Sec-Fetch-Site": "same-site"})
+    assert r.status == 403
+    # typed, or a link of our own: served, and no page (not even ours) may frame it
+    for site in ("none", "same-origin", None):
+        headers = {"Sec-Fetch-Dest": "document"} | ({"Sec-Fetch-Site": site} if site else {})
+        page = ui_front.get("/ui/", headers=headers)
+        assert page.status == 200 and b"textual" in page.body.lower(), (site, page.status)
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    # the page's own WebSocket still opens
+    ws = ui_front.get("/ui/ws", headers={**_ws_upgrade("", f"http://127.0.0.1:{port}"),
+                                          "Sec-Fetch-Site": "same-origin"})
+    assert ws.status == 101, ws.body[:200]
+
+
 # -- 3. a deep metadata, deep JSON -----------------------------------------------------------
 
 def _nested(levels: int) -> dict[str, object]:

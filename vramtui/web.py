@@ -8,8 +8,9 @@ served alone by ``vramtui web``.
 Guarded like every route (see :mod:`supervisor.http.auth`): the engine's user only, or the
 bearer token, which a browser cannot send as a header.  So the first load, ``/ui/?token=…``,
 is answered with a redirect to ``/ui/`` and a session cookie (not the token) for ``/ui``.  The
-WebSocket must come from a page of ours (its whole ``Origin`` is checked), and at most
-``sessions`` browsers run at once, each a TUI process.
+WebSocket must come from a page of ours (its whole ``Origin`` is checked), the page is never
+loaded for another site nor shown in a frame (it would take the user's clicks and keys: see
+:data:`NO_FRAMES`), and at most ``sessions`` browsers run at once, each a TUI process.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from supervisor.http.auth import DECISION
 
 UI_PREFIX = "/ui"
 PAGE_DIR = Path(__file__).resolve().parent / "webpage"  # the page each browser loads
+#: The page drives the TUI: no page (of another site, or ours) may frame it, where a user's
+#: clicks and keys meant for what shows on top would go to the TUI underneath.
+NO_FRAMES = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 
 
 def ui_command(socket: Path, *, readonly: bool = False) -> str:
@@ -76,6 +80,7 @@ def make_ui_app(command: str, *, sessions: int = 4, title: str = "vramtui") -> w
         response = aiohttp_jinja2.render_template("index.html", request, context)
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers.update(NO_FRAMES)
         return response
 
     async def websocket(request: web.Request) -> web.StreamResponse:

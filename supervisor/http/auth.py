@@ -18,6 +18,9 @@
   another user's or a dev server's page may be served there).  A non-GET request or a
   WebSocket whose ``Sec-Fetch-Site`` says it crosses sites is refused even without an
   ``Origin``.  Clients that are not browsers send neither header and are not affected.
+  The dashboard (``/ui``) counts as a change whatever the method: its page, loaded in a
+  frame of another site, would take the user's clicks and keys (clickjacking), so another
+  site may not load it at all (and its page forbids every frame: ``vramtui.web``).
 
 The browser dashboard cannot send a header.  Its first load, ``/ui/?token=…``, is answered
 with a redirect to ``/ui/`` (the token leaves the address bar and the history) and a cookie
@@ -177,7 +180,7 @@ class Guard:
             raise HttpError(403, f"permission denied: {peer.describe()} is not the engine's "
                             f"user (uid {self.owner_uid}); send the bearer token",
                             "permission_error", "not_owner")
-        if self.config.token and (not _reads(request) or _is_ui(request.path)):
+        if self.config.token and not _reads(request):
             raise _unauthorized(f"{request.method} {request.path} changes the engine: send "
                                 "the bearer token (Authorization: Bearer TOKEN)")
         return Decision(peer, False)
@@ -192,14 +195,20 @@ def changes_engine(handler: Handler) -> Handler:
 
 def _reads(request: web.Request) -> bool:
     """A request that only reads: a GET (HEAD, OPTIONS) of a route not marked
-    :func:`changes_engine`."""
+    :func:`changes_engine`, outside the browser dashboard.  The dashboard's page opens the
+    WebSocket that drives the whole TUI as soon as it loads, so loading it is a change too:
+    a page of another site that framed it (an ``<iframe>``, invisible, under its own
+    buttons) would have the user's clicks and keys drive the TUI."""
+    if _is_ui(request.path):
+        return False
     route_handler = getattr(request.match_info, "handler", None)
     return request.method in READ_METHODS and not getattr(route_handler, "changes_engine",
                                                           False)
 
 
 def _is_ui(path: str) -> bool:
-    """The browser dashboard: its WebSocket drives the whole TUI, so it counts as mutating."""
+    """The browser dashboard: its WebSocket drives the whole TUI, so it counts as mutating
+    (:func:`_reads`)."""
     return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
 
 
