@@ -29,12 +29,13 @@ from pathlib import Path
 import pytest
 from engine_support import ROOT
 from http_support import Front, serve_http
-from other_user import OTHER_UID, needs_other_user, start_as_other_user
-from serve_support import echo_backend, make_env, new_root, reap, start_serve
+from other_user import OTHER_UID, needs_other_user, run_as_other_user, start_as_other_user
+from serve_support import cli, echo_backend, make_env, new_root, reap, start_serve
 from spawning import spawns
 from waiting import wait_until
 
 from supervisor.http.peer import Peer, identify_socket, table_row
+from vramtui.exits import Exit
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "trust-boundary-token-0123456789abcdef"
@@ -243,6 +244,39 @@ def test_another_site_cannot_frame_the_dashboard(ui_front: Front) -> None:
     ws = ui_front.get("/ui/ws", headers={**_ws_upgrade("", f"http://127.0.0.1:{port}"),
                                           "Sec-Fetch-Site": "same-origin"})
     assert ws.status == 101, ws.body[:200]
+
+
+PLANT_TOKEN = r'''
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, sys.argv[2].encode() + b"\n")
+os.close(fd)
+'''
+
+
+@pytest.mark.process
+@needs_other_user
+def test_a_token_file_of_another_user_is_refused() -> None:
+    """The other user writes the token file first, ``chmod 600`` as asked: private by its
+    mode, but its owner knows the token (an engine run as root read it and let that user
+    in with it)."""
+    root = new_root()
+    os.chmod(root, 0o711)
+    shared = root / "shared"  # a sticky directory anyone may write in, as /tmp
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    planted = shared / "http.token"
+    done = run_as_other_user(PLANT_TOKEN, planted, "the-other-user-knows-this-token-0123")
+    assert done.returncode == 0, done.stderr
+    env = make_env(root)
+    r = cli(env, "web", "--http", "127.0.0.1:0", "--http-token-file", str(planted))
+    assert r.returncode == Exit.USAGE, (r.returncode, r.stderr)
+    assert f"belongs to uid {OTHER_UID}" in r.stderr
+    own = root / "own.token"  # the same, of the engine's user: read (then: no engine here)
+    own.write_text("a-token-of-the-engines-own-user-0123\n")
+    os.chmod(own, 0o600)
+    r = cli(env, "web", "--http", "127.0.0.1:0", "--http-token-file", str(own))
+    assert r.returncode == Exit.NO_ENGINE, (r.returncode, r.stderr)
 
 
 # -- 3. a deep metadata, deep JSON -----------------------------------------------------------

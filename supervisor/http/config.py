@@ -15,7 +15,7 @@ Off unless asked: ``--http ADDR`` on the command line, or an ``http:`` section i
       ui_sessions: 4                # browsers at once (each runs a TUI process)
 
 A flag beats the file.  Binding anything but loopback needs a token (refused otherwise), and
-the token file must be private to its owner (``chmod 600``), as ssh wants of its keys.
+the token file must be yours and private (``chmod 600``), as ssh wants of its keys.
 Everything here is pure but reading the two files; errors are :class:`HttpConfigError` with
 one line that says what to change.
 """
@@ -36,6 +36,7 @@ import yaml
 
 from ..control import messages as m
 from ..errors import VramtuiError
+from ..paths import user_name
 from ..units import parse_duration, parse_size
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"
@@ -62,6 +63,7 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 HTTP_KEYS = frozenset({"enabled", "listen", "token_file", "max_body", "heartbeat",
                        "allowed_hosts", "ui", "ui_sessions", "max_streams"})
 MIN_TOKEN_CHARS = 16
+MAX_TOKEN_FILE = 64 * 1024  # a token file is read this far: its first line is the token
 
 
 class HttpConfigError(VramtuiError):
@@ -152,15 +154,32 @@ def parse_listen(text: str) -> Listen:
 
 
 def read_token(path: Path) -> str:
-    """The token in ``path`` (its first line), which must be readable by its owner only."""
+    """The token in ``path`` (its first line), in a regular file of yours that only you can
+    read.  A file another user owns holds a token that user knows (and may change), whatever
+    its mode: refused, as ssh refuses such keys.  The owner and mode are those of the file
+    opened and read, not of its name looked up again (a link swapped between the two would
+    pass a private file's mode and read another's token)."""
     try:
-        st = os.stat(path)
-        data = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
         raise HttpConfigError(f"cannot read the token file {path}: {exc.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise HttpConfigError(f"the token file {path} can be read by others (mode "
-                              f"{stat.S_IMODE(st.st_mode):o}); make it private: chmod 600 {path}")
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HttpConfigError(f"the token file {path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise HttpConfigError(
+                f"the token file {path} belongs to {user_name(st.st_uid)}, not to you: its "
+                "owner knows the token; write your own (chmod 600)")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise HttpConfigError(f"the token file {path} can be read by others (mode "
+                                  f"{stat.S_IMODE(st.st_mode):o}); make it private: "
+                                  f"chmod 600 {path}")
+        try:
+            data = file.read(MAX_TOKEN_FILE).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HttpConfigError(f"cannot read the token file {path}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
     token = data.strip().splitlines()[0].strip() if data.strip() else ""
     return _check_token(token, str(path))
 
