@@ -279,6 +279,45 @@ def test_a_token_file_of_another_user_is_refused() -> None:
     assert r.returncode == Exit.NO_ENGINE, (r.returncode, r.stderr)
 
 
+READ_LOG = r'''
+import sys
+try:
+    print(len(open(sys.argv[1]).read()))
+except OSError as exc:
+    print(type(exc).__name__)
+'''
+
+
+@pytest.mark.process
+@needs_other_user
+def test_the_log_file_is_private_and_never_another_users() -> None:
+    """``--log-file``: what workers and servers say, their errors and logs' last lines. It
+    was made by the umask (0644 here, 0666 for a server started so) for every user to
+    read, and a file another user made first was appended to, theirs to read."""
+    root = new_root()
+    os.chmod(root, 0o711)
+    shared = root / "shared"  # a sticky directory anyone may write in, as /tmp
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    env = make_env(root, [echo_backend()])
+    planted = shared / "planted.log"
+    done = run_as_other_user("import sys, os; open(sys.argv[1], 'w').close(); "
+                             "os.chmod(sys.argv[1], 0o666)", planted)
+    assert done.returncode == 0, done.stderr
+    r = cli(env, "--serve", "--gpus", "sim:8GiB", "--log-file", str(planted))
+    assert r.returncode == Exit.USAGE, (r.returncode, r.stderr[-500:])
+    assert "not a regular file of ours" in r.stderr
+    assert os.path.getsize(planted) == 0
+    log_file = shared / "engine.log"
+    served = start_serve(env, root, "--log-file", str(log_file))  # (reap removes root)
+    try:
+        assert "engine started" in log_file.read_text()
+        assert os.stat(log_file).st_mode & 0o777 == 0o600
+        assert run_as_other_user(READ_LOG, log_file).stdout.strip() == "PermissionError"
+    finally:
+        reap(served)
+
+
 # -- 3. a deep metadata, deep JSON -----------------------------------------------------------
 
 def _nested(levels: int) -> dict[str, object]:

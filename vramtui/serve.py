@@ -19,11 +19,12 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from supervisor.engine import EngineConfig
 from supervisor.errors import VramtuiError
-from supervisor.paths import Paths, PathsError
+from supervisor.paths import Paths, PathsError, open_private
 
 from . import __version__
 from .connect import attach, serve_control
@@ -33,9 +34,15 @@ LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
 def setup_logging(log_file: str | None) -> None:
+    """Log to stderr, and to ``log_file`` if given: a file of ours that only we can read (it
+    carries what workers and servers say, their errors, their logs' last lines), appended
+    to, never through a link (``paths.open_private``: OSError otherwise, EPERM for a file of
+    another user, who could read it or make it a link)."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
-        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+        fd = open_private(Path(log_file).expanduser(),
+                          os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        handlers.append(logging.StreamHandler(open(fd, "a", encoding="utf-8")))  # noqa: SIM115
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=handlers, force=True)
 
 

@@ -182,7 +182,8 @@ def build_parser(only: str | None = None, *,
     parser.add_argument("--serve", action="store_true",
                         help="run the engine headless on this terminal (logs to stderr)")
     parser.add_argument("--log-file", action=_STORE, metavar="FILE",
-                        help="with --serve: also log to FILE")
+                        help="with --serve: also log to FILE (appended, made 0600; a link "
+                             "or another user's file is refused)")
     parser.add_argument("--allow-group", action=_STORE, metavar="GROUP",
                         help="with --serve: let members of GROUP use the control socket (it "
                              "becomes 0660 and the runtime directory 0710, both of group "
