@@ -34,6 +34,10 @@ class WallClock:
     def wall(self, t: float) -> float:
         return t + self.offset
 
+    def now(self) -> float:
+        """The clock's present instant as wall-clock epoch seconds."""
+        return self.clock() + self.offset
+
     def maybe_wall(self, t: float | None) -> float | None:
         return None if t is None else t + self.offset
 

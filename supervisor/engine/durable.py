@@ -10,7 +10,6 @@ was not kept), and says when the disk is full.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +84,11 @@ class JobJournal:
         assert self.journal is not None
         self.journal.record_submit(self.record(job))
 
+    def when(self, job: Job) -> float:
+        """The time of ``job``'s latest history line, as the journal records it: the very
+        wall-clock time its view shows (never a second reading of another clock)."""
+        return self.wall.wall(job.history[-1][0])
+
     def write(self, what: str, *args: Any, **kwargs: Any) -> None:
         """One journal write (``record_state`` …) that must not stop the engine: a failure is
         said loudly, and the engine keeps serving."""
@@ -95,16 +99,17 @@ class JobJournal:
         except Exception as exc:  # noqa: BLE001 - keep serving; say loudly what was not kept
             self._note("error", f"journal: {what} failed: {exc}")
 
-    def finish(self, job: Job, state: JobState, error: str | None
+    def finish(self, job: Job, state: JobState, error: str | None, now: float
                ) -> tuple[JobState, str | None]:
-        """Journal the finish; what was stored (a result the journal cannot hold fails the
-        job, with the reason, and that failure is what is stored and reported)."""
+        """Journal the finish at ``now`` (the engine time the job ends at); what was stored
+        (a result the journal cannot hold fails the job, with the reason, and that failure is
+        what is stored and reported)."""
         if self.journal is None:
             return state, error
         error = error if error is not None else job.error
         try:
             stored, why = self.journal.finish_durably(
-                job.id, state, time.time(), note=error or "", data=job.data,
+                job.id, state, self.wall.wall(now), note=error or "", data=job.data,
                 headers=job.headers, status_code=job.status_code, error=error,
                 chunks=job.chunks)
         except Exception as exc:  # noqa: BLE001 - not even a failure could be stored
@@ -131,7 +136,7 @@ class JobJournal:
             return Recovered((), 0, (), 0)
         if self.journal.damage is not None:
             self._note("error", "journal: " + self.journal.damage.describe())
-        recovery = self.journal.recover(time.time())
+        recovery = self.journal.recover(self.wall.now())
         jobs = tuple(self.job(rec) for rec in recovery.jobs)
         assert all(job.state is JobState.QUEUED for job in jobs)
         return Recovered(jobs, len(recovery.interrupted), tuple(recovery.failed),

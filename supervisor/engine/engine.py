@@ -431,7 +431,8 @@ class Engine:
             note = f"priority {old} → {priority}"
             job.note(self.clock(), note)
             if job.kind == "job":
-                self.journal.write("record_priority", job.id, priority, time.time(), note)
+                self.journal.write("record_priority", job.id, priority, self.journal.when(job),
+                                   note)
             self.notes.note("info", f"{job_id} ({job.backend}): {note} (asked)", job.backend)
             self._job_event(job)
             self.run.schedule()
@@ -667,7 +668,8 @@ class Engine:
             job.mark(self.clock(), JobState.STARTING, f"{how} {rt.spec.name} on GPU{job.gpu}")
             self.sleeper.wake(rt)
             if self.journal.durable(job):
-                self.journal.write("record_state", job.id, JobState.STARTING, time.time())
+                self.journal.write("record_state", job.id, JobState.STARTING,
+                                   self.journal.when(job))
             self._job_event(job)
 
     def _dispatch(self, rt: BackendRuntime, job: Job) -> None:
@@ -675,7 +677,8 @@ class Engine:
         assert worker is not None
         job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.pid})")
         if self.journal.durable(job):
-            self.journal.write("record_start", job.id, time.time(), f"on {worker.name}")
+            self.journal.write("record_start", job.id, self.journal.when(job),
+                               f"on {worker.name}")
         job.peak_mib = None
         job.peak_samples = 0
         worker.send(job.id, job.payload, stream=job.stream, metadata=job.metadata, deadline=None)
@@ -828,7 +831,8 @@ class Engine:
         job.mark(self.clock(), JobState.QUEUED, why)
         job.gpu = None
         if self.journal.durable(job):
-            self.journal.write("record_state", job.id, JobState.QUEUED, time.time(), why)
+            self.journal.write("record_state", job.id, JobState.QUEUED, self.journal.when(job),
+                               why)
         self.jobs.enqueue(job)
         self._job_event(job)
 
@@ -891,11 +895,12 @@ class Engine:
         if job.state.finished:
             return
         error = visible(error, lines=True) if error is not None else None  # a worker's words
+        now = self.clock()
         if self.journal.durable(job):  # durable before anyone hears of it
-            state, error = self.journal.finish(job, state, error)
+            state, error = self.journal.finish(job, state, error, now)
         if error is not None:
             job.error = error
-        job.mark(self.clock(), state, error or "")
+        job.mark(now, state, error or "")
         self.notes.counters.job_finished(job)
         self.run.cancel_timer(job.id)
         self.run.cancel_timer(f"kill:{job.id}")

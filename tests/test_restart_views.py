@@ -1,0 +1,96 @@
+"""A job across an engine restart, as a user sees it: real ``vramtui --serve`` processes,
+real workers, the real journal (SQLite); the job is read through the CLI before and after
+(its history entries are ``[t, state, note]``).
+
+The engine has one owner of time (:class:`supervisor.clock.WallClock`): what a view shows and
+what the journal keeps are the same instants, so a job read back from the journal after a
+restart shows the times it showed before, to the last digit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serve_support import Served, cli, make_env, new_root, reap, start_serve
+from waiting import wait_until
+
+pytestmark = pytest.mark.process
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    yield new_root()
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Served]]:
+    started: list[Served] = []
+    yield started
+    for served in reversed(started):
+        reap(served)
+
+
+def _job(env: dict[str, str], job_id: str) -> dict[str, Any]:
+    done = cli(env, "result", job_id, "--json")
+    assert done.returncode in (0, 6), done.stderr
+    return json.loads(done.stdout)
+
+
+def _times(job: dict[str, Any]) -> tuple[Any, ...]:
+    return (job["submitted_at"], job["started_at"], job["finished_at"],
+            tuple((h[0], h[1]) for h in job["history"]))
+
+
+def test_a_finished_job_shows_the_same_times_after_a_restart(
+        root: Path, engines: list[Served]) -> None:
+    env = make_env(root)
+    env["TZ"] = "Asia/Kolkata"  # epoch seconds whatever the zone
+    before = time.time()
+    first = start_serve(env, root)
+    engines.append(first)
+    done = cli(env, "submit", "echo", "--data", '{"a": 1}', "--wait")
+    assert done.returncode == 0, done.stderr
+    job_id = next(j["id"] for j in json.loads(cli(env, "jobs", "--json").stdout)["recent"])
+    seen = _job(env, job_id)
+    assert seen["state"] == "succeeded"
+    assert before <= seen["submitted_at"] <= seen["started_at"] <= seen["finished_at"] \
+        <= time.time()
+    first.proc.kill()  # kill -9: the journal is all that is left
+    first.proc.wait(10)
+
+    env["TZ"] = "America/St_Johns"
+    engines.append(start_serve(env, root))
+    again = _job(env, job_id)
+    assert again["state"] == "succeeded"
+    assert _times(again) == _times(seen)
+
+
+def test_an_interrupted_job_keeps_its_first_times_after_a_restart(
+        root: Path, engines: list[Served]) -> None:
+    env = make_env(root)
+    first = start_serve(env, root)
+    engines.append(first)
+    job_id = cli(env, "submit", "slow", "--data", '{"steps": 400, "step_s": 0.05}').stdout.strip()
+    running = wait_until(lambda: (j := _job(env, job_id))["state"] == "running" and j, 30,
+                         "the job to run")
+    first.note_workers(c := first.client())
+    c.close()
+    first.proc.kill()
+    first.proc.wait(10)
+
+    engines.append(start_serve(env, root))
+    again = _job(env, job_id)
+    # what the journal kept of its first run is what was shown of it
+    assert again["submitted_at"] == running["submitted_at"]
+    assert again["started_at"] == running["started_at"]
+    shown = [(h[0], h[1]) for h in running["history"]]
+    assert [(h[0], h[1]) for h in again["history"][:len(shown)]] == shown
+    interrupted = again["history"][len(shown)]
+    assert interrupted[1] == "interrupted"
+    assert shown[-1][0] < interrupted[0] <= time.time()
+    cli(env, "cancel", job_id)
