@@ -1089,13 +1089,22 @@ class Journal:
             raise self._error(f"read job {job_id}", exc) from None
         return None if row is None else _record(row)
 
-    def recent(self, limit: int) -> list[JobRecord]:
-        """The ``limit`` most recently finished jobs, newest first, with their results."""
+    def recent(self, limit: int, max_bytes: int | None = None) -> list[JobRecord]:
+        """The ``limit`` most recently finished jobs, newest first, with their results; with
+        ``max_bytes``, only the newest whose results hold at most that many bytes together
+        (one at least), read one at a time (never all of them in memory first)."""
+        out: list[JobRecord] = []
+        held = 0
         try:
-            rows = self._c.execute(_RECENT, (limit,)).fetchall()
+            for row in self._c.execute(_RECENT, (limit,)):
+                rec = _record(row)
+                held += len(rec.data or b"") + sum(map(len, rec.chunks))
+                if max_bytes is not None and out and held > max_bytes:
+                    break
+                out.append(rec)
         except sqlite3.Error as exc:
             raise self._error("read recent jobs", exc) from None
-        return [_record(row) for row in rows]
+        return out
 
     def prune(self, now_wall: float) -> int:
         """Forget finished jobs beyond ``keep_finished`` (oldest first) or finished more than

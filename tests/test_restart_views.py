@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,40 @@ def test_an_interrupted_job_keeps_its_first_times_after_a_restart(
     assert interrupted[1] == "interrupted"
     assert shown[-1][0] < interrupted[0] <= time.time()
     cli(env, "cancel", job_id)
+
+
+def _http_url(served: Served) -> str:
+    line = wait_until(lambda: next((x for x in served.stdout().splitlines()
+                                  if "HTTP front door on" in x), None), 30, "the HTTP line")
+    return line.split("HTTP front door on ", 1)[1].split()[0]
+
+
+def test_jobs_that_finished_before_a_restart_are_still_listed_at_every_door(
+        root: Path, engines: list[Served]) -> None:
+    env = make_env(root)
+    first = start_serve(env, root)
+    engines.append(first)
+    ids = [cli(env, "submit", "echo", "--data", json.dumps({"n": i})).stdout.strip()
+           for i in range(3)]
+    for job_id in ids:
+        assert cli(env, "result", job_id, "--wait").returncode == 0
+    seen = {j["id"]: j for j in json.loads(cli(env, "jobs", "--json").stdout)["recent"]}
+    assert set(ids) <= set(seen)
+    first.proc.kill()
+    first.proc.wait(10)
+
+    again = start_serve(env, root, "--http", "127.0.0.1:0")
+    engines.append(again)
+    listed = json.loads(cli(env, "jobs", "--json").stdout)["recent"]
+    assert [j["id"] for j in listed] == ids[::-1]  # newest first, as before
+    for j in listed:
+        assert _times(j) == _times(seen[j["id"]])
+        assert j["state"] == "succeeded"
+    only = json.loads(cli(env, "jobs", "--state", "succeeded", "--json").stdout)["recent"]
+    assert [j["id"] for j in only] == ids[::-1]
+    status = json.loads(cli(env, "status", "--json", "--history").stdout)
+    assert [j["id"] for j in status["recent"]] == ids[::-1]
+    with urllib.request.urlopen(f"{_http_url(again)}/v1/jobs?state=succeeded") as answer:
+        http = json.load(answer)["data"]
+    assert [j["id"] for j in http] == ids[::-1]
+    assert [j["finished_at"] for j in http] == [seen[i]["finished_at"] for i in ids[::-1]]

@@ -78,6 +78,19 @@ class JobJournal:
         rec = self.journal.finished(job_id)
         return self.job(rec) if rec is not None else None
 
+    def recent(self, limit: int, max_bytes: int) -> tuple[Job, ...]:
+        """The jobs that finished last (before the engine started: it keeps the rest in
+        memory), newest first, at most ``limit`` of them holding at most ``max_bytes`` of
+        results; none when the journal cannot be read (said loudly)."""
+        if self.journal is None or limit <= 0:
+            return ()
+        try:
+            return tuple(self.job(rec) for rec in self.journal.recent(limit, max_bytes))
+        except Exception as exc:  # noqa: BLE001 - the engine serves without them
+            self._note("error", f"journal: the jobs that finished before this start could "
+                       f"not be read ({exc}); `vramtui jobs` lists them no more")
+            return ()
+
     # -- writing ------------------------------------------------------------------------------
     def submitted(self, job: Job) -> None:
         """Durable before the submitter hears "accepted": raises when it cannot be kept."""

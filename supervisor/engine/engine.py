@@ -236,6 +236,7 @@ class Engine:
         """Requeue what the journal held when the engine last stopped, ids and order kept."""
         recovered = self.journal.recover()
         advance_seq(recovered.max_seq)
+        self.jobs.restore(self.journal.recent(self.jobs.recent_jobs, self.jobs.max_recent_bytes))
         for rec in recovered.failed:
             self.notes.note("error", f"job {rec.id} ({rec.backend}) was interrupted twice by "
                             "an engine stop; it was not run a third time", rec.backend)

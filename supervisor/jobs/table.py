@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +180,10 @@ class JobTable:
         assert job.state.finished, job.state
         view = self.view(job)
         self._resolve(job.id, view)
+        self._keep_recent(job)
+        return view
+
+    def _keep_recent(self, job: Job) -> None:
         self._recent.append(job.id)
         size = len(job.data or b"") + sum(map(len, job.chunks))
         self._recent_held += size - self._recent_bytes.get(job.id, 0)
@@ -189,7 +193,15 @@ class JobTable:
             old = self._recent.popleft()
             self._jobs.pop(old, None)
             self._recent_held -= self._recent_bytes.pop(old, 0)
-        return view
+
+    def restore(self, finished: Iterable[Job]) -> None:
+        """The jobs that finished before the engine started (from its journal, newest first):
+        recent ones again, as if they had just ended, so every listing shows them."""
+        for job in reversed(tuple(finished)):
+            assert job.state.finished, job.state
+            if job.id not in self._jobs:
+                self._jobs[job.id] = job
+                self._keep_recent(job)
 
     def abandoned(self, job: Job, why: str) -> None:
         """Nobody will finish ``job`` in this run of the engine (it stops): its waiters hear
