@@ -9,7 +9,10 @@ restart shows the times it showed before, to the last digit.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_support import ROOT, sim_backend
 from serve_support import Served, cli, make_env, new_root, reap, start_serve
 from waiting import wait_until
 
 pytestmark = pytest.mark.process
+SERVER = ROOT / "tests" / "model_server.py"
 
 
 @pytest.fixture
@@ -132,3 +137,41 @@ def test_jobs_that_finished_before_a_restart_are_still_listed_at_every_door(
         http = json.load(answer)["data"]
     assert [j["id"] for j in http] == ids[::-1]
     assert [j["finished_at"] for j in http] == [seen[i]["finished_at"] for i in ids[::-1]]
+
+
+def test_a_new_priority_for_a_job_the_journal_does_not_keep_is_no_journal_error(
+        root: Path, engines: list[Served]) -> None:
+    # A model server's request is not journaled (its client goes with the engine): giving it
+    # a new priority while it waits must not try to journal that, nor say the journal failed.
+    server = {"name": "srv", "command": [sys.executable, str(SERVER), "--port", "${PORT}",
+                                         "--mib", "4096"],
+              "http": {"health": "/health"}, "api": ["chat"], "simulated": True,
+              "vram": {"weights": "4096MiB", "activation": "0MiB"},
+              "timeouts": {"start": "20s", "stop_grace": "3s"}}
+    hog = sim_backend("hog", 6 * 1024, 256, steps=2000, step_s=0.05)
+    env = make_env(root, [server, hog])
+    served = start_serve(env, root, "--http", "127.0.0.1:0")
+    engines.append(served)
+    submitted = cli(env, "submit", "hog")
+    assert submitted.returncode == 0, submitted.stderr
+    hogging = submitted.stdout.strip()
+    wait_until(lambda: _job(env, hogging)["state"] == "running", 30, "the hog to run")
+    url = _http_url(served)
+    body = json.dumps({"model": "srv", "messages": [{"role": "user", "content": "hi"}]})
+    chat = threading.Thread(target=lambda: _post(f"{url}/v1/chat/completions", body),
+                            daemon=True)
+    chat.start()
+    queued = wait_until(lambda: json.loads(cli(env, "queue", "--json").stdout), 30,
+                        "the chat request to wait")
+    done = cli(env, "priority", queued[0]["id"], "5")
+    assert done.returncode == 0, done.stderr
+    assert "journal" not in served.stderr(), served.stderr()
+    status = json.loads(cli(env, "status", "--json", "--history").stdout)
+    assert not [line for line in status["log"] if "journal" in json.dumps(line)]
+    cli(env, "cancel", hogging, queued[0]["id"])
+
+
+def _post(url: str, body: str) -> None:
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(urllib.request.Request(url, body.encode(), method="POST"),
+                               timeout=60).read()

@@ -431,7 +431,7 @@ class Engine:
             self.jobs.enqueue(job)
             note = f"priority {old} → {priority}"
             job.note(self.clock(), note)
-            if job.kind == "job":
+            if self.journal.durable(job):
                 self.journal.write("record_priority", job.id, priority, self.journal.when(job),
                                    note)
             self.notes.note("info", f"{job_id} ({job.backend}): {note} (asked)", job.backend)
