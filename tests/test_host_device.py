@@ -637,3 +637,31 @@ def test_gpus_host_in_a_descriptor_places_a_backend_on_the_host_device() -> None
     with engine([cpu], gpus="sim:1GiB") as sup, \
             pytest.raises(Refused, match="allows the host device but none of them is present"):
         sup.submit("host-cpu", b"{}")
+
+
+@pytest.mark.process
+def test_a_gpu_workers_host_memory_is_ours_on_the_host_device_not_a_strangers() -> None:
+    """With GPUs and the host device (``--gpus auto,host``), the host device lists every
+    process of ours, a GPU worker's too: what it holds there counts against the host's room
+    (it is taken), as the engine's own, never as others' (no stranger to yield or evict for).
+    The truth is the worker's PSS, read here from /proc."""
+    gpu_model = host_backend("host-on-gpu", 160, 0, vram={"peak": "200MiB"}, gpus=[0])
+    with engine([gpu_model], gpus="sim:1GiB,host:1GiB") as sup:
+        assert sup.wait(sup.submit("host-on-gpu", b"{}"), 60).state is JobState.SUCCEEDED
+        view = sup.snapshot().backend("host-on-gpu")
+        assert view is not None and view.gpu == 0 and view.pid is not None
+        pid = view.pid
+
+        def host_device() -> Any:
+            host = sup.snapshot().gpus[1]
+            truth = pss_mib(pid)
+            return host if truth >= 150 and host.ours_mib >= 0.9 * truth else None
+
+        host = wait_until(host_device, deadline=20, what="the worker's host memory as ours")
+        truth = pss_mib(pid)
+        assert host.foreign_mib is not None and host.foreign_mib < truth / 2, (host, truth)
+        assert host.others_mib < truth / 2  # admission holds nothing back for strangers
+        # ... but the room it took is not handed out again
+        assert host.budget_mib <= host.total_mib - 0.9 * truth, (host, truth)
+        log = [line.text for line in sup.snapshot().log]
+    assert not any("over-committed" in line or "others" in line for line in log), log

@@ -269,6 +269,7 @@ def sample(strangers: dict[int, int], unlisted: int = 0) -> SimpleNamespace:
     foreign = sum(strangers.values()) + unlisted
     reading = SimpleNamespace(used_mib=foreign, total_mib=24 * GIB)
     return SimpleNamespace(readings={0: reading}, foreign={0: foreign}, owners={},
+                           elsewhere={}, strangers_mib=lambda _index: foreign,
                            per_gpu=lambda: {0: dict(strangers)})
 
 

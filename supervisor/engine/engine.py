@@ -584,8 +584,17 @@ class Engine:
             queue, counts = self.planner.with_extra(self.jobs.queue.scheduler_view(),
                                                     self.jobs.queue.counts, extra)
         return self.planner.inputs(self.monitor.readings, self.pool.runtimes(),
-                                   self.calibrations.facts(), self.others.counted, queue,
+                                   self.calibrations.facts(), self._foreign(), queue,
                                    counts, self.sleeper.host_room_mib(), self.yields.closed())
+
+    def _foreign(self) -> dict[int, int]:
+        """GPU -> what admission counts there beside our workers on it: strangers (with
+        hysteresis) and, on the host device, what our workers placed elsewhere hold of it."""
+        foreign = dict(self.others.counted)
+        for index, mib in self.monitor.elsewhere.items():
+            if mib:
+                foreign[index] = foreign.get(index, 0) + mib
+        return foreign
 
     def _step(self) -> None:
         now = self.clock()
@@ -771,7 +780,7 @@ class Engine:
         if rt is None or rt.worker is not handle:
             return
         self.run.cancel_timer(f"start:{handle.name}")
-        held = self.planner.holds(rt, self.monitor.readings, self.others.counted)
+        held = self.planner.holds(rt, self.monitor.readings, self._foreign())
         health, killed_for = rt.health, rt.health.kill_reason
         rt.worker = None
         rt.usage.idle_since = None

@@ -3,7 +3,11 @@
 :class:`Monitor` owns the sampler thread that polls the probe (NVML calls block) and what the
 samples say: each device's last reading and its history, the processes on the GPUs and the
 backend each works for (the one attribution, made each sample from the workers' process
-trees), and on each GPU the memory that none of ours holds (foreign).  Samples reach the
+trees), and on each GPU the memory that none of ours holds (foreign).  On the host device
+every process of ours is listed, a GPU worker's too (its interpreter, its weights on their
+way to the GPU, a sleeper's offloaded weights): what ours placed on other devices hold
+there is foreign to the host device's holders, but no stranger's (``elsewhere``).  Samples
+reach the
 engine loop through the callback given to :meth:`start`; everything else here runs there.
 
 Readings never lag a process list acted on. Admission's room on a GPU is the least of what
@@ -42,6 +46,8 @@ class Monitor:
         self.processes: tuple[ProcessReading, ...] = ()  # at the last process sample
         self.owners: dict[int, str] = {}  # pid -> the backend it works for, at that sample
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours
+        # host device -> MiB of it held by our processes placed on other devices (in foreign)
+        self.elsewhere: dict[int, int] = {}
         self._sampler: Sampler | None = None
         self._history_at: dict[int, float] = {}
         devices = probe.devices()
@@ -135,9 +141,18 @@ class Monitor:
                    per_gpu: Mapping[int, Mapping[int, int]]) -> None:
         """The sample's attribution: whose each process is, and what is foreign."""
         self.owners = owners
+        hosts = self.host_gpus()
         for index, reading in self.readings.items():
-            self.foreign[index] = foreign_mib(reading.used_mib, per_gpu.get(index, {}),
-                                              ours.get(index, ()))
+            here = per_gpu.get(index, {})
+            self.foreign[index] = foreign_mib(reading.used_mib, here, ours.get(index, ()))
+            if index in hosts:
+                placed = ours.get(index, set())
+                self.elsewhere[index] = min(self.foreign[index], sum(
+                    mib for pid, mib in here.items() if pid in owners and pid not in placed))
+
+    def strangers_mib(self, index: int) -> int:
+        """What strangers hold on ``index``: its foreign memory less ours placed elsewhere."""
+        return self.foreign.get(index, 0) - self.elsewhere.get(index, 0)
 
     # -- views ------------------------------------------------------------------------------
     def devices(self) -> list[Device]:

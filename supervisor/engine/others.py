@@ -61,6 +61,9 @@ class Others:
         # held back for them (hysteresis): nobody holds it now
         self.left: dict[int, tuple[tuple[Stranger, ...], float]] = {}
         self._at = 0.0  # the time of the last sample taken in
+        # host device -> MiB our workers placed on other devices hold there (not strangers,
+        # but room taken all the same: named when an eviction makes room for it)
+        self._elsewhere: dict[int, int] = {}
 
     @property
     def counted(self) -> dict[int, int]:
@@ -80,8 +83,9 @@ class Others:
         accounts: Book | None = None
         self._at = now
         self._everyone = None
+        self._elsewhere = dict(monitor.elsewhere)
         for index, reading in sorted(monitor.readings.items()):
-            now_mib = monitor.foreign.get(index, 0) if reading.used_mib is not None else 0
+            now_mib = monitor.strangers_mib(index) if reading.used_mib is not None else 0
             if not now_mib and not counted.get(index):
                 self.watch.observe(now, index, 0, 0, reading.total_mib)
                 self._gone(index)
@@ -158,7 +162,10 @@ class Others:
             named, since = left
             ago = f"gone {max(0.0, self._at - since):.1f} s ago"
             return f"{self._names(named)}, {ago}" if named else f"others {ago}"
-        return self._names(self.strangers.get(gpu, ())) or "processes the driver does not list"
+        named = self._names(self.strangers.get(gpu, ()))
+        if not named and self._elsewhere.get(gpu):
+            return "our workers placed on other devices"
+        return named or "processes the driver does not list"
 
     @staticmethod
     def _names(named: tuple[Stranger, ...]) -> str:

@@ -58,8 +58,10 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
     gpus = []
     for index, r in sorted(monitor.readings.items()):
         accounts = book.gpus.get(index)
-        ours = accounts.ours_observed_mib if accounts is not None else 0
-        foreign = monitor.foreign.get(index) if r.used_mib is not None else None
+        # On the host device, ours includes what our workers placed elsewhere hold there.
+        elsewhere = monitor.elsewhere.get(index, 0)
+        ours = (accounts.ours_observed_mib if accounts is not None else 0) + elsewhere
+        foreign = monitor.strangers_mib(index) if r.used_mib is not None else None
         gpus.append(GpuView(
             index=index, name=r.name or f"GPU{index}", total_mib=r.total_mib,
             used_mib=r.used_mib, free_mib=r.free_mib,
