@@ -408,6 +408,33 @@ def open_private(path: Path, flags: int, mode: int = FILE_MODE) -> int:
     return fd
 
 
+def untrusted(file: Path, stakes: str, uid: int | None = None) -> str | None:
+    """Why ``file`` cannot be trusted as one of the user's own files that the engine acts on
+    (a descriptor, ``config.yaml``), or None when it can.  As ssh does with its own files, it
+    is read only when no one else can have written it: the file belongs to the engine's user
+    or to root, and neither group nor others may write it; its directory likewise, unless it
+    is sticky (as ``/tmp`` is: others may add files there, but not replace ours, and theirs
+    fail the first check).  ``stakes`` says what whoever writes it gets ("runs commands as
+    you"), for the one-line reason."""
+    me = os.geteuid() if uid is None else uid
+    for path, what in ((file, "it"), (file.parent, "its directory")):
+        try:
+            st = path.stat()
+        except OSError:
+            return None  # reading it says what is wrong
+        writable = stat.S_IMODE(st.st_mode) & 0o022
+        if what != "it" and st.st_mode & stat.S_ISVTX:
+            writable = 0
+        if st.st_uid not in (me, 0):
+            return (f"{what} belongs to {user_name(st.st_uid)}: whoever writes it {stakes}; "
+                    "copy it to a file of yours, or chown it")
+        if writable:
+            return (f"{what} may be written by {'others' if writable & 0o002 else 'its group'} "
+                    f"(mode {stat.S_IMODE(st.st_mode):04o}): whoever writes it {stakes}; "
+                    f"chmod go-w {path}")
+    return None
+
+
 # -- the runtime directory's way out of a squatted /tmp ------------------------------------
 
 

@@ -7,18 +7,20 @@ cross-site Origin, a Unix socket peer; "another machine" is a request whose tran
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import socket
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
 from http_support import Front, serve_http
-from other_user import needs_other_user, run_as_other_user
-from serve_support import echo_backend
+from other_user import OTHER_UID, needs_other_user, run_as_other_user
+from serve_support import cli, echo_backend, make_env, new_root
 from spawning import spawns
 
 from supervisor.apispec import METHODS
@@ -35,6 +37,8 @@ from supervisor.http.config import (
 )
 from supervisor.http.errors import HttpError
 from supervisor.http.peer import Peer
+from supervisor.paths import Paths
+from vramtui.serve import engine_config
 
 pytestmark = pytest.mark.timeout(90)
 TOKEN = "s3cret-token-for-tests-0123456789"
@@ -311,3 +315,51 @@ def test_the_config_files_http_section(tmp_path: Path) -> None:
     conf.write_text("http: [\n")
     with pytest.raises(HttpConfigError, match="not valid YAML"):
         load_http_config(config_file=conf, environ={})
+
+
+REWRITE = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+
+
+@needs_other_user
+@pytest.mark.process
+def test_a_config_file_another_user_could_write_is_not_read() -> None:
+    """config.yaml says where the door listens and which Host names it answers: another user
+    who can write it reopens DNS rebinding (``allowed_hosts: ["*"]``).  So it is read only as a
+    descriptor is: yours (or root's), writable by nobody else, nor its directory."""
+    root = new_root()
+    os.chmod(root, 0o711)  # (the other user reaches the file, as in a home directory)
+    env = make_env(root, [echo_backend()])
+    cfg = root / "cfg"
+    cfg.mkdir()
+    os.chmod(cfg, 0o755)
+    conf = cfg / "config.yaml"
+    conf.write_text("http:\n  listen: 127.0.0.1:0\n")
+    os.chmod(conf, 0o666)  # (made under umask 0)
+    attack = 'http:\n  listen: 127.0.0.1:0\n  allowed_hosts: ["*"]\n'
+    done = run_as_other_user(REWRITE, conf, attack)
+    assert done.returncode == 0 and conf.read_text() == attack, done.stderr
+    try:  # the engine refuses to start, one line, before it serves anything
+        served = cli(env, "--serve", "--gpus", "sim:8GiB", "--backends",
+                     env["VRAMTUI_TEST_BACKENDS"], timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"vramtui --serve started with {conf}, which another user wrote")
+    assert served.returncode == 2, served.stderr
+    [line] = served.stderr.strip().splitlines()
+    assert f"{conf} is not read: it may be written by others (mode 0666)" in line, line
+    assert line.endswith(f"chmod go-w {conf}"), line
+    # every reader of the file refuses it the same way (the engine: section, the HTTP door's)
+    with pytest.raises(HttpConfigError, match="chmod go-w"):
+        engine_config(argparse.Namespace(), Paths.from_env(env), environ={})
+    os.chmod(conf, 0o644)
+    cfg_ok = load_http_config(config_file=conf, environ={})
+    assert cfg_ok is not None and "*" in cfg_ok.allowed_hosts  # its own file, and private
+    os.chmod(cfg, 0o775)  # its group may replace it
+    with pytest.raises(HttpConfigError, match=f"its directory may be written by its group "
+                       f"\\(mode 0775\\).*chmod go-w {cfg}"):
+        load_http_config(config_file=conf, environ={})
+    os.chmod(cfg, 0o755)
+    os.chown(conf, OTHER_UID, OTHER_UID)  # another user's file, whatever its mode
+    os.chmod(conf, 0o644)
+    with pytest.raises(HttpConfigError, match=f"belongs to uid {OTHER_UID}"):
+        load_http_config(config_file=conf, environ={})
+

@@ -18,16 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import brief
-from ..paths import backends_dir_of
+from ..paths import backends_dir_of, untrusted
 from .errors import DescriptorError, DescriptorWarning
 from .raw import RawBackend, entries_of, entry_name
 from .schema import BackendSpec, InvalidBackend, build_spec
-from .trust import untrusted
 from .vramd import VramdContext
 from .yamlio import load_documents
 
 BACKENDS_ENV = "VRAMTUI_BACKENDS"
 YAML_SUFFIXES = (".yaml", ".yml")
+# What whoever writes a descriptor gets (a file another user could have written is not read).
+STAKES = "runs commands as you (a descriptor says what the engine runs)"
 # Read here, never inherited nor validated there.
 _LOADER_KEYS = ("extends", "abstract", "enabled", "overlay")
 
@@ -195,7 +196,7 @@ class _Collector:
 
     def add_file(self, file: Path) -> None:
         self.files.append(file)
-        why = untrusted(file)
+        why = untrusted(file, STAKES)
         if why is not None:
             self.errors.append(DescriptorError(file, None, None, None, f"not read: {why}"))
             return

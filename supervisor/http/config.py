@@ -15,7 +15,9 @@ Off unless asked: ``--http ADDR`` on the command line, or an ``http:`` section i
       ui_sessions: 4                # browsers at once (each runs a TUI process)
 
 A flag beats the file.  Binding anything but loopback needs a token (refused otherwise), and
-the token file must be yours and private (``chmod 600``), as ssh wants of its keys.
+the token file must be yours and private (``chmod 600``), as ssh wants of its keys;
+``config.yaml`` itself must be yours (or root's), writable by nobody else, nor its directory
+(:func:`~supervisor.paths.untrusted`, the descriptors' rule).
 Everything here is pure but reading the two files; errors are :class:`HttpConfigError` with
 one line that says what to change.
 """
@@ -36,7 +38,7 @@ import yaml
 
 from ..control import messages as m
 from ..errors import VramtuiError
-from ..paths import user_name
+from ..paths import untrusted, user_name
 from ..units import parse_duration, parse_size
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"
@@ -64,6 +66,11 @@ HTTP_KEYS = frozenset({"enabled", "listen", "token_file", "max_body", "heartbeat
                        "allowed_hosts", "ui", "ui_sessions", "max_streams"})
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_FILE = 64 * 1024  # a token file is read this far: its first line is the token
+
+
+# What whoever writes config.yaml gets (a file another user could have written is not read).
+SETTINGS_STAKES = ("sets the engine's settings (where the HTTP door listens, which hosts it "
+                   "answers)")
 
 
 class HttpConfigError(VramtuiError):
@@ -196,7 +203,12 @@ def _check_token(token: str, source: str) -> str:
 
 def read_section(config_file: Path, name: str = "http",
                  example: str = "listen: 127.0.0.1:8080") -> Mapping[str, Any] | None:
-    """The ``name:`` mapping of ``config_file`` (None: no file or no section)."""
+    """The ``name:`` mapping of ``config_file`` (None: no file or no section).  Read only when
+    no other user could have written it (:func:`~supervisor.paths.untrusted`, as descriptors
+    are): it says where the HTTP door listens and which hosts it answers."""
+    why = untrusted(config_file, SETTINGS_STAKES)
+    if why is not None:
+        raise HttpConfigError(f"{config_file} is not read: {why}")
     try:
         text = config_file.read_text(encoding="utf-8")
     except FileNotFoundError:
