@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from engine_support import ROOT
-from http_support import Front, serve_http
+from http_support import Front, Reply, serve_http
 from other_user import OTHER_UID, needs_other_user, run_as_other_user, start_as_other_user
 from serve_support import cli, echo_backend, make_env, new_root, reap, start_serve
 from spawning import spawns
@@ -524,6 +524,32 @@ def test_a_control_character_in_a_workers_header_is_a_clean_502(open_front: Fron
     again = open_front.get(f"/v1/jobs/{job}/result")
     assert again.status == 502 and again.error["code"] == "bad_worker_header"
     assert open_front.get("/v1/backends").status == 200  # the door is fine
+
+
+def test_every_log_a_worker_wrote_in_is_served_as_sandboxed_text(open_front: Front) -> None:
+    """A worker's words reach the engine's event log (its error) and its own log: whichever
+    route serves them, they are text that no browser sniffs into a page or runs."""
+    page = "<html><script>fetch('/v1/backends/unload', {method: 'POST'})</script></html>"
+    r = open_front.post("/v1/jobs", {"backend": "hostile", "input": {"status": page}})
+    assert r.status == 502 and page in r.error["message"], r.body[:300]
+    served = {path: open_front.get(path) for path in
+              ("/logs", "/log", "/v1/backends/hostile/logs?lines=100")}
+    conn = open_front.conn()
+    try:  # the followed log (llama-swap's /logs/stream/MODEL redirects there)
+        moved = open_front.get("/logs/stream/hostile")
+        assert moved.status == 307, moved.body[:200]
+        conn.request("GET", moved.headers["location"])
+        followed = conn.getresponse()
+        served["followed"] = Reply(followed.status,
+                                   {k.lower(): v for k, v in followed.getheaders()}, b"")
+    finally:
+        conn.close()
+    assert page in served["/logs"].body.decode() and page in served["/log"].body.decode()
+    for path, reply in served.items():
+        assert reply.status == 200, (path, reply.body[:200])
+        assert reply.headers["content-type"] == "text/plain; charset=utf-8", path
+        assert reply.headers["x-content-type-options"] == "nosniff", path
+        assert reply.headers["content-security-policy"] == "sandbox", path
 
 
 # -- the control socket: a dribbler keeps nobody out -------------------------------------------

@@ -53,6 +53,14 @@ MAX_HEADER_VALUE = 8192
 SANDBOX = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
 
 
+def worker_text_headers() -> dict[str, str]:
+    """The headers of text a worker or a model server wrote, served as text by every route
+    that serves it (a backend's log, the engine's event log that quotes their errors): plain
+    text, never sniffed into a page, a sandbox if shown as one anyway, not cached."""
+    return {"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-cache",
+            **SANDBOX}
+
+
 class BadWorkerHeader(ValueError):
     """A worker's header that no HTTP response may carry (a control character, a bad name)."""
 

@@ -13,7 +13,8 @@ that call them.
   mid-answer) and then goes, and the answer comes once it went, as llama-swap's comes once
   its in-flight requests ended; ``GET /unload``
   changes the engine, so the guard treats it as a ``POST`` (:func:`.auth.changes_engine`);
-- ``GET /logs`` (and ``/log``): the engine's recent event log as text;
+- ``GET /logs`` (and ``/log``): the engine's recent event log as text, with the headers of
+  any text a worker wrote (:func:`.jobflow.worker_text_headers`: ``nosniff``, a sandbox);
   ``GET /logs/stream/{model}``: a redirect to that backend's followed log.
 
 ``/upstream/{model}/…`` is the model servers' (:mod:`supervisor.servers`).
@@ -35,6 +36,7 @@ from ..errors import VramtuiError
 from ..workers.states import WorkerState
 from .auth import changes_engine
 from .errors import from_engine, not_found
+from .jobflow import worker_text_headers
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -156,7 +158,8 @@ class _LlamaSwap:
             when = dt.datetime.fromtimestamp(line.t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             who = f" {line.backend}:" if line.backend else ""
             lines.append(f"{when} [{line.level}]{who} {line.text}\n")
-        return web.Response(text="".join(lines), content_type=TEXT)
+        # (the engine's event log quotes what workers and servers said: their errors)
+        return web.Response(body="".join(lines).encode(), headers=worker_text_headers())
 
     async def log_stream(self, request: web.Request) -> web.Response:
         name = self._backend(request.match_info["model"])

@@ -31,11 +31,11 @@ from ..validate import check_nesting
 from . import route_table
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import (
-    SANDBOX,
     JobStream,
     cancel_quietly,
     result_response,
     wait_done,
+    worker_text_headers,
 )
 from .server import streaming
 from .sse import HUB_KINDS, Stream, frame, last_event_id, open_response
@@ -355,8 +355,7 @@ class _Routes:
         path = self.engine.paths.worker_log_path(name)
         loop = asyncio.get_running_loop()
         got = await loop.run_in_executor(None, read_log, path, lines, None)
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                   "Content-Type": "text/plain; charset=utf-8", **SANDBOX}  # a worker's text
+        headers = {**worker_text_headers(), "X-Accel-Buffering": "no"}
         if not follow:
             return web.Response(body=got["data"], headers=headers)
         response = web.StreamResponse(headers=headers)
