@@ -204,6 +204,18 @@ class Front:
                         f"job {job_id} to be {states}")
 
 
+def expecting(port: int, path: str, length: int, headers: dict[str, str] | None = None, *,
+              method: str = "POST", expect: str = "100-continue") -> socket.socket:
+    """A raw request's head with ``Expect: 100-continue`` and no body yet: what comes back
+    first is the server's go (``100 Continue``) or its refusal."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = {"Host": f"127.0.0.1:{port}", "Content-Type": "application/json",
+            "Content-Length": str(length), "Expect": expect, **(headers or {})}
+    sock.sendall(f"{method} {path} HTTP/1.1\r\n".encode()
+                 + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n")
+    return sock
+
+
 @contextlib.contextmanager
 def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim:8GiB",
                engine_config: EngineConfig | None = None, ui: bool = False,

@@ -114,8 +114,7 @@ def test_the_http_door_carries_every_listed_method_or_says_why_not() -> None:
 
 
 def test_the_http_app_serves_exactly_the_route_table() -> None:
-    server: Any = SimpleNamespace(engine=SimpleNamespace(backends={}),  # (HttpServer's two)
-                                  add_routes=lambda app, defs: app.add_routes(list(defs)))
+    server: Any = SimpleNamespace(engine=SimpleNamespace(backends={}))  # (HttpServer's one)
     app = web.Application()
     for module in (routes, openai_routes, ollama_routes, llama_swap_routes):
         module.add_routes(app, server)

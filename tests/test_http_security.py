@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
-from http_support import Front, serve_http
+from http_support import Front, expecting, serve_http
 from other_user import OTHER_UID, needs_other_user, run_as_other_user
 from serve_support import cli, echo_backend, make_env, new_root
 from spawning import spawns
@@ -315,6 +315,46 @@ def test_the_config_files_http_section(tmp_path: Path) -> None:
     conf.write_text("http: [\n")
     with pytest.raises(HttpConfigError, match="not valid YAML"):
         load_http_config(config_file=conf, environ={})
+
+
+def _first_answer(sock: socket.socket) -> bytes:
+    """The status line of what the server says first (a 100, or the request's answer)."""
+    with sock:
+        return sock.recv(65536).split(b"\r\n", 1)[0]
+
+
+def test_expect_100_is_said_only_after_the_guard_on_every_path(front: Front) -> None:
+    """A client that waits for ``100 Continue`` before sending its body is asked for it only
+    once the guard let it in: on the door's routes, the dashboard's sub-app, and a path no
+    route serves (whose 404 or 405 comes at once: there is no body to ask for)."""
+    foreign = {**AUTH, "Origin": "http://evil.example"}
+    refusals = [  # (method, path, headers) -> the status that must come first
+        ("POST", "/v1/jobs", {}, b"401"),                        # a change without the token
+        ("GET", "/ui/", {}, b"401"),                             # the dashboard, no token
+        ("GET", "/ui/static/nosuch.js", {}, b"401"),
+        ("GET", "/ui/", {"Origin": "http://evil.example"}, b"403"),
+        ("POST", "/nosuch", {}, b"401"),                         # no route: the guard first
+        ("POST", "/nosuch", foreign, b"403"),                    # a page of another site
+        ("GET", "/ui/", foreign, b"403"),
+        ("POST", "/v1/jobs", {**AUTH, "Host": "rebound.example"}, b"403"),
+        ("POST", "/nosuch", AUTH, b"404"),                       # let in, but nothing there
+        ("POST", "/ui/nosuch", AUTH, b"404"),                    # nor in the sub-app
+        ("POST", "/healthz", AUTH, b"405"),
+        ("POST", "/ui/", AUTH, b"405"),
+    ]
+    for method, path, headers, status in refusals:
+        first = _first_answer(expecting(front.port, path, 10, headers, method=method))
+        assert first.startswith(b"HTTP/1.1 " + status), (method, path, headers, first)
+    # let in, on a route: the go, then the body, then the answer
+    with expecting(front.port, "/v1/jobs", 2, AUTH) as sock:
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"{}")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400")  # (it names no backend)
+    with expecting(front.port, f"/ui/?token={TOKEN}", 2, method="GET") as sock:
+        answer = sock.recv(65536)  # (the page reads no body: its answer may follow at once)
+        assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), answer[:100]
+    first = _first_answer(expecting(front.port, "/v1/jobs", 2, AUTH, expect="tea"))
+    assert first.startswith(b"HTTP/1.1 417"), first
 
 
 REWRITE = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import struct
+import subprocess
 import sys
 import zlib
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from http_support import Front, serve_http
+from http_support import Front, expecting, serve_http
 from serve_support import echo_backend
 from spawning import spawns
 from waiting import wait_until
@@ -127,3 +129,39 @@ def test_a_browser_sessions_tui_ends_with_the_server_that_started_it(front: Fron
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+@pytest.mark.process
+def test_vramtui_web_says_100_only_after_its_guard() -> None:
+    """``vramtui web`` is guarded as the door's /ui is, Expect: 100-continue included: a
+    client without the token, or a page of another site, is refused before it is asked for
+    its body; a path with nothing there answers its 404 at once."""
+    token = "web-expect-token-0123456789abcdef"
+    with serve_http([echo_backend()], control=True) as front:
+        env = {**front.env, "VRAMTUI_HTTP_TOKEN": token}
+        web = subprocess.Popen(
+            [sys.executable, "-m", "vramtui", "web", "--http", "127.0.0.1:0", "--attach",
+             str(front.sup.paths.control_socket)], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert web.stdout is not None
+            line = web.stdout.readline()  # said once it listens
+            found = re.search(r"http://127\.0\.0\.1:(\d+)/ui/", line)
+            assert found, (line, web.stderr.read() if web.poll() is not None else "")
+            port = int(found.group(1))
+            auth = {"Authorization": f"Bearer {token}"}
+            for method, path, headers, status in (
+                    ("GET", "/ui/", {}, b"401"),
+                    ("GET", "/ui/", {**auth, "Origin": "http://evil.example"}, b"403"),
+                    ("POST", "/ui/ws", {"Host": "rebound.example"}, b"403"),
+                    ("POST", "/nosuch", auth, b"404")):
+                with expecting(port, path, 10, headers, method=method) as sock:
+                    first = sock.recv(65536).split(b"\r\n", 1)[0]
+                assert first.startswith(b"HTTP/1.1 " + status), (method, path, first)
+            with expecting(port, f"/ui/?token={token}", 2, method="GET") as sock:
+                answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), answer[:100]
+        finally:
+            web.terminate()
+            web.wait(20)
+

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from escaping import Escaper
-from http_support import Front, serve_http
+from http_support import Front, expecting, serve_http
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
@@ -534,31 +534,21 @@ def test_a_body_declared_over_the_limit_is_refused_before_a_byte_of_it_is_read()
         assert front.post("/v1/chat/completions", chat("llama")).status == 200
 
 
-def _expecting(port: int, path: str, length: int, extra: bytes = b"") -> socket.socket:
-    """A request's head with ``Expect: 100-continue`` and no body yet."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: %d\r\nExpect: 100-continue\r\n%s\r\n"
-                 % (path.encode(), port, length, extra))
-    return sock
-
-
 def test_expect_100_continue_is_answered_after_the_checks_that_need_no_body() -> None:
     # aiohttp's own handler said 100 to anyone before any check: a body over the limit, or a
     # client without the token, was asked for its body and refused only once it came.
     with serve_http([server_backend("llama")], max_body=1024 * 1024,
                     token="t0ken-0123456789abcdef0123456789", token_source="test") as front:
-        with _expecting(front.port, "/v1/chat/completions", 1024 ** 3,
-                        b"Authorization: Bearer t0ken-0123456789abcdef0123456789\r\n") as sock:
+        auth = {"Authorization": "Bearer t0ken-0123456789abcdef0123456789"}
+        with expecting(front.port, "/v1/chat/completions", 1024 ** 3, auth) as sock:
             answer = sock.recv(65536)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-        with _expecting(front.port, "/api/chat", 10) as sock:  # no token
+        with expecting(front.port, "/api/chat", 10) as sock:  # no token
             head, _, body = sock.recv(65536).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 401"), head
         assert isinstance(json.loads(body)["error"], str), body  # Ollama's shape under /api/
         payload = json.dumps(chat("llama")).encode()
-        with _expecting(front.port, "/v1/chat/completions", len(payload),
-                        b"Authorization: Bearer t0ken-0123456789abcdef0123456789\r\n") as sock:
+        with expecting(front.port, "/v1/chat/completions", len(payload), auth) as sock:
             assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
             sock.sendall(payload)
             reply = b""

@@ -124,6 +124,7 @@ def run_web(args: Any) -> int:
     """``vramtui web``: the dashboard alone on ``--http``, attached to the running engine."""
     import asyncio
 
+    from supervisor.http import expect
     from supervisor.http.auth import Guard
     from supervisor.http.config import HttpConfigError, bind_sockets, load_http_config
     from supervisor.http.errors import HttpError
@@ -162,7 +163,7 @@ def run_web(args: Any) -> int:
         return await handler(request)
 
     async def main() -> None:
-        app = web.Application(middlewares=[gate.middleware, guarded])
+        app = web.Application(middlewares=[gate.middleware, guarded, expect.middleware])
 
         async def root(request: web.Request) -> web.StreamResponse:
             raise web.HTTPFound(UI_PREFIX + "/" + (f"?{request.query_string}"

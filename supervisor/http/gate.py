@@ -24,7 +24,9 @@ accepted, before its first byte is read:
 Every refusal is counted in :meth:`ConnectionGate.stats` and logged, at most once every few
 seconds per kind.  :class:`GatedSite` serves an ``AppRunner`` through the gate; the app's
 outermost middleware must be :meth:`ConnectionGate.middleware` (it tells the gate when a
-request's headers have arrived and when it is answered).
+request's headers have arrived and when it is answered), and its innermost
+:func:`.expect.middleware`: the site holds every request's ``Expect`` back from aiohttp
+(:func:`.expect.defer`) for that middleware to answer, after the checks (:mod:`.expect`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, cast
 from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestHandler
 
+from . import expect
 from .config import GateLimits
 from .peer import Peer, identify_socket
 
@@ -277,13 +280,19 @@ class GatedSite(web.SockSite):
     def __init__(self, runner: web.AppRunner, sock: Any, gate: ConnectionGate, *,
                  keepalive_timeout: float = KEEPALIVE_TIMEOUT_S) -> None:
         super().__init__(runner, sock)
+        self.app = runner.app
         self.gate = gate
         self.keepalive_timeout = keepalive_timeout
 
     async def start(self) -> None:
+        middlewares = list(self.app.middlewares)
+        if middlewares[:1] != [self.gate.middleware] or middlewares[-1:] != [expect.middleware]:
+            raise TypeError("a gated app's middlewares are the gate's first and "
+                            "expect.middleware last")
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
+        expect.defer(server)  # (before any connection: each takes the request factory)
         loop = asyncio.get_running_loop()
 
         def factory() -> GatedHandler:

@@ -50,7 +50,7 @@ UNLOAD_WAIT_S = 300.0  # an unload waits this long at most for a busy model's jo
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _LlamaSwap(server)
-    server.add_routes(app, [web.get("/health", r.health), web.get("/running", r.running),
+    app.add_routes([web.get("/health", r.health), web.get("/running", r.running),
                             web.get("/unload", r.unload, allow_head=False),
                             web.post("/api/models/unload", r.unload_all),
                             web.post("/api/models/unload/{model:.+}", r.unload_one),

@@ -41,7 +41,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OllamaJobs(server, app)
-    server.add_routes(app, [web.post("/api/chat", r.chat), web.post("/api/generate", r.generate),
+    app.add_routes([web.post("/api/chat", r.chat), web.post("/api/generate", r.generate),
                             web.post("/api/embed", r.embed),
                             web.post("/api/embeddings", r.embeddings)])
 

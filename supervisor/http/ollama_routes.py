@@ -42,7 +42,7 @@ CAPABILITIES = {"chat": "completion", "completions": "completion", "embeddings":
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _Ollama(server, app)
-    server.add_routes(app, [web.get("/api/ps", r.ps), web.get("/api/version", r.version),
+    app.add_routes([web.get("/api/ps", r.ps), web.get("/api/version", r.version),
                             web.get("/api/tags", r.tags), web.post("/api/show", r.show),
                             *(web.route(method, path, r.not_here) for method, path in NOT_HERE)])
     ollama_jobs.add_routes(app, server)

@@ -62,7 +62,7 @@ DONE = b"data: [DONE]\n\n"
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _OpenAI(server)
     app[OPENAI] = r  # the other doors' shapes (Ollama's) submit through it
-    server.add_routes(app, [
+    app.add_routes([
         web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
         *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items()),
         web.route("*", "/upstream/{model}/{path:.*}", r.upstream)])

@@ -58,7 +58,7 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
     route_table.check(METHODS)
     r = _Routes(server)
     make = {"GET": web.get, "POST": web.post}  # a GET answers HEAD too
-    server.add_routes(app, [make[route.method](route.path, getattr(r, route.handler))
+    app.add_routes([make[route.method](route.path, getattr(r, route.handler))
                             for route in route_table.ROUTES if route.module == "native"])
 
 

@@ -8,10 +8,12 @@ the loop but for the microseconds those calls take (log files are read in a thre
 
 Connections come in through the gate (:mod:`.gate`): each is identified and counted when it is
 accepted, before a byte is read, and its request headers have a deadline.  Every request then
-passes three middlewares, outermost first: errors (everything leaves in the one JSON error
-shape), the guard (:mod:`.auth`: host, origin, token, peer uid), and limits (requests in
-flight, like the control socket's connection limit).  Request bodies are bounded by
-``max_body`` (413 past it; at once, before a byte of it is read, when its declared length is).
+passes four middlewares, outermost first: errors (everything leaves in the one JSON error
+shape), the guard (:mod:`.auth`: host, origin, token, peer uid), limits (requests in
+flight, like the control socket's connection limit), and :func:`.expect.middleware`, which
+says ``100 Continue`` to a client that waits for it only then (on every path, sub-apps
+included).  Request bodies are bounded by ``max_body`` (413 past it; at once, before a byte of
+it is read, when its declared length is).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import hdrs, web
-from aiohttp.http import HttpVersion11
+from aiohttp import web
 
 from ..errors import VramtuiError
 from ..units import bytes_text
+from . import expect
 from .auth import DECISION, Guard
 from .config import HttpConfig, bind_sockets
 from .errors import HttpError
@@ -152,7 +154,7 @@ class HttpServer:
 
         app = web.Application(client_max_size=self.config.max_body,
                               middlewares=[self.gate.middleware, self._errors, self._guard,
-                                           self._limits])
+                                           self._limits, expect.middleware])
         routes.add_routes(app, self)
         openai_routes.add_routes(app, self)
         ollama_routes.add_routes(app, self)
@@ -169,36 +171,6 @@ class HttpServer:
             self._exporter = Exporter(self.engine, self.version, self.uuids)
         self._exporter.collector.uuids = self.uuids
         return self._exporter
-
-    def add_routes(self, app: web.Application, defs: Iterable[web.RouteDef]) -> None:
-        """Add the door's routes, each answering ``Expect: 100-continue`` after the checks
-        that need no body (``_expect``)."""
-        app.add_routes([web.RouteDef(d.method, d.path, d.handler,
-                                     {**d.kwargs, "expect_handler": self._expect})
-                        for d in defs])
-
-    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
-        """``Expect: 100-continue``: the client waits for a go before it sends its body, and
-        aiohttp asks this before any middleware. The guard (token, host, origin, peer) and
-        a declared length over ``max_body`` answer first, so a refused client is told so
-        instead of being asked for its body (aiohttp's own handler said 100 to anyone)."""
-        try:
-            self.guard.check(request)
-        except HttpError as exc:
-            self.counters["refused"] += 1
-            return exc.response_for(request)
-        if self._declared_too_large(request):
-            return self._too_large().response_for(request)
-        expect = request.headers.get(hdrs.EXPECT, "")
-        if request.version != HttpVersion11:
-            return None  # (HTTP/1.0 has no 100: the body simply comes)
-        if expect.lower() != "100-continue":
-            return HttpError(417, f"Expect: {expect[:80]!r} is not understood (only "
-                             "100-continue is)", "invalid_request_error",
-                             "expectation_failed").response_for(request)
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # (the answer's own size counts from here)
-        return None
 
     def _declared_too_large(self, request: web.Request) -> bool:
         """Its declared length is over ``max_body``: refused on its word (read to the limit
