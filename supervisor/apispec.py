@@ -26,6 +26,7 @@ from typing import Any
 from .control.logtail import MAX_LINES as MAX_LOG_LINES
 from .errors import InvalidRequest
 from .jobs import JobView
+from .jobs.query import DEFAULT_LIMIT, limit_problem, states_problem
 from .snapshot import EngineSnapshot
 
 
@@ -236,12 +237,12 @@ class Arg:
             value = self.kind(value)
         except _Bad as exc:
             raise InvalidRequest(f"{method}: argument {self.name!r} must be {exc}, not "
-                                 f"{type(value).__name__}") from None
+                                 f"{type(value).__name__}", self.wire_name) from None
         if self.check is not None:
             problem = self.check(value)
             if problem is not None:
                 raise InvalidRequest(f"{method}: argument {self.name!r} {problem} "
-                                     f"(got {value!r:.60})")
+                                     f"(got {value!r:.60})", self.wire_name)
         return value
 
 
@@ -364,6 +365,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        how="deferred"),
     _m("job", JobView, "The job now; ``position`` is its place in the queue while it waits.",
        _JOB, safe=True),
+    _m("jobs", tuple[JobView, ...], "The jobs the engine holds (queued, running, the recent "
+       "finished ones), newest first, without their results.",
+       Arg("state", STR, None, "only jobs in these states: a comma-separated list of states, "
+           "or active / finished", check=states_problem),
+       Arg("backends", STRS, (), "only these backends' jobs", wire="backend"),
+       Arg("limit", INT, DEFAULT_LIMIT, "at most this many jobs", check=limit_problem),
+       safe=True),
     _m("job_request", "JobRequest", "The request a job was submitted with (bounded), while the "
        "engine keeps it.", _JOB,
        Arg("limit", INT, 65536, "bytes of it to send at most", check=between(0, 64 << 20)),

@@ -62,7 +62,13 @@ class JobTimeout(VramtuiError):
 
 
 class InvalidRequest(VramtuiError):
-    """A request the engine cannot take as given (e.g. metadata that cannot be serialised)."""
+    """A request the engine cannot take as given (e.g. metadata that cannot be serialised).
+
+    ``param``: the argument refused, by its wire name, when one is (HTTP says it too)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class NoReport(VramtuiError):

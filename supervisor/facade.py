@@ -378,6 +378,12 @@ class Supervisor:
         """The job now (``position`` is its place in the queue while it waits)."""
         return self._op("job", job_id=job_id)
 
+    def jobs(self, *, state: str | None = None, backends: Sequence[str] = (),
+             limit: int = 100) -> tuple[JobView, ...]:
+        """The jobs held, newest first, without their results (``state``: "queued,running",
+        "active", "finished"; ``backends``: only theirs; at most ``limit``, 1 to 1000)."""
+        return self._op("jobs", state=state, backends=backends, limit=limit)
+
     def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:
         """The request the job was submitted with (its first ``limit`` bytes), while kept."""
         return self._op("job_request", job_id=job_id, limit=limit)

@@ -130,7 +130,7 @@ class FixedSource:
     fail: bool = False
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     advance: Callable[[EngineSnapshot], EngineSnapshot] | None = None
-    jobs: dict[str, JobView] = field(default_factory=dict)  # jobs not in the snapshot
+    extra_jobs: dict[str, JobView] = field(default_factory=dict)  # not in the snapshot
     reports: dict[str, Path] = field(default_factory=dict)  # backend -> its report file
     overlays: dict[str, Path] = field(default_factory=dict)  # backend -> its overlay file
     _hub: EventHub = field(default_factory=EventHub)
@@ -162,9 +162,14 @@ class FixedSource:
         for view in (*snap.running, *snap.queued, *snap.recent):
             if view.id == job_id:
                 return view
-        if job_id in self.jobs:
-            return self.jobs[job_id]
+        if job_id in self.extra_jobs:
+            return self.extra_jobs[job_id]
         raise UnknownJob(job_id)
+
+    def jobs(self, *, state: str | None = None, backends: Sequence[str] = (),
+             limit: int = 100) -> tuple[JobView, ...]:
+        snap = self.snapshot_value
+        return (*snap.running, *snap.queued, *snap.recent)[:limit]
 
     def calibrate(self, backend: str, *, repeats: int = 3, request: bytes | None = None,
                   settle_s: float = 1.0) -> str:

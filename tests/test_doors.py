@@ -230,3 +230,21 @@ def test_following_a_job_gives_its_events_then_its_end_or_a_timeout(front: Front
         assert not client.job(slow_id).finished
     finally:
         client.cancel(slow_id)
+
+
+def test_a_listings_limit_has_one_rule_and_one_error_at_every_door(front: Front) -> None:
+    # The CLI refused 0 and capped 1001 silently; HTTP took 0 and refused 1001.  Now both
+    # ask the engine's one listing (the API's `jobs`), so both say the same, word for word.
+    for limit in ("0", "1001", "-3"):
+        http = front.get(f"/v1/jobs?limit={limit}")
+        assert http.status == 400 and http.error["param"] == "limit", http.json()
+        message = http.error["message"]
+        assert "from 1 to 1000" in message, message
+        done = cli(front.env, "jobs", "--limit", limit)
+        assert done.returncode == 2, (limit, done.stdout, done.stderr)
+        assert message in done.stderr, (message, done.stderr)
+    assert front.get("/v1/jobs?limit=abc").error["param"] == "limit"
+    for limit in ("1", "1000"):
+        assert front.get(f"/v1/jobs?limit={limit}").status == 200
+        done = cli(front.env, "jobs", "--limit", limit, "--json")
+        assert done.returncode == 0, done.stderr

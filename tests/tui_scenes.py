@@ -57,7 +57,7 @@ def make_app(home: Path, *, simulated: bool = True, readonly: bool = False,
     if calibrating:
         snap = calibrating_snapshot(snap)
         calibration = calibration_running(calibration)
-    source = FixedSource(snap, jobs={calibration.id: calibration},
+    source = FixedSource(snap, extra_jobs={calibration.id: calibration},
                          reports={"sdxl-sim": Path(_report_of(done))},
                          overlays={"sdxl-sim": paths.calibration_overlay("sdxl-sim")})
     return VramApp(source, "embedded", clocks=fixed_clocks(), readonly=readonly)

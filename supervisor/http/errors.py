@@ -130,7 +130,7 @@ def from_engine(exc: BaseException, *, submitting: bool = False) -> HttpError:
     if isinstance(exc, JobTimeout):
         return HttpError(504, text, "timeout_error", "wait_timeout")
     if isinstance(exc, InvalidRequest):
-        return bad_request(text)
+        return bad_request(text, param=exc.param)
     if isinstance(exc, VramtuiError):
         return HttpError(500, text, "engine_error")
     return HttpError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")

@@ -41,7 +41,7 @@ ROUTES: tuple[Route, ...] = (
     # -- jobs
     _n("POST", "/v1/jobs", "submit", "submit a job: waits; Prefer: respond-async -> 202; "
        "Accept: text/event-stream -> SSE", "submit"),
-    _n("GET", "/v1/jobs", "jobs", "jobs (?state=&backend=&limit=)"),
+    _n("GET", "/v1/jobs", "jobs", "jobs (?state=&backend=&limit=)", "jobs"),
     _n("POST", "/v1/jobs/cancel", "cancel_many", "cancel several jobs {\"jobs\": [ids]}",
        "cancel_many"),
     _n("GET", "/v1/jobs/{id}", "job", "a job: state, queue position, why it waits", "job"),

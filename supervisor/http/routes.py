@@ -24,7 +24,7 @@ from ..apispec import METHODS
 from ..control.logtail import read_log
 from ..doors.codec import plain, yield_json
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError
-from ..jobs.query import DEFAULT_LIMIT, MAX_LIMIT, job_detail, list_jobs, parse_states
+from ..jobs.query import job_detail
 from ..plain import nesting
 from ..units import parse_duration
 from ..validate import check_nesting
@@ -137,16 +137,13 @@ class _Routes:
         return result_response(self.server, await wait_done(self.server, job.id))
 
     async def jobs(self, request: web.Request) -> web.Response:
-        q = request.query
-        try:
-            states = parse_states(q.get("state"))
-        except ValueError as exc:
-            raise bad_request(str(exc), param="state") from None
-        backend = q.get("backend") or None
-        if backend is not None and backend not in self.engine.backends:
-            raise from_engine(UnknownBackend(backend, self.engine.backends))
-        limit = _int_query(q.get("limit"), "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
-        views = list_jobs(self.engine, states=states, backend=backend, limit=limit)
+        q = request.query  # what each may be: the API method's (supervisor.jobs.query)
+        for backend in q.getall("backend", []):
+            if backend and backend not in self.engine.backends:
+                raise from_engine(UnknownBackend(backend, self.engine.backends))
+        views = await self._op("jobs", state=q.get("state") or None,
+                               backends=[b for b in q.getall("backend", []) if b],
+                               limit=_whole(q.get("limit")))
         return json_response({"object": "list", "data": [
             job_resource(v, history=False) for v in views]})
 
@@ -520,6 +517,17 @@ def _int_query(raw: str | None, name: str, default: int, low: int, high: int) ->
     if not raw.isdigit() or not low <= int(raw) <= high:
         raise bad_request(f"{name} must be a whole number from {low} to {high}", param=name)
     return int(raw)
+
+
+def _whole(raw: str | None) -> int | str | None:
+    """A query's whole number as one, for the API method to check (None: not given; text
+    that is no whole number stays text, which the method refuses)."""
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return raw
 
 
 def _seconds_query(raw: str | None, name: str) -> float | None:

@@ -3,6 +3,11 @@
 Runs on the engine loop and reads the engine only through what it offers publicly (its job
 table, ``job_view``); returns frozen :class:`JobView` objects.  A job the engine no longer
 holds in memory is looked up in the journal by ``job_view``.
+
+The rules of a listing (how many jobs it may ask for, the states it may name) are here and
+nowhere else: the API method ``jobs`` (:mod:`supervisor.apispec`) checks its arguments with
+:func:`limit_problem` and :func:`states_problem`, and every door (the CLI's ``vramtui jobs``,
+HTTP's ``GET /v1/jobs``) goes through that method.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ if TYPE_CHECKING:
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
+MIN_LIMIT = 1
 STATE_GROUPS = {"active": ACTIVE, "finished": FINISHED}
 
 
@@ -44,6 +50,22 @@ def parse_states(text: str | None) -> frozenset[JobState] | None:
     return frozenset(states) if states else None
 
 
+def states_problem(text: str) -> str | None:
+    """Why ``text`` names no states a listing may ask for (None: it does)."""
+    try:
+        parse_states(text)
+    except ValueError as exc:
+        return f"names {exc}"
+    return None
+
+
+def limit_problem(limit: int) -> str | None:
+    """Why ``limit`` is no number of jobs a listing may ask for (None: it is)."""
+    if MIN_LIMIT <= limit <= MAX_LIMIT:
+        return None
+    return f"must be a number of jobs from {MIN_LIMIT} to {MAX_LIMIT}"
+
+
 def job_detail(engine: Engine, job_id: str) -> JobView:
     """A job's view with its queue position and, while it waits, why (UnknownJob if none)."""
     view = engine.job_view(job_id)
@@ -55,19 +77,20 @@ def job_detail(engine: Engine, job_id: str) -> JobView:
 
 
 def list_jobs(engine: Engine, *, states: Iterable[JobState] | None = None,
-              backend: str | None = None, limit: int = DEFAULT_LIMIT,
+              backends: Iterable[str] = (), limit: int = DEFAULT_LIMIT,
               kinds: frozenset[str] = frozenset({"job"})) -> list[JobView]:
     """The jobs the engine holds (queued, running, and the recent finished ones), newest
-    first, filtered by state and backend, at most ``limit`` (capped at ``MAX_LIMIT``)."""
+    first, filtered by state and backend, at most ``limit`` (checked by the caller:
+    :func:`limit_problem`)."""
     wanted = frozenset(states) if states is not None else None
-    limit = max(0, min(limit, MAX_LIMIT))
+    only = frozenset(backends)
     positions: dict[str, int] | None = None
     picked = []
     table = engine.jobs
     for job in sorted(table.values(), key=lambda j: j.seq, reverse=True):
         if len(picked) >= limit:
             break
-        if job.kind not in kinds or (backend is not None and job.backend != backend):
+        if job.kind not in kinds or (only and job.backend not in only):
             continue
         if wanted is not None and job.state not in wanted:
             continue

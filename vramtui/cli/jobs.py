@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 
+from supervisor.jobs import JobState
+
 from ..connect import open_client
-from ..exits import UsageError
 from .watch import add_watch_arguments, check_watch, compact, watching
 
 STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "timed_out")
+RUNNING = frozenset({JobState.STARTING, JobState.RUNNING})
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -18,29 +20,26 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="only jobs in this state (repeatable)")
     p.add_argument("--backend", action="append", metavar="B", help="only this backend's "
                    "jobs (repeatable)")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs, newest first "
+                   "(1 to 1000; default 100)")
     add_watch_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     check_watch(args)  # bad usage is said before the engine is asked
     client = open_client(args)
-    if args.limit is not None and args.limit < 1:
-        raise UsageError("--limit takes a number of jobs, 1 or more")
+    asked = {"state": ",".join(args.state) if args.state else None,
+             "backends": tuple(args.backend or ()), "limit": args.limit}
 
     def show() -> None:
-        snap = client.snapshot(data_limit=0)
-        wanted = {"running": snap.running, "queued": snap.queued, "recent": snap.recent}
-        if args.state or args.backend:
-            for key, jobs in wanted.items():
-                wanted[key] = tuple(j for j in jobs
-                                    if (not args.state or j.state.value in args.state)
-                                    and (not args.backend or j.backend in args.backend))
-        if args.limit is not None:
-            left = args.limit
-            for key, jobs in wanted.items():
-                wanted[key] = jobs[:left]
-                left -= len(wanted[key])
+        # which jobs, and what may be asked: the engine's one listing (the API's `jobs`,
+        # as GET /v1/jobs), its rules in supervisor.jobs.query
+        listed = client.jobs(**{k: v for k, v in asked.items() if v is not None})
+        snap = client.snapshot(light=True, data_limit=0)  # simulated or not: the note
+        wanted = {"running": tuple(j for j in listed if j.state in RUNNING),
+                  "queued": tuple(sorted((j for j in listed if j.state is JobState.QUEUED),
+                                         key=lambda j: j.position or 0)),
+                  "recent": tuple(j for j in listed if j.finished)}
         if args.json:
             from ..output import print_json
 
