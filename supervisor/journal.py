@@ -1089,6 +1089,15 @@ class Journal:
             raise self._error(f"read job {job_id}", exc) from None
         return None if row is None else _record(row)
 
+    def holds_backend(self, backend: str) -> bool:
+        """Whether any job of ``backend`` is kept (finished or not)."""
+        try:
+            row = self._c.execute("SELECT 1 FROM jobs WHERE backend = ? LIMIT 1",
+                                  (backend,)).fetchone()
+        except sqlite3.Error as exc:
+            raise self._error(f"look for jobs of {backend}", exc) from None
+        return row is not None
+
     def recent(self, limit: int, max_bytes: int | None = None) -> list[JobRecord]:
         """The ``limit`` most recently finished jobs, newest first, with their results; with
         ``max_bytes``, only the newest whose results hold at most that many bytes together

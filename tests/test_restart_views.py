@@ -14,14 +14,16 @@ import json
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from engine_support import ROOT, sim_backend
-from serve_support import Served, cli, make_env, new_root, reap, start_serve
+from serve_support import Served, cli, echo_backend, make_env, new_root, reap, start_serve
 from waiting import wait_until
 
 pytestmark = pytest.mark.process
@@ -175,3 +177,56 @@ def _post(url: str, body: str) -> None:
     with contextlib.suppress(OSError):
         urllib.request.urlopen(urllib.request.Request(url, body.encode(), method="POST"),
                                timeout=60).read()
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.load(exc)
+
+
+def test_a_backend_a_reload_removed_lists_its_jobs_and_an_unknown_one_is_refused_alike(
+        root: Path, engines: list[Served]) -> None:
+    # `vramtui jobs --backend nope` said "no jobs like that" (exit 0) where GET /v1/jobs
+    # answered 404; and HTTP refused a backend a reload removed, whose jobs are still held.
+    env = make_env(root, [echo_backend(), echo_backend("gone")])
+    served = start_serve(env, root, "--http", "127.0.0.1:0")
+    engines.append(served)
+    url = _http_url(served)
+    job_id = cli(env, "submit", "gone").stdout.strip()
+    assert cli(env, "result", job_id, "--wait").returncode == 0
+    (root / "backends.yaml").write_text(yaml.safe_dump({"backends": [echo_backend()]}))
+    done = cli(env, "evict", "gone")  # a backend with a worker stays until it has none
+    assert done.returncode == 0, done.stderr
+
+    def removed() -> bool:
+        assert cli(env, "reload").returncode == 0
+        return "gone" not in {b["name"] for b in json.loads(cli(env, "backends", "--json")
+                                                            .stdout)}
+
+    wait_until(removed, 30, "the reload to remove gone (once its worker has stopped)")
+
+    def listed_at_both() -> None:
+        by_cli = cli(env, "jobs", "--backend", "gone", "--json")
+        assert by_cli.returncode == 0, by_cli.stderr
+        assert [j["id"] for j in json.loads(by_cli.stdout)["recent"]] == [job_id]
+        status, http = _get(f"{url}/v1/jobs?backend=gone")
+        assert status == 200, http
+        assert [j["id"] for j in http["data"]] == [job_id]
+
+    listed_at_both()
+    served.proc.kill()  # and after a restart, the job back from the journal
+    served.proc.wait(10)
+    served = start_serve(env, root, "--http", "127.0.0.1:0")
+    engines.append(served)
+    url = _http_url(served)
+    listed_at_both()
+
+    status, http = _get(f"{url}/v1/jobs?backend=nope")
+    assert status == 404 and http["error"]["code"] == "unknown_backend", http
+    by_cli = cli(env, "jobs", "--backend", "nope")
+    assert by_cli.returncode == 4, (by_cli.stdout, by_cli.stderr)
+    assert http["error"]["message"] in by_cli.stderr, by_cli.stderr

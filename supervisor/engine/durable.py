@@ -78,6 +78,15 @@ class JobJournal:
         rec = self.journal.finished(job_id)
         return self.job(rec) if rec is not None else None
 
+    def holds_backend(self, backend: str) -> bool:
+        """Whether the journal keeps any job of ``backend`` (False when it cannot say)."""
+        if self.journal is None:
+            return False
+        try:
+            return self.journal.holds_backend(backend)
+        except Exception:  # noqa: BLE001 - a listing's question, not worth failing for
+            return False
+
     def recent(self, limit: int, max_bytes: int) -> tuple[Job, ...]:
         """The jobs that finished last (before the engine started: it keeps the rest in
         memory), newest first, at most ``limit`` of them holding at most ``max_bytes`` of

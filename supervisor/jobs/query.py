@@ -6,7 +6,8 @@ holds in memory is looked up in the journal by ``job_view``.
 
 The rules of a listing (how many jobs it may ask for, the states it may name) are here and
 nowhere else: the API method ``jobs`` (:mod:`supervisor.apispec`) checks its arguments with
-:func:`limit_problem` and :func:`states_problem`, and every door (the CLI's ``vramtui jobs``,
+:func:`limit_problem` and :func:`states_problem`, and its backends with :func:`check_backends`
+(the engine's knowledge), and every door (the CLI's ``vramtui jobs``,
 HTTP's ``GET /v1/jobs``) goes through that method.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..errors import UnknownBackend
 from .record import JobView
 from .states import ACTIVE, FINISHED, JobState
 
@@ -64,6 +66,16 @@ def limit_problem(limit: int) -> str | None:
     if MIN_LIMIT <= limit <= MAX_LIMIT:
         return None
     return f"must be a number of jobs from {MIN_LIMIT} to {MAX_LIMIT}"
+
+
+def check_backends(engine: Engine, names: Iterable[str]) -> None:
+    """UnknownBackend for a name that is neither configured nor has any job the engine holds
+    or its journal keeps: a backend a reload removed still has its jobs listed."""
+    for name in names:
+        if name in engine.backends or any(j.backend == name for j in engine.jobs.values()) \
+                or engine.journal.holds_backend(name):
+            continue
+        raise UnknownBackend(name, engine.backends)
 
 
 def job_detail(engine: Engine, job_id: str) -> JobView:
