@@ -248,3 +248,32 @@ def test_a_listings_limit_has_one_rule_and_one_error_at_every_door(front: Front)
         assert front.get(f"/v1/jobs?limit={limit}").status == 200
         done = cli(front.env, "jobs", "--limit", limit, "--json")
         assert done.returncode == 0, done.stderr
+
+
+def test_a_listings_states_are_read_by_one_parser_at_every_door(front: Front,
+                                                                 client: Client) -> None:
+    # The CLI's --state took one state of its own list, no `active`/`finished` nor a comma
+    # list, which GET /v1/jobs?state= took: both now give the text to the engine's parser.
+    done_id = client.submit("echo", b"{}")
+    assert client.wait(done_id, 30).state is JobState.SUCCEEDED
+    slow_id = client.submit("slow", SLOW)
+    try:
+        for asked in ("active", "finished", "queued,running,starting", "succeeded, failed"):
+            http = front.get(f"/v1/jobs?state={asked.replace(' ', '')}&limit=1000")
+            assert http.status == 200, http.json()
+            done = cli(front.env, "jobs", "--state", asked, "--limit", "1000", "--json")
+            assert done.returncode == 0, (asked, done.stderr)
+            by_cli = json.loads(done.stdout)
+            ids = {j["id"] for part in ("running", "queued", "recent") for j in by_cli[part]}
+            assert ids == {j["id"] for j in http.json()["data"]}, asked
+            assert (slow_id in ids) == (asked in ("active", "queued,running,starting")), asked
+            assert (done_id in ids) == (asked in ("finished", "succeeded, failed")), asked
+        both = cli(front.env, "jobs", "--state", "queued", "--state", "succeeded", "--json")
+        assert both.returncode == 0, both.stderr
+        assert done_id in {j["id"] for j in json.loads(both.stdout)["recent"]}
+        http = front.get("/v1/jobs?state=bogus")
+        assert http.status == 400 and http.error["param"] == "state"
+        done = cli(front.env, "jobs", "--state", "bogus")
+        assert done.returncode == 2 and http.error["message"] in done.stderr, done.stderr
+    finally:
+        client.cancel(slow_id)

@@ -11,13 +11,14 @@ from supervisor.jobs import JobState
 from ..connect import open_client
 from .watch import add_watch_arguments, check_watch, compact, watching
 
-STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "timed_out")
 RUNNING = frozenset({JobState.STARTING, JobState.RUNNING})
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state", action="append", metavar="STATE", choices=STATES,
-                   help="only jobs in this state (repeatable)")
+    p.add_argument("--state", action="append", metavar="STATES",
+                   help="only jobs in these states: queued, starting, running, succeeded, "
+                   "failed, cancelled, timed_out, or active / finished; a comma-separated "
+                   "list (repeatable), as GET /v1/jobs?state= takes")
     p.add_argument("--backend", action="append", metavar="B", help="only this backend's "
                    "jobs (repeatable)")
     p.add_argument("--limit", type=int, metavar="N", help="at most N jobs, newest first "
