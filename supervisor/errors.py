@@ -19,13 +19,14 @@ class UnknownBackend(VramtuiError):
     def __init__(self, name: str, known: Iterable[str]) -> None:
         names = sorted(known)
         listing = ", ".join(names) if names else "none are configured"
-        super().__init__(f"unknown backend {name!r}; known backends: {listing}")
+        super().__init__(f"unknown backend {brief(name)}; known backends: {listing}")
         self.name = name
 
 
 class UnknownJob(VramtuiError):
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"unknown job {job_id!r} (finished jobs are kept for a while only)")
+        super().__init__(f"unknown job {brief(job_id)} (finished jobs are kept for a while "
+                         "only)")
         self.job_id = job_id
 
 

@@ -493,3 +493,25 @@ def test_the_snapshot_and_the_servers_own_counters(front: Front) -> None:
     assert light["recent"] == [] and light["gpus"][0]["history"] == []
     stats = front.get("/v1/stats").json()
     assert stats["requests"] >= 2 and "connections" in stats and stats["in_flight"] >= 1
+
+
+def test_a_huge_path_parameter_is_never_echoed_whole_and_always_answered_in_json(
+        front: Front) -> None:
+    # A 5000-character id came back whole in the 404's message; past aiohttp's 8 KiB line
+    # limit the answer was aiohttp's plain text, quoting the request line.
+    for path, code in ((f"/v1/jobs/j-{'x' * 5000}", "unknown_job"),
+                       (f"/v1/jobs/j-{'x' * 5000}/result", "unknown_job"),
+                       (f"/v1/backends/{'b' * 5000}", "unknown_backend")):
+        r = front.get(path)
+        assert r.status == 404 and r.error["code"] == code, r.body[:200]
+        assert len(r.error["message"]) < 200 and "x" * 100 not in r.error["message"]
+        assert len(r.body) < 500
+    r = front.get(f"/v1/jobs/j-{'y' * 9000}")
+    assert r.status == 400, r.body[:200]
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.error["type"] == "invalid_request_error" and r.error["code"] == "line_too_long"
+    assert "y" * 100 not in r.body.decode() and len(r.body) < 500
+    r = front.get("/v1/jobs", headers={"X-Big": "z" * 9000})
+    assert r.status == 400 and r.error["code"] == "line_too_long"
+    assert "z" * 100 not in r.body.decode()
+    assert front.get("/healthz").status == 200  # and the door goes on

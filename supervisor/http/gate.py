@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import StreamReader, web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from . import expect
@@ -207,6 +208,29 @@ class GatedHandler(RequestHandler):
         assert self.peer is not None
         self.gate.release(self.peer)
         super().connection_lost(exc)
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request aiohttp could not read (a line over its 8 KiB, a malformed one) answered
+        in the door's JSON error shape, its text never echoed back whole (aiohttp's own answer
+        is plain text quoting the line); any other error as aiohttp answers it."""
+        if not isinstance(exc, HttpProcessingError) or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        from ..errors import brief
+        from .errors import HttpError
+
+        log.debug("an unreadable HTTP request from %s: %s", request.remote, brief(exc, 200))
+        if isinstance(exc, LineTooLong):
+            text = (f"the request line or a header is longer than {exc.args[1]} bytes (a path "
+                    "parameter that long names nothing here)")
+            code = "line_too_long"
+        else:
+            text = f"the request is not valid HTTP: {brief(exc.message, 200)}"
+            code = "bad_http"
+        response = HttpError(status if 400 <= status < 500 else 400, text,
+                             "invalid_request_error", code).response()
+        response.force_close()
+        return response
 
     # -- the header deadline ----------------------------------------------------------------
     def _start_waiting(self) -> None:
