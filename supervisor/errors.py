@@ -15,6 +15,14 @@ class VramtuiError(Exception):
     """Base of every error the engine raises on purpose."""
 
 
+class EngineRunning(VramtuiError):
+    """Another engine already owns this runtime directory (and so its GPUs), or this state
+    directory (its journal: :class:`supervisor.journal.JournalInUse`, ``socket`` None)."""
+
+    pid: int | None = None
+    socket: str | None = None
+
+
 class UnknownBackend(VramtuiError):
     def __init__(self, name: str, known: Iterable[str]) -> None:
         names = sorted(known)

@@ -27,7 +27,7 @@ from .backends.loader import default_layers, load_backends, named_layers
 from .doors.watch import JobEnd
 from .engine import Engine, EngineConfig
 from .engine.config import reserve_problem, reserve_unknown
-from .errors import EngineStopped, VramtuiError
+from .errors import EngineRunning, EngineStopped, VramtuiError
 from .events import EngineEvent, Subscription
 from .gpu.errors import BadGpuSpec
 from .gpu.select import open_probe
@@ -49,13 +49,6 @@ from .validate import check_seconds
 T = TypeVar("T")
 _CALL_TIMEOUT = 30.0
 log = logging.getLogger("supervisor")
-
-
-class EngineRunning(VramtuiError):
-    """Another engine already owns this runtime directory (and so its GPUs)."""
-
-    pid: int | None = None
-    socket: str | None = None
 
 
 class Service(Protocol):

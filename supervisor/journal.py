@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import msgpack
 
-from supervisor.errors import VramtuiError
+from supervisor.errors import EngineRunning, VramtuiError
 from supervisor.jobs import JobState
 from supervisor.paths import open_private
 
@@ -86,6 +86,10 @@ class JournalUnstorable(JournalError):
 class JournalFull(JournalError):
     """The disk under the journal is full (even after its reserve was spent); nothing was
     written."""
+
+
+class JournalInUse(JournalError, EngineRunning):
+    """Another process (another engine) has the journal open: its state directory is taken."""
 
 
 class JournalTooNew(JournalError):
@@ -679,9 +683,10 @@ class Journal:
             if _is_corruption(exc):
                 raise cls._corrupt(path, str(exc)) from None
             if getattr(exc, "sqlite_errorname", "") in {"SQLITE_BUSY", "SQLITE_LOCKED"}:
-                raise JournalError(
-                    f"journal {path} is in use by another process ({exc}); is another vramtui "
-                    f"engine running on this state directory?"
+                raise JournalInUse(
+                    f"another vramtui engine already runs on the state directory {path.parent} "
+                    f"(its journal {path} is in use); stop it first, or give this one another "
+                    "state directory (VRAMTUI_STATE_DIR)"
                 ) from None
             raise JournalError(f"cannot open journal {path}: {exc}") from None
         with contextlib.suppress(OSError):

@@ -23,7 +23,7 @@ exit codes:
   3   no engine is running (start one with `vramtui --serve`, or run `vramtui`)
   4   unknown backend, job or GPU
   5   refused: too large for every GPU, queue full, backend failed or busy, access denied,
-      or (--serve) another engine already runs in this runtime directory
+      or (--serve) another engine already runs in this runtime or state directory
   6   the job has not finished yet (result without --wait)
   7   nothing to do: the job had already ended (cancel); the backend is not loaded (evict,
       sleep, wake), asleep already (sleep) or awake (wake); the GPU is not yielded (resume)

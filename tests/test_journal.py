@@ -24,6 +24,7 @@ from supervisor.journal import (
     Journal,
     JournalCorrupt,
     JournalError,
+    JournalInUse,
     JournalTooNew,
 )
 
@@ -162,7 +163,7 @@ def test_the_file_is_private_in_wal_mode_with_a_schema_version(path: Path) -> No
 def test_a_second_opener_is_refused_while_the_journal_is_open(path: Path) -> None:
     with Journal.open(path) as j:
         j.record_submit(rec(1))
-        with pytest.raises(JournalError, match="in use by another process"):
+        with pytest.raises(JournalInUse, match="another vramtui engine already runs"):
             Journal.open(path)
         assert path.exists()  # refused, not taken for corrupt
         j.record_submit(rec(2))

@@ -83,6 +83,25 @@ def test_serve_says_where_it_listens_and_a_second_one_refuses_at_once(
 
 
 @pytest.mark.process
+def test_a_second_engine_on_the_same_state_directory_refuses_with_exit_5(
+        serve: StartServe) -> None:
+    # Another runtime directory (so no lock in common) but the same state directory: the
+    # journal is the first engine's. It exited 1 saying the journal was "in use by another
+    # process", where the exit codes say 5 for another engine that already runs.
+    s = serve()
+    env = dict(s.env, VRAMTUI_RUNTIME_DIR=str(s.root / "run-2"))
+    second = cli(env, "--serve", "--gpus", "sim:8GiB", "--backends",
+                 env["VRAMTUI_TEST_BACKENDS"])
+    assert second.returncode == 5, second.stderr
+    assert "another vramtui engine already runs on the state directory" in second.stderr
+    assert str(s.paths.journal_path) in second.stderr
+    assert "Traceback" not in second.stderr and len(second.stderr.strip().splitlines()) == 1, \
+        second.stderr
+    assert s.proc.poll() is None  # the first one is untouched
+    assert cli(s.env, "status").returncode == 0
+
+
+@pytest.mark.process
 def test_sigterm_lets_the_running_job_finish_stops_workers_and_exits_0(
         serve: StartServe) -> None:
     s = serve()

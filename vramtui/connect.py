@@ -165,7 +165,9 @@ def _embedded(args: argparse.Namespace, paths: Paths) -> tuple[EngineAPI, str]:
     serve_control(sup, mode="embedded")
     try:
         sup.start_in_thread()
-    except EngineRunning:
+    except EngineRunning as exc:
+        if exc.socket is None:  # another engine's journal (state directory): none to attach
+            raise
         # Another engine won the race to start: attach to it instead.
         client = attach(paths.control_socket, paths=paths)
         return client, describe(client)

@@ -42,7 +42,7 @@ CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (Exit.NOT_FOUND, ("unknown backend, job or GPU",)),
     (Exit.REFUSED, ("refused: too large for every GPU, queue full, backend failed or busy, "
                     "access denied,",
-                    "or (--serve) another engine already runs in this runtime directory")),
+                    "or (--serve) another engine already runs in this runtime or state directory")),
     (Exit.NOT_FINISHED, ("the job has not finished yet (result without --wait)",)),
     (Exit.NOTHING_TO_DO, ("nothing to do: the job had already ended (cancel); the backend is "
                           "not loaded (evict,",
@@ -79,6 +79,7 @@ def exit_code(exc: BaseException) -> int:
         (E.UnknownBackend, Exit.NOT_FOUND),
         (E.UnknownJob, Exit.NOT_FOUND),
         (E.UnknownGpu, Exit.NOT_FOUND),
+        (E.EngineRunning, Exit.REFUSED),  # its runtime directory or its journal
         (E.NothingToDo, Exit.NOTHING_TO_DO),  # (a Refused: before it)
         (E.Refused, Exit.REFUSED),
         (E.QueueFull, Exit.REFUSED),
