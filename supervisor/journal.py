@@ -22,11 +22,13 @@ Recovery rules (:meth:`Journal.recover`), which keep ids and never re-run a job 
   that is interrupted while running its second attempt (``attempts >= 2``) is finished as
   failed instead ("interrupted twice; not run a third time").
 
-Layout (schema 1, in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the file as
-vramtui's): ``jobs`` holds one small row per job (its mutable fields, so updates stay cheap),
-``blobs`` the request payload (dropped when the job finishes), the result data and the stream
-chunks.  ``metadata`` and ``headers`` are msgpack (so bytes values survive); tuples come back
-as lists.  History times are exact (``repr`` of the float).
+Layout (schema 2, in ``PRAGMA user_version``; a schema-1 journal, without ``jobs.gpu`` and
+``jobs.peak_mib``, is migrated in place when opened, by :data:`_MIGRATIONS`; ``PRAGMA
+application_id`` marks the file as vramtui's): ``jobs`` holds one small row per job (its
+mutable fields, so updates stay cheap), ``blobs`` the request payload (dropped when the job
+finishes), the result data and the stream chunks.  ``metadata`` and ``headers`` are msgpack (so
+bytes values survive); tuples come back as lists.  History times are exact (``repr`` of the
+float).
 
 One connection, with SQLite's exclusive locking mode: while one engine has the journal open, a
 second process that opens it gets :class:`JournalError` ("in use").  The connection keeps
@@ -57,7 +59,7 @@ from supervisor.errors import EngineRunning, VramtuiError
 from supervisor.jobs import JobState
 from supervisor.paths import open_private
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x76726A6C  # "vrjl"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FILE_MODE = 0o600
@@ -131,6 +133,8 @@ class JobRecord:
     status_code: int | None = None
     error: str | None = None
     chunks: list[bytes] = field(default_factory=list)
+    gpu: int | None = None  # where it ran (None: it never ran, or a schema-1 journal)
+    peak_mib: int | None = None  # its peak, as the engine measured it
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +172,9 @@ _SCHEMA = (
         finished_wall REAL,
         status_code INTEGER,
         error TEXT,
-        headers BLOB
+        headers BLOB,
+        gpu INTEGER,
+        peak_mib INTEGER
     )""",
     "CREATE INDEX jobs_finished ON jobs(finished_wall) WHERE finished_wall IS NOT NULL",
     """CREATE TABLE blobs (
@@ -179,10 +185,16 @@ _SCHEMA = (
     )""",
 )
 
+#: schema version -> the statements that bring a journal of that version to the next one
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE jobs ADD COLUMN gpu INTEGER",
+        "ALTER TABLE jobs ADD COLUMN peak_mib INTEGER"),
+}
+
 _COLUMNS = (
     "j.seq, j.id, j.backend, j.priority, j.timeout, j.metadata, j.stream, j.submitted_wall, "
     "j.state, j.attempts, j.history, j.started_wall, j.finished_wall, j.status_code, j.error, "
-    "j.headers, b.payload, b.data, b.chunks"
+    "j.headers, j.gpu, j.peak_mib, b.payload, b.data, b.chunks"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM jobs j LEFT JOIN blobs b ON b.seq = j.seq"
 
@@ -200,7 +212,7 @@ _PRIORITY = ("UPDATE jobs SET priority = ?, history = history || ? "
 _STATE = "UPDATE jobs SET state = ?, history = history || ? WHERE id = ? AND finished_wall IS NULL"
 _FINISH_JOB = (
     "UPDATE jobs SET state = ?, history = history || ?, finished_wall = ?, status_code = ?, "
-    "error = ?, headers = ? WHERE id = ? AND finished_wall IS NULL"
+    "error = ?, headers = ?, gpu = ?, peak_mib = ? WHERE id = ? AND finished_wall IS NULL"
 )
 _FINISH_BLOB = (
     "UPDATE blobs SET payload = NULL, data = ?, chunks = ? "
@@ -261,6 +273,8 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
         status_code,
         error,
         headers,
+        gpu,
+        peak_mib,
         payload,
         data,
         chunks,
@@ -285,6 +299,8 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
         status_code=status_code,
         error=error,
         chunks=_unpack(chunks, []),
+        gpu=gpu,
+        peak_mib=peak_mib,
     )
 
 
@@ -741,7 +757,16 @@ class Journal:
                 raise
         else:
             db.execute("BEGIN IMMEDIATE")  # take the write lock now (held until close)
-            db.execute("COMMIT")
+            try:
+                while version < SCHEMA_VERSION:  # an older journal: brought up to date
+                    for statement in _MIGRATIONS[version]:
+                        db.execute(statement)
+                    version += 1
+                    db.execute(f"PRAGMA user_version = {version}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
 
     @staticmethod
     def _corrupt(path: Path, why: str) -> JournalCorrupt:
@@ -960,6 +985,8 @@ class Journal:
         status_code: int | None = None,
         error: str | None = None,
         chunks: Sequence[bytes] = (),
+        gpu: int | None = None,
+        peak_mib: int | None = None,
     ) -> None:
         """The job ended: keep its result (data, headers, status, error, stream chunks, with
         their boundaries) and drop its request payload.  Raises :class:`JournalUnstorable`
@@ -979,6 +1006,8 @@ class Journal:
                     status_code,
                     error,
                     _pack(headers) if headers else None,
+                    gpu,
+                    peak_mib,
                     job_id,
                 ),
             )
@@ -1010,6 +1039,8 @@ class Journal:
         status_code: int | None = None,
         error: str | None = None,
         chunks: Sequence[bytes] = (),
+        gpu: int | None = None,
+        peak_mib: int | None = None,
     ) -> tuple[JobState, str | None]:
         """Record a finish so that it is durable before anyone hears of it.
 
@@ -1021,12 +1052,14 @@ class Journal:
         """
         try:
             self.record_finish(job_id, state, t, note=note, data=data, headers=headers,
-                               status_code=status_code, error=error, chunks=chunks)
+                               status_code=status_code, error=error, chunks=chunks, gpu=gpu,
+                               peak_mib=peak_mib)
             return state, error
         except (JournalUnstorable, JournalFull) as exc:
             reason = str(exc).split(": ", 2)[-1]
         failure = f"its result could not be recorded in the journal: {reason}"
-        self.record_finish(job_id, JobState.FAILED, t, note=failure, error=failure)
+        self.record_finish(job_id, JobState.FAILED, t, note=failure, error=failure, gpu=gpu,
+                           peak_mib=peak_mib)
         return JobState.FAILED, failure
 
     # -- reading ------------------------------------------------------------------------------
@@ -1062,6 +1095,8 @@ class Journal:
                             None,
                             error,
                             None,
+                            rec.gpu,
+                            rec.peak_mib,
                             rec.id,
                         ),
                     )

@@ -9,9 +9,11 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from supervisor import journal as journal_mod
 from supervisor.jobs import JobState
 from supervisor.journal import (
+    APPLICATION_ID,
     SCHEMA_VERSION,
     JobRecord,
     Journal,
@@ -664,3 +667,62 @@ def test_reopen_matches_the_model(ops: list[tuple[Any, ...]]) -> None:
                     )
         finally:
             j.close()
+
+
+# The schema-1 layout exactly as vramtui wrote it before the journal kept where a job ran and
+# its peak: a journal of an older vramtui must load, migrated in place.
+_SCHEMA_1 = (
+    """CREATE TABLE jobs (
+        seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, backend TEXT NOT NULL,
+        priority INTEGER NOT NULL, timeout REAL, metadata BLOB NOT NULL,
+        stream INTEGER NOT NULL, submitted_wall REAL NOT NULL, state TEXT NOT NULL,
+        attempts INTEGER NOT NULL, history TEXT NOT NULL, started_wall REAL,
+        finished_wall REAL, status_code INTEGER, error TEXT, headers BLOB)""",
+    "CREATE INDEX jobs_finished ON jobs(finished_wall) WHERE finished_wall IS NOT NULL",
+    "CREATE TABLE blobs (seq INTEGER PRIMARY KEY, payload BLOB, data BLOB, chunks BLOB)",
+)
+
+
+def _schema_1_journal(path: Path, now: float) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("BEGIN")
+    for statement in _SCHEMA_1:
+        db.execute(statement)
+    entry = journal_mod._entry  # the history's text, as schema 1 wrote it too
+    for seq, finished in ((1, now + 1), (2, None)):
+        history = entry(now, "queued", "") + (entry(now + 1, "succeeded", "") if finished
+                                               else "")
+        db.execute("INSERT INTO jobs VALUES (?, ?, 'sd', 0, NULL, ?, 0, ?, ?, ?, ?, ?, ?, "
+                   "?, NULL, NULL)",
+                   (seq, f"j-{seq:04d}", msgpack.packb({}), now,
+                    "succeeded" if finished else "queued", 1 if finished else 0, history,
+                    now + 0.5 if finished else None, finished, 200 if finished else None))
+        db.execute("INSERT INTO blobs (seq, payload, data) VALUES (?, ?, ?)",
+                   (seq, None if finished else b"req", b"old result" if finished else None))
+    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    db.execute("PRAGMA user_version = 1")
+    db.execute("COMMIT")
+    db.close()
+
+
+def test_a_schema_1_journal_is_migrated_and_keeps_where_a_job_ran_from_then_on(
+        path: Path) -> None:
+    now = time.time()  # (older finished jobs are pruned at open)
+    _schema_1_journal(path, now)
+    with Journal.open(path) as j:
+        old = j.finished("j-0001")
+        assert old is not None and old.state is JobState.SUCCEEDED
+        assert old.data == b"old result" and old.gpu is None and old.peak_mib is None
+        r = j.recover(now + 5)
+        assert [x.id for x in r.jobs] == ["j-0002"] and r.jobs[0].payload == b"req"
+        j.record_start("j-0002", now + 6)
+        j.record_finish("j-0002", JobState.SUCCEEDED, now + 7, data=b"new", gpu=0,
+                        peak_mib=256)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    db.close()
+    with Journal.open(path) as j:  # reopened: migrated once, nothing lost
+        new = j.finished("j-0002")
+        assert new is not None and (new.gpu, new.peak_mib, new.data) == (0, 256, b"new")
+        assert [x.id for x in j.recent(10)] == ["j-0002", "j-0001"]

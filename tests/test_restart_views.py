@@ -230,3 +230,24 @@ def test_a_backend_a_reload_removed_lists_its_jobs_and_an_unknown_one_is_refused
     by_cli = cli(env, "jobs", "--backend", "nope")
     assert by_cli.returncode == 4, (by_cli.stdout, by_cli.stderr)
     assert http["error"]["message"] in by_cli.stderr, by_cli.stderr
+
+
+def test_a_finished_job_keeps_its_gpu_and_peak_after_a_restart(
+        root: Path, engines: list[Served]) -> None:
+    # The journal kept no gpu nor peak: after a restart both came back null.
+    env = make_env(root)
+    first = start_serve(env, root)
+    engines.append(first)
+    job_id = cli(env, "submit", "slow", "--data", '{"steps": 4, "step_s": 0.05}').stdout.strip()
+    assert cli(env, "result", job_id, "--wait").returncode == 0
+    seen = _job(env, job_id)
+    assert seen["gpu"] is not None and seen["peak_mib"], seen
+    first.proc.kill()
+    first.proc.wait(10)
+
+    engines.append(start_serve(env, root))
+    again = _job(env, job_id)
+    assert (again["gpu"], again["peak_mib"]) == (seen["gpu"], seen["peak_mib"])
+    listed = json.loads(cli(env, "jobs", "--json").stdout)["recent"]
+    assert [(j["gpu"], j["peak_mib"]) for j in listed if j["id"] == job_id] == \
+        [(seen["gpu"], seen["peak_mib"])]

@@ -69,6 +69,7 @@ class JobJournal:
         job.finished_at = back(rec.finished_wall) if rec.finished_wall else None
         job.data, job.headers, job.status_code = rec.data, dict(rec.headers), rec.status_code
         job.error, job.chunks = rec.error, list(rec.chunks)
+        job.gpu, job.peak_mib = rec.gpu, rec.peak_mib
         return job
 
     def finished(self, job_id: str) -> Job | None:
@@ -133,7 +134,7 @@ class JobJournal:
             stored, why = self.journal.finish_durably(
                 job.id, state, self.wall.wall(now), note=error or "", data=job.data,
                 headers=job.headers, status_code=job.status_code, error=error,
-                chunks=job.chunks)
+                chunks=job.chunks, gpu=job.gpu, peak_mib=job.peak_mib)
         except Exception as exc:  # noqa: BLE001 - not even a failure could be stored
             stored, why = JobState.FAILED, (
                 f"the journal could not record how this job ended ({exc}); it still holds it "
