@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import brief
+from ..textsafe import visible
 from ..units import parse_duration, parse_size
 from ..validate import PRIORITY_MAX, PRIORITY_MIN
 from .errors import FieldError, unknown_key_message
@@ -793,6 +794,6 @@ def build_spec(
 
     if errors:
         raise InvalidBackend(errors)
-    if "description" in values:
-        values["description"] = values["description"].strip()
+    if "description" in values:  # shown on terminals by every face: nothing in it acts there
+        values["description"] = visible(values["description"].strip(), lines=True)
     return BackendSpec(name=name, source=source, **values)

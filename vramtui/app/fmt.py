@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from rich.text import Text
 
 from supervisor import units
+from supervisor.textsafe import visible
 
 # supervisor.units' TUI styles, under the names the screens use.
 mib = units.mib_short
@@ -94,7 +95,9 @@ def progress_bar(fraction: float | None, width: int = 10) -> Text:
 
 
 def payload_preview(data: bytes | None, limit: int = 2000) -> str:
-    """A job's result for a human: pretty JSON, text, or a size and hex head for binary."""
+    """A job's result (or request) for a human: pretty JSON, text, or a size and hex head for
+    binary.  Its bytes are anyone's (a worker's answer, a client's request): every control
+    character is written out (line breaks kept), so none acts on the terminal."""
     if data is None:
         return "(none)"
     if not data:
@@ -108,7 +111,7 @@ def payload_preview(data: bytes | None, limit: int = 2000) -> str:
         text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     if len(text) > limit:
         text = text[:limit] + f"\n… ({len(data)} bytes in all)"
-    return text
+    return visible(text, lines=True)
 
 
 def matches(query: str, *fields: object) -> bool:

@@ -16,6 +16,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import RichLog, Static
 
 from supervisor.snapshot import BackendView, EngineSnapshot
+from supervisor.textsafe import visible
 from vramtui.peaks import size_to_declare, suggested_peak_mib
 
 from .. import fmt
@@ -184,7 +185,8 @@ class BackendDetail(ReadonlyKeys, DetailScreen):
 
 def describe_layers(api: Any, name: str) -> Text:
     """The backend's descriptor as the engine reads it: each file's entry (lowest layer
-    first, later ones override single keys), then what it runs with now."""
+    first, later ones override single keys), then what it runs with now.  A file's text is
+    anyone's: what a terminal would act on in it (a bidi override) is written out."""
     try:
         info = api.descriptor(name)
     except Exception as exc:  # noqa: BLE001 - shown in the box
@@ -202,12 +204,12 @@ def describe_layers(api: Any, name: str) -> Text:
         where = fmt.short_path(layer.file) + (f":{layer.line}" if layer.line else "")
         label = "# " + where + ("  (overrides the keys it sets)" if i else "")
         text.append(label + "\n", style="dim")
-        text.append(layer.text + "\n")
+        text.append(visible(layer.text, lines=True) + "\n")
     for problem in info.errors:
-        text.append(problem + "\n", style="red")
+        text.append(visible(problem, lines=True) + "\n", style="red")
     if len(info.layers) > 1 or not info.layers:
         text.append("# in effect now\n", style="dim")
-        text.append(info.effective, style="cyan")
+        text.append(visible(info.effective, lines=True), style="cyan")
     text.rstrip()
     return text if text.plain else Text("–")
 

@@ -1,0 +1,61 @@
+"""The control centre against a user trying to break it, on a real embedded engine on the
+simulated GPU (real worker processes): what a worker returns, a request's bytes and a
+descriptor's words never act on the terminal; a queue of thousands stays responsive; a key
+pressed twice fast does its work once."""
+
+from __future__ import annotations
+
+import pytest
+from engine_support import ROOT, engine
+from test_tui import WIDE, aio, rendered, until
+
+from vramtui.app import VramApp
+from vramtui.app.screens.backend_detail import BackendDetail
+from vramtui.app.screens.job_detail import JobDetail
+
+ECHO = ROOT / "examples" / "echo" / "main.py"
+# a title, a clear-screen, a bell, a clipboard write and a bidi override
+HOSTILE = "t \x1b]0;pwned\x07 clear \x1b[2J clip \x1b]52;c;aGk=\x07 \u202eevil"
+ACTS = ("\x1b", "\x07", "\u202e")
+
+
+def echo(description: str = "") -> dict[str, object]:
+    return {"name": "echo", "script": str(ECHO), "description": description,
+            "vram": {"weights": "0MiB", "activation": "16MiB"}, "timeouts": {"stop_grace": "3s"}}
+
+
+def acting(screen: str) -> list[str]:
+    return [c for c in ACTS if c in screen]
+
+
+@pytest.mark.process
+@aio
+async def test_a_result_a_request_and_a_description_with_escapes_are_shown_inert() -> None:
+    """The echo worker returns what it was sent: a request of raw bytes with a title,
+    clear-screen, clipboard and bidi sequence comes back as its result.  The job's screen
+    shows both written out, as the backend's screen and the palette show a descriptor's
+    description that carries the same (a YAML "\\e" is an ESC)."""
+    with engine([echo(f"a model {HOSTILE}")]) as sup:
+        job = sup.submit("echo", HOSTILE.encode())
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=WIDE) as pilot:
+            await until(pilot, lambda: sup.job(job).finished, "the echo")
+            await rendered(pilot)
+            app.open_job(job)
+            await until(pilot, lambda: isinstance(app.screen, JobDetail)
+                        and app.screen.request_shown and app.screen.view is not None
+                        and app.screen.view.finished, "the job's screen")
+            await pilot.pause()
+            screen = app.export_screenshot()
+            assert "\\x1b]0;pwned\\x07" in screen and "\\u202eevil" in screen
+            assert acting(screen) == []
+            await pilot.press("escape")
+            app.open_backend("echo")
+            await until(pilot, lambda: isinstance(app.screen, BackendDetail), "its backend")
+            await rendered(pilot)
+            screen = app.export_screenshot()
+            assert "\\x1b]0;pwned" in screen and acting(screen) == []
+            await pilot.press("escape", "ctrl+p")
+            await pilot.press(*"Backend details")
+            await pilot.pause(0.5)
+            assert acting(app.export_screenshot()) == []
