@@ -9,9 +9,12 @@ import pytest
 from engine_support import ROOT, engine
 from test_tui import WIDE, aio, rendered, until
 
+from supervisor.engine import EngineConfig
 from vramtui.app import VramApp
+from vramtui.app.commands import QUEUED_OFFERED, VramCommands
 from vramtui.app.screens.backend_detail import BackendDetail
 from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.widgets.jobs_table import JobsTable
 
 ECHO = ROOT / "examples" / "echo" / "main.py"
 # a title, a clear-screen, a bell, a clipboard write and a bidi override
@@ -59,3 +62,34 @@ async def test_a_result_a_request_and_a_description_with_escapes_are_shown_inert
             await pilot.press(*"Backend details")
             await pilot.pause(0.5)
             assert acting(app.export_screenshot()) == []
+
+
+@pytest.mark.process
+@aio
+async def test_a_queue_of_thousands_shows_a_bounded_table_and_palette() -> None:
+    """2,000 queued jobs on a drained GPU: the jobs table holds the first QUEUED_SHOWN (its
+    title says so), a filter still finds any job, and the palette offers the first
+    QUEUED_OFFERED by name and any other by its id.  (All 5,000 rows were rebuilt every
+    second, 0.5 to 1.7 s a refresh at 4 a second, and the palette took 15 s to list them.)"""
+    with engine([echo()], config=EngineConfig(reserve_mib=0, tick_s=0.1,
+                                               max_queue_depth=5000)) as sup:
+        sup.drain(0, True)
+        ids = [sup.submit("echo", b"x") for _ in range(2000)]
+        app = VramApp(sup, "embedded")
+        async with app.run_test(size=WIDE) as pilot:
+            await rendered(pilot, 2)
+            jobs = app.screen.query_one(JobsTable)
+            assert jobs.row_count == JobsTable.QUEUED_SHOWN
+            assert jobs.keys() == ids[:JobsTable.QUEUED_SHOWN]
+            assert len(jobs._memo) == JobsTable.QUEUED_SHOWN  # rows built: those shown
+            subtitle = str(app.screen.query_one("#jobs-box").border_subtitle)
+            assert f"2000 queued (first {JobsTable.QUEUED_SHOWN} shown" in subtitle
+            last = ids[-1]
+            await pilot.press("slash", *last)
+            await until(pilot, lambda: jobs.keys() == [last], "the filter to find the last")
+            await pilot.press("escape")
+            offered = [name for name, _cb, _help in VramCommands(app.screen).targets()]
+            assert len(offered) < 2 * QUEUED_OFFERED + 50
+            assert not any(last in name for name in offered)
+            by_id = [name for name, _cb, _help in VramCommands(app.screen).targets(last)]
+            assert f"Cancel job {last} (echo)" in by_id

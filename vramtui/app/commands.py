@@ -11,11 +11,13 @@ from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 if TYPE_CHECKING:
+    from supervisor.jobs import JobView
     from supervisor.snapshot import EngineSnapshot
 
     from .app import VramApp
 
 Command = tuple[str, Callable[[], object], str]
+QUEUED_OFFERED = 100  # queued jobs offered by name (any other: by typing its id)
 
 
 def _command(binding: Binding, callback: Callable[[], object]) -> Command:
@@ -55,9 +57,11 @@ class VramCommands(Provider):
                 out.append(_command(b, getattr(app, f"action_{b.action}")))
         return out
 
-    def targets(self) -> Iterator[Command]:
+    def targets(self, query: str = "") -> Iterator[Command]:
         """Per backend, GPU and job; in --readonly only those that look (details), as the
-        keys that would change something are not offered there either."""
+        keys that would change something are not offered there either.  Of a long queue,
+        the first `QUEUED_OFFERED` jobs, and any other whose id holds ``query``: every
+        keystroke matches each command, and 5,000 queued jobs took the palette 15 s."""
         app = self.vapp
         snap = app.snap
         if snap is None:
@@ -75,13 +79,21 @@ class VramCommands(Provider):
         for job_id, backend in reversed(app.calibrations.items()):
             yield (f"Calibration of {backend} ({job_id})",
                    partial(app.open_calibration, job_id, backend), "live chart or results")
+        jobs = self._jobs(snap, query)
         if changes:
-            yield from self._changes(snap)
-        for j in (*snap.running, *snap.queued, *snap.recent[:30]):
+            yield from self._changes(snap, jobs)
+        for j in (*jobs, *snap.recent[:30]):
             yield (f"Job details: {j.id} ({j.backend})", partial(app.open_job, j.id),
                    j.state.value)
 
-    def _changes(self, snap: EngineSnapshot) -> Iterator[Command]:
+    @staticmethod
+    def _jobs(snap: EngineSnapshot, query: str) -> list[JobView]:
+        """The running jobs and the queued ones offered (`targets`)."""
+        q = query.strip().lower()
+        return [*snap.running, *snap.queued[:QUEUED_OFFERED],
+                *(j for j in snap.queued[QUEUED_OFFERED:] if len(q) >= 3 and q in j.id)]
+
+    def _changes(self, snap: EngineSnapshot, jobs: list[JobView]) -> Iterator[Command]:
         """The per-GPU and per-job commands that change something."""
         app = self.vapp
         for g in snap.gpus:
@@ -93,7 +105,7 @@ class VramCommands(Provider):
                        "to programs we do not manage: running jobs finish (Y)")
             yield (f"Yield GPU{g.index} now", partial(app.request_yield, g.index, True),
                    "cancel its running jobs, unload its models")
-        for j in (*snap.running, *snap.queued):
+        for j in jobs:
             yield (f"Cancel job {j.id} ({j.backend})", partial(app.request_cancel, j.id),
                    j.state.value)
 
@@ -103,7 +115,7 @@ class VramCommands(Provider):
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for name, callback, help_text in (*self.general(), *self.targets()):
+        for name, callback, help_text in (*self.general(), *self.targets(query)):
             score = matcher.match(name)
             if score > 0:
                 yield Hit(score, matcher.highlight(name), callback, help=_literal(help_text))

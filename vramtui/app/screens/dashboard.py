@@ -159,8 +159,10 @@ class Dashboard(ReadonlyKeys, SnapshotScreen):
         jobs.sync(jobs.rows_for(snap, query, app.clocks, recent=8 if narrow else 20))
         self._show_job_note()
         marked = f" · {len(jobs.marked)} marked (c cancels them)" if jobs.marked else ""
+        hidden = (f" (first {jobs.QUEUED_SHOWN} shown; / finds any)"
+                  if jobs.queued_hidden else "")
         titles(self.query_one("#jobs-box"),
-               subtitle=f"{len(snap.running)} running · {len(snap.queued)} queued · "
+               subtitle=f"{len(snap.running)} running · {len(snap.queued)} queued{hidden} · "
                         f"{len(snap.recent)} finished{marked}")
         procs = self.query_one(ProcessTable)
         if procs.display:

@@ -190,10 +190,13 @@ class RowTable(ScrollView, can_focus=True):
             self.cursor_row = max(0, min(self.cursor_row, len(order) - 1))
             self.refresh()
             return
+        top = int(self.scroll_y)
+        bottom = top + self.size.height  # rows out of sight are painted when scrolled to
         for k in order:
             if cells[k] is not self._cells.get(k) and cells[k] != self._cells.get(k):
                 self._cells[k] = cells[k]
-                self._refresh_row(self._index[k])
+                if top <= self._index[k] <= bottom:
+                    self._refresh_row(self._index[k])
 
     # ------------------------------------------------------------------------ cursor ---
     def move_cursor(self, row: int) -> None:
