@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from engine_support import ROOT, engine
-from test_tui import WIDE, aio, rendered, until
+from test_tui import WIDE, aio, notes, preload, rendered, select_backend, state, until
 
 from supervisor.engine import EngineConfig
 from vramtui.app import VramApp
@@ -93,3 +93,30 @@ async def test_a_queue_of_thousands_shows_a_bounded_table_and_palette() -> None:
             assert not any(last in name for name in offered)
             by_id = [name for name, _cb, _help in VramCommands(app.screen).targets(last)]
             assert f"Cancel job {last} (echo)" in by_id
+
+
+@pytest.mark.process
+@aio
+async def test_respawn_pressed_twice_fast_restarts_the_worker_once() -> None:
+    """With --no-confirm, r r restarted the backend twice: the second respawn stopped the
+    worker the first had just started.  The second press is about the worker shown when it
+    was pressed, which is already being respawned: nothing is done twice.  Once the new
+    worker shows, r acts on it."""
+    with engine([echo()]) as sup:
+        app = VramApp(sup, "embedded", confirm=False)
+        async with app.run_test(size=WIDE, notifications=True) as pilot:
+            pid = await preload(pilot, sup, "echo")
+            await select_backend(pilot, "echo")
+            await pilot.press("r", "r")
+            await until(pilot, lambda: state(sup, "echo")[0] == "ready"
+                        and state(sup, "echo")[1] not in (None, pid), "a new worker")
+            await rendered(pilot, 2)
+            respawns = [line.text for line in sup.snapshot().log if "respawning" in line.text]
+            assert respawns == ["respawning echo"]
+            assert "already being respawned" in notes(app)
+            new = state(sup, "echo")[1]
+            await until(pilot, lambda: app.snap is not None
+                        and app.snap.backend("echo").pid == new, "the new worker shown")
+            await pilot.press("r")
+            await until(pilot, lambda: len([line for line in sup.snapshot().log
+                                            if "respawning" in line.text]) == 2, "respawned")

@@ -55,6 +55,9 @@ from .screens.submit_dialog import SubmitDialog, SubmitRequest
 MAX_HZ = 4.0
 GRAPH_WINDOWS = (60.0, 600.0)
 CALIBRATION_REPEATS = 3
+# A second respawn of the worker a respawn was already asked of does nothing for this long
+# (or until another worker shows): r pressed twice fast restarts the backend once.
+RESPAWN_HOLD_S = 30.0
 
 class UiCall(Message):
     """A call handed to the UI thread from a worker thread (never blocks the sender)."""
@@ -139,6 +142,8 @@ class VramApp(App[int]):
         self.calibration_settle_s = calibration_settle_s
         self.calibrations: OrderedDict[str, str] = OrderedDict()  # job id -> backend
         self._demo_seen = False
+        # backend -> (the pid a respawn was asked of, until when a second r does nothing)
+        self._respawns: dict[str, tuple[int | None, float]] = {}
         # A browser session lives only as long as the server that started it (its pid is in
         # WEB_PARENT_ENV): once that is gone, nobody can see this app any more.
         parent = os.environ.get(WEB_PARENT_ENV, "")
@@ -250,6 +255,7 @@ class VramApp(App[int]):
         self.api = api
         self.snap = snap
         self.last_ok_wall = self.clocks.wall()
+        self._respawns_seen(snap)
         demo = self.demo_mode
         if demo != self._demo_seen:
             self._demo_seen = demo
@@ -345,12 +351,37 @@ class VramApp(App[int]):
     def request_respawn(self, name: str) -> None:
         if self._refuse_readonly("respawn"):
             return
+        b = self.snap.backend(name) if self.snap is not None else None
+        pid = b.pid if b is not None else None  # the worker shown when r was pressed
+
+        def go() -> None:
+            sent = self._respawns.get(name)
+            if sent is not None and sent[0] == pid and time.monotonic() < sent[1]:
+                which = f"worker (pid {pid})" if pid else "worker"
+                self.notify(f"{name}'s {which} is already being respawned: nothing done "
+                            "twice (r again once its new worker shows).", severity="warning")
+                return
+            self._respawns[name] = (pid, time.monotonic() + RESPAWN_HOLD_S)
+            self.run_command(f"respawn {name}", call, lambda _: f"Respawning {name}.")
+
+        def call(api: EngineAPI) -> None:  # (in a thread worker)
+            try:
+                api.respawn(name)
+            except Exception:
+                self.ui(self._respawns.pop, name, None)  # refused: r may ask again
+                raise
+
         self._confirmed(f"Respawn {name}?",
                         f"{self._backend_line(name)}.\nIts worker is stopped and a new "
-                        "process started (failures are forgotten).",
-                        lambda: self.run_command(f"respawn {name}",
-                                                 lambda api: api.respawn(name),
-                                                 lambda _: f"Respawning {name}."))
+                        "process started (failures are forgotten).", go)
+
+    def _respawns_seen(self, snap: EngineSnapshot) -> None:
+        """A respawn is done once its backend shows another worker than the one it was
+        asked of (an r pressed then acts on the new one)."""
+        for name, (pid, _until) in list(self._respawns.items()):
+            b = snap.backend(name)
+            if b is None or (b.pid is not None and b.pid != pid):
+                del self._respawns[name]
 
     def request_preload(self, name: str) -> None:
         if self._refuse_readonly("preload"):
