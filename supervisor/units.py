@@ -39,7 +39,8 @@ and a duration given in seconds:
 
 - :func:`seconds_text` — ``250 ms``, ``1.5 s``, ``3 min``, ``1.5 h``, ``–`` (the CLI)
 - :func:`seconds_short` — ``0.4s``, ``12s``, ``3m05s``, ``1h02m``, ``2d03h``, ``–`` (the TUI)
-- :func:`seconds_ago` — ``just now``, ``20s ago``, ``3m ago``, ``1h02m ago``, ``never``
+- :func:`seconds_ago` — ``just now``, ``20s ago``, ``3m ago``, ``1h02m ago``, ``2d03h ago``,
+  ``never``
 
 Nothing here reads a clock or imports more than the standard library; :mod:`fractions` (for
 exact parsing) is imported on first parse, so that printing a table stays cheap to start.
@@ -344,7 +345,9 @@ def seconds_short(seconds: float | None) -> str:
 
 def seconds_ago(seconds: float | None) -> str:
     """How long ago, in 10 s steps under a minute and in minutes after (calmer tables):
-    ``just now``, ``20s ago``, ``3m ago``, ``1h02m ago``; None → ``never``."""
+    ``just now``, ``20s ago``, ``3m ago``, ``1h02m ago``, ``14h ago``, ``2d03h ago``,
+    ``41d ago``; None → ``never``.  At most 9 cells (the TUI's Last use column): ``25h00m
+    ago`` was cut to ``25h00m a…`` there."""
     if seconds is None:
         return "never"
     if seconds < 10:
@@ -352,7 +355,14 @@ def seconds_ago(seconds: float | None) -> str:
     if seconds < 60:
         return f"{int(seconds) // 10 * 10}s ago"
     m = int(seconds // 60)
-    return f"{m}m ago" if m < 60 else f"{m // 60}h{m % 60:02d}m ago"
+    h, d = m // 60, m // 1440
+    if m < 60:
+        return f"{m}m ago"
+    if h < 10:
+        return f"{h}h{m % 60:02d}m ago"
+    if h < 24:
+        return f"{h}h ago"
+    return f"{d}d{h % 24:02d}h ago" if d < 10 else f"{d}d ago"
 
 
 def wall_time_text(epoch: float) -> str:

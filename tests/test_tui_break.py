@@ -5,6 +5,8 @@ pressed twice fast does its work once."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from engine_support import ROOT, engine
 from test_tui import WIDE, aio, notes, preload, rendered, select_backend, state, until
@@ -12,8 +14,10 @@ from test_tui import WIDE, aio, notes, preload, rendered, select_backend, state,
 from supervisor.engine import EngineConfig
 from vramtui.app import VramApp
 from vramtui.app.commands import QUEUED_OFFERED, VramCommands
+from vramtui.app.fmt import Clocks
 from vramtui.app.screens.backend_detail import BackendDetail
 from vramtui.app.screens.job_detail import JobDetail
+from vramtui.app.widgets.backends_table import BackendsTable
 from vramtui.app.widgets.jobs_table import JobsTable
 
 ECHO = ROOT / "examples" / "echo" / "main.py"
@@ -120,3 +124,21 @@ async def test_respawn_pressed_twice_fast_restarts_the_worker_once() -> None:
             await pilot.press("r")
             await until(pilot, lambda: len([line for line in sup.snapshot().log
                                             if "respawning" in line.text]) == 2, "respawned")
+
+
+@pytest.mark.process
+@aio
+async def test_a_backend_last_used_a_day_ago_reads_whole_in_its_column() -> None:
+    """The app's wall clock a day and an hour ahead of the engine's: the backend just used
+    shows ``1d01h ago`` in Last use, whole (``25h00m ago`` was cut to ``25h00m a…``)."""
+    with engine([echo()]) as sup:
+        job = sup.submit("echo", b"x")
+        clocks = Clocks(wall=lambda: time.time() + 90_000)
+        app = VramApp(sup, "embedded", clocks=clocks)
+        async with app.run_test(size=WIDE) as pilot:
+            await until(pilot, lambda: sup.job(job).finished, "the job")
+            await rendered(pilot)
+            table = app.screen.query_one(BackendsTable)
+            await until(pilot, lambda: str(table.get_cell("echo", "last")) == "1d01h ago",
+                        "the last use shown")
+            assert len("1d01h ago") <= table.column_width("last")
