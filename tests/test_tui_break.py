@@ -18,6 +18,7 @@ from vramtui.app.fmt import Clocks
 from vramtui.app.screens.backend_detail import BackendDetail
 from vramtui.app.screens.job_detail import JobDetail
 from vramtui.app.widgets.backends_table import BackendsTable
+from vramtui.app.widgets.engine_header import EngineHeader
 from vramtui.app.widgets.jobs_table import JobsTable
 
 ECHO = ROOT / "examples" / "echo" / "main.py"
@@ -142,3 +143,26 @@ async def test_a_backend_last_used_a_day_ago_reads_whole_in_its_column() -> None
             await until(pilot, lambda: str(table.get_cell("echo", "last")) == "1d01h ago",
                         "the last use shown")
             assert len("1d01h ago") <= table.column_width("last")
+
+
+@pytest.mark.process
+@aio
+async def test_a_tiny_terminal_still_says_simulated_read_only_and_gone() -> None:
+    """At 20x6 and 40x10 the header's first cells say the GPU is SIMULATED (and READ-ONLY,
+    and ENGINE GONE when so); the full line left them past the edge at 20x6."""
+    with engine([echo()]) as sup:
+        app = VramApp(sup, "embedded", readonly=True, retry_s=0.2)
+        async with app.run_test(size=(20, 6)) as pilot:
+            await rendered(pilot)
+            header = app.screen.query_one(EngineHeader)
+            for size in ((20, 6), (40, 10)):
+                await pilot.resize_terminal(*size)
+                await rendered(pilot)
+                shown_line = header.render().plain[:size[0]]
+                assert "SIM" in shown_line, (size, shown_line)
+            assert "READ-ONLY" in header.render().plain[:40]
+            sup.stop(timeout=30)
+            await until(pilot, lambda: "ENGINE GONE" in header.render().plain[:40], "gone")
+            await pilot.resize_terminal(20, 6)
+            await pilot.pause()
+            assert header.render().plain[:20].split()[:3] == ["SIM", "GONE", "RO"]

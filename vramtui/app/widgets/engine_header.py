@@ -46,6 +46,8 @@ class EngineHeader(Widget):
         width = self.size.width
         snap = self.snap
         short = 0 < width < 100  # 80 columns: the same facts, in fewer cells
+        if 0 < width < 60:
+            return self._tiny(snap, width)
         t = Text(no_wrap=True, overflow="ellipsis")
         sep = (" │ " if short else "  │  ", "dim")
         t.append(" vramtui ", style="bold reverse")
@@ -99,4 +101,24 @@ class EngineHeader(Widget):
         if pad > 0:
             t.append(" " * pad)
             t.append(clock + " ", style="dim")
+        return t
+
+    def _tiny(self, snap: EngineSnapshot | None, width: int) -> Text:
+        """Under 60 columns, only what must never be cut: a simulated device, an engine
+        gone, the read-only mode (the full line put them past the edge at 20x6); in 36 or less,
+        in their short words."""
+        long = width >= 37
+        t = Text(no_wrap=True, overflow="ellipsis")
+        badges = []
+        if snap is not None and snap.simulated:
+            badges.append((" SIMULATED " if long else " SIM ", fmt.SIM_BADGE))
+        if self.gone is not None:
+            badges.append((" ENGINE GONE " if long else " GONE ", "bold reverse red"))
+        if self.readonly:
+            badges.append((" READ-ONLY " if long else " RO ", "bold reverse blue"))
+        for text, style in badges:
+            t.append(text, style=style)
+            t.append(" ")
+        if snap is not None:
+            t.append(f"q {len(snap.queued)} r {len(snap.running)}", style="dim")
         return t
