@@ -356,7 +356,8 @@ class VramApp(App[int]):
 
         def go() -> None:
             sent = self._respawns.get(name)
-            if sent is not None and sent[0] == pid and time.monotonic() < sent[1]:
+            # (no worker shown: the one asked of is stopping, its new one not started yet)
+            if sent is not None and pid in (sent[0], None) and time.monotonic() < sent[1]:
                 which = f"worker (pid {pid})" if pid else "worker"
                 self.notify(f"{name}'s {which} is already being respawned: nothing done "
                             "twice (r again once its new worker shows).", severity="warning")
