@@ -112,7 +112,11 @@ async def test_respawn_pressed_twice_fast_restarts_the_worker_once() -> None:
         async with app.run_test(size=WIDE, notifications=True) as pilot:
             pid = await preload(pilot, sup, "echo")
             await select_backend(pilot, "echo")
-            await pilot.press("r", "r")
+            # Both requests in one turn of the app's loop, as two fast presses land before
+            # any snapshot: a snapshot that already showed the new worker between two key
+            # presses would (rightly) let the second act on it, and the test would race.
+            app.request_respawn("echo")
+            app.request_respawn("echo")
             await until(pilot, lambda: state(sup, "echo")[0] == "ready"
                         and state(sup, "echo")[1] not in (None, pid), "a new worker")
             await rendered(pilot, 2)
