@@ -6,8 +6,10 @@ pressed twice fast does its work once."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from engine_support import ROOT, engine
 from test_tui import WIDE, aio, notes, preload, rendered, select_backend, state, until
 
@@ -170,3 +172,28 @@ async def test_a_tiny_terminal_still_says_simulated_read_only_and_gone() -> None
             await pilot.resize_terminal(20, 6)
             await pilot.pause()
             assert header.render().plain[:20].split()[:3] == ["SIM", "GONE", "RO"]
+
+
+@pytest.mark.process
+@aio
+async def test_a_backend_removed_by_a_reload_leaves_nothing_selected() -> None:
+    """The cursor on a backend that a reload removes lands on no other: with --no-confirm,
+    the next e (evict) acted at once on the neighbour that took its row."""
+    keep, gone = dict(echo(), name="keep"), dict(echo(), name="gone")
+    with engine([keep, gone]) as sup:
+        app = VramApp(sup, "embedded", confirm=False)
+        async with app.run_test(size=WIDE, notifications=True) as pilot:
+            pid = await preload(pilot, sup, "keep")
+            await select_backend(pilot, "gone")
+            source = Path(sup.descriptor("gone").layers[0].file)
+            source.write_text(yaml.safe_dump({"backends": [keep]}))
+            assert sup.reload().removed
+            table = app.screen.query_one(BackendsTable)
+            await until(pilot, lambda: table.keys() == ["keep"], "the reload shown")
+            assert table.selected_key() is None
+            await pilot.press("e")
+            await rendered(pilot, 1)
+            assert "Select a backend first" in notes(app)
+            assert state(sup, "keep") == ("ready", pid)  # not evicted
+            await pilot.press("down")  # moving the cursor selects again
+            assert table.selected_key() == "keep"

@@ -31,6 +31,9 @@ def over_declared_note(b: BackendView, narrow: bool) -> Text:
 
 
 class BackendsTable(RowTable):
+    # A backend a reload removed is never replaced by its neighbour under the cursor: e, r, X
+    # with --no-confirm would act on a backend nobody picked.
+    LOSES_SELECTION = True
     COLUMNS = (
         Col("name", "Backend", 14, narrow_width=12),
         Col("state", "State", 13, narrow_width=12),
