@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .events import EngineEvent, Subscription
 from .jobs import JobView
+from .jobs.query import DEFAULT_LIMIT
 from .results import (
     CancelResult,
     DescriptorInfo,
@@ -36,7 +37,7 @@ class EngineAPI(Protocol):
     def job(self, job_id: str) -> JobView: ...
 
     def jobs(self, *, state: str | None = None, backends: Sequence[str] = (),
-             limit: int = 100) -> tuple[JobView, ...]: ...
+             limit: int = DEFAULT_LIMIT) -> tuple[JobView, ...]: ...
 
     def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest: ...
 

@@ -39,6 +39,7 @@ from .control.errors import (
 from .errors import InvalidRequest, VramtuiError
 from .events import EngineEvent, EventHub, Subscription
 from .jobs import JobView
+from .jobs.query import DEFAULT_LIMIT
 from .snapshot import EngineSnapshot
 
 if TYPE_CHECKING:
@@ -358,9 +359,10 @@ class Client:
         return self._invoke("job", {"job_id": job_id})
 
     def jobs(self, *, state: str | None = None, backends: Sequence[str] = (),
-             limit: int = 100) -> tuple[JobView, ...]:
-        """The jobs held, newest first, without their results (``state``: "queued,running",
-        "active", "finished"; ``backends``: only theirs; at most ``limit``, 1 to 1000)."""
+             limit: int = DEFAULT_LIMIT) -> tuple[JobView, ...]:
+        """The jobs held, without their results, in the order of
+        :func:`supervisor.jobs.query.list_jobs` (``state``: "queued,running", "active",
+        "finished"; ``backends``: only theirs; at most ``limit``, within its limits)."""
         return self._invoke("jobs", {"state": state, "backends": backends, "limit": limit})
 
     def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:

@@ -32,6 +32,7 @@ from .events import EngineEvent, Subscription
 from .gpu.errors import BadGpuSpec
 from .gpu.select import open_probe
 from .jobs import JobView
+from .jobs.query import DEFAULT_LIMIT
 from .limits import Limits, raise_open_file_limit
 from .paths import Paths
 from .results import (
@@ -372,9 +373,10 @@ class Supervisor:
         return self._op("job", job_id=job_id)
 
     def jobs(self, *, state: str | None = None, backends: Sequence[str] = (),
-             limit: int = 100) -> tuple[JobView, ...]:
-        """The jobs held, newest first, without their results (``state``: "queued,running",
-        "active", "finished"; ``backends``: only theirs; at most ``limit``, 1 to 1000)."""
+             limit: int = DEFAULT_LIMIT) -> tuple[JobView, ...]:
+        """The jobs held, without their results, in the order of
+        :func:`supervisor.jobs.query.list_jobs` (``state``: "queued,running", "active",
+        "finished"; ``backends``: only theirs; at most ``limit``, within its limits)."""
         return self._op("jobs", state=state, backends=backends, limit=limit)
 
     def job_request(self, job_id: str, *, limit: int = 65536) -> JobRequest:

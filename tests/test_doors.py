@@ -277,3 +277,28 @@ def test_a_listings_states_are_read_by_one_parser_at_every_door(front: Front,
         assert done.returncode == 2 and http.error["message"] in done.stderr, done.stderr
     finally:
         client.cancel(slow_id)
+
+
+def test_a_long_queue_never_hides_the_running_job_nor_the_head_of_the_queue(
+        front: Front, client: Client) -> None:
+    """Listed newest first and cut at the limit, 150 queued jobs pushed the running one and
+    the first 50 of the queue out of `vramtui jobs` (its default limit is 100): the listing
+    is running jobs, then the queue in the order it runs, then finished ones, at every
+    door."""
+    ids = [client.submit("slow", SLOW)]
+    try:
+        wait_until(lambda: client.job(ids[0]).state is JobState.RUNNING, deadline=30,
+                   what="the first job running")
+        ids += [client.submit("slow", SLOW) for _ in range(150)]
+        done = cli(front.env, "jobs", "--json")
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert [j["id"] for j in got["running"]] == [ids[0]]
+        assert [j["id"] for j in got["queued"]] == ids[1:100]
+        assert [j["position"] for j in got["queued"]] == list(range(1, 100))
+        listed = front.get("/v1/jobs?backend=slow").json()["data"]
+        assert [j["id"] for j in listed] == ids[:100]
+    finally:
+        client.cancel_many(ids)
+        wait_until(lambda: all(client.job(i).finished for i in ids), deadline=60,
+                   what="every job cancelled")

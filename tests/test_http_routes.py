@@ -83,8 +83,8 @@ def test_queue_position_and_why_a_job_waits(front: Front) -> None:
     assert waiting["state"] == "queued" and waiting["position"] == 2
     assert waiting["waiting"]  # the scheduler's reason, in words
     listed = front.get("/v1/jobs?state=queued&backend=slow&limit=10").json()["data"]
-    assert [j["id"] for j in listed] == [ids[2], ids[1]]  # newest first
-    assert [j["position"] for j in listed] == [2, 1]
+    assert [j["id"] for j in listed] == [ids[1], ids[2]]  # the queue in the order it runs
+    assert [j["position"] for j in listed] == [1, 2]
     one = front.get("/v1/jobs?backend=slow&limit=1").json()["data"]
     assert len(one) == 1
     cancelled = front.post(f"/v1/jobs/{ids[2]}/cancel")

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import UnknownBackend
-from .record import JobView
+from .record import Job, JobView
 from .states import ACTIVE, FINISHED, JobState
 
 if TYPE_CHECKING:
@@ -91,25 +91,31 @@ def job_detail(engine: Engine, job_id: str) -> JobView:
 def list_jobs(engine: Engine, *, states: Iterable[JobState] | None = None,
               backends: Iterable[str] = (), limit: int = DEFAULT_LIMIT,
               kinds: frozenset[str] = frozenset({"job"})) -> list[JobView]:
-    """The jobs the engine holds (queued, running, and the recent finished ones), newest
-    first, filtered by state and backend, at most ``limit`` (checked by the caller:
-    :func:`limit_problem`)."""
+    """The jobs the engine holds, in the order that matters to whoever looks: the running
+    ones (oldest first), then the queue in the order it runs, then the finished ones newest
+    first; filtered by state and backend, at most ``limit`` (checked by the caller:
+    :func:`limit_problem`). A long queue never pushes the running jobs or the head of the
+    queue out of a listing (newest first, they were the first cut)."""
     wanted = frozenset(states) if states is not None else None
     only = frozenset(backends)
-    positions: dict[str, int] | None = None
-    picked = []
+
+    def kept(job: Job) -> bool:
+        return job.kind in kinds and (not only or job.backend in only) and (
+            wanted is None or job.state in wanted)
+
     table = engine.jobs
-    for job in sorted(table.values(), key=lambda j: j.seq, reverse=True):
-        if len(picked) >= limit:
-            break
-        if job.kind not in kinds or (only and job.backend not in only):
-            continue
-        if wanted is not None and job.state not in wanted:
-            continue
-        if job.state is JobState.QUEUED:
-            if positions is None:
-                positions = table.positions()
-            picked.append(table.view(job, positions.get(job.id)))
-        else:
-            picked.append(table.view(job))
+    picked: list[JobView] = []
+    started = sorted((j for j in table.live() if j.state is not JobState.QUEUED and kept(j)),
+                     key=lambda j: j.seq)
+    picked.extend(table.view(job) for job in started[:limit])
+    if wanted is None or JobState.QUEUED in wanted:
+        for position, job in enumerate(table.queue, 1):
+            if len(picked) >= limit:
+                return picked
+            if kept(job):
+                picked.append(table.view(job, position))
+    if len(picked) < limit and (wanted is None or wanted & FINISHED):
+        ended = sorted((j for j in table.values() if j.state.finished and kept(j)),
+                       key=lambda j: j.seq, reverse=True)
+        picked.extend(table.view(job) for job in ended[:limit - len(picked)])
     return picked

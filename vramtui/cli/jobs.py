@@ -21,7 +21,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    "list (repeatable), as GET /v1/jobs?state= takes")
     p.add_argument("--backend", action="append", metavar="B", help="only this backend's "
                    "jobs (repeatable)")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs, newest first "
+    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs: running, then "
+                   "the queue in the order it runs, then finished ones newest first "
                    "(1 to 1000; default 100)")
     add_watch_arguments(p)
 
@@ -38,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
         listed = client.jobs(**{k: v for k, v in asked.items() if v is not None})
         snap = client.snapshot(light=True, data_limit=0)  # simulated or not: the note
         wanted = {"running": tuple(j for j in listed if j.state in RUNNING),
-                  "queued": tuple(sorted((j for j in listed if j.state is JobState.QUEUED),
-                                         key=lambda j: j.position or 0)),
+                  "queued": tuple(j for j in listed if j.state is JobState.QUEUED),
                   "recent": tuple(j for j in listed if j.finished)}
         if args.json:
             from ..output import print_json
