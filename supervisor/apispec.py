@@ -26,7 +26,7 @@ from typing import Any
 from .control.logtail import MAX_LINES as MAX_LOG_LINES
 from .errors import InvalidRequest
 from .jobs import JobView
-from .jobs.query import DEFAULT_LIMIT, limit_problem, states_problem
+from .jobs.query import DEFAULT_LIMIT, MAX_LISTED_BACKENDS, limit_problem, states_problem
 from .snapshot import EngineSnapshot
 
 
@@ -365,11 +365,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
        how="deferred"),
     _m("job", JobView, "The job now; ``position`` is its place in the queue while it waits.",
        _JOB, safe=True),
-    _m("jobs", tuple[JobView, ...], "The jobs the engine holds (queued, running, the recent "
-       "finished ones), newest first, without their results.",
+    _m("jobs", tuple[JobView, ...], "The jobs the engine holds, without their results: the "
+       "running ones, then the queue in the order it runs, then the recent finished ones, "
+       "newest first.",
        Arg("state", STR, None, "only jobs in these states: a comma-separated list of states, "
            "or active / finished", check=states_problem),
-       Arg("backends", STRS, (), "only these backends' jobs", wire="backend"),
+       Arg("backends", STRS, (), "only these backends' jobs", wire="backend",
+           check=at_most_items(MAX_LISTED_BACKENDS)),
        Arg("limit", INT, DEFAULT_LIMIT, "at most this many jobs", check=limit_problem),
        safe=True),
     _m("job_request", "JobRequest", "The request a job was submitted with (bounded), while the "

@@ -302,3 +302,13 @@ def test_a_long_queue_never_hides_the_running_job_nor_the_head_of_the_queue(
         client.cancel_many(ids)
         wait_until(lambda: all(client.job(i).finished for i in ids), deadline=60,
                    what="every job cancelled")
+
+
+def test_a_listing_names_a_bounded_number_of_backends(front: Front) -> None:
+    """Each backend a listing names is looked up (in the journal too): their number is
+    bounded alike at every door."""
+    many = "&".join(f"backend=b{i}" for i in range(65))
+    answer = front.get(f"/v1/jobs?{many}")
+    assert answer.status == 400 and "at most 64" in answer.json()["error"]["message"]
+    done = cli(front.env, "jobs", *[a for i in range(65) for a in ("--backend", f"b{i}")])
+    assert done.returncode == 2 and "at most 64" in done.stderr

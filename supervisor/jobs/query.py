@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 MIN_LIMIT = 1
+MAX_LISTED_BACKENDS = 64  # backends one listing may name (each is looked up, maybe in the journal)
 STATE_GROUPS = {"active": ACTIVE, "finished": FINISHED}
 
 
