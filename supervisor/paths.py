@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import os
 import pwd
 import stat
@@ -408,14 +409,29 @@ def open_private(path: Path, flags: int, mode: int = FILE_MODE) -> int:
     return fd
 
 
+def private_group(gid: int, uid: int) -> bool:
+    """``gid`` is ``uid``'s own group (user private groups: Debian's, Ubuntu's and Fedora's
+    default, with umask 002): the user's primary group, of the user's name, no other member.
+    Group write there lets nobody else write."""
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and \
+        all(m == user.pw_name for m in group.gr_mem)
+
+
 def untrusted(file: Path, stakes: str, uid: int | None = None) -> str | None:
     """Why ``file`` cannot be trusted as one of the user's own files that the engine acts on
     (a descriptor, ``config.yaml``), or None when it can.  As ssh does with its own files, it
     is read only when no one else can have written it: the file belongs to the engine's user
     or to root, and neither group nor others may write it; its directory likewise, unless it
     is sticky (as ``/tmp`` is: others may add files there, but not replace ours, and theirs
-    fail the first check).  ``stakes`` says what whoever writes it gets ("runs commands as
-    you"), for the one-line reason."""
+    fail the first check). Group write is no one else's in the user's own private group
+    (:func:`private_group`): ``mkdir`` and editors under umask 002 make such files.
+    ``stakes`` says what whoever writes it gets ("runs commands as you"), for the one-line
+    reason."""
     me = os.geteuid() if uid is None else uid
     for path, what in ((file, "it"), (file.parent, "its directory")):
         try:
@@ -425,6 +441,8 @@ def untrusted(file: Path, stakes: str, uid: int | None = None) -> str | None:
         writable = stat.S_IMODE(st.st_mode) & 0o022
         if what != "it" and st.st_mode & stat.S_ISVTX:
             writable = 0
+        if writable & 0o020 and private_group(st.st_gid, me):
+            writable &= ~0o020  # (umask 002 with a group of one's own: nobody else in it)
         if st.st_uid not in (me, 0):
             return (f"{what} belongs to {user_name(st.st_uid)}: whoever writes it {stakes}; "
                     "copy it to a file of yours, or chown it")

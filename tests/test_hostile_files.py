@@ -23,6 +23,7 @@ from supervisor.backends.llama_swap import MAX_EXPANDED, from_llama_swap
 from supervisor.backends.loader import load_backends
 from supervisor.backends.yamlio import MAX_FILE_BYTES, load_documents
 from supervisor.http.ollama_shapes import Reply
+from supervisor.paths import private_group
 from supervisor.textsafe import visible
 
 
@@ -102,9 +103,14 @@ def test_a_descriptor_someone_else_could_write_is_not_read(tmp_path: Path) -> No
     assert not result.backends and "may be written by others (mode 0666)" in str(
         result.errors[0]) and "chmod go-w" in str(result.errors[0])
     mine.chmod(0o644)
-    mine.parent.chmod(0o775)  # its group may replace it
-    assert "its directory may be written by its group" in str(
-        load_backends([mine], demo_fallback=False).errors[0])
+    mine.parent.chmod(0o775)  # umask 002: its group is the user's own (if private), or not
+    if private_group(mine.parent.stat().st_gid, os.geteuid()):
+        assert list(load_backends([mine], demo_fallback=False).backends) == ["planted"]
+    if os.geteuid() == 0:  # a group with others in it may replace it
+        os.chown(mine.parent, -1, 65534)
+        assert "its directory may be written by its group" in str(
+            load_backends([mine], demo_fallback=False).errors[0])
+        os.chown(mine.parent, -1, 0)
     mine.parent.chmod(0o1777)  # sticky, as /tmp: others cannot replace it
     assert list(load_backends([mine], demo_fallback=False).backends) == ["planted"]
     if os.geteuid() == 0:  # a file another user owns (and so may rewrite)

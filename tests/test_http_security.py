@@ -37,7 +37,7 @@ from supervisor.http.config import (
 )
 from supervisor.http.errors import HttpError
 from supervisor.http.peer import Peer
-from supervisor.paths import Paths
+from supervisor.paths import Paths, private_group
 from vramtui.serve import engine_config
 
 pytestmark = pytest.mark.timeout(90)
@@ -393,10 +393,14 @@ def test_a_config_file_another_user_could_write_is_not_read() -> None:
     os.chmod(conf, 0o644)
     cfg_ok = load_http_config(config_file=conf, environ={})
     assert cfg_ok is not None and "*" in cfg_ok.allowed_hosts  # its own file, and private
-    os.chmod(cfg, 0o775)  # its group may replace it
+    os.chmod(cfg, 0o775)  # umask 002: group write by the user's own group reads the file
+    assert private_group(cfg.stat().st_gid, os.geteuid())  # (root's group, here)
+    assert load_http_config(config_file=conf, environ={}) is not None
+    os.chown(cfg, -1, OTHER_UID)  # a group with others in it may replace it
     with pytest.raises(HttpConfigError, match=f"its directory may be written by its group "
                        f"\\(mode 0775\\).*chmod go-w {cfg}"):
         load_http_config(config_file=conf, environ={})
+    os.chown(cfg, -1, 0)
     os.chmod(cfg, 0o755)
     os.chown(conf, OTHER_UID, OTHER_UID)  # another user's file, whatever its mode
     os.chmod(conf, 0o644)
