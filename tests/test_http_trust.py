@@ -308,6 +308,11 @@ def test_the_log_file_is_private_and_never_another_users() -> None:
     assert r.returncode == Exit.USAGE, (r.returncode, r.stderr[-500:])
     assert "not a regular file of ours" in r.stderr
     assert os.path.getsize(planted) == 0
+    link = root / "link.log"  # a link, even to a file of ours: said so, in one line
+    link.symlink_to(root / "target.log")
+    r = cli(env, "--serve", "--gpus", "sim:8GiB", "--log-file", str(link))
+    assert r.returncode == Exit.USAGE and "it is a link" in r.stderr, r.stderr[-500:]
+    assert not (root / "target.log").exists()
     log_file = shared / "engine.log"
     served = start_serve(env, root, "--log-file", str(log_file))  # (reap removes root)
     try:

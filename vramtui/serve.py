@@ -66,7 +66,12 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         setup_logging(args.log_file)
     except OSError as exc:
-        return _fail(f"cannot open --log-file {args.log_file}: {exc.strerror}", Exit.USAGE)
+        import errno
+
+        why = ("it is a link (a log file is opened only as itself: give the file it points "
+               "to; the log goes to stderr as well)" if exc.errno == errno.ELOOP
+               else exc.strerror)
+        return _fail(f"cannot open --log-file {args.log_file}: {why}", Exit.USAGE)
     group: int | None = None
     if args.allow_group:
         from supervisor.control.peer import resolve_group
