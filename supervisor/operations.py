@@ -52,13 +52,13 @@ def job(engine: Engine, job_id: str) -> JobView:
 
 def jobs(engine: Engine, state: str | None, backends: tuple[str, ...],
          limit: int) -> tuple[JobView, ...]:
-    """The jobs held, newest first (the rules: :mod:`supervisor.jobs.query`); a listing
-    carries no results: each job's data and chunks are left out (``job`` has them)."""
+    """The jobs held, in the listing's order (its rules: :mod:`supervisor.jobs.query`); a
+    listing carries no results: each job's data and chunks are left out (``job`` has them)."""
     from .jobs.query import check_backends, list_jobs, parse_states
 
     check_backends(engine, backends)
     views = list_jobs(engine, states=parse_states(state), backends=backends, limit=limit)
-    return tuple(dataclasses.replace(v, data=None if v.data else v.data, chunks=())
+    return tuple(dataclasses.replace(v, data=None, chunks=())
                  for v in views)
 
 
