@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from supervisor.clock import monotonic
 from worker_sdk.protocol import DataType, Decoder, EventType, Message, MessageType, encode
 
 from .apispec import METHODS
@@ -96,13 +97,13 @@ class _Conn:
             self.sock.sendall(b"".join(bytes(f) for f in frames)[sent:])
 
     def recv(self, timeout: float | None) -> Message:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else monotonic() + timeout
         while True:
             message = self.decoder.next()
             if message is not None:
                 return message
             if deadline is not None:
-                left = deadline - time.monotonic()
+                left = deadline - monotonic()
                 if left <= 0:
                     raise TimeoutError
                 self.sock.settimeout(left)

@@ -1,7 +1,13 @@
 """The engine's time, and the one place its times become wall-clock epoch seconds.
 
 The engine keeps time on a monotonic clock (immune to clock changes; injected, so tests can
-drive it): every time it holds is such a reading.  What leaves the engine (views, the
+drive it): every time it holds is such a reading, of :func:`monotonic` and nothing else.
+That is Linux's ``CLOCK_BOOTTIME`` where the system has it: ``CLOCK_MONOTONIC`` (Python's
+``time.monotonic``) stops while the machine is suspended, so after a night's suspend every
+time converted below would lag the wall clock by the night (a job submitted now "8 h ago"),
+and a deadline would not count the suspend.  Every reading in the engine's process comes from
+this one clock: one of ``time.monotonic`` beside it would be off by every suspend since
+boot (``tests/test_one_clock.py`` looks for one).  What leaves the engine (views, the
 journal) carries wall-clock seconds since the epoch, converted here by :class:`WallClock`,
 whose offset is fixed per clock (so every view and the journal agree to the microsecond).
 The doors never convert again: a view's times are already epoch seconds.
@@ -9,17 +15,36 @@ The doors never convert again: a view's times are already epoch seconds.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
 Clock = Callable[[], float]
 
-_MONO_TO_WALL = time.time() - time.monotonic()
 
 
-def wall_offset(clock: Clock = time.monotonic) -> float:
+def _boot_clock() -> Clock:
+    """``CLOCK_BOOTTIME`` (monotonic, and counting a suspend) where it reads, else
+    ``time.monotonic``."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic
+    try:
+        time.clock_gettime(boottime)
+    except OSError:
+        return time.monotonic
+    return functools.partial(time.clock_gettime, boottime)
+
+
+#: The engine's one monotonic clock (see the module doc).
+monotonic: Clock = _boot_clock()
+
+_MONO_TO_WALL = time.time() - monotonic()
+
+
+def wall_offset(clock: Clock = monotonic) -> float:
     """What to add to a reading of ``clock`` to get wall-clock seconds."""
-    return _MONO_TO_WALL if clock is time.monotonic else time.time() - clock()
+    return _MONO_TO_WALL if clock is monotonic else time.time() - clock()
 
 
 class WallClock:
@@ -27,7 +52,7 @@ class WallClock:
 
     __slots__ = ("clock", "offset")
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = monotonic) -> None:
         self.clock = clock
         self.offset = wall_offset(clock)
 

@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 import worker_sdk
+from supervisor.clock import monotonic
 from supervisor.gpu.sampler import FAST_HZ, Sample, Sampler
 from supervisor.gpu.sim import DEFAULT_CONTEXT_MIB, SimulatedProbe
 from worker_sdk.connection import ConnectionLost
@@ -86,7 +87,7 @@ class _Run:
         self._tree: dict[int, bool] = {root_pid: True}
 
     def mark(self, phase: str) -> None:
-        self.marks.append(PhaseMark(time.monotonic() - self.t0, phase))
+        self.marks.append(PhaseMark(monotonic() - self.t0, phase))
 
     def ours(self, pid: int) -> bool:
         """``pid`` is the worker or one of its descendants (remembered per pid)."""
@@ -154,7 +155,7 @@ def _exit_stop(run: _Run, before: str) -> _Stop:
 def _register(server: WireServer, run: _Run, name: str, deadline: float) -> WorkerLink:
     """The worker's link once both sockets registered (or ``_Stop`` if it died or hung)."""
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - monotonic()
         gone = run.exited.is_set()  # (it may still have registered: one last look below)
         if remaining <= 0 and not gone:
             raise _Stop("failed", "the worker did not connect in time")
@@ -175,7 +176,7 @@ def _await_status(run: _Run, link: WorkerLink, wanted: str, deadline: float) -> 
     """Wait for the worker's status event ``wanted``; ``_Stop`` on failure, exit or time-out."""
     gone = False
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - monotonic()
         if remaining <= 0 and not gone:
             raise _Stop("failed", f"no '{wanted}' status from the worker in time")
         try:
@@ -210,7 +211,7 @@ def _phases(
 ) -> None:
     """Walk the worker through its phases, marking each; raises ``_Stop`` to end early."""
     start_timeout, request_timeout, stop_timeout = timeouts
-    deadline = time.monotonic() + start_timeout
+    deadline = monotonic() + start_timeout
     link = _register(server, run, name, deadline)
     _await_status(run, link, "initializing", deadline)
     run.mark(INITIALIZE)
@@ -301,7 +302,7 @@ def run_with_wire_server(
         server = WireServer(directory, features=KNOWN_FEATURES).start()
         log_path = directory / "worker.log"
         wall0 = time.time()
-        t0 = time.monotonic()
+        t0 = monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [python, "-m", "worker_sdk", str(script_path),

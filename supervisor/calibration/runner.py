@@ -22,6 +22,8 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from supervisor.clock import monotonic
+
 from ..admission import RunFacts
 from ..backends.overlay import overlay_text, write_overlay
 from ..backends.schema import VramSpec
@@ -141,7 +143,7 @@ class CalibrationRun:
         self.settle_s = settle_s
         self.samples: list[CalSample] = []
         self.marks: list[PhaseMark] = []
-        self.t0 = time.monotonic()
+        self.t0 = monotonic()
         self.wall0 = time.time()
         self.worker: Worker | None = None
         self._reply: asyncio.Future[Outcome] | None = None
@@ -155,7 +157,7 @@ class CalibrationRun:
 
     # -- marks and samples ------------------------------------------------------------------
     def mark(self, phase: str, wall: float | None = None) -> None:
-        t = (wall - self.wall0) if wall is not None else (time.monotonic() - self.t0)
+        t = (wall - self.wall0) if wall is not None else (monotonic() - self.t0)
         self.marks.append(PhaseMark(max(0.0, t), phase))
         fraction = min(0.99, len(self.marks) / (2 * self.repeats + 6))
         self.host.progress(self.job.id, fraction, phase)
@@ -217,9 +219,9 @@ class CalibrationRun:
 
     # -- the run ------------------------------------------------------------------------------
     async def _wait_state(self, predicate: Any, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
+        deadline = monotonic() + timeout
         while not predicate():
-            remaining = deadline - time.monotonic()
+            remaining = deadline - monotonic()
             if remaining <= 0:
                 return False
             self._state_changed.clear()

@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
+from supervisor.clock import monotonic
 from worker_sdk.protocol import DataType, EventType, Message, MessageType, ProtocolError, encode
 
 from ..errors import VramtuiError
@@ -72,7 +72,7 @@ class Connection(asyncio.BufferedProtocol):
         self.waiters: set[Waiter] = set()
         self.deferred = 0  # replies being prepared elsewhere (a log read in a thread)
         self._sub_ids = 0
-        now = time.monotonic()
+        now = monotonic()
         self.opened = now
         self.last_active = now
         self.paused_since: float | None = None
@@ -102,7 +102,7 @@ class Connection(asyncio.BufferedProtocol):
         return self.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        now = time.monotonic()
+        now = monotonic()
         self.last_active = now
         self._pending.extend(self.reader.buffer_updated(nbytes))
         if self.reader.partial:
@@ -119,7 +119,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self.paused = True
-        self.paused_since = time.monotonic()
+        self.paused_since = monotonic()
         if self.transport is not None and not self.closed:
             self.transport.pause_reading()
 
@@ -155,7 +155,7 @@ class Connection(asyncio.BufferedProtocol):
             return False
         transport = self.transport
         return bool(self.subs or self.waiters or self.deferred or self._pending or self._outbox
-                    or (self.reader.partial and not self.dribbling(time.monotonic()))
+                    or (self.reader.partial and not self.dribbling(monotonic()))
                     or (transport is not None and transport.get_write_buffer_size()))
 
     def dribbling(self, now: float) -> bool:
@@ -329,7 +329,7 @@ class Connection(asyncio.BufferedProtocol):
                 "(a snapshot's data_limit, one job at a time)")))
             return
         transport.writelines(frames)
-        self.last_active = time.monotonic()
+        self.last_active = monotonic()
         if transport.get_write_buffer_size() > self.limits.max_unsent:
             self.cut(f"{bytes_text(transport.get_write_buffer_size())} of replies unsent, "
                      f"over the limit of {bytes_text(self.limits.max_unsent)}")

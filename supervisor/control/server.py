@@ -36,10 +36,11 @@ import logging
 import os
 import socket
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from supervisor.clock import monotonic
 
 from ..errors import VramtuiError
 from ..paths import user_name
@@ -72,7 +73,7 @@ class _RateLog:
         self._log(logging.INFO, key, text)
 
     def _log(self, level: int, key: str, text: str) -> None:
-        now = time.monotonic()
+        now = monotonic()
         if now - self._last.get(key, -1e9) < self.period:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
             return
@@ -243,7 +244,7 @@ class ControlServer:
 
     def _sweep(self) -> None:
         assert self.loop is not None
-        now = time.monotonic()
+        now = monotonic()
         for conn in list(self.connections):
             conn.check_deadlines(now)
         self._sweeper = self.loop.call_later(self.limits.sweep_s, self._sweep)
@@ -289,7 +290,7 @@ class ControlServer:
         (silent since it opened, or a frame begun long ago and still incomplete), then the
         one idle the longest, and a newcomer still saying hello last.  False when every
         connection is busy."""
-        now = time.monotonic()
+        now = monotonic()
         idle = [c for c in self.connections if not c.busy]
         if not idle:
             return False

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor.clock import monotonic
+
 from .. import validate
 from ..backends.schema import BackendSpec
 from ..calibration.runner import Calibrations
@@ -74,7 +76,7 @@ class Engine:
         descriptor_errors: tuple[str, ...],
         paths: Paths,
         config: EngineConfig | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = monotonic,
         descriptor_warnings: tuple[tuple[str | None, str], ...] = (),
         layers: Sequence[Path] | None = None, environ: Mapping[str, str] | None = None,
         workers: WorkerFactory | None = None,
@@ -226,7 +228,7 @@ class Engine:
                           self.monitor.readings, self.yields.held, self.yield_gpus,
                           lambda gpus: self.resume_gpus(gpus, rule=True))
         self.yields.keep_waivers(self.rules.waivers())
-        now = time.monotonic()
+        now = monotonic()
         if now >= self._next_ping:
             self._next_ping = now + self.config.ping_interval_s
             self.watch.check_liveness(now)
@@ -857,7 +859,7 @@ class Engine:
         usage.jobs_served += 1
         usage.last_used = time.time()
         m = rt.measures
-        m.settling, m.ended_at = True, time.monotonic()  # samples so far saw this job's memory
+        m.settling, m.ended_at = True, monotonic()  # samples so far saw this job's memory
         if not rt.admitted:
             usage.idle_since = self.clock()
         self.watch.learn(rt, job, outcome.ok)

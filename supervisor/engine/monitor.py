@@ -22,8 +22,9 @@ devices, read right after it, and a sample read before the readings held is drop
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
+
+from supervisor.clock import monotonic
 
 from ..gpu.model import GpuReading, Probe, ProcessReading, own, track
 from ..gpu.sampler import History, Sample, Sampler
@@ -54,7 +55,7 @@ class Monitor:
         self._sources = {r.index: r.source or probe.source for r in devices}
         self._identity = {r.index: r.name or device_kind(r, probe) for r in devices}
         self._told: dict[str, frozenset[int]] = {}  # what the probe said of processes, by kind
-        self.clock: Callable[[], float] = time.monotonic  # stamps every sample
+        self.clock: Callable[[], float] = monotonic  # stamps every sample
         self._read_at: float | None = None  # the stamp of the readings held
 
     def start(self, on_sample: Callable[[Sample], None]) -> None:

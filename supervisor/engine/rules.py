@@ -45,10 +45,11 @@ import logging
 import os
 import shlex
 import signal
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from supervisor.clock import monotonic
 
 from ..errors import VramtuiError
 from ..scheduler.strangers import ARRIVE_S, EPS, LEAVE_S
@@ -146,7 +147,7 @@ class Rules:
     def __init__(self, rules: Sequence[YieldRule], note: Callable[..., None],
                  own: Callable[[int], None] = lambda pid: None, *,
                  arrive_s: float = ARRIVE_S, leave_s: float = LEAVE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = monotonic) -> None:
         self.rules = tuple(rules)
         self.by_name = any(r.name is not None for r in self.rules)  # reads programs' names
         self.note = note

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from supervisor.clock import monotonic
 from supervisor.gpu.errors import BadGpuSpec, GpuUnavailable
 from supervisor.gpu.model import GpuReading, ProcessReading
 from supervisor.gpu.procmem import (
@@ -105,7 +106,7 @@ class HostProbe:
     def __init__(self, spec: str = "host", *, reserve_mib: int = DEFAULT_RESERVE_MIB,
                  root: int | None = None, proc: str = "/proc",
                  cgroup_root: str = "/sys/fs/cgroup", discover_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = monotonic) -> None:
         if reserve_mib < 0:
             raise BadGpuSpec(f"the host reserve must be 0 or more, got {reserve_mib} MiB")
         self.spec = spec

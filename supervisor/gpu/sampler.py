@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from supervisor.clock import monotonic
 from supervisor.gpu.model import GpuReading, Probe, ProcessReading
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Sampler:
         on_sample: Callable[[Sample], None],
         device_hz: float = 4.0,
         process_hz: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = monotonic,
     ) -> None:
         """``clock`` stamps samples and drives the schedule (waits are real time)."""
         if device_hz <= 0 or process_hz <= 0:

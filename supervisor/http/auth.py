@@ -35,7 +35,6 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +42,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from supervisor.clock import monotonic
 
 from .config import HttpConfig, is_loopback
 from .errors import HttpError
@@ -124,7 +125,7 @@ class Guard:
 
     def _new_session(self, peer: Peer) -> tuple[str, str]:
         value = secrets.token_urlsafe(32)
-        self._sessions[value] = (peer.key, time.monotonic() + UI_SESSION_S)
+        self._sessions[value] = (peer.key, monotonic() + UI_SESSION_S)
         while len(self._sessions) > UI_SESSIONS_MAX:
             self._sessions.popitem(last=False)
         return self.ui_cookie, value
@@ -136,7 +137,7 @@ class Guard:
         if held is None:
             return False
         key, until = held
-        if time.monotonic() > until:
+        if monotonic() > until:
             del self._sessions[value]
             return False
         return hmac.compare_digest(key, peer.key)

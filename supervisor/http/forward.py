@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientSession, TraceConfig, WSMsgType, web
+
+from supervisor.clock import monotonic
 
 from ..doors import tunnels, watch
 from ..errors import EngineStopped, VramtuiError
@@ -303,7 +304,7 @@ async def server_url(server: HttpServer, backend: str,
     """The base URL of ``backend``'s server once it is ready (it is started if cold, woken
     if asleep), and the headers the engine's own requests to it carry (its ``${API_KEY}``)."""
     engine = server.engine
-    deadline = time.monotonic() + timeout
+    deadline = monotonic() + timeout
     asked = False
     while True:
         rt = engine.backends.get(backend)
@@ -321,7 +322,7 @@ async def server_url(server: HttpServer, backend: str,
             except VramtuiError as exc:
                 raise from_engine(exc) from None
         asked = away
-        if time.monotonic() > deadline:
+        if monotonic() > deadline:
             raise HttpError(504, f"{backend} was not ready within {timeout:g} s",
                             "timeout_error", "not_ready")
         await asyncio.sleep(0.05)

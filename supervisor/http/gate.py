@@ -35,7 +35,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -43,6 +42,8 @@ from typing import Any, cast
 from aiohttp import StreamReader, web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
+
+from supervisor.clock import monotonic
 
 from . import expect
 from .config import GateLimits
@@ -125,7 +126,7 @@ class ConnectionGate:
                    f"its request body sent nothing for {self.body_idle_s:g} s")
 
     def _warn(self, key: str, text: str) -> None:
-        now = time.monotonic()
+        now = monotonic()
         if now - self._logged.get(key, -1e9) >= 5.0:
             self._logged[key] = now
             if len(self._logged) > 1024:

@@ -42,6 +42,8 @@ from typing import Any
 
 from yarl import URL
 
+from supervisor.clock import monotonic
+
 from ..backends.http import HttpCall
 from ..backends.schema import BackendSpec
 from ..workers import process
@@ -170,7 +172,7 @@ class ServerHandle(SupervisedProcess):
             # (one health request is given up at the deadline: a server that takes the
             # connection and never answers is not waited for past its ready_timeout)
             if await self._healthy(min(HEALTH_TIMEOUT_S,
-                                       max(0.05, deadline - time.monotonic())),
+                                       max(0.05, deadline - monotonic())),
                                    secret=seen is not None):
                 if self._exited.is_set() or self._stopping or self._check_listener() is False:
                     return
@@ -178,12 +180,12 @@ class ServerHandle(SupervisedProcess):
                 self._link.spare()  # the first request finds a connection open
                 self._set_state(WorkerState.READY)
                 return
-            if time.monotonic() >= deadline:
+            if monotonic() >= deadline:
                 self.init_error = f"not healthy after {limit:g} s (http.ready_timeout)" + (
                     f"; no listener on {self.url} was seen" if seen is None else "")
                 self.kill()
                 return
-            fast = time.monotonic() - self.started_at < FAST_POLL_FOR_S
+            fast = monotonic() - self.started_at < FAST_POLL_FOR_S
             if await self._wait_exit(FIRST_POLL_S if fast else SLOW_POLL_S):
                 return
 
@@ -396,7 +398,7 @@ class ServerHandle(SupervisedProcess):
                 or not (self.hot or self.state == WorkerState.ASLEEP):
             return
         if self._ping_sent is None:
-            self._ping_sent = time.monotonic()
+            self._ping_sent = monotonic()
         self._ping_task = self._spawn(self._ping())
 
     async def _ping(self) -> None:

@@ -211,7 +211,7 @@ def kill_leftovers(records_dir: Path, *, timeout: float = 5.0) -> list[str]:
     if escaped:
         notes.append(f"killed {len(escaped)} leftover process(es) that had left their worker's "
                      "group (setsid), from an engine that did not stop cleanly")
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # (a local deadline: the watcher has no package)
     while members and time.monotonic() < deadline:
         members = {g: [p for p in pids if _alive(p)] for g, pids in members.items()}
         members = {g: pids for g, pids in members.items() if pids}

@@ -19,10 +19,11 @@ import errno
 import logging
 import os
 import signal
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
+
+from supervisor.clock import monotonic
 
 from ..paths import open_private
 
@@ -64,7 +65,7 @@ class LogSink(asyncio.Protocol):
         self.dropped = 0  # bytes that could not be written (disk full…)
         self.transport: asyncio.ReadTransport | None = None
         self._tokens = float(rate)
-        self._stamp = time.monotonic()
+        self._stamp = monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (cast: another loop's transports, uvloop's, are not asyncio.ReadTransport's)
@@ -72,7 +73,7 @@ class LogSink(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._write(data)
-        now = time.monotonic()
+        now = monotonic()
         self._tokens = min(float(self.rate), self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
         self._tokens -= len(data)

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from supervisor.clock import monotonic
 
 from . import process
 from .lifeline import WORKER_MARK, start_ticks, strays
@@ -73,7 +74,7 @@ class SupervisedProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.features: frozenset[str] = frozenset()
-        self.started_at = time.monotonic()
+        self.started_at = monotonic()
         self.ready_at: float | None = None
         self.init_error: str | None = None
         self.exit_code: int | None = None
@@ -136,7 +137,7 @@ class SupervisedProcess:
         check(self.state, state)
         self.state = state
         if state == WorkerState.READY and self.ready_at is None:
-            self.ready_at = time.monotonic()
+            self.ready_at = monotonic()
         self.observer.worker_state(self)
 
     @property

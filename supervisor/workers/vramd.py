@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.clock import monotonic
+
 from ..backends.schema import VramdSettings
 from . import process
 from .handle import Outcome, WorkerObserver, WorkerState
@@ -107,7 +109,7 @@ class VramdWorkerHandle(SupervisedProcess):
         self.unload_frees_vram = unload_frees_vram
         self.features = frozenset({"cancel", "progress"})
         self.reported_vram_mib: int | None = None  # the worker's own figure at "ready"
-        self._idle_since = time.monotonic()  # pings count only from here while idle
+        self._idle_since = monotonic()  # pings count only from here while idle
         self._decoder = LineDecoder(max_line)
         self._reader: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
@@ -237,7 +239,7 @@ class VramdWorkerHandle(SupervisedProcess):
             if self._pings:
                 sent, future = self._pings.popleft()
                 if not future.done():
-                    future.set_result(time.monotonic() - sent)
+                    future.set_result(monotonic() - sent)
         elif event == EVENT_UNLOADED:
             pass  # the shutdown that follows it is already on its way
         # vram_budget and events of later vramd versions: nothing to do
@@ -311,7 +313,7 @@ class VramdWorkerHandle(SupervisedProcess):
             self._abort_may_stick = True  # the abort may have come after the job's end
         if self._current is job:
             self._current = None
-            self._idle_since = time.monotonic()
+            self._idle_since = monotonic()
             self._cancel_event_timer()
         self.observer.request_done(self, job.job_id, outcome)
         self._next()
@@ -412,7 +414,7 @@ class VramdWorkerHandle(SupervisedProcess):
         if self._pings or self._current is not None or not self.hot:
             return
         future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
-        self._pings.append((time.monotonic(), future))
+        self._pings.append((monotonic(), future))
         if not self._write(encode(CMD_PING)):
             self._pings.pop()
 
@@ -428,7 +430,7 @@ class VramdWorkerHandle(SupervisedProcess):
         if self._exited.is_set() or self.proc is None or len(self._pings) >= MAX_PENDING_PINGS:
             return None
         future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
-        self._pings.append((time.monotonic(), future))
+        self._pings.append((monotonic(), future))
         if not self._write(encode(CMD_PING)):
             self._pings.pop()
             return None

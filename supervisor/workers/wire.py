@@ -28,11 +28,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
+from supervisor.clock import monotonic
 from worker_sdk.connection import peer_credentials
 from worker_sdk.conversation import (
     CONTROL_MAX_FRAME,
@@ -64,7 +64,7 @@ class Throttle:
     """Log at most ``burst`` messages per key in each ``window_s``; then say how many were not."""
 
     def __init__(self, logger: logging.Logger, burst: int = 5, window_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = monotonic) -> None:
         self.logger = logger
         self.burst = burst
         self.window_s = window_s
@@ -198,17 +198,17 @@ class WireConnection(asyncio.BufferedProtocol):
             return ping_id  # a worker this far behind is hung: the age says so, no need to send
         self.send(Ping(ping_id))
         if len(self._pings) < self.listener.limits.max_tracked_pings:
-            self._pings[ping_id] = time.monotonic()
+            self._pings[ping_id] = monotonic()
         return ping_id
 
     def oldest_unanswered_ping_s(self, now: float | None = None) -> float | None:
         """Seconds since the oldest unanswered PING was sent; None when all were answered."""
         for sent in self._pings.values():
-            return (time.monotonic() if now is None else now) - sent
+            return (monotonic() if now is None else now) - sent
         return None
 
     def _answered(self, pong_id: int) -> None:
-        self.last_pong_at = time.monotonic()
+        self.last_pong_at = monotonic()
         for ping_id in list(self._pings):  # answered in order: the older ones were too
             del self._pings[ping_id]
             if ping_id == pong_id:
