@@ -193,13 +193,13 @@ class EngineCollector(Collector):
         yield _gauge("vramtui_jobs_queued", "Jobs waiting in the queue", len(snap.queued))
         yield _gauge("vramtui_jobs_running", "Jobs admitted or running", len(snap.running))
         yield _histograms("vramtui_backend_load_duration_seconds", "Seconds from spawning a "
-                          "worker to its ready", counters.load_seconds)
+                          "worker to its ready", names, counters.load_seconds)
         yield _histograms("vramtui_backend_wake_duration_seconds", "Seconds from asking a "
-                          "sleeping worker to wake to its answer", counters.wake_seconds)
+                          "sleeping worker to wake to its answer", names, counters.wake_seconds)
         yield _histograms("vramtui_job_queue_wait_seconds", "Seconds from submit to start, "
-                          "of the jobs that started", counters.queue_wait)
+                          "of the jobs that started", names, counters.queue_wait)
         yield _histograms("vramtui_job_duration_seconds", "Seconds from start to end, of the "
-                          "jobs that started", counters.duration)
+                          "jobs that started", names, counters.duration)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -214,10 +214,15 @@ def _per_backend(name: str, doc: str, names: list[str], table: dict[str, int]
     return fam
 
 
-def _histograms(name: str, doc: str, table: dict[str, Histogram]) -> HistogramMetricFamily:
+def _histograms(name: str, doc: str, names: list[str], table: dict[str, Histogram]
+                ) -> HistogramMetricFamily:
+    """One histogram per configured backend that observed something (as every per-backend
+    family: a backend a reload removed has no series left)."""
     fam = HistogramMetricFamily(name, doc, labels=["backend"])
-    for backend, hist in sorted(table.items()):
-        fam.add_metric([backend], hist.cumulative(), sum_value=hist.total)
+    for backend in names:
+        hist = table.get(backend)
+        if hist is not None:
+            fam.add_metric([backend], hist.cumulative(), sum_value=hist.total)
     return fam
 
 

@@ -1,0 +1,86 @@
+"""``/metrics`` against the truth, read with ``prometheus_client``'s own parser.
+
+A real engine on the simulated GPU with its HTTP front door, real worker and model-server
+processes (``tests/model_server.py``); what the page says of each backend's memory is
+checked against the simulated GPU's own ledger (its per-process files), not against the
+engine's idea of it; and the set of series is checked to follow the configured backends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from engine_support import sim_backend
+from http_support import Front, serve_http
+from prometheus_client.parser import text_string_to_metric_families
+from spawning import spawns
+from test_model_servers import CONTEXT_MIB, server_backend
+from waiting import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
+
+MIB = 1024 * 1024
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(front: Front) -> Samples:
+    r = front.get("/metrics")
+    assert r.status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.body.decode())
+            for s in family.samples}
+
+
+def backend_series(front: Front, backend: str) -> list[str]:
+    return sorted({name for name, labels in samples(front) if ("backend", backend) in labels})
+
+
+def ledger_mib(front: Front) -> dict[int, int]:
+    """pid -> MiB with its context, as the simulated GPU's own files have it (live pids)."""
+    out = {}
+    for path in Path(front.sup.paths.sim_dir).glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(entry["pid"])
+        if os.path.exists(f"/proc/{pid}"):
+            out[pid] = int(entry["mib"]) + CONTEXT_MIB
+    return out
+
+
+@pytest.fixture
+@spawns
+def front() -> Iterator[Front]:
+    with serve_http([sim_backend("gone.model-1", 256, 64), sim_backend("kept", 256, 64),
+                     server_backend("srv.calib-1", 700,
+                                    args=("--tokens", "20", "--token-s", "0.05"))],
+                    gpus="sim:8GiB") as f:
+        yield f
+
+
+def test_a_backend_removed_by_reload_leaves_no_series(front: Front) -> None:
+    name = "gone.model-1"
+    job = front.post("/v1/jobs", {"backend": name, "input": {}},
+                     headers={"Prefer": "respond-async"}).json()
+    assert front.wait_state(job["id"], "succeeded", "failed") == "succeeded"
+    assert "vramtui_job_duration_seconds_count" in backend_series(front, name)
+    assert "vramtui_backend_load_duration_seconds_count" in backend_series(front, name)
+    assert front.post(f"/v1/backends/{name}/unload").status < 300
+    wait_until(lambda: front.get(f"/v1/backends/{name}").json()["state"] == "cold", 20,
+               f"{name} to unload")
+    desc = Path(front.env["VRAMTUI_TEST_BACKENDS"])
+    spec = yaml.safe_load(desc.read_text())
+    spec["backends"] = [b for b in spec["backends"] if b["name"] != name]
+    desc.write_text(yaml.safe_dump(spec))
+    result = front.sup.reload()
+    assert name in result.removed, result
+    # Every series of it goes, its histograms with its counters and gauges: a scrape
+    # follows the configured backends, or each rename by reload adds series for good.
+    assert backend_series(front, name) == []
+    assert "vramtui_backend_loads_total" in backend_series(front, "kept")
