@@ -26,7 +26,7 @@ above them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -162,6 +162,13 @@ class Book:
         """What every holder of ``backend`` holds, on every GPU."""
         return sum(h.holds_mib for g in self.gpus.values() for h in g.holders
                    if h.backend == backend)
+
+    def observed_by(self, backend: str, kinds: Collection[str]) -> int | None:
+        """What the processes of ``backend``'s holders of these kinds were seen to use at
+        the last sample, on every GPU (None: none of them was seen)."""
+        seen = [h.observed_mib for g in self.gpus.values() for h in g.holders
+                if h.backend == backend and h.kind in kinds and h.observed_mib is not None]
+        return sum(seen) if seen else None
 
 
 @dataclass(frozen=True, slots=True)

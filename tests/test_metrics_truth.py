@@ -84,3 +84,28 @@ def test_a_backend_removed_by_reload_leaves_no_series(front: Front) -> None:
     # follows the configured backends, or each rename by reload adds series for good.
     assert backend_series(front, name) == []
     assert "vramtui_backend_loads_total" in backend_series(front, "kept")
+
+
+def test_a_calibration_runs_memory_is_its_backends(front: Front) -> None:
+    """While ``vramtui calibrate`` runs a model server alone on the GPU, the server's memory
+    is its backend's, on /metrics and in ``backends``, as the simulated GPU's ledger says;
+    and the backends' series add up to the GPU's ``workers`` figure."""
+    name = "srv.calib-1"
+    job_id = front.sup.calibrate(name, repeats=1, settle_s=3.0)
+    truth = wait_until(lambda: (held := ledger_mib(front)) and 700 + CONTEXT_MIB in
+                       held.values() and held, 20, "the server to load on the simulated GPU")
+
+    def agrees() -> bool:
+        m = samples(front)
+        mine = m.get(("vramtui_backend_memory_bytes", (("backend", name),)))
+        listed = front.get(f"/v1/backends/{name}").json()
+        return (mine == sum(truth.values()) * MIB
+                and listed["memory"]["observed_mib"] == sum(truth.values()))
+
+    wait_until(agrees, 10, f"{name}'s memory on /metrics and /v1/backends/NAME to be "
+               f"{sum(truth.values())} MiB, as the ledger says")
+    m = samples(front)
+    backends = sum(v for (n, _), v in m.items() if n == "vramtui_backend_memory_bytes")
+    workers = sum(v for (n, _), v in m.items() if n == "vramtui_gpu_memory_workers_bytes")
+    assert backends == workers == sum(truth.values()) * MIB
+    assert front.wait_state(job_id, "succeeded", "failed", timeout=30) == "succeeded"

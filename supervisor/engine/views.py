@@ -111,10 +111,15 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
     peaks = sorted(m.observed_peaks)
     p95 = peaks[min(len(peaks) - 1, int(0.95 * len(peaks)))] if peaks else None
     info = rt.info()
+    # Its processes: its live worker's, and those of a calibration run of it or of a worker
+    # of it that stopped and has not left the GPU yet (each counted in the GPU's "ours").
+    live = m.observed_mib if w is not None else None
+    apart = book.observed_by(spec.name, ("ghost", "calibration"))
+    observed = None if live is None and apart is None else (live or 0) + (apart or 0)
     return BackendView(
         name=spec.name, state=rt.state, pid=w.pid if w is not None else None,
         gpu=w.gpu if w is not None else None,
-        observed_mib=m.observed_mib if w is not None else None,  # a cold one holds nothing
+        observed_mib=observed,
         declared_peak_mib=spec.peak, learned_peak_mib=m.learned.peak_mib,
         observed_p95_mib=p95, reserved_mib=book.held_by(spec.name),
         priority=spec.priority, jobs_served=rt.usage.jobs_served,
