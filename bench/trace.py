@@ -18,8 +18,9 @@ beside either; 40 jobs at once), a vramd-like card (6 GiB, ten models of which n
 together with a job running, a batch of 100 jobs with loads up to 60 s), a 4-GPU box with
 50 backends and bursts, interactive jobs arriving over a batch, and a stream of jobs for ten
 smaller models arriving faster than a small card can serve them (there several models fit
-together; the bound counts how jobs and loads can share the card, ``packing_bound``, but not
-how many loads the online arrivals force, and stays loose). Issue 28's traces: a chat model
+together; its bound counts which jobs and loads can share the card, ``packing_bound`` by their
+sizes, ``conflict_bound`` pair by pair, the tighter, but not how many loads the online arrivals
+force, and stays loose). Issue 28's traces: a chat model
 asked every 1.5 s at priority 10 beside a batch at priority 0 of a model that fits beside it
 and one that fits beside nothing, and the same batch beside Poisson and bursty chats; their
 ratio is to the bound of a policy that serves the chat at once (``served_bound``).
@@ -43,7 +44,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -143,7 +144,8 @@ def lower_bound(trace: Trace) -> float:
     - on a one-GPU trace, backends that cannot be resident together (pairwise) each need a
       load and their work, one after another; and from any arrival time on, the jobs of those
       backends arriving then or later, one after another, with a load for every backend
-      among them but one.
+      among them but one;
+    - ``packing_bound`` and ``conflict_bound``.
     """
     first = min(j.at for j in trace.jobs)
     by = {b.name: b for b in trace.backends}
@@ -165,10 +167,13 @@ def lower_bound(trace: Trace) -> float:
         area += b.resident_mib * b.load_s + (b.resident_mib + b.activation_mib) * total
     bounds.append(area / sum(trace.gpus))
     bounds.append(packing_bound(trace))
+    bounds.append(conflict_bound(trace))
     if len(trace.gpus) == 1:
         size = trace.gpus[0]
-        clique = _heaviest_clique(sorted(work), by, work, size)
-        bounds.append(sum(by[n].load_s + work[n] for n in clique))
+        # (a backend's jobs run ``concurrency`` at a time: its work over that, one after another)
+        serial = {n: w / by[n].concurrency for n, w in work.items()}
+        clique = _heaviest_clique(sorted(serial), by, serial, size)
+        bounds.append(sum(by[n].load_s + serial[n] for n in clique))
         # With release dates: from any arrival time t on, the clique's jobs arriving then or
         # later run one after another, and all but one of their backends (at most one can
         # be resident at t) must be loaded after t.
@@ -178,7 +183,8 @@ def lower_bound(trace: Trace) -> float:
             rest = later[i:]
             names_after = {x.backend for x in rest}
             loads = [by[n].load_s for n in names_after]
-            bounds.append(j.at - first + sum(x.duration_s for x in rest)
+            bounds.append(j.at - first + sum(x.duration_s / by[x.backend].concurrency
+                                             for x in rest)
                           + sum(loads) - max(loads))
     return max(bounds)
 
@@ -217,6 +223,81 @@ def packing_bound(trace: Trace) -> float:
     return best
 
 
+Kind = tuple[str, str]  # ("job" or "load", backend)
+
+
+def conflict_bound(trace: Trace) -> float:
+    """On a one-GPU trace with no sleepers (0 otherwise), a bound that counts which jobs and
+    loads can never be on the GPU at once. Kinds of work: each backend's jobs, and its
+    loads. Two kinds conflict when their figures do not fit the GPU together (a job: its
+    peak and safety, as admission gives it; a load: its resident), and a backend's loads and
+    its jobs never overlap (one worker per backend). From any arrival time t on, a set of
+    pairwise conflicting kinds runs one after another: the work of the jobs arriving then or
+    later (over the backend's concurrency), and a load of each of their backends, less the
+    loads of those that may be resident at t (the heaviest set of them that fits the GPU
+    together; none at the first arrival). The heaviest such set, exactly (two kinds per
+    backend, pruned); where ``packing_bound`` halves every job that might share the GPU,
+    this counts the pairs that actually cannot."""
+    if len(trace.gpus) != 1 or any(b.wake_s is not None for b in trace.backends):
+        return 0.0
+    size = trace.gpus[0]
+    first = min(j.at for j in trace.jobs)
+    by = {b.name: b for b in trace.backends}
+
+    def mib(kind: Kind) -> int:
+        b = by[kind[1]]
+        return b.resident_mib + (b.activation_mib + b.safety_mib if kind[0] == "job" else 0)
+
+    def conflict(x: Kind, y: Kind) -> bool:
+        return x[1] == y[1] or mib(x) + mib(y) > size
+
+    def allowance(loads: list[Kind]) -> float:
+        """The most load time the backends resident at t could save: a set fitting together."""
+        best = 0.0
+        for mask in range(1, 1 << len(loads)):
+            chosen = [by[loads[i][1]] for i in range(len(loads)) if mask >> i & 1]
+            if sum(b.resident_mib for b in chosen) <= size:
+                best = max(best, sum(b.load_s for b in chosen))
+        return best
+
+    best = 0.0
+    for t in sorted({j.at for j in trace.jobs}):
+        work: dict[str, float] = {}
+        for j in trace.jobs:
+            if j.at >= t:
+                work[j.backend] = work.get(j.backend, 0.0) + j.duration_s
+        kinds = [(("job", n), w / by[n].concurrency) for n, w in work.items()] \
+            + [(("load", n), by[n].load_s) for n in work]
+        # (nothing is loaded before the first arrival: no allowance there)
+        best = max(best, t - first + _heaviest_conflicting(
+            kinds, conflict, allowance if t > first else lambda _loads: 0.0))
+    return best
+
+
+def _heaviest_conflicting(kinds: list[tuple[Kind, float]],
+                          conflict: Callable[[Kind, Kind], bool],
+                          allowance: Callable[[list[Kind]], float]) -> float:
+    """The most weight of pairwise conflicting kinds, less the allowance of its loads
+    (exact branch and bound, heaviest first)."""
+    kinds = sorted(kinds, key=lambda k: -k[1])
+    heaviest = 0.0
+
+    def grow(chosen: list[Kind], at: int, weight: float) -> None:
+        nonlocal heaviest
+        if weight + sum(w for _, w in kinds[at:]) <= heaviest:
+            return  # (the allowance only takes away)
+        if at == len(kinds):
+            heaviest = max(heaviest, weight - allowance([k for k in chosen if k[0] == "load"]))
+            return
+        kind, w = kinds[at]
+        if all(conflict(kind, c) for c in chosen):
+            grow([*chosen, kind], at + 1, weight + w)
+        grow(chosen, at + 1, weight)
+
+    grow([], 0, 0.0)
+    return heaviest
+
+
 def served_bound(trace: Trace) -> float | None:
     """A lower bound for the policies that serve the top priority's requests without a
     reload (the chat model stays resident through its stream), on a one-GPU trace with
@@ -235,8 +316,8 @@ def served_bound(trace: Trace) -> float | None:
     end = max(j.at + j.duration_s for j in trace.jobs if j.priority == top) - first
     work: dict[str, float] = {}
     for j in trace.jobs:
-        if j.backend not in streams:
-            work[j.backend] = work.get(j.backend, 0.0) + j.duration_s
+        if j.backend not in streams:  # (over its concurrency: one after another)
+            work[j.backend] = work.get(j.backend, 0.0) + j.duration_s / by[j.backend].concurrency
     after = sorted(n for n in work
                    if any(by[n].resident_mib + by[n].activation_mib + by[n].safety_mib
                           + by[s].resident_mib > size for s in streams))
@@ -531,6 +612,8 @@ def main() -> int:
                 (f" {len(r.unfinished)} UNFINISHED" if r.unfinished else "")
             print(row(r, bound) + f"   ({took:.0f} ms simulated){problems}")
         if trace is stream:
+            print(f"  (its bounds: packing {packing_bound(trace):.1f} s, conflicts "
+                  f"{conflict_bound(trace):.1f} s: no schedule finishes before the larger)")
             # Where the rest of its gap goes: aging (a level a minute) ends a barrier's
             # patience for work submitted after it, so a backlog is served nearer FIFO.
             slow = simulate(trace, name="aging 3m",

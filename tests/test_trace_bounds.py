@@ -1,0 +1,79 @@
+"""bench/trace.py's lower bounds: never above what a policy achieves, and tight where they
+should be (the bench's ratios are only as honest as the bound under them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from supervisor.tracesim import Trace, TraceBackend, TraceJob, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "bench" / "trace.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_card(seed: int) -> Trace:
+    """A few models on a 6 GiB card, jobs arriving over a minute (as the stream trace)."""
+    rng = random.Random(seed)
+    backends = tuple(
+        TraceBackend(f"m{i}", rng.uniform(0.5, 4.0), rng.randint(800, 3_500),
+                     rng.randint(200, 1_000), safety_mib=384,
+                     concurrency=rng.choice((1, 1, 2)))
+        for i in range(rng.randint(2, 5)))
+    jobs, t = [], 0.0
+    for k in range(rng.randint(4, 14)):
+        t += rng.expovariate(0.5)
+        jobs.append(TraceJob(f"j{k}", round(t, 3), rng.choice(backends).name,
+                             rng.uniform(0.5, 4.0)))
+    return Trace(f"seed {seed}", (6 * 1024,), backends, tuple(jobs))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_policy_beats_the_bounds(bench: ModuleType, seed: int) -> None:
+    trace = small_card(seed)
+    conflict = bench.conflict_bound(trace)
+    bound = bench.lower_bound(trace)
+    assert bound >= conflict
+    for name, policy in bench.POLICIES:
+        r = simulate(trace, name=name) if policy is None else \
+            simulate(trace, policy=policy, name=name)
+        assert not r.unfinished and not r.overcommitted, (name, r.unfinished)
+        assert r.makespan_s >= bound - 1e-6, (name, r.makespan_s, bound, conflict)
+
+
+def test_jobs_that_cannot_share_the_card_are_counted_one_after_another(
+        bench: ModuleType) -> None:
+    # Each job takes 4 GiB of 6: no two run at once, and both models' loads conflict with
+    # the other's jobs (the two loads fit together). The packing bound halves each job
+    # (1/3 < 4 GiB/6 GiB < 2/3); this one counts them whole, and one load before them.
+    a = TraceBackend("a", 3.0, 3_000, 700, safety_mib=300)
+    b = TraceBackend("b", 2.0, 3_000, 700, safety_mib=300)
+    jobs = tuple(TraceJob(f"j{k}", 0.0, ("a", "b")[k % 2], 2.0) for k in range(6))
+    trace = Trace("two", (6 * 1024,), (a, b), jobs)
+    assert bench.packing_bound(trace) < 12.0
+    assert bench.conflict_bound(trace) == pytest.approx(12.0 + 3.0)
+    r = simulate(trace)
+    assert r.makespan_s >= bench.conflict_bound(trace)
+
+
+def test_jobs_that_fit_together_are_not_counted_one_after_another(bench: ModuleType) -> None:
+    a = TraceBackend("a", 1.0, 1_000, 500, safety_mib=100)
+    b = TraceBackend("b", 1.0, 1_000, 500, safety_mib=100)
+    jobs = tuple(TraceJob(f"j{k}", 0.0, ("a", "b")[k % 2], 5.0) for k in range(2))
+    trace = Trace("beside", (6 * 1024,), (a, b), jobs)
+    assert bench.conflict_bound(trace) == pytest.approx(5.0 + 1.0)  # a load, then one job
+    assert simulate(trace).makespan_s == pytest.approx(6.0, abs=0.5)
