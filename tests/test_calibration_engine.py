@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,22 @@ def test_a_cancelled_calibration_writes_no_overlay() -> None:
         backends_d = sup.paths.backends_dir
         assert not list(backends_d.glob("*.yaml")) if backends_d.exists() else True
         assert sup.snapshot().backend("slow").declared_peak_mib == 6 * 1024
+
+
+@pytest.mark.process
+def test_a_stop_during_a_calibration_says_it_interrupts_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # (it said "stopping: no job is running" while `vramtui calibrate` held the GPU)
+    slow = calibration_backend("slow", "steady.py", weights=500, activation=100)
+    slow["env"]["SIM_PREDICT_S"] = "5"
+    with caplog.at_level(logging.INFO, logger="supervisor"), engine([slow]) as sup:
+        job = sup.calibrate("slow", repeats=3, settle_s=0.2)
+        wait_until(lambda: "predict" in sup.job(job).progress_text, deadline=30,
+                   what="the calibration predicting")
+        sup.stop(timeout=30)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    assert lines == ["stopping: no job is running; the calibration of slow is interrupted "
+                     "(run `vramtui calibrate slow` again)"]
 
 
 @pytest.mark.process

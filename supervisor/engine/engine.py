@@ -201,7 +201,7 @@ class Engine:
                 self.jobs.abandoned(job, "the engine stopped before the job ran")
                 self._finish(job, JobState.CANCELLED,
                              error="the engine stopped before the job ran")
-        self.notes.note("info", stopping.stop_line(self.pool))
+        self.notes.note("info", stopping.stop_line(self.pool, self.calibrations.backends()))
         await self.pool.stop_all()
         for job in self.jobs.live():
             self._stopped_during(job)

@@ -9,7 +9,7 @@ one runs again, marked interrupted, when the engine starts again).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,17 +44,22 @@ def request(pool: WorkerPool, stop: Callable[[], None], now: bool) -> tuple[str,
     return () if now else tuple(w.job_id for w in waiting(pool))
 
 
-def stop_line(pool: WorkerPool) -> str:
-    """The log's line for a stop: what it waits for (or interrupts), and how to hurry it."""
+def stop_line(pool: WorkerPool, calibrating: Collection[str] = ()) -> str:
+    """The log's line for a stop: what it waits for (or interrupts), and how to hurry it;
+    ``calibrating``: the backends whose calibration the stop interrupts (a run of minutes is
+    never waited for)."""
     jobs, now = waiting(pool), pool.hurrying
+    cut = "".join(f"; the calibration of {name} is interrupted (run `vramtui calibrate {name}` "
+                  "again)" for name in sorted(calibrating))
     if not jobs:
-        return "stopping: no job is running"
+        return "stopping: no job is running" + cut
     names = ", ".join(f"{w.job_id} ({w.backend})" for w in jobs[:SHOWN])
     if len(jobs) > SHOWN:
         names += f" and {len(jobs) - SHOWN} more"
     if now:
         return (f"stopping now: {len(jobs)} running job(s) interrupted: {names} (journaled "
-                "ones run again when the engine starts)")
+                f"ones run again when the engine starts){cut}")
     longest = seconds_text(max(w.grace_s for w in jobs))
     return (f"stopping: waiting up to {longest} for {len(jobs)} running job(s) to finish: "
-            f"{names} (a second SIGTERM or Ctrl-C, or `vramtui stop --now`, stops at once)")
+            f"{names} (a second SIGTERM or Ctrl-C, or `vramtui stop --now`, stops at once)"
+            f"{cut}")
