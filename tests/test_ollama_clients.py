@@ -104,6 +104,11 @@ def test_show_pull_and_errors_in_ollamas_shape(client: ollama.Client, front: Fro
     assert bad.status == 400 and "input" in bad.json()["error"]  # would refuse to send it
     bad = front.post("/api/chat", raw=b"{not json")
     assert bad.status == 400 and set(bad.json()) == {"error"}
+    # No route under /api/ (Ollama's namespace): Ollama's shape too; elsewhere OpenAI's.
+    for method, path, status in (("POST", "/api/nosuch", 404), ("GET", "/api/chat", 405)):
+        r = front.request(method, path)
+        assert r.status == status and isinstance(r.json()["error"], str), (path, r.body)
+    assert isinstance(front.request("POST", "/v1/nosuch").json()["error"], dict)
 
 
 def test_an_empty_prompt_loads_and_keep_alive_0_unloads(client: ollama.Client,

@@ -79,11 +79,16 @@ class HttpError(Exception):
 
     def response_for(self, request: web.Request) -> web.Response:
         """The answer in the shape the clients of ``request``'s route read: Ollama's for its
-        routes (marked ``OLLAMA_SHAPED``), OpenAI's elsewhere; for an error a middleware raises
-        before the route runs (the token, the body limit, requests in flight)."""
-        handler = getattr(request.match_info, "handler", None)
-        return self.ollama_response() if getattr(handler, OLLAMA_SHAPED, False) \
-            else self.response()
+        routes (marked ``OLLAMA_SHAPED``) and for a path under ``/api/`` that no route takes
+        (Ollama's namespace: a 404, or a 405 for a method its route does not take), OpenAI's
+        elsewhere; for an error a middleware raises before the route runs (the token, the
+        body limit, requests in flight) too."""
+        match = request.match_info
+        if getattr(getattr(match, "handler", None), OLLAMA_SHAPED, False) or (
+                getattr(match, "http_exception", None) is not None
+                and request.path.startswith("/api/")):
+            return self.ollama_response()
+        return self.response()
 
 
 def bad_request(message: str, code: str = "invalid_request", param: str | None = None
