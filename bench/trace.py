@@ -614,11 +614,6 @@ def main() -> int:
         if trace is stream:
             print(f"  (its bounds: packing {packing_bound(trace):.1f} s, conflicts "
                   f"{conflict_bound(trace):.1f} s: no schedule finishes before the larger)")
-            # Where the rest of its gap goes: aging (a level a minute) ends a barrier's
-            # patience for work submitted after it, so a backlog is served nearer FIFO.
-            slow = simulate(trace, name="aging 3m",
-                            config=SchedulerConfig(aging_interval_s=180.0))
-            print(row(slow, bound) + "   (vramtui aging a level every 3 minutes, not 1)")
     print()
     print("sleep hooks: the same trace with and without them (vramtui's scheduler)")
     print(f"  {'hooks':8} {'makespan s':>9} {'loads':>6} {'sleeps':>6} {'wakes':>6}  "

@@ -610,11 +610,22 @@ def test_higher_priority_still_goes_first_lower_priority_work_waits_behind_it() 
     assert p.waiting["h0"] == "behind barrier (waiting for memory on GPU0)"
 
 
-def test_aging_ends_patience_for_work_submitted_later() -> None:
-    # The barrier aged one level (it waited an interval); hot jobs submitted now did not.
+def test_aging_does_not_end_patience_for_work_of_its_priority_submitted_later() -> None:
+    # The barrier aged one level (it waited an interval); hot jobs submitted now did not, and
+    # they are of its priority: they go on until its patience (100 x 20 s, capped at 300 s).
     p = _barrier_setup(waited=61.0, config=SchedulerConfig(patience_factor=100.0))
+    assert started(p) == [f"h{i}" for i in range(5)] and p.passed == {"barrier": 5}
+    spent = _barrier_setup(waited=300.0, config=SchedulerConfig(patience_factor=100.0))
+    assert spent.starts == ()
+    assert spent.waiting["barrier"] == "needs 30000 MiB: 1 worker leaves GPU0 for it"
+
+
+def test_an_aged_barrier_still_holds_back_hot_work_below_its_priority() -> None:
+    # Aged by three levels, a priority-2 barrier is passed by none of the priority-0 batch.
+    p = _barrier_setup(waited=181.0, barrier_priority=2,
+                       config=SchedulerConfig(patience_factor=100.0))
+    assert p.starts == () and p.passed == {}
     assert p.waiting["h0"] == "behind barrier (waiting for memory on GPU0)"
-    assert p.starts == ()
 
 
 def test_starts_ahead_of_the_barrier_do_not_count() -> None:

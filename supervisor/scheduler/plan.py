@@ -21,18 +21,19 @@ Patience, not thrash. A barrier weighs the switch it needs against waiting: the 
 its own load plus the reload of every evicted backend that still has queued jobs
 (``reload_cost_s``, learned from measured loads). While it has waited — since it was first
 found blocked there — less than ``patience_factor`` times that cost (at most
-``max_patience_s``), hot work of at least its own (aged) priority goes on beside it, so that
-interleaved submissions are served in batches; once its patience is spent it is *forced*:
-its victims take no new job and leave as soon as they are idle. An idle victim is evicted at
-once unless a patient barrier keeps its batch (it has queued jobs, and the next one fits
-once the jobs running there end) — no GPU idles while a job waits. Before evicting anyone, a
-barrier that would fit once the jobs running on its GPU give their memory back waits for
-that instead, up to ``patience_factor`` times what the eviction would cost. Work that fits
-in the room the barrier does not need (other GPUs, or beside it) always starts: jobs of
-models that fit beside each other run at once. Lower-priority work never takes the room a
-barrier waits for. No job starves: aging lifts a waiting job one level per
-``aging_interval_s`` until it is first in line, and then it waits at most ``max_patience_s``
-plus the running jobs of its victims.
+``max_patience_s``), hot work of at least its own priority goes on beside it, so that
+interleaved submissions are served in batches (its aging brings it first in line but does
+not end that patience early: work of its own priority submitted after it still goes on);
+once its patience is spent it is *forced*: its victims take no new job and leave as soon as
+they are idle. An idle victim is evicted at once unless a patient barrier keeps its batch
+(it has queued jobs, and the next one fits once the jobs running there end) — no GPU idles
+while a job waits. Before evicting anyone, a barrier that would fit once the jobs running on
+its GPU give their memory back waits for that instead, up to ``patience_factor`` times what
+the eviction would cost. Work that fits in the room the barrier does not need (other GPUs,
+or beside it) always starts: jobs of models that fit beside each other run at once.
+Lower-priority work never takes the room a barrier waits for. No job starves: aging lifts a
+waiting job one level per ``aging_interval_s`` until it is first in line, and then it waits
+at most ``max_patience_s`` plus the running jobs of its victims.
 
 Expected arrivals. With ``Snapshot.expected`` (``supervisor.scheduler.expect``), a job that
 would evict the worker of a stream of higher priority than its own first counts what that
@@ -389,11 +390,15 @@ class _Planner:
                   *, hot: bool) -> bool:
         """May ``job`` (of backend ``name``, needing ``need``) start beside ``barrier``?
 
-        Hot work of at least the barrier's priority goes on while the barrier is patient;
-        other work only in the room the barrier does not need. A victim's work is never in
+        Hot work of at least the barrier's priority goes on while the barrier is patient (its
+        priority before aging: aging brought it first in line, its patience bounds the rest;
+        aging it above the batch it waits beside would serve a backlog of one priority first
+        come first served, a switch for every job); other work only in the room the barrier
+        does not need. A victim's work is never in
         that room: it keeps the victim there.
         """
-        patient = hot and not barrier.forced and self._effective(job) >= barrier.effective
+        patient = hot and not barrier.forced and (job.priority >= barrier.job.priority
+                                                  or self._effective(job) >= barrier.effective)
         if name in barrier.victim_names:
             return patient
         return patient or need <= barrier.slack
