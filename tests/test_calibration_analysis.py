@@ -181,6 +181,19 @@ def test_context_is_the_floor_before_load_or_after_unload() -> None:
     assert report.weights is not None and report.weights.value_mib == W
 
 
+def test_the_context_is_not_what_nvml_shows_while_it_is_created_or_destroyed() -> None:
+    # Read on an H200: a context being created shows 14-104 MiB for ~85 ms before its 518,
+    # and one being destroyed reads 0 for an instant. Neither is the context, nor moves weights.
+    creating = [14, *[CTX] * 9]
+    for record in (record_of(standard(initialize=creating)),
+                   record_of(standard(start=[None, None, None, 20, 104, CTX],
+                                      initialize=CTX)),
+                   record_of(standard(shutdown=[CTX, 0]))):
+        report = analyze(record)
+        assert report.context is not None and report.context.value_mib == CTX, report.context
+        assert report.weights is not None and report.weights.value_mib == W
+
+
 def test_context_not_seen_counts_it_in_weights_and_clears_it_in_the_overlay() -> None:
     record = record_of(standard(initialize=None, shutdown=None))
     report = analyze(record)

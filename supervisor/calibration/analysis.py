@@ -14,9 +14,14 @@ How each figure is computed (MiB):
   is the median of the readings of those phases within ``NOISE_MIB`` of their minimum (capped
   at the resident); spread = max - min of those readings.  vramd took the median after
   unload; a worker whose unload frees nothing would then report its weights as context,
-  hence the pre-load readings too.  On a real GPU a loader that touches CUDA and copies
-  weights at once leaves few pre-load readings: then the figure leans high and ``weights``
-  low by as much, and their sum (the resident, which admission uses) is still exact.
+  hence the pre-load readings too.  Two moments are not the context: NVML lists a process
+  while its context is being created, at a fraction of its size (an H200, driver 580: 14 MiB,
+  rising to 104 over ~85 ms, then 518), so readings within ``CONTEXT_CREATION_S`` of the
+  worker's first visible one are left out; and a context being destroyed reads 0 for an
+  instant before the process leaves the list, so a 0 beside other readings is left out too.
+  On a real GPU a loader that touches CUDA and copies weights at once leaves few pre-load
+  readings: then the figure leans high and ``weights`` low by as much, and their sum (the
+  resident, which admission uses) is still exact.
 - **weights**: resident - context (the resident itself when no context was seen).
 - **load peak**: the highest reading in ``start``, ``initialize`` and ``settle-load``.
 - **run peak** *i*: the highest reading in ``predict-i`` and ``settle-i``; the **predict
@@ -75,6 +80,8 @@ LAZY_MIN_ACTIVATION_MIB = 512
 UNLOAD_KEPT_FRACTION = 0.9  # kept at least this share of what unload should free: flagged
 UNLOAD_HOLD_S = 0.3  # ... for at least this long after SHUTDOWN, until the process died
 FOREIGN_MIB = 64
+CONTEXT_CREATION_S = 0.25  # readings this soon after the worker first showed: its context
+# still being created (see the module's docstring), not its context
 MIN_FOREIGN_WINDOW = 3  # samples a phase needs for its foreign-memory median to count
 
 
@@ -140,7 +147,11 @@ def _figures(record: CalibrationRecord, phases: _Phases) -> _Figures:
         fig.resident = Measure(
             _ceil_median(settled_load), max(settled_load) - min(settled_load), len(settled_load)
         )
-    floor = _totals(phases.get(START, INITIALIZE, SHUTDOWN))
+    first_seen = next((s.t for s in record.samples if s.total is not None), 0.0)
+    floor = [s.total for s in phases.get(START, INITIALIZE, SHUTDOWN)
+             if s.total is not None and s.t >= first_seen + CONTEXT_CREATION_S]
+    if any(floor):  # a 0 beside other readings: a context being destroyed
+        floor = [v for v in floor if v]
     if floor:
         low = min(floor)
         band = [v for v in floor if v <= low + NOISE_MIB]

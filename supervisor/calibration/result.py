@@ -15,7 +15,7 @@ from typing import Any
 from ..snapshot import device_label
 from ..units import format_duration, format_size_mib
 
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2  # 2: the context leaves out its creation and teardown
 CONFIDENCES = ("high", "medium", "low")
 
 # Findings about the model's behaviour (what the backend does) ...
