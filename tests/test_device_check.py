@@ -331,3 +331,21 @@ def test_the_worker_pid_or_why_not() -> None:
     assert pid is None and "no memory figure" in note
     pid, note = stages.find_pid(ProcReader([{1: 5}]), 7, {1}, time.monotonic() + 0.2)
     assert pid is None and "never showed on the GPU (NVML lists [1])" in note
+
+
+@pytest.mark.process
+def test_a_relative_python_is_named_absolutely_for_the_descriptors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The descriptors name the interpreter from their own folder: `--python .venv/bin/python`
+    # given from the repository wrote a path that existed nowhere, and every backend was refused.
+    venv_python = Path(sys.executable)
+    monkeypatch.chdir(venv_python.parent.parent)
+    relative = os.path.join(venv_python.parent.name, venv_python.name)
+    args = main.parse_args(["--python", relative, "--out", str(tmp_path / "out")])
+    log = main.Log(tmp_path / "log")
+    try:
+        env, row = main.prepare_env(args, tmp_path, log)
+    finally:
+        log.close()
+    assert env is not None, row
+    assert os.path.isabs(env.python) and env.python == os.path.abspath(relative)

@@ -216,7 +216,9 @@ def prepare_env(args: argparse.Namespace, work: Path, log: Log
     check = "environment"
     try:
         if args.python or args.venv:
-            python = args.python or str(args.venv / "bin" / "python")
+            # absolute, not resolved: the descriptors name it from their own folder, and a
+            # venv's python must keep its path to be the venv's
+            python = os.path.abspath(args.python or args.venv / "bin" / "python")
             env = environment.given(python, log.path)
         else:
             wheels = args.wheels
