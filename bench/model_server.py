@@ -368,7 +368,10 @@ def main() -> int:
         "--token-s", "0.0005"],
         tokens=64)]
     if args.llama_server:
-        servers.append(llama(args.llama_server, find_model(args)))
+        # absolute: the engine reads a descriptor's relative command from the descriptor's
+        # own folder (a temporary one here), and would refuse both backends
+        servers.append(llama(os.path.abspath(args.llama_server),
+                             os.path.abspath(find_model(args))))
     rows = []
     for server in servers:
         figures, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
