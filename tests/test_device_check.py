@@ -214,7 +214,8 @@ def test_the_plan_oversubscribes_twice_and_each_backend_fits_alone() -> None:
         assert sum(peaks) == pytest.approx(2 * total, abs=len(peaks))
         assert max(peaks) + 512 < total  # its own peak and the default safety margin
         doc = plan.backends(p, script=main.SCRIPT, python="py", context_mib=600)
-        for b, spec in zip(p.trace, doc["backends"][1:], strict=True):
+        traced = [s for s in doc["backends"] if s["name"].startswith("dc-trace-")]
+        for b, spec in zip(p.trace, traced, strict=True):
             vram = {k: int(v.removesuffix("MiB")) for k, v in spec["vram"].items()}
             assert vram["weights"] + vram["activation"] + vram["context"] == b.peak_mib
             assert spec["env"]["CUDA_ALLOC_WEIGHTS_MIB"] == str(vram["weights"])
@@ -224,6 +225,13 @@ def test_the_plan_oversubscribes_twice_and_each_backend_fits_alone() -> None:
         assert lying["backends"][1]["vram"]["weights"] != doc["backends"][1]["vram"]["weights"]
         assert lying["backends"][1]["env"] == doc["backends"][1]["env"]  # same real sizes
         assert len(p.trace_jobs()) == 3 * len(p.trace)
+        # the model server: an HTTP backend on the same GPU, declaring what its child takes
+        server = next(s for s in doc["backends"] if s["name"] == plan.SERVER_NAME)
+        assert server["command"][1].endswith("cuda_alloc/server.py") and "${PORT}" in \
+            server["command"]
+        assert server["vram"]["weights"] == f"{p.server.weights_mib}MiB"
+        assert server["gpus"] == [0] and server["http"] == {"health": "/health"}
+        assert plan.Plan.from_json(p.to_json()) == p
     with pytest.raises(ValueError, match="too small"):
         plan.make_plan(1024, simulated=False)
 

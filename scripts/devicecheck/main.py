@@ -37,8 +37,9 @@ _SIM_SIZE = re.compile(r"^sim:\s*(\d+(?:\.\d+)?)\s*(mib|gib|m|g)?$", re.IGNORECA
 EPILOG = """\
 where things go:
   OUT (--out, else $OUT, else ./device-check-out): device-check.log (everything), the table
-  device-check.txt and rows.json, calibration.json (the calibration report), trace.json (the
-  watcher's readings, the jobs), dashboard.svg (the screenshot; --screenshot PATH elsewhere)
+  device-check.txt and rows.json, calibration.json and calibration-dc-server.json (the
+  calibration overlays of the worker and of the model server), trace.json (the watcher's
+  readings, the jobs), dashboard.svg (the screenshot; --screenshot PATH elsewhere)
 
 the environment, in order:
   --python PATH / --venv PATH   an existing interpreter where the project imports
@@ -57,8 +58,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="device-check", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Prove vramtui's real-GPU path on this machine's NVIDIA card in one run "
                     "(under 5 minutes): doctor, NVML's per-process memory of a real CUDA "
-                    "worker, calibration against the truth, an over-subscribed trace through "
-                    "--serve watched at 50 Hz, and the dashboard's screenshot.")
+                    "worker, calibration against the truth, an HTTP model server whose "
+                    "child holds its memory (its process tree measured, calibrated), an "
+                    "over-subscribed trace through --serve watched at 50 Hz, and the "
+                    "dashboard's screenshot.")
     p.add_argument("--out", type=Path, help="where the log and results go (default $OUT, "
                                             "else ./device-check-out)")
     env = p.add_mutually_exclusive_group()

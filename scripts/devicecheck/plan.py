@@ -19,6 +19,8 @@ CONTEXT_MARGIN_MIB = 64  # declared on top of the measured context (processes di
 TRACE_PEAK_SHARES = (0.35, 0.15, 0.30, 0.20)  # of twice the card: they sum to 2x
 TRACE_WEIGHT_SHARES = (0.6, 0.4, 0.7, 0.5)  # weights' share of each peak less its context
 CALIBRATE_NAME = "dc-calibrate"
+SERVER_NAME = "dc-server"  # an HTTP model server (examples/cuda_alloc/server.py), its memory
+# held by a child process: the engine must measure the server's process tree
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Plan:
     trace_timeout_s: float
     sim_spec: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    server: Sizes = Sizes(256, 128, load_s=0.5, steps=20, step_s=0.05)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +82,7 @@ class Plan:
         data = dict(data)
         data["probe"] = Sizes(**data["probe"])
         data["calibrate"] = Sizes(**data["calibrate"])
+        data["server"] = Sizes(**data["server"])
         data["trace"] = tuple(TraceBackend(**t) for t in data["trace"])
         return cls(**data)
 
@@ -106,6 +110,9 @@ def make_plan(total_mib: int, *, simulated: bool, gpu: int = 0, quick: bool = Fa
                   step_s=0.05 if fast else 0.1)
     calibrate = Sizes(weights, activation, load_s=0.5 if fast else 1.0, steps=6 if fast else 10,
                       step_s=0.05 if fast else 0.1)
+    # a request holds its activation long enough (1-2 s) to be seen at the engine's sampling
+    server = Sizes(weights, activation, load_s=0.5 if fast else 1.0, steps=20,
+                   step_s=0.05 if fast else 0.1)
     trace = [TraceBackend(f"dc-trace-{i + 1}", int(2 * total_mib * peak), share, priority=i % 3)
              for i, (peak, share) in enumerate(zip(TRACE_PEAK_SHARES, TRACE_WEIGHT_SHARES,
                                                    strict=True))]
@@ -114,7 +121,7 @@ def make_plan(total_mib: int, *, simulated: bool, gpu: int = 0, quick: bool = Fa
         repeats=2 if quick else 3, settle_s=0.4 if quick else 1.0,
         trace=tuple(trace), rounds=1 if quick else 3,
         trace_steps=3 if quick else 8, trace_step_s=0.05 if quick else 0.15,
-        trace_timeout_s=90.0 if quick else 180.0, sim_spec=sim_spec,
+        trace_timeout_s=90.0 if quick else 180.0, sim_spec=sim_spec, server=server,
     )
 
 
@@ -129,9 +136,10 @@ def declared_context(measured_mib: int | None, simulated: bool) -> int:
 
 def backends(plan: Plan, *, script: Path, python: str, context_mib: int,
              declare_fraction: float = 1.0) -> dict[str, Any]:
-    """The engine's backends: the calibration subject and the trace's backends, all pinned to
-    the plan's GPU.  The trace declares exactly what its workers take (plus ``context_mib``),
-    so admission is tested, not guessing.  ``declare_fraction`` < 1 makes the trace's
+    """The engine's backends: the calibration subject, the HTTP model server (``server.py``
+    beside ``script``) and the trace's backends, all pinned to the plan's GPU.  The trace
+    declares exactly what its workers take (plus ``context_mib``), so admission is tested,
+    not guessing.  ``declare_fraction`` < 1 makes the trace's
     descriptors lie (declare that share of their weights and activation): the check's own
     test that an engine trusting them over-commits and the trace rows fail."""
 
@@ -156,6 +164,16 @@ def backends(plan: Plan, *, script: Path, python: str, context_mib: int,
                            sizes, {"weights": f"{int(weights * declare_fraction)}MiB",
                                    "activation": f"{int(activation * declare_fraction)}MiB",
                                    "context": f"{context_mib}MiB"}, b.priority))
+    srv = plan.server
+    out.append({"name": SERVER_NAME, "description": "device check: an HTTP model server whose "
+                "child process holds its memory",
+                "command": [python, str(script.with_name("server.py")), "--port", "${PORT}"],
+                "http": {"health": "/health"}, "api": ["chat"], "concurrency": 1,
+                "gpus": [plan.gpu], "env": {**srv.env(), **plan.extra_env},
+                "vram": {"weights": f"{srv.weights_mib}MiB",
+                         "activation": f"{srv.activation_mib}MiB",
+                         "context": f"{context_mib}MiB"},
+                "timeouts": {"start": "120s", "stop_grace": "15s"}})
     return {"backends": out}
 
 

@@ -9,7 +9,9 @@ time limit still leaves what it found.  Every wait has a deadline.
   protocol, its memory read independently (``readers``): the context alone, + the weights,
   + the activation, and everything back after it exits;
 - ``engine``: ``vramtui --serve``; ``vramtui calibrate`` of a cuda_alloc backend against the
-  truth; a trace of backends whose peaks sum to twice the card, watched at ≥ 20 Hz; the
+  truth; an HTTP model server (``examples/cuda_alloc/server.py``, its memory held by a child)
+  reached through ``--http``: its tree measured, a request's activation, gone after an evict,
+  then calibrated; a trace of backends whose peaks sum to twice the card, watched at ≥ 20 Hz; the
   dashboard's screenshot taken during the trace.
 """
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compare
-from .plan import CALIBRATE_NAME, SIM_CONTEXT_MIB, Plan
+from .plan import CALIBRATE_NAME, SERVER_NAME, SIM_CONTEXT_MIB, Plan, Sizes
 from .readers import open_reader
 from .table import FAIL, STAGE_ROWS, Row, fail, info, verdict
 from .watcher import Watcher
@@ -344,6 +346,8 @@ class Serve:
         env.update(cfg["worker_env"])
         argv = [sys.executable, "-m", "vramtui", "--serve", "--gpus", gpus,
                 "--backends", cfg["backends_file"]]
+        if "server" in cfg["parts"]:
+            argv += ["--http", "127.0.0.1:0"]  # the model server is reached through it
         log("$ vramtui " + " ".join(argv[3:]))
         with open(self.log_path, "ab") as f:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
@@ -365,6 +369,18 @@ class Serve:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"vramtui --serve did not answer in {timeout:g} s: "
                                        f"{exc}") from exc
+            time.sleep(0.1)
+
+    def http_base(self, timeout: float) -> str:
+        """The HTTP front door's base URL, as ``--serve`` printed it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if "HTTP front door on " in line:
+                    return line.split("HTTP front door on ", 1)[1].split()[0]
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vramtui --serve --http printed no address: "
+                                   f"{tail(self.log_path, 4)}")
             time.sleep(0.1)
 
     def stop(self) -> None:
@@ -413,6 +429,8 @@ def stage_engine(cfg: dict[str, Any], res: Results) -> None:
             return
         if "calibrate" in parts:
             calibrate(cfg, plan, res)
+        if "server" in parts:
+            model_server(cfg, plan, res, client, serve)
         if "trace" in parts:
             trace(cfg, plan, res, client)
         client.close()
@@ -420,19 +438,24 @@ def stage_engine(cfg: dict[str, Any], res: Results) -> None:
         serve.stop()
 
 
-CALIBRATE_ROWS = STAGE_ROWS["calibrate"]
 TRACE_ROWS = STAGE_ROWS["trace"][:3]
 
 
-def calibrate(cfg: dict[str, Any], plan: Plan, res: Results) -> None:
-    out = Path(cfg["out"]) / "calibration.json"
+def calibrate(cfg: dict[str, Any], plan: Plan, res: Results, *, backend: str = CALIBRATE_NAME,
+              sizes: Sizes | None = None, prefix: str = "calibrate") -> None:
+    """``vramtui calibrate BACKEND`` against the truth: the rows ``PREFIX: context``,
+    ``weights``, ``activation`` and ``confidence``."""
+    sizes = sizes or plan.calibrate
+    rows = [f"{prefix}: {n}" for n in ("context", "weights", "activation", "confidence")]
+    out = Path(cfg["out"]) / ("calibration.json" if backend == CALIBRATE_NAME
+                              else f"calibration-{backend}.json")
     timeout = 90 if plan.simulated else 180
-    args = ["calibrate", CALIBRATE_NAME, "--repeats", str(plan.repeats), "--settle",
+    args = ["calibrate", backend, "--repeats", str(plan.repeats), "--settle",
             f"{plan.settle_s:g}", "--json", "--out", str(out)]
     try:
         done = vramtui_cmd(cfg, *args, timeout=timeout)
     except subprocess.TimeoutExpired:
-        for name in CALIBRATE_ROWS:
+        for name in rows:
             res.add(fail(name, "not measured", "", f"vramtui calibrate took over {timeout} s"))
         return
     print(done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
@@ -440,20 +463,19 @@ def calibrate(cfg: dict[str, Any], plan: Plan, res: Results) -> None:
         summary = _json_out(done.stdout)
         assert isinstance(summary, dict)
     except (ValueError, AssertionError):
-        for name in CALIBRATE_ROWS:
+        for name in rows:
             res.add(fail(name, f"exit {done.returncode}", "", "vramtui calibrate printed no "
                          f"JSON: {done.stderr.strip()[-300:]}"))
         return
-    context_truth = (SIM_CONTEXT_MIB if plan.simulated
-                     else cfg["facts"].get("context_mib"))
+    context_truth = _context_truth(cfg, plan)
     truths = (("context", context_truth, "context_mib",
                "the probe's context" if not plan.simulated else "the simulated context"),
-              ("weights", plan.calibrate.weights_mib, "weights_mib", "allocated"),
-              ("activation", plan.calibrate.activation_mib, "activation_mib", "allocated"))
+              ("weights", sizes.weights_mib, "weights_mib", "allocated"),
+              ("activation", sizes.activation_mib, "activation_mib", "allocated"))
     failed_run = summary.get("outcome") != "completed"
     for name, truth, key, what in truths:
         measured = summary.get(key)
-        check = f"calibrate: {name}"
+        check = f"{prefix}: {name}"
         if truth is None:
             res.add(fail(check, f"{measured} MiB", "the probe's context",
                          "no truth to compare with: the probe row did not measure the context"))
@@ -466,11 +488,208 @@ def calibrate(cfg: dict[str, Any], plan: Plan, res: Results) -> None:
                         why))
     confidence = summary.get("confidence")
     findings = [f.get("code") for f in summary.get("findings") or [] if isinstance(f, dict)]
-    res.add(verdict("calibrate: confidence", confidence in ("high", "medium") and not failed_run,
+    res.add(verdict(rows[3], confidence in ("high", "medium") and not failed_run,
                     f"{confidence}; findings: {', '.join(findings) or 'none'}",
                     "high or medium (an overlay written)",
                     f"confidence {confidence}: {summary.get('reason')}"))
-    res.fact(calibration=summary.get("headline"))
+    res.fact(**{"calibration" if backend == CALIBRATE_NAME else f"calibration_{backend}":
+                summary.get("headline")})
+
+
+def _context_truth(cfg: dict[str, Any], plan: Plan) -> int | None:
+    """A CUDA context's size: the simulated one, or what the probe stage measured."""
+    return SIM_CONTEXT_MIB if plan.simulated else cfg["facts"].get("context_mib")
+
+
+# -- server: an HTTP model server whose memory a child process holds ---------------------------
+
+
+def _tree(pid: int | None) -> set[int]:
+    """The pid and its descendants now (empty when it is gone)."""
+    import psutil
+
+    if pid is None:
+        return set()
+    try:
+        proc = psutil.Process(pid)
+        return {pid, *(c.pid for c in proc.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def _alive(pids: set[int]) -> set[int]:
+    import psutil
+
+    out = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+    return out
+
+
+def _chat(base: str, timeout: float) -> tuple[int, dict[str, Any], float]:
+    """One chat completion for the server through the engine's HTTP door: (status, body,
+    seconds)."""
+    import http.client
+
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    body = json.dumps({"model": SERVER_NAME, "messages": [{"role": "user", "content": "hi"}]})
+    t0 = time.monotonic()
+    try:
+        conn.request("POST", "/v1/chat/completions", body,
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = {"raw": data[:300].decode(errors="replace")}
+    return resp.status, doc if isinstance(doc, dict) else {"raw": doc}, time.monotonic() - t0
+
+
+def _server_view(client: Any) -> Any:
+    return next((b for b in client.snapshot().backends if b.name == SERVER_NAME), None)
+
+
+def model_server(cfg: dict[str, Any], plan: Plan, res: Results, client: Any,
+                 serve: Serve) -> None:
+    """The server's rows: a request through the HTTP door starts it; its tree's memory as NVML
+    shows it per process (held by a child, not the process the engine started) against the
+    truth and against the engine's figure; a request's activation; every process and its
+    memory gone after an evict; then ``vramtui calibrate`` of the server."""
+    names = STAGE_ROWS["server"][:4]
+    sizes = plan.server
+    context = _context_truth(cfg, plan)
+    done: list[str] = []
+
+    def add(row: Row) -> None:
+        done.append(row.check)
+        res.add(row)
+
+    def give_up(why: str) -> None:
+        for name in names:
+            if name not in done:
+                add(fail(name, "not measured", "", why))
+
+    reader = open_reader(cfg)
+    try:
+        baseline, _total = reader.device()
+        try:
+            base = serve.http_base(30)
+            status, body, seconds = _chat(base, 240)
+        except (RuntimeError, OSError) as exc:
+            give_up(str(exc))
+            return
+        content = str(((body.get("choices") or [{}])[0].get("message") or {}).get("content"))
+        try:
+            held = json.loads(content)
+        except ValueError:
+            held = {}
+        served = status == 200 and held.get("weights_mib") == sizes.weights_mib
+        add(verdict(names[0], served, f"HTTP {status} in {seconds:.1f} s (its cold start "
+                    f"included); the server held {held.get('weights_mib')} MiB of weights",
+                    f"200, an OpenAI answer from the server holding {sizes.weights_mib} MiB",
+                    f"the answer: {json.dumps(body)[:300]}; serve log: "
+                    f"{tail(serve.log_path, 3)}"))
+        if not served:
+            give_up("the server did not answer its first request")
+            return
+        view = _server_view(client)
+        pid = view.pid if view is not None else None
+        tree = _tree(pid)
+        # the engine samples on its own clock: give its figure a few seconds to settle
+        deadline = time.monotonic() + 10
+        while True:
+            procs = reader.processes()
+            on_gpu = {p: procs[p] for p in tree if procs.get(p) is not None}
+            nvml_sum = sum(on_gpu.values())  # type: ignore[arg-type]
+            view = _server_view(client)
+            engine = view.observed_mib if view is not None else None
+            if (engine is not None and on_gpu and compare.within(engine, nvml_sum)) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        truth = None if context is None else context + sizes.weights_mib
+        children = sorted(set(on_gpu) - {pid})
+        problems = []
+        if not on_gpu:
+            problems.append(f"NVML shows none of the server's processes {sorted(tree)} (it "
+                            f"lists {sorted(procs)}): another PID namespace, or no "
+                            "per-process figures")
+        if truth is not None and on_gpu and not compare.within(nvml_sum, truth):
+            problems.append(f"NVML's figure for the tree, {nvml_sum} MiB, is not the context "
+                            f"and weights allocated ({truth} MiB)")
+        if on_gpu and not children:
+            problems.append("the memory showed on the server's own pid, not its child's: the "
+                            "tree was not tested")
+        if on_gpu and not compare.within(engine, nvml_sum):
+            problems.append(f"the engine measures the server at {engine} MiB, NVML's tree "
+                            f"{nvml_sum} MiB")
+        add(verdict(names[1], not problems,
+                    f"engine {engine} MiB; NVML {nvml_sum} MiB on pids {sorted(on_gpu)} (the "
+                    f"server is {pid})",
+                    "the engine's figure = NVML's tree = context + weights"
+                    + (f" ({truth} MiB)" if truth is not None else ""),
+                    "; ".join(problems)))
+        box: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                box["answer"] = _chat(base, 120)
+            except OSError as exc:
+                box["error"] = exc
+
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        peak_nvml, peak_engine = nvml_sum, engine or 0
+        while asker.is_alive():
+            procs = reader.processes()
+            peak_nvml = max(peak_nvml, sum(procs.get(p) or 0 for p in _tree(pid)))
+            view = _server_view(client)
+            if view is not None and view.observed_mib is not None:
+                peak_engine = max(peak_engine, view.observed_mib)
+            time.sleep(POLL_S)
+        answer = box.get("answer")
+        grew = peak_nvml - nvml_sum
+        jobs = client.jobs(backends=[SERVER_NAME], limit=1)
+        job_peak = jobs[0].peak_mib if jobs else None
+        ok_answer = answer is not None and answer[0] == 200
+        add(verdict(names[2], ok_answer and compare.within(grew, sizes.activation_mib)
+                    and compare.within(job_peak, peak_nvml),
+                    f"NVML +{grew} MiB at the request's peak ({peak_nvml} MiB); the engine's "
+                    f"job peak {job_peak} MiB, its backend figure at most {peak_engine} MiB",
+                    f"+{compare.expect_text(sizes.activation_mib, 'allocated')}; the job's "
+                    "peak = NVML's",
+                    f"the request answered {answer[0] if answer else box.get('error')}"
+                    if not ok_answer else
+                    f"NVML saw +{grew} MiB for {sizes.activation_mib} MiB allocated; the "
+                    f"engine's job peak {job_peak} MiB for NVML's {peak_nvml} MiB"))
+        tree = _tree(pid) or tree
+        client.evict(SERVER_NAME)
+        deadline = time.monotonic() + 45
+        while True:
+            left = _alive(tree)
+            procs = reader.processes()
+            listed = sorted(set(procs) & tree)
+            used, _ = reader.device()
+            back = used is not None and baseline is not None and used <= baseline + 64
+            if (not left and not listed and back) or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
+        view = _server_view(client)
+        add(verdict(names[3], not left and not listed and back,
+                    f"processes left {sorted(left)}; NVML lists {listed}; device used {used} "
+                    f"MiB (before the server: {baseline}); state {view.state if view else '?'}",
+                    "every process of the tree gone, none on the GPU, used ≤ before + 64 MiB, "
+                    "within 45 s of the evict",
+                    "the server's tree or its memory outlived the evict"))
+    finally:
+        reader.close()
+    calibrate(cfg, plan, res, backend=SERVER_NAME, sizes=sizes, prefix="server calibrate")
 
 
 def _count_oom(paths: list[Path]) -> int:

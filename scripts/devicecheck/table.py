@@ -21,10 +21,13 @@ STAGE_ROWS: dict[str, tuple[str, ...]] = {
     "probe": ("probe: context", "probe: weights", "probe: activation", "probe: released"),
     "calibrate": ("calibrate: context", "calibrate: weights", "calibrate: activation",
                   "calibrate: confidence"),
+    "server": ("server: request", "server: tree measured", "server: activation",
+               "server: stopped", "server calibrate: context", "server calibrate: weights",
+               "server calibrate: activation", "server calibrate: confidence"),
     "trace": ("trace: jobs", "trace: out of memory", "trace: used ≤ total", "screenshot"),
 }
-# calibrate and trace share one engine (`vramtui --serve`), in one child process
-ENGINE_PARTS = ("calibrate", "trace")
+# calibrate, server and trace share one engine (`vramtui --serve`), in one child process
+ENGINE_PARTS = ("calibrate", "server", "trace")
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def _cell(text: str, width: int) -> list[str]:
 
 
 def render(rows: Sequence[Row], *, title: str = "vramtui device check",
-           widths: tuple[int, int, int, int] = (26, 7, 44, 40)) -> str:
+           widths: tuple[int, int, int, int] = (30, 7, 42, 38)) -> str:
     """The table, then one paragraph per row that did not pass (and per note), then a verdict."""
     heads = ("check", "result", "measured", "expected")
     line = "+".join("-" * (w + 2) for w in widths)
