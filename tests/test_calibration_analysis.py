@@ -194,6 +194,33 @@ def test_the_context_is_not_what_nvml_shows_while_it_is_created_or_destroyed() -
         assert report.weights is not None and report.weights.value_mib == W
 
 
+def h200_creation(t: float) -> int | None:
+    """NVML's figure for a process creating its CUDA context then holding it, read at 36 kHz
+    on an H200 (driver 580.159.04): t in seconds after its cuInit."""
+    if t < 0.276:
+        return None
+    if t < 0.334:
+        return 14
+    if t < 0.355:
+        return 14 + int((t - 0.334) / 0.021 * 18)
+    if t < 0.359:
+        return 104
+    return 518
+
+
+@pytest.mark.parametrize("offset_ms", range(0, 50, 5))
+def test_the_context_is_the_h200s_518_mib_wherever_20_hz_samples_fall(offset_ms: int) -> None:
+    # its context created through initialize (1 s before the weights), sampled at 20 Hz at
+    # every phase of the sampling against the creation: never the 14-104 MiB of its ramp
+    preload = [h200_creation((j + 0.5) / HZ + offset_ms / 1000) for j in range(int(1.4 * HZ))]
+    segments = standard(resident=518 + W, shutdown=[518, 0])
+    assert segments[1][0] == "initialize"
+    segments[1] = ("initialize", 1.4, preload)
+    report = analyze(record_of(segments))
+    assert report.context is not None and report.context.value_mib == 518, report.context
+    assert report.weights is not None and report.weights.value_mib == W
+
+
 def test_context_not_seen_counts_it_in_weights_and_clears_it_in_the_overlay() -> None:
     record = record_of(standard(initialize=None, shutdown=None))
     report = analyze(record)
