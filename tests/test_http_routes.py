@@ -289,6 +289,12 @@ def test_404s(front: Front) -> None:
     assert front.post("/v1/backends/nope/load").status == 404
     assert front.get("/v1/backends/nope/logs").status == 404
     assert front.get("/v1/jobs?backend=nope").status == 404
+    # an error echoes what it was sent: never sniffed as anything but JSON, in either shape
+    for reply in (front.get("/v1/backends/%3Cscript%3E"), front.get("/api/nothing"),
+                  front.get("/v1/nothing")):
+        assert reply.status == 404, reply
+        nosniff = {k.lower(): v for k, v in reply.headers.items()}.get("x-content-type-options")
+        assert nosniff == "nosniff", reply.headers
 
 
 @pytest.mark.parametrize("body, param", [

@@ -40,6 +40,9 @@ from ..errors import (
 )
 
 RETRY_AFTER_S = 2
+# An error echoes what it was sent (a model's name, a path, a header): never read as anything
+# but the JSON it is, whatever a browser would sniff in it.
+ERROR_HEADERS = {"X-Content-Type-Options": "nosniff"}
 
 
 #: The mark of a route handler whose errors are in Ollama's shape (``ollama_jobs.ollama_errors``
@@ -57,7 +60,7 @@ class HttpError(Exception):
         self.message = message
         self.type = type_
         self.code = code or type_
-        self.headers = dict(headers or {})
+        self.headers = {**ERROR_HEADERS, **(headers or {})}
         self.param = param
 
     def body(self) -> dict[str, Any]:
