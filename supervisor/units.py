@@ -325,14 +325,16 @@ def seconds_text(s: float | None) -> str:
 
 def seconds_short(seconds: float | None) -> str:
     """The TUI's durations: ``0.4s``, ``12s``, ``3m05s``, ``1h02m``, ``2d03h``; None → ``–``
-    (a negative one shows as ``0.0s``)."""
-    if seconds is None:
+    (a negative one shows as ``0.0s``; one that is not a number, or infinite, as ``–``).
+    From 10 s up whole seconds are cut, not rounded: ``59.6`` is ``59s``, as ``3599.9`` is
+    ``59m59s``."""
+    if seconds is None or not math.isfinite(seconds):
         return "–"
     s = max(0.0, seconds)
     if s < 10:
         return f"{s:.1f}s"
     if s < 60:
-        return f"{s:.0f}s"
+        return f"{int(s)}s"
     m, sec = divmod(int(s), 60)
     if m < 60:
         return f"{m}m{sec:02d}s"
@@ -348,7 +350,7 @@ def seconds_ago(seconds: float | None) -> str:
     ``just now``, ``20s ago``, ``3m ago``, ``1h02m ago``, ``14h ago``, ``2d03h ago``,
     ``41d ago``; None → ``never``.  At most 9 cells (the TUI's Last use column): ``25h00m
     ago`` was cut to ``25h00m a…`` there."""
-    if seconds is None:
+    if seconds is None or math.isnan(seconds) or seconds == math.inf:
         return "never"
     if seconds < 10:
         return "just now"

@@ -233,7 +233,8 @@ def test_seconds_text_is_the_cli_style(s: float | None, text: str) -> None:
 
 @pytest.mark.parametrize(("s", "text"), [
     (None, "–"), (-3.0, "0.0s"), (0.0, "0.0s"), (0.44, "0.4s"), (9.96, "10.0s"), (12.4, "12s"),
-    (59.4, "59s"), (60.0, "1m00s"), (185.0, "3m05s"), (3599.9, "59m59s"), (3720.0, "1h02m"),
+    (59.4, "59s"), (59.6, "59s"), (60.0, "1m00s"),
+    (math.nan, "–"), (math.inf, "–"), (185.0, "3m05s"), (3599.9, "59m59s"), (3720.0, "1h02m"),
     (86399.0, "23h59m"), (86400.0 * 2 + 3 * 3600, "2d03h"),
 ])
 def test_seconds_short_is_the_tui_style(s: float | None, text: str) -> None:
@@ -244,7 +245,7 @@ def test_seconds_short_is_the_tui_style(s: float | None, text: str) -> None:
     (None, "never"), (0.0, "just now"), (9.9, "just now"), (10.0, "10s ago"),
     (29.0, "20s ago"), (59.9, "50s ago"), (60.0, "1m ago"), (3599.0, "59m ago"),
     (3720.0, "1h02m ago"), (36300.0, "10h ago"), (90000.0, "1d01h ago"),
-    (86400.0 * 41, "41d ago"),
+    (86400.0 * 41, "41d ago"), (math.nan, "never"), (math.inf, "never"),
 ])
 def test_seconds_ago(s: float | None, text: str) -> None:
     assert seconds_ago(s) == text
