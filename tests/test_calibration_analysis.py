@@ -48,8 +48,9 @@ def record_of(
     per_process: bool = True,
     drop: tuple[float, float] | None = None,
     device: list[int] | None = None,
+    source: str = "simulated",
 ) -> CalibrationRecord:
-    """A record of ``(phase, seconds, level)`` segments sampled at 20 Hz.
+    """A record of ``(phase, seconds, level)`` segments sampled at 20 Hz (read on ``source``).
 
     ``level`` is the worker's MiB (None: not visible), or a list with one value per sample.
     ``foreign`` is other processes' MiB (a list: per sample over the whole run); ``device``
@@ -74,7 +75,7 @@ def record_of(
         t += seconds
     marks.append(PhaseMark(round(t, 6), "end"))
     return CalibrationRecord(
-        backend="model-x", gpu=0, source="simulated", per_process=per_process, sample_hz=HZ,
+        backend="model-x", gpu=0, source=source, per_process=per_process, sample_hz=HZ,
         repeats=repeats, request=b'{"steps": 2}', started_wall=1_700_000_000.25,
         samples=tuple(samples), marks=tuple(marks), device_total_mib=24576, outcome=outcome,
         error=None if outcome == "completed" else "boom",
@@ -184,14 +185,32 @@ def test_context_is_the_floor_before_load_or_after_unload() -> None:
 def test_the_context_is_not_what_nvml_shows_while_it_is_created_or_destroyed() -> None:
     # Read on an H200: a context being created shows 14-104 MiB for ~85 ms before its 518,
     # and one being destroyed reads 0 for an instant. Neither is the context, nor moves weights.
-    creating = [14, *[CTX] * 9]
-    for record in (record_of(standard(initialize=creating)),
-                   record_of(standard(start=[None, None, None, 20, 104, CTX],
-                                      initialize=CTX)),
-                   record_of(standard(shutdown=[CTX, 0]))):
-        report = analyze(record)
+    for segments in (standard(initialize=[14, *[CTX] * 9]),
+                     standard(start=[None, None, None, 20, 104, CTX], initialize=CTX),
+                     standard(shutdown=[CTX, 0]),
+                     # a lazy loader: nothing but its context until the first request
+                     standard(initialize=[14, *[CTX] * 9], resident=CTX,
+                              peaks=[CTX + 2048] * 3, settled=[CTX + 2048] * 3)):
+        report = analyze(record_of(segments, source="nvml"))
         assert report.context is not None and report.context.value_mib == CTX, report.context
+
+
+def test_shapes_that_look_like_a_context_being_created_are_not_taken_for_one() -> None:
+    # The simulated GPU charges a context at once: a context seen briefly, then a staged
+    # load's first shard, is the context (not the shard); on a real GPU the shard counts only
+    # when nothing after the creation window shows the context.
+    staged = standard(initialize=[CTX] * 2 + [CTX + 512] * 8)
+    for source in ("simulated", "nvml"):
+        report = analyze(record_of(staged, source=source))
+        assert report.context is not None and report.context.value_mib == CTX, source
         assert report.weights is not None and report.weights.value_mib == W
+    partial = standard(initialize=[CTX] * 3 + [RESIDENT] * 7, shutdown=[CTX + 600] * 10,
+                       shutdown_s=0.5)
+    report = analyze(record_of(partial))
+    assert report.context is not None and report.context.value_mib == CTX
+    # a teardown's 0 hides no unload that freed nothing
+    kept = standard(initialize=CTX, shutdown=[RESIDENT] * 10 + [0], shutdown_s=0.55)
+    assert "shutdown-keeps-memory" in codes(record_of(kept, source="nvml"))
 
 
 def h200_creation(t: float) -> int | None:
@@ -216,7 +235,7 @@ def test_the_context_is_the_h200s_518_mib_wherever_20_hz_samples_fall(offset_ms:
     segments = standard(resident=518 + W, shutdown=[518, 0])
     assert segments[1][0] == "initialize"
     segments[1] = ("initialize", 1.4, preload)
-    report = analyze(record_of(segments))
+    report = analyze(record_of(segments, source="nvml"))
     assert report.context is not None and report.context.value_mib == 518, report.context
     assert report.weights is not None and report.weights.value_mib == W
 

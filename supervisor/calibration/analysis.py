@@ -17,10 +17,11 @@ How each figure is computed (MiB):
   hence the pre-load readings too.  Two moments are not the context: NVML lists a process
   while its context is being created, at a fraction of its size (an H200, driver 580: 14 MiB,
   rising to 104 over ~85 ms, then 518), and a context being destroyed reads 0 for an instant
-  before the process leaves the list.  So a 0 beside other readings is left out, and where a
-  level below the resident (by more than ``NOISE_MIB``) is held ``CONTEXT_HOLD_S`` or longer,
-  only such held levels count; otherwise (a model loaded with its context, a short stay
-  after unload) every reading does.
+  before the process leaves the list.  So a 0 beside other readings is left out (here and in
+  the unload check), and on a real GPU so are the readings within ``CONTEXT_CREATION_S`` of
+  the worker's first visible one, where later ones are left.  (A held level is no test: a
+  context then a staged load's first shard looks like a ramp then a context.)  The simulated
+  GPU charges a context whole at once, and keeps every reading.
   On a real GPU a loader that touches CUDA and copies weights at once leaves few pre-load
   readings: then the figure leans high and ``weights`` low by as much, and their sum (the
   resident, which admission uses) is still exact.
@@ -82,8 +83,9 @@ LAZY_MIN_ACTIVATION_MIB = 512
 UNLOAD_KEPT_FRACTION = 0.9  # kept at least this share of what unload should free: flagged
 UNLOAD_HOLD_S = 0.3  # ... for at least this long after SHUTDOWN, until the process died
 FOREIGN_MIB = 64
-CONTEXT_HOLD_S = 0.2  # a context is a level held this long; one being created is not (see
-# the module's docstring)
+CONTEXT_CREATION_S = 0.25  # on a real GPU, readings this soon after the worker first showed
+# may be its context being created (see the module's docstring)
+SIMULATED = "simulated"  # a record's source on vramtui's simulated GPU (no context to create)
 MIN_FOREIGN_WINDOW = 3  # samples a phase needs for its foreign-memory median to count
 
 
@@ -142,25 +144,22 @@ class _Figures:
 # -- figures ---------------------------------------------------------------------------------
 
 
-def _context_floor(samples: Sequence[CalSample], resident: int | None, period: float
-                   ) -> list[int]:
-    """The readings the context is the floor of (see the module's docstring): no 0 beside
-    other readings, and only levels held ``CONTEXT_HOLD_S`` below the resident where any is."""
+def _present(samples: Sequence[CalSample]) -> list[CalSample]:
+    """The visible samples in time order, without a 0 beside other readings: a context being
+    destroyed reads 0 for an instant before its process leaves the list."""
     seen = sorted((s for s in samples if s.total is not None), key=lambda s: s.t)
-    if any(s.total for s in seen):
-        seen = [s for s in seen if s.total]
-    held: list[int] = []
-    run: list[CalSample] = []
-    for sample in [*seen, None]:
-        if run and (sample is None or abs((sample.total or 0) - (run[0].total or 0)) > NOISE_MIB
-                    or sample.t - run[-1].t > GAP_FACTOR * period):
-            low = resident is None or (run[0].total or 0) < resident - NOISE_MIB
-            if low and run[-1].t - run[0].t >= CONTEXT_HOLD_S:
-                held += [s.total or 0 for s in run]
-            run = []
-        if sample is not None:
-            run.append(sample)
-    return held or [s.total or 0 for s in seen]
+    return [s for s in seen if s.total] if any(s.total for s in seen) else seen
+
+
+def _context_floor(record: CalibrationRecord, samples: Sequence[CalSample]) -> list[int]:
+    """The readings the context is the floor of (see the module's docstring): on a real GPU
+    none from the context's creation, where later readings are left."""
+    seen = _present(samples)
+    if record.source != SIMULATED and seen:
+        first = next(s.t for s in record.samples if s.total is not None)
+        later = [s for s in seen if s.t >= first + CONTEXT_CREATION_S]
+        seen = later or seen
+    return [s.total or 0 for s in seen]
 
 
 def _figures(record: CalibrationRecord, phases: _Phases) -> _Figures:
@@ -170,9 +169,7 @@ def _figures(record: CalibrationRecord, phases: _Phases) -> _Figures:
         fig.resident = Measure(
             _ceil_median(settled_load), max(settled_load) - min(settled_load), len(settled_load)
         )
-    floor = _context_floor(phases.get(START, INITIALIZE, SHUTDOWN),
-                           fig.resident.value_mib if fig.resident is not None else None,
-                           1.0 / record.sample_hz)
+    floor = _context_floor(record, phases.get(START, INITIALIZE, SHUTDOWN))
     if floor:
         low = min(floor)
         band = [v for v in floor if v <= low + NOISE_MIB]
@@ -275,7 +272,7 @@ def _check_shutdown(
     problems: list[str] = []
     # (a) @unload freed nothing: the worker held on to >= 90 % of what it should free until it
     # died, for a while after SHUTDOWN.
-    held = [s for s in phases.get(SHUTDOWN) if s.total is not None]
+    held = _present(phases.get(SHUTDOWN))
     shutdown_t = phases.starts.get(SHUTDOWN)
     if fig.context is not None and held and shutdown_t is not None:
         freeable = last - fig.context.value_mib
