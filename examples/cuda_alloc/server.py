@@ -89,16 +89,27 @@ class Core:
         else:
             self.state, self.error = "failed", str(said.get("error"))
 
+    def status(self) -> str:
+        """``loading``, ``ready`` or ``failed`` (the child gone counts as failed)."""
+        if self.state != "failed" and self.proc.poll() is not None:
+            self.state = "failed"
+            self.error = f"the model process exited (code {self.proc.returncode})"
+        return self.state
+
     def run(self) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         with self.lock:
-            if self.proc.poll() is not None:
-                self.state, self.error = "failed", f"the model process exited " \
-                                                   f"(code {self.proc.returncode})"
+            if self.status() == "failed":
                 raise RuntimeError(self.error)
-            self.proc.stdin.write("run\n")
-            said = json.loads(self.proc.stdout.readline() or '{"error": "no answer"}')
+            try:
+                self.proc.stdin.write("run\n")
+                self.proc.stdin.flush()
+                line = self.proc.stdout.readline()
+            except OSError as exc:  # the child died under us (a broken pipe)
+                line = json.dumps({"error": f"the model process: {exc}"})
+            said = json.loads(line or '{"error": "the model process gave no answer"}')
         if "done" not in said:
+            self.status()
             raise RuntimeError(str(said.get("error")))
         return dict(said["done"])
 
@@ -133,25 +144,39 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(404, {"error": {"message": f"no route {self.path}"}})
             return
         assert CORE is not None
-        status = {"ready": 200, "loading": 503}.get(CORE.state, 500)
-        self._answer(status, {"status": CORE.state, **({"error": CORE.error} if CORE.error
-                                                       else {})})
+        state = CORE.status()
+        status = {"ready": 200, "loading": 503}.get(state, 500)
+        self._answer(status, {"status": state, **({"error": CORE.error} if CORE.error
+                                                  else {})})
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._answer(413, {"error": {"message": f"body over {MAX_BODY} bytes"}})
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True  # its body is not read: the connection is spent
+            self._answer(413 if length > MAX_BODY else 400,
+                         {"error": {"message": f"a Content-Length of 0 to {MAX_BODY} bytes, "
+                                               "please"}})
             return
         body = self.rfile.read(length)
         if self.path != "/v1/chat/completions":
             self._answer(404, {"error": {"message": f"no route {self.path}"}})
             return
-        assert CORE is not None
-        if CORE.state != "ready":
-            self._answer(503, {"error": {"message": f"model {CORE.state}: {CORE.error}"}})
-            return
         try:
             request = json.loads(body or b"{}")
+        except ValueError:
+            request = None
+        if not isinstance(request, dict):
+            self._answer(400, {"error": {"message": "the body must be a JSON object"}})
+            return
+        assert CORE is not None
+        state = CORE.status()
+        if state != "ready":
+            self._answer(503, {"error": {"message": f"model {state}: {CORE.error}"}})
+            return
+        try:
             done = CORE.run()
         except (ValueError, RuntimeError) as exc:
             self._answer(500, {"error": {"message": str(exc)}})

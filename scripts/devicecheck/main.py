@@ -154,13 +154,14 @@ def sweep(work: Path, log: Log) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (pids := [p for p in pids if _alive(p)]):
+        while time.monotonic() < deadline and (pids := [p for p in pids if process_alive(p)]):
             time.sleep(0.1)
         if not pids:
             return
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (from /proc; the stages use it too)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
