@@ -369,9 +369,11 @@ def main() -> int:
         tokens=64)]
     if args.llama_server:
         # absolute: the engine reads a descriptor's relative command from the descriptor's
-        # own folder (a temporary one here), and would refuse both backends
-        servers.append(llama(os.path.abspath(args.llama_server),
-                             os.path.abspath(find_model(args))))
+        # own folder (a temporary one here), and would refuse both backends; a bare name is
+        # a program on PATH
+        program = (args.llama_server if "/" in args.llama_server
+                   else shutil.which(args.llama_server) or args.llama_server)
+        servers.append(llama(os.path.abspath(program), os.path.abspath(find_model(args))))
     rows = []
     for server in servers:
         figures, cold, exit_s, switch = side_by_side(server, args.n, args.switches)

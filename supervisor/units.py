@@ -350,7 +350,7 @@ def seconds_ago(seconds: float | None) -> str:
     ``just now``, ``20s ago``, ``3m ago``, ``1h02m ago``, ``14h ago``, ``2d03h ago``,
     ``41d ago``; None → ``never``.  At most 9 cells (the TUI's Last use column): ``25h00m
     ago`` was cut to ``25h00m a…`` there."""
-    if seconds is None or math.isnan(seconds) or seconds == math.inf:
+    if seconds is None or not math.isfinite(seconds):
         return "never"
     if seconds < 10:
         return "just now"

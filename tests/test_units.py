@@ -245,7 +245,7 @@ def test_seconds_short_is_the_tui_style(s: float | None, text: str) -> None:
     (None, "never"), (0.0, "just now"), (9.9, "just now"), (10.0, "10s ago"),
     (29.0, "20s ago"), (59.9, "50s ago"), (60.0, "1m ago"), (3599.0, "59m ago"),
     (3720.0, "1h02m ago"), (36300.0, "10h ago"), (90000.0, "1d01h ago"),
-    (86400.0 * 41, "41d ago"), (math.nan, "never"), (math.inf, "never"),
+    (86400.0 * 41, "41d ago"), (math.nan, "never"), (math.inf, "never"), (-math.inf, "never"),
 ])
 def test_seconds_ago(s: float | None, text: str) -> None:
     assert seconds_ago(s) == text
