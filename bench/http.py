@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.timing import percentile, time_jobs  # noqa: E402
 from supervisor.client import Client  # noqa: E402
+from vramtui.http_serve import front_door_url  # noqa: E402
 
 ECHO = {"name": "echo", "script": str(ROOT / "examples" / "echo" / "main.py"),
         "vram": {"weights": "0MiB", "activation": "16MiB"}, "keep_alive": "forever"}
@@ -61,12 +62,10 @@ def start(root: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
                                  "sim:24GiB", "--backends", str(desc), "--http", "127.0.0.1:0"],
                                 env=env, stdout=f, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while b"HTTP front door on" not in out.read_bytes():
+    while (url := front_door_url(out.read_text(errors="replace"))) is None:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("vramtui --serve --http did not start")
         time.sleep(0.05)
-    line = next(x for x in out.read_text().splitlines() if "HTTP front door on" in x)
-    url = line.split("HTTP front door on ", 1)[1].split()[0]
     return proc, url, root / "run" / "control.sock"
 
 

@@ -60,6 +60,8 @@ from typing import Any
 
 import yaml
 
+from vramtui.http_serve import front_door_url
+
 ROOT = Path(__file__).resolve().parents[1]
 TEST_SERVER = ROOT / "tests" / "model_server.py"
 FLOOR = ROOT / "bench" / "proxy_floor.py"
@@ -253,12 +255,11 @@ def serve(root: Path, backends: list[dict[str, Any]]) -> tuple[subprocess.Popen[
                                 env=env, stdout=f, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
     deadline = time.monotonic() + 60
-    while b"HTTP front door on" not in out.read_bytes():
+    while (url := front_door_url(out.read_text(errors="replace"))) is None:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("vramtui --serve --http did not start")
         time.sleep(0.05)
-    line = next(x for x in out.read_text().splitlines() if "HTTP front door on" in x)
-    return proc, line.split("HTTP front door on ", 1)[1].split()[0]
+    return proc, url
 
 
 def descriptor(name: str, server: Server) -> dict[str, Any]:

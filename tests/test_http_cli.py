@@ -22,14 +22,13 @@ from waiting import wait_until
 from supervisor.counters import Counters, Histogram
 from supervisor.http.peer import loopback_uid
 from supervisor.jobs import Job, JobState
+from vramtui.http_serve import front_door_url
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _http_url(served: Served) -> str:
-    line = wait_until(lambda: next((x for x in served.stdout().splitlines()
-                                  if "HTTP front door on" in x), None), 30, "the HTTP line")
-    return line.split("HTTP front door on ", 1)[1].split()[0]
+    return wait_until(lambda: front_door_url(served.stdout()), 30, "the HTTP line")
 
 
 @pytest.fixture(scope="module")

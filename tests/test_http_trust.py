@@ -36,6 +36,7 @@ from waiting import wait_until
 
 from supervisor.http.peer import Peer, identify_socket, table_row
 from vramtui.exits import Exit
+from vramtui.http_serve import front_door_url
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "trust-boundary-token-0123456789abcdef"
@@ -386,9 +387,8 @@ def test_a_connection_flood_from_another_user_leaves_the_owner_served() -> None:
     env = make_env(root, [echo_backend()])
     served = start_serve(env, root, "--http", "127.0.0.1:0", preexec=_low_nofile)
     try:
-        line = wait_until(lambda: next((x for x in served.stdout().splitlines()
-                                      if "HTTP front door on" in x), None), 30, "the HTTP line")
-        port = int(line.split("HTTP front door on ", 1)[1].split()[0].rsplit(":", 1)[1])
+        url = wait_until(lambda: front_door_url(served.stdout()), 30, "the HTTP line")
+        port = int(url.rsplit(":", 1)[1])
         pid = served.proc.pid
         limits = Path(f"/proc/{pid}/limits").read_text()
         soft = next(int(x.split()[3]) for x in limits.splitlines()

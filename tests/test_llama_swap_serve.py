@@ -17,6 +17,8 @@ from serve_support import Served, make_env, new_root, reap, start_serve
 from spawning import spawns
 from waiting import wait_until
 
+from vramtui.http_serve import front_door_url
+
 pytestmark = [pytest.mark.timeout(120), pytest.mark.process]
 SERVER = Path(__file__).resolve().parent / "model_server.py"
 CONFIG = f"""\
@@ -62,9 +64,7 @@ def served() -> Iterator[Served]:
 
 
 def _url(served: Served) -> str:
-    line = wait_until(lambda: next((x for x in served.stdout().splitlines()
-                                  if "HTTP front door on" in x), None), 30, "the HTTP line")
-    return line.split("HTTP front door on ", 1)[1].split()[0]
+    return wait_until(lambda: front_door_url(served.stdout()), 30, "the HTTP line")
 
 
 def _get(url: str) -> tuple[int, bytes]:

@@ -26,6 +26,8 @@ from engine_support import ROOT, sim_backend
 from serve_support import Served, cli, echo_backend, make_env, new_root, reap, start_serve
 from waiting import wait_until
 
+from vramtui.http_serve import front_door_url
+
 pytestmark = pytest.mark.process
 SERVER = ROOT / "tests" / "model_server.py"
 
@@ -105,9 +107,7 @@ def test_an_interrupted_job_keeps_its_first_times_after_a_restart(
 
 
 def _http_url(served: Served) -> str:
-    line = wait_until(lambda: next((x for x in served.stdout().splitlines()
-                                  if "HTTP front door on" in x), None), 30, "the HTTP line")
-    return line.split("HTTP front door on ", 1)[1].split()[0]
+    return wait_until(lambda: front_door_url(served.stdout()), 30, "the HTTP line")
 
 
 def test_jobs_that_finished_before_a_restart_are_still_listed_at_every_door(

@@ -23,6 +23,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vramtui")
 
+# What --serve prints once the front door listens; scripts and tests read its URL back with
+# front_door_url (one owner of the line's shape).
+FRONT_DOOR = "vramtui: HTTP front door on "
+
+
+def front_door_url(output: str) -> str | None:
+    """The front door's base URL in ``--serve``'s output, or None before it listens."""
+    for line in output.splitlines():
+        if line.startswith(FRONT_DOOR):
+            return line[len(FRONT_DOOR):].split()[0]
+    return None
+
 
 def http_settings(args: argparse.Namespace, paths: Paths) -> HttpConfig | None:
     """The front door's settings, or None when neither the flags nor the config ask for it."""
@@ -58,7 +70,7 @@ def add_http(sup: Supervisor, config: HttpConfig) -> None:
             log.info("no browser dashboard at /ui: %s", available())
 
     def ready(server: HttpServer) -> None:
-        print(f"vramtui: HTTP front door on {server.address}"
+        print(f"{FRONT_DOOR}{server.address}"
               + (f" (dashboard: {server.address}/ui/)" if subapps else ""), flush=True)
 
     sup.add_service(HttpServer(sup.engine, config, version=__version__, subapps=subapps,

@@ -375,11 +375,13 @@ class Serve:
 
     def http_base(self, timeout: float) -> str:
         """The HTTP front door's base URL, as ``--serve`` printed it."""
+        from vramtui.http_serve import front_door_url
+
         deadline = time.monotonic() + timeout
         while True:
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if "HTTP front door on " in line:
-                    return line.split("HTTP front door on ", 1)[1].split()[0]
+            url = front_door_url(self.log_path.read_text(errors="replace"))
+            if url is not None:
+                return url
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"vramtui --serve --http printed no address: "
                                    f"{tail(self.log_path, 4)}")
