@@ -23,6 +23,7 @@ from supervisor.engine import EngineConfig
 from supervisor.errors import (
     BackendFailed,
     InvalidRequest,
+    NothingToDo,
     Refused,
     UnknownBackend,
     UnknownGpu,
@@ -303,6 +304,28 @@ def test_evict_respawn_preload_and_zero() -> None:
         assert sorted(fe.sup.zero()) == ["a", "b"]
         wait_until(lambda: state_of(fe, "a") == state_of(fe, "b") == "cold", what="all cold")
         assert fe.gpu.used(0) == 0
+
+
+def test_a_respawn_asked_again_while_one_is_under_way_restarts_once() -> None:
+    # From the CLI or HTTP as from the TUI: a second respawn while the first is under way
+    # (its old worker stopping, its new one starting) would stop the worker it just started.
+    with fake_engine({"a": mib(512, 0)},
+                     scripts={"a": honest(512, 0, load_s=0.3, stop_s=0.1)}) as fe:
+        fe.sup.preload("a")
+        first = wait_until(lambda: (b := fe.sup.snapshot().backend("a")).state == "ready"
+                           and b.pid, what="a preloaded")
+        fe.sup.respawn("a")
+        with pytest.raises(NothingToDo, match="already being respawned"):
+            fe.sup.respawn("a")  # the old worker still stopping
+        wait_until(lambda: (b := fe.sup.snapshot().backend("a")).pid not in (None, first),
+                   what="a new worker")
+        with pytest.raises(NothingToDo, match="already being respawned"):
+            fe.sup.respawn("a")  # the new one still starting
+        wait_until(lambda: state_of(fe, "a") == "ready", what="a ready again")
+        assert len(fe.workers.of("a")) == 2  # one restart
+        fe.sup.respawn("a")  # done: a respawn is asked afresh
+        wait_until(lambda: len(fe.workers.of("a")) == 3
+                   and state_of(fe, "a") == "ready", what="a respawned again")
 
 
 def test_evicting_a_ready_worker_never_fails_a_job_admitted_in_the_same_instant() -> None:

@@ -26,7 +26,15 @@ from ..backends.schema import BackendSpec
 from ..calibration.runner import Calibrations
 from ..clock import WallClock
 from ..counters import Counters
-from ..errors import BackendFailed, EngineStopped, QueueFull, Refused, UnknownJob, VramtuiError
+from ..errors import (
+    BackendFailed,
+    EngineStopped,
+    NothingToDo,
+    QueueFull,
+    Refused,
+    UnknownJob,
+    VramtuiError,
+)
 from ..events import EventHub
 from ..gpu.model import GpuReading, Probe
 from ..gpu.sampler import Sample
@@ -464,6 +472,9 @@ class Engine:
 
     def respawn(self, backend: str) -> None:
         rt = self.pool.runtime(backend)
+        if self._respawning(rt):
+            raise NothingToDo(f"{backend} is already being respawned (its new worker is not "
+                              "ready yet): nothing more done")
         if rt.admitted:
             raise Refused(f"{backend} is busy with job {rt.admitted[0]}; cancel it or wait, "
                           "then respawn")
@@ -471,6 +482,7 @@ class Engine:
         health.failed, health.init_failures, health.last_error = False, 0, None
         health.no_sleep = None
         self.notes.note("info", f"respawning {backend}", backend)
+        rt.respawn_of = rt.generation
 
         async def restart() -> None:
             if rt.worker is not None:
@@ -478,6 +490,18 @@ class Engine:
             self._request_preload(rt)
 
         self.run.spawn(restart())
+
+    def _respawning(self, rt: BackendRuntime) -> bool:
+        """A respawn asked before is still under way: its old worker stopping, its preload
+        waiting, or its new worker starting.  (Asked again then, it would stop the worker it
+        had just started: two restarts for one.)"""
+        if rt.respawn_of is None:
+            return False
+        w = rt.worker
+        if rt.generation == rt.respawn_of:  # no new worker yet
+            return w is not None or rt.preload_until is not None
+        return (rt.generation == rt.respawn_of + 1 and w is not None
+                and w.state in (WorkerState.STARTING, WorkerState.INITIALIZING))
 
     def preload(self, backend: str) -> None:
         rt = self.pool.runtime(backend)
@@ -737,6 +761,7 @@ class Engine:
         self.run.schedule()
 
     def _ready(self, rt: BackendRuntime, handle: Worker) -> None:
+        rt.respawn_of = None  # a respawn under way is done
         m = rt.measures
         if handle.ready_at is not None and rt.health.init_failures:
             rt.health.init_failures = 0

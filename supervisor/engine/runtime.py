@@ -168,6 +168,7 @@ class BackendRuntime:
     usage: Usage = field(default_factory=Usage)
     ghosts: list[Ghost] = field(default_factory=list)
     preload_until: float | None = None  # start the worker without a job, until then
+    respawn_of: int | None = None  # the generation a respawn under way replaces (None: none)
     slumber: Slumber | None = None  # the live worker's sleep (None: it is not asleep)
     _info: sched.BackendInfo | None = None
     _info_key: tuple[Any, ...] | None = None
