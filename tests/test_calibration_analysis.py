@@ -211,6 +211,17 @@ def test_shapes_that_look_like_a_context_being_created_are_not_taken_for_one() -
     # a teardown's 0 hides no unload that freed nothing
     kept = standard(initialize=CTX, shutdown=[RESIDENT] * 10 + [0], shutdown_s=0.55)
     assert "shutdown-keeps-memory" in codes(record_of(kept, source="nvml"))
+    # a model loaded within the creation window: its context, seen whole there, is kept
+    fast = standard(initialize=[CTX, CTX, *[RESIDENT] * 8], shutdown=[RESIDENT] * 10,
+                    shutdown_s=0.5)
+    report = analyze(record_of(fast, source="nvml"))
+    assert report.context is not None and report.context.value_mib == CTX
+    assert "shutdown-keeps-memory" in report.codes
+    # the samples' order is not the record's business: the creation is the earliest reading
+    ramp = record_of(standard(initialize=[14, *[CTX] * 9]), source="nvml+host")
+    shuffled = dataclasses.replace(ramp, samples=tuple(reversed(ramp.samples)))
+    assert analyze(shuffled).context == analyze(ramp).context
+    assert analyze(ramp).context is not None and analyze(ramp).context.value_mib == CTX
 
 
 def h200_creation(t: float) -> int | None:

@@ -18,10 +18,11 @@ How each figure is computed (MiB):
   while its context is being created, at a fraction of its size (an H200, driver 580: 14 MiB,
   rising to 104 over ~85 ms, then 518), and a context being destroyed reads 0 for an instant
   before the process leaves the list.  So a 0 beside other readings is left out (here and in
-  the unload check), and on a real GPU so are the readings within ``CONTEXT_CREATION_S`` of
-  the worker's first visible one, where later ones are left.  (A held level is no test: a
-  context then a staged load's first shard looks like a ramp then a context.)  The simulated
-  GPU charges a context whole at once, and keeps every reading.
+  the unload check), and on NVML so are readings under ``CONTEXT_MIN_MIB`` within
+  ``CONTEXT_CREATION_S`` of the worker's first visible one, where others are left.  (Neither
+  a held level nor time alone tells them apart: a context then a staged load's first shard
+  looks like a ramp then a context, and a model may load within that first moment.)  The
+  simulated GPU charges a context whole at once, and the host device has none.
   On a real GPU a loader that touches CUDA and copies weights at once leaves few pre-load
   readings: then the figure leans high and ``weights`` low by as much, and their sum (the
   resident, which admission uses) is still exact.
@@ -83,9 +84,10 @@ LAZY_MIN_ACTIVATION_MIB = 512
 UNLOAD_KEPT_FRACTION = 0.9  # kept at least this share of what unload should free: flagged
 UNLOAD_HOLD_S = 0.3  # ... for at least this long after SHUTDOWN, until the process died
 FOREIGN_MIB = 64
-CONTEXT_CREATION_S = 0.25  # on a real GPU, readings this soon after the worker first showed
-# may be its context being created (see the module's docstring)
-SIMULATED = "simulated"  # a record's source on vramtui's simulated GPU (no context to create)
+CONTEXT_CREATION_S = 0.25  # on NVML, a reading this soon after the worker first showed and
+CONTEXT_MIN_MIB = 128  # below this is a context still being created (see the module's
+# docstring): no whole CUDA context is that small
+NVML = "nvml"  # a record's source read through NVML (``gpu.model.GpuReading.source``)
 MIN_FOREIGN_WINDOW = 3  # samples a phase needs for its foreign-memory median to count
 
 
@@ -152,13 +154,14 @@ def _present(samples: Sequence[CalSample]) -> list[CalSample]:
 
 
 def _context_floor(record: CalibrationRecord, samples: Sequence[CalSample]) -> list[int]:
-    """The readings the context is the floor of (see the module's docstring): on a real GPU
-    none from the context's creation, where later readings are left."""
+    """The readings the context is the floor of (see the module's docstring): on NVML none of
+    a context still being created, where others are left."""
     seen = _present(samples)
-    if record.source != SIMULATED and seen:
-        first = next(s.t for s in record.samples if s.total is not None)
-        later = [s for s in seen if s.t >= first + CONTEXT_CREATION_S]
-        seen = later or seen
+    if NVML in record.source.split("+") and seen:
+        first = min(s.t for s in record.samples if s.total is not None)
+        created = [s for s in seen if s.t >= first + CONTEXT_CREATION_S
+                   or (s.total or 0) >= CONTEXT_MIN_MIB]
+        seen = created or seen
     return [s.total or 0 for s in seen]
 
 
