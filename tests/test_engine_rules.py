@@ -317,7 +317,7 @@ def test_a_respawn_asked_again_while_one_is_under_way_restarts_once() -> None:
         fe.sup.respawn("a")
         with pytest.raises(NothingToDo, match="already being respawned"):
             fe.sup.respawn("a")  # the old worker still stopping
-        wait_until(lambda: (b := fe.sup.snapshot().backend("a")).pid not in (None, first),
+        wait_until(lambda: fe.sup.snapshot().backend("a").pid not in (None, first),
                    what="a new worker")
         with pytest.raises(NothingToDo, match="already being respawned"):
             fe.sup.respawn("a")  # the new one still starting
@@ -326,6 +326,28 @@ def test_a_respawn_asked_again_while_one_is_under_way_restarts_once() -> None:
         fe.sup.respawn("a")  # done: a respawn is asked afresh
         wait_until(lambda: len(fe.workers.of("a")) == 3
                    and state_of(fe, "a") == "ready", what="a respawned again")
+
+
+def test_a_respawn_whose_preload_gave_up_does_not_refuse_a_later_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import supervisor.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PRELOAD_PATIENCE_S", 0.3)
+    scripts = {"a": honest(512, 0, load_s=1.0), "b": honest(7900, 0, job_s=1.5)}
+    with fake_engine({"a": mib(512, 0), "b": mib(7900, 0)}, scripts=scripts) as fe:
+        job = fe.sup.submit("b", b"x")
+        wait_until(lambda: fe.sup.job(job).state is JobState.RUNNING, what="b running")
+        fe.sup.respawn("a")  # no worker: its respawn is a preload, and there is no room
+        wait_until(lambda: any("gave up preloading a" in line.text
+                               for line in fe.sup.snapshot().log), what="the preload to give up")
+        fe.sup.wait(job, 10)
+        fe.sup.evict("b")
+        wait_until(lambda: state_of(fe, "b") == "cold", what="b gone")
+        fe.sup.preload("a")  # an ordinary start: no respawn is under way
+        wait_until(lambda: state_of(fe, "a") in ("starting", "initializing"), what="a starting")
+        fe.sup.respawn("a")  # not refused as "already being respawned"
+        wait_until(lambda: len(fe.workers.of("a")) == 2 and state_of(fe, "a") == "ready",
+                   what="a respawned")
 
 
 def test_evicting_a_ready_worker_never_fails_a_job_admitted_in_the_same_instant() -> None:

@@ -495,13 +495,12 @@ class Engine:
         """A respawn asked before is still under way: its old worker stopping, its preload
         waiting, or its new worker starting.  (Asked again then, it would stop the worker it
         had just started: two restarts for one.)"""
-        if rt.respawn_of is None:
-            return False
+        if rt.respawn_of is None:  # (cleared once its worker is ready, exits, or its preload
+            return False  # gives up: another start later is no respawn's)
         w = rt.worker
         if rt.generation == rt.respawn_of:  # no new worker yet
             return w is not None or rt.preload_until is not None
-        return (rt.generation == rt.respawn_of + 1 and w is not None
-                and w.state in (WorkerState.STARTING, WorkerState.INITIALIZING))
+        return w is not None and w.state in (WorkerState.STARTING, WorkerState.INITIALIZING)
 
     def preload(self, backend: str) -> None:
         rt = self.pool.runtime(backend)
@@ -660,6 +659,7 @@ class Engine:
                 rt.preload_until = None
             elif rt.preload_until is not None and self.clock() >= rt.preload_until:
                 rt.preload_until = None
+                rt.respawn_of = None
                 reason = plan.waiting.get(f"preload-{rt.spec.name}", "no room")
                 self.notes.note("warning", f"gave up preloading {rt.spec.name} after "
                                 f"{PRELOAD_PATIENCE_S:g} s: {reason}", rt.spec.name)
@@ -807,6 +807,8 @@ class Engine:
         if rt is None or rt.worker is not handle:
             return
         self.run.cancel_timer(f"start:{handle.name}")
+        if rt.respawn_of is not None and rt.generation > rt.respawn_of:
+            rt.respawn_of = None  # the respawn's own worker is gone: that respawn is over
         held = self.planner.holds(rt, self.monitor.readings, self._foreign())
         health, killed_for = rt.health, rt.health.kill_reason
         rt.worker = None
