@@ -53,6 +53,9 @@ def test_a_calibration_measures_writes_the_overlay_and_admission_uses_it() -> No
         assert backend.declared_peak_mib is not None
         assert abs(backend.declared_peak_mib - 1756) <= 64
         assert sup.snapshot().backend("other").state == "cold"  # it ran alone
+        # listed with the jobs at every door (`vramtui jobs` said "no jobs yet" while it ran)
+        listed = {v.id: v.kind for v in sup.jobs(backends=["steady"])}
+        assert listed == {job: "calibration"}
 
 
 @pytest.mark.process

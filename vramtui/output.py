@@ -257,6 +257,8 @@ def jobs_table(jobs: tuple[JobView, ...], title: str = "Jobs") -> Table:
         else:
             progress = "–" if j.progress is None else f"{j.progress * 100:.0f} %"
             note = j.progress_text or j.waiting or ""
+        if j.kind != "job":  # a calibration: it holds its GPU as a job does
+            note = f"{j.kind}: {note}" if note else j.kind
         table.add_row(j.id, j.backend, state_text(j.state), progress,
                       "–" if j.gpu is None else str(j.gpu), mib_text(j.peak_mib),
                       seconds_text(job_duration(j)), note)
