@@ -422,34 +422,70 @@ def private_group(gid: int, uid: int) -> bool:
         all(m == user.pw_name for m in group.gr_mem)
 
 
-def untrusted(file: Path, stakes: str, uid: int | None = None) -> str | None:
-    """Why ``file`` cannot be trusted as one of the user's own files that the engine acts on
-    (a descriptor, ``config.yaml``), or None when it can.  As ssh does with its own files, it
-    is read only when no one else can have written it: the file belongs to the engine's user
-    or to root, and neither group nor others may write it; its directory likewise, unless it
-    is sticky (as ``/tmp`` is: others may add files there, but not replace ours, and theirs
-    fail the first check). Group write is no one else's in the user's own private group
-    (:func:`private_group`): ``mkdir`` and editors under umask 002 make such files.
+class Untrusted(Exception):
+    """A file of the user's that someone else could have written (the one-line reason)."""
+
+
+def read_own(file: Path, stakes: str, limit: int, uid: int | None = None) -> bytes:
+    """The bytes of one of the user's own files that the engine acts on (a descriptor,
+    ``config.yaml``): at most ``limit`` + 1, so the caller sees one too many.  As ssh does
+    with its own files, it is read only when no one else can have written it: the file
+    belongs to the engine's user or to root, and neither group nor others may write it; its
+    directory likewise (and, through a link, its target's), unless it is sticky (as ``/tmp``
+    is: others may add files there, but not replace ours, and theirs fail the first check).
+    Group write is no one else's in the user's own private group (:func:`private_group`):
+    ``mkdir`` and editors under umask 002 make such files.  The owner and mode checked are
+    those of the descriptor read: no name is looked up between the check and the read.
     ``stakes`` says what whoever writes it gets ("runs commands as you"), for the one-line
-    reason."""
+    reason of :class:`Untrusted`; ``OSError`` is the caller's to word
+    (``FileNotFoundError``, ``IsADirectoryError``).  A file that is not a regular one (a
+    FIFO, a device) is refused unread."""
     me = os.geteuid() if uid is None else uid
-    for path, what in ((file, "it"), (file.parent, "its directory")):
-        try:
-            st = path.stat()
-        except OSError:
-            return None  # reading it says what is wrong
-        writable = stat.S_IMODE(st.st_mode) & 0o022
-        if what != "it" and st.st_mode & stat.S_ISVTX:
-            writable = 0
-        if writable & 0o020 and private_group(st.st_gid, me):
-            writable &= ~0o020  # (umask 002 with a group of one's own: nobody else in it)
-        if st.st_uid not in (me, 0):
-            return (f"{what} belongs to {user_name(st.st_uid)}: whoever writes it {stakes}; "
-                    "copy it to a file of yours, or chown it")
-        if writable:
-            return (f"{what} may be written by {'others' if writable & 0o002 else 'its group'} "
-                    f"(mode {stat.S_IMODE(st.st_mode):04o}): whoever writes it {stakes}; "
-                    f"chmod go-w {path}")
+    fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(file))
+        if not stat.S_ISREG(st.st_mode):
+            raise Untrusted("it is not a regular file")
+        why = _not_ours(st, "it", file, stakes, me)
+        for path, what in _directories(file):
+            if why is None:
+                why = _not_ours(path.stat(), what, path, stakes, me)
+        if why is not None:
+            raise Untrusted(why)
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _directories(file: Path) -> tuple[tuple[Path, str], ...]:
+    """The directories whose writers could replace ``file``: its own and, through a link,
+    its target's."""
+    own = file.parent
+    real = Path(os.path.realpath(file)).parent
+    return ((own, "its directory"),) + (((real, "its target's directory"),)
+                                         if real != Path(os.path.realpath(own)) else ())
+
+
+def _not_ours(st: os.stat_result, what: str, path: Path, stakes: str, me: int) -> str | None:
+    """Why the file or directory of ``st`` is not one only ``me`` (or root) can write."""
+    writable = stat.S_IMODE(st.st_mode) & 0o022
+    if what != "it" and st.st_mode & stat.S_ISVTX:
+        writable = 0
+    if writable & 0o020 and private_group(st.st_gid, me):
+        writable &= ~0o020  # (umask 002 with a group of one's own: nobody else in it)
+    if st.st_uid not in (me, 0):
+        return (f"{what} belongs to {user_name(st.st_uid)}: whoever writes it {stakes}; "
+                "copy it to a file of yours, or chown it")
+    if writable:
+        return (f"{what} may be written by {'others' if writable & 0o002 else 'its group'} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}): whoever writes it {stakes}; "
+                f"chmod go-w {path}")
     return None
 
 

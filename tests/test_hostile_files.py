@@ -124,3 +124,27 @@ def test_a_process_s_words_are_shown_with_nothing_that_acts() -> None:
     assert visible(text) == "a\\x1b[2J\\x07b c\\u202ed\\x9be\\x0af"
     assert visible(text, lines=True).endswith("e\nf")
     assert visible("plain — ünïcode ✓") == "plain — ünïcode ✓"
+
+
+def test_a_descriptor_through_a_link_is_judged_where_it_lies_and_never_blocks(
+        tmp_path: Path) -> None:
+    """A link in a directory of ours may lead to one others write in (they could swap the
+    file it reaches); a FIFO would block the reader for good."""
+    shared = tmp_path / "shared"
+    target = _descriptor(shared)
+    shared.chmod(0o777)  # not sticky: anyone may replace the file there
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "backends.yaml").symlink_to(target)
+    result = load_backends([mine / "backends.yaml"], demo_fallback=False)
+    assert not result.backends and "its target's directory may be written by others" in str(
+        result.errors[0]), result.errors
+    shared.chmod(0o755)  # a link to a file of ours in a directory of ours: read as it is
+    assert list(load_backends([mine / "backends.yaml"], demo_fallback=False).backends) == [
+        "planted"]
+    fifo = mine / "fifo.yaml"
+    os.mkfifo(fifo, 0o600)
+    started = time.monotonic()
+    result = load_backends([fifo], demo_fallback=False)
+    assert time.monotonic() - started < 5
+    assert "not read: it is not a regular file" in str(result.errors[0]), result.errors

@@ -315,6 +315,14 @@ def test_the_config_files_http_section(tmp_path: Path) -> None:
     conf.write_text("http: [\n")
     with pytest.raises(HttpConfigError, match="not valid YAML"):
         load_http_config(config_file=conf, environ={})
+    # one line each, never a traceback, and never read whole (it was: a UnicodeDecodeError)
+    conf.write_bytes(b"http:\n  listen: \xff\n")
+    with pytest.raises(HttpConfigError, match="not UTF-8 text"):
+        load_http_config(config_file=conf, environ={})
+    with conf.open("wb") as f:
+        f.truncate(64 << 20)
+    with pytest.raises(HttpConfigError, match="over 1,048,576 bytes: is it the right file"):
+        load_http_config(config_file=conf, environ={})
 
 
 def _first_answer(sock: socket.socket) -> bytes:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import yaml
 from yaml.constructor import ConstructorError
 
+from ..paths import Untrusted, read_own
 from .errors import DescriptorError
 
 _MAP_TAG = "tag:yaml.org,2002:map"
@@ -222,15 +223,20 @@ def load_core(path: Path) -> Any:
     return documents[0] if len(documents) == 1 else None
 
 
-def load_documents(path: Path) -> list[Any]:
-    """All YAML documents of ``path``; raise ``DescriptorError`` for unreadable or bad YAML."""
+def load_documents(path: Path, stakes: str | None = None) -> list[Any]:
+    """All YAML documents of ``path``; raise ``DescriptorError`` for unreadable or bad YAML.
+    With ``stakes`` (what whoever writes it gets), the file is one the engine acts on: read
+    only if no one else could have written it, through the descriptor checked
+    (:func:`supervisor.paths.read_own`)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise DescriptorError(path, None, None, None, f"is {size:,} bytes, more than a "
-                                  f"descriptor file may be ({MAX_FILE_BYTES:,}); is it the "
-                                  "right file?")
-        raw = path.read_bytes()
+        if stakes is None:
+            size = path.stat().st_size
+            raw = b"" if size > MAX_FILE_BYTES else path.read_bytes()
+        else:
+            raw = read_own(path, stakes, MAX_FILE_BYTES)
+            size = len(raw)
+    except Untrusted as exc:
+        raise DescriptorError(path, None, None, None, f"not read: {exc}") from None
     except FileNotFoundError:
         raise DescriptorError(path, None, None, None, "no such file") from None
     except IsADirectoryError:
@@ -238,6 +244,10 @@ def load_documents(path: Path) -> list[Any]:
                               "is a directory: name a file in it") from None
     except OSError as exc:
         raise DescriptorError(path, None, None, None, f"cannot read: {exc.strerror}") from None
+    if size > MAX_FILE_BYTES:
+        shown = f"{size:,} bytes" if stakes is None else f"over {MAX_FILE_BYTES:,} bytes"
+        raise DescriptorError(path, None, None, None, f"is {shown}, more than a descriptor "
+                              f"file may be ({MAX_FILE_BYTES:,}); is it the right file?")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

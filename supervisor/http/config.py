@@ -17,7 +17,7 @@ Off unless asked: ``--http ADDR`` on the command line, or an ``http:`` section i
 A flag beats the file.  Binding anything but loopback needs a token (refused otherwise), and
 the token file must be yours and private (``chmod 600``), as ssh wants of its keys;
 ``config.yaml`` itself must be yours (or root's), writable by nobody else, nor its directory
-(:func:`~supervisor.paths.untrusted`, the descriptors' rule).
+(:func:`~supervisor.paths.read_own`, the descriptors' rule).
 Everything here is pure but reading the two files; errors are :class:`HttpConfigError` with
 one line that says what to change.
 """
@@ -38,7 +38,7 @@ import yaml
 
 from ..control import messages as m
 from ..errors import VramtuiError
-from ..paths import untrusted, user_name
+from ..paths import Untrusted, read_own, user_name
 from ..units import parse_duration, parse_size
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"
@@ -66,6 +66,7 @@ HTTP_KEYS = frozenset({"enabled", "listen", "token_file", "max_body", "heartbeat
                        "allowed_hosts", "ui", "ui_sessions", "max_streams"})
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_FILE = 64 * 1024  # a token file is read this far: its first line is the token
+MAX_CONFIG_BYTES = 1 << 20  # config.yaml holds settings, not data: larger is the wrong file
 
 
 # What whoever writes config.yaml gets (a file another user could have written is not read).
@@ -204,17 +205,23 @@ def _check_token(token: str, source: str) -> str:
 def read_section(config_file: Path, name: str = "http",
                  example: str = "listen: 127.0.0.1:8080") -> Mapping[str, Any] | None:
     """The ``name:`` mapping of ``config_file`` (None: no file or no section).  Read only when
-    no other user could have written it (:func:`~supervisor.paths.untrusted`, as descriptors
+    no other user could have written it (:func:`~supervisor.paths.read_own`, as descriptors
     are): it says where the HTTP door listens and which hosts it answers."""
-    why = untrusted(config_file, SETTINGS_STAKES)
-    if why is not None:
-        raise HttpConfigError(f"{config_file} is not read: {why}")
     try:
-        text = config_file.read_text(encoding="utf-8")
+        raw = read_own(config_file, SETTINGS_STAKES, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return None
+    except Untrusted as exc:
+        raise HttpConfigError(f"{config_file} is not read: {exc}") from None
     except OSError as exc:
         raise HttpConfigError(f"cannot read {config_file}: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise HttpConfigError(f"{config_file} is over {MAX_CONFIG_BYTES:,} bytes: is it the "
+                              "right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpConfigError(f"{config_file}: not UTF-8 text") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
