@@ -514,3 +514,15 @@ def test_import_of_a_folder_says_it_is_one(tmp_path: Path,
     assert err == f"vramtui: error: {tmp_path}: is a directory: name a file in it\n"
     assert main(["import-llama-swap", str(tmp_path / "gone.yaml")]) == 2
     assert "gone.yaml: no such file\n" in capsys.readouterr().err
+
+
+def test_a_llama_swap_file_is_read_once(tmp_path: Path) -> None:
+    # Its Go-style reading comes from the text its check was made on, never a second read by
+    # name (a file swapped in between would have given its values to the checked one).
+    file = tmp_path / "config.yaml"
+    file.write_text("macros: {fa: on}\nmodels:\n  m: {cmd: 's --port ${PORT} --fa ${fa}'}\n")
+    (doc,) = load_documents(file)
+    file.write_text("macros: {fa: evil}\nmodels:\n  m: {cmd: 's --port ${PORT} --fa ${fa}'}\n")
+    items = list(from_llama_swap(doc, file, {}))
+    entries = {e["name"]: e for e, _ in (i for i in items if isinstance(i, tuple))}
+    assert entries["m"]["command"][3:] == ["--fa", "on"]

@@ -161,7 +161,7 @@ def from_llama_swap(document: Mapping[Any, Any], file: Path,
     """Each model of a llama-swap document as one of our entries (with its line), and a
     ``DescriptorWarning`` for each thing that is not mapped, or an error for what is bad."""
     out = _Out(file)
-    _Translator(document, out, environ, load_core(file)).run()
+    _Translator(document, out, environ, load_core(document)).run()
     yield from out.items
 
 

@@ -33,14 +33,16 @@ class Origin(NamedTuple):
 
 
 class LinedDict(dict[Any, Any]):
-    """A mapping read from YAML, with ``line`` (its first line) and ``key_lines``."""
+    """A mapping read from YAML, with ``line`` (its first line) and ``key_lines``; a file's
+    top-level mapping also keeps the file's ``text`` (read once: see :func:`load_core`)."""
 
-    __slots__ = ("line", "key_lines")
+    __slots__ = ("line", "key_lines", "text")
 
     def __init__(self, *args: Any, line: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.line = line
         self.key_lines: dict[Any, int] = {}
+        self.text: str | None = None
 
     def key_line(self, key: Any) -> int | None:
         return self.key_lines.get(key, self.line)
@@ -209,16 +211,17 @@ _CoreLoader.add_constructor("tag:yaml.org,2002:float", _core_float)
 _CoreLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)
 
 
-def load_core(path: Path) -> Any:
-    """The one document of ``path`` read as Go's yaml.v3 reads it (see ``_CoreLoader``);
-    None when it cannot be (unreadable, bad YAML, not one document: the caller has told or
-    will tell why, from :func:`load_documents`)."""
+def load_core(document: Any) -> Any:
+    """The one document of the file ``document`` was read from (by :func:`load_documents`,
+    whose text it keeps: the file is not read again), read as Go's yaml.v3 reads it (see
+    ``_CoreLoader``); None when it cannot be (no text kept, bad YAML, not one document: the
+    caller has told or will tell why, from :func:`load_documents`)."""
+    text = getattr(document, "text", None)
+    if text is None:
+        return None
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return None
-        documents = list(yaml.load_all(path.read_bytes().decode("utf-8-sig"),
-                                       Loader=_CoreLoader))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError):
+        documents = list(yaml.load_all(text, Loader=_CoreLoader))
+    except (yaml.YAMLError, ValueError):
         return None
     return documents[0] if len(documents) == 1 else None
 
@@ -254,7 +257,11 @@ def load_documents(path: Path, stakes: str | None = None) -> list[Any]:
         line = raw[: exc.start].count(b"\n") + 1
         raise DescriptorError(path, line, None, None, "not UTF-8 text") from None
     try:
-        return list(yaml.load_all(text, Loader=_LineLoader))
+        documents = list(yaml.load_all(text, Loader=_LineLoader))
+        for document in documents:
+            if isinstance(document, LinedDict):
+                document.text = text
+        return documents
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
