@@ -426,7 +426,7 @@ class Untrusted(Exception):
     """A file of the user's that someone else could have written (the one-line reason)."""
 
 
-def read_own(file: Path, stakes: str, limit: int, uid: int | None = None) -> bytes:
+def read_own(file: Path, stakes: str, limit: int) -> bytes:
     """The bytes of one of the user's own files that the engine acts on (a descriptor,
     ``config.yaml``): at most ``limit`` + 1, so the caller sees one too many.  As ssh does
     with its own files, it is read only when no one else can have written it: the file
@@ -440,7 +440,7 @@ def read_own(file: Path, stakes: str, limit: int, uid: int | None = None) -> byt
     reason of :class:`Untrusted`; ``OSError`` is the caller's to word
     (``FileNotFoundError``, ``IsADirectoryError``).  A file that is not a regular one (a
     FIFO, a device) is refused unread."""
-    me = os.geteuid() if uid is None else uid
+    me = os.geteuid()
     fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
@@ -448,12 +448,11 @@ def read_own(file: Path, stakes: str, limit: int, uid: int | None = None) -> byt
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(file))
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted("it is not a regular file")
-        why = _not_ours(st, "it", file, stakes, me)
-        for path, what in _directories(file):
-            if why is None:
-                why = _not_ours(path.stat(), what, path, stakes, me)
-        if why is not None:
-            raise Untrusted(why)
+        for why in (_not_ours(st, "it", file, stakes, me),
+                    *(_not_ours(path.stat(), what, path, stakes, me)
+                      for path, what in _directories(file))):
+            if why is not None:
+                raise Untrusted(why)
         chunks, left = [], limit + 1
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)

@@ -90,20 +90,18 @@ def job_detail(engine: Engine, job_id: str) -> JobView:
 
 
 def list_jobs(engine: Engine, *, states: Iterable[JobState] | None = None,
-              backends: Iterable[str] = (), limit: int = DEFAULT_LIMIT,
-              kinds: frozenset[str] | None = None) -> list[JobView]:
+              backends: Iterable[str] = (), limit: int = DEFAULT_LIMIT) -> list[JobView]:
     """The jobs the engine holds, in the order that matters to whoever looks: the running
     ones (oldest first), then the queue in the order it runs, then the finished ones newest
-    first; filtered by state and backend (and ``kinds``: every kind, calibrations too, unless
-    told: a calibration holds its GPU as a job does), at most ``limit`` (checked by the
-    caller: :func:`limit_problem`). A long queue never pushes the running jobs or the head of the
-    queue out of a listing (newest first, they were the first cut)."""
+    first, calibrations among them (one holds its GPU as a job does); filtered by state and
+    backend, at most ``limit`` (checked by the caller: :func:`limit_problem`). A long queue
+    never pushes the running jobs or the head of the queue out of a listing (newest first,
+    they were the first cut)."""
     wanted = frozenset(states) if states is not None else None
     only = frozenset(backends)
 
     def kept(job: Job) -> bool:
-        return (kinds is None or job.kind in kinds) and (not only or job.backend in only) and (
-            wanted is None or job.state in wanted)
+        return (not only or job.backend in only) and (wanted is None or job.state in wanted)
 
     table = engine.jobs
     picked: list[JobView] = []
