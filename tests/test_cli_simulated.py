@@ -2,7 +2,7 @@
 
 ``status`` and ``gpus`` name the devices; ``jobs``, ``queue`` (its notes), ``backends`` and
 ``events`` show figures without them, so they carry a line of their own (and their JSON a
-``simulated`` field, but for queue's, a list of jobs).  One
+``simulated`` field).  One
 engine on the simulated GPU, one on the host's memory (real figures, not simulated).
 """
 
@@ -115,6 +115,8 @@ def test_queue_says_it_above_waiting_notes_with_figures(sim: Served) -> None:
         try:
             out = run(sim, "queue").stdout
             assert out.startswith(NOTE) and job in out, out
+            shown = json.loads(run(sim, "queue", "--json").stdout)
+            assert shown["simulated"] is True and [j["id"] for j in shown["queued"]] == [job]
         finally:
             run(sim, "cancel", job)
     finally:
@@ -132,6 +134,7 @@ def test_real_figures_carry_no_label(host: Served) -> None:
         out = run(host, command).stdout
         assert "SIMULATED" not in out and "echo" in out, (command, out)
     assert json.loads(run(host, "jobs", "--json").stdout)["simulated"] is False
+    assert json.loads(run(host, "queue", "--json").stdout) == {"simulated": False, "queued": []}
     sample = first_line(host, "events", "--json", "--kind", "sample")
     assert json.loads(sample)["simulated"] is False
     line = first_line(host, "events", "--kind", "sample")

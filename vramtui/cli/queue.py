@@ -1,4 +1,6 @@
-"""``vramtui queue``: the jobs waiting, in the order they will run (``--watch``: live)."""
+"""``vramtui queue``: the jobs waiting, in the order they will run (``--watch``: live); on the
+simulated GPU a line says their figures are SIMULATED (``--json``: ``simulated``, as ``jobs
+--json`` says it)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             from ..output import print_json
 
-            print_json(snap.queued, compact=compact(args))
+            print_json({"simulated": snap.simulated, "queued": snap.queued},
+                       compact=compact(args))
             return
         from ..output import queue_table, show_simulated_note
         from ..plain import show
