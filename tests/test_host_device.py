@@ -19,6 +19,7 @@ import pytest
 from admission_checker import Watching
 from engine_support import ROOT, engine
 from other_user import needs_other_user, run_as_other_user
+from prometheus_client.parser import text_string_to_metric_families
 from serve_support import cli, in_process
 from waiting import wait_until, wait_until_async
 
@@ -29,6 +30,7 @@ from supervisor.gpu.errors import BadGpuSpec
 from supervisor.gpu.host import ENGINE_MARK, HostProbe, parse_host_spec
 from supervisor.gpu.procmem import cgroup_dirs, cgroup_memory, process_memory
 from supervisor.gpu.select import open_probe
+from supervisor.http.metrics import Exporter
 
 HOSTMEM = ROOT / "tests" / "workers" / "hostmem.py"
 GIB_KB = 1024 * 1024
@@ -286,6 +288,11 @@ def test_backends_json_is_within_ten_percent_of_proc_and_labelled_host_memory() 
             ("host memory", "host memory", False)
         listed = cli(env, "gpus").stdout
         assert "devices: host memory" in listed and str(pid) in listed
+        page = Exporter(sup.engine, "test", {}).render().decode()
+        info = [s for f in text_string_to_metric_families(page) for s in f.samples
+                if s.name == "vramtui_backend_info"]
+        assert [(s.labels, s.value) for s in info] == \
+            [({"backend": "host-big", "simulated": "false"}, 1.0)]  # real figures: no label
 
 
 @pytest.mark.process

@@ -108,4 +108,8 @@ def test_a_calibration_runs_memory_is_its_backends(front: Front) -> None:
     backends = sum(v for (n, _), v in m.items() if n == "vramtui_backend_memory_bytes")
     workers = sum(v for (n, _), v in m.items() if n == "vramtui_gpu_memory_workers_bytes")
     assert backends == workers == sum(truth.values()) * MIB
+    # each backend's figures are labelled simulated, through its info series (sim:8GiB)
+    assert {labels: v for (n, labels), v in m.items() if n == "vramtui_backend_info"} == {
+        (("backend", b), ("simulated", "true")): 1.0
+        for b in ("gone.model-1", "kept", "srv.calib-1")}
     assert front.wait_state(job_id, "succeeded", "failed", timeout=30) == "succeeded"

@@ -6,7 +6,10 @@ prefix, base units (bytes, seconds), ``_total`` on counters, and no label that i
 grow (no job ids).  GPU series carry ``gpu`` (the index, as a string) and ``UUID`` — the
 labels NVIDIA's dcgm-exporter uses — and ``modelName``, so the two exporters join on them.
 ``vramtui_gpu_info{simulated="true"}`` marks a simulated GPU, ``kind="host memory"`` the host
-device (``--gpus host``: RAM read from /proc, UUID ``HOST-<index>``).
+device (``--gpus host``: RAM read from /proc, UUID ``HOST-<index>``);
+``vramtui_backend_info{simulated="true"}`` a backend whose memory figures are simulated (its
+own declaration, or the device it runs on: as ``vramtui backends --json`` says it), so that
+its ``vramtui_backend_memory_bytes`` and peers are labelled too, by a join on ``backend``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..counters import EVICTION_REASONS, OUTCOMES, REFUSAL_REASONS, Histogram
+from ..doors.codec import backend_simulated
 from ..workers.handle import WorkerState
 
 if TYPE_CHECKING:
@@ -111,6 +115,9 @@ class EngineCollector(Collector):
         yield from fams.values()
         yield util
 
+        backend_info = GaugeMetricFamily("vramtui_backend_info", "Each backend (always 1); "
+                                         "simulated=\"true\" when its memory figures are "
+                                         "simulated", labels=["backend", "simulated"])
         state = GaugeMetricFamily("vramtui_backend_state", "1 for the state each backend's "
                                   "worker is in, 0 for the others", labels=["backend", "state"])
         gpu_of = GaugeMetricFamily("vramtui_backend_gpu", "The GPU index a backend's worker "
@@ -130,6 +137,8 @@ class EngineCollector(Collector):
         keep = GaugeMetricFamily("vramtui_backend_keep_alive_remaining_seconds", "Seconds "
                                  "until an idle backend is unloaded", labels=["backend"])
         for b in snap.backends:
+            backend_info.add_metric([b.name, "true" if backend_simulated(snap, b) else "false"],
+                                    1)
             for s in BACKEND_STATES:
                 state.add_metric([b.name, s], 1 if b.state == s else 0)
             if b.gpu is not None:
@@ -152,7 +161,8 @@ class EngineCollector(Collector):
         for b in snap.backends:
             if b.sleep_residual_mib is not None:
                 residual.add_metric([b.name], b.sleep_residual_mib * MIB)
-        yield from (state, gpu_of, mem, reserved, peak, queued, running, keep, residual)
+        yield from (backend_info, state, gpu_of, mem, reserved, peak, queued, running, keep,
+                    residual)
         yield _gauge("vramtui_sleep_host_memory_bytes", "Host memory that sleeping workers "
                      "take", engine.sleeper.host_held_mib() * MIB)
         yield _gauge("vramtui_sleep_host_budget_bytes", "Host memory sleeping workers may take "
