@@ -102,6 +102,7 @@ class Result:
     sleeps: int = 0
     wakes: int = 0
     started_at: dict[str, float] = field(default_factory=dict)  # job -> when it ran
+    evicted: list[tuple[float, str]] = field(default_factory=list)  # (t, backend) stopped by plan
 
     def wait_p(self, priority: int, q: float) -> float:
         """The ``q`` quantile of the waits of ``priority`` (nearest rank)."""
@@ -172,6 +173,7 @@ class _Sim:
         self.seq = itertools.count()
         self.generation = itertools.count(1)
         self.starts: list[tuple[float, str, str, int, bool]] = []
+        self.evicted: list[tuple[float, str]] = []
         self.busy: dict[int, float] = dict.fromkeys(range(len(trace.gpus)), 0.0)
         self.busy_since: dict[int, float] = {}
         self.overcommitted = False
@@ -233,6 +235,7 @@ class _Sim:
                 self.push(now + b.sleep_s, "asleep", w.name)
             elif w.state in ("ready", "asleep"):
                 w.state = "stopping"
+                self.evicted.append((now, w.backend))
                 self.push(now + b.stop_s, "gone", w.name)
         passed, blocked = dict(p.passed), dict(p.blocked)
         if passed or blocked:
@@ -323,7 +326,8 @@ class _Sim:
         unfinished = sorted(set(self.jobs) - self.done)
         return Result(self.trace.name, "", makespan, self.n_loads, busy, waits, self.starts,
                       self.overcommitted, unfinished, self.n_sleeps,
-                      sum(len(w) for w in self.wakes.values()), dict(self.started_at))
+                      sum(len(w) for w in self.wakes.values()), dict(self.started_at),
+                      list(self.evicted))
 
     def handle(self, kind: str, what: str, now: float, seqs: itertools.count[int]) -> None:
         if kind == "arrive":
