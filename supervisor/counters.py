@@ -137,6 +137,20 @@ class Counters:
                     job.finished_at - job.started_at)
 
 
+    def forget(self, backends: set[str]) -> None:
+        """``backends`` are no longer configured (removed by a reload): their counts go, so
+        that what is kept follows the configured backends (as ``/metrics`` shows them), not
+        every name that was ever configured."""
+        for table in (self.loads, self.load_failures, self.crashes, self.sleeps,
+                      self.sleep_failures, self.wakes, self.load_seconds, self.queue_wait,
+                      self.duration, self.wake_seconds):
+            for name in backends & table.keys():
+                del table[name]
+        for pairs in (self.evictions, self.jobs):
+            for key in [k for k in pairs if k[0] in backends]:
+                del pairs[key]
+
+
 def _hist(table: dict[str, Histogram], key: str, bounds: tuple[float, ...]) -> Histogram:
     hist = table.get(key)
     if hist is None:

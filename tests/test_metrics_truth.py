@@ -76,6 +76,7 @@ def test_a_backend_removed_by_reload_leaves_no_series(front: Front) -> None:
                f"{name} to unload")
     desc = Path(front.env["VRAMTUI_TEST_BACKENDS"])
     spec = yaml.safe_load(desc.read_text())
+    gone_spec = next(b for b in spec["backends"] if b["name"] == name)
     spec["backends"] = [b for b in spec["backends"] if b["name"] != name]
     desc.write_text(yaml.safe_dump(spec))
     result = front.sup.reload()
@@ -84,6 +85,14 @@ def test_a_backend_removed_by_reload_leaves_no_series(front: Front) -> None:
     # follows the configured backends, or each rename by reload adds series for good.
     assert backend_series(front, name) == []
     assert "vramtui_backend_loads_total" in backend_series(front, "kept")
+    # Configured again, it is a new backend: its counts start afresh (the engine forgot the
+    # old ones: what it keeps follows the configured backends, not every name ever seen).
+    desc.write_text(yaml.safe_dump({**spec, "backends": [*spec["backends"], gone_spec]}))
+    assert name in front.sup.reload().added
+    m = samples(front)
+    assert m[("vramtui_backend_loads_total", (("backend", name),))] == 0
+    assert m[("vramtui_jobs_total", (("backend", name), ("outcome", "succeeded")))] == 0
+    assert ("vramtui_job_duration_seconds_count", (("backend", name),)) not in m  # (none ran)
 
 
 def test_a_calibration_runs_memory_is_its_backends(front: Front) -> None:

@@ -577,6 +577,7 @@ class Engine:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
                               self.notes.note, self.pool.evict_now)
+        self.notes.counters.forget(set(result.removed))
         self.run.schedule()
         return result
 
