@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from supervisor.backends.schema import BackendSpec, build_spec
+from supervisor.clock import monotonic
 from supervisor.engine import Engine, EngineConfig
 from supervisor.facade import Supervisor
 from supervisor.gpu.model import GpuReading, ProcessReading
@@ -462,7 +463,8 @@ class FakeEngine:
 def fake_engine(backends: Mapping[str, Mapping[str, Any]], *, gpus: list[int] | None = None,
                 scripts: Mapping[str, Script] | None = None,
                 config: EngineConfig | None = None, journal: bool = False,
-                root: Path | None = None) -> Iterator[FakeEngine]:
+                root: Path | None = None,
+                clock: Callable[[], float] = monotonic) -> Iterator[FakeEngine]:
     """An engine on a :class:`FakeGpu` of ``gpus`` (MiB each; one 8 GiB by default) whose
     backends (descriptor keys by name) run :class:`FakeWorker`\\ s by ``scripts``; ``root``
     (kept) for its directories, e.g. to start a second engine on the first one's journal."""
@@ -476,7 +478,8 @@ def fake_engine(backends: Mapping[str, Mapping[str, Any]], *, gpus: list[int] | 
     cfg.journal = journal
     engine = Engine(probe=gpu, probe_notice=None,
                     backends={name: spec(name, **fields) for name, fields in backends.items()},
-                    descriptor_errors=(), paths=paths, config=cfg, workers=workers)
+                    descriptor_errors=(), paths=paths, config=cfg, workers=workers,
+                    clock=clock)
     sup = Supervisor(engine, paths)
     sup.start_in_thread()
     try:

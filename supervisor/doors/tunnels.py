@@ -8,7 +8,6 @@ On the engine loop, as everything that touches the engine is.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -26,7 +25,7 @@ class Tunnel:
         self._usage = usage
 
     def carried(self) -> None:
-        self._usage.touched(self._engine.clock(), time.time())
+        self._usage.touched(self._engine.clock())
 
 
 @contextmanager
@@ -38,8 +37,8 @@ def tunnel(engine: Engine, backend: str) -> Iterator[Tunnel | None]:
         yield None
         return
     usage = rt.usage
-    usage.tunnel_opened(engine.clock(), time.time())
+    usage.tunnel_opened(engine.clock())
     try:
         yield Tunnel(engine, usage)
     finally:
-        usage.tunnel_closed(engine.clock(), time.time())
+        usage.tunnel_closed(engine.clock())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,7 +93,7 @@ class Engine:
         self.descriptors = reload.Descriptors.of(layers, environ, descriptor_errors,
                                                  descriptor_warnings)
         self.wall = WallClock(clock)
-        self.notes = Notes()
+        self.notes = Notes(self.wall.now)
         self.run = EngineLoop(self._step, self._nothing_waits, clock)
         self._next_ping = 0.0  # when the ticker next checks that workers answer (monotonic)
         self.jobs = JobTable(self.wall, recent_jobs=config.recent_jobs,
@@ -885,7 +884,7 @@ class Engine:
             rt.admitted.remove(job_id)
         usage = rt.usage
         usage.jobs_served += 1
-        usage.last_used = time.time()
+        usage.last_used = self.clock()
         m = rt.measures
         m.settling, m.ended_at = True, monotonic()  # samples so far saw this job's memory
         if not rt.admitted:

@@ -3,15 +3,16 @@
 :class:`Notes` is the one place a line of the event log is written (the TUI's log, the
 ``log`` events and Python logging at once) and the one place the engine publishes an event.
 An event nobody subscribed to is not even built (``EventHub.wants``).  Counters say what
-happened since the start, for ``/metrics``.
+happened since the start, for ``/metrics``.  Every line and event is stamped by the engine's
+own clock as wall-clock seconds (``WallClock.now``), as its views' times are: the two agree
+whatever the system clock does meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..counters import Counters
@@ -30,7 +31,8 @@ LOG_LINES = 300
 class Notes:
     """The event log, the event hub and the counters of one engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now  # wall-clock seconds, by the engine's clock
         self.lines: deque[LogLine] = deque(maxlen=LOG_LINES)
         self.events = EventHub()
         self.counters = Counters()  # what happened, for /metrics
@@ -56,7 +58,7 @@ class Notes:
         """A line of the event log (the TUI's, the events' and Python logging's); ``quiet``
         lines (one per job) go to Python logging at debug level only."""
         text = visible(text)  # it may carry a process's words: one line, nothing that acts
-        line = LogLine(time.time(), level, text, backend)
+        line = LogLine(self.now(), level, text, backend)
         self.lines.append(line)
         if quiet:
             log.debug(text)
@@ -76,7 +78,7 @@ class Notes:
 
     def job(self, view: JobView | None, backend: str, state: str) -> None:
         """A job changed (``view`` is light: no result)."""
-        self.events.publish(EngineEvent("job", time.time(), job=view,
+        self.events.publish(EngineEvent("job", self.now(), job=view,
                                         job_id=view.id if view is not None else None,
                                         backend=backend, state=state))
 
@@ -101,27 +103,27 @@ class Notes:
 
     def worker(self, backend: str, state: str) -> None:
         if self.events.wants("worker"):
-            self.events.publish(EngineEvent("worker", time.time(), backend=backend,
+            self.events.publish(EngineEvent("worker", self.now(), backend=backend,
                                             state=state))
 
     def chunk(self, backend: str, job_id: str, data: bytes) -> None:
         if self.events.wants("chunk"):
-            self.events.publish(EngineEvent("chunk", time.time(), backend=backend,
+            self.events.publish(EngineEvent("chunk", self.now(), backend=backend,
                                             job_id=job_id, data=data))
 
     def overuse(self, backend: str, message: str) -> None:
-        self.events.publish(EngineEvent("overuse", time.time(), backend=backend,
+        self.events.publish(EngineEvent("overuse", self.now(), backend=backend,
                                         message=message))
 
     def sleep(self, backend: str, state: str, message: str, seconds: float | None) -> None:
         """A worker fell asleep, woke (``seconds``: what it took, measured), or was stopped
         instead (``state`` "asleep", "awake" or "stopped"; ``message`` says why)."""
-        self.events.publish(EngineEvent("sleep", time.time(), backend=backend, state=state,
+        self.events.publish(EngineEvent("sleep", self.now(), backend=backend, state=state,
                                         message=message, seconds=seconds))
 
     def sample(self) -> None:
         if self.events.wants("sample"):
-            self.events.publish(EngineEvent("sample", time.time()))
+            self.events.publish(EngineEvent("sample", self.now()))
 
     def close(self) -> None:
         self.events.close()

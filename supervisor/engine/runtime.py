@@ -129,22 +129,22 @@ class Usage:
     last tunnel's close or message); room for a job may still evict it, which closes them."""
 
     jobs_served: int = 0
-    last_used: float | None = None  # wall clock
+    last_used: float | None = None  # engine clock
     idle_since: float | None = None  # engine clock
     tunnels: int = 0
 
-    def tunnel_opened(self, now: float, wall: float) -> None:
+    def tunnel_opened(self, now: float) -> None:
         self.tunnels += 1
-        self.touched(now, wall)
+        self.touched(now)
 
-    def tunnel_closed(self, now: float, wall: float) -> None:
+    def tunnel_closed(self, now: float) -> None:
         self.tunnels = max(0, self.tunnels - 1)
-        self.touched(now, wall)
+        self.touched(now)
 
-    def touched(self, now: float, wall: float) -> None:
+    def touched(self, now: float) -> None:
         """A tunnel carried a message (or opened, or closed): used now. A worker with jobs
         has no idle time to restart."""
-        self.last_used = wall
+        self.last_used = now
         if self.idle_since is not None:
             self.idle_since = now
 

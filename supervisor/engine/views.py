@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -82,7 +81,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:
         queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
-    backends = [backend_view(rt, now, book, queued_by.get(name, 0), parts.paths)
+    backends = [backend_view(rt, now, book, queued_by.get(name, 0), parts.paths, parts.wall)
                 for name, rt in sorted(parts.pool.items())]
     table = parts.jobs
     running = tuple(table.view(job) for rt in parts.pool.runtimes() for j in rt.admitted
@@ -90,7 +89,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
     queued = tuple(table.view(job, i + 1) for i, job in enumerate(table.queue))
     recent = tuple(table.view(job) for job in table.recent())
     return EngineSnapshot(
-        taken_at=time.time(), uptime_s=now - parts.started_at,
+        taken_at=parts.wall.now(), uptime_s=now - parts.started_at,
         source=probe.source, simulated=probe.simulated,
         driver_version=probe.driver_version, notice=parts.notice,
         gpus=tuple(gpus), backends=tuple(backends), running=running, queued=queued,
@@ -101,7 +100,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
 
 
 def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
-                 paths: Paths) -> BackendView:
+                 paths: Paths, wall: WallClock) -> BackendView:
     w, m, spec = rt.worker, rt.measures, rt.spec
     keep_left = None
     idle = rt.usage.idle_since
@@ -123,7 +122,7 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
         declared_peak_mib=spec.peak, learned_peak_mib=m.learned.peak_mib,
         observed_p95_mib=p95, reserved_mib=book.held_by(spec.name),
         priority=spec.priority, jobs_served=rt.usage.jobs_served,
-        last_used=rt.usage.last_used, keep_alive_left_s=keep_left,
+        last_used=wall.maybe_wall(rt.usage.last_used), keep_alive_left_s=keep_left,
         last_error=rt.health.last_error, init_failures=rt.health.init_failures,
         queued=queued, running=len(rt.admitted), tunnels=rt.usage.tunnels,
         description=spec.description,
