@@ -163,7 +163,7 @@ def test_a_new_priority_for_a_job_the_journal_does_not_keep_is_no_journal_error(
     chat = threading.Thread(target=lambda: _post(f"{url}/v1/chat/completions", body),
                             daemon=True)
     chat.start()
-    queued = wait_until(lambda: json.loads(cli(env, "queue", "--json").stdout)["queued"], 30,
+    queued = wait_until(lambda: json.loads(cli(env, "queue", "--json").stdout), 30,
                         "the chat request to wait")
     done = cli(env, "priority", queued[0]["id"], "5")
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,5 @@
 """``vramtui queue``: the jobs waiting, in the order they will run (``--watch``: live); on the
-simulated GPU a line says their figures are SIMULATED (``--json``: ``simulated``, as ``jobs
---json`` says it)."""
+simulated GPU a line says their figures are SIMULATED (``--json``: each job's ``simulated``)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,10 @@ def run(args: argparse.Namespace) -> int:
     def show() -> None:
         snap = client.snapshot(data_limit=0, light=True)
         if args.json:
-            from ..output import print_json
+            from ..output import jsonable, print_json
 
-            print_json({"simulated": snap.simulated, "queued": snap.queued},
+            # each job labelled, as backends --json labels each backend (still a list)
+            print_json([{**jsonable(j), "simulated": snap.simulated} for j in snap.queued],
                        compact=compact(args))
             return
         from ..output import queue_table, show_simulated_note
