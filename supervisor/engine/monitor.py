@@ -43,7 +43,6 @@ class Monitor:
         self.sample_hz = sample_hz
         self.readings: dict[int, GpuReading] = {}
         self.history: History[int, int] = History()
-        self.backend_history: History[str, int] = History()
         self.processes: tuple[ProcessReading, ...] = ()  # at the last process sample
         self.owners: dict[int, str] = {}  # pid -> the backend it works for, at that sample
         self.foreign: dict[int, int] = {}  # GPU -> MiB held by processes that are not ours

@@ -83,7 +83,6 @@ class WorkerWatch:
                 fresh = sample.t >= m.ended_at
                 if fresh:
                     m.settling = False
-                self.monitor.backend_history.append(name, sample.t, mib)
                 if seen and fresh and m.observed_mib is not None:
                     if not rt.admitted and worker.state == WorkerState.READY:
                         self.learn_idle(rt, mib)
