@@ -292,7 +292,7 @@ def test_backends_json_is_within_ten_percent_of_proc_and_labelled_host_memory() 
         info = [s for f in text_string_to_metric_families(page) for s in f.samples
                 if s.name == "vramtui_backend_info"]
         assert [(s.labels, s.value) for s in info] == \
-            [({"backend": "host-big", "simulated": "false"}, 1.0)]  # real figures: no label
+            [({"backend": "host-big", "simulated": "false"}, 1.0)]  # real figures: false
 
 
 @pytest.mark.process

@@ -20,11 +20,16 @@ def run(args: argparse.Namespace) -> int:
     def show() -> None:
         snap = client.snapshot(data_limit=0, light=True)
         if args.json:
+            from supervisor.doors.codec import backend_simulated
+
             from ..output import jsonable, print_json
 
-            # each job labelled, as backends --json labels each backend (still a list)
-            print_json([{**jsonable(j), "simulated": snap.simulated} for j in snap.queued],
-                       compact=compact(args))
+            # each job labelled by its backend's figures, as backends --json labels each
+            # backend (one codec: its declaration, or the device it runs on)
+            backends = {b.name: b for b in snap.backends}
+            print_json([{**jsonable(j), "simulated": backend_simulated(snap, b)
+                         if (b := backends.get(j.backend)) is not None else snap.simulated}
+                        for j in snap.queued], compact=compact(args))
             return
         from ..output import queue_table, show_simulated_note
         from ..plain import show
