@@ -234,11 +234,11 @@ def backend_table(snap: EngineSnapshot, *, wide: bool = False) -> Table:
     return table
 
 
-def queue_table(jobs: tuple[JobView, ...]) -> Table:
+def queue_table(jobs: tuple[JobView, ...], now: float) -> Table:
+    """``now``: the snapshot's ``taken_at`` (the jobs' times are the engine's clock's)."""
     table = Table("Queue", [(c, "r" if c in ("#", "priority", "passed", "age") else "l")
                             for c in ("#", "job", "backend", "priority", "waiting", "passed",
                                       "age")])
-    now = time.time()
     for j in jobs:
         table.add_row(str(j.position or "–"), j.id, j.backend, str(j.priority),
                       j.waiting or "–", str(j.passed),

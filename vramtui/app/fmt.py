@@ -14,11 +14,15 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 from supervisor import units
 from supervisor.textsafe import visible
+
+if TYPE_CHECKING:
+    from supervisor.snapshot import EngineSnapshot
 
 # supervisor.units' TUI styles, under the names the screens use.
 mib = units.mib_short
@@ -75,6 +79,13 @@ class Clocks:
 
     def hms(self, t: float) -> str:
         return time.strftime("%H:%M:%S", self.localtime(t))
+
+
+def engine_now(snap: EngineSnapshot | None, clocks: Clocks) -> float:
+    """What an engine time (a job's, a backend's ``last_used``) is measured against: the
+    instant its snapshot was taken, by the same clock (so a step of the system clock since
+    the engine started moves no age); the system's wall clock only without a snapshot."""
+    return snap.taken_at if snap is not None else clocks.wall()
 
 
 def state_text(state: str, styles: dict[str, str]) -> Text:

@@ -38,6 +38,6 @@ def run(args: argparse.Namespace) -> int:
             show("the queue is empty")
         else:
             show_simulated_note(snap, {j.backend for j in snap.queued})  # the notes' figures
-            show(queue_table(snap.queued))
+            show(queue_table(snap.queued, snap.taken_at))
 
     return watching(args, show)

@@ -126,7 +126,8 @@ class BackendDetail(ReadonlyKeys, DetailScreen):
              if any(g.host and g.index == b.gpu for g in snap.gpus) else f"GPU{b.gpu}"),
             ("priority", b.priority),
             ("jobs", f"{b.jobs_served} served · {b.running} running · {b.queued} queued"),
-            ("last use", fmt.ago(clocks.wall() - b.last_used) if b.last_used else "never"),
+            ("last use", fmt.ago(fmt.engine_now(snap, clocks) - b.last_used)
+             if b.last_used else "never"),
             ("keep-alive", _keep_alive_text(b)),
             ("sleep", _sleep_text(b)),
             ("features", ", ".join(b.features) or "–"),

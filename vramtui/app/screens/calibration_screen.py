@@ -308,7 +308,8 @@ class CalibrationScreen(SnapshotScreen):
     def elapsed(self, view: JobView) -> float | None:
         if view.started_at is None:
             return None
-        end = view.finished_at if view.finished_at is not None else self.vapp.clocks.wall()
+        end = view.finished_at if view.finished_at is not None else \
+            fmt.engine_now(self.vapp.snap, self.vapp.clocks)
         return max(0.0, end - view.started_at)
 
     # -- rendering -------------------------------------------------------------------------

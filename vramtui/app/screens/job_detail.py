@@ -162,7 +162,7 @@ class JobDetail(ReadonlyKeys, DetailScreen):
         self._old_state = self.view.state if self.view is not None else None
         self.view = j
         clocks = self.vapp.clocks
-        now = clocks.wall()
+        now = fmt.engine_now(snap, clocks)
         if first or (self.view_state_changed(j)):
             self.refresh_bindings()
         if changed or not j.finished:

@@ -51,7 +51,7 @@ class BackendsTable(RowTable):
     def rows_for(self, snap: EngineSnapshot, query: str, clocks: Clocks
                  ) -> list[tuple[str, dict[str, object]]]:
         rows = []
-        now = clocks.wall()
+        now = fmt.engine_now(snap, clocks)
         simulated = {g.index for g in snap.gpus if g.simulated}
         err_w = self.last_width()
         for b in snap.backends:

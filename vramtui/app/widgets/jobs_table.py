@@ -61,7 +61,7 @@ class JobsTable(RowTable):
 
     def rows_for(self, snap: EngineSnapshot, query: str, clocks: Clocks, recent: int
                  ) -> list[tuple[str, dict[str, object]]]:
-        now = clocks.wall()
+        now = fmt.engine_now(snap, clocks)
         rows = []
         self._notes = {}
         bar_w = 5 if self.narrow else 8
