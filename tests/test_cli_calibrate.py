@@ -300,3 +300,21 @@ def test_backends_flags_an_observed_peak_above_the_declared_one(served: Served) 
     assert "over peak!" in text
     assert ("under: observed p95 1.7 GiB > declared 1.0 GiB: set vram.peak to 1.9 GiB or run "
             "`vramtui calibrate under`") in " ".join(text.split())
+
+
+@pytest.mark.parametrize("backend", ["../../../elsewhere/pwned", "a/b", 5])
+def test_a_report_whose_backend_is_no_name_writes_nothing(
+        calibrated: Calibrated, tmp_path: Path, backend: object) -> None:
+    """The overlay a report justifies is named after its backend: a report that names a
+    path (or a number) is refused as malformed, before any directory is made for it
+    (``../`` made folders outside ``backends.d``, then failed with an internal error)."""
+    document = json.loads(calibrated.out.read_text())
+    document["record"]["backend"] = backend
+    crafted = tmp_path / "crafted.json"
+    crafted.write_text(json.dumps(document))
+    root = tmp_path / "root"
+    root.mkdir()
+    done = run(make_env(root), "recalibrate", str(crafted), "--write-overlay")
+    assert done.returncode == 2 and "is not a backend name" in one_line_error(done)
+    assert sorted(p.name for p in root.rglob("*")) == ["backends.yaml"]  # nothing made
+    assert not (tmp_path / "elsewhere").exists()

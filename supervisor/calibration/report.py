@@ -24,6 +24,8 @@ from typing import Any
 
 from ..atomicfile import write_atomic
 from ..backends.overlay import write_overlay
+from ..backends.schema import NAME_RE
+from ..paths import MAX_REPORT_BYTES, read_bounded
 from .analysis import analyze
 from .record import CalibrationError, CalibrationRecord, CalSample, PhaseMark
 from .result import Finding, Measure, Report
@@ -164,8 +166,12 @@ def _measure(data: Any) -> Measure | None:
 
 
 def _record(data: dict[str, Any], samples: list[Any]) -> CalibrationRecord:
+    backend = data["backend"]
+    if not isinstance(backend, str) or not NAME_RE.match(backend):
+        # (it names the overlay written from the report: never a path)
+        raise ValueError(f"its backend {backend!r:.80} is not a backend name")
     return CalibrationRecord(
-        backend=str(data["backend"]),
+        backend=backend,
         gpu=int(data["gpu"]),
         source=str(data["source"]),
         per_process=bool(data["per_process"]),
@@ -224,10 +230,13 @@ def load_report(path: str | os.PathLike[str]) -> tuple[CalibrationRecord, Report
     Raises ``CalibrationError`` naming the file for anything unreadable or malformed.
     """
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_bounded(path, MAX_REPORT_BYTES)
     except OSError as exc:
-        raise CalibrationError(f"{path}: cannot read the calibration report: {exc}") from exc
+        raise CalibrationError(f"{path}: cannot read the calibration report: "
+                               f"{exc.strerror or exc}") from exc
+    if len(data) > MAX_REPORT_BYTES:
+        raise CalibrationError(f"{path}: over {MAX_REPORT_BYTES >> 20} MiB, more than a "
+                               "calibration report is; is it the right file?")
     return parse_report(data, path)
 
 
@@ -248,6 +257,9 @@ def parse_report(data: bytes, path: str | os.PathLike[str] = "report"
     try:
         record = _record(document["record"], document["samples"])
         report = report_from_json(document["analysis"])
+        if report.backend != record.backend:
+            raise ValueError(f"its analysis is of {report.backend!r:.80}, its record of "
+                             f"{record.backend!r}")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CalibrationError(f"{path}: malformed calibration report: {exc!r}") from exc
     return record, report
