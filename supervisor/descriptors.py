@@ -20,11 +20,9 @@ from typing import Any
 
 from .backends.schema import HOST_GPU
 from .errors import NoReport, VramtuiError
-from .paths import parse_report_name
+from .paths import MAX_REPORT_BYTES, parse_report_name
 from .results import DescriptorInfo, DescriptorLayer, ReportFile
 from .units import format_seconds, format_size_mib
-
-MAX_REPORT_BYTES = 256 * 1024 * 1024
 
 
 def _plain(value: Any) -> Any:

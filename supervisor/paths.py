@@ -422,6 +422,18 @@ def private_group(gid: int, uid: int) -> bool:
         all(m == user.pw_name for m in group.gr_mem)
 
 
+#: The most of a calibration report read (its raw samples included).
+MAX_REPORT_BYTES = 256 * 1024 * 1024
+
+
+def read_bounded(file: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of a file the user names (a FIFO or ``/dev/stdin`` too): at most ``limit``
+    + 1, so the caller sees one too many. A size in the file's metadata is no bound (a
+    device or a FIFO says 0 and may never end: ``/dev/zero``); what is read is."""
+    with open(file, "rb") as handle:
+        return handle.read(limit + 1)
+
+
 class Untrusted(Exception):
     """A file of the user's that someone else could have written (the one-line reason)."""
 

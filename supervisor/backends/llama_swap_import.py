@@ -53,8 +53,9 @@ def import_llama_swap(path: Path, *,
     stamp = time.strftime("%Y-%m-%d %H:%M")
     files: dict[str, str] = {}
     for name in result.backends:
-        # Where llama-swap's file is: relative paths resolve there, as when it runs as it is.
-        folder = path.resolve().parent
+        # Where llama-swap's file is: relative paths resolve there, as when it runs as it is
+        # (the folder the loader takes: the one named, a link's own, not its target's).
+        folder = path.absolute().parent
         data = {"name": name, **anchor_paths(_plain(collector.resolved[name].data),
                                              lambda key, folder=folder: folder, environ)}
         lines = [f"# {name}: converted from llama-swap's {display_path(path)}",

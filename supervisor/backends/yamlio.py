@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import yaml
 from yaml.constructor import ConstructorError
 
-from ..paths import Untrusted, read_own
+from ..paths import Untrusted, read_bounded, read_own
 from .errors import DescriptorError
 
 _MAP_TAG = "tag:yaml.org,2002:map"
@@ -232,12 +232,11 @@ def load_documents(path: Path, stakes: str | None = None) -> list[Any]:
     only if no one else could have written it, through the descriptor checked
     (:func:`supervisor.paths.read_own`)."""
     try:
-        if stakes is None:
-            size = path.stat().st_size
-            raw = b"" if size > MAX_FILE_BYTES else path.read_bytes()
+        if stakes is None:  # (a file to convert: a link, a FIFO, /dev/stdin will do)
+            raw = read_bounded(path, MAX_FILE_BYTES)
         else:
             raw = read_own(path, stakes, MAX_FILE_BYTES)
-            size = len(raw)
+        size = len(raw)
     except Untrusted as exc:
         raise DescriptorError(path, None, None, None, f"not read: {exc}") from None
     except FileNotFoundError:
@@ -248,9 +247,8 @@ def load_documents(path: Path, stakes: str | None = None) -> list[Any]:
     except OSError as exc:
         raise DescriptorError(path, None, None, None, f"cannot read: {exc.strerror}") from None
     if size > MAX_FILE_BYTES:
-        shown = f"{size:,} bytes" if stakes is None else f"over {MAX_FILE_BYTES:,} bytes"
-        raise DescriptorError(path, None, None, None, f"is {shown}, more than a descriptor "
-                              f"file may be ({MAX_FILE_BYTES:,}); is it the right file?")
+        raise DescriptorError(path, None, None, None, f"is over {MAX_FILE_BYTES:,} bytes, "
+                              "more than a descriptor file may be; is it the right file?")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

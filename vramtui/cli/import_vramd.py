@@ -51,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
             if not paths:
                 raise UsageError(f"{args.file}: a folder with no *.yaml or *.yml file in it: "
                                  "name the vramd file")
-        elif not paths[0].is_file():
+        elif not paths[0].exists():
             raise UsageError(f"{args.file}: no such file or folder")
+        elif not paths[0].is_file():
+            raise UsageError(f"{args.file}: not a regular file (a device or a pipe); name the "
+                             "vramd file")
     else:
         paths = vramd_sources()
         if not paths:

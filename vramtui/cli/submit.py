@@ -14,7 +14,6 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from supervisor.client import Client, RemoteSubscription
@@ -46,14 +45,39 @@ def read_request(text: str | None, file: str | None, flag: str) -> bytes | None:
             json.loads(text)
         except ValueError as exc:
             raise UsageError(f"bad JSON in --{flag}: {exc}") from None
+        except RecursionError:
+            raise UsageError(f"--{flag} nests too deep to read; flatten it") from None
         return text.encode()
     if file is not None:
+        from supervisor.paths import read_bounded
+
         try:
-            return Path(file).read_bytes()
+            data = read_bounded(file, max_request())
         except OSError as exc:
             raise UsageError(f"cannot read --{flag}-file {file}: "
                              f"{exc.strerror or exc}") from None
+        return _within(data, f"--{flag}-file {file}")
     return None
+
+
+def max_request() -> int:
+    """The most the control socket takes in one request (``VRAMTUI_MAX_REQUEST``): no
+    request read from a file or stdin is read past it."""
+    from supervisor.limits import DEFAULT_MAX_REQUEST, BadLimit, Limits
+
+    try:
+        return Limits.from_env().max_request
+    except BadLimit:
+        return DEFAULT_MAX_REQUEST  # (the engine says what is wrong with it, if it is asked)
+
+
+def _within(data: bytes, what: str) -> bytes:
+    limit = max_request()
+    if len(data) > limit:
+        raise UsageError(f"{what} is over {limit >> 20} MiB, more than the engine takes in one "
+                         "request (VRAMTUI_MAX_REQUEST); put large inputs where the worker "
+                         "can read them and send their path")
+    return data
 
 
 def _read_payload(args: argparse.Namespace) -> bytes:
@@ -61,7 +85,7 @@ def _read_payload(args: argparse.Namespace) -> bytes:
     if given is not None:
         return given
     if args.stdin:
-        return sys.stdin.buffer.read()
+        return _within(sys.stdin.buffer.read(max_request() + 1), "the request on stdin")
     return b""
 
 
@@ -72,6 +96,8 @@ def _metadata(args: argparse.Namespace) -> dict[str, Any] | None:
         value = json.loads(args.metadata)
     except ValueError as exc:
         raise UsageError(f"bad JSON in --metadata: {exc}") from None
+    except RecursionError:
+        raise UsageError("--metadata nests too deep to read; flatten it") from None
     if not isinstance(value, dict):
         raise UsageError("--metadata must be a JSON object, like '{\"user\": \"me\"}'")
     return value
