@@ -49,7 +49,11 @@ def error_body(message: str) -> dict[str, str]:
 
 def wants_stream(body: Mapping[str, Any]) -> bool:
     value = body.get("stream", STREAMED_BY_DEFAULT)
-    return value is not False
+    if value is None:
+        return STREAMED_BY_DEFAULT
+    if not isinstance(value, bool):
+        raise ShapeError(f"stream: true or false, not {json.dumps(value)[:40]}")
+    return value
 
 
 def model_of(body: Mapping[str, Any]) -> str:

@@ -100,6 +100,19 @@ class ModelTable:
                 if name not in self.unlisted]
 
 
+FORM_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def asks_stream(body: dict[str, Any]) -> bool:
+    """Whether an OpenAI request asks for a stream: ``"stream"`` is true, false or absent;
+    anything else is refused (a client that sent ``"maybe"`` would otherwise get a worker's
+    stream as one unframed body, or a server's answer read as the wrong kind)."""
+    value = body.get("stream")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise bad_request(f"stream: true or false, not {json.dumps(value)[:40]}", param="stream")
+
+
 class _OpenAI:
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -185,7 +198,7 @@ class _OpenAI:
         (Ollama's) comes through here, so its requests run as these do."""
         model = body.get("model")
         backend = self.backend_for(model, kind)
-        stream = body.get("stream") is True and kind in STREAMABLE
+        stream = asks_stream(body) and kind in STREAMABLE
         metadata: dict[str, Any] = {"api": kind, "model": model}
         server = self.engine.backends[backend].spec.server
         if server:  # the route of the server it goes to
@@ -219,7 +232,7 @@ class _OpenAI:
                               "wrong_api", param="model")
         assert isinstance(body, dict)
         return await forward.forward(self.server, request, backend, payload,
-                                     stream=body.get("stream") in (True, "true"),
+                                     stream=asks_stream(body),
                                      path=request.path_qs,
                                      metadata={"api": kind, "model": model})
 
@@ -262,8 +275,9 @@ class _OpenAI:
                 body[name] = data.decode("utf-8", "replace")
         if "file" not in body:
             raise bad_request("file: the audio to transcribe", param="file")
-        if body.get("stream") in ("true", "True", "1"):
-            body["stream"] = True
+        flag = body.get("stream")  # (a form's fields are text)
+        if isinstance(flag, str) and flag.strip().lower() in FORM_BOOLEANS:
+            body["stream"] = FORM_BOOLEANS[flag.strip().lower()]
         return body, json.dumps(body, separators=(",", ":")).encode()
 
     async def _stream(self, request: web.Request, job_id: str) -> web.StreamResponse:

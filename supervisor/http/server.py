@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from ..errors import VramtuiError
 from ..units import bytes_text
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 log = logging.getLogger("supervisor.http")
+#: The Content-Encodings of a request body the door reads (aiohttp undoes the last two).
+BODY_ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SHUTDOWN_TIMEOUT_S = 3.0
@@ -178,6 +181,17 @@ class HttpServer:
         declared = request.content_length
         return declared is not None and declared > self.config.max_body
 
+    @staticmethod
+    def _unreadable_encoding(request: web.Request) -> HttpError | None:
+        """A body in an encoding the door does not undo (aiohttp undoes gzip and deflate):
+        refused before a byte of it is read."""
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding in BODY_ENCODINGS or not request.body_exists:
+            return None
+        return HttpError(415, f"Content-Encoding {encoding[:40]!r} is not taken: send the body "
+                         "as it is, or gzip or deflate it", "invalid_request_error",
+                         "unsupported_content_encoding")
+
     def _too_large(self) -> HttpError:
         limit = self.config.max_body
         return HttpError(413, f"request body too large: the limit is {bytes_text(limit)} "
@@ -207,6 +221,9 @@ class HttpServer:
             return HttpError(exc.status, text, kind, code=exc.reason.lower().replace(" ", "_"),
                              headers={k: v for k, v in exc.headers.items()
                                       if k.lower() == "allow"}).response_for(request)
+        except RequestPayloadError as exc:  # (a gzip body that does not unzip, cut short)
+            return HttpError(400, f"the request body cannot be read: {exc}"[:300],
+                             "invalid_request_error", "unreadable_body").response_for(request)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
@@ -228,6 +245,8 @@ class HttpServer:
         self.counters["requests"] += 1
         if self._declared_too_large(request):
             raise self._too_large()
+        if (refused := self._unreadable_encoding(request)) is not None:
+            raise refused
         route_handler = getattr(request.match_info, "handler", None)
         is_stream = bool(getattr(route_handler, "streaming", False))
         if is_stream:
