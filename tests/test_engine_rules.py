@@ -93,6 +93,10 @@ def test_a_backend_too_big_for_every_gpu_is_refused_with_both_numbers() -> None:
             fe.sup.submit("nope", b"")
         with pytest.raises(UnknownJob):
             fe.sup.job("j-0000000000")
+        # a preload of it is refused the same way (it said "starts when it fits", and gave
+        # up half a minute later): loaded, it could never run a job
+        with pytest.raises(Refused, match=r"not preloaded: huge needs 101000 MiB"):
+            fe.sup.preload("huge")
         assert fe.workers.made == []
 
 

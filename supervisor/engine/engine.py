@@ -505,6 +505,9 @@ class Engine:
         rt = self.pool.runtime(backend)
         if rt.health.failed:
             raise BackendFailed(f"backend {backend!r} has failed; respawn it first")
+        if rt.worker is None and (reason := self.planner.refusal(rt, self.monitor.readings)):
+            # (as a job of it is refused: loaded, it could never run one)
+            raise Refused(f"not preloaded: {reason}")
         if rt.worker is None or rt.worker.state == WorkerState.ASLEEP:  # (asleep: it wakes)
             self._request_preload(rt)
 

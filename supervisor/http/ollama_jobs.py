@@ -14,6 +14,7 @@ with the status the OpenAI routes would give.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -142,11 +143,10 @@ class _OllamaJobs:
         unload = body.get("keep_alive") in (0, "0", "0s", "0m")
         try:
             if unload:
-                self.engine.evict(backend)
+                with contextlib.suppress(Refused):  # busy: it stays loaded while it works
+                    self.engine.evict(backend)  # (as Ollama's does)
             else:
-                self.engine.preload(backend)
-        except Refused:
-            pass  # busy: it stays loaded while it works (as Ollama's does)
+                self.engine.preload(backend)  # (refused: too large for every GPU here)
         except VramtuiError as exc:
             raise from_engine(exc) from None
         return web.json_response(shapes.load_reply(kind, model,
