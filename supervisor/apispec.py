@@ -196,6 +196,14 @@ def at_most_items(n: int) -> Callable[[Any], str | None]:
     return check
 
 
+def _described(value: Any) -> str:
+    """What a refused value is, for its message: its type, and for a list what it holds."""
+    if isinstance(value, list | tuple):
+        held = sorted({type(v).__name__ for v in value})
+        return f"a list holding {', '.join(held[:4])}" if held else "an empty list"
+    return type(value).__name__
+
+
 class Arg:
     """One argument of a method.
 
@@ -237,12 +245,14 @@ class Arg:
             value = self.kind(value)
         except _Bad as exc:
             raise InvalidRequest(f"{method}: argument {self.name!r} must be {exc}, not "
-                                 f"{type(value).__name__}", self.wire_name) from None
+                                 f"{_described(value)}", self.wire_name) from None
         if self.check is not None:
             problem = self.check(value)
             if problem is not None:
-                raise InvalidRequest(f"{method}: argument {self.name!r} {problem} "
-                                     f"(got {value!r:.60})", self.wire_name)
+                got = f"{len(value)} of them" if isinstance(value, list | tuple) \
+                    else f"{value!r:.60}"
+                raise InvalidRequest(f"{method}: argument {self.name!r} {problem} (got {got})",
+                                     self.wire_name)
         return value
 
 

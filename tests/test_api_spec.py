@@ -152,3 +152,17 @@ def test_arguments_are_checked_by_the_list_alike_embedded_and_remote() -> None:
         assert reply["type"] == "InvalidRequest" and "between 1 and 100" in reply["error"]
         raw.close()
         c.close()
+
+
+def test_a_refused_argument_says_what_was_sent_not_a_python_type_name() -> None:
+    """``[1, null]`` for a list of ids said "must be a list of strings, not list"; 10,001
+    ids quoted the first 60 characters of a tuple."""
+    from supervisor.apispec import METHODS
+    from supervisor.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as err:
+        METHODS["cancel_many"].check({"job_ids": [1, None]})
+    assert "must be a list of strings, not a list holding NoneType, int" in str(err.value)
+    with pytest.raises(InvalidRequest) as err:
+        METHODS["cancel_many"].check({"job_ids": [f"j-{i}" for i in range(10_001)]})
+    assert str(err.value).endswith("takes at most 10000 items (got 10001 of them)")
