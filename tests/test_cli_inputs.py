@@ -85,3 +85,12 @@ def test_json_nested_past_reading_is_refused_as_such(tmp_path: Path, flag: str) 
     done = cli(make_env(tmp_path), "submit", "echo", flag, deep)
     assert "nests too deep" in one_line(done, 2)
 
+
+
+def test_an_empty_backends_path_is_refused_not_read_as_the_current_folder(
+        tmp_path: Path) -> None:
+    done = cli(make_env(tmp_path), "--serve", "--gpus", "sim:8GiB", "--backends", "")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "vramtui: error: argument --backends: an empty path: name a descriptor file or folder")
+    assert not (tmp_path / "run").exists()  # no engine started

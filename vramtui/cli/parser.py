@@ -56,6 +56,13 @@ def _queue_limit(text: str) -> int:
     return value
 
 
+def _named_path(text: str) -> str:
+    """``--backends PATH``: a path, never empty (an empty one read the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a descriptor file or folder")
+    return text
+
+
 def _recorded(base: type[argparse.Action], into: str) -> type[argparse.Action]:
     """``base`` that also notes its option in ``into``, the namespace's tuple of the options
     given that a command does not use: ``engine_flags``, those that only matter when an
@@ -90,6 +97,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                              "or one of them then the host ('auto,host') (default: "
                              "config.yaml's engine: gpus, else auto)")
     parser.add_argument("--backends", action=_APPEND, default=[], metavar="PATH",
+                        type=_named_path,
                         help="a backend descriptor file or directory (repeatable)")
 
 
