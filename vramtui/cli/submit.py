@@ -74,9 +74,9 @@ def max_request() -> int:
 def _within(data: bytes, what: str) -> bytes:
     limit = max_request()
     if len(data) > limit:
-        raise UsageError(f"{what} is over {limit >> 20} MiB, more than the engine takes in one "
-                         "request (VRAMTUI_MAX_REQUEST); put large inputs where the worker "
-                         "can read them and send their path")
+        raise UsageError(f"request too large: {what} is over {limit >> 20} MiB, the most the "
+                         "engine takes in one request (VRAMTUI_MAX_REQUEST); put large inputs "
+                         "where the worker can read them and send their path")
     return data
 
 
