@@ -145,15 +145,6 @@ class Supervisor:
         named = named_layers([Path(b) for b in backends], environ)
         layers = default_layers(paths.config_dir, [Path(b) for b in backends], environ)
         loaded = load_backends(layers, environ=environ, demo_fallback=not named)
-        empty_note = None
-        if loaded.demo:
-            empty_note = "no backends configured: loaded the simulated demo backends"
-        elif not loaded.backends and not loaded.errors:
-            where = ", ".join(display_path(p) for p in named) or display_path(paths.backends_dir)
-            empty_note = (f"no backends: none defined in {where}; add one (see the README's "
-                          "'Describing a backend'), then run `vramtui reload`")
-        if empty_note:
-            notice = f"{notice}; {empty_note}" if notice else empty_note
         engine = Engine(
             layers=layers,
             environ=environ,
@@ -166,6 +157,8 @@ class Supervisor:
             descriptor_warnings=tuple((w.backend, str(w)) for w in loaded.warnings),
         )
         engine.descriptors.demo = loaded.demo
+        engine.descriptors.where = ", ".join(display_path(p) for p in named) or \
+            display_path(paths.backends_dir)
         sup = cls(engine, paths)
         sup.limits = limits
         return sup

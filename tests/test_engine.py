@@ -110,7 +110,7 @@ def test_demo_backends_load_when_nothing_is_configured(tmp_path: Path) -> None:
     sup = Supervisor.from_config(gpus="sim:24GiB", environ=env)
     names = set(sup.engine.backends)
     assert {"sdxl-sim", "llm-8b-sim", "flux-sim", "echo"} <= names
-    assert "demo" in (sup.engine.monitor.notice or "")
+    assert "demo" in (sup.engine.notice() or "")
     assert (ROOT / "examples" / "demo" / "backends.yaml").exists()
 
 

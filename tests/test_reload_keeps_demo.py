@@ -35,6 +35,7 @@ def test_a_broken_first_file_keeps_the_demo_and_the_reload_says_so() -> None:
     try:
         demo = {b.name for b in sup.snapshot().backends}
         assert len(demo) == 5 and "sdxl-sim" in demo
+        assert "loaded the simulated demo backends" in (sup.snapshot().notice or "")
         overlay = root / "cfg" / "backends.d" / "zz-calibrated-sdxl-sim.yaml"
         overlay.write_text("name: sdxl-sim\noverlay: true\nvram: {peak: 10GiB}\n")
         assert sup.reload().changed  # a calibration's overlay over the demo
@@ -56,6 +57,8 @@ def test_a_broken_first_file_keeps_the_demo_and_the_reload_says_so() -> None:
         broken.write_text(f"name: mine\nscript: {root / 'w.py'}\nvram: 2GiB\n")
         result = sup.reload()
         assert result.added == ("mine",) and len(result.removed) == 5 and not result.errors
+        # what status says follows: the demo's notice went with the demo (it stayed for good)
+        assert "demo" not in (sup.snapshot().notice or "")
     finally:
         sup.stop(timeout=30)
 
@@ -87,6 +90,8 @@ def test_deleting_the_last_file_and_reloading_never_brings_the_demo_in() -> None
         result = sup.reload()
         assert result.removed == ("mine",) and result.added == () and not result.errors
         assert sup.snapshot().backends == ()
+        notice = sup.snapshot().notice or ""
+        assert "no backends: none defined in " in notice and "vramtui reload" in notice
     finally:
         sup.stop(timeout=30)
 
@@ -104,7 +109,7 @@ def test_a_named_empty_file_means_no_backends_and_says_how_to_add_one() -> None:
                                      environ={**env, **extra}, paths=Paths.from_env(env))
         try:
             assert sup.engine.backends == {} and not sup.engine.descriptors.demo
-            notice = sup.engine.monitor.notice or ""
+            notice = sup.engine.notice() or ""
             assert "no backends: none defined in " in notice and "empty.yaml" in notice
             assert "vramtui reload" in notice and "demo" not in notice
         finally:

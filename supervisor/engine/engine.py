@@ -181,7 +181,7 @@ class Engine:
         for rt in self.pool.runtimes():
             if rt.spec.preload:
                 self._request_preload(rt)
-        self.notes.started(self.monitor.summary(), self.monitor.notice, self.descriptors.errors,
+        self.notes.started(self.monitor.summary(), self.notice(), self.descriptors.errors,
                            self.descriptors.warnings)
         started(None)
         tasks = (loop.create_task(self.run.every(
@@ -979,13 +979,18 @@ class Engine:
         self.run.schedule()
 
     # ===================================================================== snapshots ======
+    def notice(self) -> str | None:
+        """What to tell first: of the GPUs (no driver: simulated…), then of the backends."""
+        said = [n for n in (self.monitor.notice, self.descriptors.note(len(self.pool))) if n]
+        return "; ".join(said) or None
+
     def snapshot(self) -> EngineSnapshot:
         return build_snapshot(Parts(
             wall=self.wall, monitor=self.monitor, pool=self.pool, jobs=self.jobs,
             notes=self.notes, descriptors=self.descriptors, paths=self.paths,
             reserve_mib=self.planner.reserves(self.monitor.readings),
             draining=frozenset(self.planner.draining),
-            notice=self.monitor.notice, stopping=self.stopping,
+            notice=self.notice(), stopping=self.stopping,
             started_at=self.run.started_at, others=self.others.counted,
             yielded=dict(self.yields.held)), self.book())
 

@@ -42,6 +42,17 @@ class Descriptors:
     # (backend, line): keys that load but are not honoured, e.g. vramd's footprint_key
     warnings: tuple[tuple[str | None, str], ...] = ()
     demo: bool = False  # the demo backends run (nothing valid is configured)
+    where: str = ""  # where backends are read from, as the user named it (for ``note``)
+
+    def note(self, configured: int) -> str | None:
+        """What to say of the backends there are (``configured`` of them) now: the demo's,
+        none at all, or nothing; said again after each reload, never left from the start."""
+        if self.demo:
+            return "no backends configured: loaded the simulated demo backends"
+        if not configured and not self.errors:
+            return (f"no backends: none defined in {self.where}; add one (see the README's "
+                    "'Describing a backend'), then run `vramtui reload`")
+        return None
 
     @classmethod
     def of(cls, layers: Sequence[Path] | None, environ: Mapping[str, str] | None,
