@@ -415,3 +415,16 @@ def test_a_config_file_another_user_could_write_is_not_read() -> None:
     with pytest.raises(HttpConfigError, match=f"belongs to uid {OTHER_UID}"):
         load_http_config(config_file=conf, environ={})
 
+
+
+@pytest.mark.parametrize(("setting", "said"), [
+    ("max_body: abc", "http.max_body: 'abc' is not a size"),
+    ("heartbeat: -1", "http.heartbeat: -1 is negative"),
+    ("max_streams: -2", "http.max_streams: must be a whole number, 0 or more")])
+def test_a_bad_setting_is_named_in_its_error(tmp_path: Path, setting: str, said: str) -> None:
+    """(``http.: 'abc' is not a size`` named no setting.)"""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"http:\n  {setting}\n")
+    with pytest.raises(HttpConfigError) as err:
+        load_http_config(listen="127.0.0.1:0", config_file=config, environ={})
+    assert str(err.value).startswith(f"{config}: {said}"), str(err.value)

@@ -270,12 +270,13 @@ def load_http_config(*, listen: str | None = None, token_file: str | None = None
                               f"token first ({TOKEN_ENV}, --http-token-file or "
                               "http.token_file), or listen on 127.0.0.1")
     values: dict[str, Any] = {}
+    key = ""
     try:
-        if section.get("max_body") is not None:
+        if section.get(key := "max_body") is not None:
             values["max_body"] = parse_size(section["max_body"]) * 1024 * 1024
             if values["max_body"] <= 0:
                 raise ValueError("must be more than 0")
-        if section.get("heartbeat") is not None:
+        if section.get(key := "heartbeat") is not None:
             values["heartbeat_s"] = parse_duration(section["heartbeat"])
             if not 0.05 <= values["heartbeat_s"] <= 3600:
                 raise ValueError("must be between 0.05 s and 1 h")
@@ -283,10 +284,10 @@ def load_http_config(*, listen: str | None = None, token_file: str | None = None
             if section.get(key) is not None:
                 value = section[key]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"{key} must be a whole number, 0 or more")
+                    raise ValueError("must be a whole number, 0 or more")
                 values[key] = value
     except ValueError as exc:
-        raise HttpConfigError(f"{where}: {exc}") from None
+        raise HttpConfigError(f"{where}{key}: {exc}") from None
     hosts = section.get("allowed_hosts") or ()
     if isinstance(hosts, str):
         hosts = [hosts]
