@@ -353,6 +353,16 @@ models:
     assert _warned(warnings, "alias 'gamma' is left out: model 'beta' has it already")
 
 
+def test_a_null_alias_is_left_out_not_named_none(tmp_path: Path) -> None:
+    """``aliases: [1, null]`` gave the model an alias "None"; a number is its text, as Go's
+    yaml reads it into a string."""
+    entries, warnings, errors = _read(tmp_path, """\
+models:
+  m: {cmd: "s --port ${PORT}", aliases: [1, null, [x]]}
+""")
+    assert errors == [] and entries["m"]["aliases"] == ["1"]
+    assert _warned(warnings, "an alias that is empty or not a name")
+
 def test_macro_values_are_written_as_llama_swap_writes_them(tmp_path: Path) -> None:
     entries, _, errors = _read(tmp_path, """\
 macros: {fa: on, mmap: no, temp: 1.0, base: 1000000.0, x: 1e3, n: 017, t: true}

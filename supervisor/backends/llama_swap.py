@@ -607,9 +607,12 @@ class _Translator:
         if value is not None:
             if not isinstance(value, list):
                 raise _Bad("aliases", f"{brief(value)} is not a list of names")
-            wanted += [str(a) for a in value]
+            wanted += [str(a) for a in value if a is not None and not isinstance(a, Mapping | list)]
         aliases: list[str] = []
         where = _line(body, "aliases", line)
+        if value is not None and len(wanted) - (model_id != name) < len(value):
+            self.out.warn(where, "aliases", name, "an alias that is empty or not a name (null, "
+                          "a list, a mapping) is left out")
         backends = set(self.names.values())
         for alias in wanted:
             if alias in aliases or alias == name:
