@@ -88,7 +88,9 @@ def test_a_bad_queue_limit_is_one_line_and_exit_2() -> None:
         settings = Path(env["VRAMTUI_CONFIG_DIR"], "config.yaml")
         settings.parent.mkdir(parents=True, exist_ok=True)
         for text, error in (("engine: {max_queue: 0}\n", "engine: max_queue must be at least 1"),
-                            ("engine: {max_queeu: 3}\n", "engine: unknown key 'max_queeu'")):
+                            ("engine: {max_queeu: 3}\n", "engine: unknown key 'max_queeu'"),
+                            ("engin: {max_queue: 3}\n", "unknown section 'engin' (known: "
+                                                          "engine, http)")):
             settings.write_text(text)
             done = cli(env, "--serve", "--gpus", "sim:8GiB")
             assert done.returncode == 2 and error in done.stderr, done.stderr

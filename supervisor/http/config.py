@@ -202,11 +202,16 @@ def _check_token(token: str, source: str) -> str:
     return token
 
 
+#: The sections of ``config.yaml``: any other is a mistake said at the engine's start.
+SECTIONS = ("engine", "http")
+
+
 def read_section(config_file: Path, name: str = "http",
                  example: str = "listen: 127.0.0.1:8080") -> Mapping[str, Any] | None:
     """The ``name:`` mapping of ``config_file`` (None: no file or no section).  Read only when
     no other user could have written it (:func:`~supervisor.paths.read_own`, as descriptors
-    are): it says where the HTTP door listens and which hosts it answers."""
+    are): it says where the HTTP door listens and which hosts it answers.  A section that
+    is none of ``SECTIONS`` (``engin:``) is refused, as an unknown key inside one is."""
     try:
         raw = read_own(config_file, SETTINGS_STAKES, MAX_CONFIG_BYTES)
     except FileNotFoundError:
@@ -232,6 +237,10 @@ def read_section(config_file: Path, name: str = "http",
         return None
     if not isinstance(doc, Mapping):
         raise HttpConfigError(f"{config_file}: expected a mapping with sections (http: …)")
+    unknown = sorted(str(k) for k in doc if k not in SECTIONS)
+    if unknown:
+        raise HttpConfigError(f"{config_file}: unknown section {unknown[0]!r:.60} (known: "
+                              f"{', '.join(SECTIONS)})")
     section = doc.get(name)
     if section is None:
         return None
