@@ -148,3 +148,23 @@ def test_a_descriptor_through_a_link_is_judged_where_it_lies_and_never_blocks(
     result = load_backends([fifo], demo_fallback=False)
     assert time.monotonic() - started < 5
     assert "not read: it is not a regular file" in str(result.errors[0]), result.errors
+
+
+def test_a_folder_says_what_it_holds_that_is_named_a_descriptor_but_is_none(
+        tmp_path: Path) -> None:
+    """In ``backends.d``, a dangling link, a folder and a FIFO named ``*.yaml`` were passed
+    over without a word (a descriptor the user thinks is there, silently not in force): each
+    is now an error of its own, the good file beside them loads, and the FIFO blocks nothing."""
+    folder = tmp_path / "backends.d"
+    _descriptor(folder)
+    (folder / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    (folder / "dir.yaml").mkdir()
+    os.mkfifo(folder / "pipe.yaml", 0o600)
+    started = time.monotonic()
+    result = load_backends([folder], demo_fallback=False)
+    assert time.monotonic() - started < 5
+    assert list(result.backends) == ["planted"]
+    said = {Path(str(e.file)).name: str(e) for e in result.errors}
+    assert set(said) == {"gone.yaml", "dir.yaml", "pipe.yaml"}, result.errors
+    assert "no such file" in said["gone.yaml"] and "is a directory" in said["dir.yaml"]
+    assert "not a regular file" in said["pipe.yaml"]

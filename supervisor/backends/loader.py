@@ -102,11 +102,12 @@ def named_layers(extra: Sequence[str | Path] = (),
 
 
 def folder_files(folder: Path) -> list[Path]:
-    """The descriptor files of a folder layer: its ``*.yaml``/``*.yml`` files in name order,
-    dotfiles left out (an editor's swap file is none); OSError when it cannot be listed."""
+    """The descriptor files of a folder layer: its ``*.yaml``/``*.yml`` entries in name order,
+    dotfiles left out (an editor's swap file is none); OSError when it cannot be listed.
+    Whatever is so named is one, a file or not: a dangling link, a folder or a FIFO named
+    ``x.yaml`` is then said to be no descriptor file, where it was passed over unsaid."""
     return [child for child in sorted(folder.iterdir(), key=lambda p: p.name)
-            if child.suffix in YAML_SUFFIXES and not child.name.startswith(".")
-            and child.is_file()]
+            if child.suffix in YAML_SUFFIXES and not child.name.startswith(".")]
 
 
 def working_directory() -> Path | None:
