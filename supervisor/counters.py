@@ -136,7 +136,6 @@ class Counters:
                 _hist(self.duration, job.backend, TIME_BUCKETS).observe(
                     job.finished_at - job.started_at)
 
-
     def forget(self, backends: set[str]) -> None:
         """``backends`` are no longer configured (removed by a reload): their counts go, so
         that what is kept follows the configured backends (as ``/metrics`` shows them), not

@@ -20,7 +20,7 @@ from typing import Any
 
 from .backends.schema import HOST_GPU
 from .errors import NoReport, VramtuiError
-from .paths import MAX_REPORT_BYTES, parse_report_name
+from .paths import MAX_REPORT_BYTES, parse_report_name, read_bounded
 from .results import DescriptorInfo, DescriptorLayer, ReportFile
 from .units import format_seconds, format_size_mib
 
@@ -173,8 +173,7 @@ def read_report(directory: Path, backend: str, name: str | None) -> ReportFile:
     chosen = name or names[0]
     path = directory / chosen
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_REPORT_BYTES + 1)
+        data = read_bounded(path, MAX_REPORT_BYTES)
     except OSError as exc:
         raise VramtuiError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_REPORT_BYTES:

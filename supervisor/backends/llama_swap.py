@@ -607,12 +607,13 @@ class _Translator:
         if value is not None:
             if not isinstance(value, list):
                 raise _Bad("aliases", f"{brief(value)} is not a list of names")
-            wanted += [str(a) for a in value if a is not None and not isinstance(a, Mapping | list)]
+            named = [str(a) for a in value if a is not None and not isinstance(a, Mapping | list)]
+            if len(named) < len(value):
+                self.out.warn(_line(body, "aliases", line), "aliases", name, "an alias that is "
+                              "empty or not a name (null, a list, a mapping) is left out")
+            wanted += named
         aliases: list[str] = []
         where = _line(body, "aliases", line)
-        if value is not None and len(wanted) - (model_id != name) < len(value):
-            self.out.warn(where, "aliases", name, "an alias that is empty or not a name (null, "
-                          "a list, a mapping) is left out")
         backends = set(self.names.values())
         for alias in wanted:
             if alias in aliases or alias == name:

@@ -276,8 +276,8 @@ class _OpenAI:
         if "file" not in body:
             raise bad_request("file: the audio to transcribe", param="file")
         flag = body.get("stream")  # (a form's fields are text)
-        if isinstance(flag, str) and flag.strip().lower() in FORM_BOOLEANS:
-            body["stream"] = FORM_BOOLEANS[flag.strip().lower()]
+        if isinstance(flag, str):
+            body["stream"] = FORM_BOOLEANS.get(flag.strip().lower(), flag)
         return body, json.dumps(body, separators=(",", ":")).encode()
 
     async def _stream(self, request: web.Request, job_id: str) -> web.StreamResponse:

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 log = logging.getLogger("supervisor.http")
+
+
 class _AnsweredBody(logging.Filter):
     """aiohttp drains what is left of a request's body after its answer; a body that does
     not unzip raises there again, and aiohttp logs it as an unhandled exception with its

@@ -51,12 +51,13 @@ def read_request(text: str | None, file: str | None, flag: str) -> bytes | None:
     if file is not None:
         from supervisor.paths import read_bounded
 
+        limit = max_request()
         try:
-            data = read_bounded(file, max_request())
+            data = read_bounded(file, limit)
         except OSError as exc:
             raise UsageError(f"cannot read --{flag}-file {file}: "
                              f"{exc.strerror or exc}") from None
-        return _within(data, f"--{flag}-file {file}")
+        return _within(data, limit, f"--{flag}-file {file}")
     return None
 
 
@@ -71,8 +72,7 @@ def max_request() -> int:
         return DEFAULT_MAX_REQUEST  # (the engine says what is wrong with it, if it is asked)
 
 
-def _within(data: bytes, what: str) -> bytes:
-    limit = max_request()
+def _within(data: bytes, limit: int, what: str) -> bytes:
     if len(data) > limit:
         raise UsageError(f"request too large: {what} is over {limit >> 20} MiB, the most the "
                          "engine takes in one request (VRAMTUI_MAX_REQUEST); put large inputs "
@@ -85,7 +85,8 @@ def _read_payload(args: argparse.Namespace) -> bytes:
     if given is not None:
         return given
     if args.stdin:
-        return _within(sys.stdin.buffer.read(max_request() + 1), "the request on stdin")
+        limit = max_request()
+        return _within(sys.stdin.buffer.read(limit + 1), limit, "the request on stdin")
     return b""
 
 
