@@ -177,11 +177,13 @@ class BackendDetail(ReadonlyKeys, DetailScreen):
         self.vapp.ui(self._show_static, descriptor, calibration)
 
     def _show_static(self, descriptor: Text, calibration: Text) -> None:
-        if not self.is_mounted:
-            return
-        self.query_one("#descriptor", Static).update(descriptor)
-        self.query_one("#calibration", Static).update(calibration)
-        self.static_shown = True
+        # (a query, not query_one: read in a thread, the boxes may be gone when it comes back,
+        # the screen still mounted while the app takes it down)
+        for box in self.query("#descriptor").results(Static):
+            box.update(descriptor)
+        for box in self.query("#calibration").results(Static):
+            box.update(calibration)
+            self.static_shown = True
 
 
 def describe_layers(api: Any, name: str) -> Text:
