@@ -1,13 +1,18 @@
 """The front door's event hub: a stream of one job's events is offered that job's events only
 (a chunk costs the hub the streams that want it, not every open stream); a stream of every
-event (the /v1/events feed) is offered each."""
+event (the /v1/events feed) is offered each.  A hub that nobody follows stops listening after
+its linger (the engine then builds no event for it), and a client that resumes from before
+that is told to take a snapshot, never replayed a history with a hole in it."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from supervisor.events import EngineEvent, EventHub
+from supervisor.http import sse
 from supervisor.http.sse import Hub, Item, Stream
 
 
@@ -25,7 +30,6 @@ def _stream(hub: Hub, seen: list[str], job_id: str | None) -> Stream:
 def test_a_jobs_stream_is_offered_its_jobs_events_only() -> None:
     events = EventHub()
     hub = Hub(SimpleNamespace(events=events))  # type: ignore[arg-type]
-    hub.start()
     seen_a: list[str] = []
     seen_b: list[str] = []
     seen_all: list[str] = []
@@ -44,3 +48,37 @@ def test_a_jobs_stream_is_offered_its_jobs_events_only() -> None:
     assert seen_a == ["a", "a"] and set(hub.streams) == {b, every}
     hub.close()
     assert hub.closed and b.wake.is_set() and every.wake.is_set()
+
+
+def test_a_hub_nobody_follows_hears_nothing_and_resumes_from_a_hole_with_a_snapshot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(sse, "monotonic", lambda: now[0])
+    events = EventHub()
+    hub = Hub(SimpleNamespace(events=events))  # type: ignore[arg-type]
+    assert not events.wants("job")  # nobody follows: the engine builds no event for it
+    feed = _stream(hub, [], None)
+    feed.resumable = True  # (the event feeds': numbered, resumed with Last-Event-ID)
+    hub.add(feed)
+    assert events.wants("job") and events.wants("chunk")
+    events.publish(EngineEvent("job", 0.0, job_id="a"))
+    events.publish(EngineEvent("job", 0.0, job_id="a"))
+    assert hub.seq == 2 and [i.id for i in hub.since(0) or []] == [1, 2]
+    hub.discard(feed)
+    now[0] += sse.LINGER_S - 1
+    events.publish(EngineEvent("job", 0.0, job_id="b"))  # in its linger: kept to replay
+    assert [i.id for i in hub.since(2) or []] == [3]
+    now[0] += 2
+    events.publish(EngineEvent("job", 0.0, job_id="c"))  # past it: let go, not kept
+    assert not events.wants("job") and not events.wants("chunk")
+    for last in (0, 2, 3):
+        assert hub.since(last) is None  # (a hole since: a snapshot, not a replay)
+    relay = _stream(hub, [], "d")  # an answer streamed: nothing to resume after it
+    hub.add(relay)
+    assert events.wants("job")
+    events.publish(EngineEvent("job", 0.0, job_id="d"))
+    assert [i.id for i in hub.since(hub.seq - 1) or []] == [hub.seq] and hub.since(3) is None
+    hub.discard(relay)
+    events.publish(EngineEvent("job", 0.0, job_id="e"))  # (no linger after it)
+    assert not events.wants("job")
+    hub.close()

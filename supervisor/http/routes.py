@@ -174,7 +174,8 @@ class _Routes:
         enc = JobStream(srv, job_id)
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
-                        buffer_limit=srv.config.subscriber_buffer, job_id=job_id)
+                        buffer_limit=srv.config.subscriber_buffer, job_id=job_id,
+                        resumable=True)
         last = last_event_id(request)
         replay = srv.hub.since(last) if last is not None else None
         if replay is None:
@@ -449,7 +450,7 @@ class _Routes:
 
         stream = Stream(srv.hub, request, wants=wants, encode=encode, on_lag=on_lag,
                         heartbeat_s=srv.config.heartbeat_s,
-                        buffer_limit=srv.config.subscriber_buffer)
+                        buffer_limit=srv.config.subscriber_buffer, resumable=True)
         last = last_event_id(request)
         first = b"retry: 3000\n\n"
         if last is not None:

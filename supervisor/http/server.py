@@ -115,7 +115,6 @@ class HttpServer:
             host, port = socks[0].getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
             self.address = f"http://{shown}:{port}"
-        self.hub.start()
         self.app = self._make_app()
         self._starting = loop.create_task(self._serve(socks))
         log.info("HTTP front door on %s%s", self.address,

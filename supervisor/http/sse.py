@@ -3,7 +3,12 @@
 :class:`Hub` holds the front door's one subscription to the engine's events.  Each event gets
 the next number (the SSE ``id:``, monotonic for the life of the server) and goes into a
 bounded ring, so a client that reconnects with ``Last-Event-ID`` is replayed what it missed —
-or, when that has left the ring, sent a fresh snapshot instead.
+or, when that has left the ring, sent a fresh snapshot instead.  The hub listens only while
+it has streams, and for ``LINGER_S`` after a resumable one (numbered: the event feeds) ended,
+so that a client that reconnects is replayed; then it lets the subscription go, and a door
+that nobody follows costs the engine no event at all (one nobody takes is not even built:
+every request is a job, and its events would be built for nobody).  The ring is emptied then;
+a client that comes back after that, from before the hole, gets a fresh snapshot.
 
 :class:`Stream` is one client's response.  The engine's callback only appends to the stream's
 pending queue (O(1), never blocks); the stream's own task writes.  A stream of one job's
@@ -27,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from supervisor.clock import monotonic
+
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..events import EngineEvent, Subscription
@@ -36,6 +43,7 @@ RING_EVENTS = 4096
 RING_BYTES = 16 * 1024 * 1024
 MAX_PENDING = 2048
 RETRY_MS = 3000
+LINGER_S = 60.0  # the hub still listens this long after a resumable stream (20 SSE retries)
 HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -85,10 +93,23 @@ class Hub:
         self.closed = False
         self.dropped = 0  # events dropped for slow streams (all streams together)
         self._sub: Subscription | None = None
+        self._linger_until = 0.0  # with no stream, it still listens until then
 
-    def start(self) -> None:
-        self._sub = self.engine.events.subscribe(maxsize=1, kinds=HUB_KINDS | {"closed"},
-                                                 callback=self._on_event)
+    def _listen(self) -> None:
+        if self._sub is None and not self.closed:
+            self._sub = self.engine.events.subscribe(
+                maxsize=1, kinds=HUB_KINDS | {"closed"}, callback=self._on_event)
+
+    def _let_go(self) -> None:
+        """No stream, nor one to resume: stop listening and empty the ring. The number after
+        the last event kept stands for those not heard: any ``Last-Event-ID`` before it is
+        answered with a snapshot (:meth:`since`)."""
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+        self.ring.clear()
+        self._bytes = 0
+        self.seq += 1
 
     def close(self) -> None:
         if self._sub is not None:
@@ -98,6 +119,7 @@ class Hub:
 
     def add(self, stream: Stream) -> None:
         """Offer ``stream`` the events from now on (those of its job, when it has one)."""
+        self._listen()
         if stream.job_id is None:
             self._all.add(stream)
         else:
@@ -106,12 +128,12 @@ class Hub:
     def discard(self, stream: Stream) -> None:
         if stream.job_id is None:
             self._all.discard(stream)
-            return
-        group = self._by_job.get(stream.job_id)
-        if group is not None:
+        elif group := self._by_job.get(stream.job_id):
             group.discard(stream)
             if not group:
                 del self._by_job[stream.job_id]
+        if stream.resumable:
+            self._linger_until = monotonic() + LINGER_S
 
     @property
     def streams(self) -> list[Stream]:
@@ -126,6 +148,9 @@ class Hub:
     def _on_event(self, event: EngineEvent) -> None:  # on the engine loop, inside publish
         if event.kind == "closed":
             self._closed()
+            return
+        if not self._all and not self._by_job and monotonic() >= self._linger_until:
+            self._let_go()
             return
         self.seq += 1
         size = 256 + len(event.data or b"")
@@ -162,9 +187,10 @@ class Stream:
                  on_lag: Callable[[int, int], Encoded], heartbeat_s: float | None,
                  buffer_limit: int, max_pending: int = MAX_PENDING,
                  heartbeat: bytes | None = b": heartbeat\n\n",
-                 job_id: str | None = None) -> None:
+                 job_id: str | None = None, resumable: bool = False) -> None:
         self.hub = hub
         self.job_id = job_id  # set: only this job's events are offered (``wants`` still sees each)
+        self.resumable = resumable  # its events are numbered: its client may resume from one
         self.request = request
         self.wants = wants
         self.encode = encode
