@@ -688,9 +688,12 @@ class Engine:
             self.calibrations.start(job, rt, start.gpu, self._calibration_done)
             return
         spawn = start.spawn or rt.worker is None
-        admitted = Planner.admitted(job.id, start, snap, spawn)
+
+        def admitted() -> str:  # (its line: written once the request is on its way)
+            return Planner.admitted(job.id, start, snap, spawn)
+
         if spawn:
-            self.notes.note("info", admitted, job.backend, quiet=True)
+            self.notes.note("info", admitted(), job.backend, quiet=True)
             self._spawn_worker(rt, start.gpu)
         rt.admitted.append(job.id)
         rt.usage.idle_since = None
@@ -699,10 +702,10 @@ class Engine:
         if worker.hot and worker.data is not None:
             self._dispatch(rt, job)
             # Told once the worker has the request: it works while the engine writes this.
-            self.notes.note("info", admitted, job.backend, quiet=True)
+            self.notes.note("info", admitted(), job.backend, quiet=True)
         else:
             if not spawn:
-                self.notes.note("info", admitted, job.backend, quiet=True)
+                self.notes.note("info", admitted(), job.backend, quiet=True)
             how = "waking" if worker.state == WorkerState.ASLEEP else "starting"
             job.mark(self.clock(), JobState.STARTING, f"{how} {rt.spec.name} on GPU{job.gpu}")
             self.sleeper.wake(rt)
