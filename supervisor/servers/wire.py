@@ -240,26 +240,33 @@ class _Answer:
         self.keep = self.keep and not self.after and self.parser.should_keep_alive()
 
     def _head(self, status: int, raw: list[tuple[bytes, bytes]]) -> None:
-        names = [name.lower() for name, _value in raw]
-        values = [value.strip(b" \t") for _name, value in raw]
-        encodings = [v.lower() for n, v in zip(names, values, strict=True)
-                     if n == b"transfer-encoding"]
+        # (one pass: the answer's head is on every request's path)
+        headers: list[tuple[str, str]] = []
+        encodings: list[bytes] = []
+        size = 0
+        length: bytes | None = None
+        for name, value in raw:
+            size += len(name) + len(value) + 4
+            low = name.lower()
+            value = value.strip(b" \t")
+            if low == b"transfer-encoding":
+                encodings.append(value.lower())
+            elif low == b"content-length":
+                length = value if length is None or length == b"0" else length
+            headers.append((name.decode("latin-1"), _text(value)))
         if encodings and encodings != [b"chunked"]:
             self._fail(WireError("its answer's Transfer-Encoding is not chunked alone"))
-        if status == 204 and (encodings or any(
-                n == b"content-length" and v != b"0" for n, v in zip(names, values,
-                                                                       strict=True))):
+        if status == 204 and (encodings or (length is not None and length != b"0")):
             # (RFC 9110 §8.6: never; its "body" would be read as the next answer)
             self._fail(WireError("it answered 204 (no content) with a body"))
-        if sum(len(n) + len(v) + 4 for n, v in raw) > MAX_HEAD:
+        if size > MAX_HEAD:
             self._fail(WireError(f"its answer's head passed {MAX_HEAD} bytes"))
         self.headed = True
         # (an HTTP/1.0 answer's keep-alive is an old convention: its connection is not reused)
         self.keep = self.parser.should_keep_alive() and self.parser.get_http_version() == "1.1"
         self.until_close = not (self.head_only or status in (204, 304) or encodings
-                                or b"content-length" in names)
-        self.sink.head(status, [(n.decode("latin-1"), _text(v))
-                                for (n, _raw), v in zip(raw, values, strict=True)])
+                                or length is not None)
+        self.sink.head(status, headers)
         if self.head_only:  # (a length it gives is the GET's; no body follows)
             self.done, self.keep = True, False
 
