@@ -17,17 +17,19 @@ CONTAINERS = (dict, list, tuple)
 def nesting(value: Any, limit: int) -> int:
     """How many containers deep ``value`` goes (a scalar is 0; ``{}`` is 1), counted up to
     ``limit + 1`` at most: the walk stops as soon as the limit is passed."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    if not isinstance(value, CONTAINERS):
+        return 0
+    deepest = 1
+    stack: list[tuple[Any, int]] = [(value, 1)]  # (containers only: a leaf costs a test)
     while stack:
         item, level = stack.pop()
-        if not isinstance(item, CONTAINERS):
-            continue
-        deepest = max(deepest, level)
-        if deepest > limit:
-            return deepest
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, level + 1) for child in children)
+        if level > deepest:
+            deepest = level
+            if deepest > limit:
+                return deepest
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, CONTAINERS):
+                stack.append((child, level + 1))
     return deepest
 
 
