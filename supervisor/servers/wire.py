@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import socket
 import ssl
@@ -85,26 +86,30 @@ def request_event(method: str, target: str, authority: str, headers: Mapping[str
         raise ValueError(f"{method[:40]!r} is not an HTTP method")
     if not _TARGET.fullmatch(target):
         raise ValueError(f"{target[:80]!r} is not a request target")
-    fields: list[tuple[str, bytes]] = [("Host", authority.encode("ascii"))]
+    lines = [f"{method} {target} HTTP/1.1\r\n".encode("ascii"),
+             _header_line("Host", authority.encode("ascii"))]
     accept = False
     for k, v in headers.items():
         low = k.lower()
         accept = accept or low == "accept"
         if low not in _FRAMING:
             # A value is sent as the bytes the client wrote (the door read them as UTF-8).
-            fields.append((k, v.encode("utf-8", "surrogateescape")))
+            lines.append(_header_line(k, v.encode("utf-8", "surrogateescape")))
     if not accept:
-        fields.append(("Accept", b"*/*"))
+        lines.append(b"Accept: */*\r\n")
     if body or method not in _NO_BODY_METHODS:
-        fields.append(("Content-Length", str(len(body)).encode()))
-    lines = [f"{method} {target} HTTP/1.1\r\n".encode("ascii")]
-    for name, value in fields:
-        value = value.strip(b" \t")
-        if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
-            raise ValueError(f"the header {name[:40]!r} cannot be carried by HTTP/1.1")
-        lines.append(b"%s: %s\r\n" % (name.encode("ascii"), value))
+        lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")
     return RequestHead(method, b"".join(lines))
+
+
+@functools.lru_cache(maxsize=256)  # (most requests of a server repeat most of their headers)
+def _header_line(name: str, value: bytes) -> bytes:
+    """``name: value``, its line; ``ValueError`` for one HTTP/1.1 cannot carry."""
+    value = value.strip(b" \t")
+    if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
+        raise ValueError(f"the header {name[:40]!r} cannot be carried by HTTP/1.1")
+    return b"%s: %s\r\n" % (name.encode("ascii"), value)
 
 
 def request_bytes(head: RequestHead, body: bytes) -> bytes:
