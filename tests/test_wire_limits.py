@@ -12,10 +12,12 @@ import asyncio
 import logging
 import os
 import select
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -196,11 +198,18 @@ class Claim:
 
 
 @pytest.fixture
-def listener(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loop, WireListener]]:
-    import tempfile
+def socket_dir() -> Iterator[Path]:
+    """A folder for the listener's sockets with a short path (a Unix socket's path has a
+    limit that pytest's own temporary folders can pass), removed afterwards."""
     directory = Path(tempfile.mkdtemp(prefix="vtw-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def listener(socket_dir: Path) -> Iterator[tuple[Loop, WireListener]]:
     loop = Loop()
-    wire = WireListener(str(directory / "c.sock"), str(directory / "d.sock"),
+    wire = WireListener(str(socket_dir / "c.sock"), str(socket_dir / "d.sock"),
                         limits=WireLimits(data_frame=1024 * 1024, register_timeout_s=0.5))
     loop.run(wire.start())
     yield loop, wire
@@ -378,11 +387,9 @@ def test_a_worker_busy_in_predict_answers_the_engine_ping(
         gate.close()
 
 
-def test_a_worker_that_never_reads_is_cut_off_not_buffered_for() -> None:
-    import tempfile
-    directory = Path(tempfile.mkdtemp(prefix="vtw-", dir="/tmp"))
+def test_a_worker_that_never_reads_is_cut_off_not_buffered_for(socket_dir: Path) -> None:
     loop = Loop()
-    wire = WireListener(str(directory / "c.sock"), str(directory / "d.sock"),
+    wire = WireListener(str(socket_dir / "c.sock"), str(socket_dir / "d.sock"),
                         limits=WireLimits(max_write_buffer=1024 * 1024))
     loop.run(wire.start())
     try:
