@@ -7,6 +7,7 @@ fakes in test_engine_rules.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -157,3 +158,34 @@ def test_a_worker_that_cannot_even_be_spawned_fails_its_job(tmp_path: Path) -> N
         assert "cannot start" in (result.error or "")
 
 
+
+
+def test_the_event_stream_never_shows_a_one_at_a_time_backend_running_two_jobs() -> None:
+    """Jobs queued back to back on a backend of concurrency 1: in the engine's own event
+    stream (what the TUI and SSE clients follow), each job ends before the next one runs, and
+    its end's log line comes before the next one's admission."""
+    events: list[tuple[str, str | None, str | None, str]] = []
+    with engine([sim_backend("one", 256, 64, steps=1, step_s=0.005)]) as sup:
+        sup.engine.events.subscribe(
+            kinds=frozenset({"job", "log"}), maxsize=100_000,
+            callback=lambda e: events.append((e.kind, e.job_id, e.state, e.message)))
+        ids = [sup.submit("one", json.dumps({"steps": 1, "step_s": 0.005}).encode())
+               for _ in range(20)]
+        for job_id in ids:
+            assert sup.wait(job_id, 60).state is JobState.SUCCEEDED
+    running: set[str] = set()
+    started: list[str] = []
+    for kind, job_id, state, _message in events:
+        if kind != "job" or job_id is None:
+            continue
+        if state == "running" and job_id not in started:
+            assert not running, f"{job_id} runs while {running} has not ended"
+            started.append(job_id)
+            running.add(job_id)
+        elif state in ("succeeded", "failed", "cancelled", "timed_out"):
+            running.discard(job_id)
+    assert sorted(started) == sorted(ids)
+    lines = [m for kind, _j, _s, m in events if kind == "log"
+             and (m.startswith("admitted") or " succeeded after " in m)]
+    for before, after in itertools.pairwise(lines):
+        assert not (before.startswith("admitted") and after.startswith("admitted")), lines

@@ -427,6 +427,33 @@ def test_a_liar_that_overcommits_its_gpu_is_killed_and_runs_alone_next_time() ->
         assert state_of(fe, "honest") == "ready"  # the honest one was not the victim
 
 
+
+def test_an_over_user_whose_jobs_end_together_is_evicted_counted_and_told_once() -> None:
+    desc = mib(1024, 256, on_overuse="evict", concurrency=2)
+    scripts = {"liar": Script(weights_mib=3000, activation_mib=0, manual=True)}
+    with fake_engine({"liar": desc}, scripts=scripts) as fe:
+        fe.sup.preload("liar")
+        wait_until(lambda: fe.workers.live("liar") is not None, what="a worker")
+        w = fe.worker("liar")
+        fe.on_loop(w.ready)
+        a, b = fe.sup.submit("liar", b"a"), fe.sup.submit("liar", b"b")
+        wait_until(lambda: len(w.requests) == 2, what="both jobs running")
+        wait_until(lambda: not fe.engine.backends["liar"].conduct.accepting,
+                   what="the liar caught")
+
+        def both_end() -> None:  # (in one callback: nothing runs between the two ends)
+            w.reply(a, b"A")
+            w.reply(b, b"B")
+
+        fe.on_loop(both_end)
+        assert fe.sup.wait(a, 5).state is JobState.SUCCEEDED
+        assert fe.sup.wait(b, 5).state is JobState.SUCCEEDED
+        wait_until(lambda: state_of(fe, "liar") == "cold", what="the liar evicted")
+        told = [x.text for x in fe.sup.snapshot().log if x.text.startswith("evicting liar")]
+        counted = fe.on_loop(lambda: dict(fe.engine.counters.evictions))
+        assert counted == {("liar", "overuse"): 1} and len(told) == 1, (counted, told)
+
+
 # -- the journal ---------------------------------------------------------------------------------
 
 def test_queued_jobs_come_back_after_a_restart_with_their_ids_and_order() -> None:

@@ -897,27 +897,17 @@ class Engine:
             usage.idle_since = self.clock()
         self.watch.learn(rt, job, outcome.ok)
         if job.cancel_requested:
-            ended = self._end(job, job.cancel_state, error=job.error or "cancelled")
+            self._finish(job, job.cancel_state, error=job.error or "cancelled")
         elif outcome.ok:
             job.data, job.headers = outcome.data, outcome.headers
             job.status_code = outcome.status_code
-            ended = self._end(job, JobState.SUCCEEDED)
+            self._finish(job, JobState.SUCCEEDED)
         else:
             job.status_code = outcome.status_code
             if outcome.too_large:
                 job.chunks = []  # the part of an oversized result that came: not kept
             state = JobState.CANCELLED if outcome.cancelled else JobState.FAILED
-            ended = self._end(job, state, error=outcome.error)
-        # Its waiters have heard, and what the next decision needs is known (an HTTP client
-        # is answered on the loop's next callback); the engine tells of the end just after,
-        # off the answer's path, and before anyone who heard of it can ask (asked after).
-        assert self.run.loop is not None
-        self.run.loop.call_soon(self._after_request, rt, handle, job, ended)
-
-    def _after_request(self, rt: BackendRuntime, handle: Worker, job: Job,
-                       ended: bool) -> None:
-        if ended:
-            self._tell_end(job)
+            self._finish(job, state, error=outcome.error)
         if not rt.conduct.accepting and not rt.admitted and rt.worker is handle:
             self.notes.note("warning", f"evicting {rt.spec.name}: its job is done and it held "
                             f"{rt.conduct.over_mib} MiB more than its figures (on_overuse: "
@@ -947,15 +937,8 @@ class Engine:
 
     # ===================================================================== ends ===========
     def _finish(self, job: Job, state: JobState, error: str | None = None) -> None:
-        if self._end(job, state, error):
-            self._tell_end(job)
-
-    def _end(self, job: Job, state: JobState, error: str | None = None) -> bool:
-        """``job`` ends in ``state``: journaled, then its waiters hear it, and how long it ran
-        is learned (False: it had ended already). :meth:`_tell_end` says so, then or just
-        after."""
         if job.state.finished:
-            return False
+            return
         error = visible(error, lines=True) if error is not None else None  # a worker's words
         now = self.clock()
         if self.journal.durable(job):  # durable before anyone hears of it
@@ -963,19 +946,14 @@ class Engine:
         if error is not None:
             job.error = error
         job.mark(now, state, error or "")
+        self.notes.counters.job_finished(job)
         self.run.cancel_timer(job.id)
         self.run.cancel_timer(f"kill:{job.id}")
         job.payload = b""
         self.jobs.ended(job)
         if job.kind == "job":
-            self.planner.ended(job)
-        return True
-
-    def _tell_end(self, job: Job) -> None:
-        """A job's end counted, logged and published."""
-        self.notes.counters.job_finished(job)
-        if job.kind == "job":
             self.notes.job_ended(job)
+            self.planner.ended(job)
         self._job_event(job)  # events carry no result: whoever wants it asks (wait, job)
 
     def _stopped_during(self, job: Job) -> None:
