@@ -45,6 +45,7 @@ from .results import (
     YieldInfo,
 )
 from .snapshot import EngineSnapshot
+from .units import digits
 from .validate import check_seconds
 
 T = TypeVar("T")
@@ -86,7 +87,7 @@ class EngineLock:
                 f"another vramtui engine (pid {owner}{where}) already runs in "
                 f"{self.path.parent}; attach to it, or stop it first"
             )
-            exc.pid = int(owner) if owner.isdigit() else None
+            exc.pid = int(owner) if digits(owner) else None
             exc.socket = str(self.socket) if self.socket is not None else None
             raise exc from None
         os.ftruncate(fd, 0)

@@ -11,6 +11,7 @@ Reading (the descriptor grammar):
 - :func:`parse_size` — ``12GiB``, ``1536 MiB``, ``12GB``, ``512`` (MiB) → whole MiB, rounded up
 - :func:`parse_duration` — ``30s``, ``5m``, ``1h30m``, ``300``, ``never`` → seconds
 - :func:`mib_from_gib` — a number of GiB (vramd's calibrated figures) → whole MiB, rounded up
+- :func:`digits` — whether text is a whole number written in ASCII digits (``int`` reads it)
 
 Writing what the parsers read back (descriptors, overlays, ``backends describe``):
 
@@ -89,6 +90,13 @@ MAX_DURATION_TEXT = 100  # characters: longer is no duration anyone means
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|sec|min|hr|s|m|h|d)", re.IGNORECASE)
 _INFINITE_WORDS = frozenset({"never", "forever", "inf", "infinity"})
 _DURATION_HELP = "(use e.g. 30s, 5m, 1h30m or a number of seconds)"
+
+
+def digits(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only: what a count, port or id given as text must be
+    (``str.isdigit`` also takes ``²`` and other scripts' digits, some of which ``int``
+    refuses with a ValueError)."""
+    return text.isascii() and text.isdigit()
 
 
 def parse_size(value: object) -> int:

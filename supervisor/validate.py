@@ -35,7 +35,7 @@ import msgpack
 
 from .errors import InvalidRequest, QueueFull
 from .plain import nesting
-from .units import bytes_text
+from .units import bytes_text, digits
 
 PRIORITY_MIN = -1_000_000
 PRIORITY_MAX = 1_000_000
@@ -57,7 +57,7 @@ def default_max_result_bytes(environ: Mapping[str, str] = os.environ) -> int:
     value = environ.get(RESULT_VARIABLE, "").strip()
     if not value:
         return MAX_RESULT_DEFAULT
-    if not value.isdigit() or not 0 < int(value) * 1024 * 1024 <= MAX_RESULT_CEILING:
+    if not digits(value) or not 0 < int(value) * 1024 * 1024 <= MAX_RESULT_CEILING:
         logging.getLogger("supervisor").warning(
             "%s=%s ignored: give a whole number of MiB between 1 and %d; using %d MiB",
             RESULT_VARIABLE, value, MAX_RESULT_CEILING >> 20, MAX_RESULT_DEFAULT >> 20)

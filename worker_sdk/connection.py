@@ -60,7 +60,7 @@ def trusted_user_uids(environ: Mapping[str, str] = os.environ) -> frozenset[int]
     uids = {os.geteuid(), 0}
     value = environ.get(TRUST_VARIABLE, "").strip()
     if value:
-        if value.isdigit():
+        if value.isascii() and value.isdigit():  # (not ², which int() refuses)
             uids.add(int(value))
         else:
             try:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import brief
+from ..units import digits
 from .errors import DescriptorError, DescriptorWarning
 from .http import MACROS as SERVER_MACROS
 from .schema import ALIAS_RE, MAX_KEEP_ALIVE_S, NAME_RE
@@ -452,7 +453,7 @@ class _Translator:
         if "env" in values:
             env = self._env(values["env"], name, _line(body, "env", line))
             pinned_gpu = env.get("CUDA_VISIBLE_DEVICES", "")
-            if pinned_gpu.isdigit():  # the engine places it, and sets the variable itself
+            if digits(pinned_gpu):  # the engine places it, and sets the variable itself
                 del env["CUDA_VISIBLE_DEVICES"]
                 put("gpus", [int(pinned_gpu)], "env")
             elif pinned_gpu:
@@ -597,7 +598,7 @@ class _Translator:
             if limit:
                 return limit
         for flag, value in zip(argv, argv[1:], strict=False):
-            if flag in _PARALLEL and value.isdigit() and int(value) > 0:
+            if flag in _PARALLEL and digits(value) and int(value) > 0:
                 return int(value)
         return None
 

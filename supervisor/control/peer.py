@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from worker_sdk.connection import peer_credentials
 
+from ..units import digits
+
 
 @dataclass(frozen=True, slots=True)
 class PeerCred:
@@ -34,7 +36,7 @@ def resolve_group(name: str) -> int:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         pass
-    if name.isdigit():
+    if digits(name):
         return int(name)
     raise ValueError(f"no group named {name!r} on this machine (see `getent group`)")
 

@@ -39,7 +39,7 @@ import yaml
 from ..control import messages as m
 from ..errors import VramtuiError
 from ..paths import Untrusted, read_own, user_name
-from ..units import parse_duration, parse_size
+from ..units import digits, parse_duration, parse_size
 
 TOKEN_ENV = "VRAMTUI_HTTP_TOKEN"
 
@@ -141,7 +141,7 @@ def parse_listen(text: str) -> Listen:
             raise HttpConfigError(f"socket path {path} is over the 107-byte limit of Unix "
                                   "sockets; choose a shorter one")
         return Listen(path=path)
-    if text.isdigit():
+    if digits(text):
         host, port_text = "127.0.0.1", text
     elif text.startswith("["):
         close = text.find("]")
@@ -155,7 +155,7 @@ def parse_listen(text: str) -> Listen:
             raise HttpConfigError(f"bad listen address {text!r}: give the host too, "
                                   "127.0.0.1:PORT (this machine only) or 0.0.0.0:PORT (every "
                                   "interface; needs a token)")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not digits(port_text) or not 0 <= int(port_text) <= 65535:
         raise HttpConfigError(f"bad port in {text!r}: a number from 0 to 65535 (0: any free "
                               "port)")
     return Listen(host=host, port=int(port_text))

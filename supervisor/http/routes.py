@@ -26,7 +26,7 @@ from ..doors.codec import plain, yield_json
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError
 from ..jobs.query import job_detail
 from ..plain import nesting
-from ..units import parse_duration
+from ..units import digits, parse_duration
 from ..validate import check_nesting
 from . import route_table
 from .errors import HttpError, bad_request, from_engine, not_found
@@ -512,7 +512,7 @@ class _Routes:
 def _int_query(raw: str | None, name: str, default: int, low: int, high: int) -> int:
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not digits(raw) or not low <= int(raw) <= high:
         raise bad_request(f"{name} must be a whole number from {low} to {high}", param=name)
     return int(raw)
 
@@ -614,7 +614,7 @@ def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
 
 def _gpu_index(request: web.Request) -> str:
     raw = request.match_info["gpu"]
-    if not raw.isdigit() or len(raw) > 6:
+    if not digits(raw) or len(raw) > 6:
         raise bad_request("a GPU's index: a whole number (GET /v1/gpus lists them)",
                           param="gpu")
     return raw

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from supervisor.clock import monotonic
+from supervisor.units import digits
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -306,7 +307,7 @@ def last_event_id(request: web.Request) -> int | None:
     if raw is None:
         return None
     raw = raw.strip()
-    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+    return int(raw) if digits(raw) and len(raw) < 19 else None
 
 
 async def open_response(request: web.Request, status: int = 200,
