@@ -55,7 +55,7 @@ def test_a_hub_nobody_follows_hears_nothing_and_resumes_from_a_hole_with_a_snaps
     now = [100.0]
     monkeypatch.setattr(sse, "monotonic", lambda: now[0])
     events = EventHub()
-    hub = Hub(SimpleNamespace(events=events))  # type: ignore[arg-type]
+    hub = Hub(SimpleNamespace(events=events), first_id=0)  # type: ignore[arg-type]
     assert not events.wants("job")  # nobody follows: the engine builds no event for it
     feed = _stream(hub, [], None)
     feed.resumable = True  # (the event feeds': numbered, resumed with Last-Event-ID)
@@ -64,6 +64,7 @@ def test_a_hub_nobody_follows_hears_nothing_and_resumes_from_a_hole_with_a_snaps
     events.publish(EngineEvent("job", 0.0, job_id="a"))
     events.publish(EngineEvent("job", 0.0, job_id="a"))
     assert hub.seq == 2 and [i.id for i in hub.since(0) or []] == [1, 2]
+    assert hub.since(2) == [] and hub.since(3) is None  # (3: none given yet, no replay)
     hub.discard(feed)
     now[0] += sse.LINGER_S - 1
     events.publish(EngineEvent("job", 0.0, job_id="b"))  # in its linger: kept to replay
@@ -81,4 +82,22 @@ def test_a_hub_nobody_follows_hears_nothing_and_resumes_from_a_hole_with_a_snaps
     hub.discard(relay)
     events.publish(EngineEvent("job", 0.0, job_id="e"))  # (no linger after it)
     assert not events.wants("job")
+    ended = _stream(hub, [], "f")
+    ended.resumable = ended.finished = True  # a job's events, streamed to the job's end
+    hub.add(ended)
+    hub.discard(ended)
+    events.publish(EngineEvent("job", 0.0, job_id="g"))  # (nothing left to resume: no linger)
+    assert not events.wants("job")
     hub.close()
+
+
+def test_a_hubs_numbers_go_on_from_those_of_an_earlier_run() -> None:
+    events = EventHub()
+    before = Hub(SimpleNamespace(events=events))  # type: ignore[arg-type]
+    feed = _stream(before, [], None)
+    before.add(feed)
+    for _ in range(3):  # (numbers start at microseconds since the epoch: each event takes more)
+        events.publish(EngineEvent("job", 0.0, job_id="a"))
+    before.close()
+    after = Hub(SimpleNamespace(events=EventHub()))  # type: ignore[arg-type]
+    assert after.seq > before.seq and after.since(before.seq) is None  # (a snapshot)

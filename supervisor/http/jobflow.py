@@ -272,6 +272,17 @@ class JobStream:
                                   "progress": view.progress, "text": view.progress_text},
                      item.id), view.finished
 
+    def resume(self, replay: list[Item]) -> None:
+        """A client resuming after an event: the chunks it had are the job's so far less
+        those ``replay`` holds, so the replayed ones keep their index in the job."""
+        try:
+            had = len(watch.job_view(self.server.engine, self.job_id).chunks)
+        except UnknownJob:
+            return
+        again = sum(1 for item in replay
+                    if item.event.kind == "chunk" and item.event.job_id == self.job_id)
+        self.sent_chunks = max(0, had - again)
+
     def resync(self, lagged: int, seq: int) -> Encoded:
         """The job as it is now (a fresh snapshot), with every chunk this client missed."""
         try:

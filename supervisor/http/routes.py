@@ -182,6 +182,7 @@ class _Routes:
             stream.lagged = 0
             first, done = enc.resync(0, srv.hub.seq)  # the job as it is now, chunks so far
         else:
+            enc.resume(replay)
             stream.replay(replay)
             first, done = b"", False
         first = f"retry: {3000}\n\n".encode() + first

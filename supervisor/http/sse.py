@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,9 +83,12 @@ class Hub:
     """The front door's subscription to the engine, numbering events into a replay ring."""
 
     def __init__(self, engine: Engine, *, ring_events: int = RING_EVENTS,
-                 ring_bytes: int = RING_BYTES) -> None:
+                 ring_bytes: int = RING_BYTES, first_id: int | None = None) -> None:
         self.engine = engine
-        self.seq = 0
+        # Numbers go on from microseconds since the epoch (or ``first_id``): a client that
+        # resumes with an id of an earlier run of the server holds one below every number of
+        # this run, which has left no ring (a snapshot), never one this run gave other events.
+        self.seq = time.time_ns() // 1000 if first_id is None else first_id
         self.ring: deque[Item] = deque()
         self.ring_events = ring_events
         self.ring_bytes = ring_bytes
@@ -133,7 +137,7 @@ class Hub:
             group.discard(stream)
             if not group:
                 del self._by_job[stream.job_id]
-        if stream.resumable:
+        if stream.resumable and not stream.finished:  # (its client may come back for more)
             self._linger_until = monotonic() + LINGER_S
 
     @property
@@ -167,9 +171,12 @@ class Hub:
                 stream.offer(item)
 
     def since(self, last_id: int) -> list[Item] | None:
-        """The events after ``last_id``, or None when some of them have left the ring."""
-        if last_id >= self.seq:
+        """The events after ``last_id``, or None when some of them have left the ring (or it
+        is no number this hub gave: one from its future)."""
+        if last_id == self.seq:
             return []
+        if last_id > self.seq:
+            return None
         if not self.ring or self.ring[0].id > last_id + 1:
             return None
         return [item for item in self.ring if item.id > last_id]
