@@ -9,6 +9,7 @@ that stops, and a cancelled exchange. No process is started.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -397,6 +398,38 @@ def test_non_ascii_header_values_travel_as_the_bytes_they_were() -> None:
         headers = dict(sink.headers)
         assert headers["Content-Disposition"].encode() == b'filename="caf\xc3\xa9.png"'
         assert headers["X-Latin"] == "café"  # not UTF-8: read as Latin-1, never a failure
+
+    srv: Scripted
+    run(main())
+
+
+def test_an_exchange_given_up_before_it_is_completed_leaves_no_unretrieved_error() -> None:
+    """Written on an idle connection, then never completed (its job cancelled before its task
+    ran, its server gone): the connection's end must not leave asyncio a "Future exception
+    was never retrieved" to log."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        if await srv.read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await srv.read_request(reader)  # the next one: closed without a word
+
+    async def main() -> None:
+        nonlocal srv
+        told: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _loop, context: told.append(context["message"]))
+        async with Scripted(script) as srv:
+            link = Link(srv.url)
+            await ask(link, Sink())  # (its connection is kept, idle)
+            given_up = [link.begin("POST", "/x", {}, b"{}", Sink())]
+            written = given_up[0].done
+            assert written is not None  # written on the idle connection, never completed
+            await wait_until_async(written.done, 10, "the connection's end")
+            del given_up[:], written
+            gc.collect()
+            link.close()
+        assert not told, told
 
     srv: Scripted
     run(main())

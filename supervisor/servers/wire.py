@@ -316,6 +316,7 @@ class _Connection(asyncio.Protocol):
     def start(self, payload: bytes, answer: _Answer, reuse: bool) -> asyncio.Future[None]:
         assert self.transport is not None and self.answer is None
         done = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_seen)
         if self.lost or self.transport.is_closing():
             # (it went between its opening and now: nothing was written, nothing will come;
             # writing on it would be dropped (asyncio) or raise (uvloop))
@@ -393,6 +394,14 @@ class _Connection(asyncio.Protocol):
         self.answer = None
         if self.transport is not None:
             self.transport.abort()
+
+
+def _seen(done: asyncio.Future[None]) -> None:
+    """Take an exchange's error as seen: one given up before :meth:`Link.complete` awaited
+    it (its job's task cancelled before it ran) would have asyncio log it as never
+    retrieved when its connection ends. ``complete`` still raises it."""
+    if not done.cancelled():
+        done.exception()
 
 
 class _Unanswered(WireError):
