@@ -77,3 +77,37 @@ def test_jobs_that_fit_together_are_not_counted_one_after_another(bench: ModuleT
     trace = Trace("beside", (6 * 1024,), (a, b), jobs)
     assert bench.conflict_bound(trace) == pytest.approx(5.0 + 1.0)  # a load, then one job
     assert simulate(trace).makespan_s == pytest.approx(6.0, abs=0.5)
+
+
+def test_the_reloads_that_arrivals_force_are_counted(bench: ModuleType) -> None:
+    # Two models whose loads cannot run beside the other's job (nor stay beside it): a job of
+    # each now, and of each again at 5 s. Best: load a (3 s), a's jobs at 3 and 5, load b
+    # (2 s) from 6, b's two jobs: 10 s; any other order reloads a model or waits longer. The
+    # pairwise bound counts the jobs and one load (the two loads could share the card: 7 s);
+    # this one finds the 10 s.
+    a = TraceBackend("a", 3.0, 3_000, 700, safety_mib=300)
+    b = TraceBackend("b", 2.0, 3_000, 700, safety_mib=300)
+    jobs = tuple(TraceJob(f"{n}{at}", float(at), n, 1.0) for at in (0, 5) for n in "ab")
+    trace = Trace("turns", (6 * 1024,), (a, b), jobs)
+    assert bench.conflict_bound(trace) == pytest.approx(7.0)
+    assert bench.reload_bound(trace) == pytest.approx(10.0)
+    assert bench.lower_bound(trace) == pytest.approx(10.0)
+    for name, policy in bench.POLICIES:
+        r = simulate(trace, name=name) if policy is None else \
+            simulate(trace, policy=policy, name=name)
+        assert r.makespan_s >= 10.0 - 1e-6, (name, r.makespan_s)
+
+
+def test_no_policy_beats_the_reload_bound_where_it_is_the_tightest(bench: ModuleType) -> None:
+    tighter = 0
+    for seed in range(40, 200):
+        trace = small_card(seed)
+        bound = bench.reload_bound(trace)
+        if bound <= max(bench.conflict_bound(trace), bench.packing_bound(trace)):
+            continue
+        tighter += 1
+        for name, policy in bench.POLICIES:
+            r = simulate(trace, name=name) if policy is None else \
+                simulate(trace, policy=policy, name=name)
+            assert r.makespan_s >= bound - 1e-6, (seed, name, r.makespan_s, bound)
+    assert tighter >= 10  # (the seeds must exercise it)
