@@ -87,12 +87,19 @@ class EventHub:
         # The kinds the subscriptions take (None: one takes every kind), set with _subs: what
         # wants() reads, once per event the engine may build.
         self._wanted: frozenset[str] | None = frozenset()
+        self._closed = False
 
     def subscribe(self, *, maxsize: int = 1000, kinds: frozenset[str] | None = None,
                   callback: Callable[[EngineEvent], Any] | None = None) -> Subscription:
+        """A subscription to the events from now on.  After :meth:`close`, one that is told at
+        once that the engine has closed (it would wait for an event that never comes)."""
         sub = Subscription(self, maxsize, kinds, callback)
         with self._lock:
-            self._set_subs([*self._subs, sub])
+            closed = self._closed
+            if not closed:
+                self._set_subs([*self._subs, sub])
+        if closed:
+            sub.offer(_CLOSED)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -122,4 +129,6 @@ class EventHub:
             sub.offer(event)
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.publish(_CLOSED)

@@ -101,3 +101,17 @@ def test_a_hubs_numbers_go_on_from_those_of_an_earlier_run() -> None:
     before.close()
     after = Hub(SimpleNamespace(events=EventHub()))  # type: ignore[arg-type]
     assert after.seq > before.seq and after.since(before.seq) is None  # (a snapshot)
+
+
+def test_a_subscription_after_the_engine_closed_is_told_so_at_once() -> None:
+    """A follower that comes after the engine's last event (a stream opened while the door
+    closes) would otherwise wait for an event that never comes."""
+    events = EventHub()
+    events.close()
+    late = events.subscribe(maxsize=4)
+    told = late.get(timeout=1)  # (without: None, after the second)
+    assert told is not None and told.kind == "closed"
+    hub = Hub(SimpleNamespace(events=events))  # type: ignore[arg-type]
+    feed = _stream(hub, [], None)
+    hub.add(feed)
+    assert hub.closed and feed.wake.is_set()

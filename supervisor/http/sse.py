@@ -123,12 +123,13 @@ class Hub:
         self._closed()
 
     def add(self, stream: Stream) -> None:
-        """Offer ``stream`` the events from now on (those of its job, when it has one)."""
-        self._listen()
+        """Offer ``stream`` the events from now on (those of its job, when it has one).  Added
+        before the hub listens: an engine that has already closed says so at once, and wakes it."""
         if stream.job_id is None:
             self._all.add(stream)
         else:
             self._by_job.setdefault(stream.job_id, set()).add(stream)
+        self._listen()
 
     def discard(self, stream: Stream) -> None:
         if stream.job_id is None:
