@@ -219,9 +219,11 @@ def expecting(port: int, path: str, length: int, headers: dict[str, str] | None 
 @contextlib.contextmanager
 def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim:8GiB",
                engine_config: EngineConfig | None = None, ui: bool = False,
-               control: bool = False, **config: Any) -> Iterator[Front]:
+               control: bool = False, subapps: dict[str, Any] | None = None,
+               **config: Any) -> Iterator[Front]:
     """An embedded engine with its HTTP front door on a free loopback port (``control``: and
-    its control socket, for the CLI and the client)."""
+    its control socket, for the CLI and the client; ``subapps``: more aiohttp applications,
+    by prefix, behind the door's middlewares)."""
     root = new_root()
     env = make_env(root, backends)
     sup = Supervisor.from_config(gpus=gpus, backends=[env["VRAMTUI_TEST_BACKENDS"]],
@@ -229,7 +231,7 @@ def serve_http(backends: list[dict[str, Any]] | None = None, *, gpus: str = "sim
                                  config=engine_config or EngineConfig(reserve_mib=0, tick_s=0.1))
     listen = config.pop("listen", Listen("127.0.0.1", 0))
     cfg = dataclasses.replace(HttpConfig(listen=listen), **config)
-    subapps = config_subapps(sup) if ui else {}
+    subapps = {**(config_subapps(sup) if ui else {}), **(subapps or {})}
     if ui or control:  # the dashboard's sessions attach over the control socket
         from supervisor.control.server import ControlServer
 

@@ -8,12 +8,15 @@ is provoked for real: a full queue, a job too big for every GPU, a failing worke
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+from aiohttp import web
 from http_support import Front, default_http_backends, serve_http
 from spawning import spawns
 from waiting import wait_until
@@ -521,3 +524,35 @@ def test_a_huge_path_parameter_is_never_echoed_whole_and_always_answered_in_json
     assert r.status == 400 and r.error["code"] == "line_too_long"
     assert "z" * 100 not in r.body.decode()
     assert front.get("/healthz").status == 200  # and the door goes on
+
+
+async def _fails_after_its_head(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    await response.write(b'{"done":false}\n')
+    raise RuntimeError("a fault after the answer began")
+
+
+@pytest.mark.process
+def test_a_route_that_fails_after_its_answer_began_is_cut_not_given_a_second_head(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The door's error middleware wrote its 500 response, head and all, inside the body of
+    the answer already begun: a client read it as the body's next chunk (``illegal chunk
+    header``), and the connection stayed open. Now the connection is cut, without the body's
+    end: the client reads a broken answer, never a whole one."""
+    broken = web.Application()
+    broken.router.add_get("/stream", _fails_after_its_head)
+    with serve_http([], subapps={"/broken": broken}) as front, \
+            caplog.at_level(logging.ERROR, logger="supervisor.http"), \
+            socket.create_connection(("127.0.0.1", front.port), timeout=10) as sock:
+        sock.sendall(b"GET /broken/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):  # (a timeout here: the connection left open)
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1") == 1, data
+        assert b'{"done":false}' in data and not data.endswith(b"0\r\n\r\n"), data
+        assert "failed after its answer began: RuntimeError" in caplog.text
+        with pytest.raises(http.client.IncompleteRead):
+            conn = front.conn()
+            conn.request("GET", "/broken/stream")
+            conn.getresponse().read()

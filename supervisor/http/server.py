@@ -9,11 +9,12 @@ the loop but for the microseconds those calls take (log files are read in a thre
 Connections come in through the gate (:mod:`.gate`): each is identified and counted when it is
 accepted, before a byte is read, and its request headers have a deadline.  Every request then
 passes four middlewares, outermost first: errors (everything leaves in the one JSON error
-shape), the guard (:mod:`.auth`: host, origin, token, peer uid), limits (requests in
-flight, like the control socket's connection limit), and :func:`.expect.middleware`, which
-says ``100 Continue`` to a client that waits for it only then (on every path, sub-apps
-included).  Request bodies are bounded by ``max_body`` (413 past it; at once, before a byte of
-it is read, when its declared length is).
+shape; a route that fails once its answer began has its connection cut, as no second answer
+can follow the first one's head), the guard (:mod:`.auth`: host, origin, token, peer uid),
+limits (requests in flight, like the control socket's connection limit), and
+:func:`.expect.middleware`, which says ``100 Continue`` to a client that waits for it only
+then (on every path, sub-apps included).  Request bodies are bounded by ``max_body`` (413
+past it; at once, before a byte of it is read, when its declared length is).
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ BODY_ENCODINGS = frozenset({"", "identity", "gzip"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SHUTDOWN_TIMEOUT_S = 3.0
+
+
+#: The response a request's route began (its head prepared): set by :func:`_note_started`.
+STARTED = web.RequestKey("started", web.StreamResponse)
+
+
+async def _note_started(request: web.Request, response: web.StreamResponse) -> None:
+    request[STARTED] = response
 
 
 def streaming(handler: Handler) -> Handler:
@@ -172,6 +181,7 @@ class HttpServer:
         app = web.Application(client_max_size=self.config.max_body,
                               middlewares=[self.gate.middleware, self._errors, self._guard,
                                            self._limits, expect.middleware])
+        app.on_response_prepare.append(_note_started)
         routes.add_routes(app, self)
         openai_routes.add_routes(app, self)
         ollama_routes.add_routes(app, self)
@@ -216,13 +226,35 @@ class HttpServer:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
-        except HttpError as exc:
-            return exc.response_for(request)
-        except web.HTTPRequestEntityTooLarge:
-            return self._too_large().response_for(request)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
         except web.HTTPException as exc:
             if exc.status < 400:
-                raise
+                raise  # (a redirect: aiohttp answers it)
+            failure: Exception = exc
+        except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
+            failure = exc
+        started = request.get(STARTED)
+        if started is None:
+            return self._error_response(request, failure)
+        # Its head (and some of its body) went already: no other answer can follow it. The
+        # route should have ended its stream with an error in the stream's own format; it
+        # failed instead, so the connection is cut: the client reads a broken answer, never a
+        # whole one (nor a second head inside the first one's body).
+        log.error("HTTP %s %s failed after its answer began: %s: %s", request.method,
+                  request.path, type(failure).__name__, failure,
+                  exc_info=failure if not isinstance(failure, HttpError) else None)
+        if request.transport is not None:
+            request.transport.close()
+        return started
+
+    def _error_response(self, request: web.Request, exc: Exception) -> web.Response:
+        """The answer to a request whose route raised ``exc`` before it began one."""
+        if isinstance(exc, HttpError):
+            return exc.response_for(request)
+        if isinstance(exc, web.HTTPRequestEntityTooLarge):
+            return self._too_large().response_for(request)
+        if isinstance(exc, web.HTTPException):
             kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
                 exc.status, "invalid_request_error")
             text = exc.text if exc.text and not exc.text.startswith(str(exc.status)) \
@@ -235,15 +267,12 @@ class HttpServer:
             return HttpError(exc.status, text, kind, code=exc.reason.lower().replace(" ", "_"),
                              headers={k: v for k, v in exc.headers.items()
                                       if k.lower() == "allow"}).response_for(request)
-        except RequestPayloadError as exc:  # (a gzip body that does not unzip, cut short)
+        if isinstance(exc, RequestPayloadError):  # (a gzip body that does not unzip, cut short)
             return HttpError(400, f"the request body cannot be read: {exc}"[:300],
                              "invalid_request_error", "unreadable_body").response_for(request)
-        except (asyncio.CancelledError, ConnectionError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
-            log.exception("HTTP %s %s failed", request.method, request.path)
-            return HttpError(500, f"internal error: {type(exc).__name__}: {exc}",
-                             "internal_error").response_for(request)
+        log.error("HTTP %s %s failed", request.method, request.path, exc_info=exc)
+        return HttpError(500, f"internal error: {type(exc).__name__}: {exc}",
+                         "internal_error").response_for(request)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
