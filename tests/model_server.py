@@ -29,7 +29,14 @@
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
   that never ends); ``broken`` (a stream cut in the middle of its body); ``sleep-keeps``
   (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers);
-  ``asleep-hangs`` (once asleep, the whole server stops answering).
+  ``asleep-hangs`` (once asleep, the whole server stops answering); ``odd``: each answer is
+  the one the request's text names (its last message, its prompt or its input): an error
+  (``vllm400``, ``text400``, ``detail422``, ``long400``, ``split400``: written in two
+  pieces), an answer of the wrong shape (``choices5``, ``fnnull``, ``toolcalls5``,
+  ``data5``), or a stream that goes wrong after a good chunk and then goes on, a chunk
+  every 50 ms until its client goes (``bad-then-more``: ``{"choices": 5}``,
+  ``error-then-more``: an error event); ``split200``: a 200 whose JSON error comes in two
+  pieces; anything else as in ``ok``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -91,6 +99,8 @@ class Server:
                                                 " type must be number",
                                                 "type": "invalid_request_error"}}, status=400)
         mode = self.args.mode
+        if mode == "odd" and (odd := await self._odd(request, body)) is not None:
+            return odd
         if mode == "crash":
             sys.stderr.write("model_server: GGML_ASSERT failed, crashing\n")
             sys.stderr.flush()
@@ -118,6 +128,63 @@ class Server:
                 "choices": [choice],
                 "usage": {"prompt_tokens": 3, "completion_tokens": self.args.tokens,
                           "total_tokens": 3 + self.args.tokens}})
+        finally:
+            self.slots[slot] = False
+
+    async def _odd(self, request: web.Request, body: Any) -> web.StreamResponse | None:
+        """The answer the request's text names (``--mode odd``), or None for an ordinary one."""
+        said = _text_of(body)
+        if said == "vllm400":
+            return web.json_response({"object": "error", "message": "This model's maximum "
+                                      "context length is 4096 tokens", "type":
+                                      "BadRequestError", "param": None, "code": 400},
+                                     status=400)
+        if said == "text400":
+            return web.Response(status=400, text="Bad Request: context too long")
+        if said == "long400":
+            return web.Response(status=400, text="too long " * 20_000)
+        if said == "detail422":
+            return web.json_response({"detail": [{"loc": ["body", "messages"],
+                                                  "msg": "field required"}]}, status=422)
+        if said in ("split400", "split200"):
+            resp = web.StreamResponse(status=int(said[-3:]),
+                                      headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            await resp.write(b'{"error": {"code": 400, "message": "the request exceeds the ')
+            await asyncio.sleep(0.05)
+            await resp.write(b'available context size", "type": "exceed_context_size_error"}}')
+            await resp.write_eof()
+            return resp
+        shapes = {"choices5": {"choices": 5},
+                  "fnnull": {"choices": [{"message": {"content": "x",
+                                                      "tool_calls": [{"function": None}]}}]},
+                  "toolcalls5": {"choices": [{"message": {"content": "x", "tool_calls": 5}}]}}
+        if said in shapes and not body.get("stream"):
+            return web.json_response(shapes[said])
+        if said == "choices5":
+            return await self._events(request, [b'{"choices": 5}'], more=False)
+        if said in ("bad-then-more", "error-then-more"):
+            bad = b'{"choices": 5}' if said == "bad-then-more" else \
+                b'{"error": {"code": 500, "message": "out of memory"}}'
+            return await self._events(request, [_delta("a"), bad], more=True)
+        return None
+
+    async def _events(self, request: web.Request, events: list[bytes],
+                      more: bool) -> web.StreamResponse:
+        """An SSE answer of ``events``; ``more``: then a chunk every 50 ms, until its client
+        goes (its slot is held till then, as a generating server's is)."""
+        slot = self._take_slot()
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for event in events:
+                await resp.write(b"data: " + event + b"\n\n")
+            while more:
+                await asyncio.sleep(0.05)
+                await resp.write(b"data: " + _delta("x") + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
         finally:
             self.slots[slot] = False
 
@@ -156,6 +223,8 @@ class Server:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if self.args.mode == "odd" and _text_of(body) == "data5":
+            return web.json_response({"data": 5})
         return web.json_response({"object": "list", "model": body.get("model"),
                                   "data": [{"object": "embedding", "index": 0,
                                             "embedding": [0.1, 0.2, 0.3]}]})
@@ -222,6 +291,21 @@ class Server:
         return sock
 
 
+def _text_of(body: Any) -> str:
+    """A request's text: its last message's, its prompt, or its (first) input."""
+    if not isinstance(body, dict):
+        return ""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return str(messages[-1].get("content"))
+    text = body.get("prompt", body.get("input", ""))
+    return str(text[0] if isinstance(text, list) and text else text)
+
+
+def _delta(text: str) -> bytes:
+    return json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -234,7 +318,7 @@ def main() -> None:
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
         "ok", "never-healthy", "health-hangs", "exit", "crash", "hang", "error500", "endless",
-        "broken", "sleep-keeps", "wake-hangs", "asleep-hangs"))
+        "broken", "sleep-keeps", "wake-hangs", "asleep-hangs", "odd"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")

@@ -107,7 +107,79 @@ def test_chunk_reader_takes_worker_json_and_server_sse_cut_anywhere() -> None:
     assert len(endless.buffer) <= shapes.MAX_PENDING_BYTES  # bounded
 
 
-def test_openai_errors_become_one_message() -> None:
-    assert shapes.openai_error({"error": {"message": "no"}}, 400) == "no"
-    assert "status 500" in shapes.openai_error({"detail": "x"}, 500)
-    assert json.loads(json.dumps(shapes.error_body("m"))) == {"error": "m"}
+def test_a_servers_json_cut_anywhere_is_put_together_and_bounded() -> None:
+    """A model server's JSON body (its error, say) in pieces: each piece was parsed alone,
+    none was JSON, and the error was dropped."""
+    body = b'{"error": {"code": 400, "message": "too long"}}'
+    for cut in range(1, len(body)):
+        reader = shapes.ChunkReader(server=True)
+        assert reader.feed(body[:cut]) == [] and reader.feed(body[cut:]) == [
+            json.loads(body)], cut
+    endless = shapes.ChunkReader(server=True)
+    endless.feed(b'{"a": "')
+    for _ in range(3):
+        assert endless.feed(b"x" * shapes.MAX_PENDING_BYTES) == []
+        assert len(endless.buffer) <= shapes.MAX_PENDING_BYTES  # bounded
+    worker = shapes.ChunkReader()  # a worker's chunk is whole: junk is not kept for the next
+    assert worker.feed(b'{"a": ') == [] and worker.feed(b'{"b": 2}') == [{"b": 2}]
+
+
+@pytest.mark.parametrize("data,said", [
+    ({"error": {"message": "no"}}, "no"),
+    ({"error": "plain"}, "plain"),
+    ({"error": {"code": 5}}, '{"code": 5}'),
+    ({"object": "error", "message": "vLLM's", "code": 400}, "vLLM's"),
+    ({"detail": "FastAPI's"}, "FastAPI's"),
+    ({"detail": [{"loc": ["body", "model"], "msg": "field required"}, {"msg": "x"}]},
+     "body.model: field required; x"),
+    ({"error": "two\nlines\x1b[2J"}, "two lines\\x1b[2J"),
+    ({"choices": []}, None), ({"data": [], "detail": "x"}, None), ([1], None), (5, None),
+])
+def test_a_models_error_in_every_shape_is_one_line(data: object, said: str | None) -> None:
+    assert shapes.server_error(data) == said
+
+
+def test_an_answer_that_is_not_2xx_says_the_models_words_bounded() -> None:
+    assert shapes.answer_error(b'{"object": "error", "message": "too long"}', 400) == \
+        "the model answered status 400: too long"
+    assert shapes.answer_error(b"Bad Request\r\n", 400) == \
+        "the model answered status 400: Bad Request"
+    assert shapes.answer_error(b"", 404) == "the model answered status 404: (no body)"
+    long = shapes.answer_error(b"x " * 1_000_000, 413)
+    assert len(long) < shapes.MAX_ERROR_CHARS + 40 and long.endswith("…")
+    assert shapes.error_body("m") == {"error": "m"}
+
+
+@pytest.mark.parametrize("data,streamed,problem", [
+    ({"choices": {"a": 1}}, False, 'choices is {"a": 1}, not a list'),
+    ({}, False, "it has no choices"),
+    ([], True, "it is [], not an object"),
+    ({"choices": [5]}, True, "choices[0] is 5, not an object"),
+    ({"choices": [{"message": "hi"}]}, False, 'choices[0].message is "hi", not an object'),
+    ({"choices": [{"delta": {"content": 5}}]}, True, "choices[0].delta.content is 5, not text"),
+    ({"choices": [{"message": {"tool_calls": [{"function": None}]}}]}, False,
+     "choices[0].message.tool_calls[0].function is null, not an object"),
+    ({"choices": [{"delta": {"tool_calls": [{"index": "0"}]}}]}, True,
+     'choices[0].delta.tool_calls[0].index is "0", not a number'),
+    ({"choices": [{"message": {"tool_calls": [{"function": {"name": ["x" * 99]}}]}}]}, False,
+     'choices[0].message.tool_calls[0].function.name is ["' + "x" * 58 + "…, not text"),
+])
+def test_an_answer_of_the_wrong_shape_says_what_came(data: object, streamed: bool,
+                                                     problem: str) -> None:
+    reply = shapes.Reply("chat", "m")
+    with pytest.raises(shapes.BadAnswer) as err:
+        reply.chunk(data) if streamed else reply.whole(data, 1)
+    assert str(err.value) == f"the model's answer is not an OpenAI chat answer: {problem}"
+
+
+def test_what_is_open_in_an_answer_stays_open() -> None:
+    """A stream's usage chunk without choices, nulls where a value may be absent, a stream's
+    tool call without its function yet: read, not refused."""
+    reply = shapes.Reply("chat", "m")
+    assert reply.chunk({"usage": {"completion_tokens": 2}}) == []
+    assert reply.chunk({"choices": [{"delta": {"content": None, "tool_calls": [
+        {"index": 0, "function": None}]}, "finish_reason": None}]}) == []
+    out = reply.whole({"choices": [{"message": {"content": None, "tool_calls": None}}]}, 1)
+    assert out["message"] == {"role": "assistant", "content": ""}
+    with pytest.raises(shapes.BadAnswer, match="data\\[0\\].embedding is \\[true\\], not a list"):
+        shapes.embed_reply({"data": [{"embedding": [True]}]}, "m", 1)

@@ -4,6 +4,9 @@
   cancel the job if the client goes away first;
 - :func:`result_response`: a finished job as the worker answered it — its body, Content-Type,
   headers and status — or the error shape when it did not succeed;
+- :func:`following` and :func:`stream_job`: a just-submitted job answered as a stream, the
+  job cancelled when nobody will read the rest of its answer (its client went, or the
+  answer failed);
 - :class:`JobStream`: the SSE encoding of one job's events.  A job stream never loses a chunk:
   when its client falls behind, the chunks it missed are read back from the job itself.
 """
@@ -204,13 +207,18 @@ def cancel_quietly(server: HttpServer, job_id: str, note: str) -> None:
 @contextlib.contextmanager
 def following(server: HttpServer, job_id: str, stream: Stream) -> Iterator[None]:
     """``stream`` fed by the hub while the block runs (joined now: no chunk is missed); the
-    job is cancelled when its client went away: the block cancelled, or the stream ended by
-    the client before the job did."""
+    job is cancelled when nobody will read the rest of its answer: its client went away (the
+    block cancelled, or the stream ended by the client before the job did), or the block
+    failed (an error is answered instead, or the answer is cut)."""
     server.hub.add(stream)
     try:
         yield
     except asyncio.CancelledError:
         cancel_quietly(server, job_id, "cancelled: the HTTP client went away")
+        raise
+    except Exception as exc:
+        cancel_quietly(server, job_id, f"cancelled: its answer failed: "
+                       f"{str(exc)[:200] or type(exc).__name__}")
         raise
     finally:
         server.hub.discard(stream)
@@ -224,8 +232,10 @@ async def stream_job(server: HttpServer, job_id: str, stream: Stream, *,
                      hurry: bool = False) -> web.StreamResponse:
     """Answer a just-submitted job as a stream: ``stream`` joins the hub at once (no chunk is
     missed; ``hurry``: a hot worker starts on it now, not on the loop's next turn); a job that
-    ends before its first chunk is answered by ``whole`` (its view); else ``opened()`` is the
-    response the stream runs into.  A client that goes away cancels the job."""
+    ends before its first chunk, or whose answer began with a status that is not 2xx (a model
+    server's refusal: its error, with its status, not a 200 stream of it), is answered by
+    ``whole`` (its final view); else ``opened()`` is the response the stream runs into.  A
+    client that goes away cancels the job."""
     with following(server, job_id, stream):
         if hurry:
             watch.hurry(server.engine)
@@ -238,6 +248,8 @@ async def stream_job(server: HttpServer, job_id: str, stream: Stream, *,
         if first is not None and first.event.kind == "job" and first.event.job is not None \
                 and first.event.job.finished:
             return await whole(finished_view(server, job_id, first.event.job))
+        if not 200 <= watch.answer_head(server.engine, job_id)[1] <= 299:
+            return await whole(await wait_done(server, job_id))
         response = await opened()
         await stream.run(response)
         return response

@@ -9,7 +9,11 @@ in Ollama's shape: one JSON object (``"stream": false``), or Ollama's NDJSON str
 object per line, ended by ``"done": true`` — never an SSE comment, which no NDJSON reader
 takes.  A request without messages (or with an empty prompt) loads the model, as Ollama's
 does; with ``"keep_alive": 0`` it unloads it.  Every error is Ollama's ``{"error": "…"}``
-with the status the OpenAI routes would give.
+with the status the OpenAI routes would give; a model's refusal (a status not 2xx) with its
+status and its own words, streamed or not (a refused stream is never opened: its error is
+answered whole); an answer that is not OpenAI's shape, a 502.  A stream that goes wrong once
+it began (the model's error event, a chunk of the wrong shape) ends with one error line, as
+Ollama's does, and its job is cancelled: nobody reads the rest.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..errors import Refused, VramtuiError
 from ..jobs import JobState, JobView
 from . import ollama_shapes as shapes
 from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
-from .jobflow import outcome_error, stream_job, wait_done
+from .jobflow import cancel_quietly, outcome_error, stream_job, wait_done
 from .openai_routes import OPENAI
 from .routes import read_json
 from .sse import Item, Stream
@@ -63,6 +67,8 @@ def ollama_errors(handler: Handler) -> Handler:
             return ollama_error(400, str(exc))
         except web.HTTPRequestEntityTooLarge as exc:
             return ollama_error(413, f"request body too large: {exc.text}")
+        except shapes.BadAnswer as exc:  # (the model's, not the client's)
+            return ollama_error(502, str(exc))
     setattr(wrapped, OLLAMA_SHAPED, True)  # (the door's own errors take its shape too)
     return wrapped  # type: ignore[return-value]
 
@@ -71,23 +77,26 @@ def _line(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-def _result(view: JobView) -> tuple[Any, int]:
-    """A finished job's answer, parsed, and its status; the job's failure as an error."""
+def _result(view: JobView) -> Any:
+    """A finished job's answer, parsed; the job's failure, or the model's error (an answer
+    whose status is not 2xx, or that is an error object), as an :class:`HttpError` whose
+    message is the model's own, one bounded line."""
     if view.state is not JobState.SUCCEEDED:
         raise outcome_error(view)
     data = view.data if view.data is not None else b"".join(view.chunks)
     status = view.status_code or 200
+    if not 200 <= status <= 299:
+        raise HttpError(status if 400 <= status <= 499 else 502,
+                        shapes.answer_error(data, status), "job_failed_error", "model_error")
     try:
         parsed = json.loads(data) if data else {}
     except (ValueError, RecursionError):
         raise HttpError(502, f"job {view.id}: the model's answer is not JSON",
                         "job_failed_error", "bad_answer") from None
-    if status >= 400:
-        raise HttpError(status, shapes.openai_error(parsed, status), "job_failed_error")
-    if not isinstance(parsed, dict):
-        raise HttpError(502, f"job {view.id}: the model's answer is not a JSON object",
-                        "job_failed_error", "bad_answer")
-    return parsed, status
+    if (said := shapes.server_error(parsed)) is not None:
+        raise HttpError(502, f"the model answered an error: {said}", "job_failed_error",
+                        "model_error")
+    return parsed
 
 
 class _OllamaJobs:
@@ -134,9 +143,10 @@ class _OllamaJobs:
         reply = shapes.Reply(kind, model, openai)
         if not stream:
             view = await wait_done(self.server, job_id)
-            parsed, _ = _result(view)
+            parsed = _result(view)
             return web.json_response(reply.whole(parsed, time.monotonic_ns() - started))
-        return await self._stream(request, job_id, reply, started)
+        server = bool(self.engine.backends[backend].spec.server)
+        return await self._stream(request, job_id, reply, started, server)
 
     def _load_or_unload(self, backend: str, body: dict[str, Any], kind: str,
                         model: str) -> web.Response:
@@ -153,9 +163,9 @@ class _OllamaJobs:
                                                    "unload" if unload else "load"))
 
     async def _stream(self, request: web.Request, job_id: str, reply: shapes.Reply,
-                      started: int) -> web.StreamResponse:
+                      started: int, server: bool) -> web.StreamResponse:
         srv = self.server
-        enc = _NdjsonEncoder(srv, job_id, reply, started)
+        enc = _NdjsonEncoder(srv, job_id, reply, started, server)
         stream = Stream(srv.hub, request, wants=enc.wants, encode=enc.encode,
                         on_lag=enc.resync, heartbeat_s=srv.config.heartbeat_s,
                         buffer_limit=srv.config.subscriber_buffer, heartbeat=None,
@@ -163,7 +173,7 @@ class _OllamaJobs:
 
         async def whole(view: JobView) -> web.StreamResponse:
             # Ended before a chunk: its whole answer (or its error) in one line.
-            parsed, _ = _result(view)
+            parsed = _result(view)
             body = reply.whole(parsed, time.monotonic_ns() - started)
             return web.Response(body=_line(body), content_type=NDJSON)
 
@@ -193,24 +203,26 @@ class _OllamaJobs:
         door = self.app[OPENAI]
         job_id, _ = door.submit("embeddings", translated, json.dumps(translated).encode())
         view = await wait_done(self.server, job_id)
-        parsed, _ = _result(view)
+        parsed = _result(view)
         return web.json_response(shapes.embed_reply(parsed, model,
                                                     time.monotonic_ns() - started,
                                                     legacy=legacy))
 
 
 class _NdjsonEncoder:
-    """One job's chunks as Ollama's NDJSON lines, then the ``done`` line (or an error)."""
+    """One job's chunks as Ollama's NDJSON lines, then the ``done`` line; or, once the model
+    said an error or answered what is not OpenAI's shape, a last ``{"error": "…"}`` line (as
+    Ollama ends a stream that fails), and the job is cancelled: nobody reads the rest, so its
+    server stops generating and its slot is free at once."""
 
     def __init__(self, server: HttpServer, job_id: str, reply: shapes.Reply,
-                 started: int) -> None:
+                 started: int, from_server: bool) -> None:
         self.server = server
         self.job_id = job_id
         self.reply = reply
         self.started = started
-        self.reader = shapes.ChunkReader()
+        self.reader = shapes.ChunkReader(server=from_server)
         self.sent = 0
-        self.failed = False
 
     def wants(self, item: Item) -> bool:
         ev = item.event
@@ -219,23 +231,26 @@ class _NdjsonEncoder:
         return ev.kind == "job" and ev.job is not None and ev.job.id == self.job_id \
             and ev.job.finished
 
-    def _chunk(self, data: bytes) -> bytes:
+    def _chunk(self, data: bytes) -> tuple[bytes, bool]:
+        """The lines of one chunk, and whether the stream ends with them (an error)."""
         self.sent += 1
         out = bytearray()
         for obj in self.reader.feed(data):
-            if not isinstance(obj, dict):
-                continue
-            if "error" in obj and "choices" not in obj:
-                out += _line(shapes.error_body(shapes.openai_error(obj, 500)))
-                self.failed = True
-                continue
-            for line in self.reply.chunk(obj):
-                out += _line(line)
-        return bytes(out)
+            said = shapes.server_error(obj)
+            if said is not None:
+                return bytes(out) + self._failed(f"the model answered an error: {said}"), True
+            try:
+                lines = self.reply.chunk(obj)
+            except shapes.BadAnswer as exc:
+                return bytes(out) + self._failed(str(exc)), True
+            out += b"".join(_line(line) for line in lines)
+        return bytes(out), False
+
+    def _failed(self, message: str) -> bytes:
+        cancel_quietly(self.server, self.job_id, f"cancelled: its stream ended: {message}")
+        return _line(shapes.error_body(message))
 
     def _end(self, view: JobView) -> bytes:
-        if self.failed:  # its error line went already (a server's error, translated)
-            return b""
         if view.state is JobState.SUCCEEDED:
             took = time.monotonic_ns() - self.started
             return b"".join(_line(line) for line in self.reply.done(took))
@@ -244,7 +259,7 @@ class _NdjsonEncoder:
     def encode(self, item: Item) -> tuple[bytes, bool] | None:
         ev = item.event
         if ev.kind == "chunk":
-            return self._chunk(ev.data or b""), False
+            return self._chunk(ev.data or b"")
         assert ev.job is not None
         return self._end(ev.job), True
 
@@ -255,7 +270,10 @@ class _NdjsonEncoder:
             return _line(shapes.error_body("the job is gone")), True
         out = bytearray()
         for chunk in view.chunks[self.sent:]:
-            out += self._chunk(chunk)
+            data, end = self._chunk(chunk)
+            out += data
+            if end:
+                return bytes(out), True
         if view.finished:
             out += self._end(view)
             return bytes(out), True

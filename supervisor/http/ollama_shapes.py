@@ -11,10 +11,14 @@ A bad request raises :class:`ShapeError` (one line for the client).
 
 Answers (OpenAI → Ollama): :class:`Reply` turns one answer into Ollama's, whole
 (:meth:`Reply.whole`) or streamed (:meth:`Reply.chunk` per OpenAI chunk, then
-:meth:`Reply.done`: the last line, ``done: true`` with ``done_reason`` and the counts);
-:class:`ChunkReader` reads a job's chunks, whether each is one JSON object (a worker) or raw
-SSE bytes cut anywhere (a model server's stream passed on as it came).  Errors are Ollama's
-``{"error": "…"}``.
+:meth:`Reply.done`: the last line, ``done: true`` with ``done_reason`` and the counts), and
+:func:`embed_reply` an embeddings answer; each is checked first, in one place
+(:func:`check_answer`): what is not OpenAI's shape raises :class:`BadAnswer`, saying what came
+(a 502).  :class:`ChunkReader` reads a job's chunks, whether each is one JSON object (a
+worker) or raw bytes cut anywhere (a model server's SSE stream, or JSON body, passed on as
+it came).  A model's own error — in OpenAI's, llama-server's, vLLM's or FastAPI's shape, or
+the text of an answer whose status is not 2xx — is read by :func:`server_error` and
+:func:`answer_error` as one bounded line.  Errors are Ollama's ``{"error": "…"}``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from ..textsafe import visible
 
 STREAMED_BY_DEFAULT = True  # Ollama streams unless the request says "stream": false
 # Ollama option -> the OpenAI field it becomes.
@@ -200,16 +206,142 @@ def embed_request(body: Mapping[str, Any], model: str, *, legacy: bool = False
 
 
 # -- answers ---------------------------------------------------------------------------------
-def openai_error(data: Any, status: int) -> str:
-    """The message of an OpenAI-shaped error body (or the body itself, cut short)."""
-    if isinstance(data, Mapping):
-        err = data.get("error")
-        if isinstance(err, Mapping) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(err, str):
-            return err
-    text = data if isinstance(data, str) else json.dumps(data)
-    return f"the model answered status {status}: {text[:300]}"
+MAX_ERROR_CHARS = 400  # of a model's error message passed on to the client
+_SHOWN_CHARS = 60  # of a value quoted in an error
+
+
+class BadAnswer(ValueError):
+    """A model's answer that is not OpenAI's shape (a 502): the message says what came."""
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):  # nested past printing
+        return type(value).__name__
+
+
+def _shown(value: Any) -> str:
+    text = _json_text(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+
+
+def _one_line(text: str) -> str:
+    """A model's words as one line a terminal shows as they are, at most MAX_ERROR_CHARS."""
+    text = " ".join(text[:MAX_ERROR_CHARS * 4].split())
+    cut = text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…"
+    return visible(cut)
+
+
+def _detail(detail: Any) -> str:
+    """FastAPI's ``detail``: text, or a list of ``{loc, msg}``."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        said = [(".".join(str(p) for p in d["loc"]) + ": " if isinstance(d.get("loc"), list)
+                 else "") + d["msg"]
+                for d in detail if isinstance(d, Mapping) and isinstance(d.get("msg"), str)]
+        if said:
+            return "; ".join(said)
+    return _json_text(detail)
+
+
+def server_error(data: Any) -> str | None:
+    """The message of the error a model answered, one line, bounded: OpenAI's (and
+    llama-server's) ``{"error": {"message": …}}`` or ``{"error": "…"}``, vLLM's
+    ``{"object": "error", "message": …}``, FastAPI's ``{"detail": …}``; None when ``data``
+    is no error."""
+    if not isinstance(data, Mapping):
+        return None
+    err = data.get("error")
+    if err is not None:
+        said = err.get("message") if isinstance(err, Mapping) else err
+        text = said if isinstance(said, str) and said else _json_text(err)
+    elif data.get("object") == "error":
+        said = data.get("message")
+        text = said if isinstance(said, str) and said else _json_text(data)
+    elif "detail" in data and "choices" not in data and "data" not in data:
+        text = _detail(data["detail"])
+    else:
+        return None
+    return _one_line(text) or "(an empty error)"
+
+
+def answer_error(body: bytes, status: int) -> str:
+    """What a model's answer of a status that is not 2xx says went wrong, as one bounded
+    line: its error's message when it is one of the shapes :func:`server_error` reads, else
+    its text."""
+    try:
+        said = server_error(json.loads(body)) if body else None
+    except (ValueError, RecursionError):
+        said = None
+    if said is None:
+        said = _one_line(body[:MAX_ERROR_CHARS * 4].decode("utf-8", "replace")) or "(no body)"
+    return f"the model answered status {status}: {said}"
+
+
+def _optional(value: Any, kinds: type | tuple[type, ...]) -> bool:
+    return value is None or (isinstance(value, kinds) and not isinstance(value, bool))
+
+
+def _message_problem(message: Mapping[str, Any], where: str, streamed: bool) -> str | None:
+    for key in ("content", "reasoning_content", "reasoning"):
+        if not _optional(message.get(key), str):
+            return f"{where}.{key} is {_shown(message[key])}, not text"
+    calls = message.get("tool_calls")
+    if not _optional(calls, list):
+        return f"{where}.tool_calls is {_shown(calls)}, not a list"
+    for j, call in enumerate(calls or []):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, Mapping):
+            return f"{at} is {_shown(call)}, not an object"
+        fn = call.get("function")
+        if not isinstance(fn, Mapping) and not (streamed and fn is None):
+            return f"{at}.function is {_shown(fn)}, not an object"
+        fn = fn or {}
+        if not _optional(fn.get("name"), str):
+            return f"{at}.function.name is {_shown(fn['name'])}, not text"
+        if not _optional(fn.get("arguments"), (str, Mapping)):
+            return f"{at}.function.arguments is {_shown(fn['arguments'])}, not text"
+        if streamed and not _optional(call.get("index"), int):
+            return f"{at}.index is {_shown(call['index'])}, not a number"
+    return None
+
+
+def _answer_problem(data: Any, openai: str, streamed: bool) -> str | None:
+    if not isinstance(data, Mapping):
+        return f"it is {_shown(data)}, not an object"
+    choices = data.get("choices")
+    if choices is None and not streamed:  # (a stream's usage chunk may have none)
+        return "it has no choices"
+    if not _optional(choices, list):
+        return f"choices is {_shown(choices)}, not a list"
+    part = "delta" if streamed else "message"
+    for i, choice in enumerate(choices or []):
+        where = f"choices[{i}]"
+        if not isinstance(choice, Mapping):
+            return f"{where} is {_shown(choice)}, not an object"
+        if openai != "chat":
+            if not _optional(choice.get("text"), str):
+                return f"{where}.text is {_shown(choice['text'])}, not text"
+            continue
+        message = choice.get(part)
+        if not _optional(message, Mapping):
+            return f"{where}.{part} is {_shown(message)}, not an object"
+        if (problem := _message_problem(message or {}, f"{where}.{part}", streamed)):
+            return problem
+    return None
+
+
+def check_answer(data: Any, openai: str, *, streamed: bool) -> Mapping[str, Any]:
+    """``data`` itself when it is an OpenAI answer of API ``openai`` (``chat`` or
+    ``completions``) that :class:`Reply` can read: a whole one, or one chunk of a stream
+    (``streamed``); else :class:`BadAnswer`, saying what is not.  The one place an answer's
+    shape is checked: what reads it after trusts it."""
+    problem = _answer_problem(data, openai, streamed)
+    if problem is not None:
+        raise BadAnswer(f"the model's answer is not an OpenAI {openai} answer: {problem}")
+    return data  # type: ignore[no-any-return]
 
 
 def _arguments(text: Any) -> Any:
@@ -224,7 +356,8 @@ def _arguments(text: Any) -> Any:
 
 class Reply:
     """One Ollama answer built from OpenAI's (``kind``: ``chat`` or ``generate``; ``openai``:
-    the OpenAI API it came from, ``chat`` or ``completions``)."""
+    the OpenAI API it came from, ``chat`` or ``completions``).  Each answer or chunk is
+    checked first (:func:`check_answer`: :class:`BadAnswer` when it is not OpenAI's)."""
 
     def __init__(self, kind: str, model: str, openai: str = "chat") -> None:
         self.kind = kind
@@ -256,52 +389,52 @@ class Reply:
         if isinstance(finish, str) and finish:
             self.done_reason = "length" if finish == "length" else "stop"
 
-    def whole(self, data: Mapping[str, Any], total_ns: int) -> dict[str, Any]:
-        """A non-streamed OpenAI answer (``chat.completion``/``text_completion``) as Ollama's."""
-        choices = data.get("choices") or [{}]
-        choice = choices[0] if isinstance(choices[0], Mapping) else {}
-        self._reason(choice.get("finish_reason"))
+    def _usage(self, data: Mapping[str, Any]) -> None:
         if isinstance(data.get("usage"), Mapping):
             self.usage = data["usage"]
-        message = choice.get("message") if isinstance(choice.get("message"), Mapping) else {}
-        text = message.get("content") if self.openai == "chat" else choice.get("text")
+
+    def whole(self, data: Any, total_ns: int) -> dict[str, Any]:
+        """A non-streamed OpenAI answer (``chat.completion``/``text_completion``) as Ollama's."""
+        data = check_answer(data, self.openai, streamed=False)
+        self._usage(data)
+        choice = data["choices"][0] if data["choices"] else {}
+        self._reason(choice.get("finish_reason"))
+        if self.openai != "chat":
+            return self._finish(self.line(True, choice.get("text") or ""), total_ns)
+        message = choice.get("message") or {}
         thinking = message.get("reasoning_content") or message.get("reasoning") or ""
-        calls = [{"function": {"name": c.get("function", {}).get("name", ""),
-                               "arguments": _arguments(c.get("function", {}).get("arguments"))}}
-                 for c in message.get("tool_calls") or [] if isinstance(c, Mapping)]
-        out = self.line(True, text or "", thinking if isinstance(thinking, str) else "",
-                         calls or None)
+        calls = [{"function": {"name": c["function"].get("name") or "",
+                               "arguments": _arguments(c["function"].get("arguments"))}}
+                 for c in message.get("tool_calls") or []]
+        out = self.line(True, message.get("content") or "", thinking, calls or None)
         return self._finish(out, total_ns)
 
-    def chunk(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def chunk(self, data: Any) -> list[dict[str, Any]]:
         """The lines of one streamed OpenAI chunk (none for a chunk with nothing to say)."""
-        if isinstance(data.get("usage"), Mapping):
-            self.usage = data["usage"]
+        data = check_answer(data, self.openai, streamed=True)
+        self._usage(data)
         lines = []
         for choice in data.get("choices") or []:
-            if not isinstance(choice, Mapping):
-                continue
             self._reason(choice.get("finish_reason"))
+            thinking = ""
             if self.openai == "chat":
-                delta = choice.get("delta") if isinstance(choice.get("delta"), Mapping) else {}
+                delta = choice.get("delta") or {}
                 text = delta.get("content") or ""
                 thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
                 for call in delta.get("tool_calls") or []:
                     self._tool_piece(call)
             else:
-                text, thinking = choice.get("text") or "", ""
+                text = choice.get("text") or ""
             if text or thinking:
                 self.pieces += 1
-                lines.append(self.line(False, str(text), str(thinking)))
+                lines.append(self.line(False, text, thinking))
         return lines
 
-    def _tool_piece(self, call: Any) -> None:
-        if not isinstance(call, Mapping):
-            return
-        index = call.get("index", len(self.tools))
-        slot = self.tools.setdefault(index if isinstance(index, int) else 0,
+    def _tool_piece(self, call: Mapping[str, Any]) -> None:
+        index = call.get("index")
+        slot = self.tools.setdefault(len(self.tools) if index is None else index,
                                      {"name": "", "arguments": ""})
-        fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+        fn = call.get("function") or {}
         if isinstance(fn.get("name"), str):
             slot["name"] += fn["name"]
         if isinstance(fn.get("arguments"), str):
@@ -337,14 +470,37 @@ def load_reply(kind: str, model: str, reason: str) -> dict[str, Any]:
     return out
 
 
-def embed_reply(data: Mapping[str, Any], model: str, total_ns: int, *,
+def _vector_problem(vector: Any) -> bool:
+    return not isinstance(vector, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in vector)
+
+
+def _embeddings_problem(data: Any) -> str | None:
+    if not isinstance(data, Mapping):
+        return f"it is {_shown(data)}, not an object"
+    rows = data.get("data")
+    if not isinstance(rows, list):
+        return f"data is {_shown(rows)}, not a list"
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            return f"data[{i}] is {_shown(row)}, not an object"
+        if _vector_problem(row.get("embedding")):
+            return f"data[{i}].embedding is {_shown(row.get('embedding'))}, not a list of " \
+                "numbers"
+        if not _optional(row.get("index"), int):
+            return f"data[{i}].index is {_shown(row['index'])}, not a number"
+    return None
+
+
+def embed_reply(data: Any, model: str, total_ns: int, *,
                 legacy: bool = False) -> dict[str, Any]:
-    """An OpenAI embeddings answer as ``/api/embed``'s (or the legacy ``/api/embeddings``')."""
-    rows = [d for d in data.get("data") or [] if isinstance(d, Mapping)]
-    rows.sort(key=lambda d: d.get("index", 0) if isinstance(d.get("index"), int) else 0)
-    vectors = [d.get("embedding") for d in rows]
-    if not all(isinstance(v, list) for v in vectors):
-        raise ShapeError("the model's embeddings are not lists of numbers")
+    """An OpenAI embeddings answer as ``/api/embed``'s (or the legacy ``/api/embeddings``');
+    :class:`BadAnswer` when it is not one."""
+    problem = _embeddings_problem(data)
+    if problem is not None:
+        raise BadAnswer(f"the model's answer is not an OpenAI embeddings answer: {problem}")
+    rows = sorted(data["data"], key=lambda d: d.get("index") or 0)
+    vectors = [d["embedding"] for d in rows]
     if legacy:
         return {"embedding": vectors[0] if vectors else []}
     out: dict[str, Any] = {"model": model, "embeddings": vectors, "total_duration": total_ns,
@@ -356,10 +512,13 @@ def embed_reply(data: Mapping[str, Any], model: str, total_ns: int, *,
 
 
 class ChunkReader:
-    """A job's streamed chunks as the JSON objects they carry: a worker sends one JSON object
-    per chunk; a model server's SSE bytes come as they arrived, lines cut anywhere."""
+    """A job's streamed chunks as the JSON values they carry: a worker sends one JSON object
+    per chunk; a model server's bytes come as they arrived, cut anywhere (``server``): SSE
+    lines, or a JSON body (its error, say) in as many pieces, each put together again; what
+    waits for its end is bounded (MAX_PENDING_BYTES)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, server: bool = False) -> None:
+        self.server = server
         self.buffer = b""
         self.sse: bool | None = None
         self.ended = False  # saw ``data: [DONE]``
@@ -371,10 +530,7 @@ class ChunkReader:
                 return []
             self.sse = not head.startswith((b"{", b"["))  # a worker's chunk is JSON
         if not self.sse:
-            try:
-                return [json.loads(chunk)]
-            except (ValueError, RecursionError):
-                return []  # not JSON: nothing Ollama's shape can carry
+            return self._json(chunk)
         self.buffer += chunk
         out = []
         *lines, self.buffer = self.buffer.split(b"\n")
@@ -393,3 +549,16 @@ class ChunkReader:
             except (ValueError, RecursionError):
                 continue
         return out
+
+    def _json(self, chunk: bytes) -> list[Any]:
+        """A worker's chunk as the JSON it is; a server's piece of a JSON body with those
+        before it that did not make one yet (the body once it does)."""
+        if self.server:
+            chunk = self.buffer + chunk
+            self.buffer = b""
+        try:
+            return [json.loads(chunk)]
+        except (ValueError, RecursionError):
+            if self.server and len(chunk) <= MAX_PENDING_BYTES:
+                self.buffer = chunk  # (not whole yet; past the limit: dropped)
+            return []  # not JSON: nothing Ollama's shape can carry
