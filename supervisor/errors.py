@@ -62,6 +62,11 @@ class BackendFailed(VramtuiError):
     """The backend failed to initialise repeatedly and waits for a respawn."""
 
 
+class CannotStart(VramtuiError):
+    """A worker cannot be started as its descriptor says (e.g. no port can be picked for a
+    server's ``${PORT}``): the job it was for fails with this reason."""
+
+
 class EngineStopped(VramtuiError):
     """The engine is not running (stopped, or never started)."""
 

@@ -116,6 +116,26 @@ def test_a_server_that_never_gets_its_port_is_refused(tmp_path: Path) -> None:
     assert not _load(tmp_path, "name: s\ncommand: [s]\nhttp: {url: 'http://h:1'}\n").errors
 
 
+def test_a_port_is_picked_only_where_the_engine_can_pick_one(tmp_path: Path) -> None:
+    # ${PORT} is picked free at the url's host, so it must be an address of this host: one
+    # that is not (192.0.2.1, TEST-NET) is refused at load, not at each start.
+    (error,) = _load(tmp_path, "name: s\ncommand: [s, --port, '${PORT}']\n"
+                               "http: {url: 'http://192.0.2.1:${PORT}'}\n").errors
+    assert "field 'http.url'" in str(error) and "cannot at 192.0.2.1" in str(error)
+    assert "http://[::1]:${PORT}" in str(error) and "\n" not in str(error)
+    # IPv6 loopback: its port is picked there (an IPv4 socket cannot bind it).
+    from supervisor.servers.launch import plan_launch
+
+    result = _load(tmp_path, "name: s\ncommand: [s, --port, '${PORT}']\n"
+                             "http: {url: 'http://[::1]:${PORT}'}\n")
+    assert not result.errors, [str(e) for e in result.errors]
+    launch = plan_launch(result.backends["s"], 0, {}, 8192)
+    assert launch.url == f"http://[::1]:{launch.port}"
+    # A fixed port names where the server is, wherever that is: nothing to pick.
+    assert not _load(tmp_path, "name: s\ncommand: [s]\n"
+                               "http: {url: 'http://192.0.2.1:80'}\n").errors
+
+
 def test_a_server_is_no_worker_script_nor_a_vramd_worker(tmp_path: Path) -> None:
     (tmp_path / "w.py").write_text("")
     (error,) = _load(tmp_path, "name: s\nscript: w.py\nhttp: {url: 'http://h:1'}\n").errors

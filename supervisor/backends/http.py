@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import socket
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,6 +79,17 @@ class HttpSpec:
         return self.sleep is not None and self.wake is not None
 
 
+def free_port(host: str) -> int:
+    """What ``${PORT}`` is: a TCP port nobody listens on now at ``host`` (an address of this
+    host, IPv4 or IPv6, or a name of one: its first address), the kernel's choice. Raises
+    ``OSError`` for a name that does not resolve or an address that is not this host's."""
+    family, kind, proto, _name, address = socket.getaddrinfo(
+        host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.bind(address)
+        return int(sock.getsockname()[1])
+
+
 def keep_macros(environ: Mapping[str, str]) -> Mapping[str, str]:
     """``environ`` in which ``${PORT}`` and the other macros expand to themselves."""
     return ChainMap({name: "${" + name + "}" for name in MACROS}, dict(environ))
@@ -116,6 +128,14 @@ def _url(value: object) -> str:
     if url.scheme not in ("http", "https") or not url.host:
         raise FieldError("http.url", f"{brief(value)} is not an http:// URL with a host (e.g. "
                          "http://127.0.0.1:${PORT})")
+    if "${PORT}" in value:  # the engine picks a port free there: an address of this host
+        try:
+            free_port(url.host)
+        except OSError as exc:
+            raise FieldError("http.url", f"{brief(value)}: the engine picks ${{PORT}} free "
+                             f"on this host, and cannot at {url.host} "
+                             f"({exc.strerror or exc}); name an address of this host, e.g. "
+                             "http://127.0.0.1:${PORT} or http://[::1]:${PORT}") from None
     return value.rstrip("/")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from ..clock import WallClock
 from ..counters import Counters
 from ..errors import (
     BackendFailed,
+    CannotStart,
     EngineStopped,
     NothingToDo,
     QueueFull,
@@ -66,6 +68,7 @@ from .views import Parts, build_snapshot
 from .watch import WorkerWatch
 from .yielding import Yields, announce
 
+log = logging.getLogger(__name__)
 EVICTION_CONFIRM_TIMEOUT_S = 5.0
 PRELOAD_PATIENCE_S = 30.0
 STEP_NOW_MAX_QUEUE = 8  # step_now decides at once only while the queue is this short
@@ -671,8 +674,9 @@ class Engine:
     def _start(self, start: sched.Start, snap: sched.Snapshot) -> None:
         rt = self.pool.runtime(start.backend)
         if start.kind == "preload":
-            if rt.worker is None:
-                self._spawn_worker(rt, start.gpu)
+            if rt.worker is None and self._spawn_worker(rt, start.gpu) is not None:
+                rt.preload_until = None  # (said why; asking again would say it again)
+                return
             self.sleeper.wake(rt)  # (a sleeping worker: wakes it)
             return
         job = self.jobs.require(start.job_id)
@@ -694,7 +698,9 @@ class Engine:
 
         if spawn:
             self.notes.note("info", admitted(), job.backend, quiet=True)
-            self._spawn_worker(rt, start.gpu)
+            if (why := self._spawn_worker(rt, start.gpu)) is not None:
+                self._finish(job, JobState.FAILED, error=why)
+                return
         rt.admitted.append(job.id)
         rt.usage.idle_since = None
         worker = rt.worker
@@ -734,15 +740,31 @@ class Engine:
         self.run.schedule()
 
     # ===================================================================== workers ========
-    def _spawn_worker(self, rt: BackendRuntime, gpu: int) -> None:
+    def _spawn_worker(self, rt: BackendRuntime, gpu: int) -> str | None:
+        """Start a worker of ``rt`` on ``gpu``; None, or why none could be (noted; the job
+        it was for fails with it, never left neither queued nor running)."""
         spec = rt.spec
-        handle = self.pool.spawn(rt, gpu, self)
+        try:
+            handle = self.pool.spawn(rt, gpu, self)
+        except CannotStart as exc:
+            why = f"cannot start {spec.name}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a fault of ours: that job fails, never hangs
+            log.exception("starting a worker of %s failed", spec.name)
+            why = (f"the engine failed starting {spec.name}: {type(exc).__name__}: "
+                   f"{str(exc)[:200]} (a bug: please report it)")
+        else:
+            why = None
+        if why is not None:
+            self.notes.note("error", why, spec.name)
+            self.notes.worker(spec.name, rt.state)
+            return why
         self.notes.note("info", f"starting {spec.name} on GPU{gpu}"
                         + (" (footprint unknown: it runs alone until measured)"
                            if rt.conduct.exclusive else ""), spec.name)
         self.run.set_timer(f"start:{handle.name}", spec.timeouts.start_s,
                            lambda: self._start_timed_out(rt, handle))
         self.notes.worker(spec.name, rt.state)
+        return None
 
     def _start_timed_out(self, rt: BackendRuntime, handle: Worker) -> None:
         if rt.worker is handle and not handle.hot and not handle.exited:

@@ -1,9 +1,10 @@
 """What a server backend is started with: its macros filled in, its port picked.
 
 ``plan_launch`` gives the argv, environment, base URL and stop command of one start of a
-server (``${PORT}`` a free port on this host, ``${GPU}`` the placed GPU, ``${MODEL}`` the
-backend's name, ``${VRAM_MIB}``/``${VRAM_FRACTION}`` its admitted budget, ``${API_KEY}`` a
-secret of this start, which every request the engine makes of it then carries).
+server (``${PORT}`` a port free at its url's host, IPv4 or IPv6; ``${GPU}`` the placed GPU,
+``${MODEL}`` the backend's name, ``${VRAM_MIB}``/``${VRAM_FRACTION}`` its admitted budget,
+``${API_KEY}`` a secret of this start, which every request the engine makes of it then
+carries); :class:`~supervisor.errors.CannotStart` when it cannot be planned.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import os
 import re
 import secrets
 import shlex
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from yarl import URL
 
-from ..backends.http import MACROS, fill
+from ..backends.http import MACROS, fill, free_port
 from ..backends.schema import BackendSpec
+from ..errors import CannotStart
 
 log = logging.getLogger("supervisor")
 #: Where llama-server and vLLM take the key they ask every caller for (``server_key``).
@@ -44,13 +45,6 @@ class Launch:
     def auth_headers(self) -> dict[str, str]:
         """The headers every request of the engine to this server carries."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def macro_values(spec: BackendSpec, gpu: int, port: int | None, gpu_total_mib: int | None,
@@ -78,7 +72,7 @@ def plan_launch(spec: BackendSpec, gpu: int, env: Mapping[str, str],
     assert http is not None
     texts = (http.url, *spec.command, *spec.env.values(), *(http.stop or ()))
     wants_port = any("${PORT}" in text for text in texts)
-    port = free_port(URL(fill(http.url, {"PORT": "1"})).host or "127.0.0.1") \
+    port = _port(spec.name, URL(fill(http.url, {"PORT": "1"})).host or "127.0.0.1") \
         if wants_port else None
     api_key = secrets.token_urlsafe(32) if any("${API_KEY}" in text for text in texts) \
         else None
@@ -93,6 +87,17 @@ def plan_launch(spec: BackendSpec, gpu: int, env: Mapping[str, str],
     return Launch(argv=argv, env=full, url=fill(http.url, values),
                   stop=tuple(fill(w, values) for w in http.stop) if http.stop else None,
                   port=port, api_key=server_key(argv, full) or api_key)
+
+
+def _port(backend: str, host: str) -> int:
+    """``${PORT}``, free at ``host``; :class:`CannotStart` when none can be picked there (it
+    could at load: its address went since, or its name no longer resolves)."""
+    try:
+        return free_port(host)
+    except OSError as exc:
+        raise CannotStart(f"no port for ${{PORT}} can be picked at {host} (http.url of "
+                          f"{backend}): {exc.strerror or exc}; name an address of this "
+                          "host, e.g. http://127.0.0.1:${PORT}") from None
 
 
 def server_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:

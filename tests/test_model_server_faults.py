@@ -1,0 +1,59 @@
+"""HTTP model servers (issue 24) that fail the engine in ways of their own, end to end: a real
+engine on the simulated GPU, real server processes (``tests/model_server.py``), real clients.
+
+What is checked: a server reached on IPv6 (``[::1]``) gets its port there; a start that
+cannot be made (no port can be picked) fails its job with one clear line and the queue goes
+on, never leaving the job neither queued nor running.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from http_support import serve_http
+from test_model_servers import _error_text, chat, server_backend
+
+pytestmark = pytest.mark.process
+
+
+def _on(host: str, name: str = "v6") -> dict[str, Any]:
+    """A server that listens at ``host`` (an IP address), reached there."""
+    backend = server_backend(name, args=("--host", host))
+    shown = f"[{host}]" if ":" in host else host
+    backend["http"]["url"] = f"http://{shown}:${{PORT}}"
+    return backend
+
+
+def test_a_server_on_ipv6_loopback_gets_its_port_there() -> None:
+    with serve_http([_on("::1")]) as front:
+        reply = front.post("/v1/chat/completions", chat("v6"), timeout=15)
+        assert reply.status == 200, reply.body
+        assert reply.json()["choices"][0]["message"]["content"] == "tok tok tok tok"
+
+
+def test_a_start_that_cannot_be_made_fails_its_job_and_the_queue_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An address that was this host's at load and no longer is at a start (injected: no port
+    can be picked there): the job fails with one line saying why, it is never left neither
+    queued nor running, and the next request is served."""
+    from supervisor.servers import launch
+
+    real = launch.free_port
+    faults = [OSError(99, "Cannot assign requested address")]
+
+    def failing(host: str) -> int:
+        if faults:
+            raise faults.pop()
+        return real(host)
+
+    monkeypatch.setattr(launch, "free_port", failing)
+    with serve_http([server_backend("a")]) as front:
+        reply = front.post("/v1/chat/completions", chat("a"), timeout=15)
+        message = _error_text(reply.body)
+        wanted = "cannot start a: no port for ${PORT} can be picked at 127.0.0.1"
+        assert reply.status >= 500 and wanted in message, message
+        assert "Cannot assign requested address" in message, message
+        assert "\n" not in message and "Traceback" not in message
+        assert front.get("/v1/jobs?state=active").json()["data"] == []
+        assert front.post("/v1/chat/completions", chat("a"), timeout=15).status == 200
