@@ -67,6 +67,8 @@ def spec_document(spec: Any) -> dict[str, Any]:
                        "stop_grace": format_seconds(t.stop_grace_s)}
     if getattr(t, "ping_s", None) is not None:
         out["timeouts"]["ping"] = format_seconds(t.ping_s)
+    if getattr(spec, "server", False):
+        out["timeouts"]["idle"] = "none" if t.idle_s is None else format_seconds(t.idle_s)
     for key in ("on_overuse", "protocol"):
         if hasattr(spec, key):
             out[key] = getattr(spec, key)

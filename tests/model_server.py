@@ -27,7 +27,9 @@
   its health never answers); ``exit`` (exits at once, a line on
   stderr); ``crash`` (exits 3 on its first completion); ``hang`` (its first completion stops
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
-  that never ends); ``broken`` (a stream cut in the middle of its body); ``sleep-keeps``
+  that never ends); ``broken`` (a stream cut in the middle of its body); ``stall`` (a
+  completion that stops after its first chunk, never ending, while health answers: a server
+  hung mid-answer); ``sleep-keeps``
   (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers);
   ``asleep-hangs`` (once asleep, the whole server stops answering); ``odd``: each answer is
   the one the request's text names (its last message, its prompt or its input): an error
@@ -117,6 +119,8 @@ class Server:
             if body.get("stream"):
                 return await self._stream(request, body, chat)
             await asyncio.sleep(self.args.token_s * self.args.tokens)
+            if mode == "stall":
+                await self._hang(request)  # its answer never comes
             text = " ".join(["tok"] * self.args.tokens)
             choice = ({"index": 0, "message": {"role": "assistant", "content": text},
                        "finish_reason": "stop"} if chat else
@@ -188,6 +192,14 @@ class Server:
         finally:
             self.slots[slot] = False
 
+    @staticmethod
+    async def _hang(request: web.Request) -> None:
+        """Never answer more; return once the client went (its slot is freed then, as
+        llama-server frees a slot whose client closed)."""
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.02)
+        raise ConnectionResetError("the client went")
+
     def _take_slot(self) -> int:
         for i, busy in enumerate(self.slots):
             if not busy:
@@ -201,6 +213,8 @@ class Server:
         await resp.prepare(request)
         n = 0
         while self.args.mode == "endless" or n < self.args.tokens:
+            if self.args.mode == "stall" and n == 1:
+                await self._hang(request)  # hung mid-answer
             if self.args.mode == "broken" and n == 1:
                 assert request.transport is not None
                 await resp.write(b'data: {"choices": [{"ind')  # an event cut short …
@@ -318,7 +332,7 @@ def main() -> None:
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
         "ok", "never-healthy", "health-hangs", "exit", "crash", "hang", "error500", "endless",
-        "broken", "sleep-keeps", "wake-hangs", "asleep-hangs", "odd"))
+        "broken", "stall", "sleep-keeps", "wake-hangs", "asleep-hangs", "odd"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")

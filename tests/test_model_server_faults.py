@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from http_support import serve_http
 from test_model_servers import _error_text, chat, server_backend
+from waiting import wait_until
 
 pytestmark = pytest.mark.process
 
@@ -57,3 +58,25 @@ def test_a_start_that_cannot_be_made_fails_its_job_and_the_queue_goes_on(
         assert "\n" not in message and "Traceback" not in message
         assert front.get("/v1/jobs?state=active").json()["data"] == []
         assert front.post("/v1/chat/completions", chat("a"), timeout=15).status == 200
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_server_hung_mid_answer_fails_its_job_at_the_idle_limit(stream: bool) -> None:
+    """Its health still answers (a ping finds it alive), its answer stops coming: the job fails
+    once it was silent for ``timeouts.idle``, its connection closed (the server frees the
+    slot), and the job queued behind it (one at a time) runs."""
+    backend = server_backend("stall", mode="stall", concurrency=1,
+                             timeouts={"idle": "0.5s", "start": "20s", "stop_grace": "3s"})
+    with serve_http([backend]) as front:
+        first = front.post("/v1/jobs", {"backend": "stall", "input": chat("stall", stream)},
+                           headers={"Prefer": "respond-async"}).json()["id"]
+        second = front.post("/v1/jobs", {"backend": "stall", "input": chat("stall", stream)},
+                            headers={"Prefer": "respond-async"}).json()["id"]
+        assert front.wait_state(first, "failed", timeout=10) == "failed"
+        error = front.get(f"/v1/jobs/{first}").json()["error"]
+        assert "it sent nothing for 0.5 s (timeouts.idle)" in error, error
+        # The second ran (and hung the same way): the queue was not held behind the first.
+        assert front.wait_state(second, "failed", timeout=10) == "failed"
+        wait_until(lambda: front.get("/upstream/stall/slots").json() == [
+            {"id": i, "is_processing": False} for i in range(4)], 10, "its slots to be free")
+        assert front.get("/v1/backends/stall").json()["state"] in ("ready", "idle")

@@ -236,3 +236,20 @@ def test_the_example_servers_load() -> None:
     assert not result.errors, [str(e) for e in result.errors]
     assert all(spec.server for spec in result.backends.values())
     assert len(result.backends) == 3
+
+
+def test_a_servers_answer_has_an_idle_limit(tmp_path: Path) -> None:
+    from supervisor.backends.schema import DEFAULT_IDLE_TIMEOUT_S
+
+    head = "name: s\ncommand: [s, --port, '${PORT}']\nhttp: true\n"
+    assert _load(tmp_path, head).backends["s"].timeouts.idle_s == DEFAULT_IDLE_TIMEOUT_S >= 120
+    spec = _load(tmp_path, head + "timeouts: {idle: 10m}\n").backends["s"]
+    assert spec.timeouts.idle_s == 600.0
+    assert spec_document(spec)["timeouts"]["idle"] == "600s"
+    assert _load(tmp_path, head + "timeouts: {idle: never}\n").backends["s"].timeouts.idle_s \
+        is None
+    (error,) = _load(tmp_path, head + "timeouts: {idle: 0s}\n").errors
+    assert "field 'timeouts.idle': '0s' must be more than 0 (or 'never')" in str(error)
+    # A worker is no server: its silence is timeouts.ping's.
+    (error,) = _load(tmp_path, "name: w\ncommand: [w]\ntimeouts: {idle: 1m}\n").errors
+    assert "field 'timeouts.idle'" in str(error) and "timeouts.ping" in str(error)

@@ -35,6 +35,9 @@ MAX_CONCURRENCY = 65536  # requests one worker runs at once (a vLLM may be set t
 DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_PING_TIMEOUT_S = 5.0
+#: A model server's answer that sends nothing for this long fails its job (its slot freed):
+#: long enough for a first token after a big prompt's prefill on a slow GPU.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
 #: What the engine does when a worker holds more than its figures (see ``on_overuse``).
 OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_ON_OVERUSE = "evict"
@@ -87,7 +90,7 @@ API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcrip
              "responses", "rerank")
 ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
-TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping"})
+TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping", "idle"})
 CALIBRATION_KEYS = frozenset({"request"})
 SLEEP_KEYS = frozenset({"residual", "host", "level"})
 SLEEP_LEVELS = (1, 2)  # vLLM's: 1 keeps the weights in host memory, 2 drops them too
@@ -186,6 +189,8 @@ class Timeouts:
     request_s: float | None = None  # None: no limit; counted from dispatch to the worker
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     ping_s: float = DEFAULT_PING_TIMEOUT_S  # a worker that answers no ping for this is hung
+    # a model server's answer that sends no byte for this long fails its job (None: never)
+    idle_s: float | None = DEFAULT_IDLE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -458,7 +463,7 @@ def _gpus(value: object) -> tuple[int, ...] | None:
 
 
 def _timeouts(value: object) -> Timeouts:
-    mapping = _mapping(value, "timeouts (start, request, stop_grace, ping)")
+    mapping = _mapping(value, "timeouts (start, request, stop_grace, ping, idle)")
     for key in mapping:
         if key not in TIMEOUT_KEYS:
             raise FieldError(f"timeouts.{key}", unknown_key_message(key, TIMEOUT_KEYS))
@@ -473,15 +478,8 @@ def _timeouts(value: object) -> Timeouts:
     )
     if start_s <= 0:
         raise FieldError("timeouts.start", f"{brief(start)} must be more than 0")
-    request_s: float | None = None
-    if request is not None and not (isinstance(request, str) and request.lower() == "none"):
-        request_s = _field("timeouts.request", _infinite_duration, request)
-        if request_s <= 0:
-            raise FieldError(
-                "timeouts.request", f"{brief(request)} must be more than 0 (or 'never')"
-            )
-        if math.isinf(request_s):
-            request_s = None
+    request_s = _limit("timeouts.request", request, None)
+    idle_s = _limit("timeouts.idle", mapping.get("idle"), DEFAULT_IDLE_TIMEOUT_S)
     stop_grace_s = (
         DEFAULT_STOP_GRACE_S
         if grace is None
@@ -493,7 +491,20 @@ def _timeouts(value: object) -> Timeouts:
     if ping_s <= 0:
         raise FieldError("timeouts.ping", f"{brief(ping)} must be more than 0")
     return Timeouts(start_s=start_s, request_s=request_s, stop_grace_s=stop_grace_s,
-                    ping_s=ping_s)
+                    ping_s=ping_s, idle_s=idle_s)
+
+
+def _limit(key: str, value: object, default: float | None) -> float | None:
+    """A limit that may be none: a duration, or ``none``/``never`` (None); ``default`` when
+    not given."""
+    if value is None:
+        return default
+    if isinstance(value, str) and value.lower() == "none":
+        return None
+    seconds = _field(key, _infinite_duration, value)
+    if seconds <= 0:
+        raise FieldError(key, f"{brief(value)} must be more than 0 (or 'never')")
+    return None if math.isinf(seconds) else seconds
 
 
 def _overuse(value: object) -> str:
@@ -789,6 +800,11 @@ def build_spec(
         if values.get("protocol", "vramtui") != "vramtui":
             errors.append(FieldError("protocol", "an http: backend speaks HTTP: leave "
                                      "'protocol' out"))
+    elif isinstance(data.get("timeouts"), Mapping) and data["timeouts"].get("idle") is not None:
+        errors.append(FieldError("timeouts.idle", "the silence of a model server's answer "
+                                 "(an http: backend); a worker that stops answering is hung "
+                                 "after timeouts.ping (vramd's: vramd.event_timeout): leave "
+                                 "'idle' out"))
     take("api", "api", _api)
     take("aliases", "aliases", _aliases)
 

@@ -18,7 +18,8 @@ then, for a streamed job, each piece of its body in the turn of the loop it arri
 result. Health checks, pings, sleep and wake go over aiohttp, off the requests' path. A 5xx
 answer fails the job, with what the server said. A cancelled job closes its connection, so
 the server stops generating. Answers are bounded by the result limit (an endless stream
-fails there).
+fails there), and by ``timeouts.idle`` (an answer silent that long fails its job, its
+connection closed: a server hung mid-answer whose health still answers).
 
 A server whose descriptor has ``http.sleep`` and ``http.wake`` offers ``sleep``: the engine's
 sleep makes it ``asleep`` and sends the sleep request (``supervisor/servers/calls.py``), its
@@ -110,7 +111,7 @@ class ServerHandle(SupervisedProcess):
         self.features = frozenset({"cancel", "retry"}
                                   | ({"sleep"} if self.http.can_sleep else set()))
         self._session: Any = None  # an aiohttp.ClientSession once started (health, pings)
-        self._link = Link(self.url)  # the jobs' connections
+        self._link = Link(self.url, spec.timeouts.idle_s)  # the jobs' connections
         self._jobs: dict[str, asyncio.Task[None]] = {}
         self._exchanges: dict[str, Exchange] = {}
         self._cancelled: set[str] = set()
@@ -218,7 +219,7 @@ class ServerHandle(SupervisedProcess):
         self.url = url
         self.launch = dataclasses.replace(self.launch, url=url)
         self._link.close()
-        self._link = Link(url)
+        self._link = Link(url, self.spec.timeouts.idle_s)
 
     async def _healthy(self, timeout: float = HEALTH_TIMEOUT_S, secret: bool = True) -> bool:
         """Ready: its health path answers 200 within ``timeout`` (``health: none``: its port

@@ -20,6 +20,11 @@ that answer ends, so the next request does not wait for a connect; an idle spare
 closes is not replaced. A kept-alive connection that the server closed just as it was
 reused (nothing of an answer came) is tried once more on a new one.
 
+An exchange whose server sends nothing for the link's ``idle_s`` (``timeouts.idle``: from
+the request written to its answer's first byte, then between any two) fails with a
+:class:`WireError` saying so, and its connection closes: a server that hangs mid-answer
+while its health check still answers frees its job's slot.
+
 Bounded: an answer's head (and a chunk-size or trailer line) may be at most
 :data:`MAX_HEAD` bytes and :data:`MAX_HEADERS` headers; the body's size is the sink's to
 bound (it may stop the exchange).
@@ -33,7 +38,8 @@ import functools
 import re
 import socket
 import ssl
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
 import httptools
@@ -298,6 +304,9 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.reuse = True
         self.sock: socket.socket | None = None
+        self.heard = 0.0  # (loop time) the request written, or the answer's last bytes
+        self.clock: Callable[[], float] = time.monotonic  # the loop's (its timers')
+        self.watch: asyncio.TimerHandle | None = None  # the idle limit's, while one runs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (cast: another loop's transports, uvloop's, are not asyncio.Transport's subclasses)
@@ -327,10 +336,32 @@ class _Connection(asyncio.Protocol):
         self.done = done
         self.transport.write(payload)
         self._quickack()  # (a write makes Linux delay its next ACK again: undone)
+        if self.link.idle_s is not None:
+            loop = asyncio.get_running_loop()
+            self.clock = loop.time
+            self.heard = loop.time()
+            self.watch = loop.call_at(self.heard + self.link.idle_s, self._check_idle)
         return self.done
+
+    def _check_idle(self) -> None:
+        """The idle limit's timer (set again for what is left of it when bytes came since:
+        one timer an exchange, not one a chunk): silent that long, the exchange fails and
+        its connection closes (the server sees its client go, and frees its slot)."""
+        self.watch = None
+        idle = self.link.idle_s
+        if self.answer is None or idle is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self.heard < idle:
+            self.watch = loop.call_at(self.heard + idle, self._check_idle)
+            return
+        self._end(WireError(f"it sent nothing for {idle:g} s (timeouts.idle): hung?"))
+        self.abort()
 
     def data_received(self, data: bytes) -> None:
         self._quickack()
+        if self.watch is not None:
+            self.heard = self.clock()
         answer = self.answer
         if answer is None:  # nothing asked: the server is out of step
             self.abort()
@@ -382,6 +413,9 @@ class _Connection(asyncio.Protocol):
             self.link.spare()
 
     def _end(self, error: BaseException | None) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
         done, self.done, self.answer = self.done, None, None
         if done is not None and not done.done():
             if error is None:
@@ -392,6 +426,9 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Close at once (a cancelled exchange: the server sees its client go)."""
         self.answer = None
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
         if self.transport is not None:
             self.transport.abort()
 
@@ -446,9 +483,10 @@ class Exchange:
 class Link:
     """The connections to one server (``url``: its base URL), on the engine loop."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, idle_s: float | None = None) -> None:
         base = URL(url)
         self.url = url
+        self.idle_s = idle_s  # an exchange whose answer is silent this long fails (None: never)
         self.host = base.host or "127.0.0.1"
         self.port = base.port or (443 if base.scheme == "https" else 80)
         self.tls: ssl.SSLContext | None = ssl.create_default_context() \
