@@ -29,7 +29,8 @@
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
   that never ends); ``broken`` (a stream cut in the middle of its body); ``stall`` (a
   completion that stops after its first chunk, never ending, while health answers: a server
-  hung mid-answer); ``sleep-keeps``
+  hung mid-answer); ``deaf`` (ignores SIGTERM: only
+  SIGKILL stops it); ``sleep-keeps``
   (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers);
   ``asleep-hangs`` (once asleep, the whole server stops answering); ``odd``: each answer is
   the one the request's text names (its last message, its prompt or its input): an error
@@ -47,6 +48,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -332,7 +334,7 @@ def main() -> None:
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
         "ok", "never-healthy", "health-hangs", "exit", "crash", "hang", "error500", "endless",
-        "broken", "stall", "sleep-keeps", "wake-hangs", "asleep-hangs", "odd"))
+        "broken", "stall", "deaf", "sleep-keeps", "wake-hangs", "asleep-hangs", "odd"))
     args = parser.parse_args()
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")
@@ -355,8 +357,10 @@ def main() -> None:
         app["load"] = asyncio.get_running_loop().create_task(server.load())
 
     app.on_startup.append(on_startup)
-    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True,
-                access_log=None)
+    if args.mode == "deaf":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    web.run_app(app, host=args.host, port=args.port, print=None,
+                handle_signals=args.mode != "deaf", access_log=None)
 
 
 if __name__ == "__main__":

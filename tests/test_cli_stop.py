@@ -68,3 +68,27 @@ def test_a_second_sigterm_stops_at_once_and_the_job_runs_again_after_a_restart()
         assert again.proc.wait(15) == 0
     finally:
         reap(again)
+
+
+def test_a_second_sigterm_cuts_short_a_stop_already_waiting_for_a_worker_to_exit() -> None:
+    # Its job is done: the stop goes straight to the server, which ignores SIGTERM and would
+    # get its whole stop grace (60 s) before the SIGKILL. The second signal stops at once.
+    from test_model_servers import chat, server_backend
+
+    root = new_root()
+    deaf = server_backend("deaf", mode="deaf", timeouts={"stop_grace": "60s", "start": "20s"})
+    env = make_env(root, [deaf])
+    served = start_serve(env, root)
+    try:
+        job = cli(env, "submit", "deaf", "--data", json.dumps(chat("deaf"))).stdout.strip()
+        wait_until(lambda: json.loads(cli(env, "result", job, "--json").stdout)["state"]
+                   == "succeeded", 30, "the job to succeed")
+        served.note_workers(served.client())
+        served.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping: no job is running" in served.stderr(), 10,
+                   "the stop to begin")
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(15) == 0  # not the 60 s of its stop grace
+        assert "stopping now (running jobs are interrupted)" in served.stderr()
+    finally:
+        reap(served)

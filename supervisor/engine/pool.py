@@ -10,6 +10,7 @@ finish first), or evicted: from the instant it is asked to go it takes no new jo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 
 from ..backends.schema import BackendSpec
@@ -21,6 +22,7 @@ from .loop import EngineLoop
 from .runtime import BackendRuntime
 
 Clock = Callable[[], float]
+HURRIED_GRACE_S = 1.0  # a worker's grace in a stop asked now (a second SIGTERM, stop --now)
 
 
 class WorkerPool:
@@ -33,6 +35,7 @@ class WorkerPool:
         self._loop = loop
         self._clock = clock
         self.hurrying = False  # a stop asked now: running jobs are not waited for
+        self._hurried = asyncio.Event()  # set with it: cuts short the stops under way
 
     # -- the backends ---------------------------------------------------------------------------
     def __contains__(self, name: object) -> bool:
@@ -116,7 +119,26 @@ class WorkerPool:
                     and not self.hurrying:
                 await asyncio.sleep(0.05)
             grace = min(grace, 2.0)  # stop() must end within grace + a few seconds
-        await worker.stop(grace=min(grace, 1.0) if self.hurrying else grace)
+        if self.hurrying:
+            await worker.stop(grace=min(grace, HURRIED_GRACE_S))
+            return
+        # A stop asked now (hurry) while this one waits out its grace cuts it short: the
+        # wait is given up, and the worker stopped again on the hurried grace (its asking to
+        # go is not repeated: SIGTERM, then SIGKILL, within a few seconds).
+        stopping = asyncio.ensure_future(worker.stop(grace=grace))
+        hurried = asyncio.ensure_future(self._hurried.wait())
+        try:
+            await asyncio.wait((stopping, hurried), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurried.cancel()
+            if not stopping.done():
+                stopping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stopping
+        if stopping.cancelled():
+            await worker.stop(grace=min(grace, HURRIED_GRACE_S))
+        else:
+            stopping.result()
 
     async def stop_all(self) -> None:
         """Every worker, its running jobs given their backend's stop grace to finish."""
@@ -124,8 +146,10 @@ class WorkerPool:
                                for rt in self.live()), return_exceptions=True)
 
     def hurry(self) -> None:
-        """Stop waiting for running jobs (see :mod:`.stopping`)."""
+        """Stop waiting for running jobs, and cut short the stop graces under way (see
+        :mod:`.stopping`)."""
         self.hurrying = True
+        self._hurried.set()
 
     def kill_all(self) -> None:
         """SIGKILL every worker now (the engine is stuck or gone: no worker may outlive it)."""

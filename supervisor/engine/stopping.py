@@ -4,7 +4,8 @@ A stop (SIGTERM, Ctrl-C, ``vramtui stop``) admits nothing new and lets each runn
 within its backend's stop grace (``timeouts.stop_grace``); the log names those jobs and how
 long it waits.  A stop asked *now* (a second SIGTERM or Ctrl-C, ``vramtui stop --now``) waits
 for none: the workers are stopped at once and their running jobs end interrupted (a journaled
-one runs again, marked interrupted, when the engine starts again).
+one runs again, marked interrupted, when the engine starts again); one asked while a stop
+already waits out a worker's stop grace cuts that wait short too (``WorkerPool.hurry``).
 """
 
 from __future__ import annotations
