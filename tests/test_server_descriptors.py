@@ -86,6 +86,10 @@ def test_without_http_a_port_is_still_an_environment_variable(tmp_path: Path) ->
     ("http: {health: health}", "field 'http.health': 'health' is not a path of the server"),
     ("http: {helth: /h}", "field 'http.helth'"),
     ("http: {url: 'ftp://x/'}", "field 'http.url': 'ftp://x/' is not an http:// URL"),
+    ("http: {url: 'http://127.0.0.1:${PORT}/p/?q=1'}", "field 'http.url': "
+     "'http://127.0.0.1:${PORT}/p/?q=1' has a query or a fragment: it is the base"),
+    ("http: {url: 'http://127.0.0.1:${PORT}#f'}", "has a query or a fragment"),
+    ("http: {url: 'http://127.0.0.1:${PORT}/?'}", "has a query or a fragment"),
     ("http: {ready_timeout: -1s}", "field 'http.ready_timeout'"),
     ("http: {stop: []}", "field 'http.stop'"),
     ("http: [1]", "field 'http': [1] is not a mapping of server settings"),

@@ -122,12 +122,18 @@ def _url(value: object) -> str:
         raise FieldError("http.url", f"{brief(value)} is not a URL (e.g. "
                          "http://127.0.0.1:${PORT})")
     try:
-        url = URL(fill(value, _SAMPLE))
+        filled = fill(value, _SAMPLE)
+        url = URL(filled)
     except (ValueError, TypeError) as exc:
         raise FieldError("http.url", f"{brief(value)} is not a URL: {exc}") from None
     if url.scheme not in ("http", "https") or not url.host:
         raise FieldError("http.url", f"{brief(value)} is not an http:// URL with a host (e.g. "
                          "http://127.0.0.1:${PORT})")
+    if "?" in filled or "#" in filled:
+        raise FieldError("http.url", f"{brief(value)} has a query or a fragment: it is the "
+                         "base that each request's path goes after, so give it without "
+                         "(e.g. http://127.0.0.1:${PORT}, or with a base path: "
+                         "http://127.0.0.1:${PORT}/api)")
     if "${PORT}" in value:  # the engine picks a port free there: an address of this host
         try:
             free_port(url.host)
