@@ -18,7 +18,8 @@
   ``X-Seen-*`` (``/v1/audio/transcriptions`` too); ``GET /ws``: a websocket that echoes;
   ``POST /quit``: exits (what a descriptor's ``http.stop`` may call); ``GET /files/cut``:
   a file of 4096 bytes declared whose connection closes after its first 100 (a download
-  that broke off).
+  that broke off); ``GET /twice``: an answer with ``Cache-Control`` and ``X-Tag`` twice
+  each.
 - ``POST /sleep?level=1`` and ``POST /wake_up`` (vLLM's routes; SGLang's
   ``/release_memory_occupation`` and ``/resume_memory_occupation`` too): sleep really gives
   its ``--mib`` back on the simulated GPU (its context stays), wake takes it again after
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from multidict import CIMultiDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker_sdk import sim  # noqa: E402
@@ -261,6 +263,11 @@ class Server:
             "Content-Type": request.headers.get("Content-Type", "application/octet-stream"),
             "X-Query": request.query_string, **seen})
 
+    async def twice(self, request: web.Request) -> web.Response:
+        headers = CIMultiDict([("Cache-Control", "no-cache"), ("X-Tag", "a"),
+                               ("cache-control", "no-store"), ("X-Tag", "b")])
+        return web.Response(text="twice", headers=headers)
+
     async def cut(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = 4096
@@ -350,6 +357,7 @@ def main() -> None:
         web.post("/quit", server.quit), web.get("/ws", server.ws),
         web.post("/sleep", server.sleep), web.post("/wake_up", server.wake_up),
         web.get("/is_sleeping", server.is_sleeping), web.get("/files/cut", server.cut),
+        web.get("/twice", server.twice),
         web.post("/release_memory_occupation", server.sleep),
         web.post("/resume_memory_occupation", server.wake_up)])
 

@@ -80,3 +80,18 @@ def test_a_server_hung_mid_answer_fails_its_job_at_the_idle_limit(stream: bool) 
         wait_until(lambda: front.get("/upstream/stall/slots").json() == [
             {"id": i, "is_processing": False} for i in range(4)], 10, "its slots to be free")
         assert front.get("/v1/backends/stall").json()["state"] in ("ready", "idle")
+
+
+def test_a_header_the_server_repeats_keeps_every_value() -> None:
+    # Two X-Tag lines: collapsed into a dict, the last was all the client saw. Two
+    # Cache-Control lines, one spelt in lowercase: one header, as HTTP reads them.
+    with serve_http([server_backend("llama")]) as front:
+        conn = front.conn()
+        try:
+            conn.request("GET", "/upstream/llama/twice")
+            resp = conn.getresponse()
+            assert (resp.status, resp.read()) == (200, b"twice")
+            assert resp.msg.get_all("X-Tag") == ["a, b"]
+            assert resp.msg.get_all("Cache-Control") == ["no-cache, no-store"]
+        finally:
+            conn.close()

@@ -54,7 +54,7 @@ from ..workers.supervised import SleepOutcome, SupervisedProcess
 from .calls import call
 from .launch import Launch
 from .listener import listeners_of, pinned, trusted_uids
-from .request import end_to_end, upstream_of
+from .request import combined, end_to_end, upstream_of
 from .wire import Exchange, Link, WireError
 
 log = logging.getLogger(__name__)
@@ -465,7 +465,7 @@ class _JobSink:
 
     def head(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.status = status
-        self.headers = dict(end_to_end(headers, also=("content-length",)))
+        self.headers = combined(end_to_end(headers, also=("content-length",)))
         if self.stream:
             self.handle.observer.request_head(self.job_id, status, self.headers)
 

@@ -67,6 +67,23 @@ def end_to_end(headers: Iterable[tuple[str, str]], also: Iterable[str] = ()) -> 
     return [(k, v) for k, v, _low in _kept(headers, drop)]
 
 
+def combined(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """One value a name (case aside; the name as first written): the values of a repeated
+    header joined with ``", "`` in their order, as RFC 9110 §5.3 says they mean (two
+    ``Cache-Control`` lines, or two of an ``X-`` list); ``Set-Cookie``, the one that cannot
+    be joined, keeps its last (no door forwards it)."""
+    out: dict[str, str] = {}
+    names: dict[str, str] = {}  # lowercased -> as first written
+    for key, value in headers:
+        low = key.lower()
+        name = names.setdefault(low, key)
+        if name in out and low != "set-cookie":
+            out[name] = f"{out[name]}, {value}"
+        else:
+            out[name] = value
+    return out
+
+
 def _kept(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> list[
         tuple[str, str, str]]:
     """``headers`` (name, value, lowercased name: each name lowered once) but those named in
