@@ -45,6 +45,7 @@ from aiohttp import web
 
 from supervisor.clock import monotonic
 
+from ..errors import brief
 from .config import HttpConfig, is_loopback
 from .errors import HttpError
 from .gate import GatedHandler
@@ -145,12 +146,12 @@ class Guard:
     def check(self, request: web.Request) -> Decision:
         """Let ``request`` through (its :class:`Decision`) or raise :class:`HttpError`."""
         if not self.host_ok(request):
-            raise HttpError(403, f"Host {request.headers.get('Host', '')!r} is not this "
+            raise HttpError(403, f"Host {brief(request.headers.get('Host', ''))} is not this "
                             "server's name; add it to http.allowed_hosts if it is",
                             "permission_error", "bad_host")
         if not self.origin_ok(request) or self.crosses_sites(request):
             origin = request.headers.get("Origin") or request.headers.get("Sec-Fetch-Site")
-            raise HttpError(403, f"cross-origin request from {origin!r} refused: only pages "
+            raise HttpError(403, f"cross-origin request from {brief(origin)} refused: only pages "
                             f"of this server ({_show(_own_origin(request))}) may send it",
                             "permission_error", "bad_origin")
         peer = self.peer(request)

@@ -32,7 +32,7 @@ from aiohttp import ClientError, ClientSession, TraceConfig, WSMsgType, web
 from supervisor.clock import monotonic
 
 from ..doors import tunnels, watch
-from ..errors import EngineStopped, VramtuiError
+from ..errors import EngineStopped, VramtuiError, brief
 from ..jobs import JobState
 from ..servers.request import forwardable, job_metadata, target_url
 from ..workers.states import WorkerState
@@ -412,5 +412,5 @@ async def _pipe(source: Any, sink: Any, held: tunnels.Tunnel | None,
 
 
 def unknown_server(model: str) -> HttpError:
-    return not_found(f"no model server named {model!r} (a backend with an http: section)",
+    return not_found(f"no model server named {brief(model)} (a backend with an http: section)",
                      "model_not_found")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..doors import watch
-from ..errors import Refused, VramtuiError
+from ..errors import Refused, VramtuiError, brief
 from ..jobs import JobState, JobView
 from . import ollama_shapes as shapes
 from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
@@ -131,7 +131,7 @@ class _OllamaJobs:
         openai = "completions" if raw else "chat" if "chat" in api else "completions" if (
             kind == "generate" and "completions" in api) else None
         if openai is None:
-            raise bad_request(f"model {model!r} speaks {', '.join(api)}, not chat "
+            raise bad_request(f"model {brief(model)} speaks {', '.join(api)}, not chat "
                               f"(/api/{kind} needs a chat model)", "wrong_api")
         empty = not body.get("messages") if kind == "chat" else not body.get("prompt")
         if empty:

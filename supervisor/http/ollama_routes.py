@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..errors import brief
 from . import ollama_jobs
 from .ollama_jobs import ollama_error, ollama_errors
 from .openai_routes import OPENAI
@@ -107,7 +108,7 @@ class _Ollama:
         if name is None:
             name = model if model in self.engine.backends else None
         if name is None:
-            return ollama_error(404, f"model '{model}' not found (vramtui serves the models "
+            return ollama_error(404, f"model {brief(model)} not found (vramtui serves the models "
                                 "its descriptors name: GET /api/tags lists them)")
         spec = self.engine.backends[name].spec
         capabilities = sorted({CAPABILITIES[a] for a in spec.api if a in CAPABILITIES})

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..doors import watch
-from ..errors import VramtuiError
+from ..errors import VramtuiError, brief
 from ..servers.request import API_PATHS, job_metadata, looks_like_object
 from . import forward
 from .auth import changes_engine
@@ -144,10 +144,10 @@ class _OpenAI:
     def _unknown(self, model: str) -> HttpError:
         hint = ""
         if model in self.engine.backends:
-            hint = (f"; backend {model!r} exists but declares no api (add e.g. 'api: chat' to "
-                    "its descriptor)")
+            hint = (f"; backend {brief(model)} exists but declares no api (add e.g. 'api: "
+                    "chat' to its descriptor)")
         known = ", ".join(sorted(self.table.names)) or "none declare an api"
-        return not_found(f"the model {model!r} does not exist{hint} (models: {known})",
+        return not_found(f"the model {brief(model)} does not exist{hint} (models: {known})",
                          "model_not_found")
 
     # -- the endpoints ----------------------------------------------------------------------
@@ -188,8 +188,7 @@ class _OpenAI:
             raise self._unknown(model)
         spec = self.engine.backends[backend].spec
         if kind is not None and kind not in spec.api:
-            raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
-                              "wrong_api", param="model")
+            raise wrong_api(model, spec.api, kind)
         return backend
 
     def submit(self, kind: str, body: dict[str, Any], payload: bytes) -> tuple[str, bool]:
@@ -228,8 +227,7 @@ class _OpenAI:
         if spec is None or not spec.server:
             return None
         if kind not in spec.api:
-            raise bad_request(f"model {model!r} speaks {', '.join(spec.api)}, not {kind}",
-                              "wrong_api", param="model")
+            raise wrong_api(model, spec.api, kind)
         assert isinstance(body, dict)
         return await forward.forward(self.server, request, backend, payload,
                                      stream=asks_stream(body),
@@ -367,6 +365,12 @@ def form_field(raw: bytes, content_type: str, name: str) -> str | None:
         if field_name == name and filename is None:
             return data.decode("utf-8", "replace").strip()
     return None
+
+
+def wrong_api(model: str, api: tuple[str, ...], kind: str) -> HttpError:
+    """The error for a request of ``kind`` to a model that speaks only ``api``."""
+    return bad_request(f"model {brief(model)} speaks {', '.join(api)}, not {kind}", "wrong_api",
+                       param="model")
 
 
 def data_lines(chunk: bytes) -> bytes:

@@ -23,7 +23,7 @@ from .. import operations
 from ..apispec import METHODS
 from ..control.logtail import read_log
 from ..doors.codec import plain, yield_json
-from ..errors import InvalidRequest, UnknownBackend, VramtuiError
+from ..errors import InvalidRequest, UnknownBackend, VramtuiError, brief
 from ..jobs.query import job_detail
 from ..plain import nesting
 from ..units import digits, parse_duration
@@ -271,7 +271,7 @@ class _Routes:
         snap = self.engine.snapshot()
         b = snap.backend(name)
         if b is None:
-            raise not_found(f"unknown backend {name!r}", "unknown_backend")
+            raise not_found(f"unknown backend {brief(name)}", "unknown_backend")
         return json_response(backend_json(b, snap, self._backend_extra(name)))
 
     def _known(self, name: str) -> str:
