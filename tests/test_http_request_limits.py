@@ -6,6 +6,8 @@ field of the wrong type that a worker failed on.  A real engine and its door, re
 
 from __future__ import annotations
 
+import gzip
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,16 @@ from typing import Any
 import pytest
 from http_support import Front, openai_backends, serve_http
 from spawning import spawns
+
+from supervisor.http.bodies import (
+    MAX_FORM_PARTS,
+    MAX_JSON_ITEMS,
+    depth,
+    form_parts,
+    gunzip,
+    structure,
+)
+from supervisor.plain import nesting
 
 pytestmark = [pytest.mark.timeout(120)]
 SERVER = Path(__file__).resolve().parent / "model_server.py"
@@ -45,6 +57,99 @@ def _form(*fields: tuple[str, bytes], filename: str | None = None) -> bytes:
         out += (f'--XX\r\nContent-Disposition: form-data; name="{name}"{file}\r\n\r\n'.encode()
                 + value + b"\r\n")
     return out + b"--XX--\r\n"
+
+
+# -- 1. JSON: counted before it is parsed, parsed once --------------------------------------
+def test_a_bodys_structure_is_read_from_its_bytes_outside_its_strings() -> None:
+    """What parsing would cost, known before it is paid: the values and keys, and the depth."""
+    body = {"a": [1, 2, {}], "text": "one, two: [three] {four} \"five\", \\ six" * 100,
+            "deep": [[[{"x": [[]]}]]]}
+    raw = json.dumps(body).encode()
+    shape = structure(raw, MAX_JSON_ITEMS)
+    assert shape == b"{:[,,{}],:,:[[[{:[[]]}]]]}"  # (its strings' marks are text)
+    assert structure(raw, 18) == shape and structure(raw, 17) is None  # 16 and a bound: 18
+    assert depth(shape) == nesting(body, 1000) == 7
+    for wide in ([[0]] * 1000, [[[[[]]]]] * 30_000, [[[1] * 3] * 3] * 40_000):
+        assert depth(structure(json.dumps(wide).encode(), MAX_JSON_ITEMS) or b"") == \
+            nesting(wide, 1000)
+    assert structure(b"[" + b"{}," * 200 + b"{}]", 400) is None
+    assert structure(b"[" + b'"",' * 600 + b'""]', 500) is None  # (strings: values too)
+
+
+@pytest.mark.process
+def test_a_json_body_of_a_million_values_is_refused_unparsed(front: Front) -> None:
+    """A body of empty objects at the size limit was 1.5 GB of objects a parse, parsed twice,
+    and stalled the engine's loop for half a minute: past MAX_JSON_ITEMS it is a 413."""
+    wide = b'{"model":"chat-sim","messages":[{"role":"user","content":"hi"}],"x":[' + \
+        b"{}," * MAX_JSON_ITEMS + b"{}]}"
+    for path in ("/v1/chat/completions", "/v1/jobs"):
+        reply = front.post(path, raw=wide)
+        assert reply.status == 413, (path, reply.status, reply.body[:200])
+        assert reply.error["code"] == "too_many_json_items"
+        assert f"{MAX_JSON_ITEMS:,}" in reply.error["message"]
+    ollama = front.post("/api/chat", raw=wide)
+    assert ollama.status == 413 and "values and keys" in ollama.json()["error"]
+    # Text full of commas is not values: a long message goes through.
+    long = {"model": "chat-sim", "messages": [
+        {"role": "user", "content": "a, b: c," * (MAX_JSON_ITEMS // 2)}]}
+    assert front.post("/v1/chat/completions", long).status == 200
+
+
+# -- 2. forms: split on their boundary, their parts counted ----------------------------------
+def test_form_parts_are_split_on_the_boundary_lines_only() -> None:
+    data = b"RIFF\r\n--XY not the boundary\r\n\r\nend\n"
+    raw = (b"preamble\r\n" + _form(("model", b"whisper-1"), ("file", data), filename="a.wav")
+           + b"epilogue")
+    parts = form_parts(raw, 'multipart/form-data; boundary="XX"')
+    assert parts == [("model", None, "text/plain", b"whisper-1"),
+                     ("file", "a.wav", "text/plain", data)]
+    assert form_parts(raw, "application/json") is None
+    # a part in base64 is decoded; a part without a name is left out
+    b64 = (b'--XX\r\nContent-Disposition: form-data; name="f"\r\nContent-Transfer-Encoding: '
+           b'base64\r\n\r\naGVs\r\nbG8=\r\n--XX\r\nContent-Type: text/plain\r\n\r\nx\r\n--XX--')
+    assert form_parts(b64, FORM) == [("f", None, "text/plain", b"hello")]
+
+
+@pytest.mark.process
+def test_a_form_of_thousands_of_parts_is_refused(front: Front) -> None:
+    """Each part cost a millisecond of the engine's loop (the email package), on any OpenAI
+    route: past MAX_FORM_PARTS the form is a 413, before a part is read."""
+    many = _form(*[("f", b"v")] * (MAX_FORM_PARTS * 20))
+    for path in ("/v1/chat/completions", "/v1/audio/transcriptions"):
+        reply = front.post(path, raw=many, headers={"Content-Type": FORM})
+        assert reply.status == 413, (path, reply.status, reply.body[:200])
+        assert reply.error["code"] == "too_many_parts"
+    # A file of many short lines is one part: transcribed.
+    audio = b"a\r\n" * 200_000
+    reply = front.post("/v1/audio/transcriptions", headers={"Content-Type": FORM}, raw=_form(
+        ("model", b"whisper-1"), ("file", audio), filename="a.wav"))
+    assert reply.status == 200, reply.body[:300]
+    assert f"({len(audio)} bytes)" in reply.json()["text"]
+
+
+# -- 3. gzip: unzipped whole, or refused -----------------------------------------------------
+@pytest.mark.process
+def test_a_gzip_body_cut_short_is_refused_not_forwarded(front: Front) -> None:
+    """aiohttp's decoder never checked that a gzip body ended: one cut short reached the
+    worker or the model server as if whole."""
+    chat = json.dumps({"model": "chat-sim", "messages": CHAT}).encode()
+    zipped = gzip.compress(chat)
+    gz = {"Content-Encoding": "gzip"}
+    for cut in (4, 8, len(zipped) // 2):  # its size, its CRC and size, half its data
+        reply = front.post("/v1/chat/completions", raw=zipped[:-cut], headers=gz)
+        assert reply.status == 400, (cut, reply.status, reply.body[:200])
+        assert reply.error["code"] == "unreadable_body", reply.body
+    echo = gzip.compress(b"0123456789abcdef" * 10_000)
+    for cut in (8, len(echo) // 2):
+        reply = front.post("/upstream/llama/echo", raw=echo[:-cut],
+                           headers={**gz, "Content-Type": "application/octet-stream"})
+        assert reply.status == 400, (cut, reply.status, reply.body[:200])
+    # whole, and in two gzip members, it is read as ever
+    two = gzip.compress(chat[:10]) + gzip.compress(chat[10:])
+    for body in (zipped, two):
+        assert front.post("/v1/chat/completions", raw=body, headers=gz).status == 200
+    with pytest.raises(Exception, match="cut short"):
+        gunzip(zipped[:-4], 1 << 20)
 
 
 # -- 4. a model's name is cut short in what comes back ---------------------------------------

@@ -36,6 +36,7 @@ from ..errors import EngineStopped, VramtuiError, brief
 from ..jobs import JobState
 from ..servers.request import forwardable, job_metadata, target_url
 from ..workers.states import WorkerState
+from .bodies import read_body
 from .errors import HttpError, from_engine, not_found
 from .jobflow import (
     answer_headers,
@@ -279,7 +280,7 @@ async def upstream(server: HttpServer, request: web.Request, backend: str,
     target = raw_target(request, path, segments)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(server, request, backend, target)
-    payload = await request.read()
+    payload = await read_body(request)
     # Queue notes only to a client that reads an event stream: any other body stays the
     # server's, byte for byte.
     sse = "text/event-stream" in request.headers.get("Accept", "")

@@ -27,6 +27,7 @@ outermost middleware must be :meth:`ConnectionGate.middleware` (it tells the gat
 request's headers have arrived and when it is answered), and its innermost
 :func:`.expect.middleware`: the site holds every request's ``Expect`` back from aiohttp
 (:func:`.expect.defer`) for that middleware to answer, after the checks (:mod:`.expect`).
+Its connections leave request bodies as they came: :mod:`.bodies` undoes their gzip.
 """
 
 from __future__ import annotations
@@ -321,8 +322,11 @@ class GatedSite(web.SockSite):
         loop = asyncio.get_running_loop()
 
         def factory() -> GatedHandler:
+            # A gzip body is unzipped by the door (:mod:`.bodies`), which checks its end:
+            # aiohttp's decoding passed on one cut short as if whole.
             return GatedHandler(server, self.gate, loop=loop, access_log=None,
-                                keepalive_timeout=self.keepalive_timeout)
+                                keepalive_timeout=self.keepalive_timeout,
+                                auto_decompress=False)
 
         self._server = await loop.create_server(factory, sock=self._sock,
                                                 backlog=self._backlog)

@@ -24,9 +24,10 @@ from aiohttp import web
 
 from ..errors import brief
 from . import ollama_jobs
+from .bodies import read_json
 from .ollama_jobs import ollama_error, ollama_errors
 from .openai_routes import OPENAI
-from .routes import json_response, read_json
+from .routes import json_response
 
 if TYPE_CHECKING:
     from ..snapshot import BackendView

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import email.parser
-import email.policy
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -33,9 +31,10 @@ from ..errors import VramtuiError, brief
 from ..servers.request import API_PATHS, job_metadata, looks_like_object
 from . import forward
 from .auth import changes_engine
+from .bodies import FormPart, read_body, read_form, read_json
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import outcome_error, result_response, stream_job, wait_done
-from .routes import json_response, read_json
+from .routes import json_response
 from .server import streaming
 from .sse import Item, Stream, open_response
 
@@ -168,7 +167,7 @@ class _OpenAI:
             body = await read_json(request)
             if not isinstance(body, dict):
                 raise bad_request("the body must be a JSON object")
-            payload = await request.read()
+            payload = await read_body(request)
         if kind == "chat" and not (isinstance(body.get("messages"), list) and body["messages"]):
             self.backend_for(body.get("model"), kind)  # an unknown model says so first
             raise bad_request("messages: a non-empty list of {role, content} is required",
@@ -212,15 +211,14 @@ class _OpenAI:
         return job.id, stream
 
     async def _served(self, request: web.Request, kind: str) -> web.StreamResponse | None:
-        """A request for a model server, forwarded as it came (None: not for a server)."""
-        payload = await request.read()
+        """A request for a model server, forwarded as it came (None: not for a server). Its
+        body is parsed here, once (:mod:`.bodies`): a worker's route reads that parse."""
+        payload = await read_body(request)
+        body: Any = None
         if request.content_type.startswith("multipart/"):
-            body: Any = {"model": form_field(payload, request.headers["Content-Type"], "model")}
-        else:
-            try:
-                body = json.loads(payload) if looks_like_object(payload) else None
-            except (ValueError, RecursionError):
-                body = None
+            body = form_fields(await read_form(request))  # (its model; whether it streams)
+        elif looks_like_object(payload):
+            body = await read_json(request)
         model = body.get("model") if isinstance(body, dict) else None
         backend = self.table.resolve(model) if isinstance(model, str) else None
         spec = self.engine.backends[backend].spec if backend is not None else None
@@ -261,21 +259,14 @@ class _OpenAI:
         ctype = request.headers.get("Content-Type", "")
         if not ctype.startswith("multipart/form-data"):
             raise bad_request("send the audio as multipart/form-data (file, model, …)")
-        parts = form_parts(await request.read(), ctype)
-        if parts is None:
-            raise bad_request("malformed form: not multipart/form-data with a boundary")
-        body: dict[str, Any] = {}
+        parts = await read_form(request)
+        body = form_fields(parts)
         for name, filename, content_type, data in parts:
             if filename is not None:
                 body[name] = {"filename": filename, "content_type": content_type,
                               "b64": base64.b64encode(data).decode("ascii")}
-            else:
-                body[name] = data.decode("utf-8", "replace")
         if "file" not in body:
             raise bad_request("file: the audio to transcribe", param="file")
-        flag = body.get("stream")  # (a form's fields are text)
-        if isinstance(flag, str):
-            body["stream"] = FORM_BOOLEANS.get(flag.strip().lower(), flag)
         return body, json.dumps(body, separators=(",", ":")).encode()
 
     async def _stream(self, request: web.Request, job_id: str) -> web.StreamResponse:
@@ -341,30 +332,15 @@ class _ChunkEncoder:
         return bytes(out), False
 
 
-FormPart = tuple[str, str | None, str, bytes]  # name, filename, content type, bytes
-
-
-def form_parts(raw: bytes, content_type: str) -> list[FormPart] | None:
-    """The parts of a multipart/form-data body (None: it is not one)."""
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + raw)
-    if not message.is_multipart():
-        return None
-    parts: list[FormPart] = []
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        data = part.get_payload(decode=True)
-        if isinstance(name, str) and isinstance(data, bytes):
-            parts.append((name, part.get_filename(), part.get_content_type(), data))
-    return parts
-
-
-def form_field(raw: bytes, content_type: str, name: str) -> str | None:
-    """One text field of a multipart/form-data body (None when it has none)."""
-    for field_name, filename, _ctype, data in form_parts(raw, content_type) or ():
-        if field_name == name and filename is None:
-            return data.decode("utf-8", "replace").strip()
-    return None
+def form_fields(parts: list[FormPart]) -> dict[str, Any]:
+    """A form's text fields as a request's JSON, ``stream`` read as the flag it is (a form's
+    fields are text: ``true``, ``1``, ``false``, ``0``)."""
+    body: dict[str, Any] = {name: data.decode("utf-8", "replace")
+                            for name, filename, _ctype, data in parts if filename is None}
+    flag = body.get("stream")
+    if isinstance(flag, str):
+        body["stream"] = FORM_BOOLEANS.get(flag.strip().lower(), flag)
+    return body
 
 
 def wrong_api(model: str, api: tuple[str, ...], kind: str) -> HttpError:

@@ -25,10 +25,10 @@ from ..control.logtail import read_log
 from ..doors.codec import plain, yield_json
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError, brief
 from ..jobs.query import job_detail
-from ..plain import nesting
 from ..units import digits, parse_duration
 from ..validate import check_nesting
 from . import route_table
+from .bodies import read_json
 from .errors import HttpError, bad_request, from_engine, not_found
 from .jobflow import (
     JobStream,
@@ -48,7 +48,6 @@ JOB_FIELDS = frozenset({"backend", "input", "input_b64", "priority", "timeout", 
                         "stream"})
 CALIBRATE_FIELDS = frozenset({"repeats", "settle_s", "input", "input_b64"})
 LOG_POLL_S = 0.5
-MAX_JSON_DEPTH = 100  # a request body; a job's input and metadata have tighter limits
 INPUT_MAX_DEPTH = 64
 MAX_LOG_LINES = 10_000
 
@@ -66,24 +65,6 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
                   ) -> web.Response:
     return web.Response(status=status, body=json.dumps(data, separators=(",", ":")).encode(),
                         content_type="application/json", headers=headers)
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request's JSON body (400 when it is not JSON or nests deeper than
-    :data:`MAX_JSON_DEPTH`, 413 past the size limit)."""
-    raw = await request.read()
-    if not raw:
-        raise bad_request("the request has no body; send JSON")
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        body = None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}") from None
-    if (body is None and raw.strip() != b"null") or \
-            nesting(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise bad_request(f"the body nests more than {MAX_JSON_DEPTH} levels deep; flatten it")
-    return body
 
 
 def wants_sse(request: web.Request) -> bool:

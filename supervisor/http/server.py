@@ -58,9 +58,9 @@ class _AnsweredBody(logging.Filter):
 
 logging.getLogger("aiohttp.server").addFilter(_AnsweredBody())
 
-#: The Content-Encodings of a request body the door reads (aiohttp undoes gzip). Not deflate:
-#: aiohttp 3.14 waits for ever for the rest of a deflate body cut short when it comes after
-#: its head in another segment (a loaded box), and such a request was never answered.
+#: The Content-Encodings of a request body the door reads (:mod:`.bodies` undoes gzip, and
+#: refuses one cut short).  Not deflate (aiohttp 3.14's decoder waited for ever for the rest
+#: of a deflate body cut short, when it decoded them).
 BODY_ENCODINGS = frozenset({"", "identity", "gzip"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
