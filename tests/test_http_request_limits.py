@@ -166,3 +166,55 @@ def test_an_unknown_models_name_is_cut_short_in_its_error(front: Front) -> None:
     for path in ("/v1/models/" + "y" * 5000, "/upstream/" + "z" * 5000 + "/x"):
         reply = front.get(path)
         assert reply.status == 404 and len(reply.body) < 1000, (path[:20], reply.body[:200])
+
+
+# -- 5. stream, asked of what cannot stream --------------------------------------------------
+@pytest.mark.process
+def test_a_transcription_stream_is_refused_by_a_worker_and_forwarded_to_a_server(
+        front: Front) -> None:
+    """``stream=true`` was dropped silently for a worker (the official client then read no
+    event at all); a model server gets it with the rest of the form, and its answer is
+    relayed as it comes."""
+    form = _form(("model", b"whisper-1"), ("stream", b"true"), ("file", b"RIFF"),
+                 filename="a.wav")
+    reply = front.post("/v1/audio/transcriptions", raw=form, headers={"Content-Type": FORM})
+    assert reply.status == 400 and reply.error["param"] == "stream", reply.body
+    assert "not supported for transcriptions" in reply.error["message"]
+    off = form.replace(b"\r\n\r\ntrue\r\n", b"\r\n\r\nfalse\r\n")
+    assert front.post("/v1/audio/transcriptions", raw=off,
+                      headers={"Content-Type": FORM}).status == 200
+    embed = front.post("/v1/embeddings", {"model": "embed-sim", "input": "hi", "stream": True})
+    assert embed.status == 400 and embed.error["param"] == "stream"
+    served = form.replace(b"whisper-1", b"llama")
+    reply = front.post("/v1/audio/transcriptions", raw=served, headers={"Content-Type": FORM})
+    assert reply.status in (200, 201) and b"RIFF" in reply.body, reply  # (the server's echo)
+    job = front.engine.jobs.get(reply.headers["x-vramtui-job"])
+    assert job is not None and job.stream  # (it was no stream: answered whole)
+    maybe = served.replace(b"\r\n\r\ntrue\r\n", b"\r\n\r\nmaybe\r\n")
+    reply = front.post("/v1/audio/transcriptions", raw=maybe, headers={"Content-Type": FORM})
+    assert reply.status == 400 and reply.error["param"] == "stream"
+
+
+# -- 6. a field of the wrong type: a 400 naming it, not the worker's exception ---------------
+@pytest.mark.process
+@pytest.mark.parametrize("path,body,field", [
+    ("/v1/chat/completions", b'{"model":"chat-sim","messages":[{"role":"user","content":"x"}],'
+                             b'"max_tokens":NaN}', "max_tokens"),
+    ("/v1/chat/completions", {"model": "chat-sim", "messages": CHAT, "temperature": "hot"},
+     "temperature"),
+    ("/v1/completions", {"model": "chat-sim", "messages": [1, 2]}, "messages"),
+    ("/v1/completions", {"model": "chat-sim", "messages": "hi"}, "messages"),
+    ("/v1/embeddings", {"model": "embed-sim", "input": "hi", "dimensions": -1}, "dimensions"),
+    ("/api/chat", {"model": "chat-sim", "messages": CHAT, "stream": False,
+                   "options": {"num_predict": "x"}}, "options.num_predict"),
+    ("/api/generate", {"model": "chat-sim", "prompt": "hi", "stream": False,
+                       "options": {"num_predict": [1]}}, "options.num_predict"),
+    ("/api/embed", {"model": "embed-sim", "input": "hi", "dimensions": -1}, "dimensions"),
+])
+def test_a_field_of_the_wrong_type_is_a_400_naming_it(front: Front, path: str, body: Any,
+                                                      field: str) -> None:
+    reply = front.post(path, raw=body) if isinstance(body, bytes) else front.post(path, body)
+    assert reply.status == 400, (reply.status, reply.body[:300])
+    message = reply.json()["error"]
+    message = message if isinstance(message, str) else message["message"]
+    assert message.startswith(f"{field}: ") and "Error" not in message, message

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..textsafe import visible
+from . import openai_fields
 
 STREAMED_BY_DEFAULT = True  # Ollama streams unless the request says "stream": false
 # Ollama option -> the OpenAI field it becomes.
@@ -132,6 +133,8 @@ def _options(body: Mapping[str, Any], out: dict[str, Any]) -> None:
             continue
         if key == "num_predict" and isinstance(value, int) and value < 0:
             continue  # -1: until the model stops
+        if (what := openai_fields.check(field, value)) is not None:
+            raise ShapeError(f"options.{key}: {what}")
         out[field] = value
     fmt = body.get("format")
     if fmt == "json":

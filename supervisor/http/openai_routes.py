@@ -29,7 +29,7 @@ from aiohttp import web
 from ..doors import watch
 from ..errors import VramtuiError, brief
 from ..servers.request import API_PATHS, job_metadata, looks_like_object
-from . import forward
+from . import forward, openai_fields
 from .auth import changes_engine
 from .bodies import FormPart, read_body, read_form, read_json
 from .errors import HttpError, bad_request, from_engine, not_found
@@ -54,7 +54,7 @@ ENDPOINTS = {
     "/v1/responses": "responses",
     "/v1/rerank": "rerank",
 }
-STREAMABLE = frozenset({"chat", "completions"})
+STREAMABLE = frozenset({"chat", "completions"})  # by a worker (a server streams as it does)
 DONE = b"data: [DONE]\n\n"
 
 
@@ -168,10 +168,6 @@ class _OpenAI:
             if not isinstance(body, dict):
                 raise bad_request("the body must be a JSON object")
             payload = await read_body(request)
-        if kind == "chat" and not (isinstance(body.get("messages"), list) and body["messages"]):
-            self.backend_for(body.get("model"), kind)  # an unknown model says so first
-            raise bad_request("messages: a non-empty list of {role, content} is required",
-                              param="messages")
         job_id, stream = self.submit(kind, body, payload)
         if not stream:
             return result_response(self.server, await wait_done(self.server, job_id))
@@ -193,12 +189,21 @@ class _OpenAI:
     def submit(self, kind: str, body: dict[str, Any], payload: bytes) -> tuple[str, bool]:
         """The job of one request of OpenAI's ``kind`` (``body``: its JSON, ``payload``: its
         bytes): its id, and whether it streams.  Every door that speaks another API's shape
-        (Ollama's) comes through here, so its requests run as these do."""
+        (Ollama's) comes through here, so its requests run as these do.  A worker's request
+        has its fields checked first (:mod:`.openai_fields`): a bad one is a 400 naming it."""
         model = body.get("model")
         backend = self.backend_for(model, kind)
-        stream = asks_stream(body) and kind in STREAMABLE
-        metadata: dict[str, Any] = {"api": kind, "model": model}
         server = self.engine.backends[backend].spec.server
+        stream = asks_stream(body)
+        if not server:
+            if stream and kind not in STREAMABLE:
+                raise bad_request(f"stream is not supported for {kind} by {brief(backend)} (a "
+                                  "worker backend answers it whole): send stream false, or "
+                                  "leave it out", param="stream")
+            if (wrong := openai_fields.problem(kind, body)) is not None:
+                raise bad_request(f"{wrong[0]}: {wrong[1]}", param=wrong[0])
+        stream = stream and kind in STREAMABLE
+        metadata: dict[str, Any] = {"api": kind, "model": model}
         if server:  # the route of the server it goes to
             metadata.update(job_metadata("POST", API_PATHS[kind],
                                          {"content-type": "application/json"}))
