@@ -38,8 +38,7 @@ import functools
 import re
 import socket
 import ssl
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol, cast
 
 import httptools
@@ -305,7 +304,7 @@ class _Connection(asyncio.Protocol):
         self.reuse = True
         self.sock: socket.socket | None = None
         self.heard = 0.0  # (loop time) the request written, or the answer's last bytes
-        self.clock: Callable[[], float] = time.monotonic  # the loop's (its timers')
+        self.loop: asyncio.AbstractEventLoop | None = None  # its time is the idle timer's
         self.watch: asyncio.TimerHandle | None = None  # the idle limit's, while one runs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -338,7 +337,7 @@ class _Connection(asyncio.Protocol):
         self._quickack()  # (a write makes Linux delay its next ACK again: undone)
         if self.link.idle_s is not None:
             loop = asyncio.get_running_loop()
-            self.clock = loop.time
+            self.loop = loop
             self.heard = loop.time()
             self.watch = loop.call_at(self.heard + self.link.idle_s, self._check_idle)
         return self.done
@@ -360,8 +359,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._quickack()
-        if self.watch is not None:
-            self.heard = self.clock()
+        if self.watch is not None and self.loop is not None:
+            self.heard = self.loop.time()
         answer = self.answer
         if answer is None:  # nothing asked: the server is out of step
             self.abort()
