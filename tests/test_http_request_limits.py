@@ -67,12 +67,12 @@ def test_a_bodys_structure_is_read_from_its_bytes_outside_its_strings() -> None:
     raw = json.dumps(body).encode()
     shape = structure(raw, MAX_JSON_ITEMS)
     assert shape == b"{:[,,{}],:,:[[[{:[[]]}]]]}"  # (its strings' marks are text)
-    assert structure(raw, 18) == shape and structure(raw, 17) is None  # 16 and a bound: 18
+    assert structure(raw, 16) == shape and structure(raw, 15) is None  # 16, exactly
     assert depth(shape) == nesting(body, 1000) == 7
     for wide in ([[0]] * 1000, [[[[[]]]]] * 30_000, [[[1] * 3] * 3] * 40_000):
         assert depth(structure(json.dumps(wide).encode(), MAX_JSON_ITEMS) or b"") == \
             nesting(wide, 1000)
-    assert structure(b"[" + b"{}," * 200 + b"{}]", 400) is None
+    assert structure(b"[" + b"{}," * 200 + b"{}]", 201) is None  # 202 values
     assert structure(b"[" + b'"",' * 600 + b'""]', 500) is None  # (strings: values too)
 
 

@@ -30,7 +30,7 @@ import operator
 import quopri
 import re
 import zlib
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain
 from typing import Any
 
 from aiohttp import web
@@ -144,20 +144,23 @@ def structure(raw: bytes, limit: int) -> bytes | None:
     """UTF-8 JSON text ``raw``'s structure: its ``,`` ``:`` ``[`` ``]`` ``{`` ``}`` outside its
     strings, in order, found by searching its bytes, never by parsing them (None: it holds more
     than ``limit`` values and keys).  Each value or key is the text's first, or comes after a
-    ``,`` ``:`` ``[`` or ``{``: their count, and one, is a bound on them."""
+    ``,`` ``:`` ``[`` or ``{``, less each empty ``[]`` or ``{}`` (none comes after its
+    bracket): for valid JSON, their count exactly."""
     if b"\\" in raw:  # escaped backslashes, then escaped quotes: none of them ends a string
         raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
     marks = raw.translate(None, _NOT_MARKS)  # its quotes and marks only, in one pass
     quotes = marks.count(b'"')
     if quotes > 2 * limit:  # each string is a value or a key
         return None
-    # Text holds commas, colons and brackets too (prose): every other run is in a string.
-    runs = marks.split(b'"')[::2] if quotes else [marks]
-    closings = sum(map(bytes.count, runs, repeat(b"]"))) + sum(map(bytes.count, runs,
-                                                                    repeat(b"}")))
-    if sum(map(len, runs)) - closings + 1 > limit:
+    # Text holds commas, colons and brackets too (prose): every other run is in a string.  A
+    # quote stands where each string was (its place: [""] is not an empty list), and all is
+    # counted on the one joined text (a count a run took a second for a million strings).
+    outside = b'"'.join(marks.split(b'"')[::2]) if quotes else marks
+    empty = outside.count(b"[]") + outside.count(b"{}")
+    shape = outside.translate(None, b'"') if quotes else marks
+    if len(shape) - shape.count(b"]") - shape.count(b"}") - empty + 1 > limit:
         return None
-    return b"".join(runs) if quotes else marks
+    return shape
 
 
 def depth(shape: bytes) -> int:

@@ -1,0 +1,40 @@
+"""Attacks on :mod:`supervisor.http.bodies`, each answered by a truth the door does not
+compute: Python's own ``json.loads`` and ``gzip.decompress``, and the parts a real client
+(``requests``) sends.  What a body may cost is checked with the door's own functions on
+bodies at the scale that once stalled the engine's loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor.http.bodies import parse_json, structure
+
+
+# -- JSON -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raw", [
+    b"[" + b",".join([b"[]"] * 600_000) + b"]",
+    b'{"x":[' + b",".join([b"{}"] * 700_000) + b"]}",
+], ids=["600k-lists", "700k-objects"])
+def test_empty_containers_are_not_counted_as_values(raw: bytes) -> None:
+    """A list of 600,000 empty lists holds 600,001 values: under MAX_JSON_ITEMS, so parsed,
+    as json.loads parses it (each empty [] or {} was counted twice: a 413)."""
+    assert parse_json(raw) == json.loads(raw)
+
+
+def test_the_count_of_values_and_keys_is_exact() -> None:
+    for body in ([], {}, [[], {}, [[]]], {"a": {}, "b": [{}, []], "c": ""}, [""], [["", ""]],
+                 1, "s", {"k": [1, "x", None, {"": []}]}):
+        raw = json.dumps(body).encode()
+        values = _values(body)
+        assert structure(raw, values) is not None, body
+        assert structure(raw, values - 1) is None, body
+
+
+def _values(body: object) -> int:
+    if isinstance(body, dict):
+        return 1 + len(body) + sum(map(_values, body.values()))
+    if isinstance(body, list):
+        return 1 + sum(map(_values, body))
+    return 1
