@@ -38,3 +38,11 @@ def _values(body: object) -> int:
     if isinstance(body, list):
         return 1 + sum(map(_values, body))
     return 1
+
+
+@pytest.mark.parametrize("raw", [b"\xef\xbb\xbfnull", b" null\n", "null".encode("utf-16")],
+                         ids=["utf-8-bom", "spaces", "utf-16"])
+def test_a_null_body_is_null_not_too_deep(raw: bytes) -> None:
+    """json.loads reads null behind a byte order mark; it was refused as nesting too deep."""
+    assert json.loads(raw) is None
+    assert parse_json(raw) is None
