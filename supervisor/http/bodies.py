@@ -51,7 +51,6 @@ _NOT_MARKS = bytes(b for b in range(256) if b not in b'",:[]{}')
 _ONE_BRACKET = bytes.maketrans(b"{}", b"[]")
 _CLOSING = re.compile(rb"\]+")
 FEW_TURNS = 100_000  # of a body's brackets, from closing to opening: counted one by one
-_PADDING = re.compile(rb"[ \t]*\r?(?:\n|\Z)")  # what may end a boundary's line
 _BLANK = re.compile(rb"\r?\n\r?\n")  # the end of a part's headers
 
 
@@ -215,31 +214,31 @@ def form_parts(raw: bytes, content_type: str) -> list[FormPart] | None:
 
 def _split(raw: bytes, boundary: bytes) -> list[bytes]:
     """The bodies between a multipart body's boundary lines (RFC 2046: ``--boundary`` at a
-    line's start, then ``--`` after the last; a body without that last one runs to its end)."""
+    line's start, then ``--`` after the last, then only padding on its line; a body without
+    that last one runs to its end).  A search for the delimiter at a line's start finds them
+    at C's speed: the delimiter mid-line in a file (``--boundary--boundary``) was a step in
+    Python each, 11 s of the loop for a 52 MiB file."""
     delimiter = b"--" + boundary
-    lines = raw.count(b"\n" + delimiter) + raw.startswith(delimiter)
-    if lines > MAX_FORM_PARTS + 1:
+    # RFC 2046: no part holds its delimiter; each one in the body a step here, so counted first.
+    if raw.count(b"\n" + delimiter) + raw.startswith(delimiter) > MAX_FORM_PARTS + 1:
         raise HttpError(413, f"the form has more than {MAX_FORM_PARTS} parts; send fewer "
                         "fields in one request", "invalid_request_error", "too_many_parts")
+    # After it, ``--`` (the last), padding, the line's end (its \n left for the next line).
+    ending = rb"(--)?[ \t]*\r?(?=\n|\Z)"
+    first = re.compile(re.escape(delimiter) + ending).match(raw)  # (no line before it)
+    later = re.compile(rb"\n" + re.escape(delimiter) + ending).finditer(
+        raw, first.end() if first else 0)
     chunks: list[bytes] = []
     start: int | None = None  # where the current part begins
-    at = -1
-    while (at := raw.find(delimiter, at + 1)) != -1:
-        if at and raw[at - 1] != 0x0A:  # not at a line's start: a part's bytes
-            continue
-        after = at + len(delimiter)
-        last = raw.startswith(b"--", after)
-        line_end = _PADDING.match(raw, after + 2 if last else after)
-        if line_end is None:  # more on its line: not a boundary
-            continue
+    for found in chain([first] if first else [], later):
         if start is not None:  # the line break before a boundary is the boundary's
-            end = at - 1
+            end = found.start()
             if end > start and raw[end - 1] == 0x0D:
                 end -= 1
             chunks.append(raw[start:max(start, end)])
-        if last:
+        if found.group(1):  # the last
             return chunks
-        start = line_end.end()
+        start = found.end() + 1
     if start is not None:
         chunks.append(raw[start:])
     return chunks
