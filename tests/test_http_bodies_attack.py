@@ -6,10 +6,17 @@ bodies at the scale that once stalled the engine's loop."""
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from http_support import Front, serve_http
+from spawning import spawns
 
 from supervisor.http.bodies import form_parts, gunzip, parse_json, structure
 from supervisor.http.errors import HttpError
@@ -96,3 +103,55 @@ def test_many_gzip_members_unzip_in_linear_time() -> None:
 def test_zero_padding_after_gzip_is_read_as_gzip_reads_it() -> None:
     raw = gzip.compress(b"abc") + b"\0" * 8
     assert gunzip(raw, 100) == gzip.decompress(raw) == b"abc"
+
+
+# -- the door: a body's Content-Encoding ------------------------------------------------------
+SERVER = Path(__file__).resolve().parent / "model_server.py"
+
+
+@pytest.fixture(scope="module")
+@spawns
+def front() -> Iterator[Front]:
+    llama = {"name": "llama", "command": [sys.executable, str(SERVER), "--port", "${PORT}",
+                                          "--mib", "64", "--tokens", "3"],
+             "http": {"health": "/health"}, "api": ["chat"],
+             "vram": {"weights": "64MiB", "activation": "0MiB", "context": "256MiB"},
+             "safety": "0MiB", "simulated": True, "concurrency": 4,
+             "timeouts": {"start": "20s", "stop_grace": "3s"}}
+    with serve_http([llama], gpus="sim:4GiB") as f:
+        yield f
+
+
+def _post(front: Front, path: str, body: bytes,
+          headers: list[tuple[str, str]]) -> tuple[int, bytes]:
+    """A POST with ``headers`` as given, repeated names kept (a dict would merge them)."""
+    url = urlsplit(front.base)
+    conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+    try:
+        conn.putrequest("POST", path)
+        for name, value in [*headers, ("Content-Length", str(len(body)))]:
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.process
+def test_a_body_coded_twice_is_refused_not_forwarded_still_coded(front: Front) -> None:
+    """``Content-Encoding: identity`` then ``Content-Encoding: gzip`` is a gzip body (RFC 9110:
+    one list): the door read the first header only, and forwarded the gzip bytes to the model
+    server as the body itself."""
+    zipped = gzip.compress(b"hello")
+    plain = [("Content-Type", "application/octet-stream")]
+    for codings in (["identity", "gzip"], ["gzip", "gzip"], ["gzip", "identity"]):
+        status, body = _post(front, "/upstream/llama/echo", zipped,
+                             plain + [("Content-Encoding", c) for c in codings])
+        assert status == 415, (codings, status, body[:200])
+        assert json.loads(body)["error"]["code"] == "unsupported_content_encoding"
+    # one header, as ever: unzipped; the body as it came when it says identity
+    assert _post(front, "/upstream/llama/echo", zipped,
+                 [*plain, ("Content-Encoding", "GZIP")]) == (201, b"hello")
+    assert _post(front, "/upstream/llama/echo", b"hi",
+                 [*plain, ("Content-Encoding", "identity")]) == (201, b"hi")

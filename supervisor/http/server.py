@@ -208,8 +208,10 @@ class HttpServer:
     @staticmethod
     def _unreadable_encoding(request: web.Request) -> HttpError | None:
         """A body in an encoding the door does not undo (``BODY_ENCODINGS``): refused before
-        a byte of it is read."""
-        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        a byte of it is read.  Every ``Content-Encoding`` header counts (RFC 9110: they are
+        one list): the door reads the first, and a gzip body behind an ``identity`` went on
+        to a model server still zipped."""
+        encoding = ", ".join(request.headers.getall("Content-Encoding", ())).strip().lower()
         if encoding in BODY_ENCODINGS or not request.body_exists:
             return None
         return HttpError(415, f"Content-Encoding {encoding[:40]!r} is not taken: send the body "
