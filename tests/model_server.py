@@ -1,7 +1,7 @@
 """A small HTTP model server that behaves like llama.cpp's ``llama-server``, for the tests.
 
 ``python tests/model_server.py --port N [--mib M] [--load-s S] [--token-s S] [--tokens N]
-[--slots N] [--wake-s S] [--mode MODE]``
+[--slots N] [--wake-s S] [--mode MODE] [--once-file PATH]``
 
 - ``GET /health``: 503 ``{"error": …loading…}`` for ``--load-s`` seconds, then 200
   ``{"status": "ok"}``; while loading it declares ``--mib`` MiB on the simulated GPU through
@@ -30,17 +30,21 @@
   the whole server answering); ``error500`` (completions answer 500); ``endless`` (a stream
   that never ends); ``broken`` (a stream cut in the middle of its body); ``stall`` (a
   completion that stops after its first chunk, never ending, while health answers: a server
-  hung mid-answer); ``deaf`` (ignores SIGTERM: only
+  hung mid-answer); ``stuck`` (every completion's answer never comes, a stream's head alone
+  does, while health answers: its generation loop stuck, as llama-server's HTTP thread
+  answers health and writes a stream's head on its own; with ``--once-file PATH``, only a
+  server that finds no PATH at its start, and creates it: the next one started is ``ok``);
+  ``deaf`` (ignores SIGTERM: only
   SIGKILL stops it); ``sleep-keeps``
   (its sleep answers 200 and gives nothing back); ``wake-hangs`` (its wake never answers);
   ``asleep-hangs`` (once asleep, the whole server stops answering); ``odd``: each answer is
   the one the request's text names (its last message, its prompt or its input): an error
   (``vllm400``, ``text400``, ``detail422``, ``long400``, ``split400``: written in two
   pieces), an answer of the wrong shape (``choices5``, ``fnnull``, ``toolcalls5``,
-  ``data5``), or a stream that goes wrong after a good chunk and then goes on, a chunk
-  every 50 ms until its client goes (``bad-then-more``: ``{"choices": 5}``,
-  ``error-then-more``: an error event); ``split200``: a 200 whose JSON error comes in two
-  pieces; anything else as in ``ok``.
+  ``data5``), no answer at all until its client goes (``silent``), or a stream that goes
+  wrong after a good chunk and then goes on, a chunk every 50 ms until its client goes
+  (``bad-then-more``: ``{"choices": 5}``, ``error-then-more``: an error event);
+  ``split200``: a 200 whose JSON error comes in two pieces; anything else as in ``ok``.
 """
 
 from __future__ import annotations
@@ -107,6 +111,8 @@ class Server:
         mode = self.args.mode
         if mode == "odd" and (odd := await self._odd(request, body)) is not None:
             return odd
+        if mode == "stuck":
+            return await self._stuck(request, bool(body.get("stream")))
         if mode == "crash":
             sys.stderr.write("model_server: GGML_ASSERT failed, crashing\n")
             sys.stderr.flush()
@@ -163,6 +169,8 @@ class Server:
             await resp.write(b'available context size", "type": "exceed_context_size_error"}}')
             await resp.write_eof()
             return resp
+        if said == "silent":
+            return await self._stuck(request, False)
         shapes = {"choices5": {"choices": 5},
                   "fnnull": {"choices": [{"message": {"content": "x",
                                                       "tool_calls": [{"function": None}]}}]},
@@ -193,6 +201,18 @@ class Server:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
+        finally:
+            self.slots[slot] = False
+
+    async def _stuck(self, request: web.Request, stream: bool) -> web.StreamResponse:
+        """No answer (a stream: its head alone) until its client goes, a slot held."""
+        slot = self._take_slot()
+        try:
+            if stream:
+                await web.StreamResponse(headers={"Content-Type": "text/event-stream"}
+                                         ).prepare(request)
+            await self._hang(request)
+            raise AssertionError("unreachable")
         finally:
             self.slots[slot] = False
 
@@ -341,8 +361,15 @@ def main() -> None:
     parser.add_argument("--wake-s", type=float, default=0.05)
     parser.add_argument("--mode", default="ok", choices=(
         "ok", "never-healthy", "health-hangs", "exit", "crash", "hang", "error500", "endless",
-        "broken", "stall", "deaf", "sleep-keeps", "wake-hangs", "asleep-hangs", "odd"))
+        "broken", "stall", "stuck", "deaf", "sleep-keeps", "wake-hangs", "asleep-hangs",
+        "odd"))
+    parser.add_argument("--once-file")
     args = parser.parse_args()
+    if args.once_file is not None:
+        try:
+            Path(args.once_file).touch(exist_ok=False)
+        except FileExistsError:
+            args.mode = "ok"
     if args.mode == "exit":
         sys.stderr.write("model_server: error: failed to load model 'x.gguf'\n")
         sys.exit(1)

@@ -3,16 +3,21 @@ engine on the simulated GPU, real server processes (``tests/model_server.py``), 
 
 What is checked: a server reached on IPv6 (``[::1]``) gets its port there; a start that
 cannot be made (no port can be picked) fails its job with one clear line and the queue goes
-on, never leaving the job neither queued nor running.
+on, never leaving the job neither queued nor running; an answer silent past
+``timeouts.idle`` fails its job; two in a row, nothing generated between, while its health
+answers: the server stopped answering, and is killed (its process gone, as /proc says) and
+started again by the next request, its silent job retried once when nothing of it was sent;
+a slow request among answered ones is never taken for that.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from http_support import serve_http
-from test_model_servers import _error_text, chat, server_backend
+from test_model_servers import _error_text, chat, server_backend, server_pids
 from waiting import wait_until
 
 pytestmark = pytest.mark.process
@@ -95,3 +100,84 @@ def test_a_header_the_server_repeats_keeps_every_value() -> None:
             assert resp.msg.get_all("Cache-Control") == ["no-cache, no-store"]
         finally:
             conn.close()
+
+
+def _async(front: Any, backend: str, body: dict[str, Any]) -> str:
+    return str(front.post("/v1/jobs", {"backend": backend, "input": body},
+                          headers={"Prefer": "respond-async"}).json()["id"])
+
+
+def _pid_of(answer: dict[str, Any]) -> int:
+    return int(answer["system_fingerprint"].removeprefix("pid-"))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_server_that_stopped_answering_is_killed_and_the_next_request_starts_it(
+        stream: bool, tmp_path: Path) -> None:
+    """Its generation stuck, its health (and a stream's head) still answered: the first job
+    fails at the idle limit, the second's silence makes two in a row, and the server is
+    killed (its old process gone) with one line saying why. The second job, nothing of it
+    sent to its client yet, runs again on the new server; one whose client was streamed
+    the server's head fails with that line. The next request starts a new server."""
+    backend = server_backend("qwen", mode="stuck", concurrency=1,
+                             args=("--once-file", str(tmp_path / "stuck")),
+                             timeouts={"idle": "0.5s", "start": "20s", "stop_grace": "3s"})
+    with serve_http([backend]) as front:
+        first = _async(front, "qwen", chat("qwen", stream))
+        old = wait_until(lambda: front.get("/v1/backends/qwen").json()["pid"], 10,
+                         "its server to start")
+        said = (f"qwen stopped answering: 2 requests in a row silent for 0.5 s "
+                f"(timeouts.idle) while /health answered; killed its server (pid {old}), "
+                "the backend restarts on its next job")
+        if stream:  # (its head comes once the first failed and it went to the server)
+            sse = front.sse("POST", "/v1/chat/completions", chat("qwen", True))
+            second = sse.headers["x-vramtui-job"]
+            events = []
+            while (event := sse.next()) is not None:
+                events.append(event.data)
+            sse.conn.close()
+            assert any(said in data for data in events), events
+            assert front.job_state(second) == "failed"
+        else:  # retried once, on the new server
+            second = _async(front, "qwen", chat("qwen"))
+            assert front.wait_state(second, "succeeded", "failed", timeout=20) == "succeeded"
+            new = _pid_of(front.get(f"/v1/jobs/{second}/result").json())
+            assert new != old
+        assert front.wait_state(first, "failed", timeout=10) == "failed"
+        error = front.get(f"/v1/jobs/{first}").json()["error"]
+        assert "it sent nothing for 0.5 s (timeouts.idle)" in error, error
+        assert "stopped answering" not in error, error  # one silence is not enough
+        wait_until(lambda: not Path(f"/proc/{old}").exists(), 10, "its old process to go")
+        log = [line.text for line in front.sup.snapshot().log
+               if line.text.startswith("qwen stopped answering")]
+        assert log == [said], log
+        reply = front.post("/v1/chat/completions", chat("qwen"), timeout=20)
+        assert reply.status == 200, reply.body
+        assert _pid_of(reply.json()) != old
+        assert server_pids(front.root) == {_pid_of(reply.json())}
+
+
+def test_a_slow_request_among_answered_ones_never_kills_its_server() -> None:
+    """Two slots, one streaming all along: the requests silent past the idle limit meanwhile,
+    two in a row with no answer ended between, are slow requests, not a stuck server (the
+    other slot's answer moved during their silence): the server is never killed."""
+    backend = server_backend("odd", mode="odd", concurrency=2,
+                             args=("--tokens", "400", "--token-s", "0.05"),
+                             timeouts={"idle": "0.5s", "start": "20s", "stop_grace": "3s"})
+    silent = {"model": "odd", "messages": [{"role": "user", "content": "silent"}]}
+    with serve_http([backend]) as front:
+        talking = _async(front, "odd", chat("odd", True))  # 20 s of chunks, 50 ms apart
+        slow = [_async(front, "odd", silent) for _ in range(2)]  # one after the other
+        pid = wait_until(lambda: front.get("/v1/backends/odd").json()["pid"], 10,
+                         "its server to start")
+        for job in slow:
+            assert front.wait_state(job, "failed", timeout=10) == "failed"
+            error = front.get(f"/v1/jobs/{job}").json()["error"]
+            assert "it sent nothing for 0.5 s" in error, error
+        assert front.job_state(talking) == "running"  # (its answer moved all along)
+        assert front.get("/v1/backends/odd").json()["pid"] == pid
+        assert not [line.text for line in front.sup.snapshot().log
+                    if "stopped answering" in line.text]
+        assert server_pids(front.root) == {pid}
+        front.post(f"/v1/jobs/{talking}/cancel")
+        assert front.wait_state(talking, "cancelled", timeout=10) == "cancelled"

@@ -906,6 +906,14 @@ class Engine:
     def request_done(self, handle: Worker, job_id: str, outcome: Outcome) -> None:
         job = self.jobs.get(job_id)
         rt = self.pool.get(handle.backend)
+        if rt is not None and outcome.unanswered is not None and rt.worker is handle \
+                and not handle.exited:
+            # Its server stopped answering (it takes no job now): killed, and this job, still
+            # admitted, ends with its other running jobs (retried once when nothing of it was
+            # sent to its client, or failed with why)
+            self.watch.kill_unanswering(rt, outcome.unanswered)
+            if job_id in rt.admitted:
+                return
         if job is None or rt is None:
             return
         if job_id in rt.admitted:

@@ -9,7 +9,8 @@
   is killed at once whatever the policy, and its backend is distrusted (its descriptor only a
   floor) until measured again.
 - **Liveness**: every ready, busy or sleeping worker is pinged; one that stops answering is
-  killed.
+  killed (as is a model server whose requests stopped being answered: ``kill_unanswering``),
+  through one path, ``kill_for``: its jobs fail with the reason, or are retried once.
 - **Idleness**: a worker idle past its backend's ``keep_alive`` is unloaded (asleep or not).
 - **Ghosts**: a stopped worker's memory stays counted until its processes leave the GPU.
 """
@@ -255,9 +256,27 @@ class WorkerWatch:
             old = getattr(m.learned, key)
             if old is None or m.observed_mib > old:
                 m.learned = replace(m.learned, **{key: m.observed_mib})
-        rt.health.kill_reason = f"{rt.spec.name} {reason}"
-        self.notes.note("error", rt.health.kill_reason, rt.spec.name)
+        self.kill_for(rt, f"{rt.spec.name} {reason}")
+
+    def kill_for(self, rt: BackendRuntime, reason: str) -> None:
+        """Kill ``rt``'s live worker (its process tree) for ``reason``, said in the event log;
+        its running jobs fail with it, or are retried once (``Engine.worker_exited``), and the
+        backend restarts on its next job. Nothing when it is gone or being killed already."""
+        w = rt.worker
+        if w is None or w.exited or rt.health.kill_reason is not None:
+            return
+        rt.health.kill_reason = reason
+        self.notes.note("error", reason, rt.spec.name)
         w.kill()
+
+    def kill_unanswering(self, rt: BackendRuntime, why: str) -> None:
+        """``rt``'s model server stopped answering requests (``why``: its answers' silence,
+        ``Outcome.unanswered``), its health check alive or not: killed as a hung one."""
+        w = rt.worker
+        if w is not None:
+            self.kill_for(rt, f"{rt.spec.name} stopped answering: {why}; killed its "
+                          f"{rt.spec.runner} (pid {w.pid}), the backend restarts on its "
+                          "next job")
 
     # -- ghosts ---------------------------------------------------------------------------------
     async def confirm_ghosts(self, rt: BackendRuntime) -> None:
@@ -302,13 +321,9 @@ class WorkerWatch:
             overdue = w.ping_overdue(now)
             limit = rt.spec.timeouts.ping_s
             if overdue >= limit:
-                rt.health.kill_reason = (
-                    f"{rt.spec.name} hung: its {rt.spec.runner} (pid {w.pid}) answered no "
-                    f"ping for "
-                    f"{overdue:.1f} s (timeouts.ping {limit:g} s); killed it, the backend "
-                    "restarts on its next job")
-                self.notes.note("error", rt.health.kill_reason, rt.spec.name)
-                w.kill()
+                self.kill_for(rt, f"{rt.spec.name} hung: its {rt.spec.runner} (pid {w.pid}) "
+                              f"answered no ping for {overdue:.1f} s (timeouts.ping "
+                              f"{limit:g} s); killed it, the backend restarts on its next job")
             else:
                 w.ping()
 

@@ -19,7 +19,12 @@ result. Health checks, pings, sleep and wake go over aiohttp, off the requests' 
 answer fails the job, with what the server said. A cancelled job closes its connection, so
 the server stops generating. Answers are bounded by the result limit (an endless stream
 fails there), and by ``timeouts.idle`` (an answer silent that long fails its job, its
-connection closed: a server hung mid-answer whose health still answers).
+connection closed: a server hung mid-answer whose health still answers). A server whose
+answers went silent so :data:`STOPPED_AFTER` times in a row, nothing generated between nor
+for another request meanwhile (:class:`.wire.Silent`), stopped answering: it takes no
+more jobs, and the outcome of the job that saw it says so (``Outcome.unanswered``), for the
+engine to kill it (its running jobs, that one too, fail or are retried once as when a
+server dies).
 
 A server whose descriptor has ``http.sleep`` and ``http.wake`` offers ``sleep``: the engine's
 sleep makes it ``asleep`` and sends the sleep request (``supervisor/servers/calls.py``), its
@@ -55,7 +60,7 @@ from .calls import call
 from .launch import Launch
 from .listener import listeners_of, pinned, trusted_uids
 from .request import combined, end_to_end, upstream_of
-from .wire import Exchange, Link, WireError
+from .wire import Exchange, Link, Silent, WireError
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,12 @@ SLOW_POLL_S = 0.1  # … then this often while it loads
 HEALTH_TIMEOUT_S = 30.0  # one health request that takes longer is given up (a ping stays due)
 TAIL_BYTES = 600  # of its log, in the reason a server failed to start
 SNIPPET = 300  # characters of a 5xx answer in the job's error
+# Answers silent past timeouts.idle in a row (nothing generated between) that say a server
+# stopped answering. One is not enough: closing its connection freed the slot of a request
+# that was merely stuck (a prefill longer than the limit, a sampler stuck on one grammar),
+# and a kill costs a reload and every other job the server holds; a second in a row with
+# nothing generated between tells a stuck generation loop from one stuck request.
+STOPPED_AFTER = 2
 
 
 def log_size(path: Path) -> int:
@@ -118,6 +129,7 @@ class ServerHandle(SupervisedProcess):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ping_sent: float | None = None
         self._ping_task: asyncio.Task[None] | None = None
+        self._unanswering = False  # it stopped answering (STOPPED_AFTER): it takes no job
         self._log_from = 0  # the size of its log when it started: its own lines come after
 
     # -- start ------------------------------------------------------------------------------
@@ -284,7 +296,8 @@ class ServerHandle(SupervisedProcess):
     @property
     def data(self) -> object | None:
         """Itself while it can take a request; None otherwise."""
-        if self._exited.is_set() or self._stopping or self._session is None or not self.hot:
+        if self._exited.is_set() or self._stopping or self._session is None or not self.hot \
+                or self._unanswering:
             return None
         return self
 
@@ -325,7 +338,8 @@ class ServerHandle(SupervisedProcess):
             if isinstance(exc, WireError) and sink.status:
                 what = f"its answer broke off: {what}"
             outcome = Outcome(ok=False, status_code=502,
-                              error=f"{self.backend}'s server failed the request: {what}")
+                              error=f"{self.backend}'s server failed the request: {what}",
+                              unanswered=self._stopped_answering(exc))
         except Exception as exc:  # noqa: BLE001 - a fault of ours: the job fails, never hangs
             log.exception("forwarding job %s to %s failed", job_id, self.backend)
             ex.cancel()
@@ -339,6 +353,19 @@ class ServerHandle(SupervisedProcess):
             self.observer.request_done(self, job_id, outcome)
         if not self._jobs and self.state == WorkerState.BUSY:
             self._set_state(WorkerState.READY)
+
+    def _stopped_answering(self, exc: Exception) -> str | None:
+        """Why the server stopped answering, when ``exc`` is the silence that shows it
+        (:data:`STOPPED_AFTER` in a row): from now on it takes no job."""
+        if not isinstance(exc, Silent) or exc.in_a_row < STOPPED_AFTER:
+            return None
+        self._unanswering = True
+        alive = ""  # (its last health check answered, and none is due)
+        if self._ping_sent is None:
+            alive = f" while {self.http.health} answered" if self.http.health is not None \
+                else " while its port took connections"
+        return f"{exc.in_a_row} requests in a row silent for {exc.idle_s:g} s (timeouts.idle)" \
+            + alive
 
     def _too_large(self) -> Outcome:
         return Outcome(ok=False, too_large=True, status_code=502, error=(

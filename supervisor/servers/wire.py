@@ -22,8 +22,12 @@ reused (nothing of an answer came) is tried once more on a new one.
 
 An exchange whose server sends nothing for the link's ``idle_s`` (``timeouts.idle``: from
 the request written to its answer's first byte, then between any two) fails with a
-:class:`WireError` saying so, and its connection closes: a server that hangs mid-answer
-while its health check still answers frees its job's slot.
+:class:`Silent` error saying so, and its connection closes: a server that hangs mid-answer
+while its health check still answers frees its job's slot. The link owns the count of such
+silences in a row (:attr:`Silent.in_a_row`), which tells one slow request from a server
+whose generation is stuck: a silence counts only when no other exchange's answer moved
+during it, and any answer that moves (a piece of a 2xx body, or its end; a head alone is
+its HTTP thread's, as ``/health`` is) sets it back to 0.
 
 Bounded: an answer's head (and a chunk-size or trailer line) may be at most
 :data:`MAX_HEAD` bytes and :data:`MAX_HEADERS` headers; the body's size is the sink's to
@@ -35,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import re
 import socket
 import ssl
@@ -60,6 +65,18 @@ _VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[ \t]*[\x21-\x7e\x80-\xff])*)?"
 
 class WireError(ConnectionError):
     """The server's answer broke HTTP/1.1, or its connection went before the answer ended."""
+
+
+class Silent(WireError):
+    """An exchange's server sent nothing for the idle limit (``idle_s``); ``in_a_row``: the
+    exchanges of that server silent so in a row, with no answer moving on any exchange
+    during their silence nor since (this one included; 0: others' answers moved meanwhile:
+    a slow request, not a stuck server)."""
+
+    def __init__(self, idle_s: float, in_a_row: int) -> None:
+        super().__init__(f"it sent nothing for {idle_s:g} s (timeouts.idle): hung?")
+        self.idle_s = idle_s
+        self.in_a_row = in_a_row
 
 
 class Sink(Protocol):
@@ -131,7 +148,8 @@ class _Answer:
     strict HTTP/1.1 parser, in C), its events to the sink."""
 
     __slots__ = ("sink", "parser", "head_only", "headed", "done", "keep", "got_any",
-                 "headers", "interim", "interims", "until_close", "quiet", "error", "after")
+                 "headers", "interim", "interims", "until_close", "quiet", "error", "after",
+                 "good", "moved")
 
     def __init__(self, sink: Sink, method: str) -> None:
         self.sink = sink
@@ -148,6 +166,8 @@ class _Answer:
         self.quiet = 0  # bytes taken since the parser last said something (a head, a chunk)
         self.error: WireError | None = None  # raised in a callback, said by feed
         self.after = False  # something came after the answer
+        self.good = False  # its final head is a 2xx's
+        self.moved = False  # a piece of a 2xx body, or its end, came (the link is told)
 
     def feed(self, data: bytes) -> bool:
         """Take bytes (b"": the connection ended); False when the sink said stop. Raises
@@ -234,6 +254,7 @@ class _Answer:
         if self.done or self.interim:
             return
         self.quiet = 0
+        self.moved = self.good
         if not self.sink.data(bytes(body)):
             raise _Stop
 
@@ -247,6 +268,7 @@ class _Answer:
         if self.done:
             return
         self.done = True
+        self.moved = self.good
         self.keep = self.keep and not self.after and self.parser.should_keep_alive()
 
     def _head(self, status: int, raw: list[tuple[bytes, bytes]]) -> None:
@@ -272,6 +294,7 @@ class _Answer:
         if size > MAX_HEAD:
             self._fail(WireError(f"its answer's head passed {MAX_HEAD} bytes"))
         self.headed = True
+        self.good = 200 <= status < 300
         # (an HTTP/1.0 answer's keep-alive is an old convention: its connection is not reused)
         self.keep = self.parser.should_keep_alive() and self.parser.get_http_version() == "1.1"
         self.until_close = not (self.head_only or status in (204, 304) or encodings
@@ -354,7 +377,7 @@ class _Connection(asyncio.Protocol):
         if loop.time() - self.heard < idle:
             self.watch = loop.call_at(self.heard + idle, self._check_idle)
             return
-        self._end(WireError(f"it sent nothing for {idle:g} s (timeouts.idle): hung?"))
+        self._end(Silent(idle, self.link.went_silent(self.heard)))
         self.abort()
 
     def data_received(self, data: bytes) -> None:
@@ -371,6 +394,9 @@ class _Connection(asyncio.Protocol):
             self._end(exc)  # complete() raises it (never the loop's "fatal error" and a
             self.abort()  # misleading "the server closed the connection")
             return
+        if answer.moved:
+            answer.moved = False
+            self.link.moved(self.heard)  # (heard is now's only while an idle limit runs)
         if not go_on:
             self._end(None)
             self.abort()
@@ -495,6 +521,20 @@ class Link:
         self._idle: list[_Connection] = []
         self._spare: asyncio.Task[None] | None = None
         self.closed = False
+        self.moved_at = -math.inf  # (loop time) an answer last moved, on any exchange
+        self.silent = 0  # exchanges silent past idle_s in a row, nothing moving (Silent)
+
+    def moved(self, at: float) -> None:
+        """An answer moved at ``at`` (loop time): the server generates."""
+        self.moved_at = at
+        self.silent = 0
+
+    def went_silent(self, since: float) -> int:
+        """An exchange silent since ``since`` (loop time) passed the idle limit: how many in
+        a row now; 0 when another's answer moved during its silence (one slow request
+        among answered ones: the server is not stuck)."""
+        self.silent = 0 if self.moved_at > since else self.silent + 1
+        return self.silent
 
     async def _open(self) -> _Connection:
         loop = asyncio.get_running_loop()

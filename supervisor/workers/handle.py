@@ -55,6 +55,9 @@ class Outcome:
     error: str | None = None
     cancelled: bool = False
     too_large: bool = False  # the result went over the limit: what came of it is dropped
+    # a model server stopped answering (why; supervisor/servers/handle.py): the engine kills
+    # it, and this job ends as its running jobs do then (retried once, or failed)
+    unanswered: str | None = None
 
 
 @dataclass(slots=True)
