@@ -63,13 +63,13 @@ def test_a_null_body_is_null_not_too_deep(raw: bytes) -> None:
 # -- forms ------------------------------------------------------------------------------------
 def test_text_like_the_boundary_inside_a_file_costs_nothing_per_occurrence() -> None:
     """A file of ``--XX`` repeated: each was looked at in Python (a 52 MiB body held the loop
-    for 11 s); only the boundary's own lines are."""
-    data = b"--XX" * 4_000_000  # 16 MB
+    for 11 s, ~0.8 us an occurrence); only the boundary's own lines are (~50 ms here)."""
+    data = b"--XX" * 12_000_000  # 48 MB: ~10 s before
     raw = (b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n' + data
            + b"\r\n--XX--\r\n")
     start = time.perf_counter()
     parts = form_parts(raw, FORM)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 2.0  # (generous: ~50 ms now, 5 s before here)
     assert parts == [("file", "a", "text/plain", data)]
 
 
@@ -94,7 +94,7 @@ def test_many_gzip_members_unzip_in_linear_time() -> None:
     start = time.perf_counter()
     with pytest.raises(HttpError) as refused:
         gunzip(raw, 64 << 20)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # (30 s before; ~50 ms now)
     assert refused.value.status == 400 and "members" in str(refused.value)
     big = gzip.compress(b"x" * 3_000_000) + gzip.compress(b"y")
     assert gunzip(big, 4 << 20) == gzip.decompress(big)
