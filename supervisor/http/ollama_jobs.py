@@ -31,10 +31,10 @@ from ..doors import watch
 from ..errors import Refused, VramtuiError, brief
 from ..jobs import JobState, JobView
 from . import ollama_shapes as shapes
+from .bodies import read_json
 from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
 from .jobflow import cancel_quietly, outcome_error, stream_job, wait_done
 from .openai_routes import OPENAI
-from .routes import read_json
 from .sse import Item, Stream
 
 if TYPE_CHECKING:
