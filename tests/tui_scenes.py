@@ -124,9 +124,15 @@ async def submit_dialog(pilot: Pilot[int]) -> None:
     await settle(pilot)
     app: VramApp = pilot.app  # type: ignore[assignment]
     app.open_submit("sdxl-sim")
-    await pilot.pause()
+    # The dialog composes and focuses its payload on later ticks (later still under load):
+    # wait for both, or the cursor keeps blinking and the snapshot catches it on or off.
+    await settle(pilot, until=lambda: isinstance(pilot.app.focused, TextArea))
     for area in pilot.app.screen.query(TextArea):
         area.cursor_blink = False  # a blinking cursor would make the snapshot flaky
+        # A line drawn while the blink had the cursor off is cached under the key a line
+        # without blink has: under load (a blink past before this), the cursor stayed off.
+        area.notify_style_update()
+        area.refresh()
     await settle(pilot)
 
 
