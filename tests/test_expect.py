@@ -266,6 +266,10 @@ def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> Non
     assert not [(a, b) for a, b in small if a < left < b], (left, small)
     assert any(b <= left for _, b in small)  # (it did wait for one)
     assert c.batch_makespan(r) <= 1.25 * c.batch_bound()
+    # When the hold let the big job go, the small model's last job ran first (the big job's
+    # patience counts from the release): the chat's next request, 0.2 s later, found its
+    # model there.
+    assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s
 
 
 def big_loading_and_chat_queued(expected: Expectations | None, now: float,
@@ -496,3 +500,39 @@ def test_a_young_stream_holds_an_idle_gpu_for_one_mistake_at_most() -> None:
     after = 2.04 + one + 0.01
     p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
     assert [e.backend for e in p.evictions] == ["chat-llm"]
+
+
+def test_patience_counts_from_the_streams_release_not_from_the_hold() -> None:
+    """The big job, first blocked long ago, was held by the chat's stream; once the stream
+    lets it go (its silence taken as its end), the small model's queued job, of the batch's
+    own priority, still runs beside the chat first: the big job was held until then, not
+    blocked, so its barrier's patience starts there (Poisson soak seed 259: the patience
+    spent under the hold evicted the chat and the small model at once; the chat's next
+    request came 0.2 s later and waited a reload, and the small job ran after, reloaded
+    too). Past that patience the switch comes, and never past ``max_patience_s``."""
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.ran("big", 3.0)
+    small = BackendInfo("small", 6 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
+
+    def plan_at(now: float, blocked_since: float = -30.0) -> tuple[list[str], list[str]]:
+        snap = llm_idle_and_big_queued(learner.view(now), now)
+        queue = [QueuedJob("big-0", "big", 0, 1, -30.0, blocked_since=blocked_since),
+                 QueuedJob("small-0", "small", 0, 2, -30.0)]
+        worker = WorkerInfo("small", 0, "ready", 0, 6 * GIB, idle_since=now - 0.1)
+        s = Snapshot(snap.gpus, {**snap.backends, "small": small},
+                     {**snap.workers, "small": worker}, queue, expected=snap.expected)
+        p = plan(s, now, SchedulerConfig())
+        return sorted(e.backend for e in p.evictions), [st.job_id for st in p.starts]
+
+    held = plan(llm_idle_and_big_queued(learner.view(13.8), 13.8), 13.8)
+    released = held.revisit_at
+    assert released is not None and 13.8 < released < 30.0
+    # Just after the stream let it go: the small job runs first; the small model stays.
+    # (The chat's idle model may go: its periodic stream has stopped. A random stream's
+    # stays while the small job runs: ``test_poisson_seed_259_...``.)
+    assert plan_at(released + 0.05) == (["chat-llm"], ["small-0"])
+    # Its patience (4 x the switch: the big load and the small reload, 20 s) then ends.
+    assert plan_at(released + 20.5) == (["chat-llm", "small"], [])
+    # Blocked for max_patience_s (300 s): the switch at once, whatever held it.
+    assert plan_at(released + 0.05, blocked_since=released - 300.0) == \
+        (["chat-llm", "small"], [])

@@ -381,14 +381,26 @@ class WeighedOnRead(Mapping[str, tuple[Stream, ...]]):
         return len(self._weighed())
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What ``hold`` found: the stream that holds the job (None when none does), how long
+    its next request would wait, expected, and until when it holds; and when the holds that
+    ended let the job go (``released_at``, ``-inf`` when none ended)."""
+
+    stream: Stream | None
+    cost: float = 0.0
+    until: float = -math.inf
+    released_at: float = -math.inf
+
+
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
          victims: list[tuple[str, float]], *, since: float = -math.inf,
-         batch_s: float = math.inf, idle: bool = False, unsure: float = 1.0
-         ) -> tuple[Stream, float, float] | None:
+         batch_s: float = math.inf, idle: bool = False, unsure: float = 1.0) -> Hold:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
-    first such stream and how long its request would wait, expected; None when none.
+    first such stream and how long its request would wait, expected (``Hold.stream`` None
+    when none).
 
     A job held since ``since`` whose backend's queued work takes ``batch_s`` (its load and
     every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
@@ -406,9 +418,19 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     long as being wrong costs, once).
 
     ``run_s`` only guessed (its backend has not run a job yet), a gap is long enough only
-    if ``unsure`` times it fits (the rest of the hold reads the guess as it is)."""
+    if ``unsure`` times it fits (the rest of the hold reads the guess as it is).
+
+    A stream whose hold has ended (its silence past ``Stream.ends_for``) while it still
+    held the job then (its next request, read at that silence, would have waited beyond
+    the target) let the job go at that time: ``Hold.released_at``, the latest such. The job
+    was held until then, not blocked: ``plan`` counts the patience of its barrier from
+    there (hot work of its batch that fits beside the stream runs first, as it did while
+    the stream held it)."""
+    released = -math.inf
     for backend, undo_s in victims:
         window = run_s + undo_s
+        gap = unsure * run_s + undo_s  # the gap it takes, its run a guess
+        target = expected.target(backend)
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:
                 break
@@ -420,10 +442,11 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
                           stream.young_quiet(window) / MISTAKE_REQUESTS)
             until = stream.ends_for(window, most, cap)
             if now >= until:
+                if until > released and stream.chance_within(until, gap) * gap > target:
+                    released = until
                 continue
-            gap = unsure * run_s + undo_s  # the gap it takes, its run a guess
             cost = stream.chance_within(now, gap) * gap
-            if cost > expected.target(backend):
-                return stream, cost, until
+            if cost > target:
+                return Hold(stream, cost, until, released)
             break
-    return None
+    return Hold(None, released_at=released)

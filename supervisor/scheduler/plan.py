@@ -700,7 +700,8 @@ class _Planner:
         _, g, chosen, room = best
         victims = [c.worker for c in chosen]
         sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
-        if self._held_by_stream(job, info, victims, sleepers, since, waited, g):
+        released = self._held_by_stream(job, info, victims, sleepers, since, waited, g)
+        if released is None:
             return
         barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed,
                            sleepers)
@@ -711,12 +712,16 @@ class _Planner:
             for v in victims
             if v.backend in self.backends and self.queued_jobs.get(v.backend, 0) > 0
         )
-        patience = min(self.config.patience_factor * switch, self.config.max_patience_s)
-        barrier.forced = waited >= patience or not any(
+        limit = self.config.max_patience_s
+        patience = min(self.config.patience_factor * switch, limit)
+        # Held by a stream until ``released``, it was blocked only from then: its patience
+        # counts from there (never past ``max_patience_s`` from when it was first blocked).
+        patient_since = max(since, released)
+        barrier.forced = self.now - patient_since >= patience or waited >= limit or not any(
             self.queued_jobs.get(v.backend, 0) for v in victims
         )
         if not barrier.forced:
-            due = since + patience
+            due = min(patient_since + patience, since + limit)
             if self.revisit_at is None or due < self.revisit_at:
                 self.revisit_at = due
         self._add_barrier(barrier)
@@ -731,7 +736,8 @@ class _Planner:
             leave = "leaves" if len(victims) == 1 else "leave"
             reason = f"{what}: {_plural(len(victims), 'worker')} {leave} GPU{g} for it"
         else:
-            reason = (f"{what}: hot work on GPU{g} goes on for up to {patience - waited:.0f} s "
+            left = min(patient_since + patience, since + limit) - self.now
+            reason = (f"{what}: hot work on GPU{g} goes on for up to {left:.0f} s "
                       "more before the switch")
         self.explicit[job.job_id] = reason
         self._settle(barrier_key, reason)
@@ -787,15 +793,16 @@ class _Planner:
 
     def _held_by_stream(self, job: QueuedJob, info: BackendInfo, victims: list[WorkerInfo],
                         sleepers: frozenset[str], since: float, waited: float,
-                        g: int) -> bool:
+                        g: int) -> float | None:
         """A blocked job whose victims include the worker of a stream above its priority
         waits, rather than make that stream's next request wait beyond its target (for a
-        gap long enough, or the stream's end; at most ``max_patience_s``): settles it and
-        says so."""
+        gap long enough, or the stream's end; at most ``max_patience_s``): settles it, says
+        so and returns None. Else when the streams' holds on it ended (``expect.Hold``'s
+        ``released_at``; ``-inf`` if none did)."""
         exp = self.expected
         limit = self.config.max_patience_s
         if exp is None or waited >= limit:
-            return False
+            return -math.inf
         name = info.name
         asleep = name in self.asleep
         undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
@@ -820,17 +827,17 @@ class _Planner:
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
                            since=job.submitted_at, batch_s=batch_s, idle=idle,
                            unsure=1.0 if measured else expect.UNSURE_MARGIN)
-        if held is None:
-            return False
-        stream, _cost, until = held
-        due = min(until, since + limit)
+        stream = held.stream
+        if stream is None:
+            return held.released_at
+        due = min(held.until, since + limit)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
         reason = (f"waits: {stream.backend} expects a request within "
                   f"{max(stream.due_in(self.now), 0.1):.1f} s")
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
-        return True
+        return None
 
     @staticmethod
     def _undo_s(info: BackendInfo, asleep: bool) -> float:
