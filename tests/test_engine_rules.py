@@ -430,13 +430,16 @@ def test_a_liar_that_overcommits_its_gpu_is_killed_and_runs_alone_next_time() ->
 
 def test_an_over_user_whose_jobs_end_together_is_evicted_counted_and_told_once() -> None:
     desc = mib(1024, 256, on_overuse="evict", concurrency=2)
-    scripts = {"liar": Script(weights_mib=3000, activation_mib=0, manual=True)}
+    # Honest while idle (1000 of its 1024), 3000 once a job runs: caught only while both run
+    # (both are queued before it is ready, so one step sends both; caught idle, or with one
+    # job sent, it would take no second).
+    scripts = {"liar": Script(weights_mib=1000, activation_mib=2000, manual=True)}
     with fake_engine({"liar": desc}, scripts=scripts) as fe:
         fe.sup.preload("liar")
         wait_until(lambda: fe.workers.live("liar") is not None, what="a worker")
         w = fe.worker("liar")
-        fe.on_loop(w.ready)
         a, b = fe.sup.submit("liar", b"a"), fe.sup.submit("liar", b"b")
+        fe.on_loop(w.ready)
         wait_until(lambda: len(w.requests) == 2, what="both jobs running")
         wait_until(lambda: not fe.engine.backends["liar"].conduct.accepting,
                    what="the liar caught")
