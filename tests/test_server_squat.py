@@ -86,6 +86,7 @@ def test_where_the_kernels_tables_cannot_be_read_the_check_stands_aside(
     nobody can see: the check says it cannot tell (None), and the health checks go on."""
     import socket
 
+    from supervisor import tcp_table
     from supervisor.servers import listener
 
     with socket.socket() as s:
@@ -95,7 +96,8 @@ def test_where_the_kernels_tables_cannot_be_read_the_check_stands_aside(
         assert listener.listeners_of(url) == {os.getuid()}
         assert listener.listeners_of(url.replace("127.0.0.1", "localhost")) == {os.getuid()}
         assert listener.listeners_of("http://10.1.2.3:80") is None  # not on this host
-        monkeypatch.setattr(listener, "TABLES", {f: tmp_path / "gone" for f in listener.TABLES})
+        monkeypatch.setattr(tcp_table, "use_diag", False)  # (netlink is refused too)
+        monkeypatch.setattr(tcp_table, "TABLES", {f: tmp_path / "gone" for f in tcp_table.TABLES})
         assert listener.listeners_of(url) is None
 
 

@@ -19,27 +19,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 from ..control.peer import peer_cred
-from ..tcp_table import ESTABLISHED, TABLES, read_rows
+from ..tcp_table import ESTABLISHED, TABLES, DiagUnavailable, ask_diag, read_rows, sockid
 
 _TABLES = tuple(str(path) for path in TABLES.values())
-
-# sock_diag (linux/sock_diag.h, linux/inet_diag.h)
-_NETLINK_SOCK_DIAG = 4
-_SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST = 1
-_NLMSG_ERROR = 2
-_NLMSG_HDR = struct.Struct("=IHHII")
-_DIAG_REQ = struct.Struct("=BBBBI")
-_DIAG_MSG_HEAD = struct.Struct("=BBBB")
-_DIAG_MSG_TAIL = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
-_SOCKID_LEN = 48
-_NO_COOKIE = 0xFFFFFFFF
-
 
 @dataclass(frozen=True, slots=True)
 class Peer:
@@ -83,10 +69,6 @@ class SocketRow:
         return self.state == ESTABLISHED and self.inode != 0
 
 
-class DiagUnavailable(OSError):
-    """This kernel (or sandbox) does not answer sock_diag: read /proc instead."""
-
-
 def _packed(host: str) -> bytes:
     return ipaddress.ip_address(host.split("%", 1)[0]).packed
 
@@ -110,7 +92,7 @@ def table_row(client: tuple[str, int], server: tuple[str, int],
         return None
     for table in tables:
         try:
-            rows = read_rows(table)
+            rows = read_rows(table, local_port=client[1])
         except OSError:
             continue
         for row in rows:
@@ -132,38 +114,8 @@ def diag_row(client: tuple[str, int], server: tuple[str, int]) -> SocketRow | No
             src, family = src[12:], socket.AF_INET
         else:
             return None
-    sockid = (struct.pack("!HH", client[1], server[1]) + src.ljust(16, b"\0")
-              + dst.ljust(16, b"\0") + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
-    body = _DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
-    message = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _SOCK_DIAG_BY_FAMILY,
-                              _NLM_F_REQUEST, 1, 0) + body
-    try:
-        nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
-    except (OSError, AttributeError) as exc:
-        raise DiagUnavailable(str(exc)) from None
-    try:
-        nl.settimeout(1.0)
-        nl.send(message)
-        data = nl.recv(8192)
-    except OSError as exc:
-        raise DiagUnavailable(str(exc)) from None
-    finally:
-        nl.close()
-    if len(data) < _NLMSG_HDR.size:
-        raise DiagUnavailable("short netlink answer")
-    _length, kind = _NLMSG_HDR.unpack_from(data)[:2]
-    if kind == _NLMSG_ERROR:
-        (errno_,) = struct.unpack_from("=i", data, _NLMSG_HDR.size)
-        if -errno_ == 2:  # ENOENT: no such socket (it is gone)
-            return None
-        raise DiagUnavailable(f"sock_diag error {-errno_}")
-    if kind != _SOCK_DIAG_BY_FAMILY:
-        raise DiagUnavailable(f"unexpected netlink message {kind}")
-    offset = _NLMSG_HDR.size
-    state = _DIAG_MSG_HEAD.unpack_from(data, offset)[1]
-    _exp, _rq, _wq, uid, inode = _DIAG_MSG_TAIL.unpack_from(
-        data, offset + _DIAG_MSG_HEAD.size + _SOCKID_LEN)
-    return SocketRow(state, uid, inode)
+    rows = ask_diag(family, exact=sockid((src, client[1]), (dst, server[1])))
+    return SocketRow(rows[0].state, rows[0].uid, rows[0].inode) if rows else None
 
 
 _diag_works = True

@@ -3,14 +3,14 @@
 A server's command line, ``${PORT}`` included, is readable by every local user, and a server
 binds its port when it is ready to (ComfyUI or koboldcpp after loading their model): another
 user can listen there first and answer the health checks, and would then be sent the
-requests and the server's ``${API_KEY}``. :func:`listeners_of` reads ``/proc/net/tcp`` and
-``/proc/net/tcp6`` (readable by every user) for the sockets listening where a connection to
-the server's URL would go, and their owners' uids. The server handle sends no secret there
-before the server's own listener is seen (once it holds the port, nobody else can take it),
-and stops the server if one that is not :func:`trusted_uids`' listens. Where none is listed
-(not bound yet, or a container's port forwarded by a NAT rule, its listener in another
-network namespace), the health check goes without the server's key, and the table is read
-again before the server counts as ready.
+requests and the server's ``${API_KEY}``. :func:`listeners_of` asks the kernel
+(:func:`supervisor.tcp_table.listening`: what every user may read) for the sockets listening
+where a connection to the server's URL would go, and their owners' uids. The server handle
+sends no secret there before the server's own listener is seen (once it holds the port,
+nobody else can take it), and stops the server if one that is not :func:`trusted_uids`'
+listens. Where none is listed (not bound yet, or a container's port forwarded by a NAT rule,
+its listener in another network namespace), the health check goes without the server's key,
+and the table is read again before the server counts as ready.
 
 ``localhost`` is two addresses, 127.0.0.1 and ::1, and a server binds one of them: the other,
 on the same port, stays free for any user, and a connection to ``localhost`` may try it first
@@ -27,7 +27,7 @@ import socket
 
 from yarl import URL
 
-from ..tcp_table import LISTEN, TABLES, read_rows
+from ..tcp_table import listening
 
 #: What a name in a server's URL may stand for here, by family (loopback names only).
 LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
@@ -43,14 +43,12 @@ def listener_uids(host: str, port: int) -> set[int] | None:
     read = False
     for family in families:
         try:
-            rows = read_rows(TABLES[family])
+            rows = listening(family, port)
         except OSError:  # (no IPv6 here, or a /proc that hides them)
             continue
         read = True
         for row in rows:
-            bound, bound_port = row.local
-            if row.state != LISTEN or bound_port != port:
-                continue
+            bound = row.local[0]
             if bound == ip or bound.is_unspecified or (
                     ip.version == 4 and getattr(bound, "ipv4_mapped", None) == ip):
                 uids.add(row.uid)
