@@ -58,7 +58,8 @@ class Case:
         twin (the case with its stream ended at one of its requests), and why; None if one
         could pass both.
 
-        For each silence of the stream once the batch is there, after the request at ``t``:
+        For each silence of the stream that the batch sees (one that began just before it
+        came included: its twin's stream ended before the batch), after the request at ``t``:
         had the stream ended at ``t``, the twin's bound (``batch_bound`` of it) lets the big
         model load only until ``batch_at + 1.25 * bound - load - work - stop`` (its jobs run
         one after another once it is loaded). A policy that meets it must evict the chat
@@ -77,9 +78,10 @@ class Case:
         n = len(counted)
         allowed = n - -(-95 * n // 100)
         for prev, nxt in zip(chat, chat[1:], strict=False):
-            if prev.at < self.batch_at:
-                continue
-            end = alone.started_at[prev.id] + prev.duration_s  # its model idle from here
+            if nxt.at <= self.batch_at:
+                continue  # (over before the batch came: nothing to decide)
+            # its model idle from here, and evictable for the batch once the batch is there
+            end = max(self.batch_at, alone.started_at[prev.id] + prev.duration_s)
             bound = max(by["small"].load_s + small, end - self.batch_at + load + work)
             evict = self.batch_at + 1.25 * bound - load - work - stop
             if evict < end or evict >= nxt.at:

@@ -472,11 +472,16 @@ def test_a_silence_can_force_the_choice_between_the_chat_and_its_twins_batch() -
     """Poisson seed 54: silent 16.8 s early on; had its stream ended there, its batch could
     meet its bound only by loading the big model within 15.9 s, which here makes 4 requests
     wait where the p95 lets none by: no policy that reads only what has come passes both.
-    Seed 0 has no such silence."""
+    Seed 492's silence began 0.01 s before its batch came: its twin's stream ended before
+    the batch, and binds it as well. Seed 0 has no such silence."""
     forced = case(54, "poisson")
     why = forced.forced(simulate(forced.alone()))
     assert why is not None and why.delayed > why.allowed and why.latest < why.silence
     assert str(why).startswith("silent 16.8 s after 35.4 s")
+    spanning = case(492, "poisson")
+    why = spanning.forced(simulate(spanning.alone()))
+    assert why is not None and why.delayed > why.allowed
+    assert why.at < spanning.batch_at < why.at + why.latest < why.at + why.silence
     free = case(0, "poisson")
     assert free.forced(simulate(free.alone())) is None
 
