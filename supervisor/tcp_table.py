@@ -9,8 +9,9 @@ The /proc files list every socket of the host, TIME_WAIT ones included: on a bus
 of thousands of lines that the kernel prints and we parse (3,400 took 30 ms here), on the
 engine's loop. So :func:`listening` asks netlink for the listening sockets alone (a dump of
 them: a tenth of a millisecond), and reads /proc only where netlink does not answer, or
-answers nothing where /proc lists listeners (a sandbox that fakes it: checked once per
-family). Linux only; elsewhere neither can be read (OSError).
+answers nothing where /proc lists listeners (a sandbox that fakes it: /proc is read beside
+it until one of the two names a listener; :data:`diag_state`). Linux only; elsewhere neither
+can be read (OSError).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import ipaddress
 import socket
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -168,24 +169,37 @@ def _read_answers(data: bytes, family: int, rows: list[Row]) -> bool:
     return False
 
 
-_diag_tells: dict[int, bool] = {}  # family -> whether its listeners may be asked of netlink
+@dataclass
+class DiagState:
+    """What this process has learned of netlink: the families whose dumps it refused, and
+    whether its answers are true (None: not known yet; False: a sandbox's empty answers,
+    where /proc listed listeners)."""
+
+    refused: set[int] = field(default_factory=set)
+    truthful: bool | None = None
+
+
+diag_state = DiagState()
 
 
 def listening(family: int, port: int) -> list[Row]:
     """The sockets of ``family`` listening on ``port``: asked of netlink (a dump of the
     listeners) where it answers truly, else read from /proc; OSError when neither can be."""
-    if use_diag and _diag_tells.get(family, True):
+    state = diag_state
+    if use_diag and state.truthful is not False and family not in state.refused:
         try:
             rows = ask_diag(family, states=1 << LISTEN)
         except DiagUnavailable:
-            _diag_tells[family] = False
+            state.refused.add(family)
         else:
-            if family not in _diag_tells:  # the first time: /proc must not list more
+            if state.truthful is None:  # until one of the two names a listener: /proc too
                 try:
                     listed = read_rows(TABLES[family], state=LISTEN)
                 except OSError:
                     listed = []
-                _diag_tells[family] = bool(rows) or not listed
-            if _diag_tells[family]:
+                if not rows and not listed:
+                    return []  # (the same answer: nothing told of netlink yet)
+                state.truthful = bool(rows)
+            if state.truthful:
                 return [r for r in rows if r.local[1] == port]
     return read_rows(TABLES[family], state=LISTEN, local_port=port)

@@ -31,7 +31,7 @@ def listener_on(family: int = socket.AF_INET) -> Iterator[int]:
 
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """As a process that has not asked yet (whether netlink tells the truth is learned once)."""
-    monkeypatch.setattr(tcp_table, "_diag_tells", {})
+    monkeypatch.setattr(tcp_table, "diag_state", tcp_table.DiagState())
 
 
 @pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
@@ -83,7 +83,25 @@ def test_a_netlink_that_answers_nothing_where_proc_lists_listeners_is_not_believ
     with listener_on() as port:
         url = f"http://127.0.0.1:{port}"
         assert listener.listeners_of(url) == {os.getuid()}  # read from /proc
-        assert tcp_table._diag_tells[socket.AF_INET] is False
+        assert tcp_table.diag_state.truthful is False
+
+
+def test_netlink_is_not_believed_on_a_silence_shared_with_proc(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing listening anywhere tells nothing of a netlink that always answers nothing:
+    it is checked against /proc again until one of them names a listener."""
+    fresh(monkeypatch)
+    monkeypatch.setattr(tcp_table, "ask_diag", lambda *a, **k: [])
+    empty = tmp_path / "tcp"
+    empty.write_text(TABLES[socket.AF_INET].read_text().splitlines()[0] + "\n")
+    real = dict(TABLES)
+    monkeypatch.setattr(tcp_table, "TABLES", {**real, socket.AF_INET: empty})
+    assert listening(socket.AF_INET, 80) == []
+    assert tcp_table.diag_state.truthful is None
+    monkeypatch.setattr(tcp_table, "TABLES", real)
+    with listener_on() as port:
+        assert listener.listeners_of(f"http://127.0.0.1:{port}") == {os.getuid()}
+        assert tcp_table.diag_state.truthful is False
 
 
 def test_where_netlink_is_refused_proc_answers(monkeypatch: pytest.MonkeyPatch) -> None:
