@@ -206,6 +206,18 @@ def test_cancel_before_processing(full: Any, gate: Callable[[str], Gate]) -> Non
     assert reply.error is not None and reply.error["type"] == "cancelled"
 
 
+@pytest.mark.process
+def test_a_worker_of_sync_hooks_never_imports_asyncio() -> None:
+    """asyncio (with ssl) was a third of a simulated worker's start: every cold start and
+    switch waits for it. Only a worker with an async hook imports it (the test above cancels
+    one)."""
+    code = ("import sys, worker_sdk, worker_sdk.runner, worker_sdk.sim, worker_sdk.testing; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'asyncio'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_cancel_async_predict(wire_server: ServerFactory, spawn_worker: SpawnWorker) -> None:
     _server, proc, link = start(wire_server, spawn_worker, "async_worker.py", "async-cancel")
     wire_id = link.send_request(cmd(op="block"))

@@ -6,11 +6,13 @@ thread's own event loop, and the request context's cancellation cancels that tas
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .context import RequestContext
+
+if TYPE_CHECKING:  # (asyncio is imported by what runs a coroutine: a worker of sync
+    import asyncio  # predicts never pays its import, a quarter of a worker's start)
 
 
 async def _await(awaitable: Any) -> Any:

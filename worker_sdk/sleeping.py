@@ -10,12 +10,14 @@ worker's word is only a claim it is held to.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 _KEYS = ("kept_mib", "host_mib")
 

@@ -16,18 +16,18 @@ so the plain request path is one receive, one decode, predict, one encode and on
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import logging
 import signal
 import socket
+import sys
 import threading
 import traceback
 from collections import deque
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import context as ctxmod
 from .asyncpredict import iterate_async, run_async
@@ -71,6 +71,9 @@ from .protocol import EXTENSIONS, SMALL_BIN, EventType, ProtocolError, encode_sm
 from .registry import Registry
 from .response import Response
 from .sleeping import run_sleep_hook
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("worker_sdk")
 _activate, _deactivate = ctxmod.activate, ctxmod.deactivate
@@ -520,9 +523,8 @@ class Worker:
                 self._reply(msg_id, ctx, result)
         except _Lost:
             raise
-        except (Cancelled, asyncio.CancelledError):
-            self._send_data(ErrorReply(msg_id, f"Cancelled: request {ctx.id} was cancelled",
-                                       "cancelled", _CANCELLED_STATUS))
+        except Cancelled:
+            self._send_cancelled(msg_id, ctx)
         except Exception as exc:  # noqa: BLE001 - any predict failure becomes an error reply
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("predict failed", exc_info=True)
@@ -530,12 +532,20 @@ class Worker:
                 traceback.print_exc()
             name = "ValueError" if isinstance(exc, LocalProtocolError) else type(exc).__name__
             self._send_data(ErrorReply(msg_id, f"{name}: {exc}", "prediction_error", 500))
+        except BaseException as exc:
+            if not _async_cancel(exc):
+                raise
+            self._send_cancelled(msg_id, ctx)
         finally:
             _deactivate(token)
             self._current = None
             self.state = "ready"
             if self._loud:
                 self._send_status("ready")
+
+    def _send_cancelled(self, msg_id: int, ctx: RequestContext) -> None:
+        self._send_data(ErrorReply(msg_id, f"Cancelled: request {ctx.id} was cancelled",
+                                   "cancelled", _CANCELLED_STATUS))
 
     def _reply(self, msg_id: int, ctx: RequestContext, result: Any) -> None:
         """Send what predict returned, whatever it is (the rarer kinds)."""
@@ -571,8 +581,17 @@ class Worker:
     # -- async predicts -----------------------------------------------------------------------
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
+            import asyncio  # (only a worker with async hooks pays its import)
+
             self._loop = asyncio.new_event_loop()
         return self._loop
+
+
+def _async_cancel(exc: BaseException) -> bool:
+    """``exc`` is asyncio's CancelledError (an async predict's task cancelled): none can be
+    raised before something imported asyncio, so it is not imported to ask."""
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and isinstance(exc, asyncio.CancelledError)
 
 
 def _not_connected(_frame: bytes) -> None:
