@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from other_user import OTHER_UID, needs_other_user, start_as_other_user
 
 from supervisor import tcp_table
 from supervisor.servers import listener
@@ -128,3 +129,32 @@ def test_the_proc_filters_keep_exactly_the_rows_asked_for(tmp_path: Path) -> Non
             assert kept == [r for r in every if (state is None or r.state == state)
                             and (local_port is None or r.local[1] == local_port)]
             assert kept
+
+
+@pytest.mark.process
+@needs_other_user
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0", "::"])
+def test_another_users_listener_is_named_however_it_binds(
+        bind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A squatter of another uid on the loopback address, on IPv4's wildcard, or on IPv6's
+    (which takes IPv4 too): netlink names its uid where a connection to 127.0.0.1 would go,
+    as /proc does."""
+    fresh(monkeypatch)
+    family = "socket.AF_INET6" if ":" in bind else "socket.AF_INET"
+    other = start_as_other_user(
+        "import socket, sys\n"
+        f"s = socket.socket({family})\n"
+        "if s.family == socket.AF_INET6: s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"
+        f"s.bind(({bind!r}, 0))\ns.listen()\n"
+        "print(s.getsockname()[1], flush=True)\nsys.stdin.read()\n")
+    try:
+        assert other.stdout is not None
+        port = int(other.stdout.readline() or 0)
+        assert port, other.stderr.read() if other.stderr else ""
+        url = f"http://127.0.0.1:{port}"
+        assert listener.listeners_of(url) == {OTHER_UID}
+        monkeypatch.setattr(tcp_table, "use_diag", False)
+        assert listener.listeners_of(url) == {OTHER_UID}
+    finally:
+        other.kill()
+        other.communicate(timeout=10)
