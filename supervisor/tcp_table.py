@@ -34,7 +34,7 @@ use_diag = True
 
 # sock_diag (linux/netlink.h, linux/sock_diag.h, linux/inet_diag.h)
 _NETLINK_SOCK_DIAG = 4
-SOCK_DIAG_BY_FAMILY = 20
+_SOCK_DIAG_BY_FAMILY = 20
 _NLM_F_REQUEST = 0x1
 _NLM_F_DUMP = 0x300
 _NLMSG_ERROR = 2
@@ -43,9 +43,9 @@ _NLMSG_HDR = struct.Struct("=IHHII")  # length, type, flags, seq, pid
 _DIAG_REQ = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states
 _DIAG_MSG_HEAD = struct.Struct("=BBBB")  # family, state, timer, retrans
 _SOCKID = struct.Struct("!HH16s16s")  # source port, destination port, source, destination
-SOCKID_LEN = 48  # (then the interface and the cookie)
+_SOCKID_LEN = 48  # (then the interface and the cookie)
 _DIAG_MSG_TAIL = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
-NO_COOKIE = 0xFFFFFFFF
+_NO_COOKIE = 0xFFFFFFFF
 #: The most answers a dump is read for (a host listening on more is read from /proc).
 _DUMP_MOST = 65536
 
@@ -98,22 +98,47 @@ def read_rows(table: str | Path, *, state: int | None = None,
     return out
 
 
+@dataclass
+class DiagState:
+    """What this process has learned of netlink: the families it refused (each then read
+    from /proc alone, by the peer check and the listener check), and whether its answers
+    are true (None: not known yet; False: a sandbox's empty answers, where /proc listed
+    listeners)."""
+
+    refused: set[int] = field(default_factory=set)
+    truthful: bool | None = None
+
+
+diag_state = DiagState()
+
+
 def sockid(local: tuple[bytes, int], remote: tuple[bytes, int]) -> bytes:
     """sock_diag's ``inet_diag_sockid`` of one connection (packed addresses, ports)."""
     return (_SOCKID.pack(local[1], remote[1], local[0].ljust(16, b"\0"),
                          remote[0].ljust(16, b"\0"))
-            + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE))
+            + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
 
 
 def ask_diag(family: int, *, states: int = 0xFFFFFFFF, exact: bytes | None = None
              ) -> list[Row]:
     """Ask sock_diag for the TCP sockets of ``family``: the one whose ``sockid`` is
     ``exact`` (none when it is gone), or a dump of those in ``states`` (a bit per state).
-    :class:`DiagUnavailable` when the kernel does not answer it."""
+    :class:`DiagUnavailable` when the kernel does not answer it, and from then on for that
+    family without asking (``diag_state.refused``)."""
+    if family in diag_state.refused:
+        raise DiagUnavailable("sock_diag refused before")
+    try:
+        return _ask_diag(family, states, exact)
+    except DiagUnavailable:
+        diag_state.refused.add(family)
+        raise
+
+
+def _ask_diag(family: int, states: int, exact: bytes | None) -> list[Row]:
     flags = _NLM_F_REQUEST if exact is not None else _NLM_F_REQUEST | _NLM_F_DUMP
     body = _DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, states) + (
-        exact if exact is not None else bytes(SOCKID_LEN))
-    message = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, 1,
+        exact if exact is not None else bytes(_SOCKID_LEN))
+    message = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _SOCK_DIAG_BY_FAMILY, flags, 1,
                               0) + body
     try:
         nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
@@ -154,9 +179,9 @@ def _read_answers(data: bytes, family: int, rows: list[Row]) -> bool:
             if code == 0 or -code == errno.ENOENT:  # (ENOENT: no such socket: it is gone)
                 return True
             raise DiagUnavailable(f"sock_diag error {-code}")
-        if kind != SOCK_DIAG_BY_FAMILY:
+        if kind != _SOCK_DIAG_BY_FAMILY:
             raise DiagUnavailable(f"unexpected netlink message {kind}")
-        tail = start + _DIAG_MSG_HEAD.size + SOCKID_LEN
+        tail = start + _DIAG_MSG_HEAD.size + _SOCKID_LEN
         if tail + _DIAG_MSG_TAIL.size > offset + length:
             raise DiagUnavailable("short sock_diag message")
         state = _DIAG_MSG_HEAD.unpack_from(data, start)[1]
@@ -169,28 +194,15 @@ def _read_answers(data: bytes, family: int, rows: list[Row]) -> bool:
     return False
 
 
-@dataclass
-class DiagState:
-    """What this process has learned of netlink: the families whose dumps it refused, and
-    whether its answers are true (None: not known yet; False: a sandbox's empty answers,
-    where /proc listed listeners)."""
-
-    refused: set[int] = field(default_factory=set)
-    truthful: bool | None = None
-
-
-diag_state = DiagState()
-
-
 def listening(family: int, port: int) -> list[Row]:
     """The sockets of ``family`` listening on ``port``: asked of netlink (a dump of the
     listeners) where it answers truly, else read from /proc; OSError when neither can be."""
     state = diag_state
-    if use_diag and state.truthful is not False and family not in state.refused:
+    if use_diag and state.truthful is not False:
         try:
             rows = ask_diag(family, states=1 << LISTEN)
         except DiagUnavailable:
-            state.refused.add(family)
+            pass
         else:
             if state.truthful is None:  # until one of the two names a listener: /proc too
                 try:

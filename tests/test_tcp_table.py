@@ -116,6 +116,25 @@ def test_where_netlink_is_refused_proc_answers(monkeypatch: pytest.MonkeyPatch) 
         assert listener.listeners_of(f"http://127.0.0.1:{port}") == {os.getuid()}
 
 
+def test_a_family_netlink_refused_is_read_from_proc_by_both_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once refused, netlink is not asked again for that family: the listener check and the
+    door's peer check both read /proc, and still name the owner."""
+    from supervisor.http.peer import identify_socket
+
+    fresh(monkeypatch)
+    tcp_table.diag_state.refused.add(socket.AF_INET)
+    with pytest.raises(tcp_table.DiagUnavailable):
+        ask_diag(socket.AF_INET, states=1 << LISTEN)
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname()):
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        assert listener.listeners_of(url) == {os.getuid()}
+        accepted, _ = server.accept()
+        with accepted:
+            assert identify_socket(accepted).uid == os.geteuid()
+
+
 def test_the_proc_filters_keep_exactly_the_rows_asked_for(tmp_path: Path) -> None:
     """Rows not asked for are not parsed, and the rows kept are those a full read keeps."""
     with listener_on() as port, socket.create_connection(("127.0.0.1", port)):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .context import RequestContext
 
 if TYPE_CHECKING:  # (asyncio is imported by what runs a coroutine: a worker of sync
-    import asyncio  # predicts never pays its import, a quarter of a worker's start)
+    import asyncio  # predicts never pays its import, a third of a worker's start)
 
 
 async def _await(awaitable: Any) -> Any:

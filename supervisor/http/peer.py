@@ -118,18 +118,12 @@ def diag_row(client: tuple[str, int], server: tuple[str, int]) -> SocketRow | No
     return SocketRow(rows[0].state, rows[0].uid, rows[0].inode) if rows else None
 
 
-_diag_works = True
-
-
 def client_row(client: tuple[str, int], server: tuple[str, int]) -> SocketRow | None:
     """The client's socket row: sock_diag where the kernel answers it, else /proc."""
-    global _diag_works
-    if _diag_works:
-        try:
-            return diag_row(client, server)
-        except DiagUnavailable:
-            _diag_works = False
-    return table_row(client, server)
+    try:
+        return diag_row(client, server)
+    except DiagUnavailable:
+        return table_row(client, server)
 
 
 def loopback_uid(client: tuple[str, int], server: tuple[str, int],
