@@ -1,8 +1,10 @@
 """The front door's event hub: a stream of one job's events is offered that job's events only
 (a chunk costs the hub the streams that want it, not every open stream); a stream of every
 event (the /v1/events feed) is offered each.  A hub that nobody follows stops listening after
-its linger (the engine then builds no event for it), and a client that resumes from before
-that is told to take a snapshot, never replayed a history with a hole in it."""
+its linger, or as its last stream leaves when there is nothing to resume (the engine then
+builds no event for it: a request's own job events, once its answer streamed), and a client
+that resumes from before that is told to take a snapshot, never replayed a history with a
+hole in it."""
 
 from __future__ import annotations
 
@@ -80,14 +82,14 @@ def test_a_hub_nobody_follows_hears_nothing_and_resumes_from_a_hole_with_a_snaps
     events.publish(EngineEvent("job", 0.0, job_id="d"))
     assert [i.id for i in hub.since(hub.seq - 1) or []] == [hub.seq] and hub.since(3) is None
     hub.discard(relay)
-    events.publish(EngineEvent("job", 0.0, job_id="e"))  # (no linger after it)
+    assert not events.wants("job")  # (no linger after it: let go at once, no event waited for)
+    events.publish(EngineEvent("job", 0.0, job_id="e"))
     assert not events.wants("job")
     ended = _stream(hub, [], "f")
     ended.resumable = ended.finished = True  # a job's events, streamed to the job's end
     hub.add(ended)
     hub.discard(ended)
-    events.publish(EngineEvent("job", 0.0, job_id="g"))  # (nothing left to resume: no linger)
-    assert not events.wants("job")
+    assert not events.wants("job")  # (nothing left to resume: no linger)
     hub.close()
 
 

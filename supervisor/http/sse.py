@@ -140,6 +140,10 @@ class Hub:
                 del self._by_job[stream.job_id]
         if stream.resumable and not stream.finished:  # (its client may come back for more)
             self._linger_until = monotonic() + LINGER_S
+        elif not self._all and not self._by_job and monotonic() >= self._linger_until:
+            # Nothing to resume: let go now, not at the next event (the engine would build
+            # that event, and the next request's job events, for nobody).
+            self._let_go()
 
     @property
     def streams(self) -> list[Stream]:
