@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,12 @@ from worker_sdk.protocol import EXTENSIONS
 from worker_sdk.testing import WireServer
 
 pytest_plugins = ["process_marker"]
+
+# A suite started in the background by a shell without job control (``nohup .ci/run &``)
+# inherits SIGINT ignored, and so would every process it starts: the CLI's Ctrl-C tests would
+# send SIGINT to processes that cannot hear it. Handled here, it is the default again in them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
