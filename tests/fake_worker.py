@@ -157,6 +157,10 @@ class FakeWorker:
         return self._exited.is_set()
 
     @property
+    def command_pid(self) -> int | None:
+        return self.pid
+
+    @property
     def data(self) -> Any:
         return self if self.hot else None
 

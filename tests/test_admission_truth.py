@@ -529,12 +529,13 @@ def _escaping_server(launcher: str) -> Iterator[tuple[Served, dict[str, str], Pa
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f"])
+@pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f", "setsid -f env -i"])
 def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
         launcher: str) -> None:
     """The engine and its lifeline both killed (``kill -9``): the next engine kills the
     leftover server's group and what left it: a helper in its tree with its environment
-    cleared, or one that forked out of its tree but carries the old run's mark."""
+    cleared, one that forked out of its tree but carries the old run's mark, or one that
+    did both (adopted by the server's reaper, so in its tree)."""
     with _escaping_server(launcher) as (served, env, root, pid):
         watcher = _lifeline_of(env)
         assert watcher is not None
@@ -553,7 +554,7 @@ def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("launcher", ["setsid", "setsid env -i"])
+@pytest.mark.parametrize("launcher", ["setsid", "setsid env -i", "setsid -f env -i"])
 def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group(launcher: str) -> None:
     """A model server that started a helper in a session of its own (``setsid``): a signal to
     the server's group misses it, so the lifeline also kills every process carrying this

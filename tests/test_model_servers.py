@@ -29,6 +29,7 @@ from http_support import Front, expecting, serve_http
 from waiting import wait_until
 
 from supervisor.engine import EngineConfig
+from supervisor.workers.process import REAPER
 from vramtui.output import backend_table
 
 pytestmark = pytest.mark.process
@@ -83,8 +84,8 @@ def server_pids(root: Path) -> set[int]:
         if entry.isdigit():
             try:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-                if str(SERVER).encode() not in cmd:
-                    continue
+                if str(SERVER).encode() not in cmd or str(REAPER).encode() in cmd:
+                    continue  # (not it, or the reaper it runs under)
                 env = Path(f"/proc/{entry}/environ").read_bytes()
             except OSError:
                 continue
@@ -139,7 +140,7 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
         assert asyncio.run(_ws_echo(front.base + "/upstream/llama/ws")) == "echo:ping"
         server = front.get("/v1/backends/llama").json()["server"]
         assert server == {"url": front.engine.backends["llama"].worker.url, "health": "/health"}
-        pid = front.engine.backends["llama"].worker.pid
+        pid = front.engine.backends["llama"].worker.command_pid
         assert pid in server_pids(front.root)
     wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
 
@@ -636,12 +637,12 @@ def test_a_fault_of_ours_while_forwarding_fails_the_job_and_the_queue_goes_on(
         assert [j["backend"] for j in failed] == ["a"]
 
 
-@pytest.mark.parametrize("launcher", ["setsid", "setsid -f"])
+@pytest.mark.parametrize("launcher", ["setsid", "setsid -f", "setsid -f env -i"])
 def test_a_child_that_left_the_servers_process_group_goes_with_it(launcher: str) -> None:
     # A server whose command starts a helper in a session of its own (setsid): a signal to
     # the server's process group misses it, so it is killed by pid once the server is gone.
-    # With setsid -f the helper is a daemon (forked twice, out of the server's tree): it
-    # is found by the worker's mark in its environment.
+    # With setsid -f the helper is a daemon (forked twice, out of the server's tree, were it
+    # not for the reaper that adopts it), and with env -i nothing in it names the worker.
     escaper = Escaper(f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256", launcher)
     backend = server_backend("escaper", command=escaper.command)
     try:
@@ -650,9 +651,10 @@ def test_a_child_that_left_the_servers_process_group_goes_with_it(launcher: str)
         escaper.kill_left()
 
 
-@pytest.mark.parametrize("launcher", ["setsid", "setsid -f"])
+@pytest.mark.parametrize("launcher", ["setsid", "setsid -f", "setsid -f env -i"])
 def test_a_child_that_left_the_group_of_a_server_that_crashed_goes_too(launcher: str) -> None:
-    # Nobody stopped it, and its tree went with it: what carries its mark is still found.
+    # Nobody stopped it: the reaper kills what its tree left once the server is gone (and
+    # what carries its mark is found too).
     escaper = Escaper(f"{sys.executable} {SERVER} --port ${{PORT}} --mib 256 --mode crash",
                       launcher)
     backend = server_backend("crasher", command=escaper.command)

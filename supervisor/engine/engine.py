@@ -538,7 +538,7 @@ class Engine:
                 job.cancel_requested = True
                 job.cancel_state = JobState.FAILED
                 job.error = f"its worker was killed on request (vramtui kill {backend})"
-        self.notes.note("warning", f"killing {backend}'s worker (pid {worker.pid}, asked)"
+        self.notes.note("warning", f"killing {backend}'s worker (pid {worker.command_pid}, asked)"
                         + (f"; {len(jobs)} job(s) on it fail" if jobs else ""), backend)
         worker.kill()
 
@@ -723,7 +723,7 @@ class Engine:
     def _dispatch(self, rt: BackendRuntime, job: Job) -> None:
         worker = rt.worker
         assert worker is not None
-        job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.pid})")
+        job.mark(self.clock(), JobState.RUNNING, f"on {worker.name} (pid {worker.command_pid})")
         if self.journal.durable(job):
             self.journal.write("record_start", job.id, self.journal.when(job),
                                f"on {worker.name}")

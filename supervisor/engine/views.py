@@ -116,7 +116,7 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
     apart = book.observed_by(spec.name, ("ghost", "calibration"))
     observed = None if live is None and apart is None else (live or 0) + (apart or 0)
     return BackendView(
-        name=spec.name, state=rt.state, pid=w.pid if w is not None else None,
+        name=spec.name, state=rt.state, pid=w.command_pid if w is not None else None,
         gpu=w.gpu if w is not None else None,
         observed_mib=observed,
         declared_peak_mib=spec.peak, learned_peak_mib=m.learned.peak_mib,

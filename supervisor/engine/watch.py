@@ -275,7 +275,7 @@ class WorkerWatch:
         w = rt.worker
         if w is not None:
             self.kill_for(rt, f"{rt.spec.name} stopped answering: {why}; killed its "
-                          f"{rt.spec.runner} (pid {w.pid}), the backend restarts on its "
+                          f"{rt.spec.runner} (pid {w.command_pid}), the backend restarts on its "
                           "next job")
 
     # -- ghosts ---------------------------------------------------------------------------------
@@ -321,9 +321,10 @@ class WorkerWatch:
             overdue = w.ping_overdue(now)
             limit = rt.spec.timeouts.ping_s
             if overdue >= limit:
-                self.kill_for(rt, f"{rt.spec.name} hung: its {rt.spec.runner} (pid {w.pid}) "
-                              f"answered no ping for {overdue:.1f} s (timeouts.ping "
-                              f"{limit:g} s); killed it, the backend restarts on its next job")
+                self.kill_for(rt, f"{rt.spec.name} hung: its {rt.spec.runner} (pid "
+                              f"{w.command_pid}) answered no ping for {overdue:.1f} s "
+                              f"(timeouts.ping {limit:g} s); killed it, the backend restarts "
+                              "on its next job")
             else:
                 w.ping()
 

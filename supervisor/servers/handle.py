@@ -145,7 +145,9 @@ class ServerHandle(SupervisedProcess):
                          "let the engine pick a free port with ${PORT}")
             return
         self._log_from = log_size(self.log_path)
-        if not await self._start_process():
+        # Under the reaper: a server's launcher that daemonizes (forks twice, leaves its
+        # session, clears its environment) leaves its daemon in the tree walked from its pid.
+        if not await self._start_process(reaped=True):
             return
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),

@@ -42,6 +42,12 @@ class Worker(Protocol):
         ...
 
     @property
+    def command_pid(self) -> int | None:
+        """The pid of the command its descriptor names, as shown (``pid`` leads its group:
+        a reaper, for a model server)."""
+        ...
+
+    @property
     def exited(self) -> bool: ...
 
     @property

@@ -18,7 +18,9 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
@@ -30,6 +32,8 @@ from ..paths import open_private
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_KEEP = 3
 LOG_RATE = 8 * 1024 * 1024  # bytes a second a worker may log, over a burst of as much
+#: The first process of a ``reaped`` spawn: it adopts what its command's tree orphans.
+REAPER = Path(__file__).with_name("reaper.py")
 
 log = logging.getLogger(__name__)
 
@@ -127,16 +131,36 @@ class LogSink(asyncio.Protocol):
         self.transport = None
 
 
+def runnable(program: str, env: Mapping[str, str], cwd: str | None) -> None:
+    """Raise the ``OSError`` an exec of ``program`` would (not found, not executable), with
+    the environment's ``PATH`` for a bare name (what :mod:`.reaper` finds it with)."""
+    if "/" not in program:
+        if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        return
+    path = os.path.join(cwd or "", program)
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+
+
 async def spawn(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log_path: Path,
-    pipes: bool = False,
+    pipes: bool = False, reaped: bool = False,
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session, its stdout and stderr copied to ``log_path`` (with
-    ``pipes``: stdin and stdout are pipes to the caller, and only stderr is logged)."""
+    ``pipes``: stdin and stdout are pipes to the caller, and only stderr is logged). With
+    ``reaped``, under :mod:`.reaper` (the process started, whose pid is returned): what the
+    command's tree orphans is adopted by it, so it stays in the tree that is walked from the
+    pid, whatever it did to leave the session and its environment."""
     for text in (*argv, *env.keys(), *env.values(), cwd or ""):
         if "\0" in text:  # (asyncio's exec refuses it; uvloop's would pass it cut short)
             raise ValueError(f"embedded null byte in the command or its environment: "
                              f"{text.split(chr(0))[0][:40]!r}…")
+    if reaped and argv and sys.executable:
+        runnable(argv[0], env, cwd)  # (said now, as an exec of it would: not in the log)
+        argv = [sys.executable, "-I", "-S", str(REAPER), "--", *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     rotate_log(log_path)
     try:
@@ -169,6 +193,16 @@ async def spawn(
         sink.connection_lost(None)
         raise
     return proc
+
+
+def children_of(pid: int) -> list[int] | None:
+    """The children of ``pid``'s main thread, as the kernel lists them (None: it lists none
+    here: no such process, or a kernel without the list)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return None
 
 
 def signal_group(pid: int, sig: signal.Signals) -> bool:

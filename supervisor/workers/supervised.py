@@ -89,14 +89,18 @@ class SupervisedProcess:
         self._escaped: dict[int, psutil.Process] = {}  # descendants out of its group
         self._noted = False  # what escaped its group was read (it was stopped or killed)
         self._since = 0  # its start, in clock ticks after boot
+        self._reaped = False  # started under the reaper (supervisor/workers/reaper.py)
+        self._command_pid: int | None = None  # the reaper's child, once seen
         self._started_waiters: list[Callable[[], None]] = []  # see when_started
 
-    async def _start_process(self, *, pipes: bool = False) -> bool:
-        """Start the worker's process (``pipes``: stdin and stdout are the handle's); False,
+    async def _start_process(self, *, pipes: bool = False, reaped: bool = False) -> bool:
+        """Start the worker's process (``pipes``: stdin and stdout are the handle's;
+        ``reaped``: under :mod:`.reaper`, which adopts what its tree orphans); False,
         reported to the observer as a crash, when it cannot start."""
         try:
             self.proc = await process.spawn(
-                self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path, pipes=pipes
+                self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path, pipes=pipes,
+                reaped=reaped,
             )
         except (OSError, ValueError, TypeError) as exc:  # missing binary, NUL in argv/env…
             self._start_failed()
@@ -108,6 +112,7 @@ class SupervisedProcess:
             self.observer.worker_exited(self, None, self.init_error)
             return False
         self.pid = self.proc.pid
+        self._reaped = reaped
         self._since = start_ticks(self.pid) or 0  # (read now: once it exits, it cannot be)
         self._started()
         return True
@@ -144,6 +149,22 @@ class SupervisedProcess:
     def hot(self) -> bool:
         """READY or BUSY: it can take a request."""
         return self.state in HOT
+
+    @property
+    def command_pid(self) -> int | None:
+        """The pid of the command its descriptor names: the process started (``pid``), or
+        under the reaper, the reaper's child (``pid`` still leads the group and is what is
+        signalled): None for the moment before the reaper has started it, so the pid shown
+        never changes; the reaper's own where the kernel does not list children."""
+        if not self._reaped or self.pid is None or self._command_pid is not None:
+            return self.pid if self._command_pid is None else self._command_pid
+        if self._exited.is_set():
+            return self.pid
+        children = process.children_of(self.pid)
+        if children is None:
+            return self.pid
+        self._command_pid = children[0] if children else None
+        return self._command_pid
 
     def begin_stop(self) -> None:
         """Take no more jobs and ask the worker to exit, its own way (``_ask_to_go``), once."""
