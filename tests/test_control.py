@@ -94,6 +94,44 @@ def test_job_view_survives_the_wire() -> None:
     assert job_to_wire(view, data_limit=2)["data"] is None  # large data stays out of snapshots
 
 
+def test_an_event_decoded_while_another_thread_compiles_the_job_converter_gets_a_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A client decodes in two threads (its event pump, and its caller's answers). The first
+    # JobView ever decoded compiles its converter; an event decoded meanwhile by the pump
+    # took the compiling stand-in (identity) for it, kept in EngineEvent's converter for
+    # good: every later event's job stayed a dict (the CLI's submit --stream then failed
+    # with "'dict' object has no attribute 'state'", seen once in the suite).
+    import threading
+
+    from supervisor.control import codec
+
+    monkeypatch.setattr(codec, "_cache", {})
+    wire_event = roundtrip(event_to_wire(EngineEvent("job", 1.0, job=sample_job(),
+                                                     job_id="j-1")))
+    real_build = codec._build
+    decoded: list[Any] = []
+    pump_done = threading.Event()
+
+    def pump() -> None:
+        decoded.append(event_from_wire(wire_event))
+        pump_done.set()
+
+    def build(hint: Any) -> Any:
+        if hint is JobView and not decoded:
+            other = threading.Thread(target=pump)
+            other.start()
+            # (the pump must not finish while this compiles: it waits for it, at most this
+            # long here, so the old code's wrong answer is had, and the new code goes on)
+            pump_done.wait(0.5)
+        return real_build(hint)
+
+    monkeypatch.setattr(codec, "_build", build)
+    assert job_from_wire(job_to_wire(sample_job())) == sample_job()
+    assert pump_done.wait(10)
+    assert isinstance(decoded[0].job, JobView), decoded[0].job
+    assert isinstance(event_from_wire(wire_event).job, JobView)
+
+
 @pytest.mark.process
 def test_a_real_snapshot_and_events_survive_the_wire() -> None:
     with in_process() as (sup, _server, _root):

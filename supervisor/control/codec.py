@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -77,7 +78,15 @@ def event_to_wire(event: EngineEvent) -> dict[str, Any]:
 
 # -- decoding -----------------------------------------------------------------------------------
 
+# Converters, compiled once and shared by every thread (a client's event pump decodes while
+# its caller decodes answers): only a finished one is published in _cache; one being
+# compiled is known to the compiling thread alone (under _lock), so another thread never
+# takes a recursive type's stand-in (identity) for the converter, as it did: an event
+# decoded while JobView's was being compiled kept its job a dict for good.
 _cache: dict[Any, Convert | None] = {}
+_compiling: set[Any] = set()
+_lock = threading.RLock()
+_MISSING = object()
 
 
 def _identity(value: Any) -> Any:
@@ -86,12 +95,21 @@ def _identity(value: Any) -> Any:
 
 def _converter(hint: Any) -> Convert | None:
     """A function that rebuilds a value of type ``hint`` from its wire form (None: as is)."""
-    if hint in _cache:
-        return _cache[hint]
-    _cache[hint] = _identity  # a recursive type resolves to identity while being compiled
-    conv = _build(hint)
-    _cache[hint] = conv
-    return conv
+    conv = _cache.get(hint, _MISSING)
+    if conv is not _MISSING:
+        return conv  # type: ignore[return-value]
+    with _lock:
+        if hint in _cache:
+            return _cache[hint]
+        if hint in _compiling:
+            return _identity  # a recursive type resolves to identity while being compiled
+        _compiling.add(hint)
+        try:
+            built = _build(hint)
+        finally:
+            _compiling.discard(hint)
+        _cache[hint] = built
+        return built
 
 
 def _build(hint: Any) -> Convert | None:
