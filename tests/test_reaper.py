@@ -112,3 +112,30 @@ def test_a_reaped_spawn_of_a_program_that_cannot_run_fails_at_once(tmp_path: Pat
         asyncio.run(start([str(tmp_path / "missing")]))
     with pytest.raises(PermissionError):
         asyncio.run(start([str(not_executable)]))
+
+
+def test_the_commands_loader_variables_reach_it_but_not_the_reapers_python(
+        tmp_path: Path) -> None:
+    # LD_LIBRARY_PATH outranks the engine Python's RUNPATH: in the reaper it could load
+    # another build's libpython (a conda env's lib); the command gets it as it was given.
+    seen = tmp_path / "seen"
+    env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(tmp_path / "libs"),
+           "OTHER": "kept"}
+
+    async def run() -> tuple[bytes, int]:
+        proc = await process.spawn(
+            ["sh", "-c", f'echo "$LD_LIBRARY_PATH $OTHER" > {seen}; sleep 600'], env=env,
+            cwd=None, log_path=tmp_path / "log", reaped=True)
+        try:
+            deadline = time.monotonic() + 10
+            while not seen.exists() or not seen.read_text().strip():
+                assert time.monotonic() < deadline, "the command did not run"
+                await asyncio.sleep(0.01)
+            return Path(f"/proc/{proc.pid}/environ").read_bytes(), proc.pid
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    reapers_env, _pid = asyncio.run(run())
+    assert seen.read_text().split() == [str(tmp_path / "libs"), "kept"]
+    assert not any(item.startswith(b"LD_") for item in reapers_env.split(b"\0"))

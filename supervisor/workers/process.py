@@ -34,6 +34,11 @@ LOG_KEEP = 3
 LOG_RATE = 8 * 1024 * 1024  # bytes a second a worker may log, over a burst of as much
 #: The first process of a ``reaped`` spawn: it adopts what its command's tree orphans.
 REAPER = Path(__file__).with_name("reaper.py")
+#: The dynamic loader's variables of a reaped command's environment reach the reaper under
+#: this prefix, which the loader ignores (``LD_LIBRARY_PATH`` outranks the engine's Python's
+#: RUNPATH: a conda ``lib`` would give the reaper another build's libpython), and it gives them
+#: back to the command as they were.
+LOADER_PREFIX = "VRAMTUI_REAPED_"
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +166,7 @@ async def spawn(
     if reaped and argv and sys.executable:
         runnable(argv[0], env, cwd)  # (said now, as an exec of it would: not in the log)
         argv = [sys.executable, "-I", "-S", str(REAPER), "--", *argv]
+        env = {(LOADER_PREFIX + k if k.startswith("LD_") else k): v for k, v in env.items()}
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     rotate_log(log_path)
     try:

@@ -25,6 +25,16 @@ import sys
 
 PR_SET_CHILD_SUBREAPER = 36
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: The command's dynamic loader variables (``LD_*``) come under this prefix (not to load
+#: this process's Python from the command's library path): given back as they were.
+LOADER_PREFIX = "VRAMTUI_REAPED_"
+
+
+def _command_env() -> dict[str, str]:
+    env = {}
+    for key, value in os.environ.items():
+        env[key[len(LOADER_PREFIX):] if key.startswith(LOADER_PREFIX) else key] = value
+    return env
 
 
 def _subreaper() -> bool:
@@ -96,16 +106,17 @@ def main(argv: list[str]) -> None:
     if not args:
         sys.stderr.write("usage: reaper.py -- COMMAND [ARGS...]\n")
         os._exit(2)
+    env = _command_env()
     if not _subreaper():
         try:
-            os.execvp(args[0], args)
+            os.execvpe(args[0], args, env)
         except OSError as exc:
             sys.stderr.write(f"cannot start {args[0]!r}: {exc.strerror}\n")
             os._exit(127)
     for sig in PASSED_ON:
         signal.signal(sig, signal.SIG_IGN)
     try:
-        child = os.posix_spawnp(args[0], args, os.environ, setsigdef=PASSED_ON)
+        child = os.posix_spawnp(args[0], args, env, setsigdef=PASSED_ON)
     except OSError as exc:
         sys.stderr.write(f"cannot start {args[0]!r}: {exc.strerror}\n")
         os._exit(127)
