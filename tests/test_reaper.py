@@ -24,10 +24,11 @@ from supervisor.workers.process import REAPER
 pytestmark = pytest.mark.process
 
 
-def _reaped(*argv: str, **kwargs: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-I", "-S", str(REAPER), "--", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, **kwargs)  # type: ignore[call-overload]
+def _reaped(*argv: str) -> subprocess.Popen[bytes]:
+    command, env = process.reaper_start(argv, os.environ)
+    assert command[-1] == str(REAPER)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
 
 
 def _parent(pid: int) -> int | None:
@@ -64,9 +65,8 @@ def test_a_command_it_cannot_start_is_said_in_one_line() -> None:
 
 def test_the_groups_sigterm_ends_the_command_and_then_it() -> None:
     proc = _reaped("sh", "-c", "trap 'exit 5' TERM; while :; do sleep 0.05; done")
-    _wait_for(lambda: any(_parent(int(p)) == proc.pid for p in filter(str.isdigit,
-                                                                    os.listdir("/proc"))),
-              10, "the command to start")
+    child = _child_of(proc)
+    _wait_for(lambda: _catches(child, signal.SIGTERM), 10, "the command's trap")
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(10) == 5  # (the command's own end, not the reaper killed by the signal)
 
@@ -118,6 +118,7 @@ def test_the_commands_loader_variables_reach_it_but_not_the_reapers_python(
         tmp_path: Path) -> None:
     # LD_LIBRARY_PATH outranks the engine Python's RUNPATH: in the reaper it could load
     # another build's libpython (a conda env's lib); the command gets it as it was given.
+    # (Every variable reaches the reaper renamed, given back to the command.)
     seen = tmp_path / "seen"
     env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(tmp_path / "libs"),
            "OTHER": "kept"}
@@ -139,3 +140,85 @@ def test_the_commands_loader_variables_reach_it_but_not_the_reapers_python(
     reapers_env, _pid = asyncio.run(run())
     assert seen.read_text().split() == [str(tmp_path / "libs"), "kept"]
     assert not any(item.startswith(b"LD_") for item in reapers_env.split(b"\0"))
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` handles ``sig`` now (a shell's trap is set)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return bool(int(status.split("SigCgt:")[1].split()[0], 16) & (1 << (sig - 1)))
+
+
+def _child_of(proc: subprocess.Popen[bytes]) -> int:
+    """The command's pid, as the reaper's name says, once it runs."""
+    def named() -> int | None:
+        name = Path(f"/proc/{proc.pid}/comm").read_text().split()
+        return int(name[1]) if name[0] == "reaper" else None
+    return int(_wait_for(named, 10, "the reaper to start its command"))
+
+
+def test_the_command_gets_its_environment_and_signals_exactly_and_its_words_stay_hidden(
+        tmp_path: Path) -> None:
+    # Its environment as given (no locale the reaper's Python coerced: LC_CTYPE=C.UTF-8 on
+    # a machine with no locale), every signal at its default (Python ignores SIGPIPE and
+    # SIGXFSZ, and an exec from the engine reset them), and its words out of the reaper's
+    # command line (a pkill -f of the server must not match the reaper).
+    out = tmp_path / "out"
+    env = {"PATH": os.environ["PATH"], "ONLY": "this"}
+    command, start = process.reaper_start(
+        ["sh", "-c", f"env > {out}.env; grep SigIgn /proc/$$/status > {out}; sleep 600",
+         "vt-secret-word"], env)
+    proc = subprocess.Popen(command, env=start, start_new_session=True)
+    try:
+        child = _child_of(proc)
+        _wait_for(lambda: out.exists() and out.read_text(), 10, "the command's report")
+        assert out.read_text().split() == ["SigIgn:", "0000000000000000"]
+        seen = dict(line.split("=", 1) for line in Path(f"{out}.env").read_text().split())
+        assert {k: v for k, v in seen.items() if k not in ("PWD", "SHLVL", "_")} == env
+        assert b"vt-secret-word" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert b"vt-secret-word" in Path(f"/proc/{child}/cmdline").read_bytes()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_a_signal_it_does_not_know_reaches_the_command_and_not_it(tmp_path: Path) -> None:
+    # The group's SIGUSR1 (a server that dumps its state on it): the reaper lives on.
+    got = tmp_path / "got"
+    proc = _reaped("sh", "-c", f"trap 'echo usr1 >> {got}' USR1; "
+                   "while :; do sleep 0.05; done")
+    try:
+        child = _child_of(proc)
+        _wait_for(lambda: _catches(child, signal.SIGUSR1), 10, "the command's trap")
+        os.killpg(proc.pid, signal.SIGUSR1)
+        _wait_for(lambda: got.exists() and got.read_text(), 10, "the command to hear it")
+        assert proc.poll() is None  # (it did not die of it)
+        assert got.read_text() == "usr1\n"  # (told once: it did not pass on the group's)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_a_command_that_left_the_group_still_hears_its_sigterm() -> None:
+    # A command that calls setsid: the group's SIGTERM misses it, the reaper passes it on.
+    proc = _reaped("setsid", "sh", "-c", "trap 'exit 6' TERM; while :; do sleep 0.05; done")
+    try:
+        child = _child_of(proc)
+        _wait_for(lambda: os.getpgid(child) != proc.pid and _catches(child, signal.SIGTERM),
+                  10, "the command to leave and set its trap")
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(10) == 6
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_a_bare_name_is_found_in_a_relative_path_entry_from_the_cwd(tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "tool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    env = {"PATH": "bin:/usr/bin:/bin"}
+    process.runnable("tool", env, str(tmp_path))  # (found: no error)
+    with pytest.raises(FileNotFoundError):
+        process.runnable("tool", env, "/")

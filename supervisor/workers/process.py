@@ -18,7 +18,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,17 +27,13 @@ from typing import cast
 from supervisor.clock import monotonic
 
 from ..paths import open_private
+from . import reaper
 
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_KEEP = 3
 LOG_RATE = 8 * 1024 * 1024  # bytes a second a worker may log, over a burst of as much
 #: The first process of a ``reaped`` spawn: it adopts what its command's tree orphans.
 REAPER = Path(__file__).with_name("reaper.py")
-#: The dynamic loader's variables of a reaped command's environment reach the reaper under
-#: this prefix, which the loader ignores (``LD_LIBRARY_PATH`` outranks the engine's Python's
-#: RUNPATH: a conda ``lib`` would give the reaper another build's libpython), and it gives them
-#: back to the command as they were.
-LOADER_PREFIX = "VRAMTUI_REAPED_"
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +132,34 @@ class LogSink(asyncio.Protocol):
 
 
 def runnable(program: str, env: Mapping[str, str], cwd: str | None) -> None:
-    """Raise the ``OSError`` an exec of ``program`` would (not found, not executable), with
-    the environment's ``PATH`` for a bare name (what :mod:`.reaper` finds it with)."""
-    if "/" not in program:
-        if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-        return
-    path = os.path.join(cwd or "", program)
-    if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
+    """Raise the ``OSError`` an exec of ``program`` in ``cwd`` would when it is not there or
+    not executable (a bare name: searched in the environment's ``PATH``, a relative entry
+    from ``cwd``, as :mod:`.reaper` searches it). What only an exec finds (a script with no
+    ``#!``) is said by the reaper, in the log."""
+    if "/" in program:
+        candidates = [os.path.join(cwd or "", program)]
+    else:
+        candidates = [os.path.join(cwd or "", entry or ".", program)
+                      for entry in env.get("PATH", os.defpath).split(os.pathsep)]
+    denied = False
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return
+        denied = denied or os.path.exists(path)
+    if denied:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def reaper_start(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str],
+                                                                       dict[str, str]]:
+    """The command line and environment of :mod:`.reaper` running ``argv`` in ``env``: its
+    command and every variable of its environment passed in its own (renamed: they do not
+    configure the reaper's Python, nor show in its command line)."""
+    start = {reaper.ENV_PREFIX + k: v for k, v in env.items()}
+    start[reaper.ARGC] = str(len(argv))
+    start.update((f"{reaper.ARG}{i}", word) for i, word in enumerate(argv))
+    return [sys.executable, "-I", "-S", str(REAPER)], start
 
 
 async def spawn(
@@ -165,8 +177,7 @@ async def spawn(
                              f"{text.split(chr(0))[0][:40]!r}…")
     if reaped and argv and sys.executable:
         runnable(argv[0], env, cwd)  # (said now, as an exec of it would: not in the log)
-        argv = [sys.executable, "-I", "-S", str(REAPER), "--", *argv]
-        env = {(LOADER_PREFIX + k if k.startswith("LD_") else k): v for k, v in env.items()}
+        argv, env = reaper_start(argv, env)
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     rotate_log(log_path)
     try:
@@ -201,14 +212,16 @@ async def spawn(
     return proc
 
 
-def children_of(pid: int) -> list[int] | None:
-    """The children of ``pid``'s main thread, as the kernel lists them (None: it lists none
-    here: no such process, or a kernel without the list)."""
+def reaped_pid(reaper_pid: int) -> int | None:
+    """The pid of the command :mod:`.reaper` ``reaper_pid`` started, as its name says
+    (``reaper <pid>``); None before it has started one (or once it is gone)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except (OSError, ValueError):
+        with open(f"/proc/{reaper_pid}/comm") as f:
+            name = f.read().split()
+    except OSError:
         return None
+    return int(name[1]) if len(name) == 2 and name[0] == "reaper" and name[1].isdigit() \
+        else None
 
 
 def signal_group(pid: int, sig: signal.Signals) -> bool:

@@ -153,17 +153,13 @@ class SupervisedProcess:
     @property
     def command_pid(self) -> int | None:
         """The pid of the command its descriptor names: the process started (``pid``), or
-        under the reaper, the reaper's child (``pid`` still leads the group and is what is
-        signalled): None for the moment before the reaper has started it, so the pid shown
-        never changes; the reaper's own where the kernel does not list children."""
-        if not self._reaped or self.pid is None or self._command_pid is not None:
-            return self.pid if self._command_pid is None else self._command_pid
-        if self._exited.is_set():
-            return self.pid
-        children = process.children_of(self.pid)
-        if children is None:
-            return self.pid
-        self._command_pid = children[0] if children else None
+        under the reaper, the reaper's child, as the reaper's name says (``pid`` still leads
+        the group and is what is signalled); None for the moment before the reaper started
+        it, so the pid shown never changes."""
+        if not self._reaped or self._command_pid is not None:
+            return self._command_pid or self.pid
+        if self.pid is not None and not self._exited.is_set():
+            self._command_pid = process.reaped_pid(self.pid)
         return self._command_pid
 
     def begin_stop(self) -> None:
