@@ -9,17 +9,19 @@ under the prefix ``VRAMTUI_REAPED_`` (so none of them configures this process's 
 gives back to the command exactly as they were, and nothing else.
 
 It makes itself a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``) and starts the
-command as its child, in its own process group, so every process of the server's tree that
-is orphaned (a daemon that forked twice, left its session with ``setsid -f`` and cleared its
-environment with ``env -i``: nothing of it names the server any more) is adopted by this
-process instead of init, and stays in the tree the engine walks from the worker's pid
-(``lifeline.strays``: what a signal to the group misses is found, and killed with the
-server). Its name (``/proc/PID/comm``) says the command's pid: ``reaper <pid>``.
+command as its child, in this process's group (the one the engine signals), so every
+process of the server's tree that is orphaned (a daemon that forked twice, left its session
+with ``setsid -f`` and cleared its environment with ``env -i``: nothing of it names the
+server any more) is adopted by this process instead of init, and stays in the tree the
+engine walks from the worker's pid (``lifeline.strays``: what a signal to the group misses
+is found, and killed with the server). Its name (``/proc/PID/comm``) says the command's
+pid: ``reaper <pid>``.
 
 A signal sent to the group reaches the command as it is; this process does not die of it
-(it handles every signal that would end it but SIGKILL), and passes it on to the command
-only when the command has left the group (it called ``setsid``: the group's signal missed
-it). The command starts with every signal at its default (as an exec from the engine did).
+(it handles every signal that would end it but SIGKILL and its own faults), and passes it
+on to the command only when the command has left the group (it called ``setsid``: the
+group's signal missed it). The command starts with every signal at its default (as an exec
+from the engine did).
 Once the command has exited, what is left of its tree is killed (SIGKILL: the server is
 gone, its helpers go with it), and this process exits as the command did (its code, or its
 signal raised again). Where a subreaper cannot be had (not Linux), it runs the command in
