@@ -31,6 +31,11 @@ alike; the cold start and exit are of the server started alone first.  Through t
 is ``vramtui --serve --http 127.0.0.1:0 --gpus sim:8GiB`` in a fresh /tmp
 root. Run: ``.venv/bin/python bench/model_server.py [--n 40] [--llama-server PATH]``. Prints
 a table; never run as a test.
+
+A change's effect is smaller than the noise between two runs of this machine (0.3 ms):
+``--against CHECKOUT`` (``git worktree add /tmp/before HEAD~1``) also runs that checkout's
+engine, interleaved with the others in the same run, and prints what it takes more than this
+one's, pair by pair (about 0.1 ms of noise at ``--n 400``).
 """
 
 # ruff: noqa: E402  (the path is fixed before the imports: see below)
@@ -47,6 +52,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import random
 import shutil
 import signal
 import socket
@@ -201,17 +207,21 @@ def paired(a: list[float], b: list[float]) -> float:
 
 
 def measure(sides: list[Side], n: int) -> list[dict[str, float]]:
-    """Every side measured request by request in turn (the order reversed each round), so a
-    machine that gets busier or quieter during the run weighs on all alike. Each later
-    side's figures also say what it adds to the first's, pair by pair (``*_added``)."""
+    """Every side measured request by request in turn, so a machine that gets busier or
+    quieter during the run weighs on all alike; the order of each round shuffled (a fixed
+    seed): a side that runs right after itself (the last of a round, first of the next, as
+    when each round reversed the last) or after a process of the same code finds its caches
+    warm, 0.2 ms faster here. Each later side's figures also say what it adds to the
+    first's, pair by pair (``*_added``)."""
+    order = random.Random(28)
     for side in sides:
         for _ in range(3):
             side.short(keep=False)  # warm up
-    for i in range(n):
-        for side in (sides if i % 2 == 0 else sides[::-1]):
+    for _ in range(n):
+        for side in order.sample(sides, len(sides)):
             side.short()
-    for i in range(max(10, n // 2)):
-        for side in (sides if i % 2 == 0 else sides[::-1]):
+    for _ in range(max(10, n // 2)):
+        for side in order.sample(sides, len(sides)):
             side.stream()
     figures = [side.figures() for side in sides]
     first = sides[0]
@@ -242,18 +252,20 @@ def stop_direct(proc: subprocess.Popen[bytes]) -> float:
     return time.monotonic() - t0
 
 
-def serve(root: Path, backends: list[dict[str, Any]]) -> tuple[subprocess.Popen[bytes], str]:
+def serve(root: Path, backends: list[dict[str, Any]], tree: Path = ROOT
+            ) -> tuple[subprocess.Popen[bytes], str]:
+    """``vramtui --serve`` of the checkout ``tree`` (its code: run from it, on this venv)."""
     desc = root / "backends.yaml"
     desc.write_text(yaml.safe_dump({"backends": backends}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMTUI_")}
     env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
-               VRAMTUI_CONFIG_DIR=str(root / "cfg"))
+               VRAMTUI_CONFIG_DIR=str(root / "cfg"), PYTHONPATH=str(tree))
     out = root / "serve.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "vramtui", "--serve", "--gpus", "sim:8GiB",
                                  "--backends", str(desc), "--http", "127.0.0.1:0"],
                                 env=env, stdout=f, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, cwd=tree)
     deadline = time.monotonic() + 60
     while (url := front_door_url(out.read_text(errors="replace"))) is None:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -299,23 +311,42 @@ def start_floor(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.02)
 
 
-def side_by_side(server: Server, n: int, switches: int
+def side_by_side(server: Server, n: int, switches: int, against: Path | None = None
                  ) -> tuple[list[dict[str, float]], float, float, float]:
     """The server's cold start and exit on its own; then the engine's own server called
-    directly, through the floor proxy and through the engine, interleaved; then the switch
-    through the engine."""
+    directly, through the floor proxy and through the engine (and the engine of the checkout
+    ``against``, with a server of its own), interleaved; then the switch through the
+    engine."""
     alone, _base, cold = start_direct(server)
     exit_s = stop_direct(alone)
     root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
     proc, base = serve(root, [descriptor("a", server), descriptor("b", server)])
     floor: subprocess.Popen[bytes] | None = None
+    other: subprocess.Popen[bytes] | None = None
+    third: subprocess.Popen[bytes] | None = None
+    other_root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
     try:
         post(_conn(base), server.short("a"))  # loads a
         upstream = own_server(base, "a")
+        if against is not None:
+            # Each engine with a server of its own, and direct and the floor a third: a
+            # server that also answers the other sides is warmer, its engine 0.1-0.2 ms
+            # faster than one beside a server of its own (an A/A run).
+            third, upstream, _cold = start_direct(server)
         floor, floor_base = start_floor(upstream)
-        figures = measure([Side(upstream, "m", server),
-                           Side(floor_base, "m", server, keeps_streams=True),
-                           Side(base, "a", server, keeps_streams=True)], n)
+        sides = [Side(upstream, "m", server), Side(floor_base, "m", server, keeps_streams=True),
+                 Side(base, "a", server, keeps_streams=True)]
+        if against is not None:
+            other, other_base = serve(other_root, [descriptor("a", server)], against)
+            post(_conn(other_base), server.short("a"))
+            sides.append(Side(other_base, "a", server, keeps_streams=True))
+        figures = measure(sides, n)
+        if against is not None:  # (what the other tree's engine takes more than this one's)
+            figures[3]["latency_ms_vs"] = paired(sides[2].lat, sides[3].lat) * 1000
+            figures[3]["ttft_ms_vs"] = paired(sides[2].ttft, sides[3].ttft) * 1000
+            os.killpg(other.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            other.wait(60)  # type: ignore[union-attr]
+            other = None
         stop_direct(floor)
         floor = None
         times = []
@@ -330,9 +361,14 @@ def side_by_side(server: Server, n: int, switches: int
     finally:
         if floor is not None:
             stop_direct(floor)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        if third is not None:
+            stop_direct(third)
+        for engine in (proc, other):
+            if engine is not None:
+                os.killpg(engine.pid, signal.SIGTERM)
+                engine.wait(60)
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(other_root, ignore_errors=True)
     return figures, cold, exit_s, statistics.median(times)
 
 
@@ -363,6 +399,10 @@ def main() -> int:
     parser.add_argument("--llama-server", default=shutil.which("llama-server"))
     parser.add_argument("--model", help="a GGUF for llama-server (default: a tiny random one)")
     parser.add_argument("--vocab", help="a vocab-only GGUF for the tiny model")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT",
+                        help="also measure the engine of another checkout of vramtui (a git "
+                        "worktree of the code before a change), interleaved in the same run, "
+                        "and print what it takes more than this one, pair by pair")
     args = parser.parse_args()
     servers = [Server("test server", lambda port: [
         sys.executable, str(TEST_SERVER), "--port", port, "--tokens", "64", "--load-s", "0.2",
@@ -377,16 +417,21 @@ def main() -> int:
         servers.append(llama(os.path.abspath(program), os.path.abspath(find_model(args))))
     rows = []
     for server in servers:
-        figures, cold, exit_s, switch = side_by_side(server, args.n, args.switches)
+        figures, cold, exit_s, switch = side_by_side(server, args.n, args.switches,
+                                                     args.against)
         rows.append((server.label, figures, cold, exit_s, switch))
     print(f"{'server':<14} {'measure':<24} {'direct':>9} {'floor':>9} {'engine':>9} "
           f"{'floor +':>9} {'engine +':>9} {'over floor':>10}")
-    for label, (d, f, e), cold, exit_s, switch in rows:
+    for label, (d, f, e, *others), cold, exit_s, switch in rows:
         for key, what in (("latency_ms", "short request (median)"),
                           ("ttft_ms", "time to first chunk")):
             hop, added = f[f"{key}_added"], e[f"{key}_added"]
             print(f"{label:<14} {what:<24} {d[key]:>7.2f}ms {f[key]:>7.2f}ms "
                   f"{e[key]:>7.2f}ms {hop:>+7.2f}ms {added:>+7.2f}ms {added - hop:>+8.2f}ms")
+            for o in others:  # (--against)
+                print(f"{'':<14} {'  ' + str(args.against)[-22:]:<24} {'':>9} {'':>9} "
+                      f"{o[key]:>7.2f}ms {'':>9} {o[f'{key}_added']:>+7.2f}ms "
+                      f"{o[f'{key}_vs']:>+8.2f}ms vs this")
         print(f"{label:<14} {'streamed chunks/s':<24} {d['tokens_s']:>7.0f}/s "
               f"{f['tokens_s']:>7.0f}/s {e['tokens_s']:>7.0f}/s "
               f"{f['tokens_s'] / d['tokens_s'] * 100:>8.0f}% "
@@ -397,6 +442,10 @@ def main() -> int:
               f"exit {exit_s:.2f}s + 0.3s)")
     print("floor +, engine +: the median of what each request took more than the direct "
           "one beside it; over floor: engine + less floor +")
+    if args.against is not None:
+        print(f"{args.against}: its engine (and its own server), measured in turn with the "
+              "others; 'vs this': what it took more than this checkout's engine, pair by pair "
+              "(noise here: about 0.1 ms)")
     return 0
 
 
