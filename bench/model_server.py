@@ -324,7 +324,7 @@ def side_by_side(server: Server, n: int, switches: int, against: Path | None = N
     floor: subprocess.Popen[bytes] | None = None
     other: subprocess.Popen[bytes] | None = None
     third: subprocess.Popen[bytes] | None = None
-    other_root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
+    other_root: Path | None = None
     try:
         post(_conn(base), server.short("a"))  # loads a
         upstream = own_server(base, "a")
@@ -337,6 +337,7 @@ def side_by_side(server: Server, n: int, switches: int, against: Path | None = N
         sides = [Side(upstream, "m", server), Side(floor_base, "m", server, keeps_streams=True),
                  Side(base, "a", server, keeps_streams=True)]
         if against is not None:
+            other_root = Path(tempfile.mkdtemp(prefix="vt-bench-ms-", dir="/tmp"))
             other, other_base = serve(other_root, [descriptor("a", server)], against)
             post(_conn(other_base), server.short("a"))
             sides.append(Side(other_base, "a", server, keeps_streams=True))
@@ -367,8 +368,9 @@ def side_by_side(server: Server, n: int, switches: int, against: Path | None = N
             if engine is not None:
                 os.killpg(engine.pid, signal.SIGTERM)
                 engine.wait(60)
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(other_root, ignore_errors=True)
+        for folder in (root, other_root):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     return figures, cold, exit_s, statistics.median(times)
 
 

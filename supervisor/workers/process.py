@@ -33,7 +33,7 @@ LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_KEEP = 3
 LOG_RATE = 8 * 1024 * 1024  # bytes a second a worker may log, over a burst of as much
 #: The first process of a ``reaped`` spawn: it adopts what its command's tree orphans.
-REAPER = Path(__file__).with_name("reaper.py")
+REAPER = Path(reaper.__file__)
 
 log = logging.getLogger(__name__)
 
