@@ -541,3 +541,32 @@ def test_patience_counts_from_the_streams_release_not_from_the_hold() -> None:
     # Blocked for max_patience_s (300 s): the switch at once, whatever held it.
     assert plan_at(released + 0.05, blocked_since=released - 300.0) == \
         (["chat-llm", "small"], [])
+
+
+def test_a_young_stream_holds_a_gpu_where_other_work_can_start() -> None:
+    """The young stream's one-mistake cap is for a GPU that holding the job leaves idle. A
+    job further down the queue for another live worker there (the small model's, beside the
+    chat) keeps the GPU busy: the big job first in line is held as for a busy GPU, and the
+    small job runs (Poisson soak seed 2698: the small model's job had just ended, the big
+    job came first in the walk, took the GPU for idle and evicted the chat 3.3 s into its
+    silence; its next requests came 1.6 s later and waited 2.2 s for its reload)."""
+    learner = Learner()
+    for t in (0.0, 0.1, 0.66, 2.04):
+        learner.arrived("chat-llm", 10, t)
+    learner.ran("big", 3.0)
+    learner.ran("small", 2.0)
+    one = BIG.reload_cost_s + 3.0 + LLM.reload_cost_s - 2.04
+    after = 2.04 + one + 0.01  # past what the young stream holds an idle GPU for
+    small = BackendInfo("small", 3 * GIB, GIB, 128, 0, reload_cost_s=1.0)
+    snap = llm_idle_and_big_queued(learner.view(after), after)
+    queue = [QueuedJob("big-0", "big", 0, 1, 0.0), QueuedJob("small-0", "small", 0, 2, 0.0)]
+    worker = WorkerInfo("small", 0, "ready", 0, 2 * GIB, idle_since=after - 0.1)
+    busy = Snapshot(snap.gpus, {**snap.backends, "small": small},
+                    {**snap.workers, "small": worker}, queue, expected=snap.expected)
+    p = plan(busy, after)
+    assert p.evictions == ()
+    assert [s.job_id for s in p.starts] == ["small-0"]
+    assert "chat-llm expects a request" in p.waiting["big-0"]
+    # With nothing else to run there, the GPU would idle: the cap applies, the chat goes.
+    alone = plan(llm_idle_and_big_queued(learner.view(after), after), after)
+    assert [e.backend for e in alone.evictions] == ["chat-llm"]

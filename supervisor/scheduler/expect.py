@@ -413,9 +413,10 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     as estimated: before its first job has run, as ``plan`` takes it; and once its silence
     is past ``Stream.doubt_at``).
 
-    With nothing else running or starting on its GPU (``idle``), holding the job leaves the
-    device idle: a stream of fewer than ``FEW_GAPS`` gaps (little evidence that it is one:
-    a few random jobs of a backend look like a stream) then holds it for a silence of at most
+    With nothing else running or starting on its GPU, nor queued for another live worker
+    there (``idle``), holding the job leaves the device idle: a stream of fewer than
+    ``FEW_GAPS`` gaps (little evidence that it is one: a few random jobs of a backend look
+    like a stream) then holds it for a silence of at most
     ``IDLE_GAPS`` of its mean gaps (between its bursts, for a bursty one), or what one
     mistake would cost while it is younger than that (ski rental: an idle device waits as
     long as being wrong costs, once).

@@ -821,8 +821,12 @@ class _Planner:
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
-        # Nothing else runs or starts on the GPU: holding the job leaves it idle.
+        # Nothing else runs or starts on the GPU, nor can start there in this plan (a job
+        # further down the walk for another live worker there with a free slot): holding the
+        # job leaves it idle.
         idle = not any(w.active_jobs or w.state in ("starting", "initializing")
+                       or (w.backend != name and self.slots.get(w.backend, 0) > 0
+                           and ("job", w.backend) in self.alive)
                        for w in self.live_on[g]) and not any(s.gpu == g for s in self.starts)
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
                            since=job.submitted_at, batch_s=batch_s, idle=idle,
