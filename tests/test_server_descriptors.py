@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.admission import backend_info
 from supervisor.backends import LoadResult, load_backends
 from supervisor.backends.http import DEFAULT_URL, HttpCall, HttpSpec, fill
 from supervisor.backends.schema import VramSpec
 from supervisor.descriptors import spec_document
+from supervisor.ledger import Learned
+from supervisor.scheduler import GpuState, QueuedJob, Snapshot, WorkerInfo, plan
 
 
 def _load(tmp_path: Path, text: str) -> LoadResult:
@@ -257,3 +260,30 @@ def test_a_servers_answer_has_an_idle_limit(tmp_path: Path) -> None:
     # A worker is no server: its silence is timeouts.ping's.
     (error,) = _load(tmp_path, "name: w\ncommand: [w]\ntimeouts: {idle: 1m}\n").errors
     assert "field 'timeouts.idle'" in str(error) and "timeouts.ping" in str(error)
+
+
+def test_a_servers_one_vram_figure_is_all_of_it_its_slots_included(tmp_path: Path) -> None:
+    """llama-server (vLLM, SGLang) takes the memory of every slot as it starts: its one
+    ``vram:`` figure is what it holds with all its slots busy, so each of its ``concurrency``
+    requests adds nothing. Taken per request (a worker's unknown split, ``jobs x peak``), 6
+    GiB and 4 slots let 3 requests run at once on 24 GiB. A worker's one figure stays per job
+    (the safe side: each job may take that much); parts given are kept as they are."""
+    result = _load(tmp_path, """
+        backends:
+          - {name: srv, command: [llama-server, --port, "${PORT}"], http: true,
+             concurrency: 4, vram: 6GiB, safety: 0MiB}
+          - {name: parts, command: [llama-server, --port, "${PORT}"], http: true,
+             concurrency: 4, vram: {weights: 5GiB, activation: 1GiB}, safety: 0MiB}
+          - {name: wrk, command: [python3, w.py], concurrency: 4, vram: 6GiB, safety: 0MiB}
+        """)
+    assert not result.errors, [str(e) for e in result.errors]
+    srv, parts, wrk = (backend_info(result.backends[n], Learned())
+                       for n in ("srv", "parts", "wrk"))
+    assert [srv.holds_mib(n) for n in range(5)] == [6144] * 5
+    assert [parts.holds_mib(n) for n in (0, 1, 4)] == [5120, 6144, 9216]
+    assert wrk.holds_mib(2) == 2 * 6144
+    # The plan: four requests start at once on the server's live worker on 24 GiB.
+    snap = Snapshot(gpus=[GpuState(0, 24 * 1024, None)], backends={"srv": srv},
+                    workers={"srv": WorkerInfo("srv", 0, "ready", 0, srv.holds_mib(0))},
+                    queue=[QueuedJob(f"j{i}", "srv", 0, i, 0.0) for i in range(5)])
+    assert [s.job_id for s in plan(snap, 1.0).starts] == ["j0", "j1", "j2", "j3"]

@@ -15,7 +15,7 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -793,6 +793,13 @@ def build_spec(
         errors.append(FieldError("vramd", "settings for a vramd worker: they go with "
                                  "'protocol: vramd'"))
     if http_value is not None:
+        vram = values.get("vram")
+        if isinstance(vram, VramSpec) and vram.peak_mib is not None \
+                and vram.weights_mib is None and vram.activation_mib is None:
+            # A model server's one figure is all of it, its slots included: llama-server,
+            # vLLM and SGLang take the memory of every slot as they start, so a request adds
+            # none (taken per request, it let 3 of llama-server's 4 slots run on 24 GiB).
+            values["vram"] = replace(vram, activation_mib=0)
         if script is not None:
             errors.append(FieldError("script", "an http: backend runs a server: give its "
                                      "'command' (e.g. [llama-server, --port, '${PORT}']), "
