@@ -44,7 +44,8 @@
   ``data5``), no answer at all until its client goes (``silent``), or a stream that goes
   wrong after a good chunk and then goes on, a chunk every 50 ms until its client goes
   (``bad-then-more``: ``{"choices": 5}``, ``error-then-more``: an error event);
-  ``split200``: a 200 whose JSON error comes in two pieces; anything else as in ``ok``.
+  ``split200``: a 200 whose JSON error comes in two pieces; ``separators``: a stream of
+  tokens with U+2028, U+2029 and U+0085 in them; anything else as in ``ok``.
 """
 
 from __future__ import annotations
@@ -179,6 +180,8 @@ class Server:
             return web.json_response(shapes[said])
         if said == "choices5":
             return await self._events(request, [b'{"choices": 5}'], more=False)
+        if said == "separators":  # tokens that Unicode counts as line breaks
+            return await self._events(request, [_delta(t) for t in SEPARATORS], more=False)
         if said in ("bad-then-more", "error-then-more"):
             bad = b'{"choices": 5}' if said == "bad-then-more" else \
                 b'{"error": {"code": 500, "message": "out of memory"}}'
@@ -345,8 +348,12 @@ def _text_of(body: Any) -> str:
     return str(text[0] if isinstance(text, list) and text else text)
 
 
+SEPARATORS = ("a\u2028", "b\u2029", "c\x85", "d")
+
+
 def _delta(text: str) -> bytes:
-    return json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode()
+    return json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]},
+                      ensure_ascii=False).encode()  # (raw UTF-8, as llama-server writes it)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import ollama
 import pytest
 from http_support import Front, serve_http
+from model_server import SEPARATORS
 from spawning import spawns
 from test_model_servers import server_backend
 from waiting import wait_until
@@ -156,3 +157,16 @@ def test_a_stream_that_goes_wrong_ends_with_one_error_line_and_its_job_is_cancel
     assert odd.running == 0, odd
     ok = front.post("/api/chat", {"model": "odd", "messages": ask("hi"), "stream": False})
     assert ok.status == 200 and ok.json()["message"]["content"], ok
+
+
+def test_tokens_that_unicode_counts_as_line_breaks_stay_inside_their_line(
+        client: ollama.Client, front: Front) -> None:
+    """A token with U+2028, U+2029 or U+0085 (llama-server writes them raw): the NDJSON line
+    that carried it was cut in two by the ``ollama`` client, which splits lines as httpx's
+    ``iter_lines`` does, and its stream failed (``JSONDecodeError``). They go escaped now."""
+    parts = _chat(client, "separators", True)
+    assert isinstance(parts, list)
+    assert "".join(p.message.content or "" for p in parts) == "".join(SEPARATORS)
+    raw = front.post("/api/chat", {"model": "odd", "messages": ask("separators")}).body
+    lines = raw.decode().splitlines()  # (every break Unicode knows)
+    assert len(lines) == len(SEPARATORS) + 1 and all(json.loads(line) for line in lines)

@@ -30,6 +30,7 @@ from aiohttp import web
 from ..doors import watch
 from ..errors import Refused, VramtuiError, brief
 from ..jobs import JobState, JobView
+from ..jsonline import dumps_line
 from . import ollama_shapes as shapes
 from .bodies import read_json
 from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
@@ -74,7 +75,7 @@ def ollama_errors(handler: Handler) -> Handler:
 
 
 def _line(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return dumps_line(obj).encode() + b"\n"
 
 
 def _result(view: JobView) -> Any:

@@ -22,12 +22,14 @@ import base64
 import contextlib
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ..doors import watch
 from ..errors import VramtuiError, brief
+from ..jsonline import dumps_line
 from ..servers.request import API_PATHS, job_metadata, looks_like_object
 from . import forward, openai_fields
 from .auth import changes_engine
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from .server import HttpServer
 
 log = logging.getLogger("supervisor.http")
+_BREAKS = re.compile(r"\r\n|\r|\n")  # what ends a line of an event stream
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -359,6 +362,6 @@ def data_lines(chunk: bytes) -> bytes:
     lines as a ``data:`` line (the client joins them back with newlines)."""
     text = chunk.decode("utf-8", errors="replace").strip()
     with contextlib.suppress(ValueError, RecursionError):  # a worker's JSON nested too deep
-        text = json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
-    return b"".join(b"data: " + line.encode() + b"\n" for line in text.split("\n")) + b"\n"
+        text = dumps_line(json.loads(text))
+    return b"".join(b"data: " + line.encode() + b"\n" for line in _BREAKS.split(text)) + b"\n"
 

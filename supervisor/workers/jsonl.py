@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..jsonline import dumps_line
+
 CMD_LOAD = "load"
 CMD_GENERATE = "generate"
 CMD_UNLOAD = "unload"
@@ -34,8 +36,7 @@ DEFAULT_MAX_LINE = 64 * 1024 * 1024  # a done event carries the whole result
 
 def encode(cmd: str, **fields: Any) -> bytes:
     """One command as a line of UTF-8 JSON (raises TypeError/ValueError if not JSON data)."""
-    return json.dumps({"cmd": cmd, **fields}, ensure_ascii=False,
-                      separators=(",", ":")).encode("utf-8") + b"\n"
+    return dumps_line({"cmd": cmd, **fields}).encode("utf-8") + b"\n"
 
 
 @dataclass(frozen=True, slots=True)
