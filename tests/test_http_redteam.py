@@ -180,8 +180,8 @@ def test_a_path_reaches_the_server_as_the_client_wrote_it(front: Front) -> None:
 def test_a_servers_words_reach_no_terminal_as_escapes(front: Front) -> None:
     """Its 5xx body becomes the job's error, its stderr the reason it failed: both are shown
     by the TUI, the CLI and the engine's log, on terminals."""
-    r = front.get("/upstream/hs/fail")  # to its HTTP client: the body as data, as it was
-    assert r.status == 502 and r.body.startswith(b"\x1b]0;pwned")
+    r = front.get("/upstream/hs/fail")  # to its HTTP client: its answer as data, as it was
+    assert r.status == 500 and r.body.startswith(b"\x1b]0;pwned")
     r = front.post("/v1/chat/completions", {"model": "loud", "messages": [
         {"role": "user", "content": "hi"}]})
     assert r.status == 502 and "pwned" in r.error["message"], r.body[:300]

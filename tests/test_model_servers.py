@@ -407,7 +407,7 @@ def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None
                 "exits": "its server failed to start: server exited with code 1; its log "
                          "ends: model_server: error: failed to load model 'x.gguf'",
                 "taken": f"something already listens on http://127.0.0.1:{port}",
-                "err500": "answered HTTP 500: {\"error\": {\"code\": 500, \"message\": \"KV",
+                "err500": "KV cache is full",  # (its own answer, under its own status)
                 "endless": "went over the result limit of 262144 bytes",
                 "broken": "its answer broke off",
             }
@@ -417,8 +417,12 @@ def test_bad_servers_each_get_one_clear_error_and_leave_nothing_behind() -> None
                 message = _error_text(reply.body)
                 assert text in message, (name, reply.status, message)
                 assert "\n" not in message and "Traceback" not in message, message
+                assert (reply.status == 500) == (name == "err500"), (name, reply.status)
                 assert front.post("/v1/chat/completions", chat("good")).status == 200
             assert front.get("/v1/jobs?state=queued").json()["data"] == []
+            failed = front.get("/v1/jobs?backend=err500").json()["data"]
+            assert [j["state"] for j in failed] == ["failed"], failed
+            assert 'answered HTTP 500: {"error": {"code": 500' in failed[0]["error"], failed
             held = {b["name"]: b["jobs"] for b in front.get("/v1/backends").json()["data"]}
             assert all(j["running"] == 0 and j["queued"] == 0 for j in held.values()), held
         assert not server_pids(front.root)  # no orphan server
@@ -441,7 +445,8 @@ def test_an_answer_that_is_no_event_stream_and_breaks_off_reaches_the_client_bro
     # it as if whole: the client has to see a broken answer, not 100 bytes that look complete.
     import http.client
 
-    # A server's 5xx fails its job too, but that answer came whole: it goes whole.
+    # A server's 5xx fails its job too, but that answer came whole: it goes whole, under its
+    # own status, streamed or not (it was a 502 of ours that quoted it).
     with serve_http([server_backend("llama"), server_backend("err500", mode="error500")]) \
             as front:
         conn = front.conn()
@@ -458,8 +463,12 @@ def test_an_answer_that_is_no_event_stream_and_breaks_off_reaches_the_client_bro
         assert [j["state"] for j in jobs] == ["failed"], jobs
         assert "broke off" in jobs[0]["error"], jobs[0]
         assert front.post("/v1/chat/completions", chat("llama")).status == 200
-        refused = front.post("/upstream/err500/v1/chat/completions", chat("err500"))
-        assert refused.status == 502 and b"KV cache is full" in refused.body, refused
+        said = b'{"error": {"code": 500, "message": "KV cache is full", "type": "server_error"}}'
+        for path, stream in (("/upstream/err500/v1/chat/completions", False),
+                             ("/v1/chat/completions", False), ("/v1/chat/completions", True)):
+            refused = front.post(path, chat("err500", stream=stream))
+            assert (refused.status, refused.body) == (500, said), (path, stream, refused)
+            assert refused.headers["content-type"].startswith("application/json"), refused
 
 
 def test_a_server_whose_health_never_answers_fails_at_its_ready_timeout() -> None:
@@ -484,6 +493,10 @@ def test_an_ollama_stream_from_a_failing_server_ends_with_one_error_line() -> No
                                          "messages": [{"role": "user", "content": "hi"}]})
         lines = [json.loads(line) for line in reply.body.splitlines() if line.strip()]
         assert len(lines) == 1 and "KV cache is full" in lines[0]["error"], lines
+        whole = front.post("/api/chat", {"model": "err500", "stream": False,
+                                         "messages": [{"role": "user", "content": "hi"}]})
+        assert whole.status == 500, whole  # the model's status (it was a 502 of ours)
+        assert whole.json()["error"] == "the model answered status 500: KV cache is full"
         client = ollama.Client(host=front.base, timeout=30)
         with pytest.raises(ollama.ResponseError, match="KV cache is full"):
             list(client.chat(model="err500", messages=[{"role": "user", "content": "hi"}],

@@ -934,6 +934,8 @@ class Engine:
             self._finish(job, JobState.SUCCEEDED)
         else:
             job.status_code = outcome.status_code
+            if outcome.data is not None:  # a model server's own failed answer (its 5xx)
+                job.data, job.headers = outcome.data, outcome.headers
             if outcome.too_large:
                 job.chunks = []  # the part of an oversized result that came: not kept
             state = JobState.CANCELLED if outcome.cancelled else JobState.FAILED

@@ -40,6 +40,7 @@ from .bodies import read_body
 from .errors import HttpError, from_engine, not_found
 from .jobflow import (
     answer_headers,
+    answered_failure,
     cancel_quietly,
     finished_view,
     following,
@@ -120,7 +121,7 @@ async def _relay(srv: HttpServer, request: web.Request, job_id: str,
             view = finished_view(srv, job_id, first.event.job)
             if response is None:
                 return result_response(srv, view) if view.state is JobState.SUCCEEDED \
-                    else outcome_error(view).response()
+                    or answered_failure(view) else outcome_error(view).response()
             await response.write(enc.end(view))
             return response
         if response is None:
@@ -164,9 +165,9 @@ async def _open(srv: HttpServer, request: web.Request, job_id: str,
         raise
     enc.sse = "text/event-stream" in allowed.get("Content-Type", "")
     enc.whole_when_failed = status >= 500  # (its failure is the status: the body is whole)
-    # A 5xx fails the job (a 502, as its finished answer would be); one HTTP cannot carry too.
+    # A 5xx fails the job, and goes out as the server said it; one HTTP cannot carry: a 502.
     kind = HeadWithFirstChunk if with_chunk else web.StreamResponse
-    response = kind(status=status if 200 <= status <= 499 else 502, headers=allowed)
+    response = kind(status=status if 200 <= status <= 599 else 502, headers=allowed)
     await response.prepare(request)
     return response
 

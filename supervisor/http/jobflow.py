@@ -110,6 +110,13 @@ def outcome_error(view: JobView) -> HttpError:
     return HttpError(502, f"job {view.id} failed: {text}", "job_failed_error", "job_failed")
 
 
+def answered_failure(view: JobView) -> bool:
+    """A job that failed with its model server's own whole answer (a 5xx): its client gets
+    that answer, status, headers and body, as the server gave it (not a 502 of ours)."""
+    return view.state is JobState.FAILED and view.data is not None and \
+        500 <= (view.status_code or 0) <= 599
+
+
 def finished_view(server: HttpServer, job_id: str, fallback: JobView | None = None) -> JobView:
     """The job as the engine holds it now (its result included), or ``fallback``."""
     try:
@@ -121,12 +128,13 @@ def finished_view(server: HttpServer, job_id: str, fallback: JobView | None = No
 
 
 def result_response(server: HttpServer, view: JobView) -> web.Response:
-    """A finished job's answer: the worker's own body, headers and status, or an error."""
+    """A finished job's answer: the worker's own body, headers and status (a model server's
+    5xx too: :func:`answered_failure`), or an error."""
     if not view.finished:
         raise HttpError(409, f"job {view.id} has not finished ({view.state.value}); wait for "
                         "it (GET /v1/jobs/{id}/events) and ask again", "conflict_error",
                         "job_not_finished", headers={"Retry-After": "1"})
-    if view.state is not JobState.SUCCEEDED:
+    if view.state is not JobState.SUCCEEDED and not answered_failure(view):
         raise outcome_error(view)
     data = view.data if view.data is not None else b"".join(view.chunks)
     status = view.status_code or 200

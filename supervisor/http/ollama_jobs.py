@@ -34,7 +34,7 @@ from ..jsonline import dumps_line
 from . import ollama_shapes as shapes
 from .bodies import read_json
 from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
-from .jobflow import cancel_quietly, outcome_error, stream_job, wait_done
+from .jobflow import answered_failure, cancel_quietly, outcome_error, stream_job, wait_done
 from .openai_routes import OPENAI
 from .sse import Item, Stream
 
@@ -82,12 +82,12 @@ def _result(view: JobView) -> Any:
     """A finished job's answer, parsed; the job's failure, or the model's error (an answer
     whose status is not 2xx, or that is an error object), as an :class:`HttpError` whose
     message is the model's own, one bounded line."""
-    if view.state is not JobState.SUCCEEDED:
+    if view.state is not JobState.SUCCEEDED and not answered_failure(view):
         raise outcome_error(view)
     data = view.data if view.data is not None else b"".join(view.chunks)
     status = view.status_code or 200
     if not 200 <= status <= 299:
-        raise HttpError(status if 400 <= status <= 499 else 502,
+        raise HttpError(status if 400 <= status <= 599 else 502,
                         shapes.answer_error(data, status), "job_failed_error", "model_error")
     try:
         parsed = json.loads(data) if data else {}

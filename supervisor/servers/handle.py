@@ -376,10 +376,11 @@ class ServerHandle(SupervisedProcess):
 
     def ended(self, status: int, headers: dict[str, str], data: bytes | None,
               said: bytes) -> Outcome:
-        if status >= 500:
+        if status >= 500:  # failed; answered to its client as the server answered it
             text = one_line(said) or "(no body)"
-            return Outcome(ok=False, status_code=502, headers=headers, data=data, error=(
-                f"{self.backend}'s server answered HTTP {status}: {text}"))
+            return Outcome(ok=False, status_code=status if status <= 599 else 502,
+                           headers=headers, data=data,
+                           error=f"{self.backend}'s server answered HTTP {status}: {text}")
         return Outcome(ok=True, data=data, headers=headers, status_code=status)
 
     def cancel(self, job_id: str) -> bool:
