@@ -41,6 +41,8 @@ from .server import streaming
 from .sse import Item, Stream, open_response
 
 if TYPE_CHECKING:
+    from ..backends.schema import BackendSpec
+    from ..engine import Engine
     from ..jobs import JobView
     from .server import HttpServer
 
@@ -71,17 +73,19 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
 
 
 class ModelTable:
-    """Model names (backend names first, then aliases) -> backend, for ``api:`` backends."""
+    """Model names (backend names first, then aliases) -> backend, for ``api:`` backends, of
+    the descriptors ``specs`` (kept: :meth:`of` builds a table anew once they change)."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, specs: tuple[BackendSpec, ...]) -> None:
+        self.specs = specs
         self.names: dict[str, str] = {}
-        specs = {name: rt.spec for name, rt in server.engine.backends.items()}
+        specs_by_name = {spec.name: spec for spec in specs}
         # backends a request may name but no list shows
-        self.unlisted = {name for name, spec in specs.items() if spec.unlisted}
-        for name, spec in specs.items():
+        self.unlisted = {name for name, spec in specs_by_name.items() if spec.unlisted}
+        for name, spec in specs_by_name.items():
             if spec.api:
                 self.names[name] = name
-        for name, spec in specs.items():
+        for name, spec in specs_by_name.items():
             if not spec.api:
                 continue
             for alias in spec.aliases:
@@ -91,6 +95,16 @@ class ModelTable:
                                 "it", alias, name, owner, owner)
                     continue
                 self.names[alias] = name
+
+    @classmethod
+    def of(cls, engine: Engine, table: ModelTable | None) -> ModelTable:
+        """The table of the engine's descriptors now: ``table`` while they are the same
+        objects (a reload adds, removes or replaces them), else a new one."""
+        specs = tuple(rt.spec for rt in engine.backends.values())
+        if table is not None and len(table.specs) == len(specs) and all(
+                a is b for a, b in zip(table.specs, specs, strict=True)):
+            return table
+        return cls(specs)
 
     def resolve(self, model: str) -> str | None:
         return self.names.get(model)
@@ -119,7 +133,13 @@ class _OpenAI:
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.engine = server.engine
-        self.table = ModelTable(server)
+        self._table: ModelTable | None = None
+
+    @property
+    def table(self) -> ModelTable:
+        """The model names of the descriptors now (a reload changes them)."""
+        self._table = ModelTable.of(self.engine, self._table)
+        return self._table
 
     # -- models -------------------------------------------------------------------------------
     def _model_json(self, model: str, name: str, states: dict[str, str]) -> dict[str, Any]:
