@@ -237,7 +237,9 @@ def test_backends_gpus_load_unload_respawn_and_zero(front: Front) -> None:
     assert slow["peaks"]["declared_mib"] == declared and "keep_alive_left_s" in slow
     assert front.post("/v1/backends/slow/load").status == 202
     wait_until(lambda: front.get("/v1/backends/slow").json()["state"] == "ready", 20, "slow ready")
-    assert front.get("/v1/backends/slow").json()["memory"]["observed_mib"] is not None
+    # (measured at the sampler's next pass: a ready worker may not have been sampled yet)
+    wait_until(lambda: front.get("/v1/backends/slow").json()["memory"]["observed_mib"]
+               is not None, 10, "slow's memory to be observed")
     gpus = front.get("/v1/gpus").json()
     assert gpus["simulated"] is True and gpus["data"][0]["total_mib"] == 8192
     assert gpus["data"][0]["uuid"] == "SIM-0"
