@@ -236,19 +236,24 @@ class HttpServer:
             failure: Exception = exc
         except Exception as exc:  # noqa: BLE001 - one bad request must not hurt the engine
             failure = exc
-        started = request.get(STARTED)
-        if started is None:
-            return self._error_response(request, failure)
-        # Its head (and some of its body) went already: no other answer can follow it. The
-        # route should have ended its stream with an error in the stream's own format; it
-        # failed instead, so the connection is cut: the client reads a broken answer, never a
-        # whole one (nor a second head inside the first one's body).
-        log.error("HTTP %s %s failed after its answer began: %s: %s", request.method,
-                  request.path, type(failure).__name__, failure,
-                  exc_info=failure if not isinstance(failure, HttpError) else None)
-        if request.transport is not None:
-            request.transport.close()
-        return started
+        try:
+            started = request.get(STARTED)
+            if started is None:
+                return self._error_response(request, failure)
+            # Its head (and some of its body) went already: no other answer can follow it.
+            # The route should have ended its stream with an error in the stream's own
+            # format; it failed instead, so the connection is cut: the client reads a broken
+            # answer, never a whole one (nor a second head inside the first one's body).
+            log.error("HTTP %s %s failed after its answer began: %s: %s", request.method,
+                      request.path, type(failure).__name__, failure,
+                      exc_info=failure if not isinstance(failure, HttpError) else None)
+            if request.transport is not None:
+                request.transport.close()
+            return started
+        finally:
+            # (its traceback holds this frame, which holds it: a cycle that kept what the
+            # route had read, a refused body's megabytes, until a full collection)
+            del failure
 
     def _error_response(self, request: web.Request, exc: Exception) -> web.Response:
         """The answer to a request whose route raised ``exc`` before it began one."""
