@@ -532,13 +532,15 @@ def _escaping_server(launcher: str) -> Iterator[tuple[Served, dict[str, str], Pa
 @pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f", "setsid -f env -i"])
 def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
         launcher: str) -> None:
-    """The engine and its lifeline both killed (``kill -9``): the next engine kills the
+    """The engine and its lifeline both killed (``kill -9``), and the server's reaper stopped
+    (it would kill the server as the engine dies: the next test): the next engine kills the
     leftover server's group and what left it: a helper in its tree with its environment
     cleared, one that forked out of its tree but carries the old run's mark, or one that
     did both (adopted by the server's reaper, so in its tree)."""
     with _escaping_server(launcher) as (served, env, root, pid):
         watcher = _lifeline_of(env)
         assert watcher is not None
+        os.kill(_reaper_above(pid), signal.SIGSTOP)
         os.kill(watcher, signal.SIGKILL)
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
@@ -551,6 +553,40 @@ def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
                        "the engine to say what it killed")
         finally:
             reap(again)
+
+
+def _reaper_above(pid: int) -> int:
+    """The reaper the process ``pid`` runs under (its nearest ancestor named ``reaper …``;
+    a launcher between them may be exiting: asked again until the chain holds still)."""
+    def find() -> int | None:
+        at = pid
+        try:
+            while at > 1:
+                if Path(f"/proc/{at}/comm").read_text().startswith("reaper "):
+                    return at
+                stat = Path(f"/proc/{at}/stat").read_bytes()
+                at = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    return wait_until(find, 10, "the reaper above the helper")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("launcher", ["setsid env -i", "setsid -f", "setsid -f env -i"])
+def test_kill_9_of_the_engine_and_its_lifeline_leaves_no_server_behind(launcher: str) -> None:
+    """Nothing watches once the engine and its lifeline are both killed: the server's reaper
+    hears its parent's death from the kernel and kills the server and every helper that
+    left its group (they lived on, with the server's port, until another engine started)."""
+    with _escaping_server(launcher) as (served, env, _root, pid):
+        reaper = _reaper_above(pid)
+        watcher = _lifeline_of(env)
+        assert watcher is not None
+        os.kill(watcher, signal.SIGKILL)
+        os.kill(served.proc.pid, signal.SIGKILL)
+        served.proc.wait(10)
+        wait_until(lambda: _gone(pid) and _gone(reaper), 10, "the server's tree to die")
 
 
 @pytest.mark.process

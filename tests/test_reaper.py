@@ -20,6 +20,7 @@ import pytest
 
 from supervisor.workers import process
 from supervisor.workers.process import REAPER
+from supervisor.workers.reaper import PARENT_GONE as REAPER_PARENT_GONE
 
 pytestmark = pytest.mark.process
 
@@ -222,3 +223,56 @@ def test_a_bare_name_is_found_in_a_relative_path_entry_from_the_cwd(tmp_path: Pa
     process.runnable("tool", env, str(tmp_path))  # (found: no error)
     with pytest.raises(FileNotFoundError):
         process.runnable("tool", env, "/")
+
+
+def test_when_its_parent_dies_the_command_and_what_it_adopted_die_too(tmp_path: Path) -> None:
+    """The engine and its lifeline killed together (``kill -9``): nothing watched the server
+    any more, and the reaper, its command and a daemon it had adopted lived on with their
+    port until another engine started there. The reaper now hears its parent's death from
+    the kernel and kills them all. Its parent here: a process that starts it as the engine
+    does, then is SIGKILLed."""
+    pids = tmp_path / "pids"
+    daemon = (f"{sys.executable} -c 'import os, time; "
+              f"open(\"{pids}.daemon\", \"w\").write(str(os.getpid())); time.sleep(600)'")
+    command = f"setsid -f env -i {daemon}; echo $$ > {pids}.command; sleep 600"
+    starter = (
+        "import os, subprocess, sys, time\n"
+        "from supervisor.workers import process\n"
+        f"argv, env = process.reaper_start(['sh', '-c', {command!r}], os.environ)\n"
+        "proc = subprocess.Popen(argv, env=env, start_new_session=True)\n"
+        f"open({str(pids)!r} + '.reaper', 'w').write(str(proc.pid))\n"
+        "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", starter], cwd=Path(process.__file__)
+                              .resolve().parents[2], start_new_session=True)
+    found: dict[str, int] = {}
+    try:
+        for what in ("reaper", "command", "daemon"):
+            path = Path(f"{pids}.{what}")
+            found[what] = _wait_for(lambda p=path: p.exists() and p.read_text().strip()
+                                    and int(p.read_text()), 20, f"the {what} to start")
+        _wait_for(lambda: _parent(found["daemon"]) == found["reaper"], 10,
+                  "the daemon to be adopted")
+        parent.kill()
+        parent.wait(10)
+        for what, pid in found.items():
+            _wait_for(lambda p=pid: _parent(p) is None, 10, f"the {what} to be gone")
+    finally:
+        parent.kill()
+        parent.wait(10)
+        for pid in found.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_its_parents_signal_from_anyone_else_is_passed_on_not_obeyed() -> None:
+    """The parent-death signal sent by someone while its parent lives: an ordinary signal,
+    handed to a command that left the group, and the reaper stays."""
+    proc = _reaped("sh", "-c", "sleep 600")
+    try:
+        child = _child_of(proc)
+        os.kill(proc.pid, REAPER_PARENT_GONE)
+        os.kill(child, signal.SIGTERM)
+        assert proc.wait(10) == -signal.SIGTERM  # (as its command ended: not killed by it)
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -158,6 +158,7 @@ def reaper_start(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str]
     configure the reaper's Python, nor show in its command line)."""
     start = {reaper.ENV_PREFIX + k: v for k, v in env.items()}
     start[reaper.ARGC] = str(len(argv))
+    start[reaper.PARENT] = str(os.getpid())
     start.update((f"{reaper.ARG}{i}", word) for i, word in enumerate(argv))
     return [sys.executable, "-I", "-S", str(REAPER)], start
 

@@ -28,6 +28,11 @@ signal raised again). Where a subreaper cannot be had (not Linux), it runs the c
 its own place (``exec``). A command that cannot be started is said in one line on stderr
 (the backend's log), and it exits 127, as a shell does.
 
+When the process that started it dies (the engine, ``VRAMTUI_REAPER_PARENT``: killed with
+``kill -9`` together with its lifeline, say), the kernel tells it (``PR_SET_PDEATHSIG``) and
+it kills the command and everything it adopted, then exits: nothing of the server outlives
+the engine, whoever watches or not.
+
 If this process is killed itself (SIGKILL to its pid alone), what it adopted goes to init:
 the engine kills the server's group, and a daemon that left both the group and its mark is
 not found any more.
@@ -38,11 +43,15 @@ import os
 import signal
 import sys
 
+PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 ENV_PREFIX = "VRAMTUI_REAPED_"
 ARGC = "VRAMTUI_REAPER_ARGC"
 ARG = "VRAMTUI_REAPER_ARG_"
+PARENT = "VRAMTUI_REAPER_PARENT"  # the pid of the process whose death ends the tree
+#: The signal the kernel sends when that parent dies (one nobody sends a server's group).
+PARENT_GONE = signal.SIGRTMIN + 3
 #: Signals left at their default here: those that do not end a process, those that cannot be
 #: handled, and the faults of this process's own (a handler that returns to the faulting
 #: instruction would loop).
@@ -52,6 +61,7 @@ NOT_HANDLED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, s
 
 _child: int | None = None
 _pending: list[int] = []  # signals that came before the command was started
+_parent: int | None = None
 
 
 def _prctl(option: int, value: object) -> bool:
@@ -81,6 +91,16 @@ def _pass_on(sig: int, _frame: object = None) -> None:
     with contextlib.suppress(OSError):
         if os.getpgid(_child) != os.getpgrp():
             os.kill(_child, sig)
+
+
+def _parent_gone(sig: int, frame: object = None) -> None:
+    """The process that started this one died (or someone sent its signal: then it is passed
+    on as any other): the command and its tree are killed, and this process exits."""
+    if _parent is None or os.getppid() == _parent:
+        _pass_on(sig, frame)
+        return
+    _kill_the_rest()  # (the command first among them, once it is started)
+    os._exit(1)
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> int:
@@ -170,6 +190,18 @@ def _cannot_start(program: str, exc: OSError) -> None:
     os._exit(127)
 
 
+def _watch_parent() -> None:
+    """Hear of the death of the process that started this one; gone already: exit."""
+    global _parent
+    with contextlib.suppress(KeyError, ValueError):
+        _parent = int(os.environ[PARENT])
+    if _parent is None:
+        return
+    signal.signal(PARENT_GONE, _parent_gone)
+    if _prctl(PR_SET_PDEATHSIG, int(PARENT_GONE)) and os.getppid() != _parent:
+        os._exit(1)  # (it died before it could be watched: nothing was started)
+
+
 def main() -> None:
     global _child
     args, env = _command()
@@ -184,6 +216,7 @@ def main() -> None:
     for sig in signal.valid_signals() - NOT_HANDLED:
         with contextlib.suppress(OSError, ValueError):  # (those the C library keeps)
             signal.signal(sig, _pass_on)
+    _watch_parent()
     try:
         child = _spawn(args, env)
     except OSError as exc:
