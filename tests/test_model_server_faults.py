@@ -12,6 +12,7 @@ a slow request among answered ones is never taken for that.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,44 @@ def test_a_slow_request_among_answered_ones_never_kills_its_server() -> None:
         assert server_pids(front.root) == {pid}
         front.post(f"/v1/jobs/{talking}/cancel")
         assert front.wait_state(talking, "cancelled", timeout=10) == "cancelled"
+
+
+def test_a_request_sent_to_a_slot_its_server_has_not_freed_yet_is_asked_again() -> None:
+    """Two slots, two streams, a third request queued; the first client goes: the engine
+    counts its slot free at once and sends the third, but a server that refuses when full
+    (503, as koboldcpp does) may not have freed it yet, and the third failed with that 503
+    (13 rounds in 20, a helper found). A 503 is asked again once, 0.25 s later."""
+    import socket
+
+    backend = server_backend("two", args=("--token-s", "0.05", "--tokens", "30", "--slots",
+                                          "2"), concurrency=2)
+
+    def ask(stream: bool) -> socket.socket:
+        body = json.dumps(chat("two", stream=stream)).encode()
+        sock = socket.create_connection(("127.0.0.1", front.port), timeout=30)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                     b"Connection: close\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (front.port, len(body)) + body)
+        return sock
+
+    def answer(sock: socket.socket) -> bytes:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        sock.close()
+        return data
+
+    with serve_http([backend]) as front:
+        for _ in range(4):
+            first, second = ask(True), ask(True)
+            wait_until(lambda: len(front.get("/v1/jobs?state=running&backend=two")
+                                   .json()["data"]) == 2, 10, "both streams to run")
+            third = ask(False)
+            wait_until(lambda: front.get("/v1/jobs?state=queued&backend=two").json()["data"],
+                       10, "the third request to wait")
+            first.close()  # its slot: free for the engine now, for the server a bit later
+            reply = answer(third)
+            assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]
+            answer(second)
+            wait_until(lambda: not front.get("/v1/jobs?state=running&backend=two")
+                       .json()["data"], 10, "the streams to end")

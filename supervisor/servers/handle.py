@@ -65,6 +65,11 @@ from .wire import Exchange, Link, Silent, WireError
 log = logging.getLogger(__name__)
 
 CANCELLED_STATUS = 499
+# A server that refuses when its slots are full (503: koboldcpp's "busy") may not have freed
+# the slot of a request whose client just went, which the engine counts free at once: a 503
+# is asked again once, this long after (or after its Retry-After, at most BUSY_MAX_S).
+BUSY_RETRY_S = 0.25
+BUSY_MAX_S = 2.0
 FIRST_POLL_S = 0.02  # the health path is polled this often for its first …
 FAST_POLL_FOR_S = 3.0  # … seconds (a small model is up in a fraction of one) …
 SLOW_POLL_S = 0.1  # … then this often while it loads
@@ -126,6 +131,7 @@ class ServerHandle(SupervisedProcess):
         self._jobs: dict[str, asyncio.Task[None]] = {}
         self._exchanges: dict[str, Exchange] = {}
         self._cancelled: set[str] = set()
+        self._busy: set[str] = set()  # jobs waiting to ask again after a 503
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ping_sent: float | None = None
         self._ping_task: asyncio.Task[None] | None = None
@@ -309,23 +315,38 @@ class ServerHandle(SupervisedProcess):
         """Make the job's HTTP request of the server (written now when a connection is
         idle); its end comes as ``request_done``."""
         up = upstream_of(self.spec, payload, metadata)
-        sink = _JobSink(self, job_id, stream)
+        ex, sink = self._begin(job_id, up, stream, first=True)
+        self._jobs[job_id] = self._spawn(self._forward(job_id, ex, sink, up))
+        if self.state == WorkerState.READY:
+            self._set_state(WorkerState.BUSY)
+        return len(self._jobs)
+
+    def _begin(self, job_id: str, up: Any, stream: bool, *, first: bool
+               ) -> tuple[Exchange, _JobSink]:
+        """The job's request, written now when a connection is idle (``first``: a 503 of the
+        server's is held back, to be asked again)."""
+        sink = _JobSink(self, job_id, stream, hold_busy=first)
         # llama-server closes a connection after a stream without saying so: a streamed
         # answer's connection is never used again (a spare is opened in its place).
         ex = self._link.begin(up.method, up.path, {**up.headers, **self.launch.auth_headers},
                               up.body, sink, reuse=not stream)
         self._exchanges[job_id] = ex
-        self._jobs[job_id] = self._spawn(self._forward(job_id, ex, sink))
-        if self.state == WorkerState.READY:
-            self._set_state(WorkerState.BUSY)
-        return len(self._jobs)
+        return ex, sink
 
-    async def _forward(self, job_id: str, ex: Exchange, sink: _JobSink) -> None:
+    async def _forward(self, job_id: str, ex: Exchange, sink: _JobSink, up: Any) -> None:
         outcome: Outcome | None = None
         try:
             if ex.cancelled:
                 raise asyncio.CancelledError
             await self._link.complete(ex)
+            if sink.busy:  # its slot not free yet (see BUSY_RETRY_S): asked again, once
+                self._busy.add(job_id)
+                try:
+                    await asyncio.sleep(sink.retry_after())
+                finally:
+                    self._busy.discard(job_id)
+                ex, sink = self._begin(job_id, up, sink.stream, first=False)
+                await self._link.complete(ex)
             outcome = self._too_large() if sink.too_large else sink.outcome()
         except asyncio.CancelledError:
             if job_id not in self._cancelled:
@@ -387,6 +408,10 @@ class ServerHandle(SupervisedProcess):
         """Close the job's connection to the server (it stops generating)."""
         task = self._jobs.get(job_id)
         ex = self._exchanges.get(job_id)
+        if task is not None and job_id in self._busy:  # waiting to ask again: it asks not
+            self._cancelled.add(job_id)
+            task.cancel()
+            return True
         if task is None or task.done() or ex is None:
             return False
         self._cancelled.add(job_id)
@@ -481,12 +506,15 @@ class _JobSink:
     collected; bounded by the result limit."""
 
     __slots__ = ("handle", "job_id", "stream", "status", "headers", "size", "body",
-                 "too_large")
+                 "too_large", "hold_busy", "busy")
 
-    def __init__(self, handle: ServerHandle, job_id: str, stream: bool) -> None:
+    def __init__(self, handle: ServerHandle, job_id: str, stream: bool,
+                 hold_busy: bool = False) -> None:
         self.handle = handle
         self.job_id = job_id
         self.stream = stream
+        self.hold_busy = hold_busy  # a 503 is not the answer yet: it will be asked again
+        self.busy = False  # it answered 503, held back
         self.status = 0
         self.headers: dict[str, str] = {}
         self.size = 0
@@ -496,8 +524,19 @@ class _JobSink:
     def head(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.status = status
         self.headers = combined(end_to_end(headers, also=("content-length",)))
-        if self.stream:
+        self.busy = self.hold_busy and status == 503
+        if self.stream and not self.busy:
             self.handle.observer.request_head(self.job_id, status, self.headers)
+
+    def retry_after(self) -> float:
+        """How long to wait before asking again: its ``Retry-After`` (seconds), if short."""
+        try:
+            said = float(next((v for k, v in self.headers.items()
+                               if k.lower() == "retry-after"), ""))
+        except ValueError:
+            return BUSY_RETRY_S
+        return min(BUSY_MAX_S, max(BUSY_RETRY_S, said)) if math.isfinite(said) \
+            else BUSY_RETRY_S
 
     def data(self, data: bytes) -> bool:
         self.size += len(data)
@@ -505,8 +544,9 @@ class _JobSink:
         if limit is not None and self.size > limit:
             self.too_large = True
             return False
-        if not self.stream:
-            self.body += data
+        if not self.stream or self.busy:
+            if not self.busy or len(self.body) < SNIPPET * 4:
+                self.body += data
             return True
         if self.status >= 500 and len(self.body) < SNIPPET * 4:
             self.body += data
