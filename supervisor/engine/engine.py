@@ -881,8 +881,10 @@ class Engine:
             elif never_ready and not expected and not health.failed:
                 self._requeue(job, f"requeued: {rt.spec.runner} failed to start")  # never ran
             else:
+                tries = f" (tried {health.init_failures} times in a row)" \
+                    if never_ready and health.init_failures > 1 else ""
                 what = (f"its {rt.spec.runner} failed to start: {health.last_error or reason}"
-                        if never_ready else f"{name} {reason}; {log_hint}")
+                        f"{tries}" if never_ready else f"{name} {reason}; {log_hint}")
                 self._finish(job, JobState.FAILED, error=what)
         if health.failed:
             for job in [j for j in self.jobs.queue if j.backend == name]:
