@@ -27,3 +27,17 @@ def test_an_event_streams_data_lines_break_only_where_sse_does() -> None:
         b"data: " + dumps_line(TRICKY).encode() + b"\n\n"
     assert data_lines(b"one\r\ntwo\rthree\nfour") == \
         b"data: one\ndata: two\ndata: three\ndata: four\n\n"
+
+
+def test_a_relayed_event_stream_goes_out_event_by_event_and_byte_for_byte() -> None:
+    """A server's event stream is relayed as it came, bytes unchanged, but an event goes out
+    once it is whole (a blank line, in any of the three line ends, split across pieces or
+    not): a stream that breaks off then never leaves half an event before its error."""
+    from supervisor.http.forward import _RawEncoder
+
+    enc = _RawEncoder(None, "j", None)  # type: ignore[arg-type]
+    enc.sse = True
+    pieces = [b"data: 1\r\n", b"\r\ndata: 2\n", b"\ndata: 3\r", b"\rdata: {\"a\"", b": 4}"]
+    sent = [enc._body(p) for p in pieces]
+    assert sent == [b"", b"data: 1\r\n\r\n", b"data: 2\n\n", b"data: 3\r\r", b""]
+    assert b"".join(sent) + enc.end(None) == b"".join(pieces)  # (its end: what was held)

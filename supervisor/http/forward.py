@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientSession, TraceConfig, WSMsgType, web
@@ -53,6 +54,7 @@ from .sse import Encoded, Item, Stream
 if TYPE_CHECKING:
     from .server import HttpServer
 
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")  # an event's end
 QUEUE_NOTE_S = 0.5  # a streamed request still waiting after this hears its queue position
 WAITING = frozenset({JobState.QUEUED, JobState.STARTING})
 
@@ -197,7 +199,10 @@ class _RawEncoder:
         self.sse = False
         self.whole_when_failed = False  # a 5xx answer: the job fails, its body went whole
         self.head_seen = False
-        self.tail = b""  # the last bytes written of the server's body
+        # An event stream's event the server has not finished yet: held until it is (no
+        # client acts on half an event), so a stream that breaks off ends with whole events
+        # and our error, never with the half of one that a client would fail to parse.
+        self.partial = bytearray()
         # Opened as SSE for its queue notes, then answered with another type (a 400's JSON):
         # its body is held and goes as one ``data:`` event at its end, so an SSE client
         # reads it (raw, it is no event at all: the OpenAI client saw an empty stream).
@@ -239,26 +244,38 @@ class _RawEncoder:
         if self.wrap:
             self.held += data
             return b""
-        if data:
-            self.tail = (self.tail + data)[-2:]
-        return data
+        if not self.sse or not data:
+            return data
+        held = self.partial
+        start = max(0, len(held) - 3)  # (a blank line may begin in what is held)
+        end = None
+        for match in _BLANK_LINE.finditer(bytes(held[start:]) + data):
+            end = match.end()
+        if end is None:
+            held += data
+            return b""
+        whole = bytes(held) + data
+        self.partial = bytearray(whole[start + end:])
+        return whole[:start + end]
 
     def end(self, view: Any) -> bytes:
         failed = view is not None and view.state is not JobState.SUCCEEDED
         if self.wrap and not failed and self.held:
             lines = bytes(self.held).rstrip(b"\r\n").replace(b"\r\n", b"\n").split(b"\n")
             return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+        rest, self.partial = bytes(self.partial), bytearray()
         if view is None or not failed:
-            return b""
+            return rest  # (a server that ended its last event without a blank line)
         if not self.sse:
             # No error fits in its body: the connection closes (what was written still goes)
             # without the body's end (its last chunk), which would tell the client it was whole.
             if not self.whole_when_failed and self.request.transport is not None:
                 self.request.transport.close()
             return b""
-        # An event the server left unfinished is ended first, so the error stands alone.
-        cut = b"" if self.tail in (b"", b"\n\n") else b"\n\n"
-        return cut + sse_error(outcome_error(view))
+        # An event it left unfinished never goes (a 5xx's whole body does, ended), so the
+        # error stands alone.
+        rest = rest + b"\n\n" if rest and self.whole_when_failed else b""
+        return rest + sse_error(outcome_error(view))
 
     def resync(self, lagged: int, seq: int) -> Encoded:
         """Fell behind: the chunks it missed, read back from the job, then the end if due."""
