@@ -17,8 +17,8 @@ _SEPARATORS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
 _TABLE = str.maketrans(_SEPARATORS)
 
 
-def dumps_line(value: Any, **kwargs: Any) -> str:
-    """``value`` as compact JSON text on one line for every line splitter (``kwargs`` go to
-    :func:`json.dumps`; raises as it does)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), **kwargs)
+def dumps_line(value: Any) -> str:
+    """``value`` as compact JSON text on one line for every line splitter (raises as
+    :func:`json.dumps` does)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return text.translate(_TABLE) if any(c in text for c in _SEPARATORS) else text

@@ -544,9 +544,10 @@ class _JobSink:
         if limit is not None and self.size > limit:
             self.too_large = True
             return False
-        if not self.stream or self.busy:
-            if not self.busy or len(self.body) < SNIPPET * 4:
-                self.body += data
+        if self.busy:  # (a 503 held back: it is asked again, this body is no answer)
+            return True
+        if not self.stream:
+            self.body += data
             return True
         if self.status >= 500 and len(self.body) < SNIPPET * 4:
             self.body += data
