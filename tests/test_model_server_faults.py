@@ -223,3 +223,28 @@ def test_a_request_sent_to_a_slot_its_server_has_not_freed_yet_is_asked_again() 
             answer(second)
             wait_until(lambda: not front.get("/v1/jobs?state=running&backend=two")
                        .json()["data"], 10, "the streams to end")
+
+
+def test_a_load_whose_request_went_gives_way_to_a_request_that_needs_its_room() -> None:
+    """A request starts a server that takes long to load, and its client goes while it loads:
+    the load is for nobody now. A request for another server that cannot sit beside it is not
+    kept waiting for that load: the load is given up (its process gone, as /proc says) and the
+    other server starts at once. Nobody else wanting the room, a load for nobody goes on."""
+    slow = server_backend("slow", 5000, args=("--load-s", "60"),
+                          timeouts={"start": "90s", "stop_grace": "3s"})
+    with serve_http([slow, server_backend("quick", 5000)]) as front:
+        conn = front.conn(timeout=30)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(chat("slow")).encode(),
+                     headers={"Content-Type": "application/json"})
+        job = wait_until(lambda: next(iter(front.get("/v1/jobs?state=active").json()["data"]),
+                                      None), 10, "the slow request's job")
+        wait_until(lambda: server_pids(front.root), 10, "the slow server to be loading")
+        conn.close()  # its client goes while it loads
+        front.wait_state(job["id"], "cancelled")
+        loading = server_pids(front.root)
+        assert front.engine.backends["slow"].worker is not None  # nobody else wants the room
+        reply = front.post("/v1/chat/completions", chat("quick"), timeout=20)
+        assert reply.status == 200, reply.body
+        assert not loading & server_pids(front.root)  # the load for nobody was given up
+        ends = front.get("/v1/jobs?state=succeeded").json()["data"]
+        assert [j["backend"] for j in ends] == ["quick"]

@@ -399,11 +399,27 @@ def test_only_idle_unpinned_workers_are_evicted() -> None:
     workers = [
         idle(pinned, 0),
         busy(hot, 0),
-        wk("s", 0, "starting", 0, 0),
+        wk("s", 0, "starting", 1, 0),  # loading for a job
         idle(victim, 0, 60),
     ]
     s = snap([gpu(0, 40_000)], [a, pinned, hot, starting, victim], workers, [job("j", "a")])
     assert evicted(plan(s, NOW)) == ["v"]
+
+
+@pytest.mark.parametrize("state", ["starting", "initializing"])
+def test_a_load_for_nobody_gives_way_to_a_job_that_needs_its_room(state: str) -> None:
+    """A worker loading with no job (its job was cancelled, or a preload) and none of its
+    backend queued: a job that needs its room evicts it rather than wait for the load."""
+    a, s = be("a", 20_000, 2_000), be("s", 20_000, 0)
+    for_nobody = [wk("s", 0, state, 0, 20_000)]
+    assert evicted(plan(snap([gpu(0, 24_000)], [a, s], for_nobody, [job("j", "a")]), NOW)) \
+        == ["s"]
+    # A job of its own backend queued: the load is for someone again.
+    q = [job("j", "a", 5), job("js", "s")]
+    assert evicted(plan(snap([gpu(0, 24_000)], [a, s], for_nobody, q), NOW)) == []
+    # Loading for a job: it stays.
+    for_a_job = [wk("s", 0, state, 1, 20_000)]
+    assert evicted(plan(snap([gpu(0, 24_000)], [a, s], for_a_job, [job("j", "a")]), NOW)) == []
 
 
 def test_a_worker_given_a_job_in_this_plan_is_not_evicted() -> None:

@@ -25,7 +25,9 @@ found blocked there — less than ``patience_factor`` times that cost (at most
 interleaved submissions are served in batches (its aging brings it first in line but does
 not end that patience early: work of its own priority submitted after it still goes on);
 once its patience is spent it is *forced*: its victims take no new job and leave as soon as
-they are idle. An idle victim is evicted at once unless a patient barrier keeps its batch
+they are idle. A worker still loading with no job (its jobs were cancelled, or a preload) and
+none of its backend queued is idle too: a load nobody waits for never keeps a job from its
+room. An idle victim is evicted at once unless a patient barrier keeps its batch
 (it has queued jobs, and the next one fits once the jobs running there end) — no GPU idles
 while a job waits. Before evicting anyone, a barrier that would fit once the jobs running on
 its GPU give their memory back waits for that instead, up to ``patience_factor`` times what
@@ -1078,7 +1080,13 @@ class _Planner:
         return info is None or not info.pinned
 
     def _evictable(self, w: WorkerInfo) -> bool:
-        return w.active_jobs == 0 and w.state in ("ready", "asleep") and self._may_leave(w)
+        """Idle and free to leave; or loading for nobody (its jobs went, a cancel, none of its
+        backend waits): a load nobody waits for never keeps a job from its room."""
+        if w.active_jobs or not self._may_leave(w):
+            return False
+        return w.state in ("ready", "asleep") or (
+            w.state in ("starting", "initializing")
+            and not self.queued_jobs.get(w.backend, 0))
 
     def _candidates(self, g: int) -> list[evict.Candidate]:
         """Every live worker on ``g`` as a candidate to leave it: put to sleep where it may
