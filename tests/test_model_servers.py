@@ -192,6 +192,8 @@ def test_a_client_that_goes_away_frees_the_servers_slot() -> None:
         assert any(s["is_processing"] for s in _get_json(url + "/slots"))
         sse.close()
         front.wait_state(job_id, "cancelled")
+        # Its answer began with the server's 200: the job records it cut short, not whole.
+        assert front.get(f"/v1/jobs/{job_id}").json()["status_code"] == 499
         wait_until(lambda: not any(s["is_processing"] for s in _get_json(url + "/slots")), 10,
                    "the server to free the slot")
         # timeouts.request bounds a request the same way.

@@ -50,7 +50,7 @@ from ..snapshot import EngineSnapshot
 from ..textsafe import visible
 from ..workers.base import Worker
 from ..workers.factory import ProcessWorkers, WorkerFactory
-from ..workers.handle import Outcome
+from ..workers.handle import CANCELLED_STATUS, Outcome
 from ..workers.states import WorkerState
 from . import reload, stopping
 from .config import EngineConfig
@@ -974,6 +974,9 @@ class Engine:
         if job.state.finished:
             return
         error = visible(error, lines=True) if error is not None else None  # a worker's words
+        if state is JobState.CANCELLED and job.status_code is not None \
+                and job.status_code < 400:  # its answer had begun: cut short, never whole
+            job.status_code = CANCELLED_STATUS
         now = self.clock()
         if self.journal.durable(job):  # durable before anyone hears of it
             state, error = self.journal.finish(job, state, error, now)

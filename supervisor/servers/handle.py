@@ -53,7 +53,7 @@ from supervisor.clock import monotonic
 from ..backends.http import HttpCall
 from ..backends.schema import BackendSpec
 from ..workers import process
-from ..workers.handle import Outcome, WorkerObserver
+from ..workers.handle import CANCELLED_STATUS, Outcome, WorkerObserver
 from ..workers.states import WorkerState
 from ..workers.supervised import SleepOutcome, SupervisedProcess
 from .calls import call
@@ -64,7 +64,6 @@ from .wire import Exchange, Link, Silent, WireError
 
 log = logging.getLogger(__name__)
 
-CANCELLED_STATUS = 499
 # A server that refuses when its slots are full (503: koboldcpp's "busy") may not have freed
 # the slot of a request whose client just went, which the engine counts free at once: a 503
 # is asked again once, this long after (or after its Retry-After, at most BUSY_MAX_S).

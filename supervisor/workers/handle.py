@@ -44,6 +44,11 @@ from .wire import WireConnection, WireListener
 log = logging.getLogger(__name__)
 
 
+# A cancelled request's status (nginx's "client closed request"), as worker_sdk's workers
+# answer one: also what a job whose answer had begun records once it is cancelled.
+CANCELLED_STATUS = 499
+
+
 @dataclass(slots=True)
 class Outcome:
     """How one request ended, as the worker said it."""

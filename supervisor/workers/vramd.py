@@ -41,7 +41,7 @@ from supervisor.clock import monotonic
 
 from ..backends.schema import VramdSettings
 from . import process
-from .handle import Outcome, WorkerObserver, WorkerState
+from .handle import CANCELLED_STATUS, Outcome, WorkerObserver, WorkerState
 from .jsonl import (
     CMD_ABORT,
     CMD_GENERATE,
@@ -70,7 +70,6 @@ MAX_PENDING_PINGS = 16
 MAX_QUEUED = 64  # jobs handed over while one runs (the engine gives one at a time)
 MAX_LOGGED_TRACEBACK = 16 * 1024
 MAX_NOTES = 200  # lines of ours in the worker's log, per worker process
-CANCELLED_STATUS = 499  # as our own workers answer a cancelled request
 STALE_ABORT = "cancelled before start"  # vramd's reply to a generate that met an old abort
 FOOTPRINT_KEY = "footprint_key"  # vramd never passes it to load: it only sizes admission
 
