@@ -442,41 +442,60 @@ def test_half_sent_headers_are_cut_at_their_deadline(open_front: Front) -> None:
 
 
 
-def test_a_body_that_stops_coming_is_cut_after_its_idle_time(open_front: Front) -> None:
+def _body_refused(answer: bytes, why: str) -> None:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer[:200]
+    message = json.loads(body)["error"]["message"]
+    assert why in message and "\n" not in message, message
+
+
+def test_a_body_that_stops_coming_or_dribbles_is_answered_408(open_front: Front) -> None:
     gate = open_front.server.gate
-    old = gate.body_idle_s
-    gate.body_idle_s = 0.5  # the default (30 s) is too long for a test
+    old = gate.body_idle_s, gate.body_min_rate
+    gate.body_idle_s, gate.body_min_rate = 0.5, 10.0  # (the defaults, 30 s, are too long)
     before = open_front.server.stats()["connections"]["body_timeouts"]
+    head = (b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n")
+
+    def answer(s: socket.socket) -> bytes:
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        return got
+
     try:
-        s = socket.create_connection(("127.0.0.1", open_front.port), timeout=30)
-        try:  # declares 100 bytes, sends 10, then nothing: it held its connection for good
-            s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-                      b'{"backend"')
-            t0 = time.monotonic()
-            assert s.recv(100) == b""  # closed by the server, no answer
-            assert time.monotonic() - t0 < 5.0  # the idle time, not the 30 s default
-        finally:
-            s.close()
-        assert open_front.server.stats()["connections"]["body_timeouts"] == before + 1
-        # A slow body that keeps coming is not cut: a byte every 0.2 s over 1.6 s.
-        body = json.dumps({"backend": "nosuch", "input": {}}).encode()
-        head, tail = body[:-8], body[-8:]
         with socket.create_connection(("127.0.0.1", open_front.port), timeout=30) as s:
-            s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                      % len(body) + head)
-            for byte in tail:
-                time.sleep(0.2)  # the client's pace, not a wait for a condition
-                s.sendall(bytes([byte]))
-            answer = b""
-            while chunk := s.recv(65536):
-                answer += chunk
-        assert answer.startswith(b"HTTP/1.1 404"), answer[:200]  # read whole, then judged
-        assert b"nosuch" in answer
+            # declares 100 bytes, sends 10, then nothing: it held its connection for good
+            s.sendall(head % 100 + b'{"backend"')
+            t0 = time.monotonic()
+            _body_refused(answer(s), "sent nothing for 0.5 s")  # then closed
+            assert time.monotonic() - t0 < 5.0  # the idle time, not the 30 s default
+        assert open_front.server.stats()["connections"]["body_timeouts"] == before + 1
+        # A byte now and then, never idle as long, far slower than 10 bytes a second: cut.
+        with socket.create_connection(("127.0.0.1", open_front.port), timeout=30) as s:
+            s.sendall(head % 100 + b"{")
+            t0 = time.monotonic()
+            with contextlib.suppress(OSError):  # (cut while it sends)
+                while time.monotonic() - t0 < 10.0:
+                    time.sleep(0.2)  # the client's pace, not a wait for a condition
+                    s.sendall(b" ")
+            _body_refused(answer(s), "came slower than 10 bytes a second")
+            assert time.monotonic() - t0 < 5.0
+        assert open_front.server.stats()["connections"]["body_timeouts"] == before + 2
+        # A slow body that keeps coming, faster than that, is not cut: read whole, judged.
+        body = json.dumps({"backend": "nosuch", "input": {"pad": " " * 40}}).encode()
+        with socket.create_connection(("127.0.0.1", open_front.port), timeout=30) as s:
+            s.sendall(head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+                      % len(body))
+            for i in range(0, len(body), 3):
+                time.sleep(0.05)  # the client's pace (60 bytes a second) over 1.2 s
+                s.sendall(body[i:i + 3])
+            got = answer(s)
+        assert got.startswith(b"HTTP/1.1 404"), got[:200]
+        assert b"nosuch" in got
     finally:
-        gate.body_idle_s = old
-    assert open_front.server.stats()["connections"]["body_timeouts"] == before + 1
+        gate.body_idle_s, gate.body_min_rate = old
+    assert open_front.server.stats()["connections"]["body_timeouts"] == before + 2
 
 # -- 5. results as data ------------------------------------------------------------------
 

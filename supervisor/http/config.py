@@ -61,6 +61,9 @@ class GateLimits:
     header_timeout_s: float = 10.0
     # Seconds a request's body may go without a byte before it is whole.
     body_idle_s: float = 30.0
+    # Bytes a second a body must average past its first body_idle_s (one that dribbles a
+    # byte now and then held its connection for good): Apache's mod_reqtimeout MinRate.
+    body_min_rate: float = 500.0
 DEFAULT_LISTEN = "127.0.0.1:8080"
 HTTP_KEYS = frozenset({"enabled", "listen", "token_file", "max_body", "heartbeat",
                        "allowed_hosts", "ui", "ui_sessions", "max_streams"})

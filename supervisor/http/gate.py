@@ -17,9 +17,11 @@ accepted, before its first byte is read:
   its first byte (of the connection's opening, for the first request), or the connection is
   closed;
 - **a body that keeps coming**: until a request's body is whole, ``body_idle_s`` without a
-  byte of it closes the connection (a body shorter than its ``Content-Length``, then
-  silence, held it for good).  Sizes and responses are bounded elsewhere (``max_body``,
-  requests in flight).
+  byte of it (a body shorter than its ``Content-Length``, then silence, held it for good), or
+  a body slower than ``body_min_rate`` bytes a second on average past its first
+  ``body_idle_s`` (one that dribbles a byte now and then), is answered ``408`` with one line
+  saying which, and its connection closed.  Sizes and responses are bounded elsewhere
+  (``max_body``, requests in flight).
 
 Every refusal is counted in :meth:`ConnectionGate.stats` and logged, at most once every few
 seconds per kind.  :class:`GatedSite` serves an ``AppRunner`` through the gate; the app's
@@ -64,6 +66,7 @@ class ConnectionGate:
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
         self.header_timeout_s = self.limits.header_timeout_s
         self.body_idle_s = self.limits.body_idle_s
+        self.body_min_rate = self.limits.body_min_rate
         self.open: Counter[str] = Counter()
         self.pending: Counter[str] = Counter()
         self.counters = {"accepted": 0, "refused": 0, "header_timeouts": 0,
@@ -121,10 +124,10 @@ class ConnectionGate:
         self._warn(f"headers {peer.key}", f"closed an HTTP connection from {peer.describe()}: "
                    f"its request headers did not arrive within {self.header_timeout_s:g} s")
 
-    def body_stalled(self, peer: Peer) -> None:
+    def body_stalled(self, peer: Peer, why: str) -> None:
         self.counters["body_timeouts"] += 1
-        self._warn(f"body {peer.key}", f"closed an HTTP connection from {peer.describe()}: "
-                   f"its request body sent nothing for {self.body_idle_s:g} s")
+        self._warn(f"body {peer.key}", f"answered 408 and closed an HTTP connection from "
+                   f"{peer.describe()}: its request body {why}")
 
     def _warn(self, key: str, text: str) -> None:
         now = monotonic()
@@ -138,7 +141,8 @@ class ConnectionGate:
         return {**self.counters, "open": sum(self.open.values()),
                 "headers_pending": sum(self.pending.values()), "peers": dict(self.open),
                 "max_open": self.limits.max_open, "max_per_peer": self.limits.max_per_peer,
-                "header_timeout_s": self.header_timeout_s, "body_idle_s": self.body_idle_s}
+                "header_timeout_s": self.header_timeout_s, "body_idle_s": self.body_idle_s,
+                "body_min_rate": self.body_min_rate}
 
     # -- the middleware ---------------------------------------------------------------------
     @web.middleware
@@ -165,11 +169,23 @@ def refusal_bytes(why: str) -> bytes:
             % len(body)) + body
 
 
+def body_timeout_bytes(why: str) -> bytes:
+    """The ``408`` a request whose body stopped coming (or came too slowly) gets, and then its
+    connection closes."""
+    body = json.dumps({"error": {"message": f"request timed out: its body {why}; send the "
+                                 "whole body (as many bytes as its Content-Length says, or "
+                                 "its last chunk) without pausing",
+                                 "type": "timeout_error", "code": "body_timeout",
+                                 "param": None}}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+
+
 class GatedHandler(RequestHandler):
     """aiohttp's request handler, identified and counted at accept (see the module doc)."""
 
     __slots__ = ("gate", "peer", "_admitted", "_in_request", "_deadline", "_waiting",
-                 "_body", "_body_timer", "_body_seen")
+                 "_body", "_body_timer", "_body_seen", "_body_since")
 
     def __init__(self, manager: web.Server, gate: ConnectionGate, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -182,6 +198,7 @@ class GatedHandler(RequestHandler):
         self._body: StreamReader | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_seen = 0  # the body's bytes when the body deadline last looked
+        self._body_since = 0.0  # when the request's headers came (its body's clock)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = identify_socket(transport.get_extra_info("socket"))
@@ -266,6 +283,7 @@ class GatedHandler(RequestHandler):
         self._stop_waiting()
         if body is not None and not body.is_eof():
             self._body = body
+            self._body_since = monotonic()
             self._arm_body(body)
 
     def request_ended(self) -> None:
@@ -290,13 +308,22 @@ class GatedHandler(RequestHandler):
         if body is None or body.is_eof():
             self._body = None
             return
-        if body.total_bytes != self._body_seen:  # it came on: look again a period later
+        idle, rate = self.gate.body_idle_s, self.gate.body_min_rate
+        got = body.total_bytes
+        if got == self._body_seen:
+            why = f"sent nothing for {idle:g} s"
+        elif monotonic() - self._body_since > idle + got / rate:
+            why = f"came slower than {rate:g} bytes a second"
+        else:  # it came on: look again a period later
             self._arm_body(body)
             return
         assert self.peer is not None
-        self.gate.body_stalled(self.peer)
+        self.gate.body_stalled(self.peer, why)
         self._body = None
         if self.transport is not None:
+            # (no answer has begun: the handler still reads the body, and a route answers
+            # only once it has it whole)
+            cast(asyncio.WriteTransport, self.transport).write(body_timeout_bytes(why))
             self.transport.close()
 
 
