@@ -698,3 +698,17 @@ def _serve_escaper(backend: dict[str, Any], escaper: Escaper) -> None:
         wait_until(lambda: front.get("/v1/backends/escaper").json()["state"] == "cold", 10,
                    "the server to stop")
         wait_until(lambda: not escaper.pids(), 10, "the helper that left its group to be gone")
+
+
+def test_ollama_ps_shows_a_server_that_holds_nothing_simulated_by_its_figures() -> None:
+    """A real server on the simulated GPU writes nothing to the simulated device's ledger (it
+    declares no memory there): ``/api/ps`` gives its declared figures as what it holds on the
+    GPU, as admission counts them, and says they are simulated (``ollama ps`` reads
+    ``size_vram`` as its share on the GPU: 0 said "100% CPU")."""
+    real_like = server_backend("real", 512, env={"VRAMTUI_SIM_DIR": ""})  # (as one not ours)
+    with serve_http([real_like]) as front:
+        assert front.post("/v1/chat/completions", chat("real")).status == 200
+        assert not any(sim_holders(front).values())  # the device's own ledger: nothing
+        (model,) = front.get("/api/ps").json()["models"]
+        assert model["size"] == (512 + CONTEXT_MIB) * 1024 * 1024
+        assert model["size_vram"] == model["size"] and model["simulated"] is True

@@ -5,7 +5,9 @@ shape, naming what to do instead.  The routes that run a model are :mod:`.ollama
 
 ``/api/ps`` lists the backends whose worker is up, as Ollama lists loaded models: ``size``
 is what admission holds for it (its reserved bytes, else its peak), ``size_vram`` what its
-processes really hold on the GPU (the last sample), and ``expires_at`` when keep-alive will
+processes really hold on the GPU (the last sample; on a simulated GPU, where a real server's
+process holds nothing, ``size`` when nothing was seen: its declared figures count there, and
+the entry says ``"simulated": true``), and ``expires_at`` when keep-alive will
 unload it if nothing comes (far in the future for a pinned or busy backend).  ``/api/tags``
 lists what ``/v1/models`` lists (the backends with an ``api:`` and their aliases, but the
 ``unlisted``): the names a chat or an embedding may be asked of; ``/api/version`` answers
@@ -67,23 +69,28 @@ class _Ollama:
                 "families": list(spec.api) or [family], "parameter_size": "",
                 "quantization_level": ""}
 
-    def _entry(self, b: BackendView, now: dt.datetime) -> dict[str, Any]:
+    def _entry(self, b: BackendView, now: dt.datetime, simulated: bool) -> dict[str, Any]:
         if b.keep_alive_left_s is not None:
             expires = now + dt.timedelta(seconds=b.keep_alive_left_s)
         else:
             expires = NEVER
         size = b.reserved_mib or (b.peak_mib or 0)
-        return {"name": b.name, "model": b.name, "size": size * MIB,
-                "digest": _digest(b.name), "details": self._details(b.name),
-                "expires_at": expires.isoformat(), "size_vram": (b.observed_mib or 0) * MIB,
-                "state": b.state, "gpu": b.gpu}
+        vram = b.observed_mib or (size if simulated else 0)  # (`ollama ps`: its % on GPU)
+        entry = {"name": b.name, "model": b.name, "size": size * MIB,
+                 "digest": _digest(b.name), "details": self._details(b.name),
+                 "expires_at": expires.isoformat(), "size_vram": vram * MIB,
+                 "state": b.state, "gpu": b.gpu}
+        if simulated:
+            entry["simulated"] = True
+        return entry
 
     @ollama_errors
     async def ps(self, request: web.Request) -> web.Response:
         snap = self.engine.snapshot()
         now = dt.datetime.now(dt.UTC)
-        return json_response({"models": [self._entry(b, now) for b in snap.backends
-                                         if b.state in LOADED]})
+        simulated = {g.index for g in snap.gpus if g.simulated}
+        return json_response({"models": [self._entry(b, now, b.gpu in simulated)
+                                         for b in snap.backends if b.state in LOADED]})
 
     @ollama_errors
     async def tags(self, request: web.Request) -> web.Response:
