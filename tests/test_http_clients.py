@@ -150,8 +150,8 @@ def test_ollama_ps_and_version(front: Front, client: openai.OpenAI) -> None:
     o = ollama.Client(host=front.base)
     ps = o.ps()
     names = {m.name for m in ps.models}
-    assert "embed-sim" in names
-    m = next(m for m in ps.models if m.name == "embed-sim")
+    assert "embed-sim:latest" in names  # (Ollama's names carry a tag)
+    m = next(m for m in ps.models if m.name == "embed-sim:latest")
     snap = {b.name: b for b in front.sup.snapshot().backends}["embed-sim"]
     # (what its process was seen to hold; on the simulated GPU, its figures when nothing)
     assert m.size_vram == (snap.observed_mib or snap.reserved_mib) * 1024 * 1024
@@ -160,8 +160,9 @@ def test_ollama_ps_and_version(front: Front, client: openai.OpenAI) -> None:
     version = front.get("/api/version").json()
     assert version == {"version": "test"}
     tags = {t["name"] for t in front.get("/api/tags").json()["models"]}
-    assert "chat-sim" in tags and "gpt-4o-mini" in tags  # its alias, as /v1/models lists it
-    assert tags == {m["id"] for m in front.get("/v1/models").json()["data"]}
+    # its alias too, as /v1/models lists it, but with Ollama's tag
+    assert "chat-sim:latest" in tags and "gpt-4o-mini:latest" in tags
+    assert tags == {m["id"] + ":latest" for m in front.get("/v1/models").json()["data"]}
 
 
 def test_metrics_parse_with_prometheus_clients_own_parser(front: Front,

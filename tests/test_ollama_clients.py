@@ -50,6 +50,32 @@ def test_chat_whole_and_streamed(client: ollama.Client, front: Front) -> None:
     assert len(jobs) >= 2 and {j["state"] for j in jobs} == {"succeeded"}
 
 
+def test_names_as_ollama_lists_them_reach_their_model(client: ollama.Client,
+                                                      front: Front) -> None:
+    """Open WebUI takes the names ``/api/tags`` lists and the ``ollama`` CLI adds
+    ``:latest`` to a name without a tag; before, ``/api/tags`` listed ``chat-sim`` and
+    ``chat-sim:latest`` was "model not found". And both ask ``GET``/``HEAD /`` first, which
+    was a 404: Ollama answers "Ollama is running"."""
+    root = front.get("/")
+    assert (root.status, root.body) == (200, b"Ollama is running")
+    assert front.request("HEAD", "/").status == 200
+    listed = {m.model for m in client.list().models}
+    assert {"chat-sim:latest", "gpt-4o-mini:latest", "embed-sim:latest"} <= listed
+    assert all(":" in name for name in listed)
+    r = client.chat(model="chat-sim:latest", messages=[{"role": "user", "content": "hi"}])
+    assert r.message.content == TEXT
+    assert client.embed(model="embed-sim:latest", input="x").embeddings
+    loaded = {m.model for m in client.ps().models}
+    assert "chat-sim:latest" in loaded  # as Ollama's ps names it
+    # the OpenAI door takes either spelling too; a tag that is not there is not found
+    done = front.post("/v1/chat/completions", {"model": "gpt-4o-mini:latest", "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert done.status == 200, done.body
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="chat-sim:7b", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 404
+
+
 def test_generate_whole_and_streamed(client: ollama.Client) -> None:
     r = client.generate(model="chat-sim", prompt="say hi", system="be brief", stream=False)
     assert r.response == TEXT and r.done

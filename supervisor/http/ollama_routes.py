@@ -3,6 +3,10 @@ and ``/api/pull`` (with ``push``, ``create``, ``copy``, ``delete``) answered hon
 runs the models its descriptors name and downloads none, so each says so, in Ollama's error
 shape, naming what to do instead.  The routes that run a model are :mod:`.ollama_jobs`.
 
+``GET /`` (and ``HEAD /``) answers "Ollama is running", as Ollama does: its CLI and its
+clients ask it first.  Models are listed by Ollama's names, with a tag (``chat:latest`` for
+a backend ``chat``), and either spelling reaches a model (:meth:`.ModelTable.resolve`).
+
 ``/api/ps`` lists the backends whose worker is up, as Ollama lists loaded models: ``size``
 is what admission holds for it (its reserved bytes, else its peak), ``size_vram`` what its
 processes really hold on the GPU (the last sample; on a simulated GPU, where a real server's
@@ -28,7 +32,7 @@ from ..errors import brief
 from . import ollama_jobs
 from .bodies import read_json
 from .ollama_jobs import ollama_error, ollama_errors
-from .openai_routes import OPENAI
+from .openai_routes import OPENAI, ollama_name
 from .routes import json_response
 
 if TYPE_CHECKING:
@@ -46,9 +50,10 @@ CAPABILITIES = {"chat": "completion", "completions": "completion", "embeddings":
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     r = _Ollama(server, app)
-    app.add_routes([web.get("/api/ps", r.ps), web.get("/api/version", r.version),
-                            web.get("/api/tags", r.tags), web.post("/api/show", r.show),
-                            *(web.route(method, path, r.not_here) for method, path in NOT_HERE)])
+    app.add_routes([web.get("/", r.running), web.get("/api/ps", r.ps),
+                    web.get("/api/version", r.version),
+                    web.get("/api/tags", r.tags), web.post("/api/show", r.show),
+                    *(web.route(method, path, r.not_here) for method, path in NOT_HERE)])
     ollama_jobs.add_routes(app, server)
 
 
@@ -76,7 +81,8 @@ class _Ollama:
             expires = NEVER
         size = b.reserved_mib or (b.peak_mib or 0)
         vram = b.observed_mib or (size if simulated else 0)  # (`ollama ps`: its % on GPU)
-        entry = {"name": b.name, "model": b.name, "size": size * MIB,
+        listed = ollama_name(b.name)
+        entry = {"name": listed, "model": listed, "size": size * MIB,
                  "digest": _digest(b.name), "details": self._details(b.name),
                  "expires_at": expires.isoformat(), "size_vram": vram * MIB,
                  "state": b.state, "gpu": b.gpu}
@@ -96,11 +102,17 @@ class _Ollama:
     async def tags(self, request: web.Request) -> web.Response:
         peaks = {b.name: b.peak_mib for b in self.engine.snapshot().backends}
         modified = dt.datetime.fromtimestamp(self.engine.wall_started, dt.UTC).isoformat()
+        listed = {ollama_name(model): name for model, name in self.app[OPENAI].table.listed()}
         return json_response({"models": [
             {"name": model, "model": model, "modified_at": modified,
              "size": (peaks.get(name) or 0) * MIB, "digest": _digest(name),
              "details": self._details(name)}
-            for model, name in self.app[OPENAI].table.listed()]})
+            for model, name in sorted(listed.items())]})
+
+    async def running(self, request: web.Request) -> web.Response:
+        """``GET /`` and ``HEAD /``: Ollama's own answer, which its CLI and clients take as
+        the sign that a server is there before they ask it anything."""
+        return web.Response(text="Ollama is running")
 
     @ollama_errors
     async def version(self, request: web.Request) -> web.Response:

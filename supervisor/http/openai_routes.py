@@ -72,6 +72,20 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
         web.route("*", "/upstream/{model}/{path:.*}", r.upstream)])
 
 
+LATEST = ":latest"
+
+
+def has_tag(model: str) -> bool:
+    """Whether an Ollama model name carries a tag (``qwen:7b``, ``org/qwen:7b``; not
+    ``host:11434/qwen``, whose colon is in an earlier part)."""
+    return ":" in model.rsplit("/", 1)[-1]
+
+
+def ollama_name(model: str) -> str:
+    """A model name as Ollama lists it: with its tag, ``:latest`` when it has none."""
+    return model if has_tag(model) else model + LATEST
+
+
 class ModelTable:
     """Model names (backend names first, then aliases) -> backend, for ``api:`` backends, of
     the descriptors ``specs`` (kept: :meth:`of` builds a table anew once they change)."""
@@ -107,7 +121,16 @@ class ModelTable:
         return cls(specs)
 
     def resolve(self, model: str) -> str | None:
-        return self.names.get(model)
+        """The backend ``model`` names: a name or an alias, exactly; else, as Ollama reads a
+        name (one without a tag is its ``:latest``), ``x:latest`` names ``x`` and ``x``
+        names ``x:latest`` (Open WebUI and the ``ollama`` CLI add the tag)."""
+        found = self.names.get(model)
+        if found is None:
+            if model.endswith(LATEST):
+                found = self.names.get(model[:-len(LATEST)])
+            elif not has_tag(model):
+                found = self.names.get(model + LATEST)
+        return found
 
     def listed(self) -> list[tuple[str, str]]:
         """(model, backend) for every name the model lists show (``/v1/models``,
