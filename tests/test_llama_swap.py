@@ -129,7 +129,7 @@ def test_models_become_server_backends(tmp_path: Path) -> None:
                             "stop": ["docker", "stop", "vllm"], "ready_timeout": "300s"}
     assert vllm["timeouts"] == {"stop_grace": "30s"}
     assert vllm["keep_alive"] == "600s"  # globalTTL
-    assert "concurrency" not in vllm
+    assert vllm["concurrency"] == 10  # llama-swap's default concurrencyLimit
 
 
 def test_what_is_not_mapped_is_said_once_each(tmp_path: Path) -> None:
@@ -408,6 +408,16 @@ models:
     assert m["command"] == ["s", "--port", "${PORT}", "--upstream", "9999", "--token", "${HF}"]
     assert m["http"]["model_name"] == "qwen" and m["http"]["health"] == "/ready"
     assert m["keep_alive"] == "120s" and m["aliases"] == ["qwen-chat"]
+    # a value of several words is several words, as llama-swap splits the text it read in
+    # (it was one word, "-ngl 99 -c 4096", which llama-server refused)
+    entries, _, errors = _read(tmp_path, """\
+models:
+  m:
+    cmd: s --port ${PORT} ${env.ARGS} --token ${env.HF} --say "${env.QUOTED}"
+""", {"ARGS": "-ngl 99 -c '4 096'", "HF": "tok", "QUOTED": "two words"})
+    assert errors == []
+    assert entries["m"]["command"] == ["s", "--port", "${PORT}", "-ngl", "99", "-c", "4 096",
+                                       "--token", "${HF}", "--say", "two words"]
     for odd in ("!!int abc", "7" * 5000, "[1"):  # one line each, never a traceback
         _, _, errors = _read(tmp_path, "models:\n  m: {cmd: 's ${PORT}', ttl: '${env.T}'}\n",
                              {"T": odd})

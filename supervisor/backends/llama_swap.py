@@ -10,7 +10,8 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
   (1.2: ``on`` is text) and written into text as Go writes it (``1.0`` is ``1``);
   ``${PORT}`` stays ours (the engine picks a free port, so ``startPort`` has no use);
   ``${env.X}`` becomes our ``${X}`` in ``cmd``, ``cmdStop`` and ``env`` (read when vramtui
-  loads the file; read now when ``X`` is one of our server macros) and is read now in every
+  loads the file; read now when ``X`` is one of our server macros, and in a command line
+  when its value is several words, which llama-swap splits) and is read now in every
   other value, a whole ``${env.X}`` as the YAML value it spells;
 - ``cmd`` split as llama-swap splits it: comment lines dropped (before and after the macros
   go in), a line ending in ``\\`` joined to the next, then split by :func:`posix_words`;
@@ -22,7 +23,8 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
   (llama-swap reads no model's own) → ``http.ready_timeout``; ``ttl`` (none or -1:
   ``globalTTL``; 0: never) → ``keep_alive``, ``unloadTimeout`` (0: the top-level one, else
   10 s) → ``timeouts.stop_grace``, ``concurrencyLimit`` (else
-  llama-server's ``-np``/``--parallel`` in ``cmd``) → ``concurrency``; ``env`` (``K=V``
+  llama-server's ``-np``/``--parallel`` in ``cmd``, else llama-swap's default, 10: the
+  requests it lets through at once) → ``concurrency``; ``env`` (``K=V``
   items) → ``env``, but ``CUDA_VISIBLE_DEVICES=N`` → ``gpus: [N]`` (the engine places a
   server and sets that variable itself); ``aliases``, ``unlisted``; ``name``/``description``
   → ``description``;
@@ -68,6 +70,7 @@ MIN_HEALTH_TIMEOUT_S = 15  # llama-swap raises a smaller healthCheckTimeout to t
 DEFAULT_HEALTH_TIMEOUT_S = 120  # llama-swap's healthCheckTimeout when none is given
 DEFAULT_UNLOAD_TIMEOUT_S = 10  # llama-swap's unloadTimeout when none (or 0) is given
 DEFAULT_TTL = -1  # a model's ttl that means: globalTTL
+DEFAULT_CONCURRENCY = 10  # llama-swap's concurrencyLimit when none (or 0) is given
 #: Keys whose ``${env.X}`` is kept as our ``${X}``, read each time vramtui loads the file
 #: (everywhere else it is read now, as llama-swap reads the whole file).
 LATE_ENV_KEYS = frozenset({"cmd", "cmdStop", "env"})
@@ -503,10 +506,9 @@ class _Translator:
         if values.get("concurrencyLimit") == 0:
             self.out.warn(_line(body, "concurrencyLimit", line), "concurrencyLimit", name,
                           "0 is llama-swap's default: the concurrency comes from -np/--parallel "
-                          "in cmd, else the engine's default")
-        concurrency = self._concurrency(values.get("concurrencyLimit"), argv)
-        if concurrency is not None:
-            put("concurrency", concurrency, "concurrencyLimit")
+                          f"in cmd, else llama-swap's default, {DEFAULT_CONCURRENCY}")
+        put("concurrency", self._concurrency(values.get("concurrencyLimit"), argv),
+            "concurrencyLimit")
         aliases = self._aliases(model_id, name, values.get("aliases"), body, line)
         if aliases:
             put("aliases", aliases, "aliases")
@@ -529,10 +531,24 @@ class _Translator:
         for raw in _strip_comments(text).split("\n"):
             trimmed = raw.strip()
             lines.append(trimmed[:-1] + " " if trimmed.endswith("\\") else raw)
-        words = posix_words("\n".join(lines))
+        words = posix_words(self._spread_env("\n".join(lines), key))
         if not words:
             raise _Bad(key, "an empty command")
         return [self._ours(word, key) for word in words]
+
+    def _spread_env(self, text: str, key: str) -> str:
+        """``${env.X}`` whose value is not one plain word read into the command line before
+        it is split, as llama-swap reads every env macro into the file's text first:
+        ``cmd: llama-server ${env.ARGS}`` with ``ARGS="-ngl 99 -c 4096"`` is four words, not
+        one.  A value that is one word (a path, a token) stays ``${X}``, read each time
+        vramtui loads the file, so an import writes no secret into the descriptor."""
+        def one(match: re.Match[str]) -> str:
+            var = match.group(1)
+            if var not in self.environ or var in SERVER_MACROS:
+                return match.group(0)
+            value = self._env_value(var, key)
+            return match.group(0) if posix_words(value) == [value] else value
+        return _ENV_USE.sub(one, text)
 
     def _ours(self, word: str, key: str) -> str:
         """One word in our spelling: ``${env.X}`` → ``${X}`` (read when vramtui loads the
@@ -591,7 +607,10 @@ class _Translator:
             env[key] = self._ours(val, "env")
         return env
 
-    def _concurrency(self, limit: Any, argv: list[str]) -> int | None:
+    def _concurrency(self, limit: Any, argv: list[str]) -> int:
+        """The requests let through at once: llama-swap lets ``concurrencyLimit`` through
+        (10 when none) and llama-server queues what its ``-np`` slots cannot take; with no
+        limit given, ``-np`` is what the server serves at once, and the rest wait here."""
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
                 raise _Bad("concurrencyLimit", f"{brief(limit)} is not a whole number")
@@ -600,7 +619,7 @@ class _Translator:
         for flag, value in zip(argv, argv[1:], strict=False):
             if flag in _PARALLEL and digits(value) and int(value) > 0:
                 return int(value)
-        return None
+        return DEFAULT_CONCURRENCY
 
     def _aliases(self, model_id: str, name: str, value: Any, body: Any,
                  line: int | None) -> list[str]:
