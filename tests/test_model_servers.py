@@ -144,6 +144,20 @@ def test_requests_are_forwarded_byte_for_byte_as_jobs() -> None:
     wait_until(lambda: not server_pids(front.root), 10, "the server to be gone")
 
 
+def test_upstream_takes_the_longest_model_id_in_the_path_as_llama_swap_does() -> None:
+    """With models ``org`` and ``org/model``, ``/upstream/org/model/echo`` is the second's
+    ``/echo`` (llama-swap's ``FindModelInPath`` keeps the last match); it was the first's
+    ``/model/echo``, a 404 from a server the client never meant."""
+    with serve_http([server_backend("first", 256, aliases=["org"]),
+                     server_backend("second", 256, aliases=["org/model"])]) as front:
+        reply = front.request("POST", "/upstream/org/model/echo", raw=b"{}")
+        assert (reply.status, reply.body) == (201, b"{}"), reply
+        states = {b.name: b.state for b in front.sup.snapshot().backends}
+        assert (states["first"], states["second"]) == ("cold", "ready"), \
+            states
+        assert front.request("POST", "/upstream/org/echo", raw=b"[]").body == b"[]"
+
+
 def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:
     # 2 x (5000 + 256) MiB on an 8 GiB simulated GPU: one at a time.
     backends = [server_backend("a", 5000, args=("--tokens", "2")),

@@ -287,17 +287,23 @@ class _OpenAI:
     @changes_engine  # any method starts the server: no GET from another site, token needed
     async def upstream(self, request: web.Request) -> web.StreamResponse:
         """``/upstream/{model}/{path}``: anything, to the model's own server. A model ID may
-        have slashes (llama-swap's ``org/model:7b``): the shortest run of leading segments
-        that names a model is it, as llama-swap reads it."""
+        have slashes (llama-swap's ``org/model:7b``): the longest run of leading segments
+        that names a model is it, as llama-swap reads it (``FindModelInPath``), so with
+        models ``org`` and ``org/model`` both, ``/upstream/org/model/health`` is the
+        second's."""
         model = request.match_info["model"]
         rest = request.match_info["path"].split("/")
+        found: tuple[str, int] | None = None
         for used in range(1, len(rest) + 1):
             backend = self._server_named(model)
             if backend is not None:
-                return await forward.upstream(self.server, request, backend,
-                                              "/".join(rest[used - 1:]), segments=used)
+                found = backend, used
             model = f"{model}/{rest[used - 1]}"
-        raise forward.unknown_server(request.match_info["model"])
+        if found is None:
+            raise forward.unknown_server(request.match_info["model"])
+        backend, used = found
+        return await forward.upstream(self.server, request, backend,
+                                      "/".join(rest[used - 1:]), segments=used)
 
     def _server_named(self, model: str) -> str | None:
         """The model server backend ``model`` names (a name or an alias), if any."""
