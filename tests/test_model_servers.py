@@ -56,6 +56,10 @@ def server_backend(name: str, mib: int = 512, *, mode: str = "ok", api: Any = No
     return spec
 
 
+def _state(front: Front, name: str) -> str:
+    return {b.name: b.state for b in front.sup.snapshot().backends}[name]
+
+
 def chat(model: str, stream: bool = False, **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}],
             "stream": stream, **extra}
@@ -156,6 +160,22 @@ def test_upstream_takes_the_longest_model_id_in_the_path_as_llama_swap_does() ->
         assert (states["first"], states["second"]) == ("cold", "ready"), \
             states
         assert front.request("POST", "/upstream/org/echo", raw=b"[]").body == b"[]"
+
+
+def test_a_pinned_server_of_unknown_footprint_does_not_stall_the_others() -> None:
+    """A llama-swap ``persistent`` group imported as it is: its member pinned, preloaded, no
+    memory figures. It held the GPU alone and every other model's request waited for ever;
+    now it leaves for the room (saying why) and comes back when asked."""
+    keep = server_backend("keep", 256, pinned=True, preload=True)
+    other = server_backend("other", 256)
+    for spec in (keep, other):
+        del spec["vram"], spec["safety"]
+    with serve_http([keep, other]) as front:
+        wait_until(lambda: _state(front, "keep") == "ready", 20, "keep preloaded")
+        assert front.post("/v1/chat/completions", chat("other"), timeout=30).status == 200
+        logs = front.get("/logs").body.decode()  # the engine's event log
+        assert "footprint is unknown" in logs, logs
+        assert front.post("/v1/chat/completions", chat("keep"), timeout=30).status == 200
 
 
 def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:

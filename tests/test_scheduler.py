@@ -460,6 +460,26 @@ def test_pinned_memory_is_never_counted_as_reclaimable() -> None:
     assert started(p) == ["j2"]
 
 
+@pytest.mark.parametrize("other_peak", [None, 5_000])
+def test_a_pinned_worker_whose_footprint_is_unknown_leaves_for_room(
+        other_peak: int | None) -> None:
+    """Unmeasured, it holds its GPU alone; pinned there, every other job waited for ever (a
+    llama-swap ``persistent`` group imported with no memory figures stalled every other
+    model). Until a job of it is measured it leaves when room is needed, and says why."""
+    pin = be("pin", None, None, pinned=True)
+    other = be("other", other_peak, None if other_peak is None else 0)
+    s = snap([gpu(0)], [pin, other], [wk("pin", 0, "ready", 0, 24_000, NOW)],
+             [job("j", "other")])
+    p = plan(s, NOW)
+    assert evicted(p) == ["pin"], p.waiting
+    assert "footprint is unknown" in p.evictions[0].reason
+    # measured, its pin holds: the job waits, and never for ever unsaid
+    pin = be("pin", 20_000, 0, pinned=True)
+    s = snap([gpu(0)], [pin, other], [idle(pin, 0)], [job("j", "other")])
+    p = plan(s, NOW)
+    assert p.evictions == () and "pinned" in p.waiting["j"]
+
+
 def test_hot_job_boxed_in_by_pinned_neighbours_relocates_its_idle_worker() -> None:
     a = be("a", 10_000, 6_000)
     pin = be("pin", 12_000, 0, pinned=True)

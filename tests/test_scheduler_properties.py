@@ -250,7 +250,7 @@ class Sim:
         self.remember_free()
         self.check_plan(snap, p)
         if (self.queue and not self.running and not any(self.world.foreign)
-                and not any(b.pinned for b in info.values())
+                and not any(b.holds_pin for b in info.values())
                 and all(w.state == "ready" for w in self.workers.values())):
             # Work waits and nothing runs, starts or stops: the plan must act (no stall; a
             # lagging free reading may hold it back for one step).
@@ -265,7 +265,7 @@ class Sim:
         for ev in p.evictions:
             w = self.workers[ev.backend]
             assert w.state == "ready" and w.active == 0 and w.gpu == ev.gpu
-            assert not info[ev.backend].pinned
+            assert not info[ev.backend].holds_pin
             assert ev.frees_mib == w.reserved
             w.state = "stopping"
         # Apply starts.

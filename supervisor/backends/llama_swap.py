@@ -355,7 +355,10 @@ class _Translator:
                     "take turns when they do not")
             if group.get("persistent") is True:
                 self.pinned.update(members)
-                text += "; persistent: its members are pinned (never evicted for another)"
+                text += ("; persistent: its members are pinned (never evicted for another, "
+                         "once their memory is known: until a request of each was measured, "
+                         "or with vram: in its descriptor, a member leaves when another "
+                         "model needs the room)")
             self.out.warn(where, f"groups.{group_id}", None, text)
 
     def _hooks(self, hooks: Any, line: int | None) -> None:

@@ -130,6 +130,14 @@ class BackendInfo:
         """Whether the peak footprint is known."""
         return self.peak_mib is not None
 
+    @property
+    def holds_pin(self) -> bool:
+        """Whether ``pinned`` keeps its worker: only once its footprint is known. Unmeasured,
+        it holds its GPU alone, and pinned there every other job would wait for ever (a
+        llama-swap ``persistent`` group imported with no memory figures); so until a job of
+        it is measured it leaves, like any idle worker, when room is needed."""
+        return self.pinned and self.peak_mib is not None
+
     def holds_mib(self, jobs: int) -> int:
         """What a worker of this backend holds with ``jobs`` running, safety included.
 

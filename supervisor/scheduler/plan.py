@@ -10,7 +10,8 @@ figure lags, so it is never trusted alone, and a missing reading can never mean 
 fits". A job on a live worker ("hot": starting, initializing, ready or busy, with a free
 slot) needs what one more job adds to that worker (``BackendInfo.need_mib``); a job that must
 spawn its worker ("cold") needs ``holds_mib(1)`` (peak + safety). A backend whose peak is
-unknown runs alone: it spawns only on an empty GPU and reserves all of it.
+unknown runs alone: it spawns only on an empty GPU and reserves all of it (and so is not held
+there by ``pinned`` until it is measured: ``BackendInfo.holds_pin``).
 
 Placement (cold): among allowed GPUs, the one that fits now with the most room left; else the
 job is blocked for memory and, on the GPU it can have for the least cost, it becomes that
@@ -211,7 +212,6 @@ class _Planner:
         self.stopping_mib = dict.fromkeys(gpu_ids, 0)
         self.stopping_count = dict.fromkeys(gpu_ids, 0)
         self.pinned_floor = dict.fromkeys(gpu_ids, 0)  # what pinned workers never give back
-        self.pinned_alone: set[int] = set()  # GPUs held by a pinned unmeasured worker
         self.live_on: dict[int, list[WorkerInfo]] = {g: [] for g in gpu_ids}
         self.planned_on = dict.fromkeys(gpu_ids, 0)  # spawns decided in this plan
         # GPU -> the unmeasured backend holding it alone (None: its worker is stopping).
@@ -257,9 +257,7 @@ class _Planner:
                 self.asleep[name] = w.reserved_mib
             if unmeasured:
                 self.exclusive[g] = name
-            if info is not None and info.pinned:
-                if unmeasured:
-                    self.pinned_alone.add(g)
+            if info is not None and info.holds_pin:
                 self.pinned_floor[g] += info.idle_mib
             if info is None:
                 continue
@@ -494,7 +492,7 @@ class _Planner:
             self._start(job, info, best, spawn=kind == "job", reserve=self.budget[best],
                         kind=kind)
             return
-        feasible = [g for g in allowed if g not in self.pinned_alone and not self._pinned_on(g)]
+        feasible = [g for g in allowed if not self._pinned_on(g)]
         what = "runs alone (footprint unknown)" if kind == "job" else "is calibrated alone"
         if not feasible:
             self._settle(key_of(job),
@@ -608,7 +606,7 @@ class _Planner:
     def _barrier_hot(self, job: QueuedJob, info: BackendInfo, g: int, need: int) -> None:
         name = info.name
         gpu = self.gpus[g]
-        floor = self.pinned_floor[g] - (info.idle_mib if info.pinned else 0)
+        floor = self.pinned_floor[g] - (info.idle_mib if info.holds_pin else 0)
         room = gpu.usable_mib - floor - gpu.foreign_mib
         if info.holds_mib(self.active[name] + 1) > room and info.holds_mib(1) <= room:
             # It fits once its worker's running jobs are done, not beside them.
@@ -984,15 +982,19 @@ class _Planner:
         ``requeue``, loading ones whose jobs go back to the queue)."""
         for w in workers:
             info = self.backends.get(w.backend)
+            why = reason
+            if info is not None and info.pinned and not info.holds_pin:
+                why += ("; it is pinned, but its footprint is unknown: pinned once a job of "
+                        "it is measured, or give it vram:")
             if w.backend in sleepers and info is not None:
                 frees = max(0, w.reserved_mib - info.sleep_residual_mib)
-                self.evictions.append(Evict(w.backend, g, frees, reason, sleep=True,
+                self.evictions.append(Evict(w.backend, g, frees, why, sleep=True,
                                             others=others))
                 self.host_room -= info.sleep_host_mib
                 self._settle(("job", w.backend), "its worker is going to sleep")
             else:
                 frees = w.reserved_mib
-                self.evictions.append(Evict(w.backend, g, frees, reason, others=others,
+                self.evictions.append(Evict(w.backend, g, frees, why, others=others,
                                             requeue=requeue))
                 self._settle(("job", w.backend), "worker stopping")
             self.evicted.add(w.backend)
@@ -1057,15 +1059,13 @@ class _Planner:
     def _pinned_on(self, g: int) -> bool:
         for w in self.live_on[g]:
             info = self.backends.get(w.backend)
-            if info is not None and info.pinned:
+            if info is not None and info.holds_pin:
                 return True
         return False
 
     def _ever_fits(self, g: int, need: int) -> bool:
         """Could ``need`` (a measured cold job) fit on ``g`` once every worker that may leave
         has left?"""
-        if g in self.pinned_alone:
-            return False
         gpu = self.gpus[g]
         return need <= gpu.usable_mib - self.pinned_floor[g] - gpu.foreign_mib
 
@@ -1077,7 +1077,7 @@ class _Planner:
         if w.backend in self.used or w.backend in self.evicted:
             return False
         info = self.backends.get(w.backend)
-        return info is None or not info.pinned
+        return info is None or not info.holds_pin
 
     def _evictable(self, w: WorkerInfo) -> bool:
         """Idle and free to leave; or loading for nobody (its jobs went, a cancel, none of its
