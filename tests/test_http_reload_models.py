@@ -36,7 +36,8 @@ def test_a_reload_changes_the_model_names_every_route_knows() -> None:
         assert _ids(front) == {"chat-sim", "gpt-4o-mini", "gpt-x", "chat-two"}
         tags = front.get("/api/tags")
         assert tags.status == 200, tags
-        assert {m["name"] for m in tags.json()["models"]} >= {"gpt-x:latest", "chat-two:latest"}, tags.json()
+        assert {m["name"] for m in tags.json()["models"]} >= {"gpt-x:latest",
+                                                              "chat-two:latest"}, tags.json()
         messages = [{"role": "user", "content": "hi"}]
         for model in ("gpt-x", "chat-two"):
             reply = front.post("/v1/chat/completions", {"model": model, "messages": messages})
