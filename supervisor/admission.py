@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from .backends.http import fixed_address
 from .backends.schema import HOST_GPU, BackendSpec, VramSpec
 from .ledger import Book, Declared, Device, Holder, Learned, Reserve, book, figures, reserve_on
 from .scheduler.expect import Expectations
@@ -120,6 +121,7 @@ def backend_info(spec: BackendSpec, learned: Learned, reload_cost_s: float | Non
         priority=spec.priority, allowed_gpus=spec.gpus, concurrency=spec.concurrency,
         pinned=spec.pinned, reload_cost_s=reload_cost_s, wake_cost_s=wake_s,
         sleep_residual_mib=residual, sleep_host_mib=host,
+        address=fixed_address(spec.http.url) if spec.http is not None else None,
     )
 
 

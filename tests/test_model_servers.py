@@ -28,6 +28,7 @@ from escaping import Escaper
 from http_support import Front, expecting, serve_http
 from waiting import wait_until
 
+from supervisor.backends.http import free_port
 from supervisor.engine import EngineConfig
 from vramtui.output import backend_table
 
@@ -176,6 +177,26 @@ def test_a_pinned_server_of_unknown_footprint_does_not_stall_the_others() -> Non
         logs = front.get("/logs").body.decode()  # the engine's event log
         assert "footprint is unknown" in logs, logs
         assert front.post("/v1/chat/completions", chat("keep"), timeout=30).status == 200
+
+
+def test_two_servers_on_one_fixed_port_take_turns() -> None:
+    """Two models whose servers listen on one fixed port (llama-swap's shared ``proxy``):
+    the second failed three times ("something already listens") and stayed failed; now the
+    first leaves for it, though both fit in memory, and each answers in turn."""
+    port = free_port("127.0.0.1")
+    specs = []
+    for name in ("one", "two"):
+        spec = server_backend(name, 256)
+        spec["command"] = [w.replace("${PORT}", str(port)) for w in spec["command"]]
+        spec["http"]["url"] = f"http://127.0.0.1:{port}"
+        specs.append(spec)
+    with serve_http(specs) as front:
+        for name in ("one", "two", "one"):
+            reply = front.post("/v1/chat/completions", chat(name), timeout=30)
+            assert reply.status == 200, (name, reply)
+        jobs = front.get("/v1/jobs?state=failed").json()["data"]
+        assert jobs == []
+        assert "already listens" not in front.get("/logs").body.decode()
 
 
 def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:

@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -478,6 +479,33 @@ def test_a_pinned_worker_whose_footprint_is_unknown_leaves_for_room(
     s = snap([gpu(0)], [pin, other], [idle(pin, 0)], [job("j", "other")])
     p = plan(s, NOW)
     assert p.evictions == () and "pinned" in p.waiting["j"]
+
+
+def test_two_servers_of_one_fixed_address_take_turns() -> None:
+    """llama-swap's models often share a ``proxy`` port (vLLM in docker on :8000): two
+    servers cannot listen on it at once. The second failed to start ("something already
+    listens") three times and stayed failed; now it waits for the first to go, and the first
+    is evicted when idle, whatever the memory says (both fit on the GPU here)."""
+    a = replace(be("a", 4_000, 0), address="localhost:8000")
+    b = replace(be("b", 4_000, 0), address="localhost:8000")
+    c = replace(be("c", 4_000, 0), address="localhost:8001")
+    # idle holder: evicted for the job; a job of another address starts beside it
+    p = plan(snap([gpu(0), gpu(1)], [a, b, c], [idle(a, 1)], [job("jb", "b"), job("jc", "c")]),
+             NOW)
+    assert evicted(p) == ["a"] and started(p) == ["jc"]
+    assert "holds localhost:8000" in p.waiting["jb"] and "a" in p.evictions[0].reason
+    # busy holder: it finishes, and its later jobs wait behind the one that needs the port
+    p = plan(snap([gpu(0)], [a, b], [busy(a, 0)], [job("jb", "b"), job("ja", "a")]), NOW)
+    assert p.evictions == () and started(p) == []
+    assert "waits for its jobs to end" in p.waiting["jb"]
+    assert "b waits for its address" in p.waiting["ja"]
+    # neither runs yet: the first in line starts, the other waits for it
+    p = plan(snap([gpu(0)], [a, b], [], [job("ja", "a"), job("jb", "b")]), NOW)
+    assert started(p) == ["ja"] and "holds localhost:8000" in p.waiting["jb"]
+    # a preload never evicts for its address
+    pre = QueuedJob("pb", "b", 0, 1, NOW, kind="preload")
+    p = plan(snap([gpu(0)], [a, b], [idle(a, 0)], [pre]), NOW)
+    assert p.evictions == () and started(p) == []
 
 
 def test_hot_job_boxed_in_by_pinned_neighbours_relocates_its_idle_worker() -> None:

@@ -90,6 +90,27 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
+
+
+def fixed_address(url: str) -> str | None:
+    """The address a server of ``url`` listens on when it is the same at every start
+    (``host:port``; every name of this host is ``localhost``, whose ports are one space),
+    None when a macro picks it (``${PORT}``): two servers of one fixed address cannot run at
+    once, as two of llama-swap's models on one ``proxy`` port take turns."""
+    if "${" in url:
+        return None
+    try:
+        parsed = URL(url)
+        port = parsed.port
+    except ValueError:
+        return None
+    host = (parsed.host or "").lower()
+    if port is None or not host:
+        return None
+    return f"{'localhost' if host in LOCAL_HOSTS else host}:{port}"
+
+
 def keep_macros(environ: Mapping[str, str]) -> Mapping[str, str]:
     """``environ`` in which ``${PORT}`` and the other macros expand to themselves."""
     return ChainMap({name: "${" + name + "}" for name in MACROS}, dict(environ))

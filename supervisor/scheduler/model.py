@@ -87,6 +87,8 @@ class BackendInfo:
     costs (measured wakes; the descriptor's ``wake_cost`` before any). ``sleep_residual_mib``
     is what a worker of it keeps on its GPU asleep, and ``sleep_host_mib`` the host memory its
     sleep takes (measured, else the descriptor's priors): what sleeping it would free and cost.
+    ``address``: the fixed ``host:port`` its server listens on (None: a port picked at each
+    start, or a worker); no two backends of one address run at once.
     """
 
     name: str
@@ -101,6 +103,7 @@ class BackendInfo:
     wake_cost_s: float = 1.0
     sleep_residual_mib: int = 0
     sleep_host_mib: int = 0
+    address: str | None = None
 
     def __post_init__(self) -> None:
         owner = f"backend {self.name!r}"

@@ -235,6 +235,8 @@ class _Planner:
                                        gpu.closed_why or f"GPU{gpu.index} is draining")
 
         self.asleep: dict[str, int] = {}  # backend -> what its sleeping worker keeps
+        # fixed address -> the backend whose server holds it (or starts in this plan)
+        self.on_address: dict[str, str] = {}
         for w in snapshot.workers.values():
             name, g = w.backend, w.gpu
             info = backends.get(name)
@@ -243,6 +245,8 @@ class _Planner:
                 self.verdicts[job_key] = f"its worker is on GPU{g}, which is not present"
                 continue
             reserved[g] += w.reserved_mib
+            if info is not None and info.address is not None:
+                self.on_address[info.address] = name
             unmeasured = info is not None and info.peak_mib is None
             if w.state == "stopping":
                 self.stopping.add(name)
@@ -367,20 +371,46 @@ class _Planner:
         if info is None:
             self._settle(key, f"unknown backend {name!r}")
             return
-        if job.kind == "calibration":
+        g = self.worker_gpu.get(name)
+        if g is None and self._address_taken(job, info):
+            pass  # (settled: it waits for its address)
+        elif job.kind == "calibration":
             self._calibration(job, info)
         elif job.kind == "preload":
             self._preload(job, info)
+        elif g is None:
+            self._cold(job, info)
         else:
-            g = self.worker_gpu.get(name)
-            if g is None:
-                self._cold(job, info)
-            else:
-                self._hot(job, info, g)
+            self._hot(job, info, g)
         left = self.remaining.get(key, 0) - 1
         self.remaining[key] = left
         if left <= 0:
             self.alive.discard(key)  # no job of it further down: nothing to wait for
+
+    def _address_taken(self, job: QueuedJob, info: BackendInfo) -> bool:
+        """Whether another backend's server holds the fixed address ``info``'s listens on
+        (two servers cannot listen on one port): then this job waits for it to go. An idle
+        holder is evicted for a job (never for a preload); a busy one finishes what it runs,
+        and its later jobs wait behind this one, so a stream of them cannot keep the address
+        for ever."""
+        address = info.address
+        holder = None if address is None else self.on_address.get(address)
+        if holder is None or holder == info.name:
+            return False
+        key = key_of(job)
+        w = self.snapshot.workers.get(holder)
+        why = f"{holder}'s server holds {address}, which {info.name}'s listens on too"
+        if w is None or holder in self.evicted or holder in self.stopping:
+            self._settle(key, f"{why}: it waits for it to go")
+        elif job.kind == "preload":
+            self._settle(key, why)
+        elif self._evictable(w):
+            self._evict([w], w.gpu, f"{info.name} listens on {address} too")
+            self._settle(key, f"{why}: it waits for it to go")
+        else:
+            self._settle(key, f"{why}: it waits for its jobs to end")
+            self._settle(("job", holder), f"{info.name} waits for its address, {address}")
+        return True
 
     def _effective(self, job: QueuedJob) -> int:
         return job.priority + aging_bonus(job.submitted_at, self.now,
@@ -587,6 +617,8 @@ class _Planner:
             self.active[name] = jobs
             self.slots[name] = info.concurrency - jobs
             self.spawned.add(name)
+            if info.address is not None:
+                self.on_address[info.address] = name
             self.planned_on[g] += 1
             if info.peak_mib is None:
                 self.exclusive[g] = name
