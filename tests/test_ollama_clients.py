@@ -152,6 +152,30 @@ def test_an_empty_prompt_loads_and_keep_alive_0_unloads(client: ollama.Client,
     wait_until(lambda: state() == "ready", 10, "chat-sim to load")
 
 
+def test_keep_alive_0_on_a_busy_model_unloads_it_once_its_answer_is_done(
+        client: ollama.Client, front: Front) -> None:
+    """Ollama unloads a busy model once its requests are answered; the answer said "unload"
+    and the model stayed loaded (the engine refused to evict a busy backend, and that was
+    swallowed)."""
+    def state() -> str:
+        return {b.name: b.state for b in front.sup.snapshot().backends}["slow-chat"]
+
+    conn = front.conn()
+    conn.request("POST", "/api/chat", body=json.dumps({
+        "model": "slow-chat", "messages": [{"role": "user", "content": "hi"}]}),
+        headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert json.loads(resp.readline())["done"] is False  # it works …
+    r = client.generate(model="slow-chat", prompt="", keep_alive=0)
+    assert r.done_reason == "unload" and state() == "busy"  # … and finishes its answer
+    lines = [json.loads(line) for line in resp.read().splitlines()]
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
+    conn.close()
+    wait_until(lambda: state() == "cold", 10, "slow-chat to unload once idle")
+    client.generate(model="slow-chat", prompt="hi", options={"num_predict": 1})
+    assert state() == "ready"  # (a new load keeps its keep_alive)
+
+
 def test_a_client_that_goes_away_cancels_its_job(front: Front) -> None:
     conn = front.conn()
     conn.request("POST", "/api/chat", body=json.dumps({

@@ -463,6 +463,18 @@ class Engine:
         self.notes.counters.evicted(backend, "asked")
         self.pool.evict_now(rt)
 
+    def evict_when_idle(self, backend: str) -> None:
+        """Evict ``backend`` now if idle, else once the jobs it runs have ended (Ollama's
+        ``keep_alive: 0`` on a busy model): its keep-alive is 0 for this worker."""
+        rt = self.pool.runtime(backend)
+        if rt.worker is None:
+            return
+        if not rt.admitted:
+            self.evict(backend)
+            return
+        rt.usage.unload_after = rt.worker
+        self.notes.note("info", f"{backend} unloads once its jobs have ended (asked)", backend)
+
     def zero(self) -> list[str]:
         evicted = []
         for name, rt in self.pool.items():

@@ -10,6 +10,7 @@ the engine's parts change them on the engine loop only.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,7 @@ class Usage:
     last_used: float | None = None  # engine clock
     idle_since: float | None = None  # engine clock
     tunnels: int = 0
+    unload_after: object | None = None  # this worker unloads once idle (keep_alive 0)
 
     def tunnel_opened(self, now: float) -> None:
         self.tunnels += 1
@@ -190,6 +192,18 @@ class BackendRuntime:
     def _wake_cost_s(self, reload_s: float) -> float:
         """:attr:`wake_cost_s`, given :attr:`reload_cost_s` (its prior is a part of it)."""
         return admission.wake_cost_s(self.spec.wake_cost_s, self.measures.wake_times, reload_s)
+
+    def keep_alive_left_s(self, now: float) -> float | None:
+        """Seconds until ``keep_alive`` unloads its idle worker (0: due); None while it has no
+        worker, runs jobs, has a tunnel open, is pinned or is kept for ever. A worker asked
+        to unload once idle (Ollama's ``keep_alive: 0`` while it worked) has 0, pinned too."""
+        w, idle = self.worker, self.usage.idle_since
+        asked = w is not None and w is self.usage.unload_after
+        keep = 0.0 if asked else self.spec.keep_alive_s
+        if (w is None or idle is None or self.admitted or self.usage.tunnels
+                or (self.spec.pinned and not asked) or not math.isfinite(keep)):
+            return None
+        return max(0.0, keep - (now - idle))
 
     @property
     def can_sleep(self) -> bool:

@@ -7,7 +7,6 @@ safe to hand to any thread.  Times leave as wall clock, converted by the engine'
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -102,11 +101,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
 def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
                  paths: Paths, wall: WallClock) -> BackendView:
     w, m, spec = rt.worker, rt.measures, rt.spec
-    keep_left = None
-    idle = rt.usage.idle_since
-    if w is not None and idle is not None and not rt.admitted and not rt.usage.tunnels \
-            and math.isfinite(spec.keep_alive_s):
-        keep_left = max(0.0, spec.keep_alive_s - (now - idle))
+    keep_left = rt.keep_alive_left_s(now)
     peaks = sorted(m.observed_peaks)
     p95 = peaks[min(len(peaks) - 1, int(0.95 * len(peaks)))] if peaks else None
     info = rt.info()

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Protocol
@@ -331,13 +330,14 @@ class WorkerWatch:
     def expire_keep_alive(self) -> None:
         now = self.clock()
         for rt in self.pool.runtimes():
-            w, spec, idle = rt.worker, rt.spec, rt.usage.idle_since
+            w, spec = rt.worker, rt.spec
             asleep = rt.slumber is not None and rt.slumber.phase == "asleep"
-            if (w is not None and (w.state == WorkerState.READY or asleep) and not rt.admitted
-                    and not rt.usage.tunnels and idle is not None and not spec.pinned
-                    and math.isfinite(spec.keep_alive_s) and now - idle >= spec.keep_alive_s):
-                self.notes.note("info", f"{spec.name} idle for {spec.keep_alive_s:g} s "
-                                "(keep_alive): unloading", spec.name)
+            left = rt.keep_alive_left_s(now)
+            if (w is not None and (w.state == WorkerState.READY or asleep) and left is not None
+                    and left <= 0):
+                why = "asked to unload once idle" if w is rt.usage.unload_after else \
+                    f"idle for {spec.keep_alive_s:g} s (keep_alive)"
+                self.notes.note("info", f"{spec.name} {why}: unloading", spec.name)
                 self.notes.counters.evicted(spec.name, "idle")
                 rt.usage.idle_since = None
                 self.pool.evict_now(rt)

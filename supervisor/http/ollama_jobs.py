@@ -18,7 +18,6 @@ Ollama's does, and its job is cancelled: nobody reads the rest.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import time
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..doors import watch
-from ..errors import Refused, VramtuiError, brief
+from ..errors import VramtuiError, brief
 from ..jobs import JobState, JobView
 from ..jsonline import dumps_line
 from . import ollama_shapes as shapes
@@ -153,9 +152,8 @@ class _OllamaJobs:
                         model: str) -> web.Response:
         unload = body.get("keep_alive") in (0, "0", "0s", "0m")
         try:
-            if unload:
-                with contextlib.suppress(Refused):  # busy: it stays loaded while it works
-                    self.engine.evict(backend)  # (as Ollama's does)
+            if unload:  # busy: it goes once its requests are answered (as Ollama's does)
+                self.engine.evict_when_idle(backend)
             else:
                 self.engine.preload(backend)  # (refused: too large for every GPU here)
         except VramtuiError as exc:
