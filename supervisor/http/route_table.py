@@ -111,6 +111,7 @@ ROUTES: tuple[Route, ...] = (
     Route("*", "/upstream/{model}/{path:.*}", "any request to a model server (websockets "
           "too), loading it first", module="openai"),
     Route("GET", "/api/ps", "Ollama: loaded models", module="ollama"),
+    Route("GET", "/", "Ollama: 'Ollama is running' (its CLI asks it first)", module="ollama"),
     Route("GET", "/api/version", "Ollama: version", module="ollama"),
     Route("GET", "/api/tags", "Ollama: models", module="ollama"),
     Route("POST", "/api/show", "Ollama: one model", module="ollama"),
