@@ -28,11 +28,37 @@ def test_chat_request_maps_options_format_images_and_tools() -> None:
     assert user[1]["image_url"]["url"] == "data:image/png;base64,iVBORw0KGgo="
     call = out["messages"][2]["tool_calls"][0]
     assert call["function"] == {"name": "look", "arguments": '{"q": 1}'}
-    assert out["messages"][3]["tool_call_id"] == "look"
+    assert out["messages"][3]["tool_call_id"] == call["id"] == "call00001"  # paired
     assert shapes.chat_request({"messages": [], "stream": False, "options": {
         "num_predict": -1}, "format": "json"}, "m") == {
         "model": "m", "messages": [], "stream": False,
         "response_format": {"type": "json_object"}}
+
+
+def test_tool_results_are_paired_with_the_calls_they_answer() -> None:
+    """Each result's ``tool_call_id`` is the id of the call it answers (a call's id was
+    ``call_<its index in its message>``, a result's its tool's name: never the same, which
+    servers that check the pairing refuse): by the tool's name, in order; by the id a client
+    gave; or the first call left unanswered."""
+    def calls(*names: str) -> dict:
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": n, "arguments": {}}} for n in names]}
+
+    messages = [calls("weather", "time"),
+                {"role": "tool", "content": "12:00", "tool_name": "time"},
+                {"role": "tool", "content": "sunny", "tool_name": "weather"},
+                calls("weather", "weather"),
+                {"role": "tool", "content": "rain"},
+                {"role": "tool", "content": "snow", "tool_name": "weather"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "abcDEF123", "function": {"name": "time", "arguments": {}}}]},
+                {"role": "tool", "content": "13:00", "tool_call_id": "abcDEF123"}]
+    out = shapes.chat_request({"messages": messages}, "m")["messages"]
+    made = [c["id"] for m in out for c in m.get("tool_calls", [])]
+    assert made == ["call00001", "call00002", "call00003", "call00004", "abcDEF123"]
+    answered = [m["tool_call_id"] for m in out if m["role"] == "tool"]
+    assert answered == ["call00002", "call00001", "call00003", "call00004", "abcDEF123"]
+    assert all(len(i) == 9 and i.isalnum() for i in made)  # (as Mistral's templates want)
 
 
 def test_generate_is_a_chat_or_a_completion() -> None:

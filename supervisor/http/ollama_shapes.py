@@ -93,33 +93,65 @@ def _content(text: Any, images: Any) -> Any:
     return parts + [_image_url(i) for i in images]
 
 
-def _tool_calls_out(calls: Any) -> list[dict[str, Any]]:
+class _ToolIds:
+    """The ids that pair a conversation's tool calls with their results. Ollama's messages
+    carry none (a result names its tool, ``tool_name``, at most); OpenAI's servers want each
+    ``tool`` message's ``tool_call_id`` to be the ``id`` of a call made before it (vLLM's
+    Mistral templates: 9 letters or digits). A call without an id gets ``call0000N``, the
+    N-th of the conversation; a result without one answers the first call still unanswered
+    of its tool's name, else the first still unanswered."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.open: list[tuple[str, str]] = []  # (id, tool name) of calls not yet answered
+
+    def call(self, given: Any, name: str) -> str:
+        self.made += 1
+        call_id = given if isinstance(given, str) and given else f"call{self.made:05d}"
+        self.open.append((call_id, name))
+        return call_id
+
+    def result(self, given: Any, name: str | None) -> str:
+        if isinstance(given, str) and given:
+            self.open = [c for c in self.open if c[0] != given]
+            return given
+        pick = next((c for c in self.open if c[1] == name), None) or \
+            (self.open[0] if self.open else None)
+        if pick is None:
+            return name or ""
+        self.open.remove(pick)
+        return pick[0]
+
+
+def _tool_calls_out(calls: Any, ids: _ToolIds) -> list[dict[str, Any]]:
     if not isinstance(calls, list):
         raise ShapeError("tool_calls: a list of {function: {name, arguments}}")
     out = []
-    for i, call in enumerate(calls):
+    for call in calls:
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise ShapeError("tool_calls: each is {function: {name, arguments}}")
         args = fn.get("arguments", {})
-        out.append({"id": call.get("id") or f"call_{i}", "type": "function",
+        out.append({"id": ids.call(call.get("id"), fn["name"]), "type": "function",
                     "function": {"name": fn["name"], "arguments":
                                  args if isinstance(args, str) else json.dumps(args)}})
     return out
 
 
-def _message(msg: Any) -> dict[str, Any]:
+def _message(msg: Any, ids: _ToolIds) -> dict[str, Any]:
     if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str):
         raise ShapeError("messages: each is {role, content}")
     role = msg["role"]
     out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"),
                                                              msg.get("images"))}
     if msg.get("tool_calls"):
-        out["tool_calls"] = _tool_calls_out(msg["tool_calls"])
+        out["tool_calls"] = _tool_calls_out(msg["tool_calls"], ids)
     if role == "tool":
-        out["tool_call_id"] = str(msg.get("tool_call_id") or msg.get("tool_name") or "")
-        if msg.get("tool_name"):
-            out["name"] = str(msg["tool_name"])
+        name = msg.get("tool_name")
+        name = str(name) if name else None
+        out["tool_call_id"] = ids.result(msg.get("tool_call_id"), name)
+        if name:
+            out["name"] = name
     return out
 
 
@@ -162,7 +194,8 @@ def chat_request(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     messages = body.get("messages") or []
     if not isinstance(messages, list):
         raise ShapeError("messages: a list of {role, content}")
-    out: dict[str, Any] = {"model": model, "messages": [_message(m) for m in messages]}
+    ids = _ToolIds()
+    out: dict[str, Any] = {"model": model, "messages": [_message(m, ids) for m in messages]}
     _options(body, out)
     return _streaming(out, wants_stream(body))
 
