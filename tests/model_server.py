@@ -45,7 +45,8 @@
   wrong after a good chunk and then goes on, a chunk every 50 ms until its client goes
   (``bad-then-more``: ``{"choices": 5}``, ``error-then-more``: an error event);
   ``split200``: a 200 whose JSON error comes in two pieces; ``separators``: a stream of
-  tokens with U+2028, U+2029 and U+0085 in them; anything else as in ``ok``.
+  tokens with U+2028, U+2029 and U+0085 in them; ``whole``: a stream asked for, answered
+  with one whole JSON answer (as some servers do); anything else as in ``ok``.
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ class Server:
             await resp.write(b'available context size", "type": "exceed_context_size_error"}}')
             await resp.write_eof()
             return resp
+        if said == "whole" and body.get("stream"):  # a stream asked, a whole answer given
+            return web.json_response({"id": "c", "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "all at once"},
+                 "finish_reason": "stop"}]})
         if said == "silent":
             return await self._stuck(request, False)
         shapes = {"choices5": {"choices": 5},

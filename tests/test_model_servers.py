@@ -566,6 +566,21 @@ def test_an_ollama_stream_from_a_failing_server_ends_with_one_error_line() -> No
                              stream=True))
 
 
+def test_an_ollama_stream_a_server_answers_whole_keeps_its_text() -> None:
+    """A server that answers a stream request with one whole JSON answer: the Ollama door
+    read its message as no delta and sent an empty reply, done, with nothing said."""
+    import ollama
+
+    with serve_http([server_backend("odd", mode="odd")]) as front:
+        client = ollama.Client(host=front.base, timeout=30)
+        parts = list(client.chat(model="odd", stream=True,
+                                 messages=[{"role": "user", "content": "whole"}]))
+        assert "".join(p.message.content or "" for p in parts) == "all at once"
+        assert parts[-1].done and parts[-1].done_reason == "stop"
+        said = client.generate(model="odd", prompt="whole", stream=True)
+        assert "".join(p.response for p in said) == "all at once"
+
+
 def test_a_body_of_a_gibibyte_is_refused_and_the_queue_goes_on() -> None:
     with serve_http([server_backend("llama")], max_body=1024 * 1024) as front:
         with socket.create_connection(("127.0.0.1", front.port), timeout=30) as sock:

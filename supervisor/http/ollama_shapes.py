@@ -454,7 +454,8 @@ class Reply:
             self._reason(choice.get("finish_reason"))
             thinking = ""
             if self.openai == "chat":
-                delta = choice.get("delta") or {}
+                # (a server that answers a stream with one whole answer: its message)
+                delta = choice.get("delta") or choice.get("message") or {}
                 text = delta.get("content") or ""
                 thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
                 for call in delta.get("tool_calls") or []:
