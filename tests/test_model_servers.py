@@ -566,6 +566,21 @@ def test_an_ollama_stream_from_a_failing_server_ends_with_one_error_line() -> No
                              stream=True))
 
 
+def test_an_ollama_load_answers_once_loaded_or_with_its_error() -> None:
+    """Ollama's load (an empty prompt) answers when the model is loaded; it said "load" at
+    once, while the server still started, or when it could not start at all."""
+    import ollama
+
+    slow = server_backend("slow", args=("--load-s", "0.5"))
+    with serve_http([slow, server_backend("dead", mode="exit")]) as front:
+        client = ollama.Client(host=front.base, timeout=30)
+        r = client.generate(model="slow", prompt="")
+        assert r.done_reason == "load" and _state(front, "slow") == "ready"
+        with pytest.raises(ollama.ResponseError) as err:
+            client.generate(model="dead", prompt="")
+        assert err.value.status_code == 500 and "dead did not load" in err.value.error
+
+
 def test_an_ollama_stream_a_server_answers_whole_keeps_its_text() -> None:
     """A server that answers a stream request with one whole JSON answer: the Ollama door
     read its message as no delta and sent an empty reply, done, with nothing said."""

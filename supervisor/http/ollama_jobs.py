@@ -8,16 +8,19 @@ client goes), whatever the backend is — a worker or a model server.  Its answe
 in Ollama's shape: one JSON object (``"stream": false``), or Ollama's NDJSON stream, one
 object per line, ended by ``"done": true`` — never an SSE comment, which no NDJSON reader
 takes.  A request without messages (or with an empty prompt) loads the model, as Ollama's
-does; with ``"keep_alive": 0`` it unloads it.  Every error is Ollama's ``{"error": "…"}``
-with the status the OpenAI routes would give; a model's refusal (a status not 2xx) with its
-status and its own words, streamed or not (a refused stream is never opened: its error is
-answered whole); an answer that is not OpenAI's shape, a 502.  A stream that goes wrong once
-it began (the model's error event, a chunk of the wrong shape) ends with one error line, as
-Ollama's does, and its job is cancelled: nobody reads the rest.
+does, answered once it is loaded; with ``"keep_alive": 0`` it unloads it (once idle).
+Every error is Ollama's ``{"error": "…"}`` with the status the OpenAI routes would give;
+a model's refusal (a status not 2xx) with its status and its own words, streamed or not (a
+refused stream is never opened: its error is answered whole); an answer that is not
+OpenAI's shape, a 502.  A stream that goes wrong once it began (the model's error event, a
+chunk of the wrong shape) ends with one error line, as Ollama's does, and its job is
+cancelled: nobody reads the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -28,8 +31,10 @@ from aiohttp import web
 
 from ..doors import watch
 from ..errors import VramtuiError, brief
+from ..events import EngineEvent
 from ..jobs import JobState, JobView
 from ..jsonline import dumps_line
+from ..workers.states import WorkerState
 from . import ollama_shapes as shapes
 from .bodies import read_json
 from .errors import OLLAMA_SHAPED, HttpError, bad_request, from_engine
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
     from .server import HttpServer
 
 NDJSON = "application/x-ndjson"
+LOADED = frozenset({WorkerState.READY, WorkerState.BUSY})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -135,7 +141,7 @@ class _OllamaJobs:
                               f"(/api/{kind} needs a chat model)", "wrong_api")
         empty = not body.get("messages") if kind == "chat" else not body.get("prompt")
         if empty:
-            return self._load_or_unload(backend, body, kind, model)
+            return await self._load_or_unload(backend, body, kind, model)
         translated = shapes.chat_request(body, model) if kind == "chat" else \
             shapes.generate_request(body, model, openai)
         started = time.monotonic_ns()
@@ -148,18 +154,51 @@ class _OllamaJobs:
         server = bool(self.engine.backends[backend].spec.server)
         return await self._stream(request, job_id, reply, started, server)
 
-    def _load_or_unload(self, backend: str, body: dict[str, Any], kind: str,
-                        model: str) -> web.Response:
+    async def _load_or_unload(self, backend: str, body: dict[str, Any], kind: str,
+                              model: str) -> web.Response:
         unload = body.get("keep_alive") in (0, "0", "0s", "0m")
         try:
             if unload:  # busy: it goes once its requests are answered (as Ollama's does)
                 self.engine.evict_when_idle(backend)
             else:
-                self.engine.preload(backend)  # (refused: too large for every GPU here)
+                await self._load(backend)
         except VramtuiError as exc:
             raise from_engine(exc) from None
         return web.json_response(shapes.load_reply(kind, model,
                                                    "unload" if unload else "load"))
+
+    async def _load(self, backend: str) -> None:
+        """Load ``backend`` and answer once it is loaded, as Ollama's load does (it said
+        "load" at once, while the model still loaded, or failed to): its start's error, or
+        why it was not loaded (no room, nothing evicted for a load), as Ollama's error."""
+        rt = self.engine.backends[backend]
+        failures = rt.health.init_failures
+        self.engine.preload(backend)  # (refused: too large for every GPU here)
+        changed = asyncio.Event()
+
+        def seen(event: EngineEvent) -> None:
+            if event.backend == backend:
+                changed.set()
+
+        sub = self.engine.events.subscribe(kinds=frozenset({"worker"}), callback=seen)
+        try:
+            while True:
+                w = rt.worker
+                if w is not None and w.state in LOADED:
+                    return
+                if rt.health.init_failures > failures or rt.health.failed:
+                    raise HttpError(500, f"{backend} did not load: {rt.health.last_error}",
+                                    "load_failed")
+                if w is None and rt.preload_until is None:  # given up: why is in the log
+                    raise HttpError(503, f"{backend} was not loaded: no room for it now "
+                                    "(a load evicts nothing; GET /logs says why)",
+                                    "not_loaded")
+                changed.clear()
+                # (a give-up comes with no worker event: looked at again each second)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), 1.0)
+        finally:
+            sub.close()
 
     async def _stream(self, request: web.Request, job_id: str, reply: shapes.Reply,
                       started: int, server: bool) -> web.StreamResponse:
