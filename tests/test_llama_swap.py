@@ -546,3 +546,19 @@ def test_a_llama_swap_file_is_read_once(tmp_path: Path) -> None:
     items = list(from_llama_swap(doc, file, {}))
     entries = {e["name"]: e for e, _ in (i for i in items if isinstance(i, tuple))}
     assert entries["m"]["command"][3:] == ["--fa", "on"]
+
+
+def test_a_model_id_of_any_printable_text_reaches_its_model(tmp_path: Path) -> None:
+    """llama-swap's model IDs are any YAML key: ``My Model``, ``模型``. The ID became a
+    backend name and was kept as an alias only when it was ASCII without blanks, so a
+    client asking for the model by its own ID got "model not found"."""
+    entries, _, errors = _read(tmp_path, """\
+models:
+  "My Model": {cmd: "s --port ${PORT}", aliases: ["другое имя", " padded", "tab\\there"]}
+  "模型": {cmd: "s --port ${PORT}"}
+""")
+    assert errors == []
+    mine = entries["My-Model"]
+    # its ID and its printable alias; one with a blank at its end or a tab is left out, said
+    assert mine["aliases"] == ["My Model", "другое имя"]
+    assert entries["model"]["aliases"] == ["模型"]

@@ -40,6 +40,9 @@ models:
     useModelName: nomic
     aliases: ["org/nomic:v1"]
     unlisted: true
+  "My Model":
+    cmd: ${{server}} --mib 64
+    aliases: ["другое имя"]
 groups:
   everything:
     swap: true
@@ -76,7 +79,8 @@ def test_the_file_loads_as_it_is_and_its_notes_are_logged(served: Served) -> Non
     url = _url(served)
     names = {m["id"] for m in json.loads(_get(url + "/v1/models")[1])["data"]}
     # the model and its aliases (llama-swap's id "qwen2.5:7b" is one); nomic-embed is unlisted
-    assert names == {"qwen2.5-7b", "qwen2.5:7b", "llama3"}
+    assert names == {"qwen2.5-7b", "qwen2.5:7b", "llama3", "My-Model", "My Model",
+                     "другое имя"}
     logs = _get(url + "/logs")[1].decode()
     assert "'logLevel' is not used" in logs and "group 'everything'" in logs
     # hooks.on_startup.preload: started with the engine, before any request
@@ -105,6 +109,10 @@ def test_ollama_and_openai_clients_reach_the_servers(served: Served) -> None:
     assert _get(url + "/upstream/org/nomic:v1/v1/models?x=1") == \
         _get(url + "/upstream/nomic-embed/v1/models?x=1")
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    # a model ID of any printable text reaches its model (it was "model not found")
+    for name in ("My Model", "другое имя"):
+        said = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert said.choices[0].message.content == "tok tok tok tok", name
     chunks = c.chat.completions.create(model="qwen2.5:7b", stream=True,
                                        messages=[{"role": "user", "content": "hi"}])
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \

@@ -53,7 +53,7 @@ from ..errors import brief
 from ..units import digits
 from .errors import DescriptorError, DescriptorWarning
 from .http import MACROS as SERVER_MACROS
-from .schema import ALIAS_RE, MAX_KEEP_ALIVE_S, NAME_RE
+from .schema import MAX_ALIAS, MAX_KEEP_ALIVE_S, NAME_RE, is_model_name
 from .yamlio import LinedDict, LinedList, core_scalar, load_core
 
 DEFAULT_PROXY = "http://localhost:${PORT}"
@@ -642,9 +642,10 @@ class _Translator:
             if alias in aliases or alias == name:
                 continue
             owner = self.taken_aliases.get(alias)
-            if not ALIAS_RE.match(alias):
+            if not is_model_name(alias):
                 self.out.warn(where, "aliases", name, f"alias {alias!r} is left out: a model "
-                              "name is letters, digits, . _ : / @ + - (up to 128)")
+                              "name is printable text, no blank at either end, up to "
+                              f"{MAX_ALIAS} characters")
             elif alias != model_id and (alias in self.names or alias in backends):
                 # (llama-swap looks a request's model up among the IDs first)
                 self.out.warn(where, "aliases", name, f"alias {alias!r} is left out: it is "

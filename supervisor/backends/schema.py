@@ -88,7 +88,15 @@ TOP_KEYS = frozenset(
 # What an ``api:`` backend speaks over the HTTP front door's OpenAI-compatible routes.
 API_KINDS = ("chat", "completions", "embeddings", "images", "speech", "transcriptions",
              "responses", "rerank")
-ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+MAX_ALIAS = 128
+
+
+def is_model_name(text: str) -> bool:
+    """Whether ``text`` may be a model name a client asks for (an alias): any printable text
+    (spaces, any script: llama-swap's model IDs are any YAML key, ``My Model``, ``模型``),
+    none at either end, up to 128 characters; never a control or line-breaking character."""
+    return 0 < len(text) <= MAX_ALIAS and text.isprintable() and text == text.strip()
+
 VRAM_KEYS = frozenset({"peak", "weights", "activation", "context"})
 TIMEOUT_KEYS = frozenset({"start", "request", "stop_grace", "ping", "idle"})
 CALIBRATION_KEYS = frozenset({"request"})
@@ -631,9 +639,9 @@ def _aliases(value: object) -> tuple[str, ...]:
         raise ValueError(f"{brief(value)} is not a list of model names")
     names: list[str] = []
     for word in words:
-        if not isinstance(word, str) or not ALIAS_RE.match(word):
-            raise ValueError(f"{brief(word)} is not a model name (letters, digits, . _ : / @ + "
-                             "-; up to 128)")
+        if not isinstance(word, str) or not is_model_name(word):
+            raise ValueError(f"{brief(word)} is not a model name (printable text, no blank at "
+                             f"either end, up to {MAX_ALIAS} characters)")
         if word not in names:
             names.append(word)
     return tuple(names)
