@@ -161,6 +161,16 @@ def test_upstream_takes_the_longest_model_id_in_the_path_as_llama_swap_does() ->
         assert (states["first"], states["second"]) == ("cold", "ready"), \
             states
         assert front.request("POST", "/upstream/org/echo", raw=b"[]").body == b"[]"
+        # the model's root without its slash: redirected there, as llama-swap does, so the
+        # relative links of a server's page (ComfyUI's) resolve under it
+        for method, path, status, where in (
+                ("GET", "/upstream/org/model?a=1", 301, "/upstream/org/model/?a=1"),
+                ("POST", "/upstream/first", 308, "/upstream/first/"),
+                ("HEAD", "/upstream/org", 301, "/upstream/org/")):
+            reply = front.request(method, path)
+            assert (reply.status, reply.headers.get("location")) == (status, where), reply
+        assert front.get("/upstream/org/model/health").status == 200
+        assert front.get("/upstream/nobody").status == 404
 
 
 def test_a_pinned_server_of_unknown_footprint_does_not_stall_the_others() -> None:

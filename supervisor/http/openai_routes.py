@@ -69,7 +69,8 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
     app.add_routes([
         web.get("/v1/models", r.models), web.get("/v1/models/{model:.+}", r.model),
         *(web.post(path, r.handler(kind)) for path, kind in ENDPOINTS.items()),
-        web.route("*", "/upstream/{model}/{path:.*}", r.upstream)])
+        web.route("*", "/upstream/{model}/{path:.*}", r.upstream),
+        web.route("*", "/upstream/{model}", r.upstream)])
 
 
 LATEST = ":latest"
@@ -292,16 +293,25 @@ class _OpenAI:
         models ``org`` and ``org/model`` both, ``/upstream/org/model/health`` is the
         second's."""
         model = request.match_info["model"]
-        rest = request.match_info["path"].split("/")
-        found: tuple[str, int] | None = None
-        for used in range(1, len(rest) + 1):
+        path = request.match_info.get("path")
+        rest = [] if path is None else path.split("/")
+        found: tuple[str, str, int] | None = None
+        for used in range(1, len(rest) + 2):
             backend = self._server_named(model)
             if backend is not None:
-                found = backend, used
+                found = backend, model, used
+            if used > len(rest):
+                break
             model = f"{model}/{rest[used - 1]}"
         if found is None:
             raise forward.unknown_server(request.match_info["model"])
-        backend, used = found
+        backend, named, used = found
+        if used > len(rest):  # /upstream/model, no slash after it: as llama-swap does, to
+            # /upstream/model/, so the relative links of the server's pages resolve there
+            where = f"/upstream/{named}/" + (f"?{request.query_string}"
+                                             if request.query_string else "")
+            raise (web.HTTPMovedPermanently(where) if request.method in ("GET", "HEAD")
+                   else web.HTTPPermanentRedirect(where))
         return await forward.upstream(self.server, request, backend,
                                       "/".join(rest[used - 1:]), segments=used)
 

@@ -110,6 +110,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/rerank", "rerank (backends that list it)", module="openai"),
     Route("*", "/upstream/{model}/{path:.*}", "any request to a model server (websockets "
           "too), loading it first", module="openai"),
+    Route("*", "/upstream/{model}", "a redirect to /upstream/{model}/ (301; 308 but for a "
+          "GET)", module="openai"),
     Route("GET", "/api/ps", "Ollama: loaded models", module="ollama"),
     Route("GET", "/", "Ollama: 'Ollama is running' (its CLI asks it first)", module="ollama"),
     Route("GET", "/api/version", "Ollama: version", module="ollama"),
