@@ -96,6 +96,32 @@ def test_logs_and_a_models_log_stream(front: Front) -> None:
     r = front.get("/logs/stream/gpt-4o-mini")
     assert r.status == 307 and r.headers["location"] == "/v1/backends/chat-sim/logs?follow=1"
     assert front.get("/logs/stream/nope").status == 400
+    r = front.get("/logs/stream/gpt-4o-mini?no-history")
+    assert r.headers["location"] == "/v1/backends/chat-sim/logs?follow=1&lines=0"
+    assert "one log per model" in front.get("/logs/stream/upstream").body.decode()
+
+
+@pytest.mark.parametrize("path", ["/logs/stream", "/logs/stream/proxy?no-history"])
+def test_the_engine_log_followed(front: Front, path: str) -> None:
+    """``/logs/stream`` (llama-swap's followed log, which its scripts ``curl -N``) was a
+    404: its recent lines (not with ``?no-history``), then each line as it is logged."""
+    assert front.post("/api/models/unload/chat-sim").status == 200
+    conn = front.conn(timeout=10)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.headers["content-type"].startswith("text/plain")
+    if "no-history" not in path:
+        assert "engine started" in resp.readline().decode()  # its history first
+    assert front.post("/v1/backends/chat-sim/load").status < 300  # logged as it loads
+    for _ in range(500):  # (the socket's timeout bounds each read)
+        line = resp.readline().decode()
+        assert line.endswith("\n"), line
+        if "chat-sim:" in line:
+            break
+    else:
+        raise AssertionError("the preload was never logged on the stream")
+    assert line[:4].isdigit() and "[info] chat-sim:" in line, line
+    conn.close()
 
 
 def test_an_unload_waits_for_a_model_that_keeps_taking_jobs_only_so_long(

@@ -15,7 +15,9 @@ that call them.
   changes the engine, so the guard treats it as a ``POST`` (:func:`.auth.changes_engine`);
 - ``GET /logs`` (and ``/log``): the engine's recent event log as text, with the headers of
   any text a worker wrote (:func:`.jobflow.worker_text_headers`: ``nosniff``, a sandbox);
-  ``GET /logs/stream/{model}``: a redirect to that backend's followed log.
+  ``GET /logs/stream`` (and ``/logs/stream/proxy``) the same, followed: each line as it is
+  logged; ``GET /logs/stream/{model}``: a redirect to that backend's followed log (with
+  ``?no-history``: without its recent lines, as in llama-swap).
 
 ``/upstream/{model}/…`` is the model servers' (:mod:`supervisor.servers`).
 """
@@ -37,6 +39,8 @@ from ..workers.states import WorkerState
 from .auth import changes_engine
 from .errors import from_engine, not_found
 from .jobflow import worker_text_headers
+from .server import streaming
+from .sse import Item, Stream
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -55,6 +59,8 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
                             web.post("/api/models/unload", r.unload_all),
                             web.post("/api/models/unload/{model:.+}", r.unload_one),
                             web.get("/logs", r.logs), web.get("/log", r.logs),
+                            web.get("/logs/stream", r.log_follow),
+                            web.get("/logs/stream/proxy", r.log_follow),
                             web.get("/logs/stream/{model:.+}", r.log_stream)])
 
 
@@ -153,17 +159,51 @@ class _LlamaSwap:
         return web.Response(text="OK", content_type=TEXT)
 
     async def logs(self, request: web.Request) -> web.Response:
-        lines = []
-        for line in self.engine.snapshot().log:
-            when = dt.datetime.fromtimestamp(line.t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            who = f" {line.backend}:" if line.backend else ""
-            lines.append(f"{when} [{line.level}]{who} {line.text}\n")
+        lines = [_log_line(line.t, line.level, line.backend, line.text)
+                 for line in self.engine.snapshot().log]
         # (the engine's event log quotes what workers and servers said: their errors)
         return web.Response(body="".join(lines).encode(), headers=worker_text_headers())
 
+    @streaming
+    async def log_follow(self, request: web.Request) -> web.StreamResponse:
+        """``/logs/stream`` and ``/logs/stream/proxy``: the engine's event log (llama-swap's
+        proxy log) as text, its recent lines first (not with ``?no-history``), then each line
+        as it is logged, until the client goes."""
+        srv = self.server
+        stream = Stream(srv.hub, request, wants=lambda item: item.event.kind == "log",
+                        encode=_encode_log, on_lag=_lagged, heartbeat_s=None,
+                        buffer_limit=srv.config.subscriber_buffer, heartbeat=None)
+        history = "" if "no-history" in request.query else "".join(
+            _log_line(line.t, line.level, line.backend, line.text)
+            for line in self.engine.snapshot().log)
+        response = web.StreamResponse(headers={**worker_text_headers(),
+                                               "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        await stream.run(response, history.encode())
+        return response
+
     async def log_stream(self, request: web.Request) -> web.Response:
-        name = self._backend(request.match_info["model"])
+        model = request.match_info["model"]
+        name = self._backend(model)
         if name is None:
-            return web.Response(status=400, text="invalid logger. Use a model's name",
-                                content_type=TEXT)
-        raise web.HTTPTemporaryRedirect(f"/v1/backends/{name}/logs?follow=1")
+            text = ("vramtui keeps one log per model: /logs/stream/{model} follows one, and "
+                    "/logs/stream the engine's" if model == "upstream" else
+                    "invalid logger. Use a model's name")
+            return web.Response(status=400, text=text, content_type=TEXT)
+        lines = "&lines=0" if "no-history" in request.query else ""
+        raise web.HTTPTemporaryRedirect(f"/v1/backends/{name}/logs?follow=1{lines}")
+
+
+def _log_line(t: float, level: str, backend: str | None, text: str) -> str:
+    when = dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    who = f" {backend}:" if backend else ""
+    return f"{when} [{level}]{who} {text}\n"
+
+
+def _encode_log(item: Item) -> tuple[bytes, bool]:
+    ev = item.event
+    return _log_line(ev.t, ev.level, ev.backend, ev.message).encode(), False
+
+
+def _lagged(dropped: int, seq: int) -> tuple[bytes, bool]:
+    return f"[{dropped} log lines dropped: this reader fell behind]\n".encode(), False

@@ -139,6 +139,10 @@ ROUTES: tuple[Route, ...] = (
           module="llama-swap"),
     Route("GET", "/logs", "llama-swap: the recent event log (text)", module="llama-swap"),
     Route("GET", "/log", "llama-swap: the recent event log (text)", module="llama-swap"),
+    Route("GET", "/logs/stream", "llama-swap: the engine's log, followed (?no-history: "
+          "without its recent lines)", module="llama-swap"),
+    Route("GET", "/logs/stream/proxy", "llama-swap: the same (its proxy's log)",
+          module="llama-swap"),
     Route("GET", "/logs/stream/{model:.+}", "llama-swap: a model's log, followed (a "
           "redirect)", module="llama-swap"),
 )
