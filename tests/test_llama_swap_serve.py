@@ -96,7 +96,9 @@ def test_ollama_and_openai_clients_reach_the_servers(served: Served) -> None:
     assert r.message.content == "tok tok tok" and r.done
     parts = list(o.generate(model="qwen2.5:7b", prompt="hi", stream=True))
     assert "".join(p.response for p in parts) == "t0 t1 t2 " and parts[-1].done  # its stream
-    assert o.embed(model="nomic-embed", input="x").embeddings == [[0.1, 0.2, 0.3]]
+    # (as Ollama's /api/embed answers: of length 1)
+    assert o.embed(model="nomic-embed", input="x").embeddings == [
+        pytest.approx([x / 0.14 ** 0.5 for x in (0.1, 0.2, 0.3)])]
     raw = o.generate(model="qwen2.5:7b", prompt="hi", raw=True, stream=False)
     assert raw.response == "tok tok tok"  # a completion, the prompt as it is
     running = json.loads(_get(url + "/running")[1])["running"]

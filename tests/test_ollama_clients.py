@@ -99,8 +99,14 @@ def test_embed_and_the_legacy_embeddings(client: ollama.Client) -> None:
     assert r.embeddings[0] != r.embeddings[1]
     one = client.embed(model="text-embedding-3-small", input="one")
     assert one.embeddings[0] == r.embeddings[0]
-    legacy = client.embeddings(model="embed-sim", prompt="one")
-    assert list(legacy.embedding) == r.embeddings[0]
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-9 for v in r.embeddings)  # unit length
+    legacy = client.embeddings(model="embed-sim", prompt="one")  # the model's, as it is
+    norm = sum(x * x for x in legacy.embedding) ** 0.5
+    assert [x / norm for x in legacy.embedding] == pytest.approx(r.embeddings[0])
+    cut = client.embed(model="embed-sim", input="one", dimensions=2).embeddings[0]
+    assert len(cut) == 2 and abs(cut[0] ** 2 + cut[1] ** 2 - 1) < 1e-9
+    # nothing to embed: the model is loaded, and no vector comes (it was a 400)
+    assert client.embed(model="embed-sim", input=[]).embeddings == []
 
 
 def test_show_pull_and_errors_in_ollamas_shape(client: ollama.Client, front: Front) -> None:

@@ -110,12 +110,34 @@ def test_a_whole_completion_answer_and_a_length_stop() -> None:
 
 
 def test_embeddings_in_their_order() -> None:
-    data = {"data": [{"index": 1, "embedding": [2.0]}, {"index": 0, "embedding": [1.0]}],
-            "usage": {"prompt_tokens": 2}}
-    assert shapes.embed_reply(data, "m", 7)["embeddings"] == [[1.0], [2.0]]
-    assert shapes.embed_reply(data, "m", 7, legacy=True) == {"embedding": [1.0]}
+    data = {"data": [{"index": 1, "embedding": [0.0, 2.0]},
+                     {"index": 0, "embedding": [1.0, 0.0]}], "usage": {"prompt_tokens": 2}}
+    assert shapes.embed_reply(data, "m", 7)["embeddings"] == [[1.0, 0.0], [0.0, 1.0]]
+    assert shapes.embed_reply(data, "m", 7, legacy=True) == {"embedding": [1.0, 0.0]}
     assert shapes.embed_request({"input": "x"}, "m")["input"] == ["x"]
     assert shapes.embed_request({"prompt": "x"}, "m", legacy=True)["input"] == "x"
+
+
+def test_embed_vectors_are_cut_and_of_length_one_as_ollamas() -> None:
+    """Ollama's ``/api/embed`` answers unit vectors, cut to ``dimensions`` first (a client
+    that takes dot products for cosines got the model's raw lengths; ``dimensions`` went to
+    a server that may not cut); the legacy route gives the model's vector as it is."""
+    data = {"data": [{"index": 0, "embedding": [3.0, 4.0, 12.0]}, {"index": 1,
+                                                                  "embedding": [0.0, 0.0]}]}
+    assert shapes.embed_reply(data, "m", 1)["embeddings"] == [
+        [3 / 13, 4 / 13, 12 / 13], [0.0, 0.0]]
+    assert shapes.embed_reply(data, "m", 1, dimensions=2)["embeddings"][0] == [0.6, 0.8]
+    assert shapes.embed_reply(data, "m", 1, legacy=True) == {"embedding": [3.0, 4.0, 12.0]}
+    body = {"input": "x", "dimensions": 2}
+    assert "dimensions" not in shapes.embed_request(body, "m")
+    assert shapes.embed_dimensions(body) == 2
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(shapes.ShapeError, match="dimensions"):
+            shapes.embed_request({"input": "x", "dimensions": bad}, "m")
+    # nothing to embed: a load (answered with no vectors)
+    for empty in ({"input": ""}, {"input": []}):
+        assert shapes.embed_request(empty, "m") is None
+    assert shapes.embed_request({}, "m", legacy=True) is None
 
 
 def test_chunk_reader_takes_worker_json_and_server_sse_cut_anywhere() -> None:

@@ -239,12 +239,20 @@ class _OllamaJobs:
         translated = shapes.embed_request(body, model, legacy=legacy)
         started = time.monotonic_ns()
         door = self.app[OPENAI]
+        if translated is None:  # nothing to embed: the model loaded, as Ollama does
+            try:
+                await self._load(door.backend_for(model, "embeddings"))
+            except VramtuiError as exc:
+                raise from_engine(exc) from None
+            return web.json_response({"embedding": []} if legacy else {
+                "model": model, "embeddings": [], "total_duration": time.monotonic_ns() -
+                started, "load_duration": 0})
         job_id, _ = door.submit("embeddings", translated, json.dumps(translated).encode())
         view = await wait_done(self.server, job_id)
         parsed = _result(view)
-        return web.json_response(shapes.embed_reply(parsed, model,
-                                                    time.monotonic_ns() - started,
-                                                    legacy=legacy))
+        return web.json_response(shapes.embed_reply(
+            parsed, model, time.monotonic_ns() - started, legacy=legacy,
+            dimensions=None if legacy else shapes.embed_dimensions(body)))
 
 
 class _NdjsonEncoder:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -224,21 +225,41 @@ def generate_request(body: Mapping[str, Any], model: str, kind: str) -> dict[str
 
 
 def embed_request(body: Mapping[str, Any], model: str, *, legacy: bool = False
-                  ) -> dict[str, Any]:
+                  ) -> dict[str, Any] | None:
     """The OpenAI embeddings body of ``/api/embed`` (``input``: text or a list), or of the
-    legacy ``/api/embeddings`` (``prompt``: one text)."""
+    legacy ``/api/embeddings`` (``prompt``: one text); None when there is nothing to embed
+    (``""``, ``[]``, no ``prompt``), which Ollama answers by loading the model.
+    ``dimensions`` is not sent: Ollama cuts the vectors itself (:func:`embed_reply`)."""
     key = "prompt" if legacy else "input"
     value = body.get(key)
+    if legacy and value is None:
+        return None
     if isinstance(value, str):
-        texts: Any = value if legacy else [value]
+        texts: Any = value if legacy or not value else [value]
     elif isinstance(value, list) and not legacy and all(isinstance(v, str) for v in value):
         texts = value
     else:
         raise ShapeError(f"{key}: the text to embed" + ("" if legacy else " (or a list)"))
-    out: dict[str, Any] = {"model": model, "input": texts, "encoding_format": "float"}
-    if isinstance(body.get("dimensions"), int):
-        out["dimensions"] = body["dimensions"]
-    return out
+    if not texts:
+        return None
+    embed_dimensions(body)  # (checked before the model runs)
+    return {"model": model, "input": texts, "encoding_format": "float"}
+
+
+def embed_dimensions(body: Mapping[str, Any]) -> int | None:
+    """``/api/embed``'s ``dimensions``: how many of each vector's first numbers to keep."""
+    value = body.get("dimensions")
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ShapeError("dimensions: a whole number above 0, the length of each vector")
+    return value
+
+
+def _unit(vector: list[float]) -> list[float]:
+    """``vector`` scaled to length 1 (as Ollama's ``/api/embed`` answers); 0 stays 0."""
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0 and math.isfinite(norm) else vector
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -530,9 +551,10 @@ def _embeddings_problem(data: Any) -> str | None:
 
 
 def embed_reply(data: Any, model: str, total_ns: int, *,
-                legacy: bool = False) -> dict[str, Any]:
-    """An OpenAI embeddings answer as ``/api/embed``'s (or the legacy ``/api/embeddings``');
-    :class:`BadAnswer` when it is not one."""
+                legacy: bool = False, dimensions: int | None = None) -> dict[str, Any]:
+    """An OpenAI embeddings answer as ``/api/embed``'s: each vector cut to ``dimensions``,
+    then scaled to length 1, as Ollama's are (the legacy ``/api/embeddings`` gives the
+    model's vector as it is); :class:`BadAnswer` when it is not one."""
     problem = _embeddings_problem(data)
     if problem is not None:
         raise BadAnswer(f"the model's answer is not an OpenAI embeddings answer: {problem}")
@@ -540,6 +562,7 @@ def embed_reply(data: Any, model: str, total_ns: int, *,
     vectors = [d["embedding"] for d in rows]
     if legacy:
         return {"embedding": vectors[0] if vectors else []}
+    vectors = [_unit(v[:dimensions] if dimensions else v) for v in vectors]
     out: dict[str, Any] = {"model": model, "embeddings": vectors, "total_duration": total_ns,
                            "load_duration": 0}
     usage = data.get("usage")
