@@ -61,6 +61,21 @@ def test_tool_results_are_paired_with_the_calls_they_answer() -> None:
     assert all(len(i) == 9 and i.isalnum() for i in made)  # (as Mistral's templates want)
 
 
+def test_think_reaches_the_chat_template() -> None:
+    """Ollama's ``think`` was dropped: a thinking model (Qwen3) thought when told not to."""
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    off = shapes.chat_request({**chat, "think": False}, "m")
+    assert off["chat_template_kwargs"] == {"enable_thinking": False}
+    high = shapes.generate_request({"prompt": "hi", "think": "high"}, "m", "chat")
+    assert high["chat_template_kwargs"] == {"enable_thinking": True}
+    assert high["reasoning_effort"] == "high"
+    assert "chat_template_kwargs" not in shapes.chat_request(chat, "m")  # not said: the model's
+    assert "chat_template_kwargs" not in shapes.generate_request(
+        {"prompt": "hi", "think": True}, "m", "completions")  # (a prompt as it is)
+    with pytest.raises(shapes.ShapeError, match="think"):
+        shapes.chat_request({**chat, "think": "max"}, "m")
+
+
 def test_generate_is_a_chat_or_a_completion() -> None:
     body = {"prompt": "hi", "system": "sys", "suffix": "end", "stream": False}
     chat = shapes.generate_request(body, "m", "chat")

@@ -183,6 +183,25 @@ def _options(body: Mapping[str, Any], out: dict[str, Any]) -> None:
         out["tools"] = list(body["tools"])
 
 
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def _think(body: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """Ollama's ``think`` for a chat: ``true``/``false`` as the chat template's
+    ``enable_thinking`` (llama-server and vLLM pass ``chat_template_kwargs`` to the template:
+    Qwen3's, DeepSeek's), a level (``"low"``…``"high"``: gpt-oss) as ``reasoning_effort``
+    too. What the model thought comes back as ``thinking`` (its ``reasoning_content``)."""
+    think = body.get("think")
+    if think is None:
+        return
+    if think in THINK_LEVELS:
+        out["reasoning_effort"] = think
+        think = True
+    if not isinstance(think, bool):
+        raise ShapeError(f"think: true, false, or one of {', '.join(THINK_LEVELS)}")
+    out["chat_template_kwargs"] = {"enable_thinking": think}
+
+
 def _streaming(out: dict[str, Any], stream: bool) -> dict[str, Any]:
     out["stream"] = stream
     if stream:
@@ -198,6 +217,7 @@ def chat_request(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     ids = _ToolIds()
     out: dict[str, Any] = {"model": model, "messages": [_message(m, ids) for m in messages]}
     _options(body, out)
+    _think(body, out)
     return _streaming(out, wants_stream(body))
 
 
@@ -220,6 +240,7 @@ def generate_request(body: Mapping[str, Any], model: str, kind: str) -> dict[str
             messages.append({"role": "system", "content": body["system"]})
         messages.append({"role": "user", "content": _content(prompt, body.get("images"))})
         out["messages"] = messages
+        _think(body, out)
     _options(body, out)
     return _streaming(out, wants_stream(body))
 
