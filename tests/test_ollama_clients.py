@@ -182,6 +182,25 @@ def test_keep_alive_0_on_a_busy_model_unloads_it_once_its_answer_is_done(
     assert state() == "ready"  # (a new load keeps its keep_alive)
 
 
+def test_keep_alive_0_with_a_prompt_unloads_the_model_once_it_answered(
+        client: ollama.Client, front: Front) -> None:
+    """``ollama run --keepalive 0`` (and any client's ``keep_alive: "0ms"``): the answer,
+    then the model unloads; it stayed loaded for its descriptor's keep_alive."""
+    def state() -> str:
+        return {b.name: b.state for b in front.sup.snapshot().backends}["chat-sim"]
+
+    r = client.generate(model="chat-sim", prompt="hi", keep_alive="0ms", stream=False)
+    assert r.response == TEXT
+    wait_until(lambda: state() == "cold", 10, "chat-sim to unload after its answer")
+    parts = list(client.chat(model="chat-sim", messages=[{"role": "user", "content": "hi"}],
+                             keep_alive=0, stream=True))
+    assert "".join(p.message.content or "" for p in parts) == TEXT
+    wait_until(lambda: state() == "cold", 10, "chat-sim to unload after its stream")
+    with pytest.raises(ollama.ResponseError) as err:
+        client.generate(model="chat-sim", prompt="hi", keep_alive="soon")
+    assert err.value.status_code == 400 and "keep_alive" in err.value.error
+
+
 def test_a_client_that_goes_away_cancels_its_job(front: Front) -> None:
     conn = front.conn()
     conn.request("POST", "/api/chat", body=json.dumps({

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -74,6 +75,31 @@ def test_think_reaches_the_chat_template() -> None:
         {"prompt": "hi", "think": True}, "m", "completions")  # (a prompt as it is)
     with pytest.raises(shapes.ShapeError, match="think"):
         shapes.chat_request({**chat, "think": "max"}, "m")
+
+
+@pytest.mark.parametrize(("said", "seconds"), [
+    (0, 0.0), ("0", 0.0), ("0s", 0.0), ("0ms", 0.0), ("0h", 0.0), ("0m0s", 0.0), ("5m", 300.0),
+    ("1h30m", 5400.0), (".5s", 0.5), ("90", 90.0), (3.0, 3.0), (-1, math.inf),
+    ("-1m", math.inf), (None, None), ("", None)])
+def test_keep_alive_is_read_as_ollama_reads_it(said: object, seconds: float | None) -> None:
+    """Only 0, "0", "0s" and "0m" unloaded; "0ms" or "0h" kept the model loaded."""
+    assert shapes.keep_alive_s({"keep_alive": said}) == seconds
+
+
+@pytest.mark.parametrize("said", [False, True, "soon", "5 m", [1], {"s": 1}, "1" * 80])
+def test_a_keep_alive_ollama_refuses_is_refused(said: object) -> None:
+    with pytest.raises(shapes.ShapeError, match="keep_alive"):
+        shapes.keep_alive_s({"keep_alive": said})
+
+
+def test_whole_number_options_sent_as_floats_are_taken() -> None:
+    """Ollama casts ``"num_predict": 100.0`` (JavaScript clients send such numbers); it was
+    a 400 here."""
+    out = shapes.chat_request({"messages": [], "options": {
+        "num_predict": 100.0, "seed": 42.0, "top_k": 5.0, "temperature": 0.5}}, "m")
+    assert (out["max_tokens"], out["seed"], out["top_k"], out["temperature"]) == (
+        100, 42, 5, 0.5)
+    assert all(type(out[k]) is int for k in ("max_tokens", "seed", "top_k"))
 
 
 def test_generate_is_a_chat_or_a_completion() -> None:

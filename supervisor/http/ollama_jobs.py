@@ -139,24 +139,34 @@ class _OllamaJobs:
         if openai is None:
             raise bad_request(f"model {brief(model)} speaks {', '.join(api)}, not chat "
                               f"(/api/{kind} needs a chat model)", "wrong_api")
+        unload = shapes.keep_alive_s(body) == 0  # (checked before anything runs)
         empty = not body.get("messages") if kind == "chat" else not body.get("prompt")
         if empty:
-            return await self._load_or_unload(backend, body, kind, model)
+            return await self._load_or_unload(backend, kind, model, unload=unload)
         translated = shapes.chat_request(body, model) if kind == "chat" else \
             shapes.generate_request(body, model, openai)
         started = time.monotonic_ns()
         job_id, stream = door.submit(openai, translated, json.dumps(translated).encode())
         reply = shapes.Reply(kind, model, openai)
-        if not stream:
-            view = await wait_done(self.server, job_id)
-            parsed = _result(view)
-            return web.json_response(reply.whole(parsed, time.monotonic_ns() - started))
-        server = bool(self.engine.backends[backend].spec.server)
-        return await self._stream(request, job_id, reply, started, server)
+        try:
+            if not stream:
+                view = await wait_done(self.server, job_id)
+                parsed = _result(view)
+                return web.json_response(reply.whole(parsed, time.monotonic_ns() - started))
+            server = bool(self.engine.backends[backend].spec.server)
+            return await self._stream(request, job_id, reply, started, server)
+        finally:
+            if unload:
+                self._unload_after(backend)
 
-    async def _load_or_unload(self, backend: str, body: dict[str, Any], kind: str,
-                              model: str) -> web.Response:
-        unload = body.get("keep_alive") in (0, "0", "0s", "0m")
+    def _unload_after(self, backend: str) -> None:
+        """``keep_alive: 0`` on a request: its model unloads once its answer is done (and
+        any other under way), as Ollama's does."""
+        with contextlib.suppress(VramtuiError):  # (gone meanwhile: a reload removed it)
+            self.engine.evict_when_idle(backend)
+
+    async def _load_or_unload(self, backend: str, kind: str, model: str, *,
+                              unload: bool) -> web.Response:
         try:
             if unload:  # busy: it goes once its requests are answered (as Ollama's does)
                 self.engine.evict_when_idle(backend)
@@ -237,18 +247,27 @@ class _OllamaJobs:
         body = await self._body(request)
         model = shapes.model_of(body)
         translated = shapes.embed_request(body, model, legacy=legacy)
+        unload = shapes.keep_alive_s(body) == 0
         started = time.monotonic_ns()
         door = self.app[OPENAI]
-        if translated is None:  # nothing to embed: the model loaded, as Ollama does
+        backend = door.backend_for(model, "embeddings")
+        if translated is None:  # nothing to embed: a load (an unload), as Ollama's
             try:
-                await self._load(door.backend_for(model, "embeddings"))
+                if unload:
+                    self.engine.evict_when_idle(backend)
+                else:
+                    await self._load(backend)
             except VramtuiError as exc:
                 raise from_engine(exc) from None
             return web.json_response({"embedding": []} if legacy else {
                 "model": model, "embeddings": [], "total_duration": time.monotonic_ns() -
                 started, "load_duration": 0})
         job_id, _ = door.submit("embeddings", translated, json.dumps(translated).encode())
-        view = await wait_done(self.server, job_id)
+        try:
+            view = await wait_done(self.server, job_id)
+        finally:
+            if unload:
+                self._unload_after(backend)
         parsed = _result(view)
         return web.json_response(shapes.embed_reply(
             parsed, model, time.monotonic_ns() - started, legacy=legacy,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -164,6 +165,9 @@ def _options(body: Mapping[str, Any], out: dict[str, Any]) -> None:
         value = options.get(key)
         if value is None:
             continue
+        if isinstance(value, float) and math.isfinite(value) and \
+                openai_fields.check(field, 1) is None and openai_fields.check(field, 0.5):
+            value = int(value)  # a whole-number option sent as 100.0 (Ollama casts it)
         if key == "num_predict" and isinstance(value, int) and value < 0:
             continue  # -1: until the model stops
         if (what := openai_fields.check(field, value)) is not None:
@@ -184,6 +188,30 @@ def _options(body: Mapping[str, Any], out: dict[str, Any]) -> None:
 
 
 THINK_LEVELS = ("low", "medium", "high")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+             "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_DURATION = re.compile(r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+
+
+def keep_alive_s(body: Mapping[str, Any]) -> float | None:
+    """A request's ``keep_alive`` in seconds, read as Ollama reads it: a number of seconds or
+    a Go duration (``"5m"``, ``"1h30m"``, ``"0ms"``, ``"0"``); negative: for ever (``inf``);
+    None when not given. Anything else is refused, as Ollama refuses it."""
+    value = body.get("keep_alive")
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and \
+            not math.isnan(value):
+        return math.inf if value < 0 else float(value)
+    if isinstance(value, str) and len(value) <= 64:
+        text = value.strip()
+        if re.fullmatch(r"\d{1,15}(?:\.\d{1,9})?", text):  # seconds, as text
+            return float(text)
+        if _GO_DURATION.fullmatch(text):
+            total = sum(float(n) * _GO_UNITS[u] for n, u in _GO_PART.findall(text))
+            return math.inf if text.startswith("-") and total > 0 else total
+    raise ShapeError('keep_alive: a duration ("5m", "1h", "0" to unload) or seconds')
 
 
 def _think(body: Mapping[str, Any], out: dict[str, Any]) -> None:
