@@ -562,3 +562,32 @@ models:
     # its ID and its printable alias; one with a blank at its end or a tab is left out, said
     assert mine["aliases"] == ["My Model", "другое имя"]
     assert entries["model"]["aliases"] == ["模型"]
+
+
+def test_the_routing_block_is_read(tmp_path: Path) -> None:
+    """llama-swap keeps its groups under ``routing.router.settings`` now, and its FIFO's
+    priorities under ``routing.scheduler``: the whole block was 'not used', so a persistent
+    group there was lost and every model ran at one priority."""
+    entries, warnings, errors = _read(tmp_path, """\
+models:
+  chat: {cmd: "s --port ${PORT}"}
+  embed: {cmd: "s --port ${PORT}", aliases: [emb]}
+routing:
+  router:
+    use: group
+    settings:
+      groups:
+        always: {persistent: true, members: [emb]}
+  scheduler:
+    use: fifo
+    settings:
+      fifo:
+        priority: {chat: 10, emb: -5, nobody: 1, embed2: yes}
+  extra: 1
+""")
+    assert errors == []
+    assert entries["embed"]["pinned"] is True and "pinned" not in entries["chat"]
+    assert (entries["chat"]["priority"], entries["embed"]["priority"]) == (10, -5)
+    said = " | ".join(w.message for w in warnings)
+    assert "'nobody' is not a model of this file" in said and "not a part of routing" in said
+    assert "group 'always'" in said

@@ -28,7 +28,9 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
   items) → ``env``, but ``CUDA_VISIBLE_DEVICES=N`` → ``gpus: [N]`` (the engine places a
   server and sets that variable itself); ``aliases``, ``unlisted``; ``name``/``description``
   → ``description``;
-- ``hooks.on_startup.preload`` → ``preload: true``; ``groups`` are read and explained:
+- ``hooks.on_startup.preload`` → ``preload: true``; ``routing.scheduler.settings.fifo.
+  priority`` → each model's ``priority``; ``groups`` (top-level, or under
+  ``routing.router.settings``, where llama-swap keeps them now) are read and explained:
   vramtui decides which models share a GPU from their measured memory, so ``swap`` and
   ``exclusive`` have nothing left to say, and ``persistent: true`` makes its members pinned.
 
@@ -51,6 +53,7 @@ from typing import Any
 
 from ..errors import brief
 from ..units import digits
+from ..validate import PRIORITY_MAX, PRIORITY_MIN
 from .errors import DescriptorError, DescriptorWarning
 from .http import MACROS as SERVER_MACROS
 from .schema import MAX_ALIAS, MAX_KEEP_ALIVE_S, NAME_RE, is_model_name
@@ -75,7 +78,8 @@ DEFAULT_CONCURRENCY = 10  # llama-swap's concurrencyLimit when none (or 0) is gi
 #: (everywhere else it is read now, as llama-swap reads the whole file).
 LATE_ENV_KEYS = frozenset({"cmd", "cmdStop", "env"})
 #: The top-level values that are read (global macros and env macros in them).
-TOP_VALUES = ("healthCheckTimeout", "globalTTL", "unloadTimeout", "groups", "hooks")
+TOP_VALUES = ("healthCheckTimeout", "globalTTL", "unloadTimeout", "groups", "hooks",
+              "routing")
 MAX_EXPANDED = 64 * 1024  # characters of one value once its macros are in (a command line)
 
 # What each model key becomes (the ones read below), and what each unmapped key means.
@@ -94,7 +98,7 @@ MODEL_UNMAPPED = {
     "metadata": "vramtui's /v1/models shows a model's description and aliases, not metadata",
 }
 TOP_KEYS = frozenset({"models", "macros", "startPort", "healthCheckTimeout", "globalTTL",
-                      "unloadTimeout", "groups", "hooks"})
+                      "unloadTimeout", "groups", "hooks", "routing"})
 TOP_UNMAPPED = {
     "apiKeys": "vramtui's HTTP door takes one bearer token instead (--http-token-file)",
     "includeAliasesInList": "vramtui's /v1/models lists each model once, with its aliases",
@@ -108,7 +112,6 @@ TOP_UNMAPPED = {
     "captureBuffer": "vramtui keeps no request captures",
     "matrix": "vramtui decides which models share a GPU from their measured memory",
     "router": "vramtui decides which models share a GPU from their measured memory",
-    "routing": "vramtui decides which models share a GPU from their measured memory",
     "scheduler": "vramtui queues by priority ('priority:' in a descriptor)",
     "peers": "vramtui serves only the models it runs",
     "profiles": "vramtui has no profiles: each model is a backend",
@@ -182,6 +185,7 @@ class _Translator:
         self.taken_aliases: dict[str, str] = {}  # alias -> the model ID that has it
         self.pinned: set[str] = set()
         self.preload: set[str] = set()
+        self.priority: dict[str, int] = {}  # model ID -> its priority (routing.scheduler)
         self.top: dict[str, Any] = {}  # TOP_VALUES, their macros in
 
     def _core_macros(self, *path: Any) -> Any:
@@ -220,6 +224,7 @@ class _Translator:
         models = doc["models"]
         self.names = self._names(models)
         self._groups(self.top.get("groups"), _line(doc, "groups"))
+        self._routing(self.top.get("routing"), _line(doc, "routing"))
         self._hooks(self.top.get("hooks"), _line(doc, "hooks"))
         for model_id, body in models.items():
             name = self.names.get(str(model_id))
@@ -360,6 +365,58 @@ class _Translator:
                          "or with vram: in its descriptor, a member leaves when another "
                          "model needs the room)")
             self.out.warn(where, f"groups.{group_id}", None, text)
+
+    def _routing(self, routing: Any, line: int | None) -> None:
+        """llama-swap's ``routing:`` (where its groups now live): ``router.settings.groups``
+        read as the top-level ``groups``; ``scheduler.settings.fifo.priority`` (model ID →
+        priority, higher first) as each model's ``priority``; the rest said not used."""
+        if routing is None:
+            return
+        if not isinstance(routing, Mapping):
+            self.out.warn(line, "routing", None, "'routing' is not a mapping; ignored")
+            return
+        for key in routing:
+            if key not in ("router", "scheduler"):
+                self.out.warn(_line(routing, key, line), f"routing.{key}", None,
+                              "not a part of routing vramtui reads; ignored")
+        router = routing.get("router")
+        if isinstance(router, Mapping):
+            where = _line(routing, "router", line)
+            if router.get("use", "group") != "group":
+                self.out.warn(where, "routing.router.use", None, f"router "
+                              f"{brief(router.get('use'))} is not used: vramtui decides which "
+                              "models share a GPU from their measured memory")
+            settings = router.get("settings")
+            if isinstance(settings, Mapping):
+                self._groups(settings.get("groups"), _line(settings, "groups", where))
+        scheduler = routing.get("scheduler")
+        if not isinstance(scheduler, Mapping):
+            return
+        where = _line(routing, "scheduler", line)
+        if scheduler.get("use", "fifo") != "fifo":
+            self.out.warn(where, "routing.scheduler.use", None, f"scheduler "
+                          f"{brief(scheduler.get('use'))} is not used: vramtui queues by "
+                          "priority, first come first served within one")
+        settings = scheduler.get("settings")
+        fifo = settings.get("fifo") if isinstance(settings, Mapping) else None
+        ranks = fifo.get("priority") if isinstance(fifo, Mapping) else None
+        if ranks is None:
+            return
+        if not isinstance(ranks, Mapping):
+            self.out.warn(where, "routing.scheduler.settings.fifo.priority", None,
+                          f"{brief(ranks)} is not a mapping of model IDs to numbers; ignored")
+            return
+        for model_id, rank in ranks.items():
+            found = self._members([model_id], where, "routing.scheduler.settings.fifo.priority")
+            if not found:
+                continue
+            if isinstance(rank, bool) or not isinstance(rank, int) or \
+                    not PRIORITY_MIN <= rank <= PRIORITY_MAX:
+                self.out.warn(where, "routing.scheduler.settings.fifo.priority", None,
+                              f"{model_id!r}: {brief(rank)} is not a whole number from "
+                              f"{PRIORITY_MIN} to {PRIORITY_MAX}; ignored")
+                continue
+            self.priority[found[0]] = rank
 
     def _hooks(self, hooks: Any, line: int | None) -> None:
         if hooks is None:
@@ -522,6 +579,8 @@ class _Translator:
             put("unlisted", True, "unlisted")
         if model_id in self.pinned:
             put("pinned", True, None)
+        if model_id in self.priority:
+            put("priority", self.priority[model_id], None)
         if model_id in self.preload:
             put("preload", True, None)
         return entry
