@@ -85,7 +85,7 @@ def _read(tmp_path: Path, text: str = CONFIG, environ: dict[str, str] | None = N
     file.write_text(text)
     (doc,) = load_documents(file)
     assert is_llama_swap(doc)
-    items = list(from_llama_swap(doc, file, environ or {}))
+    items = list(from_llama_swap(doc, file, environ or {}, tmp_path / "wd"))
     entries = {e["name"]: e for e, _ in (i for i in items if isinstance(i, tuple))}
     warnings = [i for i in items if isinstance(i, DescriptorWarning)]
     errors = [i for i in items if isinstance(i, DescriptorError)
@@ -591,3 +591,24 @@ routing:
     said = " | ".join(w.message for w in warnings)
     assert "'nobody' is not a model of this file" in said and "not a part of routing" in said
     assert "group 'always'" in said
+
+
+def test_servers_run_in_the_working_directory_as_llama_swaps_do(tmp_path: Path) -> None:
+    """llama-swap starts a model's server in its own working directory: ``./llama-server``
+    and ``-m models/x.gguf`` are read from there. They were read from the file's folder,
+    which differs under ``--config /etc/llama-swap/config.yaml``."""
+    entries, _, errors = _read(tmp_path, """\
+models:
+  m: {cmd: "./bin/llama-server --port ${PORT} -m models/x.gguf"}
+  p: {cmd: "llama-server --port ${PORT}"}
+""")
+    assert errors == []
+    wd = str(tmp_path / "wd")
+    assert entries["m"]["cwd"] == wd and entries["m"]["command"][0] == f"{wd}/bin/llama-server"
+    assert entries["m"]["command"][-1] == "models/x.gguf"  # (read by the server, in its cwd)
+    assert entries["p"]["command"][0] == "llama-server"  # (a program on the PATH)
+    file = tmp_path / "config.yaml"
+    (doc,) = load_documents(file)
+    said = [w.message for w in from_llama_swap(doc, file, {}, None)
+            if isinstance(w, DescriptorWarning)]
+    assert any("working directory is unknown" in m for m in said), said

@@ -45,6 +45,7 @@ all is one ``DescriptorError`` and the others load.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
@@ -163,19 +164,22 @@ def _line(node: Any, key: Any, fallback: int | None = None) -> int | None:
 
 
 def from_llama_swap(document: Mapping[Any, Any], file: Path,
-                    environ: Mapping[str, str]) -> Iterator[
+                    environ: Mapping[str, str], workdir: Path | None = None) -> Iterator[
                         tuple[LinedDict, int | None] | DescriptorError]:
     """Each model of a llama-swap document as one of our entries (with its line), and a
-    ``DescriptorWarning`` for each thing that is not mapped, or an error for what is bad."""
+    ``DescriptorWarning`` for each thing that is not mapped, or an error for what is bad.
+    ``workdir``: where its servers run (llama-swap runs them in its own working directory,
+    which relative paths in ``cmd`` are read from); None: the file's folder, said once."""
     out = _Out(file)
-    _Translator(document, out, environ, load_core(document)).run()
+    _Translator(document, out, environ, load_core(document), workdir).run()
     yield from out.items
 
 
 class _Translator:
     def __init__(self, doc: Mapping[Any, Any], out: _Out, environ: Mapping[str, str],
-                 core: Any = None) -> None:
+                 core: Any = None, workdir: Path | None = None) -> None:
         self.doc = doc
+        self.workdir = workdir
         self.out = out
         self.environ = environ
         # The same file read as llama-swap reads its scalars (YAML 1.2): where the macros'
@@ -221,6 +225,10 @@ class _Translator:
             except _Bad as bad:
                 out.error(_line(doc, key), key, None, bad.message)
                 return
+        if self.workdir is None:
+            out.warn(None, "cwd", None, "the working directory is unknown (removed?): the "
+                     "models run in the file's folder, and relative paths in cmd are read "
+                     "from there (llama-swap reads them from its working directory)")
         models = doc["models"]
         self.names = self._names(models)
         self._groups(self.top.get("groups"), _line(doc, "groups"))
@@ -512,6 +520,11 @@ class _Translator:
         if described:
             put("description", " — ".join(described), "description" if "description" in
                 values else "name")
+        if self.workdir is not None:  # (else the file's folder, as a descriptor's)
+            cwd = str(self.workdir).replace("$", "$$")
+            if "/" in argv[0] and not argv[0].startswith(("/", "$")):
+                argv[0] = os.path.normpath(f"{cwd}/{argv[0]}")  # (./x: in llama-swap's cwd)
+            put("cwd", cwd, None)
         put("command", argv, "cmd")
         if "env" in values:
             env = self._env(values["env"], name, _line(body, "env", line))

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import DescriptorError, DescriptorWarning, display_path
-from .loader import _Collector
+from .loader import _Collector, working_directory
 from .round_trip import check_round_trip
 from .schema import anchor_paths
 from .vramd import VramdContext
@@ -47,14 +47,15 @@ def _plain(value: Any) -> Any:
 def import_llama_swap(path: Path, *,
                       environ: Mapping[str, str] = os.environ) -> ImportedModels:
     """Our spelling of every model of the llama-swap file ``path``."""
-    collector = _Collector(environ, VramdContext(environ=environ))
+    # (its servers run in the working directory, as llama-swap's run in its own)
+    collector = _Collector(environ, VramdContext(environ=environ, workdir=working_directory()))
     collector.add_path(path)
     result = collector.finish()
     stamp = time.strftime("%Y-%m-%d %H:%M")
     files: dict[str, str] = {}
     for name in result.backends:
-        # Where llama-swap's file is: relative paths resolve there, as when it runs as it is
-        # (the folder the loader takes: the one named, a link's own, not its target's).
+        # What is left relative (the file's folder, when the working directory is gone)
+        # resolves where the loader takes it: the folder named, a link's own.
         folder = path.absolute().parent
         data = {"name": name, **anchor_paths(_plain(collector.resolved[name].data),
                                              lambda key, folder=folder: folder, environ)}

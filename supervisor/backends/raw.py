@@ -192,7 +192,8 @@ def entries_of(
             )
             return
     elif is_llama_swap(document):
-        yield from from_llama_swap(document, file, (vramd_context or VramdContext()).environ)
+        context = vramd_context or VramdContext()
+        yield from from_llama_swap(document, file, context.environ, context.workdir)
         return
     elif isinstance(document, Mapping) and "name" in document:
         items = [document]
