@@ -35,7 +35,7 @@ def test_macros_that_explode_are_one_error_of_that_model(tmp_path: Path) -> None
     path = tmp_path / "config.yaml"
     path.write_text("\n".join(lines) + "\n")
     started = time.monotonic()
-    items = list(from_llama_swap(load_documents(path)[0], path, {}))
+    items = list(from_llama_swap(load_documents(path)[0], path, {}, tmp_path))
     assert time.monotonic() - started < 5
     errors = [i for i in items if isinstance(i, DescriptorError)]
     assert len(errors) == 1 and errors[0].field == "cmd" and errors[0].backend == "bomb"
