@@ -317,5 +317,6 @@ def decide_inputs(
     held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
                         queued_counts=queued_counts, held=held,
+                        calibrating=frozenset(r.backend for r in runs),
                         sleep_host_room_mib=max(0, sleep_host_room_mib), expected=expected)
     return snapshot, accounts

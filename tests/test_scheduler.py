@@ -484,21 +484,17 @@ def test_a_pinned_worker_whose_footprint_is_unknown_leaves_for_room(
 def test_two_servers_of_one_fixed_address_take_turns() -> None:
     """llama-swap's models often share a ``proxy`` port (vLLM in docker on :8000): two
     servers cannot listen on it at once. The second failed to start ("something already
-    listens") three times and stayed failed; now it waits for the first to go, and the first
-    is evicted when idle, whatever the memory says (both fit on the GPU here)."""
+    listens") three times and stayed failed; now the first leaves for it as a worker leaves
+    for memory (both fit on the GPU here), and the rest waits."""
     a = replace(be("a", 4_000, 0), address="localhost:8000")
     b = replace(be("b", 4_000, 0), address="localhost:8000")
     c = replace(be("c", 4_000, 0), address="localhost:8001")
-    # idle holder: evicted for the job; a job of another address starts beside it
+    # an idle holder with nothing queued: it goes; a job of another address starts beside it
     p = plan(snap([gpu(0), gpu(1)], [a, b, c], [idle(a, 1)], [job("jb", "b"), job("jc", "c")]),
              NOW)
     assert evicted(p) == ["a"] and started(p) == ["jc"]
-    assert "holds localhost:8000" in p.waiting["jb"] and "a" in p.evictions[0].reason
-    # busy holder: it finishes, and its later jobs wait behind the one that needs the port
-    p = plan(snap([gpu(0)], [a, b], [busy(a, 0)], [job("jb", "b"), job("ja", "a")]), NOW)
-    assert p.evictions == () and started(p) == []
-    assert "waits for its jobs to end" in p.waiting["jb"]
-    assert "b waits for its address" in p.waiting["ja"]
+    assert "localhost:8000, a's address" in p.waiting["jb"]
+    assert p.evictions[0].reason == "b listens on localhost:8000 too (jb)"
     # neither runs yet: the first in line starts, the other waits for it
     p = plan(snap([gpu(0)], [a, b], [], [job("ja", "a"), job("jb", "b")]), NOW)
     assert started(p) == ["ja"] and "holds localhost:8000" in p.waiting["jb"]
@@ -506,6 +502,56 @@ def test_two_servers_of_one_fixed_address_take_turns() -> None:
     pre = QueuedJob("pb", "b", 0, 1, NOW, kind="preload")
     p = plan(snap([gpu(0)], [a, b], [idle(a, 0)], [pre]), NOW)
     assert p.evictions == () and started(p) == []
+
+
+def test_a_holder_of_an_address_finishes_its_batch_first_then_leaves() -> None:
+    """As a memory switch: the holder's queued work of the same priority goes on while the
+    switch is patient (a, b, a, b queued ran a b a b, a reload per job), then it is forced
+    and the holder's later jobs wait behind the switch."""
+    a = replace(be("a", 4_000, 0), address="localhost:8000")
+    b = replace(be("b", 4_000, 0), address="localhost:8000")
+    q = [job("jb", "b", seq=1), job("ja", "a", seq=2)]
+    p = plan(snap([gpu(0)], [a, b], [idle(a, 0)], q), NOW)
+    assert p.evictions == () and started(p) == ["ja"]
+    assert "before the switch" in p.waiting["jb"]
+    q = [job("jb", "b", seq=1, blocked_since=NOW - 10_000), job("ja", "a", seq=2)]
+    p = plan(snap([gpu(0)], [a, b], [idle(a, 0)], q), NOW)
+    assert evicted(p) == ["a"] and started(p) == []
+    assert p.waiting["ja"] == "worker stopping"
+    # busy: it finishes its job first, then goes
+    p = plan(snap([gpu(0)], [a, b], [busy(a, 0)], [q[0]]), NOW)
+    assert p.evictions == () and "1 worker leaves GPU0" in p.waiting["jb"]
+
+
+def test_an_address_is_waited_for_only_when_waiting_can_end() -> None:
+    """A pinned holder never leaves: its jobs go on (they were held behind a job that could
+    never start); a job that could not start once the holder left does not evict it (it was
+    evicted, and reloaded for its own next job, plan after plan)."""
+    pin = replace(be("a", 4_000, 0, pinned=True), address="localhost:8000")
+    b = replace(be("b", 4_000, 0), address="localhost:8000")
+    p = plan(snap([gpu(0)], [pin, b], [idle(pin, 0)], [job("jb", "b"), job("ja", "a")]), NOW)
+    assert p.evictions == () and started(p) == ["ja"]
+    assert "a is pinned: it never leaves" in p.waiting["jb"]
+    a = replace(be("a", 4_000, 0), address="localhost:8000")
+    for b_only, gpus in ((replace(b, allowed_gpus=(1,)), [gpu(0), replace(gpu(1),
+                                                                          draining=True)]),
+                         (replace(b, peak_mib=90_000), [gpu(0)])):
+        p = plan(snap(gpus, [a, b_only], [idle(a, 0)], [job("jb", "b"), job("ja", "a")]), NOW)
+        assert p.evictions == () and started(p) == ["ja"], p.waiting
+
+
+def test_a_calibration_holds_its_address() -> None:
+    """A calibration's server listens on the address as a worker's would: a job of another
+    backend there started beside it (in the same plan, or while it ran)."""
+    a = replace(be("a", 4_000, 0), address="localhost:8000")
+    b = replace(be("b", 4_000, 0), address="localhost:8000")
+    cal = QueuedJob("cb", "b", 5, 1, NOW, kind="calibration")
+    p = plan(snap([gpu(0), gpu(1)], [a, b], [], [cal, job("ja", "a")]), NOW)
+    assert started(p) == ["cb"] and "calibration" in p.waiting["ja"]
+    running = replace(snap([gpu(0), gpu(1)], [a, b], [], [job("ja", "a")]),
+                      held={1: "the calibration of b"}, calibrating=frozenset({"b"}))
+    p = plan(running, NOW)
+    assert started(p) == [] and "b's calibration" in p.waiting["ja"]
 
 
 def test_hot_job_boxed_in_by_pinned_neighbours_relocates_its_idle_worker() -> None:

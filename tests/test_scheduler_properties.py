@@ -6,7 +6,8 @@ imply for the jobs it runs (``BackendInfo.holds_mib``; the whole usable GPU for 
 backend), and each start's ``reserve_mib`` is exactly what it adds (a spawn creates the
 worker, "starting"); a spawned worker is ready on the next step; an eviction makes the worker
 "stopping" and it is gone on the next step; a job ends after its duration. Checked on every
-step: reservations on a GPU never exceed total - reserve; plans are deterministic (also with
+step: reservations on a GPU never exceed total - reserve; no two servers of one fixed
+address are up at once (a stopping one counts); plans are deterministic (also with
 the snapshot's mappings in another order); every queued job has a waiting reason; no GPU
 idles while work waits (with jobs queued and nothing running, starting or stopping, a plan
 starts or evicts something). At the end: every job ran, or was refused at submit with a
@@ -46,6 +47,10 @@ SETTINGS = settings(
 
 # --------------------------------------------------------------------------- strategies
 
+# Fixed server addresses a backend may have (None: a port of its own at each start); two
+# backends on one take turns.
+ADDRESSES = (None, "localhost:8000", "localhost:8000", "localhost:8001")
+
 
 @st.composite
 def gpus_st(draw: st.DrawFn) -> list[GpuState]:
@@ -62,7 +67,8 @@ def gpus_st(draw: st.DrawFn) -> list[GpuState]:
 
 
 @st.composite
-def backend_st(draw: st.DrawFn, name: str, n_gpus: int, pinned_ok: bool) -> BackendInfo:
+def backend_st(draw: st.DrawFn, name: str, n_gpus: int, pinned_ok: bool,
+               addresses_ok: bool = False) -> BackendInfo:
     unmeasured = draw(st.integers(0, 7)) == 0
     peak = None if unmeasured else draw(st.integers(1, 40).map(lambda k: k * 500))
     act = None if peak is None or draw(st.integers(0, 4)) == 0 else draw(st.integers(0, peak))
@@ -82,6 +88,7 @@ def backend_st(draw: st.DrawFn, name: str, n_gpus: int, pinned_ok: bool) -> Back
         concurrency=draw(st.integers(1, 4)),
         pinned=draw(st.booleans()) if pinned_ok else False,
         reload_cost_s=draw(st.floats(0.0, 60.0, allow_nan=False)),
+        address=draw(st.sampled_from(ADDRESSES)) if addresses_ok else None,
     )
 
 
@@ -104,13 +111,14 @@ class World:
 
 @st.composite
 def world_st(
-    draw: st.DrawFn, pinned_ok: bool = False, foreign_ok: bool = False, min_jobs: int = 1
+    draw: st.DrawFn, pinned_ok: bool = False, foreign_ok: bool = False, min_jobs: int = 1,
+    addresses_ok: bool = False,
 ) -> World:
     gpus = draw(gpus_st())
     n_backends = draw(st.integers(1, 8))
     backends = {}
     for i in range(n_backends):
-        b = draw(backend_st(f"b{i}", len(gpus), pinned_ok))
+        b = draw(backend_st(f"b{i}", len(gpus), pinned_ok, addresses_ok))
         backends[b.name] = b
     names = sorted(backends)
     subs = draw(
@@ -303,9 +311,15 @@ class Sim:
             for j in by_id.values()
         ]
         self.queue.sort(key=queue_sort_key)
-        # The invariant: admission never promises more than a GPU has.
+        # The invariants: admission never promises more than a GPU has, and no two servers
+        # (a stopping one included: it still listens) hold one fixed address.
         for g in self.world.gpus:
             assert self.reserved_on(g.index) <= g.usable_mib, (g, self.workers)
+        on: dict[str, str] = {}
+        for w in self.workers.values():
+            address = info[w.backend].address
+            assert address is None or on.setdefault(address, w.backend) == w.backend, (
+                "two servers on one address", address, on, self.workers)
         return p
 
     def check_plan(self, snap: Snapshot, p: Plan) -> None:
@@ -367,8 +381,14 @@ def check_liveness(world: World) -> None:
     assert sim.finished == sim.started
 
 
+@settings(SETTINGS, max_examples=150)
+@given(world_st(addresses_ok=True))
+def test_servers_of_one_address_take_turns_and_every_job_runs(world: World) -> None:
+    check_liveness(world)
+
+
 @settings(SETTINGS, max_examples=100)
-@given(world_st(pinned_ok=True, foreign_ok=True))
+@given(world_st(pinned_ok=True, foreign_ok=True, addresses_ok=True))
 def test_invariants_hold_with_pinned_workers_and_foreign_memory(world: World) -> None:
     # Pinned workers and foreign memory may keep some jobs waiting forever; only the safety
     # properties are checked here (inside Sim.step), over a bounded number of steps.

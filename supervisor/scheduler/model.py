@@ -298,6 +298,7 @@ class Snapshot:
     queue: Sequence[QueuedJob] = ()
     queued_counts: Mapping[tuple[str, str], int] | None = None
     held: Mapping[int, str] = field(default_factory=dict)
+    calibrating: frozenset[str] = frozenset()  # backends whose calibration runs now
     sleep_host_room_mib: int = 0
     expected: Expectations | None = None
 

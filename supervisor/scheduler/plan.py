@@ -190,6 +190,14 @@ class _Barrier:
     forced: bool = False
     passed: int = 0
     sleepers: frozenset[str] = frozenset()  # victims put to sleep rather than stopped
+    address: str | None = None  # it waits for this address too (a server that holds it)
+
+    @property
+    def why(self) -> str:
+        """Why its victims leave (an eviction's reason)."""
+        if self.address is not None:
+            return f"{self.job.backend} listens on {self.address} too ({self.job.job_id})"
+        return f"room for {self.job.job_id} on GPU{self.gpu}"
 
     @property
     def victim_names(self) -> set[str]:
@@ -235,8 +243,15 @@ class _Planner:
                                        gpu.closed_why or f"GPU{gpu.index} is draining")
 
         self.asleep: dict[str, int] = {}  # backend -> what its sleeping worker keeps
-        # fixed address -> the backend whose server holds it (or starts in this plan)
+        # fixed address -> the backend whose server holds it (or starts in this plan); one
+        # being calibrated holds it too (its run is no worker)
         self.on_address: dict[str, str] = {}
+        self.calibrating = set(snapshot.calibrating)
+        holding = sorted((w.state != "stopping", w.backend) for w in snapshot.workers.values())
+        for name in [n for _, n in holding] + sorted(self.calibrating):
+            address = backends[name].address if name in backends else None
+            if address is not None:  # (one stopping first: it is there until it has gone)
+                self.on_address.setdefault(address, name)
         for w in snapshot.workers.values():
             name, g = w.backend, w.gpu
             info = backends.get(name)
@@ -245,8 +260,6 @@ class _Planner:
                 self.verdicts[job_key] = f"its worker is on GPU{g}, which is not present"
                 continue
             reserved[g] += w.reserved_mib
-            if info is not None and info.address is not None:
-                self.on_address[info.address] = name
             unmeasured = info is not None and info.peak_mib is None
             if w.state == "stopping":
                 self.stopping.add(name)
@@ -389,22 +402,43 @@ class _Planner:
 
     def _address_taken(self, job: QueuedJob, info: BackendInfo) -> bool:
         """Whether another backend's server holds the fixed address ``info``'s listens on
-        (two servers cannot listen on one port): then this job waits for it to go. An idle
-        holder is evicted for a job (never for a preload); a busy one finishes what it runs,
-        and its later jobs wait behind this one, so a stream of them cannot keep the address
-        for ever."""
+        (two servers cannot listen on one port); if so, the job has its verdict. The holder
+        leaves as a worker leaves for memory: a victim of this job's barrier on its GPU, so
+        its queued work of the same priority goes on first (a batch, not a switch per job)
+        and then its later jobs wait; never for a preload, nor while it is pinned, stopping
+        or calibrated, nor for a job that could not start once it has gone."""
         address = info.address
         holder = None if address is None else self.on_address.get(address)
         if holder is None or holder == info.name:
             return False
         key = key_of(job)
-        w = self.snapshot.workers.get(holder)
         why = f"{holder}'s server holds {address}, which {info.name}'s listens on too"
-        if w is None or holder in self.evicted or holder in self.stopping:
+        w = self.snapshot.workers.get(holder)
+        held = self.backends.get(holder)
+        allowed = self._allowed(info)
+        need = info.holds_mib(1) if info.measured else 0
+        if holder in self.calibrating:
+            self._settle(key, f"{why}: it waits for {holder}'s calibration to end")
+        elif w is None or holder in self.evicted or w.state == "stopping" \
+                or w.gpu not in self.gpus:
             self._settle(key, f"{why}: it waits for it to go")
+        elif held is not None and held.holds_pin:
+            self._settle(key, f"{why}, and {holder} is pinned: it never leaves (give one of "
+                         "them another port)")
         elif job.kind == "preload":
             self._settle(key, why)
-        elif self._evictable(w):
+        elif not allowed:
+            self._settle(key, self._no_gpu(info))
+        elif all(g in self.closed for g in allowed):
+            self._settle(key, self.closed[allowed[0]])
+        elif info.measured and not any(self._ever_fits(g, need) for g in allowed):
+            self._settle(key, self._never(info, need, allowed))
+        elif w.gpu in self.barriers:
+            self._settle(key, self._behind(self.barriers[w.gpu]))
+        elif w.gpu in allowed and (not info.measured or self._ever_fits(w.gpu, need)):
+            self._make_barrier(job, info, [w.gpu], need, alone=not info.measured, own=None,
+                               also=holder)
+        elif self._evictable(w):  # (it cannot take the holder's place: the holder just goes)
             self._evict([w], w.gpu, f"{info.name} listens on {address} too")
             self._settle(key, f"{why}: it waits for it to go")
         else:
@@ -598,7 +632,10 @@ class _Planner:
         if barrier is not None:
             barrier.slack -= reserve
             barrier.passed += 1
+        if info.address is not None:
+            self.on_address[info.address] = name
         if kind == "calibration":
+            self.calibrating.add(name)
             self.closed[g] = f"GPU{g} is held by the calibration of {name}"
             self._settle(("job", name), f"{name} is being calibrated")
             self._settle(key_of(job), f"{name} is being calibrated")
@@ -617,8 +654,6 @@ class _Planner:
             self.active[name] = jobs
             self.slots[name] = info.concurrency - jobs
             self.spawned.add(name)
-            if info.address is not None:
-                self.on_address[info.address] = name
             self.planned_on[g] += 1
             if info.peak_mib is None:
                 self.exclusive[g] = name
@@ -668,12 +703,14 @@ class _Planner:
         *,
         alone: bool,
         own: str | None,
+        also: str | None = None,
     ) -> None:
-        """``job`` is the first blocked for memory on the GPU it can have most cheaply."""
+        """``job`` is the first blocked for memory on the GPU it can have most cheaply (or
+        for the address of ``also``'s server, which must leave whatever the memory)."""
         best: tuple[tuple[int, float, int, int, int], int, list[evict.Candidate], int] | None
         best = None
         for g in candidates:
-            option = self._option(g, need, alone=alone, own=own)
+            option = self._option(g, need, alone=alone, own=own, also=also)
             if option is None:
                 continue
             cost, chosen, room = option
@@ -687,7 +724,7 @@ class _Planner:
         if since is None:
             since = self.blocked[job.job_id] = self.now
         waited = self.now - since
-        if not alone and (best is None or best[2]):
+        if not alone and also is None and (best is None or best[2]):
             # Before evicting: the memory running jobs give back when they end may suffice.
             # Waiting for it costs time, evicting costs reloads: wait up to patience_factor
             # times what the eviction would cost (recently used workers are dear).
@@ -724,8 +761,9 @@ class _Planner:
             slack = 0 if alone else max(0, ever - need)
             self._add_barrier(_Barrier(job, g, self._effective(job), [], slack, False,
                                        job.passed))
-            reason = (f"runs alone (footprint unknown): waiting for GPU{g} to empty" if alone
-                      else self._short(need, g))
+            reason = (f"waiting for {also}'s server to leave its address" if also
+                      else f"runs alone (footprint unknown): waiting for GPU{g} to empty"
+                      if alone else self._short(need, g))
             self.explicit[job.job_id] = reason
             self._settle(barrier_key, reason)
             return
@@ -736,7 +774,7 @@ class _Planner:
         if released is None:
             return
         barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed,
-                           sleepers)
+                           sleepers, info.address if also else None)
         # The switch costs its own load (a wake, for a sleeping worker), and undoing every
         # eviction whose backend still has queued jobs (a wake for those put to sleep).
         switch = self._undo_s(info, info.name in self.asleep) + sum(
@@ -761,7 +799,8 @@ class _Planner:
             if barrier.forced:
                 self._settle(("job", v.backend), f"its worker leaves GPU{g} for {job.job_id}")
         pending = self.stopping_count[g] + len(victims)
-        what = "runs alone" if alone else f"needs {need} MiB"
+        what = (f"listens on {info.address}, {also}'s address" if also else "runs alone"
+                if alone else f"needs {need} MiB")
         if not victims:
             reason = f"waiting for {_plural(pending, 'worker')} to stop on GPU{g}"
         elif barrier.forced:
@@ -916,12 +955,13 @@ class _Planner:
         self._sweep()
 
     def _option(
-        self, g: int, need: int, *, alone: bool, own: str | None
+        self, g: int, need: int, *, alone: bool, own: str | None, also: str | None = None
     ) -> tuple[float, list[evict.Candidate], int] | None:
         """Cheapest way to make ``need`` fit on ``g``: (cost, victims, room after).
 
         Victims are live workers that may leave: idle ones now, busy ones once their jobs
-        end (idle first, then the cheapest).
+        end (idle first, then the cheapest); ``also`` leaves whatever the sizes (its server
+        holds the address the job's must listen on).
         """
         gpu = self.gpus[g]
         if g in self.closed or (self.planned_on[g] and (alone or g in self.exclusive)):
@@ -936,9 +976,9 @@ class _Planner:
             return (sum(c.cost for c in cands), cands, gpu.usable_mib)
         have = self.budget[g] + self.stopping_mib[g]
         mandatory: list[evict.Candidate] = []
-        holder = self.exclusive.get(g)
-        if holder is not None and holder != own:
-            # An unmeasured worker holds the GPU alone: it must go whatever the sizes.
+        # An unmeasured worker holds the GPU alone, or a server the job's address: it must go
+        # whatever the sizes.
+        for holder in sorted({self.exclusive.get(g), also} - {None, own}):
             holder_cand = next((c for c in cands if c.worker.backend == holder), None)
             if holder_cand is None:
                 return None
@@ -963,8 +1003,7 @@ class _Planner:
                     and not (not barrier.forced and self._batch_waits(v, g))
                     and not self._stream_keeps(v, barrier)]
             if idle:
-                self._evict(idle, g, f"room for {barrier.job.job_id} on GPU{g}",
-                            barrier.sleepers)
+                self._evict(idle, g, barrier.why, barrier.sleepers)
         for g in self.gpu_ids:
             gpu = self.gpus[g]
             if gpu.draining:
