@@ -4,6 +4,7 @@ each request a job run through the same path as /v1/chat/completions."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 from collections.abc import Iterator
@@ -166,12 +167,7 @@ def test_keep_alive_0_on_a_busy_model_unloads_it_once_its_answer_is_done(
     def state() -> str:
         return {b.name: b.state for b in front.sup.snapshot().backends}["slow-chat"]
 
-    conn = front.conn()
-    conn.request("POST", "/api/chat", body=json.dumps({
-        "model": "slow-chat", "messages": [{"role": "user", "content": "hi"}]}),
-        headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert json.loads(resp.readline())["done"] is False  # it works …
+    conn, resp = _slow_chat_begun(front)  # it works …
     r = client.generate(model="slow-chat", prompt="", keep_alive=0)
     assert r.done_reason == "unload" and state() == "busy"  # … and finishes its answer
     lines = [json.loads(line) for line in resp.read().splitlines()]
@@ -201,13 +197,20 @@ def test_keep_alive_0_with_a_prompt_unloads_the_model_once_it_answered(
     assert err.value.status_code == 400 and "keep_alive" in err.value.error
 
 
-def test_a_client_that_goes_away_cancels_its_job(front: Front) -> None:
+def _slow_chat_begun(front: Front) -> tuple[http.client.HTTPConnection,
+                                             http.client.HTTPResponse]:
+    """A streamed chat of slow-chat, its first line read: its answer has begun."""
     conn = front.conn()
     conn.request("POST", "/api/chat", body=json.dumps({
         "model": "slow-chat", "messages": [{"role": "user", "content": "hi"}]}),
         headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
-    assert json.loads(resp.readline())["done"] is False  # it streams …
+    assert json.loads(resp.readline())["done"] is False
+    return conn, resp
+
+
+def test_a_client_that_goes_away_cancels_its_job(front: Front) -> None:
+    conn, resp = _slow_chat_begun(front)  # it streams …
     resp.close()
     conn.close()  # … and its client goes
     job = wait_until(lambda: front.get("/v1/jobs?backend=slow-chat&state=cancelled")

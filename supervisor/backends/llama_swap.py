@@ -387,24 +387,16 @@ class _Translator:
             if key not in ("router", "scheduler"):
                 self.out.warn(_line(routing, key, line), f"routing.{key}", None,
                               "not a part of routing vramtui reads; ignored")
-        router = routing.get("router")
-        if isinstance(router, Mapping):
-            where = _line(routing, "router", line)
-            if router.get("use", "group") != "group":
-                self.out.warn(where, "routing.router.use", None, f"router "
-                              f"{brief(router.get('use'))} is not used: vramtui decides which "
-                              "models share a GPU from their measured memory")
-            settings = router.get("settings")
-            if isinstance(settings, Mapping):
-                self._groups(settings.get("groups"), _line(settings, "groups", where))
-        scheduler = routing.get("scheduler")
-        if not isinstance(scheduler, Mapping):
+        router = self._routing_part(routing, "router", "group", line, "vramtui decides "
+                                    "which models share a GPU from their measured memory")
+        settings = router.get("settings") if router is not None else None
+        if isinstance(settings, Mapping):
+            self._groups(settings.get("groups"), _line(settings, "groups", line))
+        scheduler = self._routing_part(routing, "scheduler", "fifo", line, "vramtui queues "
+                                       "by priority, first come first served within one")
+        if scheduler is None:
             return
         where = _line(routing, "scheduler", line)
-        if scheduler.get("use", "fifo") != "fifo":
-            self.out.warn(where, "routing.scheduler.use", None, f"scheduler "
-                          f"{brief(scheduler.get('use'))} is not used: vramtui queues by "
-                          "priority, first come first served within one")
         settings = scheduler.get("settings")
         fifo = settings.get("fifo") if isinstance(settings, Mapping) else None
         ranks = fifo.get("priority") if isinstance(fifo, Mapping) else None
@@ -425,6 +417,17 @@ class _Translator:
                               f"{PRIORITY_MIN} to {PRIORITY_MAX}; ignored")
                 continue
             self.priority[found[0]] = rank
+
+    def _routing_part(self, routing: Mapping[Any, Any], part: str, ours: str,
+                      line: int | None, instead: str) -> Mapping[Any, Any] | None:
+        """``routing.<part>`` (None: not a mapping); a ``use`` other than ``ours`` said."""
+        value = routing.get(part)
+        if not isinstance(value, Mapping):
+            return None
+        if value.get("use", ours) != ours:
+            self.out.warn(_line(routing, part, line), f"routing.{part}.use", None,
+                          f"{part} {brief(value.get('use'))} is not used: {instead}")
+        return value
 
     def _hooks(self, hooks: Any, line: int | None) -> None:
         if hooks is None:
