@@ -591,6 +591,18 @@ def test_an_ollama_load_answers_once_loaded_or_with_its_error() -> None:
         assert err.value.status_code == 500 and "dead did not load" in err.value.error
 
 
+def test_an_ollama_load_while_the_model_stops_loads_it_once_it_has_gone() -> None:
+    """``ollama stop m; ollama run m``: the load came while the old server still stopped
+    and was answered 503 "no room for it now" on an empty GPU."""
+    with serve_http([server_backend("m", 256, mode="deaf")]) as front:  # (slow to stop)
+        assert front.post("/v1/chat/completions", chat("m")).status == 200
+        assert front.post("/v1/backends/m/unload", {}).status < 300
+        assert _state(front, "m") == "stopping"
+        reply = front.post("/api/generate", {"model": "m", "prompt": ""}, timeout=30)
+        assert reply.status == 200 and reply.json()["done_reason"] == "load", reply
+        assert _state(front, "m") == "ready"
+
+
 def test_an_ollama_stream_a_server_answers_whole_keeps_its_text() -> None:
     """A server that answers a stream request with one whole JSON answer: the Ollama door
     read its message as no delta and sent an empty reply, done, with nothing said."""

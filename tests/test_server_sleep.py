@@ -150,3 +150,27 @@ def test_a_server_that_hangs_asleep_is_killed_as_hung() -> None:
         error = wait_until(killed, 10, "the hung sleeper to be killed")
         assert f"a hung: its server (pid {pid}) answered no ping" in error, error
         wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "its process to be gone")
+
+
+@pytest.mark.timeout(60)
+def test_an_ollama_load_of_a_sleeper_without_room_to_wake_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine gives a wake that finds no room up (a load evicts nothing): the Ollama
+    load waited for a worker that would never be loaded, and never answered."""
+    import ollama
+
+    from supervisor.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PRELOAD_PATIENCE_S", 1.0)  # (30 s: a test's wait)
+    config = EngineConfig(reserve_mib=0, tick_s=0.1, sample_hz=20.0,
+                          sleep_host_budget_mib=HOST_BUDGET_MIB)
+    with serve_http([sleepy_server("a"), sleepy_server("b")], gpus=CARD,
+                    engine_config=config) as front:
+        for model in "ab":  # a goes to sleep for b
+            assert front.post("/v1/chat/completions", {"model": model, "messages": [
+                {"role": "user", "content": "hi"}]}).status == 200
+        assert {b.name: b.state for b in front.sup.snapshot().backends}["a"] == "asleep"
+        client = ollama.Client(host=front.base, timeout=30)
+        with pytest.raises(ollama.ResponseError) as err:
+            client.chat(model="a", messages=[])
+        assert err.value.status_code == 503 and "gave up preloading a" in err.value.error

@@ -180,17 +180,21 @@ class _OllamaJobs:
     async def _load(self, backend: str) -> None:
         """Load ``backend`` and answer once it is loaded, as Ollama's load does (it said
         "load" at once, while the model still loaded, or failed to): its start's error, or
-        why it was not loaded (no room, nothing evicted for a load), as Ollama's error."""
+        why it was not loaded (no room, nothing evicted for a load), as Ollama's error. A
+        worker still stopping is waited for, and the load asked again once it has gone."""
         rt = self.engine.backends[backend]
         failures = rt.health.init_failures
-        self.engine.preload(backend)  # (refused: too large for every GPU here)
         changed = asyncio.Event()
+        given_up: list[str] = []
 
         def seen(event: EngineEvent) -> None:
             if event.backend == backend:
+                if event.kind == "log" and event.message.startswith("gave up preloading"):
+                    given_up.append(event.message)
                 changed.set()
 
-        sub = self.engine.events.subscribe(kinds=frozenset({"worker"}), callback=seen)
+        sub = self.engine.events.subscribe(kinds=frozenset({"worker", "log"}), callback=seen)
+        asked = False
         try:
             while True:
                 w = rt.worker
@@ -199,10 +203,15 @@ class _OllamaJobs:
                 if rt.health.init_failures > failures or rt.health.failed:
                     raise HttpError(500, f"{backend} did not load: {rt.health.last_error}",
                                     "load_failed")
-                if w is None and rt.preload_until is None:  # given up: why is in the log
-                    raise HttpError(503, f"{backend} was not loaded: no room for it now "
-                                    "(a load evicts nothing; GET /logs says why)",
-                                    "not_loaded")
+                waits = w is None or w.state == WorkerState.ASLEEP  # (for a load, or a wake)
+                if waits and rt.preload_until is None:
+                    if asked:  # the engine gave it up: why is what it logged
+                        why = given_up[-1] if given_up else "no room for it now"
+                        raise HttpError(503, f"{backend} was not loaded: {why} (a load "
+                                        "evicts nothing)", "not_loaded")
+                    self.engine.preload(backend)  # (refused: too large for every GPU here)
+                    asked = True
+                    continue
                 changed.clear()
                 # (a give-up comes with no worker event: looked at again each second)
                 with contextlib.suppress(TimeoutError):
