@@ -153,7 +153,7 @@ def test_upstream_takes_the_longest_model_id_in_the_path_as_llama_swap_does() ->
     """With models ``org`` and ``org/model``, ``/upstream/org/model/echo`` is the second's
     ``/echo`` (llama-swap's ``FindModelInPath`` keeps the last match); it was the first's
     ``/model/echo``, a 404 from a server the client never meant."""
-    with serve_http([server_backend("first", 256, aliases=["org"]),
+    with serve_http([server_backend("first", 256, aliases=["org", "a?q%41"]),
                      server_backend("second", 256, aliases=["org/model"])]) as front:
         reply = front.request("POST", "/upstream/org/model/echo", raw=b"{}")
         assert (reply.status, reply.body) == (201, b"{}"), reply
@@ -171,6 +171,10 @@ def test_upstream_takes_the_longest_model_id_in_the_path_as_llama_swap_does() ->
             assert (reply.status, reply.headers.get("location")) == (status, where), reply
         assert front.get("/upstream/org/model/health").status == 200
         assert front.get("/upstream/nobody").status == 404
+        # the name and the query as they came: still encoded (a decoded ? or % in the
+        # Location led to another model, a # cut the rest off)
+        reply = front.get("/upstream/a%3Fq%2541?next=%23f&y=%2F")
+        assert reply.headers["location"] == "/upstream/a%3Fq%2541/?next=%23f&y=/", reply
 
 
 def test_a_pinned_server_of_unknown_footprint_does_not_stall_the_others() -> None:

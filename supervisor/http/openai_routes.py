@@ -24,6 +24,7 @@ import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -308,8 +309,9 @@ class _OpenAI:
         backend, named, used = found
         if used > len(rest):  # /upstream/model, no slash after it: as llama-swap does, to
             # /upstream/model/, so the relative links of the server's pages resolve there
-            where = f"/upstream/{named}/" + (f"?{request.query_string}"
-                                             if request.query_string else "")
+            raw_query = request.rel_url.raw_query_string  # (as it came: still encoded)
+            where = f"/upstream/{quote(named, safe='/')}/" + (f"?{raw_query}"
+                                                              if raw_query else "")
             raise (web.HTTPMovedPermanently(where) if request.method in ("GET", "HEAD")
                    else web.HTTPPermanentRedirect(where))
         return await forward.upstream(self.server, request, backend,
