@@ -607,6 +607,19 @@ def test_an_ollama_load_while_the_model_stops_loads_it_once_it_has_gone() -> Non
         assert _state(front, "m") == "ready"
 
 
+def test_ollamas_lists_name_each_model_by_a_name_that_reaches_it() -> None:
+    """Backend ``x`` beside ``y`` with the alias ``x:latest``: the lists named both
+    ``x:latest`` (x dropped out of ``/api/tags``), and ``ollama stop x:latest``, the name
+    ``/api/ps`` showed for x, unloaded y."""
+    with serve_http([server_backend("x", 256), server_backend("y", 256,
+                                                              aliases=["x:latest"])]) as front:
+        tags = {m["name"]: m["digest"] for m in front.get("/api/tags").json()["models"]}
+        assert set(tags) == {"x", "x:latest", "y:latest"}
+        assert tags["x"] != tags["x:latest"] == tags["y:latest"]
+        assert front.post("/v1/chat/completions", chat("x")).status == 200
+        assert [m["name"] for m in front.get("/api/ps").json()["models"]] == ["x"]
+
+
 def test_an_ollama_stream_a_server_answers_whole_keeps_its_text() -> None:
     """A server that answers a stream request with one whole JSON answer: the Ollama door
     read its message as no delta and sent an empty reply, done, with nothing said."""

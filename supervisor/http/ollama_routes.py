@@ -32,7 +32,7 @@ from ..errors import brief
 from . import ollama_jobs
 from .bodies import read_json
 from .ollama_jobs import ollama_error, ollama_errors
-from .openai_routes import OPENAI, ollama_name
+from .openai_routes import OPENAI
 from .routes import json_response
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class _Ollama:
             expires = NEVER
         size = b.reserved_mib or (b.peak_mib or 0)
         vram = b.observed_mib or (size if simulated else 0)  # (`ollama ps`: its % on GPU)
-        listed = ollama_name(b.name)
+        listed = self.app[OPENAI].table.ollama_listed(b.name)
         entry = {"name": listed, "model": listed, "size": size * MIB,
                  "digest": _digest(b.name), "details": self._details(b.name),
                  "expires_at": expires.isoformat(), "size_vram": vram * MIB,
@@ -102,7 +102,8 @@ class _Ollama:
     async def tags(self, request: web.Request) -> web.Response:
         peaks = {b.name: b.peak_mib for b in self.engine.snapshot().backends}
         modified = dt.datetime.fromtimestamp(self.engine.wall_started, dt.UTC).isoformat()
-        listed = {ollama_name(model): name for model, name in self.app[OPENAI].table.listed()}
+        table = self.app[OPENAI].table
+        listed = {table.ollama_listed(model): name for model, name in table.listed()}
         return json_response({"models": [
             {"name": model, "model": model, "modified_at": modified,
              "size": (peaks.get(name) or 0) * MIB, "digest": _digest(name),

@@ -111,6 +111,12 @@ class ModelTable:
                                 "it", alias, name, owner, owner)
                     continue
                 self.names[alias] = name
+        for model, name in self.names.items():
+            tagged = ollama_name(model)
+            if self.names.get(tagged, name) != name:
+                log.warning("model %r is %s's, and %r, the name Ollama's clients ask for it by "
+                            "(its tag added), is %s's: they reach %s", model, name, tagged,
+                            self.names[tagged], self.names[tagged])
 
     @classmethod
     def of(cls, engine: Engine, table: ModelTable | None) -> ModelTable:
@@ -133,6 +139,15 @@ class ModelTable:
             elif not has_tag(model):
                 found = self.names.get(model + LATEST)
         return found
+
+    def ollama_listed(self, model: str) -> str:
+        """``model`` as Ollama's lists name it: with its tag (``x:latest``), unless that
+        tagged name is another backend's name or alias, which a client asking by it would
+        reach (then bare: the name that reaches this one)."""
+        tagged = ollama_name(model)
+        other = self.names.get(tagged)
+        return model if other is not None and other != self.names.get(model, model) \
+            else tagged
 
     def listed(self) -> list[tuple[str, str]]:
         """(model, backend) for every name the model lists show (``/v1/models``,
