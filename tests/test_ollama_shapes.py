@@ -80,13 +80,14 @@ def test_think_reaches_the_chat_template() -> None:
 @pytest.mark.parametrize(("said", "seconds"), [
     (0, 0.0), ("0", 0.0), ("0s", 0.0), ("0ms", 0.0), ("0h", 0.0), ("0m0s", 0.0), ("5m", 300.0),
     ("1h30m", 5400.0), (".5s", 0.5), ("90", 90.0), (3.0, 3.0), (-1, math.inf),
-    ("-1m", math.inf), (None, None), ("", None)])
+    ("-1m", math.inf), (None, None), ("", None), (10 ** 400, math.inf), (1e300, math.inf)])
 def test_keep_alive_is_read_as_ollama_reads_it(said: object, seconds: float | None) -> None:
     """Only 0, "0", "0s" and "0m" unloaded; "0ms" or "0h" kept the model loaded."""
     assert shapes.keep_alive_s({"keep_alive": said}) == seconds
 
 
-@pytest.mark.parametrize("said", [False, True, "soon", "5 m", [1], {"s": 1}, "1" * 80])
+@pytest.mark.parametrize("said", [False, True, "soon", "5 m", [1], {"s": 1}, "1" * 80,
+                                  "\u0660", "\u0661s", float("nan")])
 def test_a_keep_alive_ollama_refuses_is_refused(said: object) -> None:
     with pytest.raises(shapes.ShapeError, match="keep_alive"):
         shapes.keep_alive_s({"keep_alive": said})

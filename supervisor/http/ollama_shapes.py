@@ -190,8 +190,9 @@ def _options(body: Mapping[str, Any], out: dict[str, Any]) -> None:
 THINK_LEVELS = ("low", "medium", "high")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
              "h": 3600.0}
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_GO_DURATION = re.compile(r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_GO_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_DURATION = re.compile(r"[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+")
+MAX_KEEP_ALIVE_S = 1e12  # past this (a number of seconds, or a duration): for ever
 
 
 def keep_alive_s(body: Mapping[str, Any]) -> float | None:
@@ -201,12 +202,13 @@ def keep_alive_s(body: Mapping[str, Any]) -> float | None:
     value = body.get("keep_alive")
     if value is None or value == "":
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool) and \
-            not math.isnan(value):
-        return math.inf if value < 0 else float(value)
+    if isinstance(value, int) and not isinstance(value, bool):  # (any size: never float'd)
+        return math.inf if value < 0 or value > MAX_KEEP_ALIVE_S else float(value)
+    if isinstance(value, float) and not math.isnan(value):
+        return math.inf if value < 0 or value > MAX_KEEP_ALIVE_S else value
     if isinstance(value, str) and len(value) <= 64:
         text = value.strip()
-        if re.fullmatch(r"\d{1,15}(?:\.\d{1,9})?", text):  # seconds, as text
+        if re.fullmatch(r"[0-9]{1,15}(?:\.[0-9]{1,9})?", text):  # seconds, as text
             return float(text)
         if _GO_DURATION.fullmatch(text):
             total = sum(float(n) * _GO_UNITS[u] for n, u in _GO_PART.findall(text))
