@@ -410,7 +410,7 @@ models:
     assert m["keep_alive"] == "120s" and m["aliases"] == ["qwen-chat"]
     # a value of several words is several words, as llama-swap splits the text it read in
     # (it was one word, "-ngl 99 -c 4096", which llama-server refused)
-    entries, _, errors = _read(tmp_path, """\
+    entries, warnings, errors = _read(tmp_path, """\
 models:
   m:
     cmd: s --port ${PORT} ${env.ARGS} --token ${env.HF} --say "${env.QUOTED}"
@@ -418,6 +418,9 @@ models:
     assert errors == []
     assert entries["m"]["command"] == ["s", "--port", "${PORT}", "-ngl", "99", "-c", "4 096",
                                        "--token", "${HF}", "--say", "two words"]
+    # (said: their values are in the descriptor now, where a one-word token stays ${HF})
+    said = [w.message for w in warnings if w.field == "cmd"]
+    assert len(said) == 1 and "${env.ARGS}, ${env.QUOTED} holds several words" in said[0]
     for odd in ("!!int abc", "7" * 5000, "[1"):  # one line each, never a traceback
         _, _, errors = _read(tmp_path, "models:\n  m: {cmd: 's ${PORT}', ttl: '${env.T}'}\n",
                              {"T": odd})

@@ -190,6 +190,7 @@ class _Translator:
         self.pinned: set[str] = set()
         self.preload: set[str] = set()
         self.priority: dict[str, int] = {}  # model ID -> its priority (routing.scheduler)
+        self.spread: set[str] = set()  # env variables of several words read into a command
         self.top: dict[str, Any] = {}  # TOP_VALUES, their macros in
 
     def _core_macros(self, *path: Any) -> Any:
@@ -508,7 +509,13 @@ class _Translator:
         if not isinstance(cmd, str):
             raise _Bad("cmd", f"{brief(cmd)} is not a command line (llama-swap's 'cmd' is "
                        "text, split as a shell would)")
+        self.spread.clear()
         argv = self._words(cmd, "cmd")
+        if self.spread:  # (said: an import writes the values, a key among them maybe)
+            spread = ", ".join(f"${{env.{var}}}" for var in sorted(self.spread))
+            self.out.warn(_line(body, "cmd", line), "cmd", name, f"{spread} holds several "
+                          "words: read now and split, as llama-swap splits them, so the "
+                          "descriptor has their values (an import writes them)")
         self._left_macros(values)
         proxy = values.get("proxy", DEFAULT_PROXY)
         if not isinstance(proxy, str):
@@ -625,7 +632,10 @@ class _Translator:
             if var not in self.environ or var in SERVER_MACROS:
                 return match.group(0)
             value = self._env_value(var, key)
-            return match.group(0) if posix_words(value) == [value] else value
+            if posix_words(value) == [value]:
+                return match.group(0)
+            self.spread.add(var)
+            return value
         return _ENV_USE.sub(one, text)
 
     def _ours(self, word: str, key: str) -> str:
