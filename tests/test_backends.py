@@ -735,3 +735,24 @@ def test_a_yaml_syntax_error_says_what_is_probably_wrong(tmp_path: Path, text: s
     (error,) = result.errors
     assert error.line == line and hint in str(error) and "bad.yaml" in str(error)
     assert "YAML error: " in str(error) and "(" in str(error)  # PyYAML's words stay too
+
+
+def test_listed_as_names_one_of_its_own_names(tmp_path: Path, worker: Path) -> None:
+    """``listed_as``: the name the model lists show in place of the backend's own (a
+    llama-swap ID such as ``qwen2.5:7b``, which no backend name can be): one of its names."""
+    good = write(tmp_path, "good.yaml", """
+        name: qwen
+        script: w/main.py
+        api: [chat]
+        aliases: ["qwen2.5:7b"]
+        listed_as: "qwen2.5:7b"
+    """)
+    assert only(load(good)).listed_as == "qwen2.5:7b"
+    bad = write(tmp_path, "bad.yaml", """
+        name: qwen
+        script: w/main.py
+        api: [chat]
+        listed_as: "qwen2.5:7b"
+    """)
+    (said,) = errors(load(bad))
+    assert "listed_as" in said and "add it to aliases" in said

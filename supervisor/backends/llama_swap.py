@@ -35,11 +35,12 @@ nor ``backends:``.  Each model becomes one backend that runs as a model server (
   ``exclusive`` have nothing left to say, and ``persistent: true`` makes its members pinned.
 
 A model ID that is not a backend name (``org/model:7b``) gets a name made of it that is no
-other model's ID nor anyone's alias, the ID kept as an alias. As in llama-swap, a request's
-model is looked up among the IDs first: an alias that is another model's ID is left out, and
-so is one that an earlier model has (llama-swap refuses that file). What cannot be mapped
-comes back as one ``DescriptorWarning`` each, never silently; a model that cannot be read at
-all is one ``DescriptorError`` and the others load.
+other model's ID nor anyone's alias, the ID kept as an alias and listed in its place
+(``listed_as``: ``/v1/models`` and ``/running`` show the ID, as llama-swap's do). As in
+llama-swap, a request's model is looked up among the IDs first: an alias that is another
+model's ID is left out, and so is one that an earlier model has (llama-swap refuses that
+file). What cannot be mapped comes back as one ``DescriptorWarning`` each, never silently;
+a model that cannot be read at all is one ``DescriptorError`` and the others load.
 """
 
 from __future__ import annotations
@@ -595,6 +596,8 @@ class _Translator:
         aliases = self._aliases(model_id, name, values.get("aliases"), body, line)
         if aliases:
             put("aliases", aliases, "aliases")
+        if model_id != name and model_id in aliases:  # (listed by its ID, as llama-swap does)
+            put("listed_as", model_id, None)
         unlisted = values.get("unlisted", False)
         if not isinstance(unlisted, bool):
             raise _Bad("unlisted", f"{brief(unlisted)} is not true or false")

@@ -82,6 +82,7 @@ TOP_KEYS = frozenset(
         "enabled",
         "api",
         "aliases",
+        "listed_as",
         "http",
     }
 )
@@ -259,6 +260,8 @@ class BackendSpec:
     vramd: VramdSettings = VramdSettings()
     api: tuple[str, ...] = ()  # OpenAI-compatible APIs it speaks (``API_KINDS``)
     aliases: tuple[str, ...] = ()  # other model names it answers to over HTTP
+    # the name the model lists show in place of its own (an alias: a llama-swap model's ID)
+    listed_as: str | None = None
     http: HttpSpec | None = None  # set: its command starts an HTTP model server, not a worker
 
     @property
@@ -633,17 +636,22 @@ def _api(value: object) -> tuple[str, ...]:
     return tuple(kinds)
 
 
+def _model_name(value: object) -> str:
+    if not isinstance(value, str) or not is_model_name(value):
+        raise ValueError(f"{brief(value)} is not a model name (printable text, no blank at "
+                         f"either end, up to {MAX_ALIAS} characters)")
+    return value
+
+
 def _aliases(value: object) -> tuple[str, ...]:
     words = [value] if isinstance(value, str) else value
     if not isinstance(words, list | tuple):
         raise ValueError(f"{brief(value)} is not a list of model names")
     names: list[str] = []
     for word in words:
-        if not isinstance(word, str) or not is_model_name(word):
-            raise ValueError(f"{brief(word)} is not a model name (printable text, no blank at "
-                             f"either end, up to {MAX_ALIAS} characters)")
-        if word not in names:
-            names.append(word)
+        name = _model_name(word)
+        if name not in names:
+            names.append(name)
     return tuple(names)
 
 
@@ -822,6 +830,11 @@ def build_spec(
                                  "'idle' out"))
     take("api", "api", _api)
     take("aliases", "aliases", _aliases)
+    take("listed_as", "listed_as", _model_name)
+    listed = values.get("listed_as")
+    if listed is not None and listed != name and listed not in values.get("aliases", ()):
+        errors.append(FieldError("listed_as", f"{brief(listed)} is neither its name nor one "
+                                 "of its aliases: add it to aliases"))
 
     if errors:
         raise InvalidBackend(errors)

@@ -93,9 +93,10 @@ class _LlamaSwap:
             proxy = getattr(rt.worker, "url", None) or (spec.http.url if spec.http else "")
             launch = getattr(rt.worker, "launch", None)
             argv = getattr(launch, "argv", None) or spec.command
-            listed.append({"model": b.name, "state": state, "cmd": shlex.join(argv),
-                           "proxy": proxy,
-                           "ttl": ttl, "name": b.name, "description": spec.description})
+            # (a model by its llama-swap ID, which its backend lists it as)
+            listed.append({"model": spec.listed_as or b.name, "state": state,
+                           "cmd": shlex.join(argv), "proxy": proxy, "ttl": ttl,
+                           "name": b.name, "description": spec.description})
         return web.json_response({"running": listed})
 
     async def _unload_all(self) -> list[str]:

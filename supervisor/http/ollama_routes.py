@@ -81,7 +81,8 @@ class _Ollama:
             expires = NEVER
         size = b.reserved_mib or (b.peak_mib or 0)
         vram = b.observed_mib or (size if simulated else 0)  # (`ollama ps`: its % on GPU)
-        listed = self.app[OPENAI].table.ollama_listed(b.name)
+        table = self.app[OPENAI].table
+        listed = table.ollama_listed(table.shown(b.name))
         entry = {"name": listed, "model": listed, "size": size * MIB,
                  "digest": _digest(b.name), "details": self._details(b.name),
                  "expires_at": expires.isoformat(), "size_vram": vram * MIB,

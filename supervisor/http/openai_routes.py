@@ -98,6 +98,9 @@ class ModelTable:
         specs_by_name = {spec.name: spec for spec in specs}
         # backends a request may name but no list shows
         self.unlisted = {name for name, spec in specs_by_name.items() if spec.unlisted}
+        # backends listed by another of their names (``listed_as``) than their own
+        self.listed_as = {name: spec.listed_as for name, spec in specs_by_name.items()
+                          if spec.listed_as not in (None, name)}
         for name, spec in specs_by_name.items():
             if spec.api:
                 self.names[name] = name
@@ -151,9 +154,15 @@ class ModelTable:
 
     def listed(self) -> list[tuple[str, str]]:
         """(model, backend) for every name the model lists show (``/v1/models``,
-        ``/api/tags``): backends with an ``api:`` and their aliases, but the unlisted."""
+        ``/api/tags``): backends with an ``api:`` and their aliases, but the unlisted (and a
+        backend's own name when it is ``listed_as`` another)."""
         return [(model, name) for model, name in sorted(self.names.items())
-                if name not in self.unlisted]
+                if name not in self.unlisted
+                and not (model == name and name in self.listed_as)]
+
+    def shown(self, backend: str) -> str:
+        """The name the lists show ``backend`` by: its ``listed_as``, else its own."""
+        return self.listed_as.get(backend, backend)
 
 
 FORM_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
