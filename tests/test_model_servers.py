@@ -211,6 +211,11 @@ def test_two_servers_on_one_fixed_port_take_turns() -> None:
         jobs = front.get("/v1/jobs?state=failed").json()["data"]
         assert jobs == []
         assert "already listens" not in front.get("/logs").body.decode()
+        # Ollama's warm-up load of the other: it takes the port from the idle one (it was
+        # given up after 30 s: a load evicts nothing for memory)
+        reply = front.post("/api/generate", {"model": "two", "prompt": ""}, timeout=20)
+        assert reply.status == 200 and reply.json()["done_reason"] == "load", reply
+        assert (_state(front, "one"), _state(front, "two")) == ("cold", "ready")
 
 
 def test_two_servers_that_cannot_co_reside_alternate_and_never_overlap() -> None:

@@ -498,10 +498,14 @@ def test_two_servers_of_one_fixed_address_take_turns() -> None:
     # neither runs yet: the first in line starts, the other waits for it
     p = plan(snap([gpu(0)], [a, b], [], [job("ja", "a"), job("jb", "b")]), NOW)
     assert started(p) == ["ja"] and "holds localhost:8000" in p.waiting["jb"]
-    # a preload never evicts for its address
+    # a load asked by name (Ollama's warm-up) takes the address from an idle holder with
+    # nothing queued (it waited 30 s and was given up), never from one with work waiting
     pre = QueuedJob("pb", "b", 0, 1, NOW, kind="preload")
     p = plan(snap([gpu(0)], [a, b], [idle(a, 0)], [pre]), NOW)
-    assert p.evictions == () and started(p) == []
+    assert evicted(p) == ["a"] and started(p) == []
+    assert "loaded and listens on localhost:8000" in p.evictions[0].reason
+    p = plan(snap([gpu(0)], [a, b], [busy(a, 0)], [job("ja", "a"), pre]), NOW)
+    assert p.evictions == () and "holds localhost:8000" in p.waiting["pb"]
 
 
 def test_a_holder_of_an_address_finishes_its_batch_first_then_leaves() -> None:

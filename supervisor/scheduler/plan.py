@@ -405,7 +405,8 @@ class _Planner:
         (two servers cannot listen on one port); if so, the job has its verdict. The holder
         leaves as a worker leaves for memory: a victim of this job's barrier on its GPU, so
         its queued work of the same priority goes on first (a batch, not a switch per job)
-        and then its later jobs wait; never for a preload, nor while it is pinned, stopping
+        and then its later jobs wait; for a load (asked by name: a preload never evicts for
+        memory), an idle holder goes at once; never while it is pinned, stopping
         or calibrated, nor for a job that could not start once it has gone."""
         address = info.address
         holder = None if address is None else self.on_address.get(address)
@@ -425,14 +426,18 @@ class _Planner:
         elif held is not None and held.holds_pin:
             self._settle(key, f"{why}, and {holder} is pinned: it never leaves (give one of "
                          "them another port)")
-        elif job.kind == "preload":
-            self._settle(key, why)
         elif not allowed:
             self._settle(key, self._no_gpu(info))
         elif all(g in self.closed for g in allowed):
             self._settle(key, self.closed[allowed[0]])
         elif info.measured and not any(self._ever_fits(g, need) for g in allowed):
             self._settle(key, self._never(info, need, allowed))
+        elif job.kind == "preload":  # asked for by name (Ollama's load): an idle holder goes
+            if self._evictable(w) and not self.queued_jobs.get(holder, 0):
+                self._evict([w], w.gpu, f"{info.name} is loaded and listens on {address} too")
+                self._settle(key, f"{why}: it waits for it to go")
+            else:
+                self._settle(key, why)
         elif w.gpu in self.barriers:
             self._settle(key, self._behind(self.barriers[w.gpu]))
         elif w.gpu in allowed and (not info.measured or self._ever_fits(w.gpu, need)):
