@@ -314,9 +314,8 @@ def decide_inputs(
             loading_for=w.loading_for if w.state in ("starting", "initializing") else None,
             loading_since=w.loading_since,
         )
-    held = {r.gpu: f"the calibration of {r.backend}" for r in runs}
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
-                        queued_counts=queued_counts, held=held,
-                        calibrating=frozenset(r.backend for r in runs),
+                        queued_counts=queued_counts,
+                        calibrating={r.gpu: r.backend for r in runs},
                         sleep_host_room_mib=max(0, sleep_host_room_mib), expected=expected)
     return snapshot, accounts

@@ -553,7 +553,7 @@ def test_a_calibration_holds_its_address() -> None:
     p = plan(snap([gpu(0), gpu(1)], [a, b], [], [cal, job("ja", "a")]), NOW)
     assert started(p) == ["cb"] and "calibration" in p.waiting["ja"]
     running = replace(snap([gpu(0), gpu(1)], [a, b], [], [job("ja", "a")]),
-                      held={1: "the calibration of b"}, calibrating=frozenset({"b"}))
+                      calibrating={1: "b"})
     p = plan(running, NOW)
     assert started(p) == [] and "b's calibration" in p.waiting["ja"]
 

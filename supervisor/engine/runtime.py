@@ -133,7 +133,7 @@ class Usage:
     last_used: float | None = None  # engine clock
     idle_since: float | None = None  # engine clock
     tunnels: int = 0
-    unload_after: object | None = None  # this worker unloads once idle (keep_alive 0)
+    unload_after: Worker | None = None  # this worker unloads once idle (keep_alive 0)
 
     def tunnel_opened(self, now: float) -> None:
         self.tunnels += 1

@@ -167,15 +167,20 @@ class _OllamaJobs:
 
     async def _load_or_unload(self, backend: str, kind: str, model: str, *,
                               unload: bool) -> web.Response:
+        await self._nothing_asked(backend, unload=unload)
+        return web.json_response(shapes.load_reply(kind, model,
+                                                   "unload" if unload else "load"))
+
+    async def _nothing_asked(self, backend: str, *, unload: bool) -> None:
+        """A request that asks the model nothing: it loads the model, as Ollama's does (it
+        unloads it with ``keep_alive: 0``: a busy one once its requests are answered)."""
         try:
-            if unload:  # busy: it goes once its requests are answered (as Ollama's does)
+            if unload:
                 self.engine.evict_when_idle(backend)
             else:
                 await self._load(backend)
         except VramtuiError as exc:
             raise from_engine(exc) from None
-        return web.json_response(shapes.load_reply(kind, model,
-                                                   "unload" if unload else "load"))
 
     async def _load(self, backend: str) -> None:
         """Load ``backend`` and answer once it is loaded, as Ollama's load does (it said
@@ -260,14 +265,8 @@ class _OllamaJobs:
         started = time.monotonic_ns()
         door = self.app[OPENAI]
         backend = door.backend_for(model, "embeddings")
-        if translated is None:  # nothing to embed: a load (an unload), as Ollama's
-            try:
-                if unload:
-                    self.engine.evict_when_idle(backend)
-                else:
-                    await self._load(backend)
-            except VramtuiError as exc:
-                raise from_engine(exc) from None
+        if translated is None:  # nothing to embed
+            await self._nothing_asked(backend, unload=unload)
             return web.json_response({"embedding": []} if legacy else {
                 "model": model, "embeddings": [], "total_duration": time.monotonic_ns() -
                 started, "load_duration": 0})

@@ -297,8 +297,8 @@ class Snapshot:
     workers: Mapping[str, WorkerInfo] = field(default_factory=dict)
     queue: Sequence[QueuedJob] = ()
     queued_counts: Mapping[tuple[str, str], int] | None = None
-    held: Mapping[int, str] = field(default_factory=dict)
-    calibrating: frozenset[str] = frozenset()  # backends whose calibration runs now
+    calibrating: Mapping[int, str] = field(default_factory=dict)  # GPU -> the backend of
+    # the calibration run that holds it now
     sleep_host_room_mib: int = 0
     expected: Expectations | None = None
 
@@ -324,7 +324,7 @@ class Snapshot:
         if counts is None:
             counts = Counter((job.kind, job.backend) for job in queue)
         object.__setattr__(self, "queued_counts", MappingProxyType(dict(counts)))
-        object.__setattr__(self, "held", MappingProxyType(dict(self.held)))
+        object.__setattr__(self, "calibrating", MappingProxyType(dict(self.calibrating)))
 
 
 @dataclass(frozen=True, slots=True)

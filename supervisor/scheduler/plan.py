@@ -63,11 +63,11 @@ even what it keeps is needed. Sleepers' host memory stays within
 ``Snapshot.sleep_host_room_mib``.
 
 Kinds. A ``preload`` starts a worker without a job (or wakes a sleeping one), only in room
-nobody waits for, never evicting; a ``calibration`` needs an empty GPU, like an unmeasured
-backend, and closes it for the rest of the plan. A draining GPU, or one ``held`` by a
-calibration run, admits nothing, and a draining GPU's idle workers are evicted; on a yielded
-one (``GpuState.closed_why``) a load or wake under way is given up too, its jobs back in the
-queue.
+nobody waits for, never evicting (but for a fixed address: see ``_address_taken``); a
+``calibration`` needs an empty GPU, like an unmeasured backend, and closes it for the rest of
+the plan. A draining GPU, or one held by a calibration run (``calibrating``), admits nothing,
+and a draining GPU's idle workers are evicted; on a yielded one (``GpuState.closed_why``) a
+load or wake under way is given up too, its jobs back in the queue.
 
 Others. When what our workers hold plus strangers' memory (``GpuState.foreign_mib``, counted
 with hysteresis by ``strangers``) exceeds a GPU, its idle workers are evicted (or put to
@@ -234,9 +234,9 @@ class _Planner:
         self.stopping: set[str] = set()  # backends whose worker is on its way out
         # GPU -> why nothing new starts there (draining, held by a calibration run).
         self.closed: dict[int, str] = {}
-        for g, holder in snapshot.held.items():
+        for g, backend in snapshot.calibrating.items():
             if g in self.gpus:
-                self.closed[g] = f"GPU{g} is held by {holder}"
+                self.closed[g] = f"GPU{g} is held by the calibration of {backend}"
         for gpu in snapshot.gpus:
             if gpu.draining:
                 self.closed.setdefault(gpu.index,
@@ -246,7 +246,7 @@ class _Planner:
         # fixed address -> the backend whose server holds it (or starts in this plan); one
         # being calibrated holds it too (its run is no worker)
         self.on_address: dict[str, str] = {}
-        self.calibrating = set(snapshot.calibrating)
+        self.calibrating = set(snapshot.calibrating.values())
         holding = sorted((w.state != "stopping", w.backend) for w in snapshot.workers.values())
         for name in [n for _, n in holding] + sorted(self.calibrating):
             address = backends[name].address if name in backends else None
