@@ -50,7 +50,8 @@ victim whose stream above the barrier's priority is alive leaves last: not while
 victim still runs a job (its room is needed too, so the stream's worker leaving earlier only
 opens a window in which its next request must wait for the barrier and a reload). A stream
 taken as ended may not have: when its next request comes while the worker that took its room
-still loads for jobs of lower priority (``WorkerInfo.loading_for``), that load is given up
+still loads for jobs of lower priority (``WorkerInfo.loading_for``), and nothing else there
+could make that room, that load is given up
 and those jobs go back to the queue (``Evict.requeue``), so the request waits for its own
 model's reload, not for that load, a job and the reload (``_undo_loads``).
 
@@ -820,8 +821,11 @@ class _Planner:
 
     def _undo_loads(self) -> None:
         """A stream's request that needs the room of a worker still loading for jobs of lower
-        priority gives that load up: the worker stops, its jobs go back to the queue (they
-        run once their turn comes again, the stream's hold deciding when), and the request
+        priority, room nothing else on that GPU could make (our other workers there, idle or
+        busy, evicted or waited for: a load given up is a load thrown away, and a 30 s load
+        was given up a second before its end), gives that load up: the worker stops, its jobs
+        go back to the queue (they run once their turn comes again, the stream's hold
+        deciding when), and the request
         waits for its own model's reload rather than for the load, a job and that reload.
         Only for a request of a stream above those jobs that is alive (it just came): a stream
         the hold took as ended but was not, the mistake undone while it is still cheap; and
@@ -846,10 +850,13 @@ class _Planner:
                 continue  # it fits (or will) beside what loads
             for w in loading:
                 g = w.gpu
+                coming = self.budget[g] + self.stopping_mib[g]
+                others = sum(o.reserved_mib for o in self.live_on[g]
+                             if o.loading_for is None and self._may_leave(o))
                 if (w.loading_for is None or w.loading_for >= job.priority or g not in allowed
                         or w.backend in self.evicted or (w.loading_since is not None and self.now
                                                          - w.loading_since >= patience)
-                        or self.budget[g] + self.stopping_mib[g] + w.reserved_mib < need
+                        or coming + w.reserved_mib < need or coming + others >= need
                         or exp.stream_above(job.backend, w.loading_for, self.now) is None):
                     continue
                 self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
@@ -945,11 +952,13 @@ class _Planner:
 
     def _returning(self, g: int, own: str | None) -> int:
         """What the jobs running on ``g`` give back when they end (their activation and
-        safety; what a worker holds beyond its figures too)."""
+        safety; what a worker holds beyond its figures too). Not a worker's that still loads:
+        its jobs have not begun, and give nothing back before its load and their runs."""
         back = 0
         for w in self.live_on[g]:
             info = self.backends.get(w.backend)
-            if w.active_jobs and w.backend != own and info is not None and info.measured:
+            if w.active_jobs and w.backend != own and info is not None and info.measured \
+                    and w.state not in ("starting", "initializing"):
                 back += max(0, w.reserved_mib - info.idle_mib)
         return back
 
