@@ -163,7 +163,8 @@ class WorkerFacts:
     an unknown footprint and holds its GPU whole. An ``asleep`` worker is counted at
     ``sleep_mib`` (what it keeps: measured, or the backend's figure while ``falling`` asleep,
     when what it gives back is still counted as on its way back); ``can_sleep``: it may be put
-    to sleep rather than stopped; ``loading_for``: see ``WorkerInfo``."""
+    to sleep rather than stopped; ``loading_for`` and ``running_priority``: see
+    ``WorkerInfo``."""
 
     name: str
     backend: str
@@ -182,6 +183,7 @@ class WorkerFacts:
     can_sleep: bool = False
     loading_for: int | None = None
     loading_since: float | None = None
+    running_priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +314,7 @@ def decide_inputs(
             over_declared=w.over_declared or (h is not None and h.over_mib > 0),
             can_sleep=w.can_sleep and w.state == "ready" and not w.jobs,
             loading_for=w.loading_for if w.state in ("starting", "initializing") else None,
-            loading_since=w.loading_since,
+            loading_since=w.loading_since, running_priority=w.running_priority,
         )
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
                         queued_counts=queued_counts,

@@ -132,9 +132,10 @@ class _Worker:
             return b.residual_mib
         return b.resident_mib + len(self.jobs) * b.activation_mib
 
-    def facts(self, b: TraceBackend, admitted: Sequence[QueuedJob] = ()) -> WorkerFacts:
+    def facts(self, b: TraceBackend, admitted: Sequence[QueuedJob] = (),
+              running: Sequence[int] = ()) -> WorkerFacts:
         """This worker as the engine reports it to admission (``admitted``: the jobs admitted
-        to it while it loads)."""
+        to it while it loads; ``running``: the priorities of those it runs)."""
         mem = self.memory(b)
         jobs = len(self.jobs) + len(self.pending)
         if self.state in ("falling", "asleep"):
@@ -148,7 +149,8 @@ class _Worker:
                            jobs=jobs, observed_mib=mem if self.state != "starting" else None,
                            idle_since=self.idle_since,
                            can_sleep=b.wake_s is not None and self.state == "ready",
-                           loading_for=loading_for, loading_since=loading_since)
+                           loading_for=loading_for, loading_since=loading_since,
+                           running_priority=max(running, default=None))
 
 
 class _Sim:
@@ -210,7 +212,8 @@ class _Sim:
         for w in self.workers.values():
             b = self.backends[w.backend]
             used[w.gpu] += w.memory(b)
-            facts.append(w.facts(b, [self.admitted[j] for j in w.pending]))
+            facts.append(w.facts(b, [self.admitted[j] for j in w.pending],
+                                 [self.jobs[j].priority for j in w.jobs]))
             if w.state in ("falling", "asleep", "waking"):
                 host += b.host_mib
         devices = [Device(g, total, used[g], max(0, total - used[g]))

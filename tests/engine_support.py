@@ -187,6 +187,7 @@ class Played:
     reasons: list[str]  # why jobs waited, as their views said while the trace played
     log: list[str]
     submitted: dict[str, float]  # trace job id -> when the engine took it (from the first)
+    ended: dict[str, float]  # trace job id -> when it ended (from the first submission)
 
     def largest_gap(self, ids: list[str]) -> float:
         """The longest time between two of these jobs' submissions, as the engine saw them
@@ -238,7 +239,9 @@ def play_trace(trace: Any, gpus: str, *, step_s: float = 0.1,
                  if v.started_at is not None}
     return Played(last - first, sum(1 for text in log if text.startswith("starting ")),
                   waits, job_waits, {tid: v.state.value for tid, v in views.items()}, reasons,
-                  log, {tid: v.submitted_at - first for tid, v in views.items()})
+                  log, {tid: v.submitted_at - first for tid, v in views.items()},
+                  {tid: v.finished_at - first for tid, v in views.items()
+                   if v.finished_at is not None})
 
 
 def sleep_events(sup: Any) -> list[EngineEvent]:

@@ -362,6 +362,28 @@ def test_arrival_processes() -> None:
 # --------------------------------------------------------------------------- traces
 
 
+def test_chats_over_a_batch_of_big_models_do_not_wait_out_its_jobs() -> None:
+    """Three small chat models (priority 10) asked in turn every 7 s over a batch of two
+    big ones (13 GiB each, never together, 20 and 25 s loads, six 15 s jobs) on 24 GiB:
+    beside a batch job only two chat models fit, so a request for the third needs an idle
+    one evicted. It used to wait out the batch job instead (up to four times that eviction's
+    cost: 22 s), and a request that needed room while a big model loaded had that load given
+    up (the batch took 253 s). Now a request evicts an idle chat model within its target
+    wait and waits for its own load (4 s), and no big load is thrown away."""
+    batch = tuple(TraceBackend(f"batch{i}", 20.0 + 5 * i, 13 * GIB, 2 * GIB, safety_mib=512)
+                  for i in range(2))
+    chats = tuple(TraceBackend(f"chat{i}", 4.0, size * GIB, GIB // 2, safety_mib=512,
+                               priority=10) for i, size in enumerate((3, 2, 3)))
+    jobs = [TraceJob(f"b{k}", 0.0, batch[k % 2].name, 15.0) for k in range(6)]
+    jobs += [TraceJob(f"i{k}", 5.0 + 7.0 * k + (k % 3) * 0.9, chats[k % 3].name, 1.0, 10)
+             for k in range(20)]
+    r = simulate(Trace("chats over a batch", (24 * GIB,), batch + chats, tuple(jobs)))
+    assert not r.unfinished and not r.overcommitted
+    assert max(r.waits[10]) <= 4.0 + 1.0 + 0.5, sorted(r.waits[10])[-3:]
+    # the batch: a load of each big model and its jobs one after another, give or take
+    assert r.makespan_s <= 1.15 * (20.0 + 25.0 + 6 * 15.0), r.makespan_s
+
+
 def issue_trace() -> Trace:
     """Issue 28's case (as in bench/trace.py)."""
     llm = TraceBackend("chat-llm", 2.0, 11 * GIB, GIB, safety_mib=128, priority=10)

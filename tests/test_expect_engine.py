@@ -39,6 +39,24 @@ def test_the_chat_keeps_its_model_and_the_big_batch_waits_for_its_end() -> None:
 
 
 @pytest.mark.process
+def test_a_chat_request_evicts_an_idle_chat_model_rather_than_wait_out_a_batch_job() -> None:
+    # A batch job (priority 0) runs 8 s with two chat models loaded beside it; a request for
+    # a third (priority 10) fits only once one of them leaves, or once the batch job ends.
+    # The engine tells the scheduler the priority of what its workers run: the request does
+    # not wait for lower-priority work longer than its target wait (1 s), so it evicts an
+    # idle chat model, loads its own (1.5 s) and runs while the batch job still runs.
+    batch = TraceBackend("batch", 0.3, 13 * GIB, 2 * GIB, safety_mib=512)
+    chats = tuple(TraceBackend(f"chat{i}", 1.5, size * GIB, GIB // 2, safety_mib=512,
+                               priority=10) for i, size in enumerate((3, 2, 3)))
+    jobs = (TraceJob("b0", 0.0, "batch", 8.0), TraceJob("c0", 0.2, "chat0", 0.2, 10),
+            TraceJob("c1", 0.2, "chat1", 0.2, 10), TraceJob("c2", 2.5, "chat2", 0.2, 10))
+    trace = Trace("a chat beside a batch job", (24 * GIB,), (batch, *chats), jobs)
+    played = play_trace(trace, "sim:24GiB")
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    assert played.ended["c2"] < played.ended["b0"], (played.ended, played.log)
+
+
+@pytest.mark.process
 def test_a_request_after_the_stream_seemed_to_end_has_the_big_load_given_up() -> None:
     # The stream stops at 5 s; once it has been silent long enough, the big model starts
     # loading (4 s) in the chat model's room. One more request comes in the middle of that

@@ -765,6 +765,27 @@ def test_a_barrier_waits_for_running_jobs_to_give_memory_back_rather_than_evict(
     assert "1 worker leaves GPU0 for it" in later.waiting["barrier"]
 
 
+def test_work_above_every_running_job_waits_for_them_no_longer_than_its_target() -> None:
+    # As above, but the ten running jobs are of priority 0 and the barrier of 5: waiting out
+    # lower-priority work for want of an eviction is an inversion. It waits at most its
+    # target wait (1 s by default), then evicts; running work of its own priority keeps the
+    # patience of a batch.
+    big = be("big", 30_000, 1_000)
+    hot = be("hot", 2_000, 1_000, conc=100)
+    other = be("other", 10_000, 0)
+
+    def plan_at(running: int, waited: float) -> Plan:
+        workers = [replace(busy(hot, 0, jobs=10), running_priority=running), idle(other, 0)]
+        return plan(snap([gpu(0, 50_000)], [big, hot, other], workers,
+                         [job("barrier", "big", 5, blocked_since=NOW - waited)]), NOW)
+
+    p = plan_at(0, 0.0)
+    assert "give their memory back, rather than evict" in p.waiting["barrier"]
+    assert p.revisit_at == NOW + 1.0
+    assert evicted(plan_at(0, 1.0)) == ["other"]
+    assert "rather than evict" in plan_at(5, 1.0).waiting["barrier"]
+
+
 def test_cold_jobs_pass_a_barrier_only_in_room_it_does_not_need() -> None:
     big = be("big", 30_000, 1_000)  # 15,000 held by other, 25,000 free: other must go
     other = be("other", 15_000, 0)

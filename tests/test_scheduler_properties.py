@@ -167,6 +167,7 @@ class Sim:
     refused: dict[str, str] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
     started: set[str] = field(default_factory=set)
+    priorities: dict[str, int] = field(default_factory=dict)  # of the jobs started
     last_free: dict[int, int] = field(default_factory=dict)
     seq: int = 0
     plans: int = 0
@@ -196,7 +197,8 @@ class Sim:
                 free = self.last_free.get(g.index, g.total_mib - foreign)
             gpus.append(GpuState(g.index, g.total_mib, free, g.reserve_mib))
         workers = [
-            WorkerInfo(w.backend, w.gpu, w.state, w.active, w.reserved, w.idle_since)
+            WorkerInfo(w.backend, w.gpu, w.state, w.active, w.reserved, w.idle_since,
+                       running_priority=self.running_priority(w))
             for w in self.workers.values()
         ]
         backends = list(self.world.backends.values())
@@ -208,6 +210,13 @@ class Sim:
             {w.backend: w for w in workers},
             tuple(self.queue),
         )
+
+    def running_priority(self, w: SimWorker) -> int | None:
+        """The highest priority of the jobs ``w`` runs (None while it loads or runs none)."""
+        if w.state == "starting":
+            return None
+        return max((self.priorities[job_id] for _end, job_id, name, _mib in self.running
+                    if name == w.backend), default=None)
 
     def remember_free(self) -> None:
         for g, foreign in zip(self.world.gpus, self.world.foreign, strict=True):
@@ -303,6 +312,8 @@ class Sim:
             w.reserved = self.holds(w)
             self.running.append((step + durations[s.job_id], s.job_id, s.backend, 0))
             self.started.add(s.job_id)
+            self.priorities[s.job_id] = next(j.priority for j in self.queue
+                                             if j.job_id == s.job_id)
         # Passed counts come back; the queue keeps its order.
         self.queue = [
             QueuedJob(j.job_id, j.backend, j.priority, j.seq, j.submitted_at, p.passed[j.job_id])

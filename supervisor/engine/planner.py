@@ -46,7 +46,7 @@ class Planner:
     def __init__(self, config: EngineConfig, clock: Callable[[], float],
                  job: Callable[[str], Job | None] = lambda _id: None) -> None:
         self.clock = clock  # the engine's: when requests arrive, and now
-        self.job = job  # the engine's jobs by id: the priorities a loading worker is for
+        self.job = job  # the engine's jobs by id: the priorities of a worker's jobs
         self.config = sched.SchedulerConfig(
             patience_factor=config.patience_factor,
             max_patience_s=config.max_patience_s,
@@ -95,7 +95,8 @@ class Planner:
                 # A backend being calibrated takes no new job on its old worker, which the
                 # run stops once its running jobs are done.
                 workers.append(self._facts(rt, "stopping" if name in calibrating else None,
-                                           *self._loading_for(rt)))
+                                           *self._loading_for(rt),
+                                           running_priority=self._running_priority(rt)))
             for gh in rt.ghosts:
                 ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
                                                    gh.observed_mib))
@@ -134,13 +135,19 @@ class Planner:
             return None, None
         return admission.loading_facts(jobs)
 
+    def _running_priority(self, rt: BackendRuntime) -> int | None:
+        """The highest priority of the jobs ``rt``'s worker runs (None: it runs none)."""
+        return max((j.priority for job_id in rt.admitted if (j := self.job(job_id)) is not None
+                    and j.state is JobState.RUNNING), default=None)
+
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None, loading_for: int | None = None,
-               loading_since: float | None = None) -> admission.WorkerFacts:
+               loading_since: float | None = None, *,
+               running_priority: int | None = None) -> admission.WorkerFacts:
         """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
         it keeps (while it falls asleep, what it gives back on its way back), a waking one
-        whole, as one that starts; ``loading_for`` and ``loading_since``: see
-        ``sched.WorkerInfo``."""
+        whole, as one that starts; ``loading_for``, ``loading_since`` and
+        ``running_priority``: see ``sched.WorkerInfo``."""
         w = rt.worker
         assert w is not None
         m, c, slumber = rt.measures, rt.conduct, rt.slumber
@@ -158,7 +165,8 @@ class Planner:
             idle_since=rt.usage.idle_for_eviction(), accepting=c.accepting,
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
-            can_sleep=rt.can_sleep, loading_for=loading_for, loading_since=loading_since)
+            can_sleep=rt.can_sleep, loading_for=loading_for, loading_since=loading_since,
+            running_priority=running_priority)
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],

@@ -191,6 +191,9 @@ class WorkerInfo:
     higher priority, those jobs back in the queue (``Evict.requeue``), until
     ``SchedulerConfig.max_patience_s`` after ``loading_since`` (when the first of them was
     first found blocked, else submitted: a job held that long is held no more).
+    ``running_priority``: the highest priority of the jobs it runs (None while it runs none):
+    the memory they give back when they end is worth waiting for only to work of at most
+    that priority.
     """
 
     backend: str
@@ -204,6 +207,7 @@ class WorkerInfo:
     can_sleep: bool = False
     loading_for: int | None = None
     loading_since: float | None = None
+    running_priority: int | None = None
 
     def __post_init__(self) -> None:
         owner = f"worker {self.backend!r}"

@@ -32,7 +32,8 @@ room. An idle victim is evicted at once unless a patient barrier keeps its batch
 (it has queued jobs, and the next one fits once the jobs running there end) — no GPU idles
 while a job waits. Before evicting anyone, a barrier that would fit once the jobs running on
 its GPU give their memory back waits for that instead, up to ``patience_factor`` times what
-the eviction would cost. Work that fits in the room the barrier does not need (other GPUs,
+the eviction would cost (a job of a priority above every job running there: at most its
+target wait, ``expect``). Work that fits in the room the barrier does not need (other GPUs,
 or beside it) always starts: jobs of models that fit beside each other run at once.
 Lower-priority work never takes the room a barrier waits for. No job starves: aging lifts a
 waiting job one level per ``aging_interval_s`` until it is first in line, and then it waits
@@ -733,10 +734,14 @@ class _Planner:
         if not alone and also is None and (best is None or best[2]):
             # Before evicting: the memory running jobs give back when they end may suffice.
             # Waiting for it costs time, evicting costs reloads: wait up to patience_factor
-            # times what the eviction would cost (recently used workers are dear).
+            # times what the eviction would cost (recently used workers are dear). Work of a
+            # priority above every job running there waits no longer than its target wait:
+            # a chat request does not wait out a batch job for want of evicting an idle model.
             evict_cost = best[0][1] if best is not None else math.inf
             patience = min(self.config.patience_factor * evict_cost,
                            self.config.max_patience_s)
+            if self._above_running(job, candidates):
+                patience = min(patience, self._target(info.name))
             returning = [(self.budget[g] + self.stopping_mib[g] + self._returning(g, own), g)
                          for g in candidates if g not in self.closed
                          and not (self.exclusive.get(g, own) not in (own, None))]
@@ -925,6 +930,17 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
         return None
+
+    def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
+        """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
+        running = [w.running_priority for g in gpus for w in self.live_on[g]
+                   if w.running_priority is not None]
+        return bool(running) and max(running) < job.priority
+
+    def _target(self, backend: str) -> float:
+        """How long a request of ``backend`` may be made to wait (``expect.Expectations``)."""
+        exp = self.expected
+        return exp.target(backend) if exp is not None else expect.DEFAULT_TARGET_WAIT_S
 
     @staticmethod
     def _undo_s(info: BackendInfo, asleep: bool) -> float:
