@@ -181,6 +181,37 @@ def test_a_job_waits_rather_than_evict_a_stream_above_it_and_says_why() -> None:
     assert p.revisit_at is not None and now < p.revisit_at < now + 6.0
 
 
+def test_a_stream_whose_model_comes_back_beside_the_job_costs_its_reload_alone() -> None:
+    """Two small chat models (3 GiB) asked every 10 s, both idle, and a batch job (16 + 4
+    GiB) on 24 GiB that needs one of them gone. The evicted one fits back beside the batch
+    job: its next request waits for its reload (2 s), not the batch's load and job too, and
+    just after a request of a periodic stream nothing is due within 2 s: the job goes. (It
+    used to be held for the stream, and the batch then switched models and loaded again.)
+    A model that fits beside nothing still holds it (``test_a_job_waits_rather_than...``)."""
+    chat = {n: BackendInfo(n, 3 * GIB, GIB // 2, 128, 10, reload_cost_s=2.0)
+            for n in ("chat-a", "chat-b")}
+    batch = BackendInfo("batch", 20 * GIB, 4 * GIB, 128, 0, reload_cost_s=4.0)
+    learner = Learner()
+    for i in range(10):
+        for n in chat:
+            learner.arrived(n, 10, i * 10.0)
+    learner.ran("batch", 4.0)
+    now = 90.5
+    workers = {n: WorkerInfo(n, 0, "ready", 0, b.idle_mib, idle_since=now - 0.2)
+               for n, b in chat.items()}
+    snap = Snapshot(gpus=[GpuState(0, 24 * GIB, None)],
+                    backends={**chat, "batch": batch}, workers=workers,
+                    queue=[QueuedJob("batch-0", "batch", 0, 1, 0.0)],
+                    expected=learner.view(now))
+    p = plan(snap, now)
+    assert len(p.evictions) == 1 and p.evictions[0].backend in chat, (p.evictions, p.waiting)
+    # Where the chat model cannot come back beside the job (a 22 GiB job), its next request
+    # would wait for the job too: the stream holds it.
+    big = replace(batch, peak_mib=22 * GIB)
+    held = plan(replace(snap, backends={**chat, "batch": big}), now)
+    assert held.evictions == () and "expects a request" in held.waiting["batch-0"]
+
+
 def test_the_job_goes_once_the_stream_stops_or_a_gap_is_long_enough() -> None:
     learner = periodic(1.5, 10, backend="chat-llm")
     learner.ran("big", 3.0)
@@ -325,6 +356,34 @@ def test_a_load_is_not_given_up_when_an_idle_worker_can_make_the_room() -> None:
     p = plan(snap, now)
     assert [(e.backend, e.requeue) for e in p.evictions] == [("embed", False)], p.evictions
     assert p.waiting["chat-9"] == f"needs {LLM.holds_mib(1)} MiB: 1 worker leaves GPU0 for it"
+
+
+def test_a_load_is_not_given_up_for_a_request_that_fits_beside_its_job() -> None:
+    """A batch model (13 + 2 GiB) still loading, a chat model (6 GiB) loading for a request
+    beside it, and a request for a second chat model (3 GiB) that fits in neither's room
+    now, but beside the batch job once the first chat model's job is done: the load goes on
+    (it was given up, 31 s into a 31.5 s load, in ``bench/trace.py``'s interactive trace)."""
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.arrived("chat-llm", 10, 25.0)
+    now = 25.0
+    batch = BackendInfo("batch", 15 * GIB, 2 * GIB, 128, 0, reload_cost_s=31.5)
+    first = BackendInfo("chat-first", 6 * GIB, GIB // 2, 128, 10, reload_cost_s=2.0)
+    chat = BackendInfo("chat-llm", 3 * GIB, GIB // 2, 128, 10, reload_cost_s=2.0)
+    workers = {"batch": WorkerInfo("batch", 0, "starting", 1, batch.holds_mib(1),
+                                   loading_for=0, loading_since=now - 31.0),
+               "chat-first": WorkerInfo("chat-first", 0, "starting", 1, first.holds_mib(1),
+                                        loading_for=10, loading_since=now - 1.0)}
+    snap = Snapshot(gpus=[GpuState(0, 24 * GIB, None)],
+                    backends={"batch": batch, "chat-first": first, "chat-llm": chat},
+                    workers=workers, queue=[QueuedJob("chat-9", "chat-llm", 10, 20, now)],
+                    expected=learner.view(now))
+    assert not any(e.requeue for e in plan(snap, now).evictions)
+    # A batch model the request cannot run beside has its load given up, as above.
+    wide = replace(batch, peak_mib=22 * GIB)
+    snap = replace(snap, backends={**snap.backends, "batch": wide},
+                   workers={**workers, "batch": replace(workers["batch"],
+                                                        reserved_mib=wide.holds_mib(1))})
+    assert [e.backend for e in plan(snap, now).evictions if e.requeue] == ["batch"]
 
 
 def test_poisson_seed_283_gives_the_big_load_up_for_the_request_after_a_long_silence() -> None:

@@ -51,9 +51,9 @@ victim whose stream above the barrier's priority is alive leaves last: not while
 victim still runs a job (its room is needed too, so the stream's worker leaving earlier only
 opens a window in which its next request must wait for the barrier and a reload). A stream
 taken as ended may not have: when its next request comes while the worker that took its room
-still loads for jobs of lower priority (``WorkerInfo.loading_for``), and nothing else there
-could make that room, that load is given up
-and those jobs go back to the queue (``Evict.requeue``), so the request waits for its own
+still loads for jobs of lower priority (``WorkerInfo.loading_for``), nothing else there
+could make that room, and the request could not run beside that worker's job, that load is
+given up and those jobs go back to the queue (``Evict.requeue``), so the request waits for its own
 model's reload, not for that load, a job and the reload (``_undo_loads``).
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
@@ -828,9 +828,10 @@ class _Planner:
         """A stream's request that needs the room of a worker still loading for jobs of lower
         priority, room nothing else on that GPU could make (our other workers there, idle or
         busy, evicted or waited for: a load given up is a load thrown away, and a 30 s load
-        was given up a second before its end), gives that load up: the worker stops, its jobs
-        go back to the queue (they run once their turn comes again, the stream's hold
-        deciding when), and the request
+        was given up a second before its end), and that could not run beside that worker's
+        job once it is loaded (it then finds its room among the others), gives that load up:
+        the worker stops, its jobs go back to the queue (they run once their turn comes
+        again, the stream's hold deciding when), and the request
         waits for its own model's reload rather than for the load, a job and that reload.
         Only for a request of a stream above those jobs that is alive (it just came): a stream
         the hold took as ended but was not, the mistake undone while it is still cheap; and
@@ -862,6 +863,7 @@ class _Planner:
                         or w.backend in self.evicted or (w.loading_since is not None and self.now
                                                          - w.loading_since >= patience)
                         or coming + w.reserved_mib < need or coming + others >= need
+                        or self._beside(info, self.backends.get(w.backend), g)
                         or exp.stream_above(job.backend, w.loading_for, self.now) is None):
                     continue
                 self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
@@ -893,7 +895,8 @@ class _Planner:
             return -math.inf
         name = info.name
         asleep = name in self.asleep
-        undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
+        undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers),
+                 self._beside(self.backends[v.backend], info, g))
                 for v in victims if v.backend in self.backends]
         # Before any of its backend's jobs has run, a job that needs its victims' room is
         # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
@@ -905,7 +908,7 @@ class _Planner:
         own = self._undo_s(info, asleep)
         measured = name in exp.job_s
         if not measured:
-            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
+            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u, _ in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
@@ -930,6 +933,15 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
         return None
+
+    def _beside(self, a: BackendInfo, b: BackendInfo | None, g: int) -> bool:
+        """Whether a job of ``a`` and one of ``b`` can run at once on ``g`` (with whatever
+        else is there gone, but its pinned workers and strangers' memory)."""
+        if b is None or not (a.measured and b.measured):
+            return False
+        gpu = self.gpus[g]
+        return a.holds_mib(1) + b.holds_mib(1) <= \
+            gpu.usable_mib - gpu.foreign_mib - self.pinned_floor[g]
 
     def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
         """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
