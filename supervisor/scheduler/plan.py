@@ -42,19 +42,20 @@ at most ``max_patience_s`` plus the running jobs of its victims.
 Expected arrivals. With ``Snapshot.expected`` (``supervisor.scheduler.expect``), a job that
 would evict the worker of a stream of higher priority than its own first counts what that
 costs the stream's next request (the chance it comes while the job loads and runs and the
-worker reloads, times that time); beyond the stream's target wait, the job waits (for a gap
-long enough, or the stream's end, at most ``max_patience_s``) without becoming a barrier, so
-work that fits beside the stream goes on, and its reason says what it waits for. A worker
-whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
-keeps an idle victim whose stream of at least its priority is due within a reload. An idle
-victim whose stream above the barrier's priority is alive leaves last: not while another
-victim still runs a job (its room is needed too, so the stream's worker leaving earlier only
-opens a window in which its next request must wait for the barrier and a reload). A stream
-taken as ended may not have: when its next request comes while the worker that took its room
-still loads for jobs of lower priority (``WorkerInfo.loading_for``), nothing else there
-could make that room, and the request could not run beside that worker's job, that load is
-given up and those jobs go back to the queue (``Evict.requeue``), so the request waits for its own
-model's reload, not for that load, a job and the reload (``_undo_loads``).
+worker reloads, times that time; only its reload if the victims fit back beside the job's
+running jobs and the busy workers that stay, ``_beside``); beyond the stream's target wait,
+the job waits (for a gap long enough, or the stream's end, at most ``max_patience_s``)
+without becoming a barrier, so work that fits beside the stream goes on, and its reason says
+what it waits for. A worker whose stream is alive is dearer to evict, as one with queued
+jobs is, and a patient barrier keeps an idle victim whose stream of at least its priority is
+due within a reload. An idle victim whose stream above the barrier's priority is alive
+leaves last: not while another victim still runs a job (its room is needed too, so the
+stream's worker leaving earlier only opens a window in which its next request must wait for
+the barrier and a reload). A stream taken as ended may not have: when its next request comes
+while the worker that took its room still loads for jobs of lower priority
+(``WorkerInfo.loading_for``) and evicting idle workers there could not make that room, that
+load is given up and those jobs go back to the queue (``Evict.requeue``), so the request
+waits for its own model's reload, not for that load, a job and the reload (``_undo_loads``).
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
@@ -826,10 +827,10 @@ class _Planner:
 
     def _undo_loads(self) -> None:
         """A stream's request that needs the room of a worker still loading for jobs of lower
-        priority, room nothing else on that GPU could make (our other workers there, idle or
-        busy, evicted or waited for: a load given up is a load thrown away, and a 30 s load
-        was given up a second before its end), and that could not run beside that worker's
-        job once it is loaded (it then finds its room among the others), gives that load up:
+        priority, room that evicting our idle workers there could not make (a load given up
+        is a load thrown away, and a 30 s load was given up a second before its end, where an
+        idle chat model could leave; a busy one does not count, its job may be long), gives
+        that load up:
         the worker stops, its jobs go back to the queue (they run once their turn comes
         again, the stream's hold deciding when), and the request
         waits for its own model's reload rather than for the load, a job and that reload.
@@ -857,13 +858,11 @@ class _Planner:
             for w in loading:
                 g = w.gpu
                 coming = self.budget[g] + self.stopping_mib[g]
-                others = sum(o.reserved_mib for o in self.live_on[g]
-                             if o.loading_for is None and self._may_leave(o))
+                idle = sum(o.reserved_mib for o in self.live_on[g] if self._evictable(o))
                 if (w.loading_for is None or w.loading_for >= job.priority or g not in allowed
                         or w.backend in self.evicted or (w.loading_since is not None and self.now
                                                          - w.loading_since >= patience)
-                        or coming + w.reserved_mib < need or coming + others >= need
-                        or self._beside(info, self.backends.get(w.backend), g)
+                        or coming + w.reserved_mib < need or coming + idle >= need
                         or exp.stream_above(job.backend, w.loading_for, self.now) is None):
                     continue
                 self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
@@ -895,9 +894,13 @@ class _Planner:
             return -math.inf
         name = info.name
         asleep = name in self.asleep
-        undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers),
-                 self._beside(self.backends[v.backend], info, g))
-                for v in victims if v.backend in self.backends]
+        # The victims come back beside the job while it runs only if all of them fit beside
+        # what its backend will hold (as many jobs as it may run of those queued) and what
+        # stays: their streams' next requests may come at once.
+        holds = info.holds_mib(max(1, min(info.concurrency, self.queued_jobs.get(name, 1))))
+        returning = [self.backends[v.backend] for v in victims if v.backend in self.backends]
+        beside = self._beside(returning, info, g, holds)
+        undo = [(b.name, self._undo_s(b, b.name in sleepers), beside) for b in returning]
         # Before any of its backend's jobs has run, a job that needs its victims' room is
         # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
         # reloads and its own, each: a model that needs their room is no smaller, and taken
@@ -934,14 +937,19 @@ class _Planner:
         self._settle(key_of(job), reason)
         return None
 
-    def _beside(self, a: BackendInfo, b: BackendInfo | None, g: int) -> bool:
-        """Whether a job of ``a`` and one of ``b`` can run at once on ``g`` (with whatever
-        else is there gone, but its pinned workers and strangers' memory)."""
-        if b is None or not (a.measured and b.measured):
+    def _beside(self, back: list[BackendInfo], b: BackendInfo, g: int, b_mib: int) -> bool:
+        """Whether a job of each of ``back`` can run at once on ``g`` while ``b`` holds
+        ``b_mib`` there (its jobs running), beside what stays: every worker there but these
+        and idle ones (evicted in their turn when those come back), and strangers' memory."""
+        if not b.measured or not all(a.measured for a in back):
             return False
         gpu = self.gpus[g]
-        return a.holds_mib(1) + b.holds_mib(1) <= \
-            gpu.usable_mib - gpu.foreign_mib - self.pinned_floor[g]
+        names = {a.name for a in back} | {b.name}
+        stay = sum(w.reserved_mib for w in self.live_on[g]
+                   if w.backend not in names and w.backend not in self.evicted
+                   and not self._evictable(w))
+        return sum(a.holds_mib(1) for a in back) + max(b_mib, b.holds_mib(1)) + stay <= \
+            gpu.usable_mib - gpu.foreign_mib
 
     def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
         """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
