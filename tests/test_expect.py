@@ -348,41 +348,37 @@ def test_a_request_that_needs_the_room_of_a_load_for_lower_work_has_it_given_up(
         assert not any(e.requeue for e in plan(snap, now).evictions)
 
 
-def test_a_load_is_not_given_up_when_an_idle_worker_can_make_the_room() -> None:
-    """As above on a 40 GiB card, where an idle embedder (10 GiB) holds what the request
-    lacks: it leaves, and the big model's load goes on. Giving a load up throws away what it
-    has loaded (in ``bench/trace.py``'s interactive trace, a 32 s load given up 1 s before
-    its end, three times over), so only a request that nothing else can make room for takes
-    it; nor does the request wait for the loading worker's job to give memory back, which it
-    cannot before its load and its run."""
+def big_loading_beside_an_embedder(busy: bool) -> tuple[Snapshot, float]:
+    """As ``big_loading_and_chat_queued`` on a 40 GiB card, with an embedder (10 GiB) idle
+    or running a job, holding what the request lacks."""
     learner = periodic(1.5, 10, backend="chat-llm")
     learner.arrived("chat-llm", 10, 25.0)
     now = 25.0
     snap = big_loading_and_chat_queued(learner.view(now), now, gpu_mib=40 * GIB)
     embed = BackendInfo("embed", 12 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
-    snap = replace(snap, backends={**snap.backends, "embed": embed},
-                   workers={**snap.workers,
-                            "embed": WorkerInfo("embed", 0, "ready", 0, embed.idle_mib,
-                                                idle_since=20.0)})
-    p = plan(snap, now)
+    worker = WorkerInfo("embed", 0, "busy", 1, embed.holds_mib(1), running_priority=0) \
+        if busy else WorkerInfo("embed", 0, "ready", 0, embed.idle_mib, idle_since=20.0)
+    return replace(snap, backends={**snap.backends, "embed": embed},
+                   workers={**snap.workers, "embed": worker}), now
+
+
+def test_a_load_is_not_given_up_when_an_idle_worker_can_make_the_room() -> None:
+    """The idle embedder leaves, and the big model's load goes on. Giving a load up throws
+    away what it has loaded (in ``bench/trace.py``'s interactive trace, a 32 s load given up
+    1 s before its end, three times over), so only a request that nothing else can make room
+    for takes it; nor does the request wait for the loading worker's job to give memory
+    back, which it cannot before its load and its run."""
+    p = plan(*big_loading_beside_an_embedder(busy=False))
     assert [(e.backend, e.requeue) for e in p.evictions] == [("embed", False)], p.evictions
     assert p.waiting["chat-9"] == f"needs {LLM.holds_mib(1)} MiB: 1 worker leaves GPU0 for it"
 
 
 def test_a_busy_worker_does_not_count_as_room_for_the_request() -> None:
-    """As above with a busy embedder instead of an idle one: its job may run for long (a
-    review found a chat burst waiting 17 s for a load, its job and the chat's reload while
-    a 21 s job ran beside), so the load is given up as without it."""
-    learner = periodic(1.5, 10, backend="chat-llm")
-    learner.arrived("chat-llm", 10, 25.0)
-    now = 25.0
-    snap = big_loading_and_chat_queued(learner.view(now), now, gpu_mib=40 * GIB)
-    embed = BackendInfo("embed", 12 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
-    snap = replace(snap, backends={**snap.backends, "embed": embed},
-                   workers={**snap.workers,
-                            "embed": WorkerInfo("embed", 0, "busy", 1, embed.holds_mib(1),
-                                                running_priority=0)})
-    assert [(e.backend, e.requeue) for e in plan(snap, now).evictions] == [("big", True)]
+    """A busy embedder instead: its job may run for long (a review found a chat burst
+    waiting 17 s for a load, its job and the chat's reload while a 21 s job ran beside), so
+    the load is given up as without it."""
+    p = plan(*big_loading_beside_an_embedder(busy=True))
+    assert [(e.backend, e.requeue) for e in p.evictions] == [("big", True)]
 
 
 def test_poisson_seed_283_gives_the_big_load_up_for_the_request_after_a_long_silence() -> None:
