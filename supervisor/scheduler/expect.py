@@ -35,8 +35,7 @@ next request is still as near as ever; a periodic one's gaps tell exactly when).
 
 What the scheduler does with it (``supervisor.scheduler.plan``): evicting a worker whose
 stream is alive costs its next request, if it comes while the evicting job loads and runs
-and the worker reloads (``window``; only while it reloads if it fits back beside the job),
-that much wait: ``p_within(window) * window`` (before
+and the worker reloads (``window``), that much wait: ``p_within(window) * window`` (before
 the job's backend has run a job, its load and run are a guess: ``UNSURE_MARGIN`` times it). Against
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
@@ -398,16 +397,13 @@ class Hold:
 
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
-         victims: list[tuple[str, float, bool]], *, since: float = -math.inf,
+         victims: list[tuple[str, float]], *, since: float = -math.inf,
          batch_s: float = math.inf, idle: bool = False, unsure: float = 1.0) -> Hold:
-    """Whether evicting ``victims`` ((backend, what undoing its eviction costs, whether it
-    can come back beside the job while that runs)) for a job of (effective) ``priority``
-    that needs ``run_s`` more seconds (its load and its run) would make the next request of
-    a stream above that priority wait beyond its target: the first such stream and how long
-    its request would wait, expected (``Hold.stream`` None when none). A victim that can
-    come back beside the job makes that request wait its reload alone (a chat model of
-    3 GiB evicted for a batch job of 16 GiB on 24 GiB), one that cannot waits for the job
-    too (one that fits beside nothing).
+    """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
+    (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
+    make the next request of a stream above that priority wait beyond its target: the
+    first such stream and how long its request would wait, expected (``Hold.stream`` None
+    when none).
 
     A job held since ``since`` whose backend's queued work takes ``batch_s`` (its load and
     every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
@@ -435,9 +431,9 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     there (hot work of its batch that fits beside the stream runs first, as it did while
     the stream held it)."""
     released = -math.inf
-    for backend, undo_s, beside in victims:
-        window = undo_s if beside else run_s + undo_s
-        gap = undo_s if beside else unsure * run_s + undo_s  # (its run a guess)
+    for backend, undo_s in victims:
+        window = run_s + undo_s
+        gap = unsure * run_s + undo_s  # the gap it takes, its run a guess
         target = expected.target(backend)
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:

@@ -42,20 +42,19 @@ at most ``max_patience_s`` plus the running jobs of its victims.
 Expected arrivals. With ``Snapshot.expected`` (``supervisor.scheduler.expect``), a job that
 would evict the worker of a stream of higher priority than its own first counts what that
 costs the stream's next request (the chance it comes while the job loads and runs and the
-worker reloads, times that time; only its reload if the victims fit back beside the job's
-running jobs and the busy workers that stay, ``_beside``); beyond the stream's target wait,
-the job waits (for a gap long enough, or the stream's end, at most ``max_patience_s``)
-without becoming a barrier, so work that fits beside the stream goes on, and its reason says
-what it waits for. A worker whose stream is alive is dearer to evict, as one with queued
-jobs is, and a patient barrier keeps an idle victim whose stream of at least its priority is
-due within a reload. An idle victim whose stream above the barrier's priority is alive
-leaves last: not while another victim still runs a job (its room is needed too, so the
-stream's worker leaving earlier only opens a window in which its next request must wait for
-the barrier and a reload). A stream taken as ended may not have: when its next request comes
-while the worker that took its room still loads for jobs of lower priority
-(``WorkerInfo.loading_for``) and evicting idle workers there could not make that room, that
-load is given up and those jobs go back to the queue (``Evict.requeue``), so the request
-waits for its own model's reload, not for that load, a job and the reload (``_undo_loads``).
+worker reloads, times that time); beyond the stream's target wait, the job waits (for a gap
+long enough, or the stream's end, at most ``max_patience_s``) without becoming a barrier, so
+work that fits beside the stream goes on, and its reason says what it waits for. A worker
+whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
+keeps an idle victim whose stream of at least its priority is due within a reload. An idle
+victim whose stream above the barrier's priority is alive leaves last: not while another
+victim still runs a job (its room is needed too, so the stream's worker leaving earlier only
+opens a window in which its next request must wait for the barrier and a reload). A stream
+taken as ended may not have: when its next request comes while the worker that took its room
+still loads for jobs of lower priority (``WorkerInfo.loading_for``) and evicting idle
+workers there could not make that room, that load is given up and those jobs go back to the
+queue (``Evict.requeue``), so the request waits for its own model's reload, not for that
+load, a job and the reload (``_undo_loads``).
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
@@ -837,16 +836,20 @@ class _Planner:
         Only for a request of a stream above those jobs that is alive (it just came): a stream
         the hold took as ended but was not, the mistake undone while it is still cheap; and
         not once those jobs have waited ``max_patience_s``, as the hold holds them no longer
-        (a stream that never ends would starve them)."""
+        (a stream that never ends would starve them). Priorities are compared aged, as the
+        walk orders them: a load for jobs aged above the request is theirs (given up, the
+        walk would start it again at once, and again at every step)."""
         exp = self.expected
-        loading = [w for ws in self.live_on.values() for w in ws if w.loading_for is not None]
+        loading = {w.backend: self._load_effective(w)
+                   for ws in self.live_on.values() for w in ws if w.loading_for is not None}
         if exp is None or not loading:
             return
-        lowest = min(w.loading_for for w in loading if w.loading_for is not None)
+        lowest = min(loading.values())
         patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
         for job in self.snapshot.queue:  # highest priority first
             if job.priority <= lowest:
-                return
+                return  # (nor a fresh request of a stream above the loads, aged or not)
+            effective = self._effective(job)
             info = self.backends.get(job.backend)
             if job.kind != "job" or job.backend in self.worker_gpu or info is None \
                     or not info.measured:
@@ -855,13 +858,14 @@ class _Planner:
             allowed = self._allowed(info)
             if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
                 continue  # it fits (or will) beside what loads
-            for w in loading:
+            for w in (w for ws in self.live_on.values() for w in ws if w.backend in loading):
                 g = w.gpu
                 coming = self.budget[g] + self.stopping_mib[g]
                 idle = sum(o.reserved_mib for o in self.live_on[g] if self._evictable(o))
-                if (w.loading_for is None or w.loading_for >= job.priority or g not in allowed
-                        or w.backend in self.evicted or (w.loading_since is not None and self.now
-                                                         - w.loading_since >= patience)
+                if (w.loading_for is None or loading[w.backend] >= effective
+                        or g not in allowed or w.backend in self.evicted
+                        or (w.loading_since is not None
+                            and self.now - w.loading_since >= patience)
                         or coming + w.reserved_mib < need or coming + idle >= need
                         or exp.stream_above(job.backend, w.loading_for, self.now) is None):
                     continue
@@ -872,6 +876,15 @@ class _Planner:
                 self.slots.pop(w.backend, None)
                 self.stopping.add(w.backend)
                 break
+
+    def _load_effective(self, w: WorkerInfo) -> int:
+        """The (aged) priority of the jobs ``w`` loads for: the highest of them, aged since
+        the first was blocked (``WorkerInfo.loading_since``)."""
+        assert w.loading_for is not None
+        if w.loading_since is None:
+            return w.loading_for
+        return w.loading_for + aging_bonus(w.loading_since, self.now,
+                                           self.config.aging_interval_s)
 
     def _has_work(self, backend: str) -> bool:
         """Work of ``backend`` waits or is expected: queued jobs, or a stream alive."""
@@ -894,13 +907,8 @@ class _Planner:
             return -math.inf
         name = info.name
         asleep = name in self.asleep
-        # The victims come back beside the job while it runs only if all of them fit beside
-        # what its backend will hold (as many jobs as it may run of those queued) and what
-        # stays: their streams' next requests may come at once.
-        holds = info.holds_mib(max(1, min(info.concurrency, self.queued_jobs.get(name, 1))))
-        returning = [self.backends[v.backend] for v in victims if v.backend in self.backends]
-        beside = self._beside(returning, info, g, holds)
-        undo = [(b.name, self._undo_s(b, b.name in sleepers), beside) for b in returning]
+        undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
+                for v in victims if v.backend in self.backends]
         # Before any of its backend's jobs has run, a job that needs its victims' room is
         # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
         # reloads and its own, each: a model that needs their room is no smaller, and taken
@@ -911,7 +919,7 @@ class _Planner:
         own = self._undo_s(info, asleep)
         measured = name in exp.job_s
         if not measured:
-            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u, _ in undo])
+            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
@@ -936,20 +944,6 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
         return None
-
-    def _beside(self, back: list[BackendInfo], b: BackendInfo, g: int, b_mib: int) -> bool:
-        """Whether a job of each of ``back`` can run at once on ``g`` while ``b`` holds
-        ``b_mib`` there (its jobs running), beside what stays: every worker there but these
-        and idle ones (evicted in their turn when those come back), and strangers' memory."""
-        if not b.measured or not all(a.measured for a in back):
-            return False
-        gpu = self.gpus[g]
-        names = {a.name for a in back} | {b.name}
-        stay = sum(w.reserved_mib for w in self.live_on[g]
-                   if w.backend not in names and w.backend not in self.evicted
-                   and not self._evictable(w))
-        return sum(a.holds_mib(1) for a in back) + max(b_mib, b.holds_mib(1)) + stay <= \
-            gpu.usable_mib - gpu.foreign_mib
 
     def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
         """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
