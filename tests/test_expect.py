@@ -415,8 +415,8 @@ def test_a_chat_that_cannot_come_back_beside_a_busy_model_keeps_its_room() -> No
     """A review's trace: a 3 GiB chat model asked every 4 s (priority 10) on 24 GiB, a 4 GiB
     model running 20 s jobs, and a 16 GiB batch model. The chat model fits beside the batch
     job, not beside both it and the busy model, which stays: evicting it makes its next
-    requests wait out the batch. Costed as a reload alone, it was evicted in a loop (chat
-    p95 13 s, 14 loads); counting what stays, the batch waits for the busy model instead."""
+    requests wait out the batch. Costed as a reload alone (as 4beb898 did), it was evicted
+    in a loop (chat p95 13 s, 14 loads); the batch waits for the busy model instead."""
     chat = TraceBackend("chat", 1.5, 3 * GIB, 512, safety_mib=128, priority=10)
     busy = TraceBackend("busy", 2.5, 4 * GIB, GIB, safety_mib=128)
     batch = TraceBackend("batch", 16.0, 16 * GIB, GIB, safety_mib=128)

@@ -825,20 +825,19 @@ class _Planner:
         self._settle(barrier_key, reason)
 
     def _undo_loads(self) -> None:
-        """A stream's request that needs the room of a worker still loading for jobs of lower
-        priority, room that evicting our idle workers there could not make (a load given up
-        is a load thrown away, and a 30 s load was given up a second before its end, where an
-        idle chat model could leave; a busy one does not count, its job may be long), gives
-        that load up:
-        the worker stops, its jobs go back to the queue (they run once their turn comes
-        again, the stream's hold deciding when), and the request
-        waits for its own model's reload rather than for the load, a job and that reload.
-        Only for a request of a stream above those jobs that is alive (it just came): a stream
-        the hold took as ended but was not, the mistake undone while it is still cheap; and
-        not once those jobs have waited ``max_patience_s``, as the hold holds them no longer
-        (a stream that never ends would starve them). Priorities are compared aged, as the
-        walk orders them: a load for jobs aged above the request is theirs (given up, the
-        walk would start it again at once, and again at every step)."""
+        """A stream's request that needs the room of a worker still loading for jobs of
+        lower priority, room that evicting our idle workers there could not make (a load
+        given up is a load thrown away, and a 30 s load was given up a second before its
+        end, where an idle chat model could leave; a busy one does not count, its job may be
+        long), gives that load up: the worker stops, its jobs go back to the queue (they run
+        once their turn comes again, the stream's hold deciding when), and the request waits
+        for its own model's reload rather than for the load, a job and that reload. Only for
+        a request of a stream above those jobs that is alive (it just came): a stream the
+        hold took as ended but was not, the mistake undone while it is still cheap; and not
+        once those jobs have waited ``max_patience_s``, as the hold holds them no longer (a
+        stream that never ends would starve them). Priorities are compared aged, as the walk
+        orders them: a load for jobs aged above the request is theirs (given up, the walk
+        would start it again at once, and again at every step)."""
         exp = self.expected
         loading = {w.backend: self._load_effective(w)
                    for ws in self.live_on.values() for w in ws if w.loading_for is not None}
