@@ -839,11 +839,12 @@ class _Planner:
         orders them: a load for jobs aged above the request is theirs (given up, the walk
         would start it again at once, and again at every step)."""
         exp = self.expected
-        loading = {w.backend: self._load_effective(w)
-                   for ws in self.live_on.values() for w in ws if w.loading_for is not None}
+        loading = [(w, raw, self._load_effective(raw, w.loading_since))
+                   for ws in self.live_on.values() for w in ws
+                   if (raw := w.loading_for) is not None]
         if exp is None or not loading:
             return
-        lowest = min(loading.values())
+        lowest = min(aged for _, _, aged in loading)
         patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
         for job in self.snapshot.queue:  # highest priority first
             if job.priority <= lowest:
@@ -857,16 +858,16 @@ class _Planner:
             allowed = self._allowed(info)
             if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
                 continue  # it fits (or will) beside what loads
-            for w in (w for ws in self.live_on.values() for w in ws if w.backend in loading):
+            for w, raw, aged in loading:
                 g = w.gpu
                 coming = self.budget[g] + self.stopping_mib[g]
-                idle = sum(o.reserved_mib for o in self.live_on[g] if self._evictable(o))
-                if (w.loading_for is None or loading[w.backend] >= effective
-                        or g not in allowed or w.backend in self.evicted
+                if (aged >= effective or g not in allowed or w.backend in self.evicted
                         or (w.loading_since is not None
                             and self.now - w.loading_since >= patience)
-                        or coming + w.reserved_mib < need or coming + idle >= need
-                        or exp.stream_above(job.backend, w.loading_for, self.now) is None):
+                        or coming + w.reserved_mib < need
+                        or coming + sum(o.reserved_mib for o in self.live_on[g]
+                                        if self._evictable(o)) >= need
+                        or exp.stream_above(job.backend, raw, self.now) is None):
                     continue
                 self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                              "needs its room: its load is given up", requeue=True)
@@ -876,14 +877,12 @@ class _Planner:
                 self.stopping.add(w.backend)
                 break
 
-    def _load_effective(self, w: WorkerInfo) -> int:
-        """The (aged) priority of the jobs ``w`` loads for: the highest of them, aged since
-        the first was blocked (``WorkerInfo.loading_since``)."""
-        assert w.loading_for is not None
-        if w.loading_since is None:
-            return w.loading_for
-        return w.loading_for + aging_bonus(w.loading_since, self.now,
-                                           self.config.aging_interval_s)
+    def _load_effective(self, loading_for: int, loading_since: float | None) -> int:
+        """The (aged) priority of the jobs a worker loads for (``WorkerInfo.loading_for``),
+        aged since the first of them was blocked (``loading_since``)."""
+        if loading_since is None:
+            return loading_for
+        return loading_for + aging_bonus(loading_since, self.now, self.config.aging_interval_s)
 
     def _has_work(self, backend: str) -> bool:
         """Work of ``backend`` waits or is expected: queued jobs, or a stream alive."""
