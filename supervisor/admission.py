@@ -146,14 +146,16 @@ class _Admitted(Protocol):
     def blocked_since(self) -> float | None: ...
 
 
-def loading_facts(jobs: Sequence[_Admitted]) -> tuple[int | None, float | None]:
-    """``WorkerFacts.loading_for`` and ``loading_since`` of a worker loading for ``jobs``
-    (none begun): their highest priority, and when the first of them was first found blocked
-    (else submitted); (None, None) for none."""
+def loading_facts(jobs: Sequence[_Admitted]) -> tuple[int | None, float | None, float | None]:
+    """``WorkerFacts.loading_for``, ``loading_since`` and ``loading_submitted_at`` of a
+    worker loading for ``jobs`` (none begun): their highest priority, when the first of them
+    was first found blocked (else submitted), and when the first of them was submitted;
+    (None, None, None) for none."""
     if not jobs:
-        return None, None
+        return None, None, None
     return (max(j.priority for j in jobs),
-            min(j.submitted_at if j.blocked_since is None else j.blocked_since for j in jobs))
+            min(j.submitted_at if j.blocked_since is None else j.blocked_since for j in jobs),
+            min(j.submitted_at for j in jobs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +165,8 @@ class WorkerFacts:
     an unknown footprint and holds its GPU whole. An ``asleep`` worker is counted at
     ``sleep_mib`` (what it keeps: measured, or the backend's figure while ``falling`` asleep,
     when what it gives back is still counted as on its way back); ``can_sleep``: it may be put
-    to sleep rather than stopped; ``loading_for`` and ``running_priority``: see
+    to sleep rather than stopped; ``loading_for``, ``loading_since``, ``loading_submitted_at``
+    and ``running_priority``: see
     ``WorkerInfo``."""
 
     name: str
@@ -183,6 +186,7 @@ class WorkerFacts:
     can_sleep: bool = False
     loading_for: int | None = None
     loading_since: float | None = None
+    loading_submitted_at: float | None = None
     running_priority: int | None = None
 
 
@@ -314,7 +318,8 @@ def decide_inputs(
             over_declared=w.over_declared or (h is not None and h.over_mib > 0),
             can_sleep=w.can_sleep and w.state == "ready" and not w.jobs,
             loading_for=w.loading_for if w.state in ("starting", "initializing") else None,
-            loading_since=w.loading_since, running_priority=w.running_priority,
+            loading_since=w.loading_since, loading_submitted_at=w.loading_submitted_at,
+            running_priority=w.running_priority,
         )
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
                         queued_counts=queued_counts,

@@ -103,6 +103,8 @@ class Result:
     wakes: int = 0
     started_at: dict[str, float] = field(default_factory=dict)  # job -> when it ran
     evicted: list[tuple[float, str]] = field(default_factory=list)  # (t, backend) stopped by plan
+    given_up: list[tuple[float, str, str]] = field(default_factory=list)  # (t, backend, why):
+    # loads given up (``Evict.requeue``), their jobs back in the queue
 
     def wait_p(self, priority: int, q: float) -> float:
         """The ``q`` quantile of the waits of ``priority`` (nearest rank)."""
@@ -142,14 +144,15 @@ class _Worker:
             return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
                                state="asleep", observed_mib=mem, idle_since=self.idle_since,
                                sleep_mib=b.residual_mib, falling=self.state == "falling")
-        loading_for, loading_since = loading_facts(admitted if self.state == "starting"
-                                                   else ())
+        loading_for, loading_since, loading_submitted_at = loading_facts(
+            admitted if self.state == "starting" else ())
         state = "starting" if self.state == "waking" else self.state
         return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
                            jobs=jobs, observed_mib=mem if self.state != "starting" else None,
                            idle_since=self.idle_since,
                            can_sleep=b.wake_s is not None and self.state == "ready",
                            loading_for=loading_for, loading_since=loading_since,
+                           loading_submitted_at=loading_submitted_at,
                            running_priority=max(running, default=None))
 
 
@@ -176,6 +179,7 @@ class _Sim:
         self.generation = itertools.count(1)
         self.starts: list[tuple[float, str, str, int, bool]] = []
         self.evicted: list[tuple[float, str]] = []
+        self.given_up: list[tuple[float, str, str]] = []
         self.busy: dict[int, float] = dict.fromkeys(range(len(trace.gpus)), 0.0)
         self.busy_since: dict[int, float] = {}
         self.overcommitted = False
@@ -228,6 +232,7 @@ class _Sim:
             w = self.workers.get(ev.backend)
             b = self.backends[ev.backend]
             if w is not None and ev.requeue and w.state == "starting":
+                self.given_up.append((now, w.backend, ev.reason))
                 self.requeue(w, now)
                 continue
             if w is None or w.jobs or w.pending:
@@ -330,7 +335,7 @@ class _Sim:
         return Result(self.trace.name, "", makespan, self.n_loads, busy, waits, self.starts,
                       self.overcommitted, unfinished, self.n_sleeps,
                       sum(len(w) for w in self.wakes.values()), dict(self.started_at),
-                      list(self.evicted))
+                      list(self.evicted), list(self.given_up))
 
     def handle(self, kind: str, what: str, now: float, seqs: itertools.count[int]) -> None:
         if kind == "arrive":

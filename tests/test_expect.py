@@ -275,11 +275,14 @@ def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> Non
 
 def big_loading_and_chat_queued(expected: Expectations | None, now: float,
                                 loading_for: int | None = 0, waited: float = 20.0,
-                                gpu_mib: int = 24 * GIB) -> Snapshot:
-    """The big model loading (its job of ``loading_for`` admitted, blocked ``waited`` s ago)
-    in the chat model's room, and a chat request queued."""
+                                gpu_mib: int = 24 * GIB,
+                                queued: float | None = None) -> Snapshot:
+    """The big model loading (its job of ``loading_for`` admitted, submitted ``queued`` s
+    ago, by default ``waited``, and blocked ``waited`` s ago) in the chat model's room, and a
+    chat request queued."""
     big = WorkerInfo("big", 0, "starting", 1, BIG.holds_mib(1), loading_for=loading_for,
-                     loading_since=now - waited)
+                     loading_since=now - waited,
+                     loading_submitted_at=now - (waited if queued is None else queued))
     return Snapshot(gpus=[GpuState(0, gpu_mib, None)], backends={"chat-llm": LLM, "big": BIG},
                     workers={"big": big},
                     queue=[QueuedJob("chat-9", "chat-llm", 10, 20, now)],
@@ -352,6 +355,39 @@ def test_a_load_for_jobs_aged_above_the_request_is_not_given_up() -> None:
     r = simulate(Trace("aged batch, younger stream", (24 * GIB,), (a, b), jobs))
     assert not r.unfinished and not r.overcommitted
     assert r.loads <= 6, r.loads
+
+
+def test_a_load_ages_from_its_jobs_submission_as_they_do_in_the_queue() -> None:
+    """Its job submitted 10 aging intervals ago but blocked only 20 s ago: in the queue it
+    is aged to 10, the request's priority, and first by its seq. Aged from when it was
+    blocked, its load was given up for the request and started again by the walk at the
+    next step (a random trace gave 381 loads up for 46 jobs)."""
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.arrived("chat-llm", 10, 25.0)
+    now = 25.0
+    ten_intervals = 10 * SchedulerConfig().aging_interval_s
+    snap = big_loading_and_chat_queued(learner.view(now), now, queued=ten_intervals)
+    assert not any(e.requeue for e in plan(snap, now).evictions)
+    snap = big_loading_and_chat_queued(learner.view(now), now, queued=ten_intervals - 1)
+    assert [(e.backend, e.requeue) for e in plan(snap, now).evictions] == [("big", True)]
+
+
+def test_a_load_is_not_given_up_for_a_request_behind_a_job_that_waits_for_its_room() -> None:
+    """A job ahead of the request (priority 10, sooner) waits for room on the GPU: the room
+    a load given up makes would be that job's, so the walk would start the load again
+    beside it, and the request give it up again, at every step (a random trace gave a load
+    up 46 times so, every 0.55 s)."""
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.arrived("chat-llm", 10, 25.0)
+    now = 25.0
+    snap = big_loading_and_chat_queued(learner.view(now), now)
+    huge = BackendInfo("huge", 22 * GIB, GIB, 128, 10, reload_cost_s=4.0)
+    ahead = QueuedJob("huge-0", "huge", 10, 19, now - 1.0)
+    with_ahead = replace(snap, backends={**snap.backends, "huge": huge},
+                         queue=(ahead, *snap.queue), queued_counts=None)
+    p = plan(with_ahead, now)
+    assert not any(e.requeue for e in p.evictions), p.evictions
+    assert p.waiting["chat-9"].startswith("behind huge-0"), p.waiting["chat-9"]
 
 
 def test_poisson_seed_283_gives_the_big_load_up_for_the_request_after_a_long_silence() -> None:

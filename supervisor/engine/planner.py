@@ -121,18 +121,17 @@ class Planner:
         if start is not None:
             self.expect.ran(job.backend, job.finished_at - start)
 
-    def _loading_for(self, rt: BackendRuntime) -> tuple[int | None, float | None]:
-        """While ``rt``'s worker loads (a spawn, not a wake), the highest priority of the jobs
-        admitted to it, none begun yet, and when the first of them was first blocked (else
-        submitted); (None, None) otherwise."""
+    def _loading_for(self, rt: BackendRuntime) -> tuple[int | None, float | None, float | None]:
+        """While ``rt``'s worker loads (a spawn, not a wake), ``admission.loading_facts`` of
+        the jobs admitted to it, none begun yet; (None, None, None) otherwise."""
         w = rt.worker
         if w is None or rt.slumber is not None or w.state not in (
                 WorkerState.STARTING, WorkerState.INITIALIZING):
-            return None, None
+            return None, None, None
         jobs = [j for job_id in rt.admitted if (j := self.job(job_id)) is not None
                 and j.state is JobState.STARTING]
         if len(jobs) != len(rt.admitted):
-            return None, None
+            return None, None, None
         return admission.loading_facts(jobs)
 
     def _running_priority(self, rt: BackendRuntime) -> int | None:
@@ -142,12 +141,12 @@ class Planner:
 
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None, loading_for: int | None = None,
-               loading_since: float | None = None, *,
-               running_priority: int | None = None) -> admission.WorkerFacts:
+               loading_since: float | None = None, loading_submitted_at: float | None = None,
+               *, running_priority: int | None = None) -> admission.WorkerFacts:
         """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
         it keeps (while it falls asleep, what it gives back on its way back), a waking one
-        whole, as one that starts; ``loading_for``, ``loading_since`` and
-        ``running_priority``: see ``sched.WorkerInfo``."""
+        whole, as one that starts; ``loading_for``, ``loading_since``,
+        ``loading_submitted_at`` and ``running_priority``: see ``sched.WorkerInfo``."""
         w = rt.worker
         assert w is not None
         m, c, slumber = rt.measures, rt.conduct, rt.slumber
@@ -166,7 +165,7 @@ class Planner:
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
             can_sleep=rt.can_sleep, loading_for=loading_for, loading_since=loading_since,
-            running_priority=running_priority)
+            loading_submitted_at=loading_submitted_at, running_priority=running_priority)
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],

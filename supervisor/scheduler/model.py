@@ -191,6 +191,10 @@ class WorkerInfo:
     higher priority, those jobs back in the queue (``Evict.requeue``), until
     ``SchedulerConfig.max_patience_s`` after ``loading_since`` (when the first of them was
     first found blocked, else submitted: a job held that long is held no more).
+    ``loading_submitted_at``: when the first of them was submitted; their priorities age from
+    there, as in the queue, so ``loading_for`` aged from it is at least the aged priority of
+    each of them (aged from ``loading_since``, a later time, a load could be given up for a
+    job it outranks in the queue, and started again at once).
     ``running_priority``: the highest priority of the jobs it runs (None while it runs none):
     the memory they give back when they end is worth waiting for only to work of at most
     that priority.
@@ -207,6 +211,7 @@ class WorkerInfo:
     can_sleep: bool = False
     loading_for: int | None = None
     loading_since: float | None = None
+    loading_submitted_at: float | None = None
     running_priority: int | None = None
 
     def __post_init__(self) -> None:

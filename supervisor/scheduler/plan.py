@@ -835,54 +835,83 @@ class _Planner:
         a request of a stream above those jobs that is alive (it just came): a stream the
         hold took as ended but was not, the mistake undone while it is still cheap; and not
         once those jobs have waited ``max_patience_s``, as the hold holds them no longer (a
-        stream that never ends would starve them). Priorities are compared aged, as the walk
-        orders them: a load for jobs aged above the request is theirs (given up, the walk
-        would start it again at once, and again at every step)."""
+        stream that never ends would starve them).
+
+        The request must be the next to take that room, as the walk will decide: priorities
+        are compared aged, as the walk orders them (a load for jobs aged above the request is
+        theirs), and no job ahead of it in that order waits for room on that GPU (the room
+        would be that job's). Either way the load given up would be started again by the
+        walk, beside the job that waits, and given up again at every step."""
         exp = self.expected
-        loading = [(w, raw, self._load_effective(raw, w.loading_since))
+        loading = [(w, raw, self._load_effective(raw, w.loading_submitted_at))
                    for ws in self.live_on.values() for w in ws
                    if (raw := w.loading_for) is not None]
         if exp is None or not loading:
             return
         lowest = min(aged for _, _, aged in loading)
+        on = {w.gpu for w, _, _ in loading}
+        claimed: set[int] = set()  # GPUs where a job ahead waits for room
+        # Backends whose jobs fit (or will) beside what loads, or wait for room (their GPUs
+        # claimed): their later jobs change nothing. Once all that could are seen, done.
+        seen: set[str] = set()
+        unseen = {b for (_, b), n in self.snapshot.queued_counts.items()
+                  if n > 0 and b not in self.worker_gpu}
         patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
-        for job in self.snapshot.queue:  # highest priority first
-            if job.priority <= lowest:
-                return  # (nor a fresh request of a stream above the loads, aged or not)
-            effective = self._effective(job)
-            info = self.backends.get(job.backend)
-            if job.kind != "job" or job.backend in self.worker_gpu or info is None \
-                    or not info.measured:
-                continue
-            need = info.holds_mib(1)
-            allowed = self._allowed(info)
-            if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
-                continue  # it fits (or will) beside what loads
-            for w, raw, aged in loading:
-                g = w.gpu
-                coming = self.budget[g] + self.stopping_mib[g]
-                if (aged >= effective or g not in allowed or w.backend in self.evicted
-                        or (w.loading_since is not None
-                            and self.now - w.loading_since >= patience)
-                        or coming + w.reserved_mib < need
-                        or coming + sum(o.reserved_mib for o in self.live_on[g]
-                                        if self._evictable(o)) >= need
-                        or exp.stream_above(job.backend, raw, self.now) is None):
+        for run in ordered_runs(self.snapshot.queue, self.now, self.config.aging_interval_s):
+            for job in run:
+                effective = self._effective(job)
+                if effective <= lowest or on <= claimed or not unseen:
+                    return  # (nor anything after it: it could give up no load)
+                info = self.backends.get(job.backend)
+                if info is None or (job.kind != "calibration" and (
+                        job.backend in seen or job.backend in self.worker_gpu)):
+                    continue  # (nothing new, or it waits for its worker, not for room)
+                seen.add(job.backend)
+                unseen.discard(job.backend)
+                allowed = self._allowed(info)
+                if not info.measured or job.kind == "calibration":
+                    claimed.update(allowed)  # (it would take a GPU whole)
                     continue
-                self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
-                             "needs its room: its load is given up", requeue=True)
-                self.live_on[g].remove(w)
-                self.worker_gpu.pop(w.backend, None)
-                self.slots.pop(w.backend, None)
-                self.stopping.add(w.backend)
-                break
+                need = info.holds_mib(1)
+                if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
+                    continue  # it fits (or will) beside what loads
+                if job.kind == "job" and job.priority > lowest:
+                    self._undo_load_for(job, effective, need, allowed, loading, claimed,
+                                        patience)
+                claimed.update(allowed)
 
-    def _load_effective(self, loading_for: int, loading_since: float | None) -> int:
-        """The (aged) priority of the jobs a worker loads for (``WorkerInfo.loading_for``),
-        aged since the first of them was blocked (``loading_since``)."""
-        if loading_since is None:
+    def _undo_load_for(self, job: QueuedJob, effective: int, need: int, allowed: list[int],
+                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int],
+                       patience: float) -> None:
+        """Give up one load (see ``_undo_loads``) that makes ``job``'s room, if any may go."""
+        exp = self.expected
+        assert exp is not None
+        for w, raw, aged in loading:
+            g = w.gpu
+            coming = self.budget[g] + self.stopping_mib[g]
+            if (aged >= effective or g not in allowed or g in claimed
+                    or w.backend in self.evicted
+                    or (w.loading_since is not None
+                        and self.now - w.loading_since >= patience)
+                    or coming + w.reserved_mib < need
+                    or coming + sum(o.reserved_mib for o in self.live_on[g]
+                                    if self._evictable(o)) >= need
+                    or exp.stream_above(job.backend, raw, self.now) is None):
+                continue
+            self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
+                         "needs its room: its load is given up", requeue=True)
+            self.live_on[g].remove(w)
+            self.worker_gpu.pop(w.backend, None)
+            self.slots.pop(w.backend, None)
+            self.stopping.add(w.backend)
+            return
+
+    def _load_effective(self, loading_for: int, submitted_at: float | None) -> int:
+        """The aged priority of the jobs a worker loads for (``WorkerInfo.loading_for``), at
+        most: aged, as in the queue, since the first of them was submitted."""
+        if submitted_at is None:
             return loading_for
-        return loading_for + aging_bonus(loading_since, self.now, self.config.aging_interval_s)
+        return loading_for + aging_bonus(submitted_at, self.now, self.config.aging_interval_s)
 
     def _has_work(self, backend: str) -> bool:
         """Work of ``backend`` waits or is expected: queued jobs, or a stream alive."""
