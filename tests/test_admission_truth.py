@@ -24,6 +24,7 @@ import pytest
 import yaml
 from engine_support import ROOT, UsageWatcher, engine, sim_backend
 from escaping import Escaper
+from proc_state import gone
 from serve_support import Served, make_env, new_root, reap, start_serve
 from waiting import wait_until
 
@@ -310,20 +311,12 @@ def test_a_stopped_worker_is_declared_hung_and_its_job_fails_with_that_reason() 
             result = sup.wait(job, 20)
         finally:
             with pytest.raises(ProcessLookupError):  # killed, not just abandoned
-                wait_until(lambda: _gone(pid), 10, "the stopped worker to be killed")
+                wait_until(lambda: gone(pid), 10, "the stopped worker to be killed")
                 os.kill(pid, signal.SIGCONT)
         assert result.state is JobState.FAILED
         assert "hung" in (result.error or "") and "ping" in (result.error or "")
         # The backend restarts on its next job.
         assert sup.wait(sup.submit("s", req(steps=1)), 30).state is JobState.SUCCEEDED
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.process
@@ -378,14 +371,14 @@ def test_kill_9_of_the_engine_runs_the_interrupted_job_exactly_once(kill_watcher
         served.proc.wait(10)
         if not kill_watcher:
             # The lifeline kills the worker at once: it does not go on running the job.
-            wait_until(lambda: _gone(worker_pid), 5, "the worker to die with the engine")
+            wait_until(lambda: gone(worker_pid), 5, "the worker to die with the engine")
         else:
-            assert not _gone(worker_pid)  # an orphan, until the next engine starts
+            assert not gone(worker_pid)  # an orphan, until the next engine starts
         again = start_serve(env, root)
         try:
             with again.client() as client:
                 # Before anything was requeued the orphan was gone.
-                assert _gone(worker_pid)
+                assert gone(worker_pid)
                 result = client.wait(job_id, 60)
             assert result.state is JobState.SUCCEEDED, result.error
             runs = _executions(root)
@@ -423,8 +416,8 @@ def test_a_lifeline_killed_by_someone_is_started_again_and_still_kills_the_worke
                    "the engine saying it started the lifeline again")
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
-        wait_until(lambda: _gone(worker_pid), 5, "the worker to die with the engine")
-        wait_until(lambda: _gone(second), 5, "the new watcher to end with its work done")
+        wait_until(lambda: gone(worker_pid), 5, "the worker to die with the engine")
+        wait_until(lambda: gone(second), 5, "the new watcher to end with its work done")
     finally:
         reap(served)
 
@@ -441,7 +434,7 @@ def _lifeline_of(env: dict[str, str], missing_ok: bool = False) -> int | None:
         except OSError:
             continue
         if b"lifeline.py" in cmdline and runtime in environ.split(b"\0") \
-                and not _gone(int(entry)):
+                and not gone(int(entry)):
             return int(entry)
     if missing_ok:
         return None
@@ -544,10 +537,10 @@ def test_a_restarted_engine_kills_what_left_the_group_of_a_leftover_worker(
         os.kill(watcher, signal.SIGKILL)
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
-        assert not _gone(pid)  # left behind, until the next engine starts
+        assert not gone(pid)  # left behind, until the next engine starts
         again = start_serve(env, root)
         try:
-            wait_until(lambda: _gone(pid), 10, "the helper to die as the next engine starts")
+            wait_until(lambda: gone(pid), 10, "the helper to die as the next engine starts")
             # (killed first, said after: the line may come a moment after the helper died)
             wait_until(lambda: "had left their worker's group" in again.stderr(), 10,
                        "the engine to say what it killed")
@@ -586,7 +579,7 @@ def test_kill_9_of_the_engine_and_its_lifeline_leaves_no_server_behind(launcher:
         os.kill(watcher, signal.SIGKILL)
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
-        wait_until(lambda: _gone(pid) and _gone(reaper), 10, "the server's tree to die")
+        wait_until(lambda: gone(pid) and gone(reaper), 10, "the server's tree to die")
 
 
 @pytest.mark.process
@@ -599,4 +592,4 @@ def test_kill_9_of_the_engine_takes_a_child_that_left_its_workers_group(launcher
     with _escaping_server(launcher) as (served, _env, _root, pid):
         os.kill(served.proc.pid, signal.SIGKILL)
         served.proc.wait(10)
-        wait_until(lambda: _gone(pid), 5, "the helper to die with the engine")
+        wait_until(lambda: gone(pid), 5, "the helper to die with the engine")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_state import gone
 from waiting import wait_until
 
 from supervisor.workers.lifeline import RUN_MARK, Lifeline, kill_leftovers, start_ticks, strays
@@ -105,22 +106,13 @@ def test_the_watcher_kills_a_marked_worker_it_was_never_told_of_and_its_tree(
                  for name in ("worker", "cleared")}
         lifeline.close()  # as the engine's death closes the pipe: nothing was ever added
         for name, pids in found.items():
-            wait_until(lambda p=pids: all(_gone(pid) for pid in p), 5, f"the {name} to die")
+            wait_until(lambda p=pids: all(gone(pid) for pid in p), 5, f"the {name} to die")
     finally:
         lifeline.close()
         for pid in {p for n in ("worker", "cleared") for p in _named(f"{tag}-{n}")}:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         worker.wait(5)
-
-
-def _gone(pid: int) -> bool:
-    """Dead, or a zombie nobody reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return True
-    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 @pytest.mark.process

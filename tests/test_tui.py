@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from engine_support import ROOT, engine, sim_backend
 from fixed_source import FixedSource, demo_snapshot, fixed_clocks
+from proc_state import gone
 from rich.console import Console
 from textual.command import CommandPalette
 from textual.pilot import Pilot
@@ -71,12 +71,7 @@ def real_engine() -> Iterator[Supervisor]:
 
 
 def alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return pid is not None and not gone(pid)
 
 
 async def until(pilot: Pilot[int], predicate: Callable[[], object], what: str,

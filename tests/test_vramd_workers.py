@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from engine_support import ROOT, UsageWatcher
+from proc_state import gone
 from waiting import wait_until, wait_until_async
 
 from supervisor import JobState, Supervisor
@@ -148,14 +149,6 @@ def worker_mib(sup: Supervisor, pid: int) -> int | None:
     """The simulated GPU's own reading of a process (not the engine's)."""
     probe = SimulatedProbe("sim:4GiB", sup.paths.sim_dir)
     return next((p.used_mib for p in probe.processes() if p.pid == pid), None)
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.process
