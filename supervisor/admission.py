@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .backends.http import fixed_address
 from .backends.schema import HOST_GPU, BackendSpec, VramSpec
@@ -146,16 +146,27 @@ class _Admitted(Protocol):
     def blocked_since(self) -> float | None: ...
 
 
-def loading_facts(jobs: Sequence[_Admitted]) -> tuple[int | None, float | None, float | None]:
-    """``WorkerFacts.loading_for``, ``loading_since`` and ``loading_submitted_at`` of a
-    worker loading for ``jobs`` (none begun): their highest priority, when the first of them
-    was first found blocked (else submitted), and when the first of them was submitted;
-    (None, None, None) for none."""
+class Loading(NamedTuple):
+    """What a worker loads for, as ``WorkerFacts`` (and ``sched.WorkerInfo``) carry it."""
+
+    loading_for: int | None = None
+    loading_since: float | None = None
+    loading_submitted_at: float | None = None
+
+
+NOT_LOADING = Loading()
+
+
+def loading_facts(jobs: Sequence[_Admitted]) -> Loading:
+    """The facts of a worker loading for ``jobs`` (none begun): their highest priority, when
+    the first of them was first found blocked (else submitted), and when the first of them
+    was submitted; none for none."""
     if not jobs:
-        return None, None, None
-    return (max(j.priority for j in jobs),
-            min(j.submitted_at if j.blocked_since is None else j.blocked_since for j in jobs),
-            min(j.submitted_at for j in jobs))
+        return NOT_LOADING
+    return Loading(max(j.priority for j in jobs),
+                   min(j.submitted_at if j.blocked_since is None else j.blocked_since
+                       for j in jobs),
+                   min(j.submitted_at for j in jobs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .admission import WorkerFacts, decide_inputs, loading_facts, reload_cost_s, wake_cost_s
 from .ledger import Device
@@ -144,15 +144,13 @@ class _Worker:
             return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
                                state="asleep", observed_mib=mem, idle_since=self.idle_since,
                                sleep_mib=b.residual_mib, falling=self.state == "falling")
-        loading_for, loading_since, loading_submitted_at = loading_facts(
-            admitted if self.state == "starting" else ())
+        loading = loading_facts(admitted if self.state == "starting" else ())
         state = "starting" if self.state == "waking" else self.state
         return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
                            jobs=jobs, observed_mib=mem if self.state != "starting" else None,
                            idle_since=self.idle_since,
                            can_sleep=b.wake_s is not None and self.state == "ready",
-                           loading_for=loading_for, loading_since=loading_since,
-                           loading_submitted_at=loading_submitted_at,
+                           **loading._asdict(),
                            running_priority=max(running, default=None))
 
 
@@ -247,9 +245,8 @@ class _Sim:
                 self.push(now + b.stop_s, "gone", w.name)
         passed, blocked = dict(p.passed), dict(p.blocked)
         if passed or blocked:
-            self.queue = [QueuedJob(q.job_id, q.backend, q.priority, q.seq, q.submitted_at,
-                                    passed.get(q.job_id, q.passed), q.kind,
-                                    blocked.get(q.job_id, q.blocked_since))
+            self.queue = [replace(q, passed=passed.get(q.job_id, q.passed),
+                                  blocked_since=blocked.get(q.job_id, q.blocked_since))
                           for q in self.queue]
         started = set()
         for s in p.starts:

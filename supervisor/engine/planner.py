@@ -95,7 +95,7 @@ class Planner:
                 # A backend being calibrated takes no new job on its old worker, which the
                 # run stops once its running jobs are done.
                 workers.append(self._facts(rt, "stopping" if name in calibrating else None,
-                                           *self._loading_for(rt),
+                                           self._loading_for(rt),
                                            running_priority=self._running_priority(rt)))
             for gh in rt.ghosts:
                 ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
@@ -121,17 +121,17 @@ class Planner:
         if start is not None:
             self.expect.ran(job.backend, job.finished_at - start)
 
-    def _loading_for(self, rt: BackendRuntime) -> tuple[int | None, float | None, float | None]:
+    def _loading_for(self, rt: BackendRuntime) -> admission.Loading:
         """While ``rt``'s worker loads (a spawn, not a wake), ``admission.loading_facts`` of
-        the jobs admitted to it, none begun yet; (None, None, None) otherwise."""
+        the jobs admitted to it, none begun yet; nothing otherwise."""
         w = rt.worker
         if w is None or rt.slumber is not None or w.state not in (
                 WorkerState.STARTING, WorkerState.INITIALIZING):
-            return None, None, None
+            return admission.NOT_LOADING
         jobs = [j for job_id in rt.admitted if (j := self.job(job_id)) is not None
                 and j.state is JobState.STARTING]
         if len(jobs) != len(rt.admitted):
-            return None, None, None
+            return admission.NOT_LOADING
         return admission.loading_facts(jobs)
 
     def _running_priority(self, rt: BackendRuntime) -> int | None:
@@ -140,13 +140,13 @@ class Planner:
                     and j.state is JobState.RUNNING), default=None)
 
     @staticmethod
-    def _facts(rt: BackendRuntime, state: str | None = None, loading_for: int | None = None,
-               loading_since: float | None = None, loading_submitted_at: float | None = None,
-               *, running_priority: int | None = None) -> admission.WorkerFacts:
+    def _facts(rt: BackendRuntime, state: str | None = None,
+               loading: admission.Loading = admission.NOT_LOADING, *,
+               running_priority: int | None = None) -> admission.WorkerFacts:
         """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
         it keeps (while it falls asleep, what it gives back on its way back), a waking one
-        whole, as one that starts; ``loading_for``, ``loading_since``,
-        ``loading_submitted_at`` and ``running_priority``: see ``sched.WorkerInfo``."""
+        whole, as one that starts; ``loading`` (what it loads for) and ``running_priority``:
+        see ``sched.WorkerInfo``."""
         w = rt.worker
         assert w is not None
         m, c, slumber = rt.measures, rt.conduct, rt.slumber
@@ -164,8 +164,7 @@ class Planner:
             idle_since=rt.usage.idle_for_eviction(), accepting=c.accepting,
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
-            can_sleep=rt.can_sleep, loading_for=loading_for, loading_since=loading_since,
-            loading_submitted_at=loading_submitted_at, running_priority=running_priority)
+            can_sleep=rt.can_sleep, running_priority=running_priority, **loading._asdict())
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],
