@@ -177,8 +177,7 @@ class WorkerFacts:
     ``sleep_mib`` (what it keeps: measured, or the backend's figure while ``falling`` asleep,
     when what it gives back is still counted as on its way back); ``can_sleep``: it may be put
     to sleep rather than stopped; ``loading_for``, ``loading_since``, ``loading_submitted_at``
-    and ``running_priority``: see
-    ``WorkerInfo``."""
+    and ``running_priority``: see ``WorkerInfo``."""
 
     name: str
     backend: str

@@ -289,18 +289,26 @@ def big_loading_and_chat_queued(expected: Expectations | None, now: float,
                     expected=expected)
 
 
+LATE = 25.0  # when the chat's request comes after a silence
+
+
+def after_a_silence() -> Expectations:
+    """The chat's stream as learned at ``LATE``: asked every 1.5 s until 13.5 s, silent
+    (taken as ended) until a request now."""
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.arrived("chat-llm", 10, LATE)
+    return learner.view(LATE)
+
+
 def test_a_request_that_needs_the_room_of_a_load_for_lower_work_has_it_given_up() -> None:
-    learner = periodic(1.5, 10, backend="chat-llm")  # ... 13.5, then silent until 25
-    learner.arrived("chat-llm", 10, 25.0)
-    now = 25.0
-    p = plan(big_loading_and_chat_queued(learner.view(now), now), now)
+    now, view = LATE, after_a_silence()
+    p = plan(big_loading_and_chat_queued(view, now), now)
     assert [(e.backend, e.requeue) for e in p.evictions] == [("big", True)]
     assert "its load is given up" in p.evictions[0].reason
     # Not without a stream (the engine before issue 28), nor for a load of work of the
     # request's priority or above, nor for a worker that began its job, nor when the request
     # fits beside the load, nor once its job has waited as long as a hold may hold it (a
     # stream that never ends would starve it).
-    view = learner.view(now)
     for snap in (big_loading_and_chat_queued(None, now),
                  big_loading_and_chat_queued(view, now, loading_for=10),
                  big_loading_and_chat_queued(view, now, loading_for=None),
@@ -312,10 +320,8 @@ def test_a_request_that_needs_the_room_of_a_load_for_lower_work_has_it_given_up(
 def big_loading_beside_an_embedder(busy: bool) -> tuple[Snapshot, float]:
     """As ``big_loading_and_chat_queued`` on a 40 GiB card, with an embedder (10 GiB) idle
     or running a job, holding what the request lacks."""
-    learner = periodic(1.5, 10, backend="chat-llm")
-    learner.arrived("chat-llm", 10, 25.0)
-    now = 25.0
-    snap = big_loading_and_chat_queued(learner.view(now), now, gpu_mib=40 * GIB)
+    now, view = LATE, after_a_silence()
+    snap = big_loading_and_chat_queued(view, now, gpu_mib=40 * GIB)
     embed = BackendInfo("embed", 12 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
     worker = WorkerInfo("embed", 0, "busy", 1, embed.holds_mib(1), running_priority=0) \
         if busy else WorkerInfo("embed", 0, "ready", 0, embed.idle_mib, idle_since=20.0)
@@ -362,13 +368,11 @@ def test_a_load_ages_from_its_jobs_submission_as_they_do_in_the_queue() -> None:
     is aged to 10, the request's priority, and first by its seq. Aged from when it was
     blocked, its load was given up for the request and started again by the walk at the
     next step (a random trace gave 381 loads up for 46 jobs)."""
-    learner = periodic(1.5, 10, backend="chat-llm")
-    learner.arrived("chat-llm", 10, 25.0)
-    now = 25.0
+    now, view = LATE, after_a_silence()
     ten_intervals = 10 * SchedulerConfig().aging_interval_s
-    snap = big_loading_and_chat_queued(learner.view(now), now, queued=ten_intervals)
+    snap = big_loading_and_chat_queued(view, now, queued=ten_intervals)
     assert not any(e.requeue for e in plan(snap, now).evictions)
-    snap = big_loading_and_chat_queued(learner.view(now), now, queued=ten_intervals - 1)
+    snap = big_loading_and_chat_queued(view, now, queued=ten_intervals - 1)
     assert [(e.backend, e.requeue) for e in plan(snap, now).evictions] == [("big", True)]
 
 
@@ -377,10 +381,8 @@ def test_a_load_is_not_given_up_for_a_request_behind_a_job_that_waits_for_its_ro
     a load given up makes would be that job's, so the walk would start the load again
     beside it, and the request give it up again, at every step (a random trace gave a load
     up 46 times so, every 0.55 s)."""
-    learner = periodic(1.5, 10, backend="chat-llm")
-    learner.arrived("chat-llm", 10, 25.0)
-    now = 25.0
-    snap = big_loading_and_chat_queued(learner.view(now), now)
+    now, view = LATE, after_a_silence()
+    snap = big_loading_and_chat_queued(view, now)
     huge = BackendInfo("huge", 22 * GIB, GIB, 128, 10, reload_cost_s=4.0)
     ahead = QueuedJob("huge-0", "huge", 10, 19, now - 1.0)
     with_ahead = replace(snap, backends={**snap.backends, "huge": huge},

@@ -856,7 +856,6 @@ class _Planner:
         seen: set[str] = set()
         unseen = {b for (_, b), n in self.snapshot.queued_counts.items()
                   if n > 0 and b not in self.worker_gpu}
-        patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
         for run in ordered_runs(self.snapshot.queue, self.now, self.config.aging_interval_s):
             for job in run:
                 effective = self._effective(job)
@@ -876,16 +875,15 @@ class _Planner:
                 if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
                     continue  # it fits (or will) beside what loads
                 if job.kind == "job" and job.priority > lowest:
-                    self._undo_load_for(job, effective, need, allowed, loading, claimed,
-                                        patience)
+                    self._undo_load_for(job, effective, need, allowed, loading, claimed)
                 claimed.update(allowed)
 
     def _undo_load_for(self, job: QueuedJob, effective: int, need: int, allowed: list[int],
-                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int],
-                       patience: float) -> None:
+                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int]) -> None:
         """Give up one load (see ``_undo_loads``) that makes ``job``'s room, if any may go."""
         exp = self.expected
         assert exp is not None
+        patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
         for w, raw, aged in loading:
             g = w.gpu
             coming = self.budget[g] + self.stopping_mib[g]
