@@ -31,6 +31,13 @@ ratio is to the bound of a policy that serves the chat at once (``served_bound``
 (loads 1 s, jobs 0.3 s) and prints its makespan and loads beside the simulator's, with the
 engine's measured load times.
 
+Loads given up: two traces of a review in which a stream's requests gave up the load of a
+model that needs its room again and again (the hold let the big model evict the chat's, or
+the chat model left by its keep-alive), replayed by the real scheduler and by the same
+scheduler not told which loads were given up for whom (``forgetful``: as it was before it
+remembered them), with loads, loads given up, the chat's waits and the longest wait of the
+work below it.
+
 Sleepers: traces whose models can sleep (``@worker_sdk.sleep``/``@wake``), each replayed by
 the real scheduler with and without the sleep hooks, makespan, loads and wakes side by side:
 the issue's two 9 GiB models on a 12 GiB card taking turns (load 3 s, wake 0.3 s), and four
@@ -63,6 +70,7 @@ from supervisor.scheduler.model import (  # noqa: E402
     Snapshot,
     Start,
 )
+from supervisor.scheduler.plan import plan  # noqa: E402
 from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob, simulate  # noqa: E402
 
 GIB = 1024
@@ -680,6 +688,54 @@ def sleep_rows(trace: Trace) -> list[str]:
     return out
 
 
+def evict_then_give_up() -> Trace:
+    """A review's trace: a chat every 3.5 s (priority 10, its model may wait 30 s:
+    ``target_wait``) beside four big jobs (priority 5, loads 2.5 s) that fit beside nothing:
+    the hold lets the big model evict the idle chat model, and the chat's next request comes
+    during the big load and gives it up."""
+    chat = TraceBackend("chat", 0.92, 18438, 773, target_wait_s=30.0)
+    big = TraceBackend("big", 2.54, 28796, 2252, keep_alive_s=0.5)
+    jobs = arrivals.jobs(arrivals.periodic(3.5, 600.0), "chat", 0.5, 10, prefix="chat")
+    jobs += tuple(TraceJob(f"big{i}", 30.0, "big", 5.0, 5) for i in range(4))
+    return Trace("a chat lets a big model evict it, then gives its load up", (48 * GIB,),
+                 (chat, big), jobs)
+
+
+def keep_alive_give_up() -> Trace:
+    """Another review's trace: the chat model leaves 1 s after each request (its
+    ``keep_alive``), and a stream of lower jobs (priority 8) that fit beside its idle model,
+    not beside a chat job, takes the room its next request needs."""
+    chat = TraceBackend("chat", 1.8, 24 * GIB, 2 * GIB, concurrency=3, keep_alive_s=1.0,
+                        target_wait_s=5.0)
+    other = TraceBackend("other", 1.45, 20 * GIB, 4 * GIB, keep_alive_s=1.0)
+    jobs = arrivals.jobs(arrivals.periodic(3.5, 200.0), "chat", 0.45, 10, prefix="chat")
+    jobs += arrivals.jobs(arrivals.periodic(200.0 / 30, 200.0, start=1.0), "other", 0.12, 8,
+                          prefix="low")
+    return Trace("a chat model that leaves by its keep-alive", (48 * GIB,), (chat, other),
+                 jobs)
+
+
+def forgetful(snap: Snapshot, now: float, config: SchedulerConfig) -> Plan:
+    """The real scheduler, not told which loads were given up for whom (before it was)."""
+    if snap.expected is not None:
+        snap = dataclasses.replace(snap, expected=dataclasses.replace(snap.expected,
+                                                                      given_up={}),
+                                   queued_counts=None)
+    return plan(snap, now, config)
+
+
+def give_up_rows(trace: Trace) -> list[str]:
+    out = []
+    config = SchedulerConfig(aging_interval_s=math.inf, max_patience_s=60.0)
+    for name, policy in (("vramtui", None), ("forgetful", forgetful)):
+        r = simulate(trace, config=config, name=name, max_time=1e5) if policy is None \
+            else simulate(trace, config=config, policy=policy, name=name, max_time=1e5)
+        lower = [r.started_at[j.id] - j.at for j in trace.jobs if j.priority < 10]
+        out.append(f"  {name:9} {r.makespan_s:9.1f} {r.loads:6d} {len(r.given_up):6d}  "
+                   f"{r.wait_p(10, 0.95):8.1f} {max(r.waits[10]):6.1f}  {max(lower):9.1f}")
+    return out
+
+
 # --------------------------------------------------------------------------- the engine
 
 
@@ -814,6 +870,14 @@ def main() -> int:
     for trace in (two_sleepers(), vllm_sleepers(rng)):
         print(f"{trace.name}: {len(trace.jobs)} jobs, {len(trace.backends)} backends")
         for line in sleep_rows(trace):
+            print(line)
+    print()
+    print("loads given up for a stream's request, remembered or not (aging off, patience 60 s)")
+    print(f"  {'policy':9} {'makespan s':>9} {'loads':>6} {'given':>6}  {'chat p95':>8} "
+          f"{'max':>6}  {'lower max':>9}  (waits, s)")
+    for trace in (evict_then_give_up(), keep_alive_give_up()):
+        print(f"{trace.name}: {len(trace.jobs)} jobs, {len(trace.backends)} backends")
+        for line in give_up_rows(trace):
             print(line)
     if args.engine:
         trace = interleaved()

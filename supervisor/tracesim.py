@@ -231,6 +231,9 @@ class _Sim:
             b = self.backends[ev.backend]
             if w is not None and ev.requeue and w.state == "starting":
                 self.given_up.append((now, w.backend, ev.reason))
+                if self.learner is not None and ev.given_up_for is not None:
+                    self.learner.given_up(w.backend, ev.given_up_for,
+                                          now - (w.ready_at - b.load_s))
                 self.requeue(w, now)
                 continue
             if w is None or w.jobs or w.pending:

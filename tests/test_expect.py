@@ -403,6 +403,168 @@ def test_poisson_seed_283_gives_the_big_load_up_for_the_request_after_a_long_sil
     assert c.batch_makespan(r) <= 1.25 * c.batch_bound()
 
 
+QUICK = BackendInfo("big", 20 * GIB, 4 * GIB, 128, 0, reload_cost_s=1.0)
+
+
+def big_queued_on_an_empty_gpu(expected: Expectations, now: float, *,
+                               blocked_since: float | None = None,
+                               chat_waiting: bool = False) -> Snapshot:
+    """The big model (loads in 1 s) queued, nothing on the card; with ``chat_waiting``, a
+    chat request queued too, its worker stopping in the room (it cannot start yet)."""
+    queue = [QueuedJob("big-0", "big", 0, 1, 0.0, blocked_since=blocked_since)]
+    workers = {}
+    if chat_waiting:
+        queue.insert(0, QueuedJob("chat-9", "chat-llm", 10, 20, now))
+        workers["chat-llm"] = WorkerInfo("chat-llm", 0, "stopping", 0, LLM.idle_mib)
+    return Snapshot(gpus=[GpuState(0, 24 * GIB, None)],
+                    backends={"chat-llm": LLM, "big": QUICK}, workers=workers, queue=queue,
+                    expected=expected)
+
+
+def chat_every_1_5_s(given_up: bool = True) -> Learner:
+    """A chat every 1.5 s until 13.5 s, its jobs 0.2 s; with ``given_up``, a load of the
+    big model was given up for one of its requests 0.6 s into that load."""
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.ran("chat-llm", 0.2)
+    if given_up:
+        learner.given_up("big", "chat-llm", 0.6)
+    return learner
+
+
+def test_a_load_given_up_for_a_stream_waits_for_a_gap_its_load_fits_in() -> None:
+    """A review's loop: the big model starts loading in a silence of the chat's stream, its
+    next request comes during the load and gives it up, and the walk starts it again at
+    once, for the next request to give up: 65 loads given up for 4 jobs. Once a load of the
+    big model was given up for the chat, a load that the chat's next request would likely
+    give up waits for the gap after that request, if it is long enough."""
+    learner = chat_every_1_5_s()
+    late = 13.5 + 1.0  # its next request is due within the load (1 s)
+    p = plan(big_queued_on_an_empty_gpu(learner.view(late), late), late)
+    assert p.starts == () and p.evictions == ()
+    assert p.waiting["big-0"] == ("waits: chat-llm expects a request within 0.5 s, which "
+                                  "would take the room of its load")
+    assert p.revisit_at is not None and late < p.revisit_at < late + 6.0
+    # Right after a request was served the gap ahead fits the load: it starts.
+    early = 13.5 + 0.2
+    assert [s.job_id for s in plan(big_queued_on_an_empty_gpu(learner.view(early), early),
+                                   early).starts] == ["big-0"]
+    # Never given up for the chat: it starts (the gamble is not known to lose).
+    fresh = chat_every_1_5_s(given_up=False)
+    assert [s.job_id for s in plan(big_queued_on_an_empty_gpu(fresh.view(late), late),
+                                   late).starts] == ["big-0"]
+
+
+def test_a_load_waits_for_a_better_moment_only_when_one_comes() -> None:
+    """A random stream's next request is as near after it came as now: waiting saves no
+    load (unless it is all but sure to be given up). Nor is a load held that could not be
+    given up (its job waited ``max_patience_s``), nor for a stream that has stopped. A
+    request of the stream that waits already (its worker stops) takes the room for sure."""
+    rng = random.Random(7)
+    poisson = Learner()
+    for t in arrivals.poisson(1 / 1.5, 60.0, rng):
+        poisson.arrived("chat-llm", 10, t)
+    poisson.ran("chat-llm", 0.2)
+    poisson.given_up("big", "chat-llm", 0.6)
+    last = max(arrivals.poisson(1 / 1.5, 60.0, random.Random(7)))
+    now = last + 0.5
+    view = poisson.view(now)
+    (stream,) = view.streams["chat-llm"]
+    assert 0.3 < stream.chance_within(now, QUICK.reload_cost_s) < 0.9  # (a gamble)
+    assert [s.job_id for s in plan(big_queued_on_an_empty_gpu(view, now), now).starts] == \
+        ["big-0"]
+    learner = chat_every_1_5_s()
+    late = 13.5 + 1.0
+    held_long = big_queued_on_an_empty_gpu(learner.view(late), late,
+                                           blocked_since=late - 300.0)
+    assert [s.job_id for s in plan(held_long, late).starts] == ["big-0"]
+    stopped = 13.5 + 30.0
+    assert [s.job_id for s in plan(big_queued_on_an_empty_gpu(learner.view(stopped), stopped),
+                                   stopped).starts] == ["big-0"]
+    # A load that no gap fits (it ran 2 s before it was given up; the gaps are 1.5 s) waits
+    # all the same: started, it would be given up again at each request.
+    early = 13.5 + 0.2
+    slow = chat_every_1_5_s()
+    slow.given_up("big", "chat-llm", 2.0)
+    p = plan(big_queued_on_an_empty_gpu(slow.view(early), early), early)
+    assert p.starts == () and p.waiting["big-0"].startswith("waits: chat-llm expects")
+    p = plan(big_queued_on_an_empty_gpu(learner.view(early), early, chat_waiting=True), early)
+    assert p.starts == (), p.starts
+    assert p.waiting["big-0"] == "waits: a request of chat-llm needs the room of its load first"
+
+
+def test_a_load_that_waits_for_a_better_moment_keeps_its_room() -> None:
+    """Meanwhile work behind it takes only the room it does not need: another model's long
+    job in that room could not be given up for the chat's request, which would wait for it
+    (a review's trace: the chat's p95 from 4 s to 19 s); a small one beside it runs."""
+    learner = chat_every_1_5_s()
+    late = 13.5 + 1.0
+    snap = big_queued_on_an_empty_gpu(learner.view(late), late)
+    long = BackendInfo("long", 14 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
+    tiny = BackendInfo("tiny", 3 * GIB, GIB, 128, 0, reload_cost_s=1.0)
+    behind = (QueuedJob("long-0", "long", 0, 2, 1.0), QueuedJob("tiny-0", "tiny", 0, 3, 1.0))
+    snap = replace(snap, gpus=[GpuState(0, 32 * GIB, None)],
+                   backends={**snap.backends, "long": long, "tiny": tiny},
+                   queue=(*snap.queue, *behind), queued_counts=None)
+    p = plan(snap, late)
+    assert [s.job_id for s in p.starts] == ["tiny-0"], p.starts
+    assert p.waiting["long-0"].startswith("behind big-0"), p.waiting["long-0"]
+
+
+def test_loads_given_up_are_remembered_bounded_with_the_longest_run() -> None:
+    learner = Learner()
+    learner.given_up("big", "chat", 0.6)
+    learner.given_up("big", "other", 0.4)
+    learner.given_up("huge", "chat", math.nan)
+    view = learner.view(0.0)
+    assert (view.given_up["big"].by, view.given_up["big"].loaded_s) == ("other", 0.6)
+    assert view.given_up["huge"].loaded_s == 0.0
+    for i in range(STREAMS_KEPT + 5):
+        learner.given_up(f"b{i}", "chat", 1.0)
+    assert len(learner.view(0.0).given_up) == STREAMS_KEPT
+
+
+def evict_then_give_up(big_load_s: float) -> Trace:
+    """A review's loop, scaled: the chat (every 1.5 s, its model may wait 30 s:
+    ``target_wait``) lets the big model evict its idle model, and its next request comes
+    during the big load and gives it up, for each of the big jobs' loads."""
+    chat = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10,
+                        target_wait_s=30.0)
+    big = TraceBackend("big", big_load_s, 16 * GIB, 4 * GIB, safety_mib=128)
+    jobs = arrivals.jobs(arrivals.periodic(1.5, 40.0), chat.name, 0.2, 10, prefix="chat")
+    jobs += tuple(TraceJob(f"big-{i}", 3.0, big.name, 1.0) for i in range(4))
+    return Trace("evict then give up", (24 * GIB,), (chat, big), jobs)
+
+
+@pytest.mark.parametrize("big_load_s", [0.8, 1.2])
+def test_a_batch_is_not_loaded_again_into_the_chats_next_request(big_load_s: float) -> None:
+    """Before: 23 and 22 loads given up, the big jobs done at 43.6 and 44.0 s (held until
+    the stream ended). Now one each, done by 21 s; the chat waits no longer."""
+    trace = evict_then_give_up(big_load_s)
+    r = simulate(trace)
+    assert not r.unfinished and not r.overcommitted
+    assert len(r.given_up) <= 2, r.given_up
+    big_end = max(r.started_at[j.id] + j.duration_s for j in trace.jobs if j.backend == "big")
+    assert big_end < 25.0, big_end
+    assert max(r.waits[10]) <= 0.5 + big_load_s + 0.2, r.waits[10]
+
+
+def test_a_chat_model_that_leaves_by_its_keep_alive_does_not_make_a_load_storm() -> None:
+    """Another review's loop: the chat model leaves 1 s after each request
+    (``keep_alive``), a job of lower priority (it fits beside the idle chat model, not
+    beside a chat job) starts loading, and the chat's next request gives that load up: one
+    job spawned 35 times, 51 loads given up in 200 s (before)."""
+    chat = TraceBackend("chat", 1.8, 24 * GIB, 2 * GIB, concurrency=3, keep_alive_s=1.0,
+                        target_wait_s=5.0)
+    other = TraceBackend("other", 1.45, 20 * GIB, 4 * GIB, keep_alive_s=1.0)
+    jobs = arrivals.jobs(arrivals.periodic(3.5, 200.0), "chat", 0.45, 10, prefix="chat")
+    jobs += arrivals.jobs(arrivals.periodic(200.0 / 30, 200.0, start=1.0), "other", 0.12, 8,
+                          prefix="low")
+    r = simulate(Trace("keep-alive then give up", (48 * GIB,), (chat, other), jobs))
+    assert not r.unfinished and not r.overcommitted
+    assert len(r.given_up) <= 3, r.given_up
+    assert max(r.waits[10]) < 3.0, max(r.waits[10])
+
+
 # --------------------------------------------------------------------------- arrival processes
 
 

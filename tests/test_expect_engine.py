@@ -74,3 +74,22 @@ def test_a_request_after_the_stream_seemed_to_end_has_the_big_load_given_up() ->
     assert played.job_waits[chat[-1].id] < 2.0, played.job_waits
     assert set(played.states.values()) == {"succeeded"}, played.states
     assert any("its load is given up" in line for line in played.log), played.log
+
+
+@pytest.mark.process
+def test_a_load_given_up_for_the_chat_is_not_started_again_into_its_next_request() -> None:
+    # The chat (every 1.5 s, its model may wait 30 s) lets the big model evict its idle
+    # model; its next request comes during the big load and gives the load up. The engine
+    # learns it: the big model's next load waits for the gap after a request, which its
+    # load fits in, instead of being started into the next request and given up again, at
+    # every request while the stream lasts (the simulator: 5 loads given up before, 1 now).
+    llm = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10,
+                       target_wait_s=30.0)
+    big = TraceBackend("big", 0.8, 16 * GIB, 4 * GIB, safety_mib=128)
+    chat = arrivals.jobs(arrivals.periodic(1.5, 12.0), llm.name, 0.2, 10, prefix="chat")
+    batch = tuple(TraceJob(f"big-{i}", 3.0, big.name, 1.0) for i in range(2))
+    played = play_trace(Trace("evict then give up, scaled", (24 * GIB,), (llm, big),
+                              chat + batch), "sim:24GiB")
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    given_up = [line for line in played.log if "its load is given up" in line]
+    assert len(given_up) <= 2, given_up

@@ -655,6 +655,9 @@ class Engine:
             elif rt.worker is not None and rt.worker.state != WorkerState.STOPPING:
                 if ev.requeue:  # a load given up: its jobs first, or they fail with it
                     self.sleeper.requeue_admitted(rt, f"requeued: {ev.reason}")
+                    if ev.given_up_for is not None:
+                        self.planner.given_up(ev.backend, ev.given_up_for,
+                                              monotonic() - rt.worker.started_at)
                 self.notes.note("warning" if ev.others else "info", self.others.evicted(ev)
                                 if ev.others else f"evicting {ev.backend} from GPU{ev.gpu} "
                                 f"(frees {ev.frees_mib} MiB): {ev.reason}", ev.backend)

@@ -113,6 +113,12 @@ class Planner:
         if job.kind == "job":
             self.expect.arrived(job.backend, job.priority, job.submitted_at)
 
+    def given_up(self, backend: str, for_backend: str, loaded_s: float) -> None:
+        """A load of ``backend`` was given up for a request of ``for_backend``, ``loaded_s``
+        after it began: its next load waits for a better moment while that stream's requests
+        would do it again."""
+        self.expect.given_up(backend, for_backend, loaded_s)
+
     def ended(self, job: Job) -> None:
         """A job ended: a success teaches how long its backend's jobs run."""
         if job.kind != "job" or job.state is not JobState.SUCCEEDED or job.finished_at is None:

@@ -362,7 +362,8 @@ class Evict:
     ``sleep``, put it to sleep instead: ``frees_mib`` is then what sleeping gives back (its
     reservation less what it keeps asleep). With ``requeue``, the worker is still loading for
     jobs of lower priority (``WorkerInfo.loading_for``): its load is given up and those jobs
-    go back to the queue."""
+    go back to the queue; ``given_up_for``, the backend whose request needs its room, when
+    that is why (the caller tells ``expect.Learner.given_up``)."""
 
     backend: str
     gpu: int
@@ -371,6 +372,7 @@ class Evict:
     sleep: bool = False
     others: bool = False  # it makes room for strangers' memory (the device is over-committed)
     requeue: bool = False
+    given_up_for: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

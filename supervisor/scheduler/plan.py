@@ -54,7 +54,10 @@ taken as ended may not have: when its next request comes while the worker that t
 still loads for jobs of lower priority (``WorkerInfo.loading_for``) and evicting idle
 workers there could not make that room, that load is given up and those jobs go back to the
 queue (``Evict.requeue``), so the request waits for its own model's reload, not for that
-load, a job and the reload (``_undo_loads``).
+load, a job and the reload (``_undo_loads``). The engine tells its ``expect.Learner`` for
+whose request (``Evict.given_up_for``); the next load of that backend waits while that
+stream's next request would likely give it up again and a better moment comes after it
+(``_doomed``, ``expect.Expectations.gives_up``): one load given up, not one per request.
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
 admitted like a load by what waking adds (``holds_mib(1)`` less what it keeps) — passing a
@@ -106,6 +109,8 @@ DEFAULT_CONFIG = SchedulerConfig()
 #: After walking this many queue positions across several runs (aging interleaves the
 #: priority bands), filter the rest down to the backends that can still start.
 _NARROW_AFTER = 512
+#: The soonest a job held for a stream's next request is looked at again.
+MIN_REVISIT_S = 0.1
 
 Key = tuple[str, str]  # (kind, backend): what one verdict covers
 
@@ -534,7 +539,8 @@ class _Planner:
             if room > best_room:
                 best, best_room = g, room
         if best is not None:
-            self._start(job, info, best, spawn=True, reserve=need)
+            if not self._doomed(job, info, best, need):
+                self._start(job, info, best, spawn=True, reserve=need)
             return
         feasible = [g for g in allowed if self._ever_fits(g, need)]
         if not feasible:
@@ -544,7 +550,8 @@ class _Planner:
         if not free:
             self._settle(key, self._behind(self.barriers[feasible[0]]))
             return
-        self._make_barrier(job, info, free, need, alone=False, own=None)
+        if not self._doomed(job, info, max(free, key=lambda i: (self.budget[i], -i)), need):
+            self._make_barrier(job, info, free, need, alone=False, own=None)
 
     def _cold_alone(
         self, job: QueuedJob, info: BackendInfo, allowed: list[int], *, kind: str
@@ -897,12 +904,56 @@ class _Planner:
                     or exp.stream_above(job.backend, raw, self.now) is None):
                 continue
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
-                         "needs its room: its load is given up", requeue=True)
+                         "needs its room: its load is given up", requeue=True,
+                        given_up_for=job.backend)
             self.live_on[g].remove(w)
             self.worker_gpu.pop(w.backend, None)
             self.slots.pop(w.backend, None)
             self.stopping.add(w.backend)
             return
+
+    def _doomed(self, job: QueuedJob, info: BackendInfo, g: int, need: int) -> bool:
+        """A load for ``job`` that a stream's next request would give up (see
+        ``_undo_loads``) waits for a better moment, when one comes (``expect.Expectations
+        .gives_up``: a load of its backend was given up for that stream before); settles it
+        and says so. Not once ``job`` has waited ``max_patience_s``: no load is given up
+        then. The ``need`` it would take on ``g`` stays its own meanwhile (a barrier that
+        evicts nothing): work behind it takes only the room it does not need, as the load
+        would have left it (a long job that took that room instead could not be given up
+        for the request, which would wait for it: a review's trace, 4 s to 19 s)."""
+        exp = self.expected
+        if exp is None or job.kind != "job":
+            return False
+        since = job.submitted_at if job.blocked_since is None else job.blocked_since
+        if self.now - since >= self.config.max_patience_s:
+            return False
+        given = exp.given_up.get(info.name)
+        if given is None:
+            return False
+        # A request of it that needs room (no live worker: it stops, or left) is queued: it
+        # was walked first, and could not start.
+        waiting = given.by in self.queued_jobs and given.by not in self.worker_gpu
+        stream = exp.gives_up(info.name, self._effective(job), self.now, info.reload_cost_s,
+                              waiting)
+        if stream is None:
+            return False
+        due = max(stream.overdue_at, self.now + MIN_REVISIT_S)  # (its request plans anew)
+        if self.revisit_at is None or due < self.revisit_at:
+            self.revisit_at = due
+        reason = (f"waits: a request of {stream.backend} needs the room of its load first"
+                  if waiting else
+                  f"waits: {stream.backend} expects a request within "
+                  f"{max(stream.due_in(self.now), 0.1):.1f} s, which would take the room of "
+                  "its load")
+        self.explicit[job.job_id] = reason
+        self._settle(key_of(job), reason)
+        barrier = self.barriers.get(g)
+        if barrier is not None:  # (it fits in the room that one does not need)
+            barrier.slack = max(0, barrier.slack - need)
+        else:
+            self._add_barrier(_Barrier(job, g, self._effective(job), [],
+                                       max(0, self.budget[g] - need), False, job.passed))
+        return True
 
     def _load_effective(self, loading_for: int, submitted_at: float | None) -> int:
         """The aged priority of the jobs a worker loads for (``WorkerInfo.loading_for``), at
@@ -1117,9 +1168,10 @@ class _Planner:
 
     def _evict(self, workers: list[WorkerInfo], g: int, reason: str,
                sleepers: frozenset[str] = frozenset(), *, others: bool = False,
-               requeue: bool = False) -> None:
+               requeue: bool = False, given_up_for: str | None = None) -> None:
         """Stop ``workers`` on ``g`` (those named in ``sleepers`` are put to sleep; with
-        ``requeue``, loading ones whose jobs go back to the queue)."""
+        ``requeue``, loading ones whose jobs go back to the queue, for a request of
+        ``given_up_for`` if given)."""
         for w in workers:
             info = self.backends.get(w.backend)
             why = reason
@@ -1135,7 +1187,7 @@ class _Planner:
             else:
                 frees = w.reserved_mib
                 self.evictions.append(Evict(w.backend, g, frees, why, others=others,
-                                            requeue=requeue))
+                                            requeue=requeue, given_up_for=given_up_for))
                 self._settle(("job", w.backend), "worker stopping")
             self.evicted.add(w.backend)
             self.stopping_mib[g] += frees
