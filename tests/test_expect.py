@@ -11,7 +11,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from interactive_traces import case, p95
+from interactive_traces import case, keep_alive_give_up, p95
 
 from supervisor import arrivals
 from supervisor.scheduler import (
@@ -553,13 +553,7 @@ def test_a_chat_model_that_leaves_by_its_keep_alive_does_not_make_a_load_storm()
     (``keep_alive``), a job of lower priority (it fits beside the idle chat model, not
     beside a chat job) starts loading, and the chat's next request gives that load up: one
     job spawned 35 times, 51 loads given up in 200 s (before)."""
-    chat = TraceBackend("chat", 1.8, 24 * GIB, 2 * GIB, concurrency=3, keep_alive_s=1.0,
-                        target_wait_s=5.0)
-    other = TraceBackend("other", 1.45, 20 * GIB, 4 * GIB, keep_alive_s=1.0)
-    jobs = arrivals.jobs(arrivals.periodic(3.5, 200.0), "chat", 0.45, 10, prefix="chat")
-    jobs += arrivals.jobs(arrivals.periodic(200.0 / 30, 200.0, start=1.0), "other", 0.12, 8,
-                          prefix="low")
-    r = simulate(Trace("keep-alive then give up", (48 * GIB,), (chat, other), jobs))
+    r = simulate(keep_alive_give_up())
     assert not r.unfinished and not r.overcommitted
     assert len(r.given_up) <= 3, r.given_up
     assert max(r.waits[10]) < 3.0, max(r.waits[10])
