@@ -340,9 +340,9 @@ class Expectations:
         load is started), and at most half that once the
         request has come and been served (a periodic stream's next gap; a random stream's
         chance is the same after its next request, and waiting for it saves nothing) — or
-        at least ``LOST_CHANCE``, a load no gap of the stream fits, which waits for the
-        stream's end (at most ``max_patience_s``, as a hold). None when the load may
-        start."""
+        at least ``LOST_CHANCE``, a load no gap of the stream fits, which waits while the
+        stream keeps its pace (until it is overdue; at most ``max_patience_s``, as a hold).
+        None when the load may start."""
         given = self.given_up.get(backend)
         stream = None if given is None else self.stream_above(given.by, priority, now)
         if stream is None or not (waiting or now < stream.overdue_at):
