@@ -701,6 +701,22 @@ def evict_then_give_up() -> Trace:
                  (chat, big), jobs)
 
 
+def keep_alive_give_up() -> Trace:
+    """Another review's trace: the chat model leaves 1 s after each request (its
+    ``keep_alive``), so each request reloads it, and a stream of lower jobs (priority 8)
+    that fit beside its idle model, not beside a chat job, takes the room its next request
+    needs. No moment is better: after a request's reload and job, the gap left is shorter
+    than their load, so they are started and given up as before."""
+    chat = TraceBackend("chat", 1.8, 24 * GIB, 2 * GIB, concurrency=3, keep_alive_s=1.0,
+                        target_wait_s=5.0)
+    other = TraceBackend("other", 1.45, 20 * GIB, 4 * GIB, keep_alive_s=1.0)
+    jobs = arrivals.jobs(arrivals.periodic(3.5, 200.0), "chat", 0.45, 10, prefix="chat")
+    jobs += arrivals.jobs(arrivals.periodic(200.0 / 30, 200.0, start=1.0), "other", 0.12, 8,
+                          prefix="low")
+    return Trace("a chat model that leaves by its keep-alive", (48 * GIB,), (chat, other),
+                 jobs)
+
+
 def forgetful(snap: Snapshot, now: float, config: SchedulerConfig) -> Plan:
     """The real scheduler, not told which loads were given up for whom (before it was)."""
     if snap.expected is not None:
@@ -861,9 +877,6 @@ def main() -> int:
     print("loads given up for a stream's request, remembered or not (aging off, patience 60 s)")
     print(f"  {'policy':9} {'makespan s':>9} {'loads':>6} {'given':>6}  {'chat p95':>8} "
           f"{'max':>6}  {'lower max':>9}  (waits, s)")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from interactive_traces import keep_alive_give_up
-
     for trace in (evict_then_give_up(), keep_alive_give_up()):
         print(f"{trace.name}: {len(trace.jobs)} jobs, {len(trace.backends)} backends")
         for line in give_up_rows(trace):

@@ -177,7 +177,7 @@ class WorkerFacts:
     ``sleep_mib`` (what it keeps: measured, or the backend's figure while ``falling`` asleep,
     when what it gives back is still counted as on its way back); ``can_sleep``: it may be put
     to sleep rather than stopped; ``loading_for``, ``loading_since``, ``loading_submitted_at``
-    and ``running_priority``: see ``WorkerInfo``."""
+    ``running_priority`` and ``leaves_at``: see ``WorkerInfo``."""
 
     name: str
     backend: str
@@ -198,6 +198,7 @@ class WorkerFacts:
     loading_since: float | None = None
     loading_submitted_at: float | None = None
     running_priority: int | None = None
+    leaves_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +330,7 @@ def decide_inputs(
             can_sleep=w.can_sleep and w.state == "ready" and not w.jobs,
             loading_for=w.loading_for if w.state in ("starting", "initializing") else None,
             loading_since=w.loading_since, loading_submitted_at=w.loading_submitted_at,
-            running_priority=w.running_priority,
+            running_priority=w.running_priority, leaves_at=w.leaves_at,
         )
     snapshot = Snapshot(gpus=gpus, backends=backends, workers=infos, queue=queue,
                         queued_counts=queued_counts,

@@ -151,7 +151,10 @@ class _Worker:
                            idle_since=self.idle_since,
                            can_sleep=b.wake_s is not None and self.state == "ready",
                            **loading._asdict(),
-                           running_priority=max(running, default=None))
+                           running_priority=max(running, default=None),
+                           leaves_at=self.idle_since + b.keep_alive_s
+                           if self.state == "ready" and self.idle_since is not None
+                           and not jobs else None)
 
 
 class _Sim:

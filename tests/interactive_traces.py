@@ -118,21 +118,6 @@ class Forced:
                 f"{self.allowed} by)")
 
 
-def keep_alive_give_up() -> Trace:
-    """A review's trace: the chat model leaves 1 s after each request (its ``keep_alive``),
-    and a stream of lower jobs (priority 8) that fit beside its idle model, not beside a chat
-    job, takes the room its next request needs: that load is given up (``bench/trace.py``,
-    ``tests/test_expect.py``)."""
-    chat = TraceBackend("chat", 1.8, 24 * GIB, 2 * GIB, concurrency=3, keep_alive_s=1.0,
-                        target_wait_s=5.0)
-    other = TraceBackend("other", 1.45, 20 * GIB, 4 * GIB, keep_alive_s=1.0)
-    jobs = arrivals.jobs(arrivals.periodic(3.5, 200.0), "chat", 0.45, 10, prefix="chat")
-    jobs += arrivals.jobs(arrivals.periodic(200.0 / 30, 200.0, start=1.0), "other", 0.12, 8,
-                          prefix="low")
-    return Trace("a chat model that leaves by its keep-alive", (48 * GIB,), (chat, other),
-                 jobs)
-
-
 def p95(values: list[float]) -> float:
     """Nearest rank."""
     s = sorted(values)

@@ -80,6 +80,7 @@ class Planner:
         GPUs where nothing of ours may run (yielded), and why; with a queue, what is expected
         of requests yet to come."""
         calibrating = {r.backend for r in runs}
+        now = self.clock()
         backends: dict[str, sched.BackendInfo] = {}
         targets: dict[str, float] = {}
         workers: list[admission.WorkerFacts] = []
@@ -96,7 +97,8 @@ class Planner:
                 # run stops once its running jobs are done.
                 workers.append(self._facts(rt, "stopping" if name in calibrating else None,
                                            self._loading_for(rt),
-                                           running_priority=self._running_priority(rt)))
+                                           running_priority=self._running_priority(rt),
+                                           now=now))
             for gh in rt.ghosts:
                 ghosts.append(admission.GhostFacts(gh.name, name, gh.gpu, gh.mib,
                                                    gh.observed_mib))
@@ -106,7 +108,7 @@ class Planner:
             reserve_mib=self.reserves(readings),
             foreign=foreign, draining=self.draining, sleep_host_room_mib=sleep_host_room_mib,
             closed=closed,
-            expected=self.expect.view(self.clock(), targets) if queue else None)
+            expected=self.expect.view(now, targets) if queue else None)
 
     def arrived(self, job: Job) -> None:
         """A job was submitted: learn when its backend's requests come."""
@@ -148,11 +150,13 @@ class Planner:
     @staticmethod
     def _facts(rt: BackendRuntime, state: str | None = None,
                loading: admission.Loading = admission.NOT_LOADING, *,
-               running_priority: int | None = None) -> admission.WorkerFacts:
+               running_priority: int | None = None,
+               now: float | None = None) -> admission.WorkerFacts:
         """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
         it keeps (while it falls asleep, what it gives back on its way back), a waking one
-        whole, as one that starts; ``loading`` (what it loads for) and ``running_priority``:
-        see ``sched.WorkerInfo``."""
+        whole, as one that starts; ``loading`` (what it loads for), ``running_priority`` and,
+        given ``now``, when its keep-alive unloads it (``leaves_at``): see
+        ``sched.WorkerInfo``."""
         w = rt.worker
         assert w is not None
         m, c, slumber = rt.measures, rt.conduct, rt.slumber
@@ -170,7 +174,9 @@ class Planner:
             idle_since=rt.usage.idle_for_eviction(), accepting=c.accepting,
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
-            can_sleep=rt.can_sleep, running_priority=running_priority, **loading._asdict())
+            can_sleep=rt.can_sleep, running_priority=running_priority,
+            leaves_at=None if now is None or (left := rt.keep_alive_left_s(now)) is None
+            else now + left, **loading._asdict())
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],

@@ -54,19 +54,19 @@ of lower priority than the job counts for nothing.
 
 A stream's request that comes while a load of lower work takes its room gives that load up
 (``plan``'s ``_undo_loads``); the ``Learner`` remembers it (``given_up``), and the next load
-of that backend waits while the stream's next request would likely give it up too, if the
-gap after that request is a better moment (``Expectations.gives_up``): a periodic stream's
-next request is due at a time its gaps tell, a random one's is as near after it came as now
-(waiting for it saves nothing, and the load starts, unless it is all but sure to be given
-up: ``LOST_CHANCE``). Without that, a load was started into the next request at every step
-and given up again, for each request of the stream.
+of that backend waits while the stream's next request would likely give it up too (and
+would need that room: ``plan`` asks), if the moment after that request is better
+(``Expectations.gives_up``): a periodic stream's next request is due at a time its gaps
+tell, a random one's is as near after it came as now (waiting for it saves nothing, and the
+load starts). Without that, a load was started into the next request at every step and
+given up again, for each request of the stream.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple
@@ -119,10 +119,6 @@ JOB_TIME_WEIGHT = 0.3
 #: A load that a stream's next request would give up with at least this chance waits for a
 #: better moment, if one comes (``Expectations.gives_up``).
 DOOMED_CHANCE = 0.5
-#: ... and with at least this chance whether or not a better moment comes: started, it would
-#: be given up again and again, each request of the stream (a review's family of traces,
-#: 500 of them: 988 loads given up before, 688 with the better moment alone, 333 with this).
-LOST_CHANCE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +323,9 @@ class Expectations:
     def job_time(self, backend: str, default: float) -> float:
         return self.job_s.get(backend, default)
 
-    def gives_up(self, backend: str, priority: int, now: float, load_s: float,
-                 waiting: bool = False) -> Stream | None:
+    def gives_up(self, backend: str, priority: int, now: float, load_s: float, *,
+                 waiting: bool = False,
+                 served_s: Callable[[Stream], float] | None = None) -> Stream | None:
         """The stream whose next request would likely give up a load of ``backend`` for
         jobs of (aged) ``priority`` started now, taking ``load_s`` (or as long as a load of
         it ran before it was given up, if longer: a load given up early was never timed),
@@ -337,12 +334,12 @@ class Expectations:
         the load with a chance of at least ``DOOMED_CHANCE`` (certain when one of its
         requests already ``waiting`` could not start; none once it is overdue, silent for
         longer than any gap it had: when it comes, if at all, is anybody's guess, and the
-        load is started), and at most half that once the
-        request has come and been served (a periodic stream's next gap; a random stream's
-        chance is the same after its next request, and waiting for it saves nothing) — or
-        at least ``LOST_CHANCE``, a load no gap of the stream fits, which waits while the
-        stream keeps its pace (until it is overdue; at most ``max_patience_s``, as a hold).
-        None when the load may start."""
+        load is started), and at most half that once the request has come and been served
+        (``served_s(stream)`` after it came: its job's time unless told; a periodic stream's next
+        gap; a random stream's chance is the same after its next request, and waiting for it
+        saves nothing; a load that no gap fits is started, and given up if it must: waiting
+        would hold it, and its batch, until the stream ends). None when the load may
+        start."""
         given = self.given_up.get(backend)
         stream = None if given is None else self.stream_above(given.by, priority, now)
         if stream is None or not (waiting or now < stream.overdue_at):
@@ -351,9 +348,7 @@ class Expectations:
         chance = 1.0 if waiting else stream.chance_within(now, load_s)
         if chance < DOOMED_CHANCE:
             return None
-        if chance >= LOST_CHANCE:
-            return stream
-        served = self.job_time(given.by, 0.0)
+        served = self.job_time(given.by, 0.0) if served_s is None else served_s(stream)
         after = replace(stream, last_at=now).chance_within(now + served, load_s)
         return stream if after <= chance / 2 else None
 

@@ -197,7 +197,8 @@ class WorkerInfo:
     job it outranks in the queue, and started again at once).
     ``running_priority``: the highest priority of the jobs it runs (None while it runs none):
     the memory they give back when they end is worth waiting for only to work of at most
-    that priority.
+    that priority. ``leaves_at``: when its keep-alive unloads this idle worker if no job
+    comes (None: it is not idle, or is kept).
     """
 
     backend: str
@@ -213,6 +214,7 @@ class WorkerInfo:
     loading_since: float | None = None
     loading_submitted_at: float | None = None
     running_priority: int | None = None
+    leaves_at: float | None = None
 
     def __post_init__(self) -> None:
         owner = f"worker {self.backend!r}"

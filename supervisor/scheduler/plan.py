@@ -913,28 +913,36 @@ class _Planner:
             return
 
     def _doomed(self, job: QueuedJob, info: BackendInfo, g: int, need: int) -> bool:
-        """A load for ``job`` that a stream's next request would give up (see
-        ``_undo_loads``) waits for a better moment, when one comes (``expect.Expectations
-        .gives_up``: a load of its backend was given up for that stream before); settles it
-        and says so. Not once ``job`` has waited ``max_patience_s``: no load is given up
-        then. The ``need`` it would take on ``g`` stays its own meanwhile (a barrier that
-        evicts nothing): work behind it takes only the room it does not need, as the load
-        would have left it (a long job that took that room instead could not be given up
-        for the request, which would wait for it: a review's trace, 4 s to 19 s)."""
+        """A load for ``job`` on ``g`` (taking ``need``) that a stream's next request would
+        give up (see ``_undo_loads``) waits for a better moment, when one comes
+        (``expect.Expectations.gives_up``: a load of its backend was given up for that
+        stream before); settles it and says so. Only where that request would need its room:
+        not when the stream's model may not use ``g``, fits (or will) on another GPU, or
+        beside the load once the idle workers on ``g`` (its own included) have left, nor in
+        the room a barrier on ``g`` leaves (the job first in line there, walked before, does
+        not need it); nor once ``job`` has waited ``max_patience_s``: then no load is given
+        up. Its ``need``
+        on ``g`` stays its own meanwhile (a barrier that evicts nothing): work behind it
+        takes only the room it does not need, as the load would have left it (a long job
+        that took that room instead could not be given up for the request, which would
+        wait for it: a review's trace, 4 s to 19 s)."""
         exp = self.expected
-        if exp is None or job.kind != "job":
-            return False
+        if exp is None or job.kind != "job" or g in self.barriers:
+            return False  # (beside a barrier: in room the job first in line does not need)
         since = job.submitted_at if job.blocked_since is None else job.blocked_since
         if self.now - since >= self.config.max_patience_s:
             return False
         given = exp.given_up.get(info.name)
-        if given is None:
+        by = None if given is None else self.backends.get(given.by)
+        if by is None or not self._takes_room(by, g, need):
             return False
         # A request of it that needs room (no live worker: it stops, or left) is queued: it
         # was walked first, and could not start.
-        waiting = given.by in self.queued_jobs and given.by not in self.worker_gpu
+        live = self.worker_gpu.get(by.name)
+        waiting = by.name in self.queued_jobs and live is None
         stream = exp.gives_up(info.name, self._effective(job), self.now, info.reload_cost_s,
-                              waiting)
+                              waiting=waiting,
+                              served_s=lambda s: self._served_s(by, s))
         if stream is None:
             return False
         due = max(stream.overdue_at, self.now + MIN_REVISIT_S)  # (its request plans anew)
@@ -947,13 +955,39 @@ class _Planner:
                   "its load")
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
-        barrier = self.barriers.get(g)
-        if barrier is not None:  # (it fits in the room that one does not need)
-            barrier.slack = max(0, barrier.slack - need)
-        else:
-            self._add_barrier(_Barrier(job, g, self._effective(job), [],
-                                       max(0, self.budget[g] - need), False, job.passed))
+        self._add_barrier(_Barrier(job, g, self._effective(job), [],
+                                   max(0, self.budget[g] - need), False, job.passed))
         return True
+
+    def _takes_room(self, by: BackendInfo, g: int, need: int) -> bool:
+        """Whether a request of ``by`` that needs its model loaded would need the room a
+        load taking ``need`` on ``g`` holds (as ``_undo_loads`` asks before giving a load
+        up): ``by`` may use ``g``, fits on none of its other GPUs now (or once what stops
+        there has gone), nor beside the load once the idle workers on ``g`` have left."""
+        allowed = self._allowed(by)
+        if g not in allowed:
+            return False
+        if not by.measured:
+            return True  # (it takes a GPU whole)
+        want = by.holds_mib(1)
+        if any(self.budget[o] + self.stopping_mib[o] >= want for o in allowed if o != g):
+            return False
+        idle = sum(w.reserved_mib for w in self.live_on[g] if self._evictable(w))
+        return self.budget[g] - need + self.stopping_mib[g] + idle < want
+
+    def _served_s(self, by: BackendInfo, stream: expect.Stream) -> float:
+        """How long ``stream``'s next request (of ``by``) takes from its arrival to its
+        job's end: its job's time, and its model's reload unless a live worker of it will
+        still be there (one that its keep-alive unloads before the request is due reloads
+        for it, and the moment after that request is no better: the reload takes it)."""
+        exp = self.expected
+        assert exp is not None
+        job_s = exp.job_time(by.name, 0.0)
+        w = self.snapshot.workers.get(by.name)
+        if by.name in self.worker_gpu and w is not None and (
+                w.leaves_at is None or w.leaves_at > self.now + stream.due_in(self.now)):
+            return job_s
+        return job_s + by.reload_cost_s
 
     def _load_effective(self, loading_for: int, submitted_at: float | None) -> int:
         """The aged priority of the jobs a worker loads for (``WorkerInfo.loading_for``), at
