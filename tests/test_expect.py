@@ -545,6 +545,57 @@ def test_a_load_no_request_would_give_up_is_not_held(where: str) -> None:
     assert max(late) <= 25.0, late
 
 
+def test_a_load_is_not_held_for_a_chat_whose_model_stays_loaded_elsewhere() -> None:
+    """A second review's trace: after a load of the big model was given up for the chat on
+    GPU0, the chat's model stays loaded there (kept 60 s, asked every 40 s) and the big
+    model loads on GPU1: no request of the chat, served where its model is, can give those
+    loads up. Held for its next request all the same, they waited 25-50 s, not their 25 s
+    load."""
+    chat = TraceBackend("chat", 2.0, 14 * GIB, GIB, safety_mib=128, priority=10,
+                        keep_alive_s=60.0)
+    big = TraceBackend("big", 25.0, 15 * GIB, GIB, safety_mib=128, keep_alive_s=0.5)
+    crowd = TraceBackend("crowd", 1.0, 18 * GIB, GIB, safety_mib=128, gpus=(1,),
+                         keep_alive_s=1.0)
+    times = arrivals.periodic(40.0, 200.0) + arrivals.periodic(40.0, 1200.0, start=400.0)
+    jobs = arrivals.jobs(times, "chat", 0.5, 10, prefix="chat") + (
+        TraceJob("crowd-0", 0.0, "crowd", 430.0, 5), TraceJob("big-first", 390.0, "big", 2.0))
+    jobs += tuple(TraceJob(f"big-{i}", 450.0 + 57.0 * i, "big", 3.0) for i in range(12))
+    trace = Trace("the chat's model stays", (24 * GIB, 24 * GIB), (chat, big, crowd), jobs)
+    r = simulate(trace)
+    assert not r.unfinished and not r.overcommitted
+    assert r.given_up, "the trace no longer gives a load up for the chat"
+    waits = [r.started_at[j.id] - j.at for j in trace.jobs if j.id.startswith("big-")
+             and j.id != "big-first"]
+    assert max(waits) <= 26.0, waits
+
+
+def test_a_load_waiting_for_room_is_held_only_if_each_gpu_it_may_take_is_the_chats() -> None:
+    """A second review's trace: the big model fits on neither GPU; its barrier takes GPU1
+    (evicting an idle model there), which the chat may not use. Held because the chat
+    needs its room on GPU0, each big job waited 15-28 s, not its 15 s load."""
+    chat = TraceBackend("chat", 2.0, 14 * GIB, GIB, safety_mib=128, priority=10,
+                        keep_alive_s=5.0, gpus=(0,))
+    big = TraceBackend("big", 15.0, 21 * GIB, GIB, safety_mib=128, keep_alive_s=0.5)
+    crowd = TraceBackend("crowd", 1.0, 10 * GIB, GIB, safety_mib=128, gpus=(0,),
+                         keep_alive_s=1.0)
+    idle = TraceBackend("idle", 1.0, 20 * GIB, GIB, safety_mib=128, gpus=(1,),
+                        keep_alive_s=1e9)
+    jobs = arrivals.jobs(arrivals.periodic(20.0, 800.0), "chat", 0.5, 10, prefix="chat") + (
+        TraceJob("big-first", 50.0, "big", 2.0), TraceJob("crowd-0", 95.0, "crowd", 700.0, 5),
+        TraceJob("idle-0", 0.0, "idle", 85.0))
+    jobs += tuple(TraceJob(f"idle-{i}", 120.0 + 50.0 * i, "idle", 1.0) for i in range(1, 13))
+    jobs += tuple(TraceJob(f"big-{i}", 130.0 + 50.0 * i + 7.0 * (i % 3), "big", 3.0)
+                  for i in range(12))
+    trace = Trace("two GPUs, one the chat's", (32 * GIB, 24 * GIB), (chat, big, crowd, idle),
+                  jobs)
+    r = simulate(trace)
+    assert not r.unfinished and not r.overcommitted
+    assert r.given_up, "the trace no longer gives a load up for the chat"
+    waits = [r.started_at[j.id] - j.at for j in trace.jobs if j.id.startswith("big-")
+             and j.id != "big-first"]
+    assert max(waits) <= 16.0, waits
+
+
 def test_no_moment_is_better_when_the_chat_model_leaves_before_its_next_request() -> None:
     """A review's trace: the chat (every 3.5 s, a little random) leaves by its 1 s
     keep-alive, so each request reloads it; the big model's load (2.5 s) fits only right

@@ -539,7 +539,7 @@ class _Planner:
             if room > best_room:
                 best, best_room = g, room
         if best is not None:
-            if not self._doomed(job, info, best, need):
+            if not self._doomed(job, info, [best], need):
                 self._start(job, info, best, spawn=True, reserve=need)
             return
         feasible = [g for g in allowed if self._ever_fits(g, need)]
@@ -550,7 +550,7 @@ class _Planner:
         if not free:
             self._settle(key, self._behind(self.barriers[feasible[0]]))
             return
-        if not self._doomed(job, info, max(free, key=lambda i: (self.budget[i], -i)), need):
+        if not self._doomed(job, info, sorted(free, key=lambda i: (-self.budget[i], i)), need):
             self._make_barrier(job, info, free, need, alone=False, own=None)
 
     def _cold_alone(
@@ -912,29 +912,30 @@ class _Planner:
             self.stopping.add(w.backend)
             return
 
-    def _doomed(self, job: QueuedJob, info: BackendInfo, g: int, need: int) -> bool:
-        """A load for ``job`` on ``g`` (taking ``need``) that a stream's next request would
-        give up (see ``_undo_loads``) waits for a better moment, when one comes
+    def _doomed(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int) -> bool:
+        """A load for ``job`` (taking ``need`` on one of ``gpus``: the GPU where it fits now,
+        or those where it would wait for room) that a stream's next request would give up
+        (see ``_undo_loads``) waits for a better moment, when one comes
         (``expect.Expectations.gives_up``: a load of its backend was given up for that
-        stream before); settles it and says so. Only where that request would need its room:
-        not when the stream's model may not use ``g``, fits (or will) on another GPU, or
-        beside the load once the idle workers on ``g`` (its own included) have left, nor in
-        the room a barrier on ``g`` leaves (the job first in line there, walked before, does
-        not need it); nor once ``job`` has waited ``max_patience_s``: then no load is given
-        up. Its ``need``
-        on ``g`` stays its own meanwhile (a barrier that evicts nothing): work behind it
-        takes only the room it does not need, as the load would have left it (a long job
-        that took that room instead could not be given up for the request, which would
-        wait for it: a review's trace, 4 s to 19 s)."""
+        stream before); settles it and says so. Only where that request would need its room
+        on each of ``gpus`` (``_takes_room``): not in the room a barrier leaves (the job
+        first in line there, walked before, does not need it); not while the stream's model
+        has a worker that will still be there when the request comes (the request runs on
+        it: no load is given up for it), unless it is in the room a load needs; nor once
+        ``job`` has waited ``max_patience_s``: then no load is given up. Its ``need`` stays
+        its own meanwhile on the first of ``gpus`` (a barrier that evicts nothing): work
+        behind it takes only the room it does not need, as the load would have left it (a
+        long job that took that room instead could not be given up for the request, which
+        would wait for it: a review's trace, 4 s to 19 s)."""
         exp = self.expected
-        if exp is None or job.kind != "job" or g in self.barriers:
+        if exp is None or job.kind != "job" or any(g in self.barriers for g in gpus):
             return False  # (beside a barrier: in room the job first in line does not need)
         since = job.submitted_at if job.blocked_since is None else job.blocked_since
         if self.now - since >= self.config.max_patience_s:
             return False
         given = exp.given_up.get(info.name)
         by = None if given is None else self.backends.get(given.by)
-        if by is None or not self._takes_room(by, g, need):
+        if by is None or not all(self._takes_room(by, g, need) for g in gpus):
             return False
         # A request of it that needs room (no live worker: it stops, or left) is queued: it
         # was walked first, and could not start.
@@ -945,6 +946,12 @@ class _Planner:
                               served_s=lambda s: self._served_s(by, s))
         if stream is None:
             return False
+        # Its worker stays for the request, where the load takes none of its room: on
+        # another GPU, or beside the load (the load fits now).
+        fits_now = self.budget[gpus[0]] >= need
+        if self._stays(by, stream) and (live not in gpus or fits_now):
+            return False
+        g = gpus[0]
         due = max(stream.overdue_at, self.now + MIN_REVISIT_S)  # (its request plans anew)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
@@ -975,19 +982,24 @@ class _Planner:
         idle = sum(w.reserved_mib for w in self.live_on[g] if self._evictable(w))
         return self.budget[g] - need + self.stopping_mib[g] + idle < want
 
+    def _stays(self, by: BackendInfo, stream: expect.Stream) -> bool:
+        """Whether ``by`` has a worker that its keep-alive will not unload before
+        ``stream``'s next request is due."""
+        w = self.snapshot.workers.get(by.name)
+        if by.name not in self.worker_gpu:
+            return False
+        return w is None or w.leaves_at is None or \
+            w.leaves_at > self.now + stream.due_in(self.now)
+
     def _served_s(self, by: BackendInfo, stream: expect.Stream) -> float:
         """How long ``stream``'s next request (of ``by``) takes from its arrival to its
-        job's end: its job's time, and its model's reload unless a live worker of it will
-        still be there (one that its keep-alive unloads before the request is due reloads
-        for it, and the moment after that request is no better: the reload takes it)."""
+        job's end: its job's time, and its model's reload unless a worker of it stays
+        (``_stays``: one that its keep-alive unloads before the request is due reloads for
+        it, and the moment after that request is no better: the reload takes it)."""
         exp = self.expected
         assert exp is not None
         job_s = exp.job_time(by.name, 0.0)
-        w = self.snapshot.workers.get(by.name)
-        if by.name in self.worker_gpu and w is not None and (
-                w.leaves_at is None or w.leaves_at > self.now + stream.due_in(self.now)):
-            return job_s
-        return job_s + by.reload_cost_s
+        return job_s if self._stays(by, stream) else job_s + by.reload_cost_s
 
     def _load_effective(self, loading_for: int, submitted_at: float | None) -> int:
         """The aged priority of the jobs a worker loads for (``WorkerInfo.loading_for``), at
