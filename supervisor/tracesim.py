@@ -134,16 +134,20 @@ class _Worker:
             return b.residual_mib
         return b.resident_mib + len(self.jobs) * b.activation_mib
 
-    def facts(self, b: TraceBackend, admitted: Sequence[QueuedJob] = (),
+    def facts(self, b: TraceBackend, now: float, admitted: Sequence[QueuedJob] = (),
               running: Sequence[int] = ()) -> WorkerFacts:
-        """This worker as the engine reports it to admission (``admitted``: the jobs admitted
-        to it while it loads; ``running``: the priorities of those it runs)."""
+        """This worker as the engine reports it to admission at ``now`` (``admitted``: the
+        jobs admitted to it while it loads; ``running``: the priorities of those it runs)."""
         mem = self.memory(b)
         jobs = len(self.jobs) + len(self.pending)
+        # (the soonest its keep-alive may unload it: counted from its jobs' end)
+        leaves_at = None if not math.isfinite(b.keep_alive_s) else b.keep_alive_s + (
+            self.idle_since if self.idle_since is not None and not jobs else now)
         if self.state in ("falling", "asleep"):
             return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu,
                                state="asleep", observed_mib=mem, idle_since=self.idle_since,
-                               sleep_mib=b.residual_mib, falling=self.state == "falling")
+                               sleep_mib=b.residual_mib, falling=self.state == "falling",
+                               leaves_at=leaves_at)
         loading = loading_facts(admitted if self.state == "starting" else ())
         state = "starting" if self.state == "waking" else self.state
         return WorkerFacts(name=self.name, backend=self.backend, gpu=self.gpu, state=state,
@@ -152,9 +156,7 @@ class _Worker:
                            can_sleep=b.wake_s is not None and self.state == "ready",
                            **loading._asdict(),
                            running_priority=max(running, default=None),
-                           leaves_at=self.idle_since + b.keep_alive_s
-                           if self.state == "ready" and self.idle_since is not None
-                           and not jobs else None)
+                           leaves_at=leaves_at)
 
 
 class _Sim:
@@ -217,7 +219,7 @@ class _Sim:
         for w in self.workers.values():
             b = self.backends[w.backend]
             used[w.gpu] += w.memory(b)
-            facts.append(w.facts(b, [self.admitted[j] for j in w.pending],
+            facts.append(w.facts(b, now, [self.admitted[j] for j in w.pending],
                                  [self.jobs[j].priority for j in w.jobs]))
             if w.state in ("falling", "asleep", "waking"):
                 host += b.host_mib

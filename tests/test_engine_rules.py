@@ -10,6 +10,7 @@ disk under kill -9) are proved by the process tests.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import tempfile
@@ -377,6 +378,38 @@ def test_an_idle_worker_is_unloaded_after_its_keep_alive() -> None:
         wait_until(lambda: state_of(fe, "a") == "cold", what="a unloaded")
         assert state_of(fe, "pinned") == "ready"  # pinned: never unloaded for idleness
         assert any("keep_alive" in line.text for line in fe.sup.snapshot().log)
+
+
+def test_the_scheduler_is_told_when_a_keep_alive_may_unload_a_worker_at_the_soonest() -> None:
+    """``BackendRuntime.leaves_in_s`` (the scheduler's ``WorkerInfo.leaves_at``): an idle
+    worker's keep-alive left; a busy one's whole keep-alive, which counts from its jobs'
+    end; none while nothing unloads it."""
+    import dataclasses
+
+    from supervisor.backends.schema import BackendSpec, VramSpec
+    from supervisor.engine import BackendRuntime
+
+    spec = BackendSpec(name="m", command=("true",), vram=VramSpec(peak_mib=1000),
+                       keep_alive_s=20.0)
+    rt = BackendRuntime(spec)
+    assert rt.leaves_in_s(100.0) is None  # no worker
+    worker = object()
+    rt.worker = worker  # type: ignore[assignment]
+    rt.usage.idle_since = 95.0
+    assert rt.leaves_in_s(100.0) == 15.0
+    rt.admitted.append("j-1")  # busy
+    assert rt.leaves_in_s(100.0) == 20.0
+    rt.admitted.clear()
+    rt.usage.unload_after = worker  # type: ignore[assignment]  # keep_alive 0 while it worked
+    assert rt.leaves_in_s(100.0) == 0.0
+    rt.usage.unload_after = None
+    rt.usage.tunnels = 1
+    assert rt.leaves_in_s(100.0) is None
+    rt.usage.tunnels = 0
+    for kept in (dataclasses.replace(spec, keep_alive_s=math.inf),
+                 dataclasses.replace(spec, pinned=True)):
+        rt.spec = kept
+        assert rt.leaves_in_s(100.0) is None, kept
 
 
 def test_a_draining_gpu_finishes_its_work_and_admits_nothing_new() -> None:

@@ -175,7 +175,7 @@ class Planner:
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
             can_sleep=rt.can_sleep, running_priority=running_priority,
-            leaves_at=None if now is None or (left := rt.keep_alive_left_s(now)) is None
+            leaves_at=None if now is None or (left := rt.leaves_in_s(now)) is None
             else now + left, **loading._asdict())
 
     @staticmethod

@@ -193,17 +193,32 @@ class BackendRuntime:
         """:attr:`wake_cost_s`, given :attr:`reload_cost_s` (its prior is a part of it)."""
         return admission.wake_cost_s(self.spec.wake_cost_s, self.measures.wake_times, reload_s)
 
-    def keep_alive_left_s(self, now: float) -> float | None:
-        """Seconds until ``keep_alive`` unloads its idle worker (0: due); None while it has no
-        worker, runs jobs, has a tunnel open, is pinned or is kept for ever. A worker asked
-        to unload once idle (Ollama's ``keep_alive: 0`` while it worked) has 0, pinned too."""
-        w, idle = self.worker, self.usage.idle_since
+    def _keep_s(self) -> float | None:
+        """Its worker's keep-alive once idle: 0 when asked to unload once idle (Ollama's
+        ``keep_alive: 0`` while it worked), pinned too; None while nothing unloads it (no
+        worker, a tunnel open, pinned, kept for ever)."""
+        w = self.worker
         asked = w is not None and w is self.usage.unload_after
         keep = 0.0 if asked else self.spec.keep_alive_s
-        if (w is None or idle is None or self.admitted or self.usage.tunnels
-                or (self.spec.pinned and not asked) or not math.isfinite(keep)):
+        if (w is None or self.usage.tunnels or (self.spec.pinned and not asked)
+                or not math.isfinite(keep)):
+            return None
+        return keep
+
+    def keep_alive_left_s(self, now: float) -> float | None:
+        """Seconds until ``keep_alive`` unloads its idle worker (0: due); None while it has no
+        worker, runs jobs, has a tunnel open, is pinned or is kept for ever."""
+        keep, idle = self._keep_s(), self.usage.idle_since
+        if keep is None or idle is None or self.admitted:
             return None
         return max(0.0, keep - (now - idle))
+
+    def leaves_in_s(self, now: float) -> float | None:
+        """Seconds until ``keep_alive`` may unload its worker, at the soonest: an idle one's
+        ``keep_alive_left_s``; a busy one's whole keep-alive (it counts from its jobs' end);
+        None while nothing unloads it."""
+        left = self.keep_alive_left_s(now)
+        return left if left is not None else self._keep_s()
 
     @property
     def can_sleep(self) -> bool:

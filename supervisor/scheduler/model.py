@@ -197,8 +197,9 @@ class WorkerInfo:
     job it outranks in the queue, and started again at once).
     ``running_priority``: the highest priority of the jobs it runs (None while it runs none):
     the memory they give back when they end is worth waiting for only to work of at most
-    that priority. ``leaves_at``: when its keep-alive unloads this idle worker if no job
-    comes (None: it is not idle, or is kept).
+    that priority. ``leaves_at``: the soonest its keep-alive may unload it if no job comes:
+    an idle worker's time; for a busy one, its keep-alive from now (it counts from its jobs'
+    end); None while nothing unloads it (kept for ever, pinned, a tunnel open).
     """
 
     backend: str
