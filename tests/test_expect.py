@@ -615,6 +615,28 @@ def test_no_moment_is_better_when_the_chat_model_leaves_before_its_next_request(
     assert done <= 100.0, done
 
 
+def test_a_load_given_up_before_it_was_timed_is_taken_to_last_as_long_as_it_ran() -> None:
+    """The big model's load was given up 1.2 s in, before any load of it was timed (its
+    reload taken as the 1 s prior). With the chat's model loaded (it stays), 0.45 s after a
+    request a 1 s load would end before the next one (1.5 s): it would evict the chat's
+    model; one of at least 1.2 s would not, and waits for the gap after that request."""
+    def snap(learner: Learner, now: float) -> Snapshot:
+        chat = WorkerInfo("chat-llm", 0, "ready", 0, SWIFT.idle_mib, idle_since=13.5 + 0.2)
+        return Snapshot(gpus=[GpuState(0, 24 * GIB, None)],
+                        backends={"chat-llm": SWIFT, "big": QUICK}, workers={"chat-llm": chat},
+                        queue=[QueuedJob("big-0", "big", 0, 1, 0.0)],
+                        expected=learner.view(now, {"chat-llm": 60.0}))  # (it may wait)
+
+    now = 13.5 + 0.45
+    early = chat_every_1_5_s(given_up=False)
+    early.given_up("big", "chat-llm", 0.5)
+    assert [e.backend for e in plan(snap(early, now), now).evictions] == ["chat-llm"]
+    late = chat_every_1_5_s(given_up=False)
+    late.given_up("big", "chat-llm", 1.2)
+    p = plan(snap(late, now), now)
+    assert p.evictions == () and p.waiting["big-0"].startswith("waits: chat-llm expects")
+
+
 def test_loads_given_up_are_remembered_bounded_with_the_longest_run() -> None:
     learner = Learner()
     learner.given_up("big", "chat", 0.6)
