@@ -148,14 +148,12 @@ class Planner:
                     and j.state is JobState.RUNNING), default=None)
 
     @staticmethod
-    def _facts(rt: BackendRuntime, state: str | None = None,
-               loading: admission.Loading = admission.NOT_LOADING, *,
-               running_priority: int | None = None,
-               now: float | None = None) -> admission.WorkerFacts:
-        """``rt``'s live worker as the ledger and the scheduler see it: a sleeping one at what
-        it keeps (while it falls asleep, what it gives back on its way back), a waking one
-        whole, as one that starts; ``loading`` (what it loads for), ``running_priority`` and,
-        given ``now``, when its keep-alive unloads it (``leaves_at``): see
+    def _facts(rt: BackendRuntime, state: str | None, loading: admission.Loading, *,
+               running_priority: int | None, now: float) -> admission.WorkerFacts:
+        """``rt``'s live worker as the ledger and the scheduler see it at ``now``: a sleeping
+        one at what it keeps (while it falls asleep, what it gives back on its way back), a
+        waking one whole, as one that starts; ``loading`` (what it loads for),
+        ``running_priority`` and when its keep-alive may unload it (``leaves_at``): see
         ``sched.WorkerInfo``."""
         w = rt.worker
         assert w is not None
@@ -175,8 +173,8 @@ class Planner:
             over_declared=c.over_mib > 0, settling=m.settling, sleep_mib=sleep_mib,
             falling=slumber is not None and slumber.phase == "falling",
             can_sleep=rt.can_sleep, running_priority=running_priority,
-            leaves_at=None if now is None or (left := rt.leaves_in_s(now)) is None
-            else now + left, **loading._asdict())
+            leaves_at=None if (left := rt.leaves_in_s(now)) is None else now + left,
+            **loading._asdict())
 
     @staticmethod
     def with_extra(queue: tuple[sched.QueuedJob, ...], counts: Mapping[tuple[str, str], int],

@@ -324,8 +324,7 @@ class Expectations:
         return self.job_s.get(backend, default)
 
     def gives_up(self, backend: str, priority: int, now: float, load_s: float, *,
-                 waiting: bool = False,
-                 served_s: Callable[[Stream], float] | None = None) -> Stream | None:
+                 waiting: bool, served_s: Callable[[Stream], float]) -> Stream | None:
         """The stream whose next request would likely give up a load of ``backend`` for
         jobs of (aged) ``priority`` started now, taking ``load_s`` (or as long as a load of
         it ran before it was given up, if longer: a load given up early was never timed),
@@ -335,11 +334,10 @@ class Expectations:
         requests already ``waiting`` could not start; none once it is overdue, silent for
         longer than any gap it had: when it comes, if at all, is anybody's guess, and the
         load is started), and at most half that once the request has come and been served
-        (``served_s(stream)`` after it came: its job's time unless told; a periodic stream's next
-        gap; a random stream's chance is the same after its next request, and waiting for it
-        saves nothing; a load that no gap fits is started, and given up if it must: waiting
-        would hold it, and its batch, until the stream ends). None when the load may
-        start."""
+        (``served_s(stream)`` after it came; a periodic stream's next gap; a random stream's
+        chance is the same after its next request, and waiting for it saves nothing; a load
+        that no gap fits is started, and given up if it must: waiting would hold it, and its
+        batch, until the stream ends). None when the load may start."""
         given = self.given_up.get(backend)
         stream = None if given is None else self.stream_above(given.by, priority, now)
         if stream is None or not (waiting or now < stream.overdue_at):
@@ -348,8 +346,7 @@ class Expectations:
         chance = 1.0 if waiting else stream.chance_within(now, load_s)
         if chance < DOOMED_CHANCE:
             return None
-        served = self.job_time(given.by, 0.0) if served_s is None else served_s(stream)
-        after = replace(stream, last_at=now).chance_within(now + served, load_s)
+        after = replace(stream, last_at=now).chance_within(now + served_s(stream), load_s)
         return stream if after <= chance / 2 else None
 
 

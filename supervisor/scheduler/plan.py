@@ -550,7 +550,7 @@ class _Planner:
         if not free:
             self._settle(key, self._behind(self.barriers[feasible[0]]))
             return
-        if not self._doomed(job, info, sorted(free, key=lambda i: (-self.budget[i], i)), need):
+        if not self._doomed(job, info, free, need):
             self._make_barrier(job, info, free, need, alone=False, own=None)
 
     def _cold_alone(
@@ -899,8 +899,7 @@ class _Planner:
                     or (w.loading_since is not None
                         and self.now - w.loading_since >= patience)
                     or coming + w.reserved_mib < need
-                    or coming + sum(o.reserved_mib for o in self.live_on[g]
-                                    if self._evictable(o)) >= need
+                    or self._room_once_idle_leave(g) >= need
                     or exp.stream_above(job.backend, raw, self.now) is None):
                 continue
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
@@ -914,7 +913,8 @@ class _Planner:
 
     def _doomed(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int) -> bool:
         """A load for ``job`` (taking ``need`` on one of ``gpus``: the GPU where it fits now,
-        or those where it would wait for room) that a stream's next request would give up
+        or those where it would wait for room, the one with most room first) that a stream's
+        next request would give up
         (see ``_undo_loads``) waits for a better moment, when one comes
         (``expect.Expectations.gives_up``: a load of its backend was given up for that
         stream before); settles it and says so. Only where that request would need its room
@@ -923,35 +923,35 @@ class _Planner:
         has a worker that will still be there when the request comes (the request runs on
         it: no load is given up for it), unless it is in the room a load needs; nor once
         ``job`` has waited ``max_patience_s``: then no load is given up. Its ``need`` stays
-        its own meanwhile on the first of ``gpus`` (a barrier that evicts nothing): work
+        its own meanwhile on that first GPU (a barrier that evicts nothing): work
         behind it takes only the room it does not need, as the load would have left it (a
         long job that took that room instead could not be given up for the request, which
         would wait for it: a review's trace, 4 s to 19 s)."""
         exp = self.expected
-        if exp is None or job.kind != "job" or any(g in self.barriers for g in gpus):
-            return False  # (beside a barrier: in room the job first in line does not need)
-        since = job.submitted_at if job.blocked_since is None else job.blocked_since
-        if self.now - since >= self.config.max_patience_s:
-            return False
-        given = exp.given_up.get(info.name)
+        given = None if exp is None or job.kind != "job" else exp.given_up.get(info.name)
         by = None if given is None else self.backends.get(given.by)
-        if by is None or not all(self._takes_room(by, g, need) for g in gpus):
+        if by is None or any(g in self.barriers for g in gpus):
+            return False  # (beside a barrier: in room the job first in line does not need)
+        assert exp is not None
+        since = job.submitted_at if job.blocked_since is None else job.blocked_since
+        if (self.now - since >= self.config.max_patience_s
+                or not all(self._takes_room(by, g, need) for g in gpus)):
             return False
         # A request of it that needs room (no live worker: it stops, or left) is queued: it
         # was walked first, and could not start.
         live = self.worker_gpu.get(by.name)
         waiting = by.name in self.queued_jobs and live is None
-        stream = exp.gives_up(info.name, self._effective(job), self.now, info.reload_cost_s,
+        effective = self._effective(job)
+        stream = exp.gives_up(info.name, effective, self.now, info.reload_cost_s,
                               waiting=waiting,
                               served_s=lambda s: self._served_s(by, s))
         if stream is None:
             return False
         # Its worker stays for the request, where the load takes none of its room: on
         # another GPU, or beside the load (the load fits now).
-        fits_now = self.budget[gpus[0]] >= need
-        if self._stays(by, stream) and (live not in gpus or fits_now):
+        g = max(gpus, key=lambda i: (self.budget[i], -i))
+        if self._stays(by, stream) and (live not in gpus or self.budget[g] >= need):
             return False
-        g = gpus[0]
         due = max(stream.overdue_at, self.now + MIN_REVISIT_S)  # (its request plans anew)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
@@ -962,8 +962,8 @@ class _Planner:
                   "its load")
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
-        self._add_barrier(_Barrier(job, g, self._effective(job), [],
-                                   max(0, self.budget[g] - need), False, job.passed))
+        self._add_barrier(_Barrier(job, g, effective, [], max(0, self.budget[g] - need),
+                                   False, job.passed))
         return True
 
     def _takes_room(self, by: BackendInfo, g: int, need: int) -> bool:
@@ -979,15 +979,20 @@ class _Planner:
         want = by.holds_mib(1)
         if any(self.budget[o] + self.stopping_mib[o] >= want for o in allowed if o != g):
             return False
-        idle = sum(w.reserved_mib for w in self.live_on[g] if self._evictable(w))
-        return self.budget[g] - need + self.stopping_mib[g] + idle < want
+        return self._room_once_idle_leave(g) - need < want
+
+    def _room_once_idle_leave(self, g: int) -> int:
+        """What ``g`` has for a newcomer once what stops there has gone and its idle workers
+        have left."""
+        return self.budget[g] + self.stopping_mib[g] + sum(
+            w.reserved_mib for w in self.live_on[g] if self._evictable(w))
 
     def _stays(self, by: BackendInfo, stream: expect.Stream) -> bool:
         """Whether ``by`` has a worker that its keep-alive will not unload before
         ``stream``'s next request is due."""
-        w = self.snapshot.workers.get(by.name)
         if by.name not in self.worker_gpu:
             return False
+        w = self.snapshot.workers.get(by.name)
         return w is None or w.leaves_at is None or \
             w.leaves_at > self.now + stream.due_in(self.now)
 
