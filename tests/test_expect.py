@@ -25,6 +25,7 @@ from supervisor.scheduler import (
 )
 from supervisor.scheduler.expect import (
     GAPS_KEPT,
+    GIVEN_UP_BY,
     HALF_LIFE_S,
     HOLD_SHARE,
     STREAMS_KEPT,
@@ -636,14 +637,36 @@ def test_a_load_given_up_before_it_was_timed_is_taken_to_last_as_long_as_it_ran(
     assert p.evictions == () and p.waiting["big-0"].startswith("waits: chat-llm expects")
 
 
+def test_a_stream_that_gave_a_load_up_counts_after_another_stream_gave_one_up() -> None:
+    """Two streams take turns giving the big model's load up (a review's trace: a load that
+    waited out one's request landed in the other's). The chat gave one up, then a voice
+    model whose next request is far off: the chat's next request, due within the load,
+    still holds it."""
+    learner = chat_every_1_5_s()
+    for t in (0.0, 10.0):
+        learner.arrived("voice", 10, t)
+    learner.given_up("big", "voice", 0.6)
+    late = 13.5 + 1.0
+    snap = big_queued_on_an_empty_gpu(learner.view(late), late)
+    voice = replace(SWIFT, name="voice")
+    p = plan(replace(snap, backends={**snap.backends, "voice": voice}), late)
+    assert p.starts == () and p.evictions == ()
+    assert p.waiting["big-0"].startswith("waits: chat-llm expects a request within")
+
+
 def test_loads_given_up_are_remembered_bounded_with_the_longest_run() -> None:
     learner = Learner()
     learner.given_up("big", "chat", 0.6)
     learner.given_up("big", "other", 0.4)
     learner.given_up("huge", "chat", math.nan)
     view = learner.view(0.0)
-    assert (view.given_up["big"].by, view.given_up["big"].loaded_s) == ("other", 0.6)
+    assert view.given_up["big"] == (("chat", "other"), 0.6)
     assert view.given_up["huge"].loaded_s == 0.0
+    for i in range(GIVEN_UP_BY + 2):  # (the newest streams, each once, the newest last)
+        learner.given_up("big", f"s{i}", 0.1)
+    learner.given_up("big", f"s{GIVEN_UP_BY}", 0.1)
+    assert learner.view(0.0).given_up["big"].by == tuple(
+        f"s{i}" for i in [*range(2, GIVEN_UP_BY), GIVEN_UP_BY + 1, GIVEN_UP_BY])
     for i in range(STREAMS_KEPT + 5):
         learner.given_up(f"b{i}", "chat", 1.0)
     assert len(learner.view(0.0).given_up) == STREAMS_KEPT

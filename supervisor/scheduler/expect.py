@@ -53,8 +53,9 @@ keeps it while a patient barrier waits if its next request is due within a reloa
 of lower priority than the job counts for nothing.
 
 A stream's request that comes while a load of lower work takes its room gives that load up
-(``plan``'s ``_undo_loads``); the ``Learner`` remembers it (``given_up``), and the next load
-of that backend waits while the stream's next request would likely give it up too (and
+(``plan``'s ``_undo_loads``); the ``Learner`` remembers it (``given_up``, with the last
+``GIVEN_UP_BY`` streams that did), and the next load of that backend waits while one of those
+streams' next request would likely give it up too (and
 would need that room: ``plan`` asks), if the moment after that request is better
 (``Expectations.gives_up``): a periodic stream's next request is due at a time its gaps
 tell, a random one's is as near after it came as now (waiting for it saves nothing, and the
@@ -119,6 +120,9 @@ JOB_TIME_WEIGHT = 0.3
 #: A load that a stream's next request would give up with at least this chance waits for a
 #: better moment, if one comes (``Expectations.gives_up``).
 DOOMED_CHANCE = 0.5
+#: Streams remembered per backend for having given its loads up: two taking turns (a hold
+#: that waited out one's request landed in the other's) and then some.
+GIVEN_UP_BY = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,10 +285,10 @@ def random_quiet(total: float, n: int, seen: int, random: float = 1.0,
 
 
 class GivenUp(NamedTuple):
-    """A backend's loads given up: for whose request the last was, and the longest any had
-    run (its load takes longer)."""
+    """A backend's loads given up: for whose requests (the backends, the newest last, at
+    most ``GIVEN_UP_BY``), and the longest any had run (its load takes longer)."""
 
-    by: str
+    by: tuple[str, ...]
     loaded_s: float
 
 
@@ -323,14 +327,14 @@ class Expectations:
     def job_time(self, backend: str, default: float) -> float:
         return self.job_s.get(backend, default)
 
-    def gives_up(self, backend: str, priority: int, now: float, load_s: float, *,
+    def gives_up(self, backend: str, by: str, priority: int, now: float, load_s: float, *,
                  waiting: bool, served_s: Callable[[Stream], float]) -> Stream | None:
-        """The stream whose next request would likely give up a load of ``backend`` for
-        jobs of (aged) ``priority`` started now, taking ``load_s`` (or as long as a load of
-        it ran before it was given up, if longer: a load given up early was never timed),
-        when waiting saves that: the stream that took such a load's room before
-        (``given_up``), alive and above ``priority``, whose next request comes within
-        the load with a chance of at least ``DOOMED_CHANCE`` (certain when one of its
+        """The stream of ``by`` whose next request would likely give up a load of
+        ``backend`` for jobs of (aged) ``priority`` started now, taking ``load_s`` (or as long
+        as a load of it ran before it was given up, if longer: a load given up early was
+        never timed), when waiting saves that: ``by`` took such a load's room before (it is
+        in ``given_up``), and its stream, alive and above ``priority``, has its next request
+        within the load with a chance of at least ``DOOMED_CHANCE`` (certain when one of its
         requests already ``waiting`` could not start; none once it is overdue, silent for
         longer than any gap it had: when it comes, if at all, is anybody's guess, and the
         load is started), and at most half that once the request has come and been served
@@ -339,9 +343,11 @@ class Expectations:
         that no gap fits is started, and given up if it must: waiting would hold it, and its
         batch, until the stream ends). None when the load may start."""
         given = self.given_up.get(backend)
-        stream = None if given is None else self.stream_above(given.by, priority, now)
+        stream = None if given is None or by not in given.by else \
+            self.stream_above(by, priority, now)
         if stream is None or not (waiting or now < stream.overdue_at):
             return None
+        assert given is not None
         load_s = max(load_s, given.loaded_s)
         chance = 1.0 if waiting else stream.chance_within(now, load_s)
         if chance < DOOMED_CHANCE:
@@ -402,8 +408,11 @@ class Learner:
             del self._given_up[next(iter(self._given_up))]
         if not (loaded_s >= 0 and math.isfinite(loaded_s)):
             loaded_s = 0.0
-        self._given_up[backend] = GivenUp(
-            for_backend, loaded_s if old is None else max(old.loaded_s, loaded_s))
+        if old is None:
+            self._given_up[backend] = GivenUp((for_backend,), loaded_s)
+            return
+        by = tuple(b for b in old.by if b != for_backend)[1 - GIVEN_UP_BY:] + (for_backend,)
+        self._given_up[backend] = GivenUp(by, max(old.loaded_s, loaded_s))
 
     def view(self, now: float, target_wait_s: Mapping[str, float] | None = None
              ) -> Expectations:

@@ -55,8 +55,9 @@ still loads for jobs of lower priority (``WorkerInfo.loading_for``) and evicting
 workers there could not make that room, that load is given up and those jobs go back to the
 queue (``Evict.requeue``), so the request waits for its own model's reload, not for that
 load, a job and the reload (``_undo_loads``). The engine tells its ``expect.Learner`` for
-whose request (``Evict.given_up_for``); the next load of that backend waits while that
-stream's next request would likely give it up again and a better moment comes after it
+whose request (``Evict.given_up_for``); the next load of that backend waits while the
+next request of a stream that gave one up (the last ``expect.GIVEN_UP_BY``) would likely
+give it up again and a better moment comes after it
 (``_doomed``, ``expect.Expectations.gives_up``): one load given up, not one per request.
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
@@ -917,7 +918,9 @@ class _Planner:
         next request would give up
         (see ``_undo_loads``) waits for a better moment, when one comes
         (``expect.Expectations.gives_up``: a load of its backend was given up for that
-        stream before); settles it and says so. Only where that request would need its room
+        stream before; each stream remembered for it is asked, the newest first: two streams
+        taking turns would otherwise let a load that waited out one's request land in the
+        other's); settles it and says so. Only where that request would need its room
         on each of ``gpus`` (``_takes_room``): not in the room a barrier leaves (the job
         first in line there, walked before, does not need it); not while the stream's model
         has a worker that will still be there when the request comes (the request runs on
@@ -929,20 +932,31 @@ class _Planner:
         would wait for it: a review's trace, 4 s to 19 s)."""
         exp = self.expected
         given = None if exp is None or job.kind != "job" else exp.given_up.get(info.name)
-        by = None if given is None else self.backends.get(given.by)
-        if by is None or any(g in self.barriers for g in gpus):
+        if given is None or any(g in self.barriers for g in gpus):
             return False  # (beside a barrier: in room the job first in line does not need)
         assert exp is not None
         since = job.submitted_at if job.blocked_since is None else job.blocked_since
-        if (self.now - since >= self.config.max_patience_s
-                or not all(self._takes_room(by, g, need) for g in gpus)):
+        if self.now - since >= self.config.max_patience_s:
+            return False
+        for name in reversed(given.by):  # (the newest first)
+            by = self.backends.get(name)
+            if by is not None and self._dooms(job, info, gpus, need, by):
+                return True
+        return False
+
+    def _dooms(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int,
+               by: BackendInfo) -> bool:
+        """``_doomed`` for one stream's backend that gave a load of ``info`` up before."""
+        exp = self.expected
+        assert exp is not None
+        if not all(self._takes_room(by, g, need) for g in gpus):
             return False
         # A request of it that needs room (no live worker: it stops, or left) is queued: it
         # was walked first, and could not start.
         live = self.worker_gpu.get(by.name)
         waiting = by.name in self.queued_jobs and live is None
         effective = self._effective(job)
-        stream = exp.gives_up(info.name, effective, self.now, info.reload_cost_s,
+        stream = exp.gives_up(info.name, by.name, effective, self.now, info.reload_cost_s,
                               waiting=waiting,
                               served_s=lambda s: self._served_s(by, s))
         if stream is None:
