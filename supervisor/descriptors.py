@@ -59,7 +59,7 @@ def spec_document(spec: Any) -> dict[str, Any]:
         if spec.gpus is not None else "any"
     out["keep_alive"] = ("forever" if math.isinf(spec.keep_alive_s)
                          else format_seconds(spec.keep_alive_s))
-    for key in ("pinned", "stream", "concurrency", "simulated"):
+    for key in ("pinned", "stream", "inline_results", "concurrency", "simulated"):
         out[key] = getattr(spec, key)
     t = spec.timeouts
     out["timeouts"] = {"start": format_seconds(t.start_s),
@@ -80,6 +80,17 @@ def spec_document(spec: Any) -> dict[str, Any]:
     for key in ("api", "aliases"):
         if getattr(spec, key, ()):
             out[key] = list(getattr(spec, key))
+    if getattr(spec, "listed_as", None) is not None:
+        out["listed_as"] = spec.listed_as
+    vramd = getattr(spec, "vramd", None)
+    if getattr(spec, "protocol", None) == "vramd" and vramd is not None:
+        out["vramd"] = {"load_keys": list(vramd.load_keys),
+                        "event_timeout": "none" if vramd.event_timeout_s is None
+                        else format_seconds(vramd.event_timeout_s)}
+        if vramd.shape_keys is not None:
+            out["vramd"]["shape_keys"] = list(vramd.shape_keys)
+        if vramd.load_kwargs:
+            out["vramd"]["load_kwargs"] = dict(vramd.load_kwargs)
     http = getattr(spec, "http", None)
     if http is not None:
         out["http"] = {"health": http.health or "none", "url": http.url}
@@ -96,6 +107,8 @@ def spec_document(spec: Any) -> dict[str, Any]:
         out["reload_cost"] = format_seconds(spec.reload_cost_s)
     if getattr(spec, "wake_cost_s", None) is not None:
         out["wake_cost"] = format_seconds(spec.wake_cost_s)
+    if getattr(spec, "target_wait_s", None) is not None:
+        out["target_wait"] = format_seconds(spec.target_wait_s)
     sleep = getattr(spec, "sleep", None)
     if sleep is not None and sleep != type(sleep)():
         out["sleep"] = _sleep_view(sleep)
