@@ -54,10 +54,11 @@ taken as ended may not have: when its next request comes while the worker that t
 still loads for jobs of lower priority (``WorkerInfo.loading_for``) and evicting idle
 workers there could not make that room, that load is given up and those jobs go back to the
 queue (``Evict.requeue``), so the request waits for its own model's reload, not for that
-load, a job and the reload (``_undo_loads``). The engine tells its ``expect.Learner`` for
-whose request (``Evict.given_up_for``); the next load of that backend waits while the
-next request of a stream that gave one up (the last ``expect.GIVEN_UP_BY``) would likely
-give it up again and a better moment comes after it
+load, a job and the reload (``_undo_loads``) — unless its target wait covers those
+(``_waits_within_target``): then it waits, and the load goes on. The engine tells its
+``expect.Learner`` for whose request (``Evict.given_up_for``); the next load of that
+backend waits while the next request of a stream that gave one up (the last
+``expect.GIVEN_UP_BY``) would likely give it up again and a better moment comes after it
 (``_doomed``, ``expect.Expectations.gives_up``): one load given up, not one per request.
 
 Sleep. A worker may be ``asleep``: it holds what it keeps asleep, and a job for it wakes it,
@@ -901,7 +902,8 @@ class _Planner:
                         and self.now - w.loading_since >= patience)
                     or coming + w.reserved_mib < need
                     or self._room_once_idle_leave(g) >= need
-                    or exp.stream_above(job.backend, raw, self.now) is None):
+                    or exp.stream_above(job.backend, raw, self.now) is None
+                    or self._waits_within_target(job, w)):
                 continue
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                          "needs its room: its load is given up", requeue=True,
@@ -911,6 +913,36 @@ class _Planner:
             self.slots.pop(w.backend, None)
             self.stopping.add(w.backend)
             return
+
+    def _waits_within_target(self, job: QueuedJob, w: WorkerInfo) -> bool:
+        """Whether ``job`` (a stream's request) would still start within its backend's
+        target wait if the load of ``w`` went on: then that load is not given up. The
+        stream allows that wait (a chat whose ``target_wait`` of 30 s let a big model in had
+        that load given up at each of its requests, and the big model ran nothing while the
+        chat went on).
+
+        What it waits: the whole load (how much is left is not known here), then one job of
+        it and the request's model's reload, once a job of the loading backend has run: a
+        guess of them can be far too short (a 27 s load and a 27 s job guessed at 2 s each
+        made a chat wait 53 s past its 30 s target), and the load is given up as before. A
+        load still going once the request has waited all but that job and reload is given
+        up then (its mean taken short), and the plan looks again at that time."""
+        exp = self.expected
+        loading, mine = self.backends.get(w.backend), self.backends.get(job.backend)
+        if exp is None or loading is None or mine is None or loading.name not in exp.job_s:
+            return False
+        load = loading.reload_cost_s
+        given = exp.given_up.get(loading.name)
+        if given is not None:
+            load = max(load, given.loaded_s)
+        rest = exp.job_time(loading.name, load) + mine.reload_cost_s
+        target = exp.target(job.backend)
+        deadline = job.submitted_at + target - rest
+        if load + rest > target or self.now >= deadline:
+            return False
+        if self.revisit_at is None or deadline < self.revisit_at:
+            self.revisit_at = deadline
+        return True
 
     def _doomed(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int) -> bool:
         """A load for ``job`` (taking ``need`` on one of ``gpus``: the GPU where it fits now,
@@ -1050,17 +1082,11 @@ class _Planner:
         asleep = name in self.asleep
         undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
                 for v in victims if v.backend in self.backends]
-        # Before any of its backend's jobs has run, a job that needs its victims' room is
-        # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
-        # reloads and its own, each: a model that needs their room is no smaller, and taken
-        # short (an unmeasured load is 1 s) a gap between bursts looked long enough for it.
-        # That guess is only a guess: a gap must be ``expect.UNSURE_MARGIN`` times as long
-        # as it says before the job takes it (taken short, the stream's next requests wait
-        # the whole overrun), while the rest of the hold reads it as it is.
-        own = self._undo_s(info, asleep)
-        measured = name in exp.job_s
-        if not measured:
-            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
+        # Before any of its backend's jobs has run, its load and run are guessed
+        # (``_load_guess``), and only guessed: a gap must be ``expect.UNSURE_MARGIN`` times
+        # as long as the guess says before the job takes it (taken short, the stream's next
+        # requests wait the whole overrun), while the rest of the hold reads it as it is.
+        own, measured = self._load_guess(info, asleep, [u for _, u in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
@@ -1085,6 +1111,21 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
         return None
+
+    def _load_guess(self, info: BackendInfo, asleep: bool, others: list[float]
+                    ) -> tuple[float, bool]:
+        """What loading (or waking) ``info`` takes, and whether a job of it has run
+        (``measured``). Before any has, its load and its job are each taken as
+        ``expect.UNMEASURED_FACTOR`` times the slowest of that and ``others`` (the reloads of
+        the models it evicts, or of the one that waits for it): a model that needs their
+        room is no smaller, and taken short (an unmeasured load is 1 s) a gap between
+        bursts looked long enough for it."""
+        exp = self.expected
+        own = self._undo_s(info, asleep)
+        measured = exp is not None and info.name in exp.job_s
+        if not measured:
+            own = expect.UNMEASURED_FACTOR * max([own, *others])
+        return own, measured
 
     def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
         """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
