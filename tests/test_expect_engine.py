@@ -78,20 +78,20 @@ def test_a_request_after_the_stream_seemed_to_end_has_the_big_load_given_up() ->
 
 @pytest.mark.process
 def test_a_load_is_not_given_up_for_a_chat_that_may_wait_for_it() -> None:
-    # The big model runs a job first (its load and job are measured). Then the chat (every
-    # 1 s, its model may wait 10 s: ``target_wait``) lets the big model evict its idle
+    # The big model runs three jobs first (its load and jobs are measured). Then the chat
+    # (every 1 s, its model may wait 10 s: ``target_wait``) lets the big model evict its idle
     # model, and its next request comes during the big load, which no gap fits. That load
     # was given up at every request while the stream lasted (the simulator: 10 loads given
-    # up, the big jobs done at 16.9 s, after the stream). The request may wait for the
+    # up, the big jobs done at 17.9 s, after the stream). The request may wait for the
     # load, a job and its model's reload: the load goes on, and the big jobs are done while
-    # the chat goes on (the simulator: none given up, done at 8.3 s, the chat waiting 1.9 s).
+    # the chat goes on (the simulator: none given up, done at 9.3 s, the chat waiting 1.9 s).
     llm = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10,
                        target_wait_s=10.0)
     big = TraceBackend("big", 1.2, 16 * GIB, 4 * GIB, safety_mib=128)
-    chat = arrivals.jobs(arrivals.periodic(1.0, 14.0, start=2.0), llm.name, 0.1, 10,
+    chat = arrivals.jobs(arrivals.periodic(1.0, 15.0, start=3.0), llm.name, 0.1, 10,
                          prefix="chat")
-    batch = (TraceJob("big-first", 0.0, big.name, 0.5),) + tuple(
-        TraceJob(f"big-{i}", 4.0, big.name, 0.5) for i in range(2))
+    batch = tuple(TraceJob(f"big-first-{i}", 0.0, big.name, 0.5) for i in range(3)) + tuple(
+        TraceJob(f"big-{i}", 5.0, big.name, 0.5) for i in range(2))
     played = play_trace(Trace("a chat that may wait", (24 * GIB,), (llm, big), chat + batch),
                         "sim:24GiB")
     assert set(played.states.values()) == {"succeeded"}, played.states

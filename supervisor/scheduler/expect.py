@@ -117,6 +117,11 @@ IDLE_GAPS = 3.0
 DEFAULT_TARGET_WAIT_S = 1.0
 #: The weight of the newest run time in a backend's mean job time.
 JOB_TIME_WEIGHT = 0.3
+#: Run times kept per backend for the longest of them (``Expectations.job_longest_s``), and
+#: how many must have run before that longest says anything: one job tells nothing of the
+#: next (a 2 s job, then one of 60 s).
+RUNS_KEPT = 8
+RUNS_FOR_LONGEST = 3
 #: A load that a stream's next request would give up with at least this chance waits for a
 #: better moment, if one comes (``Expectations.gives_up``).
 DOOMED_CHANCE = 0.5
@@ -295,16 +300,19 @@ class GivenUp(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Expectations:
     """What the scheduler reads: each backend's streams (highest priority first), its mean
-    job time, and the target wait its descriptor sets."""
+    job time (and the longest of its last ``RUNS_KEPT`` jobs, once ``RUNS_FOR_LONGEST`` have
+    run), and the target wait its descriptor sets."""
 
     streams: Mapping[str, tuple[Stream, ...]] = field(default_factory=dict)
     job_s: Mapping[str, float] = field(default_factory=dict)
     target_wait_s: Mapping[str, float] = field(default_factory=dict)
     #: backend -> its loads given up (``plan``'s ``_undo_loads``)
     given_up: Mapping[str, GivenUp] = field(default_factory=dict)
+    #: backend -> the longest of its last ``RUNS_KEPT`` jobs (once it ran ``RUNS_FOR_LONGEST``)
+    job_longest_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("streams", "job_s", "target_wait_s", "given_up"):
+        for name in ("streams", "job_s", "target_wait_s", "given_up", "job_longest_s"):
             value = getattr(self, name)
             if not isinstance(value, WeighedOnRead):  # (read-only already, and not weighed)
                 object.__setattr__(self, name, MappingProxyType(dict(value)))
@@ -372,6 +380,7 @@ class Learner:
     def __init__(self) -> None:
         self._streams: dict[tuple[str, int], _History] = {}
         self._job_s: dict[str, float] = {}
+        self._runs: dict[str, deque[float]] = {}
         self._given_up: dict[str, GivenUp] = {}
 
     def arrived(self, backend: str, priority: int, at: float) -> None:
@@ -395,10 +404,14 @@ class Learner:
         if not (seconds >= 0 and math.isfinite(seconds)):
             return
         old = self._job_s.pop(backend, None)
+        runs = self._runs.pop(backend, None) or deque(maxlen=RUNS_KEPT)
         if old is None and len(self._job_s) >= STREAMS_KEPT:
             del self._job_s[next(iter(self._job_s))]
+            self._runs.pop(next(iter(self._runs)), None)
         self._job_s[backend] = seconds if old is None else \
             old + JOB_TIME_WEIGHT * (seconds - old)
+        runs.append(seconds)
+        self._runs[backend] = runs
 
     def given_up(self, backend: str, for_backend: str, loaded_s: float) -> None:
         """A load of ``backend`` was given up for a request of ``for_backend`` after it had
@@ -419,8 +432,9 @@ class Learner:
         """What is expected at ``now`` (only backends with at least one gap learned)."""
         taken = [(backend, priority, h.last_at, tuple(h.gaps), h.seen)
                  for (backend, priority), h in self._streams.items() if h.gaps]
+        longest = {b: max(r) for b, r in self._runs.items() if len(r) >= RUNS_FOR_LONGEST}
         return Expectations(WeighedOnRead(now, taken), dict(self._job_s),
-                            dict(target_wait_s or {}), dict(self._given_up))
+                            dict(target_wait_s or {}), dict(self._given_up), longest)
 
 
 class WeighedOnRead(Mapping[str, tuple[Stream, ...]]):

@@ -55,7 +55,7 @@ still loads for jobs of lower priority (``WorkerInfo.loading_for``) and evicting
 workers there could not make that room, that load is given up and those jobs go back to the
 queue (``Evict.requeue``), so the request waits for its own model's reload, not for that
 load, a job and the reload (``_undo_loads``) — unless its target wait covers those
-(``_waits_within_target``): then it waits, and the load goes on. The engine tells its
+(``_may_wait_until``): then it waits, and the load goes on. The engine tells its
 ``expect.Learner`` for whose request (``Evict.given_up_for``); the next load of that
 backend waits while the next request of a stream that gave one up (the last
 ``expect.GIVEN_UP_BY``) would likely give it up again and a better moment comes after it
@@ -840,9 +840,11 @@ class _Planner:
         end, where an idle chat model could leave; a busy one does not count, its job may be
         long), gives that load up: the worker stops, its jobs go back to the queue (they run
         once their turn comes again, the stream's hold deciding when), and the request waits
-        for its own model's reload rather than for the load, a job and that reload. Only for
-        a request of a stream above those jobs that is alive (it just came): a stream the
-        hold took as ended but was not, the mistake undone while it is still cheap; and not
+        for its own model's reload rather than for the load, a job and that reload (unless
+        its target wait covers that: ``_may_wait_until``). Only for a request of a
+        stream above those jobs that is alive (it just came; or one that waited for the
+        load as its target allowed, past that): a stream the hold took as ended but was
+        not, the mistake undone while it is still cheap; and not
         once those jobs have waited ``max_patience_s``, as the hold holds them no longer (a
         stream that never ends would starve them).
 
@@ -883,16 +885,19 @@ class _Planner:
                 need = info.holds_mib(1)
                 if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
                     continue  # it fits (or will) beside what loads
-                if job.kind == "job" and job.priority > lowest:
-                    self._undo_load_for(job, effective, need, allowed, loading, claimed)
+                if job.kind == "job" and job.priority > lowest and self._undo_load_for(
+                        job, effective, need, allowed, loading, claimed):
+                    continue  # (a load it may wait for: a request behind it may not)
                 claimed.update(allowed)
 
     def _undo_load_for(self, job: QueuedJob, effective: int, need: int, allowed: list[int],
-                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int]) -> None:
-        """Give up one load (see ``_undo_loads``) that makes ``job``'s room, if any may go."""
+                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int]) -> bool:
+        """Give up one load (see ``_undo_loads``) that makes ``job``'s room, if any may go;
+        True when one would go but ``job`` may wait for it (``_may_wait_until``)."""
         exp = self.expected
         assert exp is not None
         patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
+        kept = False
         for w, raw, aged in loading:
             g = w.gpu
             coming = self.budget[g] + self.stopping_mib[g]
@@ -901,10 +906,16 @@ class _Planner:
                     or (w.loading_since is not None
                         and self.now - w.loading_since >= patience)
                     or coming + w.reserved_mib < need
-                    or self._room_once_idle_leave(g) >= need
-                    or exp.stream_above(job.backend, raw, self.now) is None
-                    or self._waits_within_target(job, w)):
+                    or self._room_once_idle_leave(g) >= need):
                 continue
+            deadline = self._may_wait_until(job, w, raw)
+            if deadline is not None and self.now < deadline:
+                kept = True  # (the plan looks again then)
+                if self.revisit_at is None or deadline < self.revisit_at:
+                    self.revisit_at = deadline
+                continue
+            if deadline is None and exp.stream_above(job.backend, raw, self.now) is None:
+                continue  # (a stream taken as ended: not kept for it either)
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                          "needs its room: its load is given up", requeue=True,
                         given_up_for=job.backend)
@@ -912,37 +923,51 @@ class _Planner:
             self.worker_gpu.pop(w.backend, None)
             self.slots.pop(w.backend, None)
             self.stopping.add(w.backend)
-            return
+            return False
+        return kept
 
-    def _waits_within_target(self, job: QueuedJob, w: WorkerInfo) -> bool:
-        """Whether ``job`` (a stream's request) would still start within its backend's
-        target wait if the load of ``w`` went on: then that load is not given up. The
-        stream allows that wait (a chat whose ``target_wait`` of 30 s let a big model in had
-        that load given up at each of its requests, and the big model ran nothing while the
-        chat went on).
+    def _may_wait_until(self, job: QueuedJob, w: WorkerInfo, raw: int) -> float | None:
+        """Until when ``job`` (a stream's request, the first of its backend's queued ones)
+        may wait for the load of ``w`` (for jobs of priority ``raw``) to go on, within its
+        backend's target wait; None when it may not. Till then that load is not given up:
+        the stream allows that wait (a chat whose ``target_wait`` of 30 s let a big model
+        in had that load given up at each of its requests, and the big model ran nothing
+        while the chat went on).
 
-        What it waits: the whole load (how much is left is not known here), then one job of
-        it and the request's model's reload, once a job of the loading backend has run: a
-        guess of them can be far too short (a 27 s load and a 27 s job guessed at 2 s each
-        made a chat wait 53 s past its 30 s target), and the load is given up as before. A
-        load still going once the request has waited all but that job and reload is given
-        up then (its mean taken short), and the plan looks again at that time."""
+        What the last of its backend's queued requests waits: the whole load (how much is
+        left is not known here), the longest of the loading backend's recent jobs
+        (``expect.Expectations.job_longest_s``: nothing is kept before a few have run; a
+        guess can be far too short, a 27 s load and job guessed at 2 s each made a chat
+        wait 53 s past its 30 s target), the request's model's reload, and the requests
+        ahead of it. A load still going once the request has waited all but the rest is
+        given up then (its mean taken short), whether or not its stream is taken as ended
+        by then; so it is kept only if it could still be given up then (its jobs not aged
+        to the request's priority, their patience not spent). Only for a request of a
+        stream that was alive when it came."""
         exp = self.expected
         loading, mine = self.backends.get(w.backend), self.backends.get(job.backend)
-        if exp is None or loading is None or mine is None or loading.name not in exp.job_s:
-            return False
+        longest = None if exp is None or loading is None else \
+            exp.job_longest_s.get(loading.name)
+        if (exp is None or loading is None or mine is None or longest is None
+                or exp.stream_above(job.backend, raw, job.submitted_at) is None):
+            return None
         load = loading.reload_cost_s
         given = exp.given_up.get(loading.name)
         if given is not None:
             load = max(load, given.loaded_s)
-        rest = exp.job_time(loading.name, load) + mine.reload_cost_s
+        ahead = self.queued_jobs.get(mine.name, 1) - 1
+        rest = longest + mine.reload_cost_s + ahead * exp.job_time(
+            mine.name, 0.0) / max(1, mine.concurrency)
         target = exp.target(job.backend)
         deadline = job.submitted_at + target - rest
-        if load + rest > target or self.now >= deadline:
-            return False
-        if self.revisit_at is None or deadline < self.revisit_at:
-            self.revisit_at = deadline
-        return True
+        aging = self.config.aging_interval_s
+        if (load + rest > target
+                or self._load_effective(raw, w.loading_submitted_at, deadline)
+                >= job.priority + aging_bonus(job.submitted_at, deadline, aging)
+                or (w.loading_since is not None
+                    and deadline - w.loading_since >= self.config.max_patience_s)):
+            return None
+        return deadline
 
     def _doomed(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int) -> bool:
         """A load for ``job`` (taking ``need`` on one of ``gpus``: the GPU where it fits now,
@@ -1052,12 +1077,15 @@ class _Planner:
         job_s = exp.job_time(by.name, 0.0)
         return job_s if self._stays(by, stream) else job_s + by.reload_cost_s
 
-    def _load_effective(self, loading_for: int, submitted_at: float | None) -> int:
+    def _load_effective(self, loading_for: int, submitted_at: float | None,
+                        at: float | None = None) -> int:
         """The aged priority of the jobs a worker loads for (``WorkerInfo.loading_for``), at
-        most: aged, as in the queue, since the first of them was submitted."""
+        most: aged, as in the queue, since the first of them was submitted (until now, or
+        ``at``)."""
         if submitted_at is None:
             return loading_for
-        return loading_for + aging_bonus(submitted_at, self.now, self.config.aging_interval_s)
+        return loading_for + aging_bonus(submitted_at, self.now if at is None else at,
+                                         self.config.aging_interval_s)
 
     def _has_work(self, backend: str) -> bool:
         """Work of ``backend`` waits or is expected: queued jobs, or a stream alive."""
