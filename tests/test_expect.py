@@ -381,6 +381,17 @@ def test_a_load_is_kept_for_a_request_only_where_its_target_covers_the_rest() ->
     six = [replace(snap.queue[0], job_id=f"chat-{i}", seq=20 + i) for i in range(6)]
     p = plan(replace(snap, queue=six, queued_counts=None), now)
     assert [(e.backend, e.requeue) for e in p.evictions] == [("big", True)]
+    two = replace(snap, queue=six[:2], queued_counts=None)
+    assert not any(e.requeue for e in plan(two, now).evictions)
+    unknown = replace(two, expected=replace(two.expected, job_s={}))  # (a chat job of 0 s?)
+    assert [(e.backend, e.requeue) for e in plan(unknown, now).evictions] == [("big", True)]
+    # The deadline counts from the earliest request: one of priority 11 that came 10 s after
+    # it comes first in the walk, and the load still going at the first one's deadline goes.
+    urgent = replace(snap.queue[0], job_id="chat-10", priority=11, seq=30,
+                     submitted_at=now - 14.0)
+    waiting = replace(snap, queue=[urgent, replace(snap.queue[0], submitted_at=now - 24.0)],
+                      queued_counts=None)
+    assert [(e.backend, e.requeue) for e in plan(waiting, now).evictions] == [("big", True)]
 
     learner.arrived("voice", 8, now - 3.0)
     learner.arrived("voice", 8, now)

@@ -333,6 +333,7 @@ class _Planner:
         self.explicit: dict[str, str] = {}
         self.evictions: list[Evict] = []
         self.revisit_at: float | None = None
+        self._earliest: dict[str, float] | None = None  # (``_earliest_request``)
         self.blocked: dict[str, float] = {}
         # Victims whose next job could pass a patient barrier but waits for memory.
         self.waiting_victims: set[str] = set()
@@ -862,6 +863,7 @@ class _Planner:
         lowest = min(aged for _, _, aged in loading)
         on = {w.gpu for w, _, _ in loading}
         claimed: set[int] = set()  # GPUs where a job ahead waits for room
+        kept_for: dict[str, float] = {}  # a load kept -> what its keepers' queues take
         # Backends whose jobs fit (or will) beside what loads, or wait for room (their GPUs
         # claimed): their later jobs change nothing. Once all that could are seen, done.
         seen: set[str] = set()
@@ -886,14 +888,17 @@ class _Planner:
                 if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
                     continue  # it fits (or will) beside what loads
                 if job.kind == "job" and job.priority > lowest and self._undo_load_for(
-                        job, effective, need, allowed, loading, claimed):
+                        job, effective, need, allowed, loading, claimed, kept_for):
                     continue  # (a load it may wait for: a request behind it may not)
                 claimed.update(allowed)
 
     def _undo_load_for(self, job: QueuedJob, effective: int, need: int, allowed: list[int],
-                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int]) -> bool:
+                       loading: list[tuple[WorkerInfo, int, int]], claimed: set[int],
+                       kept_for: dict[str, float]) -> bool:
         """Give up one load (see ``_undo_loads``) that makes ``job``'s room, if any may go;
-        True when one would go but ``job`` may wait for it (``_may_wait_until``)."""
+        True when one would go but ``job`` may wait for it (``_may_wait_until``): then
+        ``kept_for`` counts, for that load, what ``job``'s model's reload and queue take,
+        which the requests of other models that keep it wait for too."""
         exp = self.expected
         assert exp is not None
         patience = self.config.max_patience_s  # (the hold's bound: past it, nothing holds)
@@ -908,9 +913,11 @@ class _Planner:
                     or coming + w.reserved_mib < need
                     or self._room_once_idle_leave(g) >= need):
                 continue
-            deadline = self._may_wait_until(job, w, raw)
-            if deadline is not None and self.now < deadline:
+            kept_s = self._may_wait_until(job, w, raw, kept_for.get(w.backend, 0.0))
+            deadline = None if kept_s is None else kept_s[0]
+            if kept_s is not None and self.now < kept_s[0]:
                 kept = True  # (the plan looks again then)
+                kept_for[w.backend] = kept_for.get(w.backend, 0.0) + kept_s[1]
                 if self.revisit_at is None or deadline < self.revisit_at:
                     self.revisit_at = deadline
                 continue
@@ -926,24 +933,29 @@ class _Planner:
             return False
         return kept
 
-    def _may_wait_until(self, job: QueuedJob, w: WorkerInfo, raw: int) -> float | None:
-        """Until when ``job`` (a stream's request, the first of its backend's queued ones)
-        may wait for the load of ``w`` (for jobs of priority ``raw``) to go on, within its
-        backend's target wait; None when it may not. Till then that load is not given up:
-        the stream allows that wait (a chat whose ``target_wait`` of 30 s let a big model
-        in had that load given up at each of its requests, and the big model ran nothing
-        while the chat went on).
+    def _may_wait_until(self, job: QueuedJob, w: WorkerInfo, raw: int, before_s: float
+                        ) -> tuple[float, float] | None:
+        """Until when ``job`` (a stream's request, the first of its backend's queued ones
+        in the walk) may wait for the load of ``w`` (for jobs of priority ``raw``) to go on,
+        within its backend's target wait, and how long its model then takes (its reload and
+        queued jobs: other models' requests that keep the load wait for that too); None
+        when it may not. Till then that load is not given up: the stream allows that wait
+        (a chat whose ``target_wait`` of 30 s let a big model in had that load given up at
+        each of its requests, and the big model ran nothing while the chat went on).
 
         What the last of its backend's queued requests waits: the whole load (how much is
         left is not known here), the longest of the loading backend's recent jobs
         (``expect.Expectations.job_longest_s``: nothing is kept before a few have run; a
         guess can be far too short, a 27 s load and job guessed at 2 s each made a chat
-        wait 53 s past its 30 s target), the request's model's reload, and the requests
-        ahead of it. A load still going once the request has waited all but the rest is
-        given up then (its mean taken short), whether or not its stream is taken as ended
-        by then; so it is kept only if it could still be given up then (its jobs not aged
-        to the request's priority, their patience not spent). Only for a request of a
-        stream that was alive when it came."""
+        wait 53 s past its 30 s target), ``before_s`` (what requests of other models that
+        keep the load take first), the request's model's reload, and its requests ahead
+        (each its longest recent job, else its mean; the load is not kept for a queue of a
+        model none of whose jobs has run). Counted from its earliest queued request. A
+        load still going once that request has waited all but the rest is given up then
+        (its mean taken short), whether or not its stream is taken as ended by then; so it
+        is kept only if it could still be given up then (its jobs not aged to the
+        request's priority, their patience not spent). Only for a request of a stream that
+        was alive when it came."""
         exp = self.expected
         loading, mine = self.backends.get(w.backend), self.backends.get(job.backend)
         longest = None if exp is None or loading is None else \
@@ -956,10 +968,14 @@ class _Planner:
         if given is not None:
             load = max(load, given.loaded_s)
         ahead = self.queued_jobs.get(mine.name, 1) - 1
-        rest = longest + mine.reload_cost_s + ahead * exp.job_time(
-            mine.name, 0.0) / max(1, mine.concurrency)
+        each = exp.job_longest_s.get(mine.name, exp.job_s.get(mine.name))
+        if each is None and ahead > 0:
+            return None
+        queue_s = ahead * (each or 0.0) / max(1, mine.concurrency)
+        rest = longest + before_s + mine.reload_cost_s + queue_s
         target = exp.target(job.backend)
-        deadline = job.submitted_at + target - rest
+        first = self._earliest_request(mine.name, job.submitted_at)
+        deadline = first + target - rest
         aging = self.config.aging_interval_s
         if (load + rest > target
                 or self._load_effective(raw, w.loading_submitted_at, deadline)
@@ -967,7 +983,17 @@ class _Planner:
                 or (w.loading_since is not None
                     and deadline - w.loading_since >= self.config.max_patience_s)):
             return None
-        return deadline
+        return deadline, mine.reload_cost_s + queue_s + (each or 0.0) / max(1, mine.concurrency)
+
+    def _earliest_request(self, backend: str, default: float) -> float:
+        """When the earliest of ``backend``'s queued jobs was submitted (found once a plan:
+        the walk's first of them may be a later one of higher priority)."""
+        if self._earliest is None:
+            self._earliest = {}
+            for q in self.snapshot.queue:
+                if q.kind == "job" and q.submitted_at < self._earliest.get(q.backend, math.inf):
+                    self._earliest[q.backend] = q.submitted_at
+        return self._earliest.get(backend, default)
 
     def _doomed(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int) -> bool:
         """A load for ``job`` (taking ``need`` on one of ``gpus``: the GPU where it fits now,
