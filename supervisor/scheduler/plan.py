@@ -1136,11 +1136,17 @@ class _Planner:
         asleep = name in self.asleep
         undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
                 for v in victims if v.backend in self.backends]
-        # Before any of its backend's jobs has run, its load and run are guessed
-        # (``_load_guess``), and only guessed: a gap must be ``expect.UNSURE_MARGIN`` times
-        # as long as the guess says before the job takes it (taken short, the stream's next
-        # requests wait the whole overrun), while the rest of the hold reads it as it is.
-        own, measured = self._load_guess(info, asleep, [u for _, u in undo])
+        # Before any of its backend's jobs has run, a job that needs its victims' room is
+        # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
+        # reloads and its own, each: a model that needs their room is no smaller, and taken
+        # short (an unmeasured load is 1 s) a gap between bursts looked long enough for it.
+        # That guess is only a guess: a gap must be ``expect.UNSURE_MARGIN`` times as long
+        # as it says before the job takes it (taken short, the stream's next requests wait
+        # the whole overrun), while the rest of the hold reads it as it is.
+        own = self._undo_s(info, asleep)
+        measured = name in exp.job_s
+        if not measured:
+            own = expect.UNMEASURED_FACTOR * max([own] + [u for _, u in undo])
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
@@ -1165,21 +1171,6 @@ class _Planner:
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
         return None
-
-    def _load_guess(self, info: BackendInfo, asleep: bool, others: list[float]
-                    ) -> tuple[float, bool]:
-        """What loading (or waking) ``info`` takes, and whether a job of it has run
-        (``measured``). Before any has, its load and its job are each taken as
-        ``expect.UNMEASURED_FACTOR`` times the slowest of that and ``others`` (the reloads of
-        the models it evicts, or of the one that waits for it): a model that needs their
-        room is no smaller, and taken short (an unmeasured load is 1 s) a gap between
-        bursts looked long enough for it."""
-        exp = self.expected
-        own = self._undo_s(info, asleep)
-        measured = exp is not None and info.name in exp.job_s
-        if not measured:
-            own = expect.UNMEASURED_FACTOR * max([own, *others])
-        return own, measured
 
     def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
         """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
