@@ -379,8 +379,8 @@ class Learner:
 
     def __init__(self) -> None:
         self._streams: dict[tuple[str, int], _History] = {}
-        self._job_s: dict[str, float] = {}
-        self._runs: dict[str, deque[float]] = {}
+        # backend -> (its mean job time, its last RUNS_KEPT run times)
+        self._runs: dict[str, tuple[float, deque[float]]] = {}
         self._given_up: dict[str, GivenUp] = {}
 
     def arrived(self, backend: str, priority: int, at: float) -> None:
@@ -403,15 +403,12 @@ class Learner:
         """A job of ``backend`` ran for ``seconds``."""
         if not (seconds >= 0 and math.isfinite(seconds)):
             return
-        old = self._job_s.pop(backend, None)
-        runs = self._runs.pop(backend, None) or deque(maxlen=RUNS_KEPT)
-        if old is None and len(self._job_s) >= STREAMS_KEPT:
-            del self._job_s[next(iter(self._job_s))]
-            self._runs.pop(next(iter(self._runs)), None)
-        self._job_s[backend] = seconds if old is None else \
-            old + JOB_TIME_WEIGHT * (seconds - old)
+        old = self._runs.pop(backend, None)
+        if old is None and len(self._runs) >= STREAMS_KEPT:
+            del self._runs[next(iter(self._runs))]
+        mean, runs = (seconds, deque(maxlen=RUNS_KEPT)) if old is None else old
         runs.append(seconds)
-        self._runs[backend] = runs
+        self._runs[backend] = (mean + JOB_TIME_WEIGHT * (seconds - mean), runs)
 
     def given_up(self, backend: str, for_backend: str, loaded_s: float) -> None:
         """A load of ``backend`` was given up for a request of ``for_backend`` after it had
@@ -432,9 +429,10 @@ class Learner:
         """What is expected at ``now`` (only backends with at least one gap learned)."""
         taken = [(backend, priority, h.last_at, tuple(h.gaps), h.seen)
                  for (backend, priority), h in self._streams.items() if h.gaps]
-        longest = {b: max(r) for b, r in self._runs.items() if len(r) >= RUNS_FOR_LONGEST}
-        return Expectations(WeighedOnRead(now, taken), dict(self._job_s),
-                            dict(target_wait_s or {}), dict(self._given_up), longest)
+        job_s = {b: mean for b, (mean, _) in self._runs.items()}
+        longest = {b: max(r) for b, (_, r) in self._runs.items() if len(r) >= RUNS_FOR_LONGEST}
+        return Expectations(WeighedOnRead(now, taken), job_s, dict(target_wait_s or {}),
+                            dict(self._given_up), longest)
 
 
 class WeighedOnRead(Mapping[str, tuple[Stream, ...]]):

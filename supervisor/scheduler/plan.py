@@ -913,16 +913,17 @@ class _Planner:
                     or coming + w.reserved_mib < need
                     or self._room_once_idle_leave(g) >= need):
                 continue
-            kept_s = self._may_wait_until(job, w, raw, kept_for.get(w.backend, 0.0))
-            deadline = None if kept_s is None else kept_s[0]
-            if kept_s is not None and self.now < kept_s[0]:
-                kept = True  # (the plan looks again then)
-                kept_for[w.backend] = kept_for.get(w.backend, 0.0) + kept_s[1]
-                if self.revisit_at is None or deadline < self.revisit_at:
-                    self.revisit_at = deadline
-                continue
-            if deadline is None and exp.stream_above(job.backend, raw, self.now) is None:
-                continue  # (a stream taken as ended: not kept for it either)
+            may_wait = self._may_wait_until(job, w, raw, kept_for.get(w.backend, 0.0))
+            if may_wait is not None:
+                deadline, takes_s = may_wait
+                if self.now < deadline:
+                    kept = True  # (the plan looks again then)
+                    kept_for[w.backend] = kept_for.get(w.backend, 0.0) + takes_s
+                    if self.revisit_at is None or deadline < self.revisit_at:
+                        self.revisit_at = deadline
+                    continue
+            elif exp.stream_above(job.backend, raw, self.now) is None:
+                continue  # (a stream taken as ended)
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                          "needs its room: its load is given up", requeue=True,
                         given_up_for=job.backend)
