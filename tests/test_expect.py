@@ -579,6 +579,13 @@ def test_a_load_waits_for_a_better_moment_only_when_one_comes() -> None:
     p = plan(big_queued_on_an_empty_gpu(learner.view(early), early, chat_waiting=True), early)
     assert p.starts == (), p.starts
     assert p.waiting["big-0"] == "waits: a request of chat-llm needs the room of its load first"
+    # A job of the chat's model of priority 0, behind the big job, is no such request: held
+    # for it, the load kept the room that job waited behind (the admission soak: nothing
+    # ran for 9 s).
+    snap = big_queued_on_an_empty_gpu(learner.view(early), early, chat_waiting=True)
+    behind = replace(snap.queue[0], priority=0, seq=30)
+    snap = replace(snap, queue=[snap.queue[1], behind], queued_counts=None, workers={})
+    assert [s.job_id for s in plan(snap, early).starts] == ["big-0"]
 
 
 def test_a_load_that_waits_for_a_better_moment_keeps_its_room() -> None:

@@ -333,7 +333,7 @@ class _Planner:
         self.explicit: dict[str, str] = {}
         self.evictions: list[Evict] = []
         self.revisit_at: float | None = None
-        self._earliest: dict[str, float] | None = None  # (``_earliest_request``)
+        self._queued_by: dict[str, tuple[float, int]] | None = None  # (``_queued``)
         self.blocked: dict[str, float] = {}
         # Victims whose next job could pass a patient barrier but waits for memory.
         self.waiting_victims: set[str] = set()
@@ -975,7 +975,7 @@ class _Planner:
         queue_s = ahead * (each or 0.0) / max(1, mine.concurrency)
         rest = longest + before_s + mine.reload_cost_s + queue_s
         target = exp.target(job.backend)
-        first = self._earliest_request(mine.name, job.submitted_at)
+        first = self._queued(mine.name)[0]
         deadline = first + target - rest
         aging = self.config.aging_interval_s
         if (load + rest > target
@@ -986,15 +986,18 @@ class _Planner:
             return None
         return deadline, mine.reload_cost_s + queue_s + (each or 0.0) / max(1, mine.concurrency)
 
-    def _earliest_request(self, backend: str, default: float) -> float:
-        """When the earliest of ``backend``'s queued jobs was submitted (found once a plan:
-        the walk's first of them may be a later one of higher priority)."""
-        if self._earliest is None:
-            self._earliest = {}
+    def _queued(self, backend: str) -> tuple[float, int]:
+        """When the earliest of ``backend``'s queued jobs was submitted, and the highest
+        aged priority among them (found once a plan: the walk's first of them may be a later
+        one of higher priority); ``(inf, -inf)`` when none is queued."""
+        if self._queued_by is None:
+            self._queued_by = {}
             for q in self.snapshot.queue:
-                if q.kind == "job" and q.submitted_at < self._earliest.get(q.backend, math.inf):
-                    self._earliest[q.backend] = q.submitted_at
-        return self._earliest.get(backend, default)
+                if q.kind == "job":
+                    first, top = self._queued_by.get(q.backend, (math.inf, -math.inf))
+                    self._queued_by[q.backend] = (min(first, q.submitted_at),
+                                                  max(top, self._effective(q)))
+        return self._queued_by.get(backend, (math.inf, -math.inf))
 
     def _doomed(self, job: QueuedJob, info: BackendInfo, gpus: list[int], need: int) -> bool:
         """A load for ``job`` (taking ``need`` on one of ``gpus``: the GPU where it fits now,
@@ -1035,11 +1038,14 @@ class _Planner:
         assert exp is not None
         if not all(self._takes_room(by, g, need) for g in gpus):
             return False
-        # A request of it that needs room (no live worker: it stops, or left) is queued: it
-        # was walked first, and could not start.
+        # A request of it that needs room (no live worker: it stops, or left) is queued
+        # above this job: it was walked first, and could not start (a job of it of this
+        # job's priority or below is no such request, and gives no load up: held for it,
+        # this load kept the room it waited behind, and nothing ran for 9 s in the
+        # admission soak).
         live = self.worker_gpu.get(by.name)
-        waiting = by.name in self.queued_jobs and live is None
         effective = self._effective(job)
+        waiting = live is None and self._queued(by.name)[1] > effective
         stream = exp.gives_up(info.name, by.name, effective, self.now, info.reload_cost_s,
                               waiting=waiting,
                               served_s=lambda s: self._served_s(by, s))
