@@ -2,12 +2,13 @@
 
 Each scenario draws simulated GPUs, backends described in every form a user may write (a
 peak alone, peak + weights, weights + activation, with a context, peak + activation, a vramd
-``version: 2`` file, nothing at all), honest ones and — in a dishonest scenario — one that
-declares far less than it takes, and a trace of jobs with priorities and cancels. It runs
-the real engine on the simulated GPU, with real worker processes (``examples/demo/simmodel.py``
-holding simulated memory), while a watcher thread reads the simulated device's own
-per-process ledger at ``watch_hz`` (not the engine's snapshot) and attributes every
-over-commit to backends from the workers' environments in /proc.
+``version: 2`` file, nothing at all; a third of them with a ``target_wait``), honest ones
+and — in a dishonest scenario — one that declares far less than it takes, and a trace of
+jobs with priorities and cancels. It runs the real engine on the simulated GPU, with real
+worker processes (``examples/demo/simmodel.py`` holding simulated memory), while a watcher
+thread reads the simulated device's own per-process ledger at ``watch_hz`` (not the
+engine's snapshot) and attributes every over-commit to backends from the workers'
+environments in /proc.
 
 Properties (``Verdict.problems`` names each one that broke):
 
@@ -149,6 +150,9 @@ def make_scenario(seed: int, *, honest: bool, jobs: int = 24) -> Scenario:
     sc = Scenario(seed, gpus, backends, plans, honest)
     ours = []
     vramd = []
+    # (drawn apart, so the seeds' other draws stay as they were) a target wait that lets a
+    # request wait for a load of lower work rather than give it up (issue 28)
+    waits = random.Random(f"target-{seed}")
     for b in backends:
         vram = b.vram(rng)
         if b.form == "vramd":
@@ -162,6 +166,8 @@ def make_scenario(seed: int, *, honest: bool, jobs: int = 24) -> Scenario:
                                  "timeouts": {"stop_grace": "3s", "start": "30s"}}
         if vram is not None:
             entry["vram"] = vram
+        if waits.random() < 1 / 3:
+            entry["target_wait"] = waits.choice(("5s", "30s"))
         ours.append(entry)
     sc.descriptors["backends.yaml"] = {"backends": ours}
     if vramd:
