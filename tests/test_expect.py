@@ -255,6 +255,73 @@ def test_a_streams_worker_leaves_last_when_another_victim_still_runs() -> None:
                                        idle_since=now - 0.1))) == ["chat-llm", "small"]
 
 
+EMBED = BackendInfo("embed", 7 * GIB, 3 * GIB, 128, 0, reload_cost_s=1.0)
+
+
+def first_request_then_a_batch(now: float, asked_at: float, *, embed: bool = True) -> Snapshot:
+    """The chat model idle after its only request (at ``asked_at``), and a batch queued: a
+    big job that needs its room and (``embed``) an embedder's that fits beside it."""
+    learner = Learner()
+    learner.arrived("chat-llm", 10, asked_at)
+    llm = WorkerInfo("chat-llm", 0, "ready", 0, 11 * GIB, idle_since=asked_at + 0.3)
+    queue = [QueuedJob("big-0", "big", 0, 1, asked_at + 1.0)]
+    if embed:
+        queue.append(QueuedJob("embed-0", "embed", 0, 2, asked_at + 1.0))
+    return Snapshot(gpus=[GpuState(0, 24 * GIB, None)],
+                    backends={"chat-llm": LLM, "big": BIG, "embed": EMBED},
+                    workers={"chat-llm": llm}, queue=queue, expected=learner.view(now))
+
+
+def test_a_models_first_request_holds_a_job_that_would_evict_it_while_other_work_runs() -> None:
+    """One request of the chat model so far: nothing says whether more come. A batch job of
+    lower priority that needs its room waits while other queued work can load beside it
+    (the order costs the batch nothing then), for at most twice what taking the chat model
+    away wrongly costs (ski rental, as for a young stream); with nothing else to run it goes
+    at once. Issue 28's trace with Poisson arrivals, its batch come after the chat's first
+    request: the big model evicted the chat model at once, and the next request waited a
+    reload."""
+    now = 5.0
+    p = plan(first_request_then_a_batch(now, 3.0), now)
+    assert [s.job_id for s in p.starts] == ["embed-0"] and p.evictions == ()
+    assert p.waiting["big-0"] == "waits: chat-llm had a request 2.0 s ago, and may have more"
+    assert p.revisit_at is not None and now < p.revisit_at
+    alone = plan(first_request_then_a_batch(now, 3.0, embed=False), now)
+    assert [e.backend for e in alone.evictions] == ["chat-llm"]
+    later = 300.0
+    late = plan(first_request_then_a_batch(later, 3.0), later)
+    assert [e.backend for e in late.evictions] == ["chat-llm"]
+
+
+def test_a_models_first_request_gives_up_a_load_for_lower_work() -> None:
+    """Issue 28's trace with Poisson arrivals, its batch come before the chat's first
+    request: the big model loading, that request waited for the load, a big job and its own
+    reload (7.4 s). No stream says yet that more come, but its priority says it goes first:
+    the load is given up, as for a stream's request."""
+    learner = Learner()
+    learner.arrived("chat-llm", 10, LATE)
+    p = plan(big_loading_and_chat_queued(learner.view(LATE), LATE), LATE)
+    assert [(e.backend, e.requeue) for e in p.evictions] == [("big", True)]
+
+
+def test_a_model_with_one_request_leaves_last_when_another_victim_still_runs() -> None:
+    """As a stream's worker does (above): the big job past its patience, the idle chat
+    model that had one request stays while the small model's job runs."""
+    now = 5.0
+    small = BackendInfo("small", 6 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
+    snap = first_request_then_a_batch(now, 3.0, embed=False)
+    blocked = QueuedJob("big-0", "big", 0, 1, 0.0, blocked_since=now - 301.0)
+
+    def plan_with(small_worker: WorkerInfo) -> list[str]:
+        s = Snapshot(snap.gpus, {**snap.backends, "small": small},
+                     {**snap.workers, "small": small_worker}, [blocked],
+                     expected=snap.expected)
+        return [e.backend for e in plan(s, now, SchedulerConfig()).evictions]
+
+    assert plan_with(WorkerInfo("small", 0, "busy", 1, 5 * GIB)) == []
+    assert sorted(plan_with(WorkerInfo("small", 0, "ready", 0, 5 * GIB,
+                                       idle_since=now - 0.1))) == ["chat-llm", "small"]
+
+
 def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> None:
     """Its stream silent 8.1 s (9.5 of its 10 mean gaps) early on: the hold ended while the
     small model's job still ran, and the chat model was evicted then, 2 s before that job
@@ -467,9 +534,14 @@ def test_a_load_is_not_given_up_for_a_request_behind_a_job_that_waits_for_its_ro
     """A job ahead of the request (priority 10, sooner) waits for room on the GPU: the room
     a load given up makes would be that job's, so the walk would start the load again
     beside it, and the request give it up again, at every step (a random trace gave a load
-    up 46 times so, every 0.55 s)."""
-    now, view = LATE, after_a_silence()
-    snap = big_loading_and_chat_queued(view, now)
+    up 46 times so, every 0.55 s). The job ahead is of a stream taken as ended, so it gives
+    the load up no more than the request does (a backend's first request would)."""
+    now = LATE
+    learner = periodic(1.5, 10, backend="chat-llm")
+    learner.arrived("huge", 10, 0.0)
+    learner.arrived("huge", 10, 1.0)
+    learner.arrived("chat-llm", 10, LATE)
+    snap = big_loading_and_chat_queued(learner.view(LATE), now)
     huge = BackendInfo("huge", 22 * GIB, GIB, 128, 10, reload_cost_s=4.0)
     ahead = QueuedJob("huge-0", "huge", 10, 19, now - 1.0)
     with_ahead = replace(snap, backends={**snap.backends, "huge": huge},

@@ -47,7 +47,11 @@ work), never less than a gap the stream has had (times ``QUIET_FACTOR``) nor, wh
 stream is young, what the mistake would cost: a random stream's long silence cannot be told
 from its end, and the batch held for an ended one ends within about ``1 + HOLD_SHARE`` of
 what it could have taken. With nothing else on the GPU, a stream of few gaps holds the job
-for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost while younger than that. At
+for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost while younger than that. A
+backend's requests of a priority with no gap yet (its first request, or a batch at once:
+``Expectations.lone``) are no stream, but more may come: a job below them that would evict
+its worker waits while other queued work can load beside it, for a silence of at most what
+the mistake would cost (``MISTAKE_REQUESTS`` times it). At
 equal priority an alive stream makes its worker dearer to evict, as queued work does, and
 keeps it while a patient barrier waits if its next request is due within a reload; a stream
 of lower priority than the job counts for nothing.
@@ -310,9 +314,12 @@ class Expectations:
     given_up: Mapping[str, GivenUp] = field(default_factory=dict)
     #: backend -> the longest of its last ``RUNS_KEPT`` jobs (once it ran ``RUNS_FOR_LONGEST``)
     job_longest_s: Mapping[str, float] = field(default_factory=dict)
+    #: backend -> its requests of a priority that came with no gap yet (one request, or a
+    #: batch at once: nothing says whether more come), as gapless streams, highest first
+    lone: Mapping[str, tuple[Stream, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("streams", "job_s", "target_wait_s", "given_up", "job_longest_s"):
+        for name in ("streams", "job_s", "target_wait_s", "given_up", "job_longest_s", "lone"):
             value = getattr(self, name)
             if not isinstance(value, WeighedOnRead):  # (read-only already, and not weighed)
                 object.__setattr__(self, name, MappingProxyType(dict(value)))
@@ -426,13 +433,20 @@ class Learner:
 
     def view(self, now: float, target_wait_s: Mapping[str, float] | None = None
              ) -> Expectations:
-        """What is expected at ``now`` (only backends with at least one gap learned)."""
+        """What is expected at ``now``: the streams with at least one gap learned, and the
+        requests with none yet apart (``Expectations.lone``)."""
         taken = [(backend, priority, h.last_at, tuple(h.gaps), h.seen)
                  for (backend, priority), h in self._streams.items() if h.gaps]
+        lone: dict[str, list[Stream]] = {}
+        for (backend, priority), h in self._streams.items():
+            if not h.gaps:
+                lone.setdefault(backend, []).append(Stream(backend, priority, h.last_at, (), ()))
         job_s = {b: mean for b, (mean, _) in self._runs.items()}
         longest = {b: max(r) for b, (_, r) in self._runs.items() if len(r) >= RUNS_FOR_LONGEST}
         return Expectations(WeighedOnRead(now, taken), job_s, dict(target_wait_s or {}),
-                            dict(self._given_up), longest)
+                            dict(self._given_up), longest,
+                            {b: tuple(sorted(ss, key=lambda s: -s.priority))
+                             for b, ss in lone.items()})
 
 
 class WeighedOnRead(Mapping[str, tuple[Stream, ...]]):
@@ -501,6 +515,11 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     as estimated: before its first job has run, as ``plan`` takes it; and once its silence
     is past ``Stream.doubt_at``).
 
+    A victim whose backend had requests above that priority with no gap yet
+    (``Expectations.lone``) holds the job, unless that leaves the device idle, until a
+    silence of ``MISTAKE_REQUESTS`` times ``window`` (ski rental, as for a young stream):
+    nothing says more come, but the order costs the batch nothing while other work loads.
+
     With nothing else running or starting on its GPU, nor queued for another live worker
     there (``idle``), holding the job leaves the device idle: a stream of fewer than
     ``FEW_GAPS`` gaps (little evidence that it is one: a few random jobs of a backend look
@@ -541,4 +560,12 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
             if cost > target:
                 return Hold(stream, cost, until, released)
             break
+        if idle:
+            continue
+        for lone in expected.lone.get(backend, ()):
+            if lone.priority <= priority:
+                break
+            until = lone.last_at + MISTAKE_REQUESTS * window
+            if now < until:
+                return Hold(lone, window, until, released)
     return Hold(None, released_at=released)

@@ -845,7 +845,9 @@ class _Planner:
         its target wait covers that: ``_may_wait_until``). Only for a request of a
         stream above those jobs that is alive (it just came; or one that waited for the
         load as its target allowed, past that): a stream the hold took as ended but was
-        not, the mistake undone while it is still cheap; and not
+        not, the mistake undone while it is still cheap; or for its backend's first
+        requests of a priority above them (no stream yet: its priority says it goes first,
+        and it waited for a load, a job and its reload); and not
         once those jobs have waited ``max_patience_s``, as the hold holds them no longer (a
         stream that never ends would starve them).
 
@@ -922,7 +924,8 @@ class _Planner:
                     if self.revisit_at is None or deadline < self.revisit_at:
                         self.revisit_at = deadline
                     continue
-            elif exp.stream_above(job.backend, raw, self.now) is None:
+            elif exp.stream_above(job.backend, raw, self.now) is None and any(
+                    s.priority > raw for s in exp.streams.get(job.backend, ())):
                 continue  # (a stream taken as ended)
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                          "needs its room: its load is given up", requeue=True,
@@ -1163,7 +1166,8 @@ class _Planner:
         idle = not any(w.active_jobs or w.state in ("starting", "initializing")
                        or (w.backend != name and self.slots.get(w.backend, 0) > 0
                            and ("job", w.backend) in self.alive)
-                       for w in self.live_on[g]) and not any(s.gpu == g for s in self.starts)
+                       for w in self.live_on[g]) and not any(s.gpu == g for s in self.starts) \
+            and not self._loads_beside(g, {name} | {v.backend for v in victims})
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
                            since=job.submitted_at, batch_s=batch_s, idle=idle,
                            unsure=1.0 if measured else expect.UNSURE_MARGIN)
@@ -1173,11 +1177,27 @@ class _Planner:
         due = min(held.until, since + limit)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
-        reason = (f"waits: {stream.backend} expects a request within "
-                  f"{max(stream.due_in(self.now), 0.1):.1f} s")
+        if stream.gaps:
+            reason = (f"waits: {stream.backend} expects a request within "
+                      f"{max(stream.due_in(self.now), 0.1):.1f} s")
+        else:
+            reason = (f"waits: {stream.backend} had a request {self.now - stream.last_at:.1f} s "
+                      "ago, and may have more")
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
         return None
+
+    def _loads_beside(self, g: int, leaving: set[str]) -> bool:
+        """Whether a queued job of a backend with no worker (none of ``leaving``) could load
+        on ``g`` now, in the room it has without evicting anyone."""
+        for name, n in self.queued_jobs.items():
+            info = self.backends.get(name)
+            if (n > 0 and name not in leaving and name not in self.worker_gpu
+                    and info is not None and info.peak_mib is not None
+                    and ("job", name) in self.alive and g in self._allowed(info)
+                    and g not in self.exclusive and self.budget[g] >= info.holds_mib(1)):
+                return True
+        return False
 
     def _above_running(self, job: QueuedJob, gpus: list[int]) -> bool:
         """Whether jobs run on ``gpus``, all of a priority below ``job``'s."""
@@ -1297,12 +1317,15 @@ class _Planner:
                                 requeue=True)
 
     def _stream_keeps(self, w: WorkerInfo, barrier: _Barrier) -> bool:
-        """An idle victim whose stream above the barrier's priority is alive stays while
-        another victim still runs a job: the barrier needs that one's room too, so evicting
-        it now gains nothing but leaves the stream's next request, if it comes meanwhile,
-        to wait for the barrier's load and run and its reload (it leaves with the last)."""
+        """An idle victim whose stream above the barrier's priority is alive (or that had
+        its first request of such a priority: more may come) stays while another victim
+        still runs a job: the barrier needs that one's room too, so evicting it now gains
+        nothing but leaves the stream's next request, if it comes meanwhile, to wait for the
+        barrier's load and run and its reload (it leaves with the last)."""
         exp = self.expected
-        if exp is None or exp.stream_above(w.backend, barrier.effective, self.now) is None:
+        if exp is None or (
+                exp.stream_above(w.backend, barrier.effective, self.now) is None
+                and not any(s.priority > barrier.effective for s in exp.lone.get(w.backend, ()))):
             return False
         return any(v.active_jobs for v in barrier.victims if v is not w)
 
