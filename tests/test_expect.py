@@ -1054,6 +1054,30 @@ def test_a_random_stream_holds_a_batch_at_most_a_share_of_its_time() -> None:
     assert [e.backend for e in p.evictions] == ["chat-llm"]
 
 
+def test_past_its_share_a_random_streams_silence_ends_the_hold_at_even_odds() -> None:
+    """Past the batch's share, the hold ends once the stream more likely stopped than not
+    (``DOUBT_QUIET``, even odds), not at the rarer silence of odds of 7 to 1 it took
+    before: held past its share for a stream that has stopped, the batch misses its bound,
+    and in issue 28's own trace with Poisson arrivals (a stream of 25-45 s) that floor made
+    half the batches miss it."""
+    learner = Learner()
+    times = arrivals.poisson(0.5, 20.0, random.Random(1), start=1.0)
+    for t in times:
+        learner.arrived("chat-llm", 10, t)
+    learner.ran("big", 3.0)
+    last = times[-1]
+    share = HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + 3.0)  # submitted at 0
+    stream = learner.view(last).streams["chat-llm"][0]
+    even = stream.stopped_at(0.0)
+    assert last + share < even < stream.stopped_at(2.0) - 2.0 < stream.quiet_at
+    held = even - 0.2
+    p = plan(llm_idle_and_big_queued(learner.view(held), held), held)
+    assert p.evictions == () and p.revisit_at == pytest.approx(even)
+    after = even + 0.01
+    p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
+    assert [e.backend for e in p.evictions] == ["chat-llm"]
+
+
 def test_few_random_gaps_say_little_of_the_rate() -> None:
     """An early run of quick requests: the rate read from few gaps is uncertain, so a
     random stream's silence ends it later than its mean gap alone would say; regular gaps

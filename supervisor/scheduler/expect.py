@@ -40,18 +40,17 @@ the job's backend has run a job, its load and run are a guess: ``UNSURE_MARGIN``
 a job of lower priority than the stream, that cost must stay within the stream's target
 wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the job waits for
 a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
-once a stream's silence is one a live stream seldom has (``doubt_at``: odds of
-``e**DOUBT_QUIET`` that it stopped), it holds the job at most ``HOLD_SHARE`` of its batch's
-time (what it waited until the stream's last request, its load and its backend's queued
-work), never less than a gap the stream has had (times ``QUIET_FACTOR``) nor, while the
-stream is young, what the mistake would cost: a random stream's long silence cannot be told
-from its end, and the batch held for an ended one ends within about ``1 + HOLD_SHARE`` of
-what it could have taken. With nothing else on the GPU, a stream of few gaps holds the job
-for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost while younger than that. A
-backend's requests of a priority with no gap yet (its first request, or a batch at once:
-``Expectations.lone``) are no stream, but more may come: a job below them that would evict
-its worker waits while other queued work can load beside it, for a silence of at most what
-the mistake would cost (``MISTAKE_REQUESTS`` times it). At
+it holds the job at most ``HOLD_SHARE`` of its batch's time (what it waited until the
+stream's last request, its load and its backend's queued work), or, past that, until the
+stream more likely stopped than not (``doubt_at``: odds of ``e**DOUBT_QUIET``, even), and
+never less, while the stream is young, than what the mistake would cost: a random stream's
+long silence cannot be told from its end, and the batch held for an ended one ends within
+about ``1 + HOLD_SHARE`` of what it could have taken. With nothing else on the GPU, a stream
+of few gaps holds the job for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost
+while younger than that. A backend's requests of a priority with no gap yet (its first
+request, or a batch at once: ``Expectations.lone``) are no stream, but more may come: a job
+below them that would evict its worker waits while other queued work can load beside it, for
+a silence of at most what the mistake would cost (``MISTAKE_REQUESTS`` times it). At
 equal priority an alive stream makes its worker dearer to evict, as queued work does, and
 keeps it while a patient barrier waits if its next request is due within a reload; a stream
 of lower priority than the job counts for nothing.
@@ -86,15 +85,16 @@ MIN_GAP_S = 0.05
 #: A stream has stopped once silent for longer than its longest gap times this, plus the pad.
 QUIET_FACTOR = 1.25
 RANDOM_QUIET = 8.0
-#: The odds (log) that a stream stopped past which a batch's share may end it: e**2, 7 to 1.
-#: It trades the two failures of issue 28's soak (Poisson streams beside batches): held
-#: longer, a batch misses its 1.25x bound behind a stream that has ended; ended sooner, a
-#: live stream's next requests wait a reload. At 3.5 (33 to 1), 15 of 800 cases failed
-#: (seeds 0-799: 2 waits, 13 batches) and 13 of the next 800; at 2.0, 10 and 10 (8 and 9
-#: once silences that began just before the batch counted as forced: 3 waits and 5
-#: batches, 6 and 3). Capping this floor at 1.2x the batch's share: 7 of the first 800
-#: (5 waits, 2 batches), not kept.
-DOUBT_QUIET = 2.0
+#: The odds (log) that a stream stopped past which a batch's share ends its hold: e**0, even
+#: (the stream more likely stopped than not). It trades the two failures of issue 28's soak
+#: (streams beside batches): held longer, a batch misses its 1.25x bound behind a stream that
+#: has ended; ended sooner, a live stream's next requests wait a reload. A stream of 60-120 s
+#: with the batch after its tenth request (the soak's long shape) gains by waiting: at 2.0
+#: (7 to 1) none of its first 400 Poisson cases failed, at 0.0 nine. Issue 28's own trace
+#: (the short shape: a stream of 25-45 s, the batch 2-6 s in) cannot: its bound's quarter is
+#: about the silence the floor took, and at 2.0 half its Poisson batches missed it (203 of
+#: 400, and 8 chats past the limit), at 1.0 a third (133, 10), at 0.0 a fifth (78, 13).
+DOUBT_QUIET = 0.0
 QUIET_PAD_S = 0.5
 FEW_GAPS = 8.0  # few gaps say little of the longest: FEW_GAPS / n mean gaps more
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen.
@@ -205,14 +205,13 @@ class Stream:
                  cap_s: float = math.inf) -> float:
         """When a job whose eviction of this stream's worker would make its next request
         wait ``window`` takes the stream as ended if nothing more comes: at ``quiet_at``,
-        or after a silence of ``most_s`` if sooner (never before ``doubt_at``, nor a silence
-        shorter than its longest gap times ``QUIET_FACTOR``: a silence it has had before ends
-        nothing), but not before a silence of what that mistake would cost, shrinking as the
-        stream runs for longer than that (``young_quiet``); and after a silence of ``cap_s``
-        whatever those say."""
+        or after a silence of ``most_s`` if sooner (never before ``doubt_at``: a regular
+        stream's is past its longest gap), but not before a silence of what that mistake
+        would cost, shrinking as the stream runs for longer than that (``young_quiet``); and
+        after a silence of ``cap_s`` whatever those say."""
         if not self.gaps:
             return self.last_at
-        most_s = max(most_s, max(self.gaps) * QUIET_FACTOR, self.doubt_at - self.last_at)
+        most_s = max(most_s, self.doubt_at - self.last_at)
         until = max(self.last_at + self.young_quiet(window),
                     min(self.quiet_at, self.last_at + most_s))
         return min(until, self.last_at + cap_s)
