@@ -2,11 +2,17 @@
 
 Not a test module: ``tests/test_expect.py`` runs a few fixed seeds, ``scripts/interactive-soak``
 many. Each trace, on one 24 GiB GPU: a chat model (priority 10) asked by a periodic, Poisson
-or bursty stream from t=0 until it stops; a batch (priority 0) submitted once the stream is going,
-mixing a model that fits beside the chat model and one that fits beside nothing. A policy that
-keeps the chat model through its stream makes no chat request wait for the batch (a gap-free
-alternative exists), and the batch cannot end before the big model's loads and work after the
-stream's last request (``batch_bound``).
+or bursty stream from t=0 until it stops; a batch (priority 0), mixing a model that fits beside
+the chat model and one that fits beside nothing. A policy that keeps the chat model through its
+stream makes no chat request wait for the batch (a gap-free alternative exists), and the batch
+cannot end before the big model's loads and work after the stream's last request
+(``batch_bound``).
+
+Two shapes. ``long`` (``case``): a stream of 60-120 s, the batch submitted after its tenth
+request. ``short`` (``short_case``): issue 28's own trace, drawn around its figures — a stream
+of 25-45 s, the batch submitted 2-6 s in, after none to a few requests, eight small jobs and
+three to six big ones. A short stream leaves the batch little room: its bound's quarter is
+some ten seconds, about as long as a random stream's silence must be to say that it ended.
 """
 
 from __future__ import annotations
@@ -151,3 +157,34 @@ def case(seed: int, kind: str) -> Case:
     trace = Trace(f"{kind} stream beside a batch, seed {seed}", (24 * GIB,),
                   (chat, small, big), jobs)
     return Case(trace, kind, chat_job, batch_at)
+
+
+def short_case(seed: int, kind: str) -> Case:
+    """Issue 28's trace (a 12 GiB chat model; 7 + 3 and 16 + 4 GiB batch models), its
+    figures drawn around the issue's, the batch submitted 2-6 s into a stream of 25-45 s."""
+    rng = random.Random(10_000 + seed)
+    chat_job = rng.uniform(0.2, 0.5)
+    chat = TraceBackend("chat", rng.uniform(1.5, 3.0), 11 * GIB, GIB, safety_mib=128,
+                        priority=10)
+    small = TraceBackend("small", rng.uniform(0.5, 2.0), 7 * GIB, 3 * GIB, safety_mib=128)
+    big = TraceBackend("big", rng.uniform(3.0, 5.0), 16 * GIB, 4 * GIB, safety_mib=128)
+    gap = rng.uniform(1.5, 2.5)
+    until = rng.uniform(25.0, 45.0)
+    if kind == "periodic":
+        times = arrivals.periodic(gap, until, jitter=0.05 * gap, rng=rng)
+    elif kind == "bursts":
+        size = rng.randint(2, 4)
+        times = arrivals.bursts(size * gap, size, until, rng, spread=rng.uniform(0.3, 1.0))
+    else:
+        times = arrivals.poisson(1 / gap, until, rng)
+    jobs = arrivals.jobs(times, "chat", chat_job, 10)
+    batch_at = round(max(chat.load_s, rng.uniform(2.0, 6.0)), 3)
+    jobs += tuple(TraceJob(f"s{i}", batch_at, "small", rng.uniform(1.5, 2.5)) for i in range(8))
+    jobs += tuple(TraceJob(f"b{i}", batch_at, "big", rng.uniform(2.0, 4.0))
+                  for i in range(rng.randint(3, 6)))
+    trace = Trace(f"short {kind} stream beside a batch, seed {seed}", (24 * GIB,),
+                  (chat, small, big), jobs)
+    return Case(trace, kind, chat_job, batch_at)
+
+
+SHAPES = {"long": case, "short": short_case}

@@ -11,7 +11,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from interactive_traces import case, p95
+from interactive_traces import case, p95, short_case
 
 from supervisor import arrivals
 from supervisor.scheduler import (
@@ -980,6 +980,28 @@ def test_streams_beside_batches_fixed_seeds(kind: str) -> None:
         assert not r.unfinished and not r.overcommitted, seed
         assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s, seed
         assert c.batch_makespan(r) <= 1.25 * c.batch_bound(), seed
+
+
+@pytest.mark.parametrize("kind", ["periodic", "poisson"])
+def test_issue_28s_own_short_trace_fixed_seeds(kind: str) -> None:
+    """The short shape (issue 28's trace, a stream of 25-45 s, the batch 2-6 s in): no chat
+    request waits past twice its job time where some policy could have spared it
+    (``Case.forced``); every periodic batch within 1.25x of its bound, and at most a quarter
+    of the Poisson ones past it (the bound leaves a quarter of some 40 s, about the silence
+    that tells a random stream's end). Before the lone request's hold, the first request's
+    give-up and the even-odds end of a hold, seeds 0-23 had 6 Poisson chats and a periodic
+    one past the limit, and 7 Poisson batches."""
+    late = []
+    for seed in range(24):
+        c = short_case(seed, kind)
+        r = simulate(c.trace)
+        assert not r.unfinished and not r.overcommitted, seed
+        alone = simulate(c.alone())
+        if p95(c.added_waits(r, alone)) > 2 * c.chat_job_s:
+            assert c.forced(alone) is not None, seed
+        if c.batch_makespan(r) > 1.25 * c.batch_bound():
+            late.append(seed)
+    assert len(late) <= (0 if kind == "periodic" else 24 // 4), late
 
 
 @pytest.mark.parametrize("seed", [140, 204])
