@@ -287,6 +287,13 @@ def test_a_models_first_request_holds_a_job_that_would_evict_it_while_other_work
     assert p.revisit_at is not None and now < p.revisit_at
     alone = plan(first_request_then_a_batch(now, 3.0, embed=False), now)
     assert [e.backend for e in alone.evictions] == ["chat-llm"]
+    # Work that merely runs there is no other work to do first: holding the big job for one
+    # request beside a long job of another model left the room idle for minutes (review).
+    snap = first_request_then_a_batch(now, 3.0, embed=False)
+    tiny = BackendInfo("tiny", 2 * GIB, 0, 128, 0, reload_cost_s=1.0)
+    running = replace(snap, backends={**snap.backends, "tiny": tiny},
+                      workers={**snap.workers, "tiny": WorkerInfo("tiny", 0, "busy", 1, 2 * GIB)})
+    assert [e.backend for e in plan(running, now).evictions] == ["chat-llm"]
     later = 300.0
     late = plan(first_request_then_a_batch(later, 3.0), later)
     assert [e.backend for e in late.evictions] == ["chat-llm"]
@@ -301,6 +308,13 @@ def test_a_models_first_request_gives_up_a_load_for_lower_work() -> None:
     learner.arrived("chat-llm", 10, LATE)
     p = plan(big_loading_and_chat_queued(learner.view(LATE), LATE), LATE)
     assert [(e.backend, e.requeue) for e in p.evictions] == [("big", True)]
+    # Unless its target wait covers the load, as for a stream's request (review: a first
+    # request with a long target gave the load up anyway).
+    for _ in range(3):
+        learner.ran("big", 4.0)
+    patient = big_loading_and_chat_queued(learner.view(LATE, {"chat-llm": 60.0}), LATE,
+                                          waited=2.0)
+    assert not any(e.requeue for e in plan(patient, LATE).evictions)
 
 
 def test_a_model_with_one_request_leaves_last_when_another_victim_still_runs() -> None:
@@ -320,6 +334,11 @@ def test_a_model_with_one_request_leaves_last_when_another_victim_still_runs() -
     assert plan_with(WorkerInfo("small", 0, "busy", 1, 5 * GIB)) == []
     assert sorted(plan_with(WorkerInfo("small", 0, "ready", 0, 5 * GIB,
                                        idle_since=now - 0.1))) == ["chat-llm", "small"]
+    # A request as old as a hold's patience says nothing more will come (review: one of
+    # 1,000 s before kept its model until the other victim's job ended).
+    snap = first_request_then_a_batch(400.0, 3.0, embed=False)
+    now = 400.0
+    assert plan_with(WorkerInfo("small", 0, "busy", 1, 5 * GIB)) == ["chat-llm"]
 
 
 def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> None:

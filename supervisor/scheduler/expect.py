@@ -330,6 +330,14 @@ class Expectations:
                 return s
         return None
 
+    def lone_above(self, backend: str, priority: int) -> Stream | None:
+        """The backend's highest-priority requests with no gap yet (``lone``) of priority
+        above ``priority``."""
+        for s in self.lone.get(backend, ()):
+            if s.priority > priority:
+                return s
+        return None
+
     def alive(self, backend: str, now: float, priority: int | None = None) -> bool:
         """Whether the backend has an alive stream (of ``priority`` or above, if given)."""
         return any(s.alive(now) and (priority is None or s.priority >= priority)
@@ -499,7 +507,8 @@ class Hold:
 
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
          victims: list[tuple[str, float]], *, since: float = -math.inf,
-         batch_s: float = math.inf, idle: bool = False, unsure: float = 1.0) -> Hold:
+         batch_s: float = math.inf, idle: bool = False, beside: bool = False,
+         unsure: float = 1.0) -> Hold:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
@@ -515,9 +524,11 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     is past ``Stream.doubt_at``).
 
     A victim whose backend had requests above that priority with no gap yet
-    (``Expectations.lone``) holds the job, unless that leaves the device idle, until a
-    silence of ``MISTAKE_REQUESTS`` times ``window`` (ski rental, as for a young stream):
-    nothing says more come, but the order costs the batch nothing while other work loads.
+    (``Expectations.lone``) holds the job while other queued work starts on its GPU instead
+    (``beside``: the hold changes only the order), until a silence of ``MISTAKE_REQUESTS``
+    times ``window`` (ski rental, as for a young stream): nothing says more come. Work that
+    merely runs there does not count (holding a job for one request beside a long job left
+    the room idle for minutes).
 
     With nothing else running or starting on its GPU, nor queued for another live worker
     there (``idle``), holding the job leaves the device idle: a stream of fewer than
@@ -559,7 +570,7 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
             if cost > target:
                 return Hold(stream, cost, until, released)
             break
-        if idle:
+        if not beside:
             continue
         for lone in expected.lone.get(backend, ()):
             if lone.priority <= priority:

@@ -924,8 +924,8 @@ class _Planner:
                     if self.revisit_at is None or deadline < self.revisit_at:
                         self.revisit_at = deadline
                     continue
-            elif exp.stream_above(job.backend, raw, self.now) is None and any(
-                    s.priority > raw for s in exp.streams.get(job.backend, ())):
+            elif (exp.stream_above(job.backend, raw, self.now) is None
+                  and exp.lone_above(job.backend, raw) is None):
                 continue  # (a stream taken as ended)
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                          "needs its room: its load is given up", requeue=True,
@@ -959,13 +959,15 @@ class _Planner:
         (its mean taken short), whether or not its stream is taken as ended by then; so it
         is kept only if it could still be given up then (its jobs not aged to the
         request's priority, their patience not spent). Only for a request of a stream that
-        was alive when it came."""
+        was alive when it came, or of its backend's first requests (``lone``): a target
+        covers those too."""
         exp = self.expected
         loading, mine = self.backends.get(w.backend), self.backends.get(job.backend)
         longest = None if exp is None or loading is None else \
             exp.job_longest_s.get(loading.name)
         if (exp is None or loading is None or mine is None or longest is None
-                or exp.stream_above(job.backend, raw, job.submitted_at) is None):
+                or (exp.stream_above(job.backend, raw, job.submitted_at) is None
+                    and exp.lone_above(job.backend, raw) is None)):
             return None
         load = loading.reload_cost_s
         given = exp.given_up.get(loading.name)
@@ -1160,16 +1162,17 @@ class _Planner:
         load = own if asleep or name not in self.worker_gpu else 0.0
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
-        # Nothing else runs or starts on the GPU, nor can start there in this plan (a job
-        # further down the walk for another live worker there with a free slot): holding the
-        # job leaves it idle.
-        idle = not any(w.active_jobs or w.state in ("starting", "initializing")
-                       or (w.backend != name and self.slots.get(w.backend, 0) > 0
-                           and ("job", w.backend) in self.alive)
-                       for w in self.live_on[g]) and not any(s.gpu == g for s in self.starts) \
-            and not self._loads_beside(g, {name} | {v.backend for v in victims})
+        # Other queued work starts on the GPU in this plan, or can (a job further down the
+        # walk for another live worker there with a free slot, or one that loads beside):
+        # holding the job only changes the order. Without that, and with nothing running or
+        # starting there either, holding it leaves the GPU idle.
+        beside = any(w.backend != name and self.slots.get(w.backend, 0) > 0
+                     and ("job", w.backend) in self.alive for w in self.live_on[g]) \
+            or any(s.gpu == g for s in self.starts) or self._loads_beside(g, {name})
+        idle = not beside and not any(w.active_jobs or w.state in ("starting", "initializing")
+                                      for w in self.live_on[g])
         held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
-                           since=job.submitted_at, batch_s=batch_s, idle=idle,
+                           since=job.submitted_at, batch_s=batch_s, idle=idle, beside=beside,
                            unsure=1.0 if measured else expect.UNSURE_MARGIN)
         stream = held.stream
         if stream is None:
@@ -1318,15 +1321,18 @@ class _Planner:
 
     def _stream_keeps(self, w: WorkerInfo, barrier: _Barrier) -> bool:
         """An idle victim whose stream above the barrier's priority is alive (or that had
-        its first request of such a priority: more may come) stays while another victim
-        still runs a job: the barrier needs that one's room too, so evicting it now gains
-        nothing but leaves the stream's next request, if it comes meanwhile, to wait for the
-        barrier's load and run and its reload (it leaves with the last)."""
+        its first request of such a priority less than ``max_patience_s`` ago: more may
+        come) stays while another victim still runs a job:
+        the barrier needs that one's room too, so evicting it now gains nothing but leaves
+        the stream's next request, if it comes meanwhile, to wait for the barrier's load and
+        run and its reload (it leaves with the last)."""
         exp = self.expected
-        if exp is None or (
-                exp.stream_above(w.backend, barrier.effective, self.now) is None
-                and not any(s.priority > barrier.effective for s in exp.lone.get(w.backend, ()))):
+        if exp is None:
             return False
+        if exp.stream_above(w.backend, barrier.effective, self.now) is None:
+            lone = exp.lone_above(w.backend, barrier.effective)
+            if lone is None or self.now - lone.last_at >= self.config.max_patience_s:
+                return False
         return any(v.active_jobs for v in barrier.victims if v is not w)
 
     def _room_for_others(self, g: int) -> None:
