@@ -240,19 +240,21 @@ def test_a_streams_worker_leaves_last_when_another_victim_still_runs() -> None:
     for the big model and a reload (Poisson soak seed 259)."""
     learner = periodic(1.5, 10, backend="chat-llm")
     now = 13.8
-    small = BackendInfo("small", 6 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
     snap = llm_idle_and_big_queued(learner.view(now), now)
+    assert evicted_past_patience(snap, now, busy=True) == []
+    assert sorted(evicted_past_patience(snap, now, busy=False)) == ["chat-llm", "small"]
+
+
+def evicted_past_patience(snap: Snapshot, now: float, *, busy: bool) -> list[str]:
+    """What the big job of ``snap``, blocked past its patience, evicts with a small model
+    beside, running a job (``busy``) or idle."""
+    small = BackendInfo("small", 6 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
+    worker = WorkerInfo("small", 0, "busy", 1, 5 * GIB) if busy else \
+        WorkerInfo("small", 0, "ready", 0, 5 * GIB, idle_since=now - 0.1)
     blocked = QueuedJob("big-0", "big", 0, 1, 0.0, blocked_since=now - 301.0)
-
-    def plan_with(small_worker: WorkerInfo) -> list[str]:
-        s = Snapshot(snap.gpus, {**snap.backends, "small": small},
-                     {**snap.workers, "small": small_worker}, [blocked],
-                     expected=snap.expected)
-        return [e.backend for e in plan(s, now, SchedulerConfig()).evictions]
-
-    assert plan_with(WorkerInfo("small", 0, "busy", 1, 5 * GIB)) == []
-    assert sorted(plan_with(WorkerInfo("small", 0, "ready", 0, 5 * GIB,
-                                       idle_since=now - 0.1))) == ["chat-llm", "small"]
+    s = Snapshot(snap.gpus, {**snap.backends, "small": small},
+                 {**snap.workers, "small": worker}, [blocked], expected=snap.expected)
+    return [e.backend for e in plan(s, now, SchedulerConfig()).evictions]
 
 
 EMBED = BackendInfo("embed", 7 * GIB, 3 * GIB, 128, 0, reload_cost_s=1.0)
@@ -321,24 +323,14 @@ def test_a_model_with_one_request_leaves_last_when_another_victim_still_runs() -
     """As a stream's worker does (above): the big job past its patience, the idle chat
     model that had one request stays while the small model's job runs."""
     now = 5.0
-    small = BackendInfo("small", 6 * GIB, 2 * GIB, 128, 0, reload_cost_s=1.0)
     snap = first_request_then_a_batch(now, 3.0, embed=False)
-    blocked = QueuedJob("big-0", "big", 0, 1, 0.0, blocked_since=now - 301.0)
-
-    def plan_with(small_worker: WorkerInfo) -> list[str]:
-        s = Snapshot(snap.gpus, {**snap.backends, "small": small},
-                     {**snap.workers, "small": small_worker}, [blocked],
-                     expected=snap.expected)
-        return [e.backend for e in plan(s, now, SchedulerConfig()).evictions]
-
-    assert plan_with(WorkerInfo("small", 0, "busy", 1, 5 * GIB)) == []
-    assert sorted(plan_with(WorkerInfo("small", 0, "ready", 0, 5 * GIB,
-                                       idle_since=now - 0.1))) == ["chat-llm", "small"]
+    assert evicted_past_patience(snap, now, busy=True) == []
+    assert sorted(evicted_past_patience(snap, now, busy=False)) == ["chat-llm", "small"]
     # A request as old as a hold's patience says nothing more will come (review: one of
     # 1,000 s before kept its model until the other victim's job ended).
-    snap = first_request_then_a_batch(400.0, 3.0, embed=False)
-    now = 400.0
-    assert plan_with(WorkerInfo("small", 0, "busy", 1, 5 * GIB)) == ["chat-llm"]
+    later = 400.0
+    snap = first_request_then_a_batch(later, 3.0, embed=False)
+    assert evicted_past_patience(snap, later, busy=True) == ["chat-llm"]
 
 
 def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> None:
@@ -1071,18 +1063,26 @@ def test_a_stream_seen_for_one_burst_is_not_taken_as_ended() -> None:
     assert stream.ends_for(4.0) - stream.last_at == pytest.approx(2 * (4.0 - 0.35))
 
 
+def stopped_poisson_chat(until: float, seed: int, big_job_s: float
+                         ) -> tuple[Learner, float, float]:
+    """A Poisson chat (a request per 2 s on average) from 1 s to ``until``, stopped there,
+    beside a big model whose jobs took ``big_job_s``: the learner, the chat's last request,
+    and the share of a big job submitted at 0 (``llm_idle_and_big_queued``)."""
+    learner = Learner()
+    times = arrivals.poisson(0.5, until, random.Random(seed), start=1.0)
+    for t in times:
+        learner.arrived("chat-llm", 10, t)
+    learner.ran("big", big_job_s)
+    last = times[-1]
+    return learner, last, HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + big_job_s)
+
+
 def test_a_random_stream_holds_a_batch_at_most_a_share_of_its_time() -> None:
     """A Poisson chat that has stopped: read from its silence alone, it ends only after ~10
     of its mean gaps (a live one is that silent as rarely as that); the batch held for it
     goes after ``HOLD_SHARE`` of what it would take had the stream stopped at its last
     request (what it waited until then, its load and its queued work): within 1.2x of that."""
-    learner = Learner()
-    times = arrivals.poisson(0.5, 60.0, random.Random(5), start=1.0)
-    for t in times:
-        learner.arrived("chat-llm", 10, t)
-    learner.ran("big", 30.0)
-    last = times[-1]
-    share = HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + 30.0)  # submitted at 0
+    learner, last, share = stopped_poisson_chat(60.0, 5, 30.0)
     stream = learner.view(last).streams["chat-llm"][0]
     # The silence alone would hold it longer; the share ends it once a live stream would
     # seldom be that silent.
@@ -1101,13 +1101,7 @@ def test_past_its_share_a_random_streams_silence_ends_the_hold_at_even_odds() ->
     before: held past its share for a stream that has stopped, the batch misses its bound,
     and in issue 28's own trace with Poisson arrivals (a stream of 25-45 s) that floor made
     half the batches miss it."""
-    learner = Learner()
-    times = arrivals.poisson(0.5, 20.0, random.Random(1), start=1.0)
-    for t in times:
-        learner.arrived("chat-llm", 10, t)
-    learner.ran("big", 3.0)
-    last = times[-1]
-    share = HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + 3.0)  # submitted at 0
+    learner, last, share = stopped_poisson_chat(20.0, 1, 3.0)
     stream = learner.view(last).streams["chat-llm"][0]
     even = stream.stopped_at(0.0)
     assert last + share < even < stream.stopped_at(2.0) - 2.0 < stream.quiet_at
