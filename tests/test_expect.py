@@ -28,6 +28,7 @@ from supervisor.scheduler.expect import (
     GIVEN_UP_BY,
     HALF_LIFE_S,
     HOLD_SHARE,
+    MIN_GAP_S,
     RUNS_KEPT,
     STREAMS_KEPT,
     Expectations,
@@ -289,6 +290,13 @@ def test_a_models_first_request_holds_a_job_that_would_evict_it_while_other_work
     assert p.revisit_at is not None and now < p.revisit_at
     alone = plan(first_request_then_a_batch(now, 3.0, embed=False), now)
     assert [e.backend for e in alone.evictions] == ["chat-llm"]
+    # Unless the job has just come: the rest of a batch submitted at once may be on its way
+    # (the engine plans at each submission; its first job saw nothing else to run).
+    snap = first_request_then_a_batch(now, 3.0, embed=False)
+    just = replace(snap, queue=[replace(q, submitted_at=now - 0.01) for q in snap.queue],
+                   queued_counts=None)
+    p = plan(just, now)
+    assert p.evictions == () and p.revisit_at == pytest.approx(now - 0.01 + MIN_GAP_S)
     # Work that merely runs there is no other work to do first: holding the big job for one
     # request beside a long job of another model left the room idle for minutes (review).
     snap = first_request_then_a_batch(now, 3.0, embed=False)

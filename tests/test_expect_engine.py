@@ -99,3 +99,26 @@ def test_a_load_is_not_given_up_for_a_chat_that_may_wait_for_it() -> None:
     assert len(given_up) <= 1, given_up
     assert max(played.ended[j.id] for j in batch) < max(played.submitted[j.id] for j in chat)
     assert max(played.job_waits[j.id] for j in chat) < 10.0, played.job_waits
+
+
+@pytest.mark.process
+def test_a_batch_after_the_chats_first_request_loads_beside_its_model_first() -> None:
+    # The chat model's first request at 0 s, a batch at 1 s (submitted one job after
+    # another, the big jobs first), the chat's second request at 2 s. No gap is learned
+    # yet, but more requests may come: the big job waits while the embedder loads beside the
+    # chat model and runs, and the second request finds its model loaded. Before, the big
+    # job evicted the chat model at its submission (the engine plans at each one, and the
+    # embedder's jobs were not queued yet), and the second request waited for the rest of a
+    # big job and a reload (about 1.1 s).
+    llm = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10)
+    small = TraceBackend("embed", 0.3, 7 * GIB, 3 * GIB, safety_mib=128)
+    big = TraceBackend("big", 0.5, 16 * GIB, 4 * GIB, safety_mib=128)
+    chat = arrivals.jobs([0.0, 2.0], llm.name, 0.1, 10, prefix="chat")
+    batch = tuple(TraceJob(f"embed-{i}", 1.0, small.name, 0.5) for i in range(4)) + \
+        tuple(TraceJob(f"big-{i}", 1.0, big.name, 1.0) for i in range(2))
+    trace = Trace("a batch after a first request", (24 * GIB,), (llm, small, big), chat + batch)
+    played = play_trace(trace, "sim:24GiB", watch=("big-0",))
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    assert played.job_waits[chat[1].id] < 0.8, (played.job_waits, played.log)
+    assert any(r.startswith("waits: chat-llm had a request") for r in played.reasons), \
+        played.reasons

@@ -1163,11 +1163,14 @@ class _Planner:
         run_s = load + exp.job_time(name, own)
         batch_s = load + self.queued_jobs.get(name, 1) * exp.job_time(name, own)
         # Other queued work starts on the GPU in this plan, or can (a job further down the
-        # walk for another live worker there with a free slot, or one that loads beside):
-        # holding the job only changes the order. Without that, and with nothing running or
-        # starting there either, holding it leaves the GPU idle.
-        beside = any(w.backend != name and self.slots.get(w.backend, 0) > 0
-                     and ("job", w.backend) in self.alive for w in self.live_on[g]) \
+        # walk for another live worker there with a free slot, or one that loads beside), or
+        # may be on its way (the job came less than ``expect.MIN_GAP_S`` ago: the rest of a
+        # batch submitted at once is, its jobs a few milliseconds apart): holding the job
+        # only changes the order. Without that, and with nothing running or starting there
+        # either, holding it leaves the GPU idle.
+        fresh = self.now - job.submitted_at < expect.MIN_GAP_S
+        beside = fresh or any(w.backend != name and self.slots.get(w.backend, 0) > 0
+                              and ("job", w.backend) in self.alive for w in self.live_on[g]) \
             or any(s.gpu == g for s in self.starts) or self._loads_beside(g, {name})
         idle = not beside and not any(w.active_jobs or w.state in ("starting", "initializing")
                                       for w in self.live_on[g])
@@ -1178,6 +1181,8 @@ class _Planner:
         if stream is None:
             return held.released_at
         due = min(held.until, since + limit)
+        if fresh:
+            due = min(due, job.submitted_at + expect.MIN_GAP_S)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
         if stream.gaps:
