@@ -49,11 +49,11 @@ about ``1 + HOLD_SHARE`` of what it could have taken. With nothing else on the G
 of few gaps holds the job for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost
 while younger than that. A backend's requests of a priority with no gap yet (its first
 request, or a batch at once: ``Expectations.lone``) are no stream, but more may come: a job
-below them that would evict its worker waits while other queued work can load beside it, for
-a silence of at most what the mistake would cost (``MISTAKE_REQUESTS`` times it). At
-equal priority an alive stream makes its worker dearer to evict, as queued work does, and
-keeps it while a patient barrier waits if its next request is due within a reload; a stream
-of lower priority than the job counts for nothing.
+below them that would evict its worker waits while other queued work starts on its GPU
+instead, for a silence of at most what the mistake would cost (``MISTAKE_REQUESTS`` times
+it). At equal priority an alive stream makes its worker dearer to evict, as queued work
+does, and keeps it while a patient barrier waits if its next request is due within a
+reload; a stream of lower priority than the job counts for nothing.
 
 A stream's request that comes while a load of lower work takes its room gives that load up
 (``plan``'s ``_undo_loads``); the ``Learner`` remembers it (``given_up``, with the last
