@@ -338,6 +338,11 @@ class Expectations:
                 return s
         return None
 
+    def asked_above(self, backend: str, priority: int, now: float) -> Stream | None:
+        """A request of the backend above ``priority`` that counts: its alive stream
+        (``stream_above``), else its first requests (``lone_above``)."""
+        return self.stream_above(backend, priority, now) or self.lone_above(backend, priority)
+
     def alive(self, backend: str, now: float, priority: int | None = None) -> bool:
         """Whether the backend has an alive stream (of ``priority`` or above, if given)."""
         return any(s.alive(now) and (priority is None or s.priority >= priority)
@@ -442,11 +447,12 @@ class Learner:
              ) -> Expectations:
         """What is expected at ``now``: the streams with at least one gap learned, and the
         requests with none yet apart (``Expectations.lone``)."""
-        taken = [(backend, priority, h.last_at, tuple(h.gaps), h.seen)
-                 for (backend, priority), h in self._streams.items() if h.gaps]
+        taken = []
         lone: dict[str, list[Stream]] = {}
         for (backend, priority), h in self._streams.items():
-            if not h.gaps:
+            if h.gaps:
+                taken.append((backend, priority, h.last_at, tuple(h.gaps), h.seen))
+            else:
                 lone.setdefault(backend, []).append(Stream(backend, priority, h.last_at, (), ()))
         job_s = {b: mean for b, (mean, _) in self._runs.items()}
         longest = {b: max(r) for b, (_, r) in self._runs.items() if len(r) >= RUNS_FOR_LONGEST}
@@ -570,12 +576,7 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
             if cost > target:
                 return Hold(stream, cost, until, released)
             break
-        if not beside:
-            continue
-        for lone in expected.lone.get(backend, ()):
-            if lone.priority <= priority:
-                break
-            until = lone.last_at + MISTAKE_REQUESTS * window
-            if now < until:
-                return Hold(lone, window, until, released)
+        lone = expected.lone_above(backend, priority) if beside else None
+        if lone is not None and now < lone.last_at + MISTAKE_REQUESTS * window:
+            return Hold(lone, window, lone.last_at + MISTAKE_REQUESTS * window, released)
     return Hold(None, released_at=released)

@@ -924,8 +924,7 @@ class _Planner:
                     if self.revisit_at is None or deadline < self.revisit_at:
                         self.revisit_at = deadline
                     continue
-            elif (exp.stream_above(job.backend, raw, self.now) is None
-                  and exp.lone_above(job.backend, raw) is None):
+            elif exp.asked_above(job.backend, raw, self.now) is None:
                 continue  # (a stream taken as ended)
             self._evict([w], g, f"{job.job_id} ({job.backend}, priority {job.priority}) "
                          "needs its room: its load is given up", requeue=True,
@@ -966,8 +965,7 @@ class _Planner:
         longest = None if exp is None or loading is None else \
             exp.job_longest_s.get(loading.name)
         if (exp is None or loading is None or mine is None or longest is None
-                or (exp.stream_above(job.backend, raw, job.submitted_at) is None
-                    and exp.lone_above(job.backend, raw) is None)):
+                or exp.asked_above(job.backend, raw, job.submitted_at) is None):
             return None
         load = loading.reload_cost_s
         given = exp.given_up.get(loading.name)
@@ -1327,10 +1325,10 @@ class _Planner:
     def _stream_keeps(self, w: WorkerInfo, barrier: _Barrier) -> bool:
         """An idle victim whose stream above the barrier's priority is alive (or that had
         its first request of such a priority less than ``max_patience_s`` ago: more may
-        come) stays while another victim still runs a job:
-        the barrier needs that one's room too, so evicting it now gains nothing but leaves
-        the stream's next request, if it comes meanwhile, to wait for the barrier's load and
-        run and its reload (it leaves with the last)."""
+        come) stays while another victim still runs a job: the barrier needs that one's room
+        too, so evicting it now gains nothing but leaves the stream's next request, if it
+        comes meanwhile, to wait for the barrier's load and run and its reload (it leaves
+        with the last)."""
         exp = self.expected
         if exp is None:
             return False
