@@ -780,6 +780,29 @@ def test_a_load_waiting_for_room_is_held_only_if_each_gpu_it_may_take_is_the_cha
     assert max(waits) <= 16.0, waits
 
 
+@pytest.mark.parametrize("y_load_s, chat_from, gap, n, big_at", [
+    (5.0, 6.0, 3.0, 3, 12.5), (8.0, 9.0, 1.5, 3, 12.5)])
+def test_a_job_held_by_a_stream_on_one_gpu_evicts_an_idle_model_on_another(
+        y_load_s: float, chat_from: float, gap: float, n: int, big_at: float) -> None:
+    """Two GPUs: the chat's model (a young stream of priority 10) on one, on the other an
+    idle model whose reload costs more, with nothing queued. The big job fits on either
+    once its worker leaves; the chat's GPU is the cheaper eviction, but the stream holds
+    the job there. Judged on that GPU alone, the job waited 8-12 s for the stream's end,
+    the other GPU idle, and then evicted the chat's model all the same; it takes the other
+    GPU at once."""
+    chat = TraceBackend("chat", 2.0, 11 * GIB, GIB, safety_mib=128, priority=10)
+    idle = TraceBackend("idle", y_load_s, 11 * GIB, GIB, safety_mib=128)
+    big = TraceBackend("big", 4.0, 16 * GIB, 4 * GIB, safety_mib=128)
+    jobs = (TraceJob("idle-0", 0.0, "idle", 1.0),
+            *(TraceJob(f"chat-{i}", chat_from + i * gap, "chat", 0.3, 10) for i in range(n)),
+            TraceJob("big-0", big_at, "big", 3.0))
+    r = simulate(Trace("two GPUs, an idle model beside", (24 * GIB, 24 * GIB),
+                       (chat, idle, big), jobs))
+    assert not r.unfinished and not r.overcommitted
+    assert [b for _, b in r.evicted] == ["idle"], r.evicted
+    assert r.started_at["big-0"] - big_at <= big.load_s + 0.5, r.started_at["big-0"]
+
+
 def test_no_moment_is_better_when_the_chat_model_leaves_before_its_next_request() -> None:
     """A review's trace: the chat (every 3.5 s, a little random) leaves by its 1 s
     keep-alive, so each request reloads it; the big model's load (2.5 s) fits only right

@@ -42,9 +42,11 @@ at most ``max_patience_s`` plus the running jobs of its victims.
 Expected arrivals. With ``Snapshot.expected`` (``supervisor.scheduler.expect``), a job that
 would evict the worker of a stream of higher priority than its own first counts what that
 costs the stream's next request (the chance it comes while the job loads and runs and the
-worker reloads, times that time); beyond the stream's target wait, the job waits (for a gap
-long enough, or the stream's end, at most ``max_patience_s``) without becoming a barrier, so
-work that fits beside the stream goes on, and its reason says what it waits for. A worker
+worker reloads, times that time); beyond the stream's target wait, the job takes another GPU
+where the workers it needs gone are idle with nothing queued, and no stream holds it so; with
+none, it waits (for a gap long enough, or the stream's end, at most ``max_patience_s``)
+without becoming a barrier, so work that fits beside the stream goes on, and its reason says
+what it waits for. A worker
 whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
 keeps an idle victim whose stream of at least its priority is due within a reload. An idle
 victim whose stream above the barrier's priority is alive leaves last: not while another
@@ -723,18 +725,19 @@ class _Planner:
         also: str | None = None,
     ) -> None:
         """``job`` is the first blocked for memory on the GPU it can have most cheaply (or
-        for the address of ``also``'s server, which must leave whatever the memory)."""
-        best: tuple[tuple[int, float, int, int, int], int, list[evict.Candidate], int] | None
-        best = None
+        for the address of ``also``'s server, which must leave whatever the memory), unless
+        a stream holds it there (see the comment at ``_stream_hold``'s call)."""
+        options: list[tuple[tuple[int, float, int, int, int], int, list[evict.Candidate],
+                            int]] = []
         for g in candidates:
             option = self._option(g, need, alone=alone, own=own, also=also)
             if option is None:
                 continue
             cost, chosen, room = option
             busy = sum(1 for c in chosen if c.worker.active_jobs)
-            rank = (busy, cost, len(chosen), -room, g)
-            if best is None or rank < best[0]:
-                best = (rank, g, chosen, room)
+            options.append(((busy, cost, len(chosen), -room, g), g, chosen, room))
+        options.sort(key=lambda o: o[0])
+        best = options[0] if options else None
         barrier_key = key_of(job)
         # Patience counts from when it was first found blocked here, not from submission.
         since = job.blocked_since
@@ -788,11 +791,30 @@ class _Planner:
             self.explicit[job.job_id] = reason
             self._settle(barrier_key, reason)
             return
-        _, g, chosen, room = best
-        victims = [c.worker for c in chosen]
-        sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
-        released = self._held_by_stream(job, info, victims, sleepers, since, waited, g)
-        if released is None:
+        # Held by a stream on the cheapest GPU (``_stream_hold``: evicting a stream's worker
+        # there would cost its next request more than its target), the job takes the next
+        # GPU where the workers it needs gone are idle, none with queued work, and no stream
+        # holds it either: they leave at once, for nothing anyone waits for. (Taking the room
+        # of a batch there instead, its work then queued behind this job's, left the
+        # stream's GPU idle: a trace took 465 s, not 312.) With none, it waits on the
+        # cheapest, and says why.
+        held: expect.Hold | None = None
+        for option in options:
+            _, g, chosen, room = option
+            if held is not None and any(
+                    c.worker.active_jobs or self.queued_jobs.get(c.worker.backend, 0)
+                    for c in chosen):
+                continue
+            victims = [c.worker for c in chosen]
+            sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
+            hold = self._stream_hold(job, info, victims, sleepers, waited, g)
+            if hold.stream is None:
+                released = hold.released_at
+                break
+            held = held or hold
+        else:
+            assert held is not None
+            self._settle_held(job, held, since)
             return
         barrier = _Barrier(job, g, self._effective(job), victims, room, False, job.passed,
                            sleepers, info.address if also else None)
@@ -1130,18 +1152,17 @@ class _Planner:
         exp = self.expected
         return exp is not None and exp.alive(backend, self.now)
 
-    def _held_by_stream(self, job: QueuedJob, info: BackendInfo, victims: list[WorkerInfo],
-                        sleepers: frozenset[str], since: float, waited: float,
-                        g: int) -> float | None:
-        """A blocked job whose victims include the worker of a stream above its priority
-        waits, rather than make that stream's next request wait beyond its target (for a
-        gap long enough, or the stream's end; at most ``max_patience_s``): settles it, says
-        so and returns None. Else when the streams' holds on it ended (``expect.Hold``'s
-        ``released_at``; ``-inf`` if none did)."""
+    def _stream_hold(self, job: QueuedJob, info: BackendInfo, victims: list[WorkerInfo],
+                     sleepers: frozenset[str], waited: float, g: int) -> expect.Hold:
+        """Whether evicting ``victims`` on ``g`` for a blocked job would make the next
+        request of a stream above its priority wait beyond its target (``expect.hold``): it
+        then waits, for a gap long enough or the stream's end (at most ``max_patience_s``).
+        When no stream holds it (``Hold.stream`` None), ``Hold.released_at`` says when the
+        streams' holds on it ended (``-inf`` if none did)."""
         exp = self.expected
         limit = self.config.max_patience_s
         if exp is None or waited >= limit:
-            return -math.inf
+            return expect.Hold(None)
         name = info.name
         asleep = name in self.asleep
         undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
@@ -1172,14 +1193,18 @@ class _Planner:
             or any(s.gpu == g for s in self.starts) or self._loads_beside(g, {name})
         idle = not beside and not any(w.active_jobs or w.state in ("starting", "initializing")
                                       for w in self.live_on[g])
-        held = expect.hold(exp, self.now, self._effective(job), run_s, undo,
+        return expect.hold(exp, self.now, self._effective(job), run_s, undo,
                            since=job.submitted_at, batch_s=batch_s, idle=idle, beside=beside,
                            unsure=1.0 if measured else expect.UNSURE_MARGIN)
+
+    def _settle_held(self, job: QueuedJob, held: expect.Hold, since: float) -> None:
+        """``job`` waits, held by ``held.stream`` until ``held.until`` (at most
+        ``max_patience_s`` from ``since``, when it was first blocked): says why, and when
+        to look again."""
         stream = held.stream
-        if stream is None:
-            return held.released_at
-        due = min(held.until, since + limit)
-        if fresh:
+        assert stream is not None
+        due = min(held.until, since + self.config.max_patience_s)
+        if self.now - job.submitted_at < expect.MIN_GAP_S:
             due = min(due, job.submitted_at + expect.MIN_GAP_S)
         if self.revisit_at is None or due < self.revisit_at:
             self.revisit_at = due
@@ -1191,7 +1216,6 @@ class _Planner:
                       "ago, and may have more")
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
-        return None
 
     def _loads_beside(self, g: int, leaving: set[str]) -> bool:
         """Whether a queued job of a backend with no worker (none of ``leaving``) could load
