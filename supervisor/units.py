@@ -9,7 +9,8 @@ picks a style by name and never re-implements one.
 Reading (the descriptor grammar):
 
 - :func:`parse_size` — ``12GiB``, ``1536 MiB``, ``12GB``, ``512`` (MiB) → whole MiB, rounded up
-- :func:`parse_duration` — ``30s``, ``5m``, ``1h30m``, ``300``, ``never`` → seconds
+- :func:`parse_duration` — ``30s``, ``5m``, ``1h30m``, ``300``, ``never`` → seconds (at most
+  10 years)
 - :func:`mib_from_gib` — a number of GiB (vramd's calibrated figures) → whole MiB, rounded up
 - :func:`digits` — whether text is a whole number written in ASCII digits (``int`` reads it)
 
@@ -90,6 +91,10 @@ MAX_DURATION_TEXT = 100  # characters: longer is no duration anyone means
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|sec|min|hr|s|m|h|d)", re.IGNORECASE)
 _INFINITE_WORDS = frozenset({"never", "forever", "inf", "infinity"})
 _DURATION_HELP = "(use e.g. 30s, 5m, 1h30m or a number of seconds)"
+#: The longest finite duration anyone means: 10 years.  Beyond it a figure is a typo, and
+#: unbounded it reached waits that overflow (``99999999999999d`` is 8.64e18 s: a thread's
+#: wait of it, or ``time.sleep``, raises OverflowError past about 292 years).
+MAX_DURATION_S = 3650 * 86400.0
 
 
 def digits(text: str) -> bool:
@@ -147,6 +152,9 @@ def parse_duration(value: object, *, allow_infinite: bool = False) -> float:
 
     A number is seconds; a string is one or more ``<number><unit>`` parts with units
     ``ms s m h d`` (``1h30m``), or ``never``/``forever``/``inf`` where infinity is allowed.
+    More than :data:`MAX_DURATION_S` (10 years) is ``never`` where infinity is allowed, else
+    an error: so a caller with a narrower range of its own parses with ``allow_infinite``
+    and its range check refuses infinity in its own words.
     """
     if isinstance(value, bool):
         raise ValueError(f"{brief(value)} is not a duration {_DURATION_HELP}")
@@ -165,6 +173,11 @@ def parse_duration(value: object, *, allow_infinite: bool = False) -> float:
         raise ValueError(f"{brief(value)} is negative; a duration must be 0 or more")
     if math.isinf(seconds) and not allow_infinite:
         raise ValueError(f"{brief(value)}: this duration must be finite {_DURATION_HELP}")
+    if seconds > MAX_DURATION_S:
+        if allow_infinite:
+            return math.inf
+        raise ValueError(f"{brief(value)} is more than 10 years, longer than anything here "
+                         "waits: write at most 3650d")
     return seconds
 
 

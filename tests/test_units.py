@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.units import (
+    MAX_DURATION_S,
     MAX_SIZE_MIB,
     bytes_text,
     format_duration,
@@ -133,7 +134,30 @@ def test_a_huge_exponent_is_an_error_at_once_not_a_ten_million_digit_number() ->
         parse_duration(10**400)
 
 
-@given(st.floats(min_value=0, max_value=1e9, allow_nan=False) | st.integers(0, 10**9))
+@pytest.mark.parametrize("value", ["99999999999999d", "1e300", "1e308", "9e18", 9e18, 1e300,
+                                   "3651d", "3650d1s", 2**64, "87601h"])
+def test_a_duration_of_more_than_ten_years_is_one_line_or_never(value: object) -> None:
+    """``99999999999999d`` read as 8.64e18 s, which overflowed every wait it reached (a
+    thread's wait or ``time.sleep`` past about 292 years raises OverflowError): now it is
+    refused in one line that says what to write, or read as never where never is allowed."""
+    with pytest.raises(ValueError) as info:
+        parse_duration(value)
+    message = str(info.value)
+    assert "is more than 10 years" in message and "write at most 3650d" in message
+    assert "\n" not in message
+    assert parse_duration(value, allow_infinite=True) == math.inf
+
+
+@pytest.mark.parametrize("value", ["3650d", "87600h", 315360000, "1e-300", 0, "0s", "366d",
+                                   "1000h", 1e8])
+def test_every_duration_up_to_ten_years_still_reads(value: object) -> None:
+    seconds = parse_duration(value)
+    assert 0 <= seconds <= MAX_DURATION_S == 3650 * 86400
+    assert parse_duration(value, allow_infinite=True) == seconds
+
+
+@given(st.floats(min_value=0, max_value=MAX_DURATION_S, allow_nan=False)
+       | st.integers(0, int(MAX_DURATION_S)))
 def test_duration_format_round_trip(seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == float(seconds)
 

@@ -117,7 +117,8 @@ def _rule(item: Any, where: str) -> YieldRule:
     timing = {}
     for key, default in (("timeout", DEFAULT_TIMEOUT_S), ("every", DEFAULT_EVERY_S)):
         try:
-            timing[key] = parse_duration(item.get(key, default))
+            # (infinite, or past parse_duration's 10 years: refused by the range below)
+            timing[key] = parse_duration(item.get(key, default), allow_infinite=True)
         except ValueError as exc:
             raise BadRule(f"{where}: {key}: {exc}") from None
         if not 0.1 <= timing[key] <= 3600:

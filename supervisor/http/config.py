@@ -289,7 +289,7 @@ def load_http_config(*, listen: str | None = None, token_file: str | None = None
             if values["max_body"] <= 0:
                 raise ValueError("must be more than 0")
         if section.get(key := "heartbeat") is not None:
-            values["heartbeat_s"] = parse_duration(section["heartbeat"])
+            values["heartbeat_s"] = parse_duration(section["heartbeat"], allow_infinite=True)
             if not 0.05 <= values["heartbeat_s"] <= 3600:
                 raise ValueError("must be between 0.05 s and 1 h")
         for key in ("ui_sessions", "max_streams"):

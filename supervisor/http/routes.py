@@ -378,7 +378,8 @@ class _Routes:
         for_s = None
         if body.get("for") is not None:
             try:
-                for_s = parse_duration(body["for"])
+                # (infinite, or past 10 years: the yield's own range, at most a year, refuses)
+                for_s = parse_duration(body["for"], allow_infinite=True)
             except ValueError as exc:
                 raise bad_request(f"for: {exc}", param="for") from None
         by = body.get("by") or f"http ({request.remote or 'local'})"

@@ -47,7 +47,7 @@ def yield_(args: argparse.Namespace) -> int:
     for_s = None
     if args.duration is not None:
         try:
-            for_s = parse_duration(args.duration)
+            for_s = parse_duration(args.duration, allow_infinite=True)  # (range: below)
         except ValueError as exc:
             raise UsageError(f"--for: {exc}") from None
         if not 0 < for_s <= YIELD_MAX_S:

@@ -1,0 +1,129 @@
+"""Durations no one means (a typo's extra digits) are one line at load, or never where a key
+allows never: not a figure that overflows the waits it reaches.
+
+A walk found that ``timeouts.stop_grace: 99999999999999d`` loaded as 8.64e18 s, and then
+stopping the embedded engine (quitting the TUI: ``Supervisor.stop`` waits for the longest stop
+grace) died in ``OverflowError: timestamp out of range for platform time_t``; every other
+duration key took such a figure too (``backends --json`` showed a wake cost of 8.64e18 s).
+:func:`supervisor.units.parse_duration` refuses more than 10 years, or reads it as never where
+the key allows never.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from serve_support import echo_backend, make_env, new_root
+from waiting import wait_until
+
+from supervisor.backends.loader import load_backends
+from supervisor.engine import EngineConfig
+from supervisor.facade import Supervisor
+from supervisor.paths import Paths
+
+ABSURD = "99999999999999d"  # 8.64e18 s
+SERVER = ["/bin/true", "--port", "${PORT}"]  # an http: backend's command (never run here)
+
+# Each key that must be finite, as (its field, the backend's keys around the absurd figure).
+FINITE: list[tuple[str, Any]] = [
+    ("timeouts.start", lambda v: {"timeouts": {"start": v}}),
+    ("timeouts.stop_grace", lambda v: {"timeouts": {"stop_grace": v}}),
+    ("timeouts.ping", lambda v: {"timeouts": {"ping": v}}),
+    ("reload_cost", lambda v: {"reload_cost": v}),
+    ("wake_cost", lambda v: {"wake_cost": v}),
+    ("target_wait", lambda v: {"target_wait": v}),
+    ("http.ready_timeout", lambda v: {"command": SERVER, "http": {"ready_timeout": v}}),
+]
+
+
+def _load(tmp_path: Path, backends: list[dict[str, Any]]) -> Any:
+    file = tmp_path / "b.yaml"
+    file.write_text(yaml.safe_dump({"backends": backends}))
+    return load_backends([file], demo_fallback=False)
+
+
+@pytest.mark.parametrize("value", [ABSURD, "1e300", 1e308, 9e18, "3651d"])
+@pytest.mark.parametrize(("field", "keys"), FINITE, ids=[f for f, _ in FINITE])
+def test_a_finite_duration_key_refuses_more_than_ten_years_in_one_line(
+        tmp_path: Path, field: str, keys: Any, value: object) -> None:
+    result = _load(tmp_path, [{"name": "x", "command": ["/bin/true"], **keys(value)},
+                              {"name": "fine", "command": ["/bin/true"], **keys("3650d")}])
+    assert list(result.backends) == ["fine"]
+    assert len(result.errors) == 1
+    line = str(result.errors[0])
+    assert f"backend 'x': field '{field}': " in line, line
+    assert "is more than 10 years" in line and "write at most 3650d" in line, line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("value", [ABSURD, "1e300", 1e308, "3651d"])
+def test_a_key_that_allows_never_reads_more_than_ten_years_as_never(
+        tmp_path: Path, value: object) -> None:
+    result = _load(tmp_path, [
+        {"name": "worker", "command": ["/bin/true"], "keep_alive": value,
+         "timeouts": {"request": value}},
+        {"name": "server", "command": SERVER, "http": {}, "timeouts": {"idle": value}},
+        {"name": "vramd", "command": ["/bin/true"], "protocol": "vramd",
+         "vramd": {"event_timeout": value}}])
+    assert not result.errors, result.errors
+    worker = result.backends["worker"]
+    assert worker.keep_alive_s == math.inf and worker.timeouts.request_s is None
+    assert result.backends["server"].timeouts.idle_s is None
+    assert result.backends["vramd"].vramd.event_timeout_s is None
+
+
+@pytest.mark.parametrize("value", [ABSURD, "1e300", "never"])
+def test_a_setting_with_a_range_of_its_own_says_its_range(tmp_path: Path, value: str) -> None:
+    """config.yaml's yield_when timings and http.heartbeat have ranges of their own (at most
+    1 h): an absurd figure, or never, is refused in their words, not 'at most 3650d'."""
+    from supervisor.engine.rules import BadRule, parse_rules
+    from supervisor.http.config import HttpConfigError, load_http_config
+
+    for key in ("timeout", "every"):
+        with pytest.raises(BadRule) as rule:
+            parse_rules([{"command": "true", key: value}], "engine: yield_when")
+        assert str(rule.value) == f"engine: yield_when[0]: {key}: between 0.1s and 1h"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"http:\n  heartbeat: {value}\n")
+    with pytest.raises(HttpConfigError) as http:
+        load_http_config(listen="127.0.0.1:0", config_file=config, environ={})
+    assert str(http.value) == f"{config}: http.heartbeat: must be between 0.05 s and 1 h"
+
+
+@pytest.mark.process
+def test_stopping_an_embedded_engine_is_not_overflowed_by_a_stop_grace() -> None:
+    """The TUI's embedded engine with a worker running: its stop (quitting the TUI) raised
+    OverflowError from the thread's wait of the longest stop grace plus 15 s."""
+    root = new_root()
+    absurd = dict(echo_backend("absurd"), timeouts={"stop_grace": ABSURD})
+    env = make_env(root, [echo_backend(), absurd])
+    sup = Supervisor.from_config(gpus="sim:8GiB", backends=[env["VRAMTUI_TEST_BACKENDS"]],
+                                 environ=env, paths=Paths.from_env(env),
+                                 config=EngineConfig(reserve_mib=0, tick_s=0.1))
+    sup.start_in_thread()
+    try:
+        errors = sup.snapshot().descriptor_errors
+        sup.preload("echo")
+        wait_until(lambda: any(b.name == "echo" and b.state == "ready"
+                               for b in sup.snapshot().backends), 30, "echo ready")
+        pid = next(b.pid for b in sup.snapshot().backends if b.name == "echo")
+        sup.stop()  # waits for the longest grace of those loaded, plus 15 s
+        assert not sup.running
+        wait_until(lambda: _gone(pid), 10, "the echo worker to have exited")
+        assert len(errors) == 1 and "field 'timeouts.stop_grace'" in errors[0], errors
+    finally:
+        sup.stop(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
