@@ -275,11 +275,14 @@ class Supervisor:
         """Take no new jobs, let running ones finish within their grace, stop the workers.
 
         ``timeout`` defaults to the longest stop grace of any backend plus 15 s; past it, the
-        workers are killed so that none outlives the engine.
+        workers are killed so that none outlives the engine.  A longer one than a thread can
+        wait (``threading.TIMEOUT_MAX``, about 292 years) is that: it raised OverflowError.
         """
         if timeout is None:
             graces = [rt.spec.timeouts.stop_grace_s for rt in self.engine.backends.values()]
             timeout = max(graces, default=10.0) + 15.0
+        if not timeout <= threading.TIMEOUT_MAX:  # (NaN too)
+            timeout = threading.TIMEOUT_MAX
         loop = self._loop
         if loop is not None and not self._done.is_set():
             with contextlib.suppress(RuntimeError):

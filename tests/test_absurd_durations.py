@@ -127,3 +127,27 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("timeout", [1e300, math.inf])
+def test_an_embedded_engine_stops_whatever_the_timeout_given(timeout: float) -> None:
+    """``Supervisor.stop(timeout)`` is where a duration becomes a thread's wait: one longer
+    than a thread can wait (about 292 years) raised OverflowError out of it."""
+    root = new_root()
+    env = make_env(root, [echo_backend()])
+    sup = Supervisor.from_config(gpus="sim:8GiB", backends=[env["VRAMTUI_TEST_BACKENDS"]],
+                                 environ=env, paths=Paths.from_env(env),
+                                 config=EngineConfig(reserve_mib=0, tick_s=0.1))
+    sup.start_in_thread()
+    try:
+        sup.preload("echo")
+        wait_until(lambda: any(b.name == "echo" and b.state == "ready"
+                               for b in sup.snapshot().backends), 30, "echo ready")
+        pid = next(b.pid for b in sup.snapshot().backends if b.name == "echo")
+        sup.stop(timeout=timeout)
+        assert not sup.running
+        wait_until(lambda: _gone(pid), 10, "the echo worker to have exited")
+    finally:
+        sup.stop(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
