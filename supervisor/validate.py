@@ -33,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import InvalidRequest, QueueFull
+from .errors import InvalidRequest, QueueFull, brief
 from .plain import nesting
 from .units import bytes_text, digits
 
@@ -119,9 +119,19 @@ def check_seconds(value: object, what: str, *, maximum: float = TIMEOUT_MAX_S,
     if value < 0 or (value == 0 and not allow_zero):
         raise InvalidRequest(f"{what} must be more than 0 seconds, not {value!r:.40}")
     if value > maximum:
-        raise InvalidRequest(f"{what} of {value:.6g} s is too long: at most {maximum:g} s "
-                             f"({maximum / 86400:g} days)")
+        raise InvalidRequest(f"{what} of {_seconds(value)} s is too long: at most "
+                             f"{_seconds(maximum)} s ({maximum / 86400:g} days)")
     return float(value)
+
+
+def _seconds(value: int | float) -> str:
+    """A number of seconds for a message, in full up to 15 digits (``2592001``, ``1e+300``;
+    6 digits said "2.592e+06 s is too long: at most 2.592e+06 s" of 2592001); an integer
+    past a float's range (a JSON body may send one) cut short, where it raised OverflowError."""
+    try:
+        return f"{float(value):.15g}"
+    except OverflowError:
+        return brief(value)
 
 
 def check_payload(value: object, max_payload: int, what: str = "payload") -> bytes:

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import yaml
-from serve_support import echo_backend, make_env, new_root
+from http_support import Front, serve_http
+from serve_support import cli, echo_backend, make_env, new_root
+from spawning import spawns
 from waiting import wait_until
 
 from supervisor.backends.loader import load_backends
 from supervisor.engine import EngineConfig
+from supervisor.errors import InvalidRequest
 from supervisor.facade import Supervisor
 from supervisor.paths import Paths
 
@@ -151,3 +155,38 @@ def test_an_embedded_engine_stops_whatever_the_timeout_given(timeout: float) -> 
     finally:
         sup.stop(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+@spawns
+def front() -> Iterator[Front]:
+    with serve_http([echo_backend()], control=True) as f:
+        yield f
+
+
+LIMIT = "is too long: at most 2592000 s (30 days)"
+
+
+@pytest.mark.parametrize(("timeout", "given"), [
+    (10**400, "1" + "0" * 56 + "..."), (1e300, "1e+300"), (2592001, "2592001")],
+    ids=["400-digits", "1e300", "30-days-and-1-s"])
+def test_a_jobs_timeout_past_30_days_is_a_400_that_says_the_limit(
+        front: Front, timeout: float, given: str) -> None:
+    """POST /v1/jobs said "timeout: seconds, more than 0" of 1e300, and answered a 500 (an
+    OverflowError, its traceback logged) to a timeout past a float's range, which the
+    engine's own check (the facade's submit) raised too."""
+    reply = front.post("/v1/jobs", {"backend": "echo", "input": {}, "timeout": timeout})
+    assert reply.status == 400, reply.body
+    assert reply.error["param"] == "timeout"
+    assert reply.error["message"] == f"timeout of {given} s {LIMIT}"
+    with pytest.raises(InvalidRequest) as refused:
+        front.sup.submit("echo", b"{}", timeout=timeout)
+    assert str(refused.value) == f"timeout of {given} s {LIMIT}"
+    assert not front.sup.jobs()
+
+
+def test_submit_timeout_past_30_days_says_both_figures_in_full(front: Front) -> None:
+    """It said "timeout of 2.592e+06 s is too long: at most 2.592e+06 s (30 days)"."""
+    done = cli(front.env, "submit", "echo", "--data", "{}", "--timeout", "2592001")
+    assert done.returncode == 2, done
+    assert done.stderr == f"vramtui: error: timeout of 2592001 s {LIMIT}\n"

@@ -26,7 +26,7 @@ from ..doors.codec import plain, yield_json
 from ..errors import InvalidRequest, UnknownBackend, VramtuiError, brief
 from ..jobs.query import job_detail
 from ..units import digits, parse_duration
-from ..validate import check_nesting
+from ..validate import check_nesting, check_seconds
 from . import route_table
 from .bodies import read_json
 from .errors import HttpError, bad_request, from_engine, not_found
@@ -578,10 +578,10 @@ def _job_request(body: Any) -> tuple[str, bytes, dict[str, Any]]:
         kw["priority"] = priority
     timeout = body.get("timeout")
     if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
-                not math.isfinite(timeout) or timeout <= 0 or timeout > 30 * 86400:
-            raise bad_request("timeout: seconds, more than 0", param="timeout")
-        kw["timeout"] = float(timeout)
+        try:  # (the engine's own check, and its words: its limit, 30 days, said)
+            kw["timeout"] = check_seconds(timeout, "timeout")
+        except InvalidRequest as exc:
+            raise bad_request(str(exc), param="timeout") from None
     metadata = body.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
