@@ -86,7 +86,10 @@ def _int(value: Any) -> int:
 
 def _num(value: Any) -> float:
     if _is_int(value) or isinstance(value, float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past a float's range (JSON may send one):
+            return float("inf") if value > 0 else float("-inf")  # refused by its range
     raise _Bad("a number")
 
 

@@ -190,3 +190,15 @@ def test_submit_timeout_past_30_days_says_both_figures_in_full(front: Front) -> 
     done = cli(front.env, "submit", "echo", "--data", "{}", "--timeout", "2592001")
     assert done.returncode == 2, done
     assert done.stderr == f"vramtui: error: timeout of 2592001 s {LIMIT}\n"
+
+
+def test_a_calibrations_settle_past_a_floats_range_is_a_400(front: Front) -> None:
+    """POST /v1/backends/NAME/calibrate answered a 500 (an OverflowError, its traceback
+    logged) to a settle_s of 10**400; 1e300 was refused by its range, as it now is."""
+    for settle in (10**400, 1e300):
+        reply = front.post("/v1/backends/echo/calibrate", {"settle_s": settle})
+        assert reply.status == 400, reply.body
+        assert reply.error["param"] == "settle_s"
+        assert reply.error["message"].startswith(
+            "calibrate: argument 'settle_s' must be between 0 and 600 (got "), reply.error
+    assert not front.sup.jobs()
