@@ -254,8 +254,13 @@ def format_duration(seconds: float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """A descriptor duration always in seconds, to six significant digits: ``90s``, ``2.5s``."""
-    return f"{seconds:g}s"
+    """A descriptor duration always in seconds, to six significant digits: ``90s``, ``2.5s``;
+    from 1e6 s (11.6 days) up in whole seconds, ``2592000s``, and under 1e-4 s as a plain
+    number, ``1e-05`` (``2.592e+06s`` and ``1e-05s`` did not parse back)."""
+    text = f"{seconds:g}"
+    if "e" not in text:
+        return text + "s"
+    return f"{seconds:.0f}s" if seconds >= 1 else text
 
 
 # -- writing for people: sizes in MiB --------------------------------------------------------

@@ -160,7 +160,9 @@ def test_an_embedded_engine_stops_whatever_the_timeout_given(timeout: float) -> 
 @pytest.fixture(scope="module")
 @spawns
 def front() -> Iterator[Front]:
-    with serve_http([echo_backend()], control=True) as f:
+    long = dict(echo_backend("long"), keep_alive="300d", target_wait=1234567,
+                timeouts={"request": "30d", "stop_grace": "3s"})
+    with serve_http([echo_backend(), long], control=True) as f:
         yield f
 
 
@@ -202,3 +204,18 @@ def test_a_calibrations_settle_past_a_floats_range_is_a_400(front: Front) -> Non
         assert reply.error["message"].startswith(
             "calibrate: argument 'settle_s' must be between 0 and 600 (got "), reply.error
     assert not front.sup.jobs()
+
+
+def test_the_effective_descriptor_writes_long_durations_that_read_back(front: Front) -> None:
+    """What the engine runs with (GET /v1/backends/NAME/descriptor, the TUI's backend
+    screen) wrote ``timeouts: {request: 30d}`` as ``2.592e+06s``, which is no duration: a
+    copy of it into a descriptor did not load."""
+    from supervisor.units import parse_duration
+
+    reply = front.get("/v1/backends/long/descriptor")
+    assert reply.status == 200, reply.body
+    effective = yaml.safe_load(reply.json()["effective"])
+    shown = (effective["keep_alive"], effective["timeouts"]["request"],
+             effective["target_wait"])
+    assert shown == ("25920000s", "2592000s", "1234567s")
+    assert [parse_duration(text) for text in shown] == [300 * 86400, 30 * 86400, 1234567]

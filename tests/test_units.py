@@ -168,15 +168,19 @@ def test_size_in_mib_reads_back(mib: int) -> None:
     assert parse_size(format_size_mib(mib)) == mib
 
 
-@given(st.integers(0, 999_999) | st.sampled_from([0.5, 2.5, 0.25, 1.125]))
+@given(st.integers(0, int(MAX_DURATION_S))
+       | st.sampled_from([0.5, 2.5, 0.25, 1.125, 1e-5, 2.5e-7, 1e-300]))
 def test_seconds_form_reads_back(seconds: float) -> None:
-    # six significant digits, as ``backends describe`` has always shown them
+    # six significant digits, as ``backends describe`` has always shown them, and whole
+    # seconds from 1e6 s up (``timeouts: {request: 30d}`` showed as 2.592e+06s, no duration)
     assert parse_duration(format_seconds(seconds)) == float(seconds)
 
 
 def test_seconds_form_examples() -> None:
     assert [format_seconds(s) for s in (0, 30, 90.0, 2.5, 3600)] == ["0s", "30s", "90s", "2.5s",
                                                                       "3600s"]
+    assert [format_seconds(s) for s in (999_999, 2_592_000, 1e6, 1e-5, MAX_DURATION_S)] == [
+        "999999s", "2592000s", "1000000s", "1e-05", "315360000s"]
 
 
 @pytest.mark.parametrize(("gib", "mib"), [(0, 0), (1, 1024), (1.5, 1536), (0.1, 103),
