@@ -161,8 +161,8 @@ def parse_duration(value: object, *, allow_infinite: bool = False) -> float:
     if isinstance(value, int | float):
         try:
             seconds = float(value)
-        except OverflowError:  # an int past a float's range: infinite, refused below
-            seconds = math.inf
+        except OverflowError:  # an int past a float's range: more than 10 years, below
+            seconds = math.inf if value > 0 else -math.inf
         if math.isnan(seconds):
             raise ValueError(f"{brief(value)} is not a duration {_DURATION_HELP}")
     elif isinstance(value, str):
@@ -171,7 +171,11 @@ def parse_duration(value: object, *, allow_infinite: bool = False) -> float:
         raise ValueError(f"{brief(value)} is not a duration {_DURATION_HELP}")
     if seconds < 0:
         raise ValueError(f"{brief(value)} is negative; a duration must be 0 or more")
-    if math.isinf(seconds) and not allow_infinite:
+    # Infinite as written (never, inf, a float's infinity); a number too large for a float
+    # ("1e400", 10**400) is one more than 10 years.
+    written = isinstance(value, float) or isinstance(value, str) and \
+        value.strip().lower() in _INFINITE_WORDS
+    if math.isinf(seconds) and written and not allow_infinite:
         raise ValueError(f"{brief(value)}: this duration must be finite {_DURATION_HELP}")
     if seconds > MAX_DURATION_S:
         if allow_infinite:
