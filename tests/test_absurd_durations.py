@@ -82,6 +82,29 @@ def test_a_key_that_allows_never_reads_more_than_ten_years_as_never(
     assert result.backends["vramd"].vramd.event_timeout_s is None
 
 
+def test_a_llama_swap_figure_past_a_floats_range_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A llama-swap config.yaml is read as Go reads YAML, where an integer past 64 bits is a
+    float: one past a float's range too (``unloadTimeout: <400 digits>``) raised
+    OverflowError, and ``vramtui --serve --backends`` that file died in a traceback at its
+    start (``import-llama-swap``: an internal error, exit 70). It is text, as a float out of
+    range is: the model is one error line, the others load."""
+    from vramtui.cli import main
+
+    file = tmp_path / "config.yaml"
+    file.write_text("models:\n  m:\n    cmd: /bin/true --port ${PORT}\n"
+                    f"    unloadTimeout: {'9' * 400}\n"
+                    "  ok:\n    cmd: /bin/true --port ${PORT}\n")
+    result = load_backends([file], demo_fallback=False)
+    assert list(result.backends) == ["ok"]
+    assert len(result.errors) == 1
+    line = str(result.errors[0])
+    assert "backend 'm': field 'timeouts.stop_grace': '999" in line and "\n" not in line
+    assert main(["import-llama-swap", str(file), "-o", str(tmp_path / "out")]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert "field 'timeouts.stop_grace'" in errors[0] and "internal error" not in errors[0]
+
+
 @pytest.mark.parametrize("value", [ABSURD, "1e300", "never"])
 def test_a_setting_with_a_range_of_its_own_says_its_range(tmp_path: Path, value: str) -> None:
     """config.yaml's yield_when timings and http.heartbeat have ranges of their own (at most

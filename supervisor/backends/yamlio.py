@@ -155,7 +155,8 @@ class _CoreLoader(_LineLoader):
     """As ``_LineLoader``, its plain scalars read as Go's yaml.v3 (llama-swap's) reads them:
     YAML 1.2's booleans (``on``/``yes``/``no`` are text), a number as Go's ``ParseInt`` of
     base 0 takes it (``0x1F``, ``0b11``, ``0o17`` and ``017`` octal, ``_`` ignored; past 64
-    bits a float), ``1e3`` a number, a float out of range text, and no timestamps."""
+    bits a float, past a float's range text), ``1e3`` a number, a float out of range text,
+    and no timestamps."""
 
     yaml_implicit_resolvers: dict[Any, Any] = {}
 
@@ -188,7 +189,12 @@ def _core_int(loader: Any, node: yaml.ScalarNode) -> int | float | str:
     except ValueError:  # (017 with an 8 or 9 in it, or past Python's digits limit)
         return text
     value *= sign
-    return value if -(2**63) <= value < 2**63 else float(value)  # (past int64: a float)
+    if -(2**63) <= value < 2**63:
+        return value
+    try:
+        return float(value)  # (past int64: a float)
+    except OverflowError:  # (past a float's range too: text, as a float out of range is)
+        return text
 
 
 def _core_float(loader: Any, node: yaml.ScalarNode) -> float | str:
