@@ -210,6 +210,11 @@ def test_a_transcription_stream_is_refused_by_a_worker_and_forwarded_to_a_server
     ("/api/generate", {"model": "chat-sim", "prompt": "hi", "stream": False,
                        "options": {"num_predict": [1]}}, "options.num_predict"),
     ("/api/embed", {"model": "embed-sim", "input": "hi", "dimensions": -1}, "dimensions"),
+    # an integer past a float's range: math.isfinite raised OverflowError, a 500
+    ("/v1/chat/completions", {"model": "chat-sim", "messages": CHAT, "top_p": 10**400},
+     "top_p"),
+    ("/api/chat", {"model": "chat-sim", "messages": CHAT, "stream": False,
+                   "options": {"temperature": 10**400}}, "options.temperature"),
 ])
 def test_a_field_of_the_wrong_type_is_a_400_naming_it(front: Front, path: str, body: Any,
                                                       field: str) -> None:

@@ -31,8 +31,12 @@ def _whole(minimum: int | None) -> Check:
 
 
 def _number(value: Any) -> str | None:
-    fine = isinstance(value, int | float) and not isinstance(value, bool) and \
-        math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "a finite number"
+    try:
+        fine = math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (JSON may send 10**400): a 500
+        fine = False
     return None if fine else "a finite number"
 
 
