@@ -122,3 +122,24 @@ def test_a_batch_after_the_chats_first_request_loads_beside_its_model_first() ->
     assert played.job_waits[chat[1].id] < 0.8, (played.job_waits, played.log)
     assert any(r.startswith("waits: chat-llm had a request") for r in played.reasons), \
         played.reasons
+
+
+@pytest.mark.process
+def test_a_job_a_stream_holds_on_one_gpu_takes_the_other_whose_model_is_idle() -> None:
+    # Two GPUs: an idle model (its reload dearer) on one, the chat's model on the other, asked
+    # every second at priority 10. The big job fits on either once the model there leaves.
+    # The chat's GPU is the cheaper eviction, but the stream holds the job there; before, it
+    # waited for the stream's end (about 2 s more) and then evicted the chat's model all the
+    # same. Now the idle model leaves at once.
+    llm = TraceBackend("chat-llm", 0.5, 11 * GIB, GIB, safety_mib=128, priority=10)
+    idle = TraceBackend("idle", 2.5, 11 * GIB, GIB, safety_mib=128)
+    big = TraceBackend("big", 2.0, 16 * GIB, 4 * GIB, safety_mib=128)
+    chat = arrivals.jobs([2.7, 3.7, 4.7], llm.name, 0.3, 10, prefix="chat")
+    jobs = (TraceJob("idle-0", 0.0, idle.name, 0.5), *chat, TraceJob("big-0", 5.5, big.name, 1.0))
+    trace = Trace("two GPUs, an idle model beside the chat's", (24 * GIB, 24 * GIB),
+                  (llm, idle, big), jobs)
+    played = play_trace(trace, "sim:24GiB,sim:24GiB")
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    assert any(line.startswith("evicting idle ") for line in played.log), played.log
+    assert not any(line.startswith("evicting chat-llm ") for line in played.log), played.log
+    assert played.job_waits["big-0"] < big.load_s + 1.5, (played.job_waits, played.log)
