@@ -215,6 +215,9 @@ def test_a_transcription_stream_is_refused_by_a_worker_and_forwarded_to_a_server
      "top_p"),
     ("/api/chat", {"model": "chat-sim", "messages": CHAT, "stream": False,
                    "options": {"temperature": 10**400}}, "options.temperature"),
+    # a vector of 10**30 floats: the worker built it until it was killed, the client waiting
+    ("/v1/embeddings", {"model": "embed-sim", "input": "hi", "dimensions": 10**30},
+     "dimensions"),
 ])
 def test_a_field_of_the_wrong_type_is_a_400_naming_it(front: Front, path: str, body: Any,
                                                       field: str) -> None:

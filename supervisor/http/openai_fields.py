@@ -20,12 +20,18 @@ from typing import Any
 Check = Callable[[Any], str | None]
 
 
-def _whole(minimum: int | None) -> Check:
-    said = "a whole number" + ("" if minimum is None else f", {minimum} or more")
+#: The most ``dimensions`` an embedding may ask for: the largest models' vectors are a few
+#: thousand floats, and a worker builds what it is asked (10**30 kept one busy until killed).
+MAX_DIMENSIONS = 65536
+
+
+def _whole(minimum: int | None, maximum: int | None = None) -> Check:
+    said = "a whole number" + ("" if minimum is None else f", {minimum} or more"
+                               if maximum is None else f", {minimum} to {maximum}")
 
     def check(value: Any) -> str | None:
         fine = isinstance(value, int) and not isinstance(value, bool) and (
-            minimum is None or value >= minimum)
+            minimum is None or value >= minimum) and (maximum is None or value <= maximum)
         return None if fine else said
     return check
 
@@ -69,7 +75,7 @@ CHECKS: dict[str, Check] = {
     "messages": _messages,
     "max_tokens": _whole(0), "max_completion_tokens": _whole(0),
     "max_output_tokens": _whole(0), "n": _whole(1), "seed": _whole(None),
-    "top_k": _whole(0), "dimensions": _whole(1),
+    "top_k": _whole(0), "dimensions": _whole(1, MAX_DIMENSIONS),
     "temperature": _number, "top_p": _number, "min_p": _number, "repeat_penalty": _number,
     "frequency_penalty": _number, "presence_penalty": _number,
     "stop": _stop,
