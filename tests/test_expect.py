@@ -787,9 +787,9 @@ def test_a_job_held_by_a_stream_on_one_gpu_evicts_an_idle_model_on_another(
     """Two GPUs: the chat's model (a young stream of priority 10) on one, on the other an
     idle model whose reload costs more, with nothing queued. The big job fits on either
     once its worker leaves; the chat's GPU is the cheaper eviction, but the stream holds
-    the job there. Judged on that GPU alone, the job waited 8-12 s for the stream's end,
-    the other GPU idle, and then evicted the chat's model all the same; it takes the other
-    GPU at once."""
+    the job there. Judged on that GPU alone, the job waited 6.5-8.5 s for the stream's end,
+    the other GPU idle, and then evicted the chat's model all the same (it started
+    10.5-12.5 s after its submission, not 4 s, its load); it takes the other GPU at once."""
     chat = TraceBackend("chat", 2.0, 11 * GIB, GIB, safety_mib=128, priority=10)
     idle = TraceBackend("idle", y_load_s, 11 * GIB, GIB, safety_mib=128)
     big = TraceBackend("big", 4.0, 16 * GIB, 4 * GIB, safety_mib=128)
