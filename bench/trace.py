@@ -643,6 +643,23 @@ def chat_bursts(rng: random.Random) -> Trace:
                  chat + batch)
 
 
+def beside_the_chats_room() -> Trace:
+    """A review's trace (stop 59) on two 24 GiB GPUs: the chat's model (10 + 1 GiB) asked
+    every 3.5 s at priority 10; six big jobs on the other GPU at 11.5 s; at 12.65 s four
+    jobs of priority 2 for a model (12 + 1 GiB, loads in 4 s) that fits beside the chat's
+    idle model but leaves no room for its next job. Loaded there, it makes the chat's next
+    requests wait for its load and its jobs: a known gap, shown here until it is closed."""
+    chat = TraceBackend("chat-llm", 1.0, 10 * GIB, GIB, safety_mib=128, priority=10)
+    beside = TraceBackend("beside", 4.0, 12 * GIB, GIB, safety_mib=128, priority=2)
+    big = TraceBackend("big", 2.5, 14 * GIB, 4 * GIB, safety_mib=128)
+    jobs = arrivals.jobs(arrivals.periodic(3.5, 24.5, start=7.0), chat.name, 0.3, 10,
+                         prefix="chat")
+    jobs += tuple(TraceJob(f"big-{i}", 11.5, big.name, 3.0) for i in range(6))
+    jobs += tuple(TraceJob(f"beside-{i}", 12.65, beside.name, 2.0, 2) for i in range(4))
+    return Trace("a load beside the chat's model, in the room of its next job",
+                 (24 * GIB, 24 * GIB), (chat, beside, big), jobs)
+
+
 def two_sleepers() -> Trace:
     """The issue's case: two 9 GiB models on a 12 GiB card (load 3 s, asleep 300 MiB, wake
     0.3 s), a job for a then b, four times, each 5 s after the one before."""
@@ -859,7 +876,8 @@ def main() -> int:
     *drawn, stream = random_traces(rng)
     traces = [interleaved(), *drawn, stream]
     chat_rng = random.Random(args.seed + 28)  # (the traces above stay as they were)
-    traces += [chat_beside_batch(), chat_poisson(chat_rng), chat_bursts(chat_rng)]
+    traces += [chat_beside_batch(), chat_poisson(chat_rng), chat_bursts(chat_rng),
+               beside_the_chats_room()]
     print(f"  {'policy':9} {'makespan s':>9} {'/bound':>8} {'loads':>6} {'busy':>7}  "
           "wait p50 / p95 s, per priority")
     for trace in traces:
