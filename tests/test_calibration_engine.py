@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -105,3 +106,19 @@ def test_a_calibration_is_not_starved_by_jobs_for_the_same_backend() -> None:
         # None of them was given to the worker the calibration had to stop (steady#1).
         notes = [note for r in results for _t, state, note in r.history if state == "running"]
         assert notes and not any(note.startswith("on steady#1 ") for note in notes), notes
+
+
+@pytest.mark.process
+def test_each_phase_of_a_run_waits_for_a_sample_of_its_own() -> None:
+    # With no settle at all (or a sampler that falls behind a short one, as on a loaded
+    # machine with 0.2 s), the phase after the worker was ready saw no sample, and the run
+    # measured nothing; each phase now lasts until one of its own samples has come.
+    steady = calibration_backend("steady", "steady.py", weights=1000, activation=500)
+    with engine([steady]) as sup:
+        result = sup.wait(sup.calibrate("steady", repeats=1, settle_s=0), 90)
+        assert result.state is JobState.SUCCEEDED, result.error
+        report = json.loads(Path(json.loads(result.data or b"{}")["report"]).read_text())
+        times = [sample[0] for sample in report["samples"]]  # [t, device MiB, ...]
+        for (begins, phase), (ends, _) in itertools.pairwise(report["record"]["marks"]):
+            if phase in ("settle-load", "settle-1", "exited"):
+                assert any(begins <= t <= ends for t in times), (phase, begins, ends)

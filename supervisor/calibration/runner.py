@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from ..engine.runtime import BackendRuntime
 
 SAMPLE_HZ = 20.0
+#: How much longer than ``settle_s`` a settle waits for its first sample: a loaded machine's
+#: sampler can fall behind a short settle (0.2 s, in a test on two busy cores, saw no sample
+#: after the worker was ready, and the run measured nothing).
+SAMPLE_WAIT_S = 5.0
 Progress = Callable[[str, float | None, str], None]
 
 
@@ -148,6 +152,8 @@ class CalibrationRun:
         self.worker: Worker | None = None
         self._reply: asyncio.Future[Outcome] | None = None
         self._state_changed = asyncio.Event()
+        self._sampled = asyncio.Event()  # set at each sample
+        self._starved = False  # a settle waited in vain for a sample
         self.outcome = "failed"
         self.error: str | None = None
         self.saw_numbers = False
@@ -193,6 +199,24 @@ class CalibrationRun:
                 self.allocated = False
         device = next((d.used_mib for d in sample.devices if d.index == self.gpu), None)
         self.samples.append(CalSample(sample.t - self.t0, procs, device, sample.read_s))
+        self._sampled.set()
+
+    async def _settle(self) -> None:
+        """The phase just marked lasts ``settle_s``, and until a sample taken in it has come
+        (at most ``SAMPLE_WAIT_S`` more, and not again once one never came: a run with no
+        sampler would wait that long at every phase): a phase with no sample tells
+        nothing."""
+        began = self.marks[-1].t if self.marks else 0.0
+        await asyncio.sleep(self.settle_s)
+        deadline = monotonic() + (0.0 if self._starved else SAMPLE_WAIT_S)
+        while not (self.samples and self.samples[-1].t >= began):
+            left = deadline - monotonic()
+            if left <= 0:
+                self._starved = True
+                return
+            self._sampled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sampled.wait(), left)
 
     # -- WorkerObserver -----------------------------------------------------------------------
     def worker_state(self, handle: WorkerHandle) -> None:
@@ -276,7 +300,7 @@ class CalibrationRun:
             return
         ready_wall = next((w for w, s in worker.status_marks if s == "ready"), None)
         self.mark("settle-load", ready_wall)
-        await asyncio.sleep(self.settle_s)
+        await self._settle()
         request = self.job.payload
         for i in range(1, self.repeats + 1):
             self._reply = asyncio.get_running_loop().create_future()
@@ -288,7 +312,7 @@ class CalibrationRun:
                 self.outcome = "crashed" if worker.exited else "failed"
                 self.error = f"predict {i} failed: {outcome.error}"
                 return
-            await asyncio.sleep(self.settle_s)
+            await self._settle()
         if "sleep" in worker.features and spec.sleep.enabled:
             await self._sleep_and_wake(worker)
         self.mark("shutdown")
@@ -296,7 +320,7 @@ class CalibrationRun:
             worker.stop(grace=spec.timeouts.stop_grace_s))
         await self._wait_state(lambda: worker.exited, spec.timeouts.stop_grace_s + 10)
         self.mark("exited")
-        await asyncio.sleep(self.settle_s)
+        await self._settle()
         await stopping
         self.mark("end")
         self.outcome = "completed"
@@ -311,14 +335,14 @@ class CalibrationRun:
             self.sleep_error = f"its sleep failed: {slept.error}"
             return
         self.mark(ASLEEP)
-        await asyncio.sleep(self.settle_s)
+        await self._settle()
         self.mark(WAKE)
         woke = await worker.wake(spec.timeouts.start_s)
         if not woke.ok:
             self.sleep_error = f"it did not wake: {woke.error}"
             return
         self.mark(WOKEN)
-        await asyncio.sleep(self.settle_s)
+        await self._settle()
 
     def _finish(self) -> dict[str, Any]:
         host, spec = self.host, self.rt.spec

@@ -59,7 +59,7 @@ def calibrate_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--request-file", metavar="FILE", help="the request, read from FILE")
     p.add_argument("--settle", type=float, default=1.0, metavar="S",
                    help="seconds to watch the memory settle after loading and after each "
-                        "request (default 1)")
+                        "request, and at least until one sample of it (default 1)")
     p.add_argument("--out", metavar="FILE",
                    help="also write the measured descriptor overlay (YAML) to FILE, as "
                         "vramd's --out does (nothing is written when the run earns none)")
