@@ -151,8 +151,7 @@ class CalibrationRun:
         self.wall0 = time.time()
         self.worker: Worker | None = None
         self._reply: asyncio.Future[Outcome] | None = None
-        self._state_changed = asyncio.Event()
-        self._sampled = asyncio.Event()  # set at each sample
+        self._state_changed = asyncio.Event()  # the worker's state, or a sample came
         self._starved = False  # a settle waited in vain for a sample
         self.outcome = "failed"
         self.error: str | None = None
@@ -199,7 +198,7 @@ class CalibrationRun:
                 self.allocated = False
         device = next((d.used_mib for d in sample.devices if d.index == self.gpu), None)
         self.samples.append(CalSample(sample.t - self.t0, procs, device, sample.read_s))
-        self._sampled.set()
+        self._state_changed.set()
 
     async def _settle(self) -> None:
         """The phase just marked lasts ``settle_s``, and until a sample taken in it has come
@@ -208,15 +207,9 @@ class CalibrationRun:
         nothing."""
         began = self.marks[-1].t if self.marks else 0.0
         await asyncio.sleep(self.settle_s)
-        deadline = monotonic() + (0.0 if self._starved else SAMPLE_WAIT_S)
-        while not (self.samples and self.samples[-1].t >= began):
-            left = deadline - monotonic()
-            if left <= 0:
-                self._starved = True
-                return
-            self._sampled.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sampled.wait(), left)
+        if not self._starved:
+            self._starved = not await self._wait_state(
+                lambda: bool(self.samples) and self.samples[-1].t >= began, SAMPLE_WAIT_S)
 
     # -- WorkerObserver -----------------------------------------------------------------------
     def worker_state(self, handle: WorkerHandle) -> None:
