@@ -647,8 +647,8 @@ def beside_the_chats_room() -> Trace:
     """A review's trace (stop 59) on two 24 GiB GPUs: the chat's model (10 + 1 GiB) asked
     every 3.5 s at priority 10; six big jobs on the other GPU at 11.5 s; at 12.65 s four
     jobs of priority 2 for a model (12 + 1 GiB, loads in 4 s) that fits beside the chat's
-    idle model but leaves no room for its next job. Loaded there, it makes the chat's next
-    requests wait for its load and its jobs: a known gap, shown here until it is closed."""
+    idle model but leaves no room for its next job. Loaded there, it made the chat's next
+    requests wait for its load and its jobs (p95 4.6 s); it is now held like an eviction."""
     chat = TraceBackend("chat-llm", 1.0, 10 * GIB, GIB, safety_mib=128, priority=10)
     beside = TraceBackend("beside", 4.0, 12 * GIB, GIB, safety_mib=128, priority=2)
     big = TraceBackend("big", 2.5, 14 * GIB, 4 * GIB, safety_mib=128)

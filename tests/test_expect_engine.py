@@ -34,8 +34,9 @@ def test_the_chat_keeps_its_model_and_the_big_batch_waits_for_its_end() -> None:
         # the bound, 1 s (the first request waits for the cold load): a loaded box
         # adds a few hundred ms to a trip, the evict-and-reload this prevents adds seconds
         assert waits[-2] <= 1.0, waits
-    assert any(r.startswith("waits: chat-llm expects a request within") for r in
-               played.reasons), played.reasons
+    # (Its reason is the plan's, checked in ``tests/test_expect.py``: polled here, a hold
+    # that lasts only while the chat's model is idle between its 0.3 s jobs is not always
+    # seen; one run in four saw only "needs 13440 MiB, 13184 free", read during a job.)
 
 
 @pytest.mark.process
@@ -143,3 +144,25 @@ def test_a_job_a_stream_holds_on_one_gpu_takes_the_other_whose_model_is_idle() -
     assert any(line.startswith("evicting idle ") for line in played.log), played.log
     assert not any(line.startswith("evicting chat-llm ") for line in played.log), played.log
     assert played.job_waits["big-0"] < big.load_s + 1.5, (played.job_waits, played.log)
+
+
+@pytest.mark.process
+def test_a_load_that_would_take_the_room_of_the_chats_next_job_waits_for_the_stream() -> None:
+    # The chat's model (10 + 1 GiB) is asked every second at priority 10; a model of
+    # priority 2 (12 + 1 GiB) fits beside it, but then the chat's next job would not. Loaded
+    # there at once, it made the chat's next requests wait for its load and its job (about
+    # 1.5 s each); it now waits for the stream's end, and says why.
+    llm = TraceBackend("chat-llm", 0.5, 10 * GIB, GIB, safety_mib=128, priority=10)
+    y = TraceBackend("y", 1.5, 12 * GIB, GIB, safety_mib=128, priority=2)
+    chat = arrivals.jobs([2.0, 3.0, 4.0, 5.0, 6.0], llm.name, 0.3, 10, prefix="chat")
+    jobs = (*chat, TraceJob("y-0", 3.4, y.name, 1.0, 2))
+    trace = Trace("a load beside the chat's model", (24 * GIB,), (llm, y), jobs)
+    played = play_trace(trace, "sim:24GiB", watch=("y-0",))
+    assert set(played.states.values()) == {"succeeded"}, played.states
+    if played.largest_gap([j.id for j in chat]) <= 1.5:  # (see the first test)
+        later = [played.job_waits[j.id] for j in chat[1:]]
+        assert max(later) <= 0.5, (later, played.log)
+        assert played.job_waits["y-0"] > 6.0 - 3.4, played.job_waits
+    # (Its reason is the plan's, checked in ``tests/test_expect.py``: polled here, a hold
+    # that lasts only while the chat's model is idle between its 0.3 s jobs is not always
+    # seen; one run in four saw only "needs 13440 MiB, 13184 free", read during a job.)

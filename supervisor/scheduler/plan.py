@@ -46,7 +46,8 @@ worker reloads, times that time); beyond the stream's target wait, the job takes
 where the workers it needs gone are idle with nothing queued, and no stream holds it so; with
 none, it waits (for a gap long enough, or the stream's end, at most ``max_patience_s``)
 without becoming a barrier, so work that fits beside the stream goes on, and its reason says
-what it waits for. A worker
+what it waits for. A load that fits beside a stream's idle worker but leaves no room for its
+next job is held the same way, counting no reload (``_beside_hold``). A worker
 whose stream is alive is dearer to evict, as one with queued jobs is, and a patient barrier
 keeps an idle victim whose stream of at least its priority is due within a reload. An idle
 victim whose stream above the barrier's priority is alive leaves last: not while another
@@ -532,22 +533,29 @@ class _Planner:
             self._cold_alone(job, info, allowed, kind="job")
             return
         need = info.holds_mib(1)
-        best: int | None = None
-        best_room = -1
+        fits: list[int] = []  # where it fits now, the most room left first
         for g in allowed:
             if g in self.exclusive or self.budget[g] < need:
                 continue
             barrier = self.barriers.get(g)
             if barrier is not None and not self._may_pass(barrier, job, name, need, hot=False):
                 continue
-            room = self.budget[g] - need
-            if room > best_room:
-                best, best_room = g, room
-        if best is not None:
-            if not self._doomed(job, info, [best], need):
-                self._start(job, info, best, spawn=True, reserve=need)
+            fits.append(g)
+        fits.sort(key=lambda g: (need - self.budget[g], g))
+        held: expect.Hold | None = None
+        for g in fits:
+            hold = self._beside_hold(job, info, g, need)
+            if hold.stream is None:
+                if not self._doomed(job, info, [g], need):
+                    self._start(job, info, g, spawn=True, reserve=need)
+                return
+            held = held or hold
+        # Where it fits, a stream holds it (``_beside_hold``): it may still take the room of
+        # other work on another GPU, as a blocked job does; else it waits for the stream.
+        feasible = [g for g in allowed if g not in fits and self._ever_fits(g, need)]
+        if held is not None and all(g in self.barriers for g in feasible):
+            self._settle_held(job, held, self._blocked_since(job))
             return
-        feasible = [g for g in allowed if self._ever_fits(g, need)]
         if not feasible:
             self._settle(key, self._never(info, need, allowed))
             return
@@ -556,7 +564,7 @@ class _Planner:
             self._settle(key, self._behind(self.barriers[feasible[0]]))
             return
         if not self._doomed(job, info, free, need):
-            self._make_barrier(job, info, free, need, alone=False, own=None)
+            self._make_barrier(job, info, free, need, alone=False, own=None, held=held)
 
     def _cold_alone(
         self, job: QueuedJob, info: BackendInfo, allowed: list[int], *, kind: str
@@ -723,10 +731,13 @@ class _Planner:
         alone: bool,
         own: str | None,
         also: str | None = None,
+        held: expect.Hold | None = None,
     ) -> None:
         """``job`` is the first blocked for memory on the GPU it can have most cheaply (or
         for the address of ``also``'s server, which must leave whatever the memory), unless
-        a stream holds it there (see the comment at ``_stream_hold``'s call)."""
+        a stream holds it there (see the comment at ``_stream_hold``'s call). ``held``: a
+        stream holds it where it fits (``_cold``), so with nothing here that may leave for
+        it, it waits for that stream rather than for one of these GPUs to empty."""
         options: list[tuple[tuple[int, float, int, int, int], int, list[evict.Candidate],
                             int]] = []
         for g in candidates:
@@ -740,9 +751,7 @@ class _Planner:
         best = options[0] if options else None
         barrier_key = key_of(job)
         # Patience counts from when it was first found blocked here, not from submission.
-        since = job.blocked_since
-        if since is None:
-            since = self.blocked[job.job_id] = self.now
+        since = self._blocked_since(job)
         waited = self.now - since
         if not alone and also is None and (best is None or best[2]):
             # Before evicting: the memory running jobs give back when they end may suffice.
@@ -774,6 +783,9 @@ class _Planner:
                 self.explicit[job.job_id] = reason
                 self._settle(barrier_key, reason)
                 return
+        if best is None and held is not None:
+            self._settle_held(job, held, since)
+            return
         if best is None:
             # Nothing that may leave suffices now (starting workers, pinned ones...): wait on
             # the GPU with the most coming back, taking nothing from anyone.
@@ -798,7 +810,6 @@ class _Planner:
         # of a batch there instead, its work then queued behind this job's, left the
         # stream's GPU idle: a trace took 465 s, not 312.) With none, it waits on the
         # cheapest, and says why.
-        held: expect.Hold | None = None
         for option in options:
             _, g, chosen, room = option
             if held is not None and any(
@@ -808,6 +819,18 @@ class _Planner:
             victims = [c.worker for c in chosen]
             sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
             hold = self._stream_hold(job, info, victims, sleepers, waited, g)
+            if hold.stream is None and not alone and also is None and not any(
+                    v.active_jobs for v in victims):
+                # Once they have gone, it would take the room of a stream's next job beside
+                # it (``_beside_hold``): evicting them would buy nothing but their reloads.
+                # Not for busy ones: it waits for them as a barrier. (Held instead, it counted
+                # as blocked all the while, its barrier's patience spent before it formed:
+                # bench/trace.py's interactive trace switched batches early and took 663 s,
+                # not 600, and no request waited less.)
+                beside = self._beside_hold(job, info, g, need, left=room,
+                                           leaving=frozenset(v.backend for v in victims))
+                if beside.stream is not None:
+                    hold = beside
             if hold.stream is None:
                 released = hold.released_at
                 break
@@ -937,6 +960,8 @@ class _Planner:
                     or coming + w.reserved_mib < need
                     or self._room_once_idle_leave(g) >= need):
                 continue
+            if self._held_beside_once_gone(job, w, need):
+                continue  # (a stream would hold it beside: nobody would take that room)
             may_wait = self._may_wait_until(job, w, raw, kept_for.get(w.backend, 0.0))
             if may_wait is not None:
                 deadline, takes_s = may_wait
@@ -1153,7 +1178,8 @@ class _Planner:
         return exp is not None and exp.alive(backend, self.now)
 
     def _stream_hold(self, job: QueuedJob, info: BackendInfo, victims: list[WorkerInfo],
-                     sleepers: frozenset[str], waited: float, g: int) -> expect.Hold:
+                     sleepers: frozenset[str], waited: float, g: int, *,
+                     stays: bool = False) -> expect.Hold:
         """Whether evicting ``victims`` on ``g`` for a blocked job would make the next
         request of a stream above its priority wait beyond its target (``expect.hold``): it
         then waits, for a gap long enough or the stream's end (at most ``max_patience_s``).
@@ -1165,7 +1191,8 @@ class _Planner:
             return expect.Hold(None)
         name = info.name
         asleep = name in self.asleep
-        undo = [(v.backend, self._undo_s(self.backends[v.backend], v.backend in sleepers))
+        undo = [(v.backend, 0.0 if stays else
+                 self._undo_s(self.backends[v.backend], v.backend in sleepers))
                 for v in victims if v.backend in self.backends]
         # Before any of its backend's jobs has run, a job that needs its victims' room is
         # taken to load and run for ``expect.UNMEASURED_FACTOR`` times the slowest of their
@@ -1216,6 +1243,62 @@ class _Planner:
                       "ago, and may have more")
         self.explicit[job.job_id] = reason
         self._settle(key_of(job), reason)
+
+    def _beside_hold(self, job: QueuedJob, info: BackendInfo, g: int, need: int, *,
+                     left: int | None = None, leaving: frozenset[str] = frozenset()
+                     ) -> expect.Hold:
+        """Whether loading ``job``'s worker on ``g``, where it fits, would take the room
+        that the next request of a stream above it needs beside it: an idle worker there
+        whose next job would then not fit waits for this load and job as if it had been
+        evicted, less its own reload (``_stream_hold``). A chat request waited 4.65 s for a
+        4 s load of lower work and its 2 s job, put beside its idle model."""
+        if self.expected is None:
+            return expect.Hold(None)
+        if left is None:
+            left = self.budget[g] - need
+        beside = [w for w in self.live_on[g]
+                  if w.state == "ready" and not w.active_jobs and w.backend in self.backends
+                  and w.backend not in self.evicted and w.backend not in leaving
+                  and self._next_job_short(w, g, left, leaving)]
+        if not beside:
+            return expect.Hold(None)
+        waited = 0.0 if job.blocked_since is None else self.now - job.blocked_since
+        return self._stream_hold(job, info, beside, frozenset(), waited, g, stays=True)
+
+    def _next_job_short(self, w: WorkerInfo, g: int, left: int,
+                        leaving: frozenset[str]) -> bool:
+        """Whether the next job of ``w`` (an idle worker on ``g``) would find no room there
+        with ``left`` MiB free: not even once what stops there has gone and the idle workers
+        beside it (not ``w``, nor those already counted as ``leaving``) have left, as its
+        request would evict them rather than wait (as ``_undo_loads`` reads the room)."""
+        spare = self.stopping_mib[g] + sum(
+            v.reserved_mib for v in self.live_on[g]
+            if v is not w and v.backend not in leaving and self._evictable(v))
+        return left + spare < self.backends[w.backend].need_mib(0)
+
+    def _held_beside_once_gone(self, job: QueuedJob, w: WorkerInfo, need: int) -> bool:
+        """Whether ``job`` would be held beside a stream's idle worker on ``w``'s GPU
+        (``_beside_hold``) once the load of ``w`` is given up: then giving it up frees room
+        that nobody takes, its jobs load again, and are given up again (a loop). (``w``
+        stays among the GPU's workers: its jobs, back in the queue, could load there, so
+        the hold does not read the GPU as idle, as the walk will not.)"""
+        info = self.backends.get(job.backend)
+        if info is None or self.expected is None:
+            return False
+        g = w.gpu
+        self.budget[g] += w.reserved_mib
+        try:
+            return self.budget[g] >= need and \
+                self._beside_hold(job, info, g, need).stream is not None
+        finally:
+            self.budget[g] -= w.reserved_mib
+
+    def _blocked_since(self, job: QueuedJob) -> float:
+        """When ``job`` was first found blocked (now, if it is now: the plan says so)."""
+        since = job.blocked_since
+        if since is None:
+            since = self.blocked[job.job_id] = self.now
+        return since
 
     def _loads_beside(self, g: int, leaving: set[str]) -> bool:
         """Whether a queued job of a backend with no worker (none of ``leaving``) could load
