@@ -55,6 +55,8 @@ class TraceBackend:
     host_mib: int = 0  # the host memory its sleep takes
     wake_cost_s: float | None = None  # the descriptor's prior
     target_wait_s: float | None = None  # how long its next request may wait (None: default)
+    known_job_s: float | None = None  # its jobs' time, known before the trace (an engine
+    # restarted after running them: ``engine.timings``); None: learned from its first job
 
     def info(self, loads: Sequence[float], wakes: Sequence[float] = ()) -> BackendInfo:
         reload = reload_cost_s(self.reload_cost_s, loads)
@@ -164,6 +166,9 @@ class _Sim:
                  tick_s: float, expect: bool) -> None:
         self.trace = trace
         self.learner = Learner() if expect else None
+        for b in trace.backends:
+            if self.learner is not None and b.known_job_s is not None:
+                self.learner.ran(b.name, b.known_job_s)
         self.targets = {b.name: b.target_wait_s for b in trace.backends
                         if b.target_wait_s is not None}
         self.policy = policy

@@ -18,7 +18,8 @@ some ten seconds, about as long as a random stream's silence must be to say that
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 
 from supervisor import arrivals
 from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob
@@ -47,6 +48,15 @@ class Case:
     def batch_makespan(self, r: Result) -> float:
         return max(r.started_at[j.id] + j.duration_s for j in self.trace.jobs
                    if j.priority == 0) - self.batch_at
+
+    def known(self) -> Case:
+        """This case replayed by an engine that ran its models before (restarted, it kept
+        their times: ``engine.timings``): each model's load and mean job time known from the
+        start, as measured, rather than guessed until it has run."""
+        t = self.trace
+        backends = tuple(replace(b, reload_cost_s=b.load_s, known_job_s=statistics.fmean(
+            j.duration_s for j in t.jobs if j.backend == b.name)) for b in t.backends)
+        return replace(self, trace=replace(t, backends=backends))
 
     def chat_waits(self, r: Result) -> list[float]:
         """The waits of the chat requests that came once the batch was there."""

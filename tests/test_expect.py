@@ -365,6 +365,21 @@ def test_poisson_seed_259_keeps_the_chat_while_the_small_model_finishes() -> Non
     assert p95(c.added_waits(r, simulate(c.alone()))) <= 2 * c.chat_job_s
 
 
+def test_a_model_whose_times_are_known_holds_its_batch_for_its_share_of_its_real_work() -> None:
+    """Issue 28's short shape, Poisson seed 26: the big model has not run yet, so its work is
+    guessed (its load and each job twice the slowest reload: about twice what it takes), and
+    the hold, a share of that, keeps the batch past its bound. An engine that ran the model
+    before knows its times (a restart keeps them: ``supervisor.engine.timings``), and the
+    share is of its real work."""
+    c = short_case(26, "poisson")
+    known = c.known()
+    assert known.batch_bound() == c.batch_bound()  # (the same jobs)
+    guessed, measured = simulate(c.trace), simulate(known.trace)
+    assert c.batch_makespan(guessed) > 1.25 * c.batch_bound()
+    assert known.batch_makespan(measured) <= 1.25 * known.batch_bound()
+    assert p95(known.added_waits(measured, simulate(known.alone()))) <= 2 * known.chat_job_s
+
+
 def big_loading_and_chat_queued(expected: Expectations | None, now: float,
                                 loading_for: int | None = 0, waited: float = 20.0,
                                 gpu_mib: int = 24 * GIB,
