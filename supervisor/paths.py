@@ -180,6 +180,11 @@ class Paths:
         return self.state_dir / "yielded.json"
 
     @property
+    def timings_path(self) -> Path:
+        """The measured load, wake and job times: a restart keeps them."""
+        return self.state_dir / "timings.json"
+
+    @property
     def runtime_pointer(self) -> Path:
         """Where the engine records the runtime directory it moved to (see the module doc)."""
         return self.state_dir / RUNTIME_POINTER

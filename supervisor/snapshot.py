@@ -131,6 +131,7 @@ class BackendView:
     accepting: bool = True  # False: its worker takes no new job and is evicted once idle
     on_overuse: str = "evict"
     reload_cost_s: float | None = None  # learned from measured start-to-ready times
+    job_s: float | None = None  # what a job of it takes, expected (its measured runs; None: none)
     distrusted: bool = False  # caught lying: its descriptor only a floor, measured first
     can_sleep: bool = False  # its worker may be put to sleep rather than stopped
     sleep_residual_mib: int | None = None  # what it kept on its GPU asleep, measured

@@ -65,10 +65,12 @@ def sim_backend(name: str, weights: int, activation: int, *, load_s: float = 0.0
 
 @contextmanager
 def engine(backends: list[dict[str, Any]], gpus: str = "sim:8GiB",
-           config: EngineConfig | None = None) -> Iterator[Supervisor]:
-    """A started embedded engine with its own config/state/runtime directories; with no
-    ``backends``, nothing is configured (no file named: the engine loads the demo)."""
-    root = scratch_dir()
+           config: EngineConfig | None = None, root: Path | None = None
+           ) -> Iterator[Supervisor]:
+    """A started embedded engine with its own config/state/runtime directories (under
+    ``root``: another engine there later is this one restarted); with no ``backends``,
+    nothing is configured (no file named: the engine loads the demo)."""
+    root = root or scratch_dir()
     env = dict(os.environ)
     env.update(VRAMTUI_RUNTIME_DIR=str(root / "run"), VRAMTUI_STATE_DIR=str(root / "state"),
                VRAMTUI_CONFIG_DIR=str(root / "cfg"))

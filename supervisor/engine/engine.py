@@ -64,6 +64,7 @@ from .pool import WorkerPool
 from .rules import Rules
 from .runtime import MAX_INIT_FAILURES, BackendRuntime, Ghost
 from .sleeper import Sleeper
+from .timings import Timings
 from .views import Parts, build_snapshot
 from .watch import WorkerWatch
 from .yielding import Yields, announce
@@ -111,6 +112,7 @@ class Engine:
         self.planner = Planner(config, clock, self.jobs.get)
         self.yields = Yields(paths.yields_path if config.journal else None,
                              device=self.monitor.identity)
+        self.timings = Timings(paths.timings_path if config.journal else None)
         self.rules = Rules(config.yield_when, self.notes.note, own=self.monitor.own,
                            arrive_s=config.others_arrive_s, leave_s=config.others_leave_s,
                            clock=clock)
@@ -179,6 +181,7 @@ class Engine:
             return
         self.notes.warn_each(leftovers)
         self._recover()
+        self.notes.warn_each(self.timings.restore(self.pool.runtimes(), self.planner.expect))
         self.notes.warn_each(self.yields.load())
         self.rules.restore(self.yields.waived)
         for rt in self.pool.runtimes():
@@ -215,6 +218,7 @@ class Engine:
         await self.pool.stop_all()
         for job in self.jobs.live():
             self._stopped_during(job)
+        self.timings.save(self.pool.runtimes(), self.planner.expect, monotonic(), force=True)
         self.monitor.stop()
         await self.pool.factory.close()
         self.journal.close()
@@ -239,6 +243,7 @@ class Engine:
                           lambda gpus: self.resume_gpus(gpus, rule=True))
         self.yields.keep_waivers(self.rules.waivers())
         now = monotonic()
+        self.timings.save(self.pool.runtimes(), self.planner.expect, now)
         if now >= self._next_ping:
             self._next_ping = now + self.config.ping_interval_s
             self.watch.check_liveness(now)
@@ -593,10 +598,16 @@ class Engine:
     def apply_descriptors(self, loaded: Any) -> ReloadResult:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
-                              self.notes.note, self.pool.evict_now)
+                              self.notes.note, self.pool.evict_now, self._forget_times)
         self.notes.counters.forget(set(result.removed))
         self.run.schedule()
         return result
+
+    def _forget_times(self, rt: BackendRuntime) -> None:
+        """Another launch of ``rt`` may be another model: its times are measured anew (and
+        again once its worker of the old launch, if one runs on, has gone)."""
+        rt.measures.forget_times(rt.worker.name if rt.worker is not None else None)
+        self.planner.expect.forget_runs(rt.spec.name)
 
     # ===================================================================== scheduling =====
     def step_now(self) -> None:
@@ -811,7 +822,7 @@ class Engine:
         if handle.ready_at is not None and m.timed_worker != handle.name:
             m.timed_worker = handle.name  # its first ready: one load, and its cost
             loaded = max(0.0, handle.ready_at - handle.started_at)
-            m.load_times.append(loaded)
+            m.timed(load_s=loaded)
             self.notes.loaded(rt.spec.name, handle.gpu, loaded, preloaded=not rt.admitted)
         self._start_admitted(rt)
         if not rt.admitted and rt.usage.idle_since is None:
@@ -857,6 +868,8 @@ class Engine:
         rt.worker = None
         rt.usage.idle_since = None
         rt.measures.observed_mib = None
+        if rt.measures.old_launch_worker == handle.name:
+            self._forget_times(rt)  # (what it measured since its launch changed)
         rt.conduct.reset()
         health.kill_reason = None
         if rt.conduct.caught_mib is not None:
@@ -1047,6 +1060,7 @@ class Engine:
             draining=frozenset(self.planner.draining),
             notice=self.notice(), stopping=self.stopping,
             started_at=self.run.started_at, others=self.others.counted,
-            yielded=dict(self.yields.held)), self.book())
+            yielded=dict(self.yields.held), job_s=self.planner.expect.job_times()),
+            self.book())
 
 

@@ -4,8 +4,9 @@
 environment they expand, the errors and warnings they gave); :func:`apply` applies freshly
 loaded descriptors to the worker pool: new backends join, changed ones take their new
 figures at once (a changed launch command stops an idle worker, so the next job starts the
-new one), removed idle ones go; a backend whose file now has errors keeps its previous
-descriptor, so one bad file never stops the rest.
+new one, and forgets its measured load, wake and job times: another command may be another
+model, measured anew, as after a restart: ``.timings``), removed idle ones go; a backend
+whose file now has errors keeps its previous descriptor, so one bad file never stops the rest.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Descriptors:
 
 
 def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: LoadResult,
-          note: Note, evict: Callable[[BackendRuntime], None]) -> ReloadResult:
+          note: Note, evict: Callable[[BackendRuntime], None],
+          forget: Callable[[BackendRuntime], None]) -> ReloadResult:
     """Apply freshly loaded descriptors (see the module doc); what changed."""
     from ..backends.errors import display_path
 
@@ -81,7 +83,7 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
             if rt.spec.source != spec.source:
                 rt.spec = spec
             continue
-        notes = _apply_change(rt, spec, diff, evict)
+        notes = _apply_change(rt, spec, diff, evict, forget)
         changed.append(BackendChange(name, tuple(diff), tuple(notes)))
     for name in [n for n in pool if n not in loaded.backends]:
         rt = pool.runtime(name)
@@ -96,6 +98,7 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
             kept.append(f"{name}: no longer configured but it still has {what}; evict "
                         "it or let its jobs end, then reload again")
         else:
+            forget(rt)  # (the planner's learned job times are not the pool's)
             pool.remove(name)
             removed.append(name)
     if loaded.demo and errors:
@@ -113,7 +116,8 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
 
 
 def _apply_change(rt: BackendRuntime, spec: BackendSpec, diff: list[str],
-                  evict: Callable[[BackendRuntime], None]) -> list[str]:
+                  evict: Callable[[BackendRuntime], None],
+                  forget: Callable[[BackendRuntime], None]) -> list[str]:
     notes: list[str] = []
     old = rt.spec
     rt.spec = spec
@@ -129,6 +133,9 @@ def _apply_change(rt: BackendRuntime, spec: BackendSpec, diff: list[str],
         rt.health.no_sleep = None
         notes.append("its sleep settings changed: it may be put to sleep again")
     launch = [f for f in LAUNCH_FIELDS if getattr(old, f) != getattr(spec, f)]
+    if launch:
+        forget(rt)
+        notes.append(f"its load and job times are measured anew ({', '.join(launch)} changed)")
     worker = rt.worker
     if launch and worker is not None:
         if not rt.admitted and worker.state in (WorkerState.READY, WorkerState.ASLEEP):

@@ -91,6 +91,10 @@ class Conduct:
         self.over_mib, self.over_noted, self.accepting = 0, False, True
 
 
+#: Load and wake times kept per backend (their mean is its reload and wake cost).
+TIMES_KEPT = 20
+
+
 @dataclass
 class Measures:
     """What production measured of the backend."""
@@ -102,11 +106,30 @@ class Measures:
     ended_at: float = 0.0  # when a job of it last ended (the sampler's clock): a sample taken
     # before shows that job's memory, which is on its way back
     observed_peaks: deque[int] = field(default_factory=lambda: deque(maxlen=200))
-    load_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    load_times: deque[float] = field(default_factory=lambda: deque(maxlen=TIMES_KEPT))
     timed_worker: str | None = None  # the worker whose load time was last recorded
-    wake_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    wake_times: deque[float] = field(default_factory=lambda: deque(maxlen=TIMES_KEPT))
+    times_revision: int = 0  # counts each change of the times (``.timings`` writes them)
+    old_launch_worker: str | None = None  # started before its launch changed: what it
+    # measures is another launch's, forgotten again when it goes
     sleep_residual_mib: int | None = None  # what its last measured sleep kept on the GPU
     sleep_host_mib: int | None = None  # the host memory its last sleep took
+
+    def timed(self, load_s: float | None = None, wake_s: float | None = None) -> None:
+        """A load, or a wake, of its worker took that long."""
+        if load_s is not None:
+            self.load_times.append(load_s)
+        if wake_s is not None:
+            self.wake_times.append(wake_s)
+        self.times_revision += 1
+
+    def forget_times(self, worker: str | None) -> None:
+        """Its load and wake times are another launch's (``worker``, if one runs, started
+        with it)."""
+        self.load_times.clear()
+        self.wake_times.clear()
+        self.old_launch_worker = worker
+        self.times_revision += 1
 
 
 @dataclass

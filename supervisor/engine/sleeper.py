@@ -289,7 +289,7 @@ class Sleeper:
             self._fall_back(rt, f"it did not wake: {outcome.error}")
             return
         rt.slumber = None
-        rt.measures.wake_times.append(took)
+        rt.measures.timed(wake_s=took)
         self.notes.counters.woke(name, took)
         self.notes.note("info", f"{name} woke in {took:.2f} s on GPU{w.gpu}", name)
         self.notes.sleep(name, "awake", f"woke in {took:.3f} s", took)

@@ -44,6 +44,7 @@ class Parts:
     started_at: float
     others: Mapping[int, int]  # GPU -> what admission holds back for strangers
     yielded: Mapping[int, YieldInfo]  # GPU -> its yield
+    job_s: Mapping[str, float]  # backend -> what a job of it takes, expected (measured)
 
 
 def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
@@ -80,8 +81,8 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
     queued_by: dict[str, int] = {}
     for job in parts.jobs.queue:
         queued_by[job.backend] = queued_by.get(job.backend, 0) + 1
-    backends = [backend_view(rt, now, book, queued_by.get(name, 0), parts.paths, parts.wall)
-                for name, rt in sorted(parts.pool.items())]
+    backends = [backend_view(rt, now, book, queued_by.get(name, 0), parts.paths, parts.wall,
+                             parts.job_s.get(name)) for name, rt in sorted(parts.pool.items())]
     table = parts.jobs
     running = tuple(table.view(job) for rt in parts.pool.runtimes() for j in rt.admitted
                     if (job := table.get(j)) is not None)
@@ -99,7 +100,7 @@ def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
 
 
 def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
-                 paths: Paths, wall: WallClock) -> BackendView:
+                 paths: Paths, wall: WallClock, job_s: float | None = None) -> BackendView:
     w, m, spec = rt.worker, rt.measures, rt.spec
     keep_left = rt.keep_alive_left_s(now)
     peaks = sorted(m.observed_peaks)
@@ -127,7 +128,7 @@ def backend_view(rt: BackendRuntime, now: float, book: Book, queued: int,
         learned_resident_mib=m.learned.resident_mib, admission_peak_mib=info.peak_mib,
         over_mib=rt.conduct.over_mib if w is not None else 0,
         accepting=rt.conduct.accepting, on_overuse=spec.on_overuse,
-        reload_cost_s=info.reload_cost_s, distrusted=m.distrusted,
+        reload_cost_s=info.reload_cost_s, job_s=job_s, distrusted=m.distrusted,
         can_sleep=rt.can_sleep, sleep_residual_mib=m.sleep_residual_mib,
         wake_cost_s=info.wake_cost_s, no_sleep=rt.health.no_sleep, api=tuple(spec.api),
     )

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple
@@ -401,6 +401,7 @@ class Learner:
         # backend -> (its mean job time, its last RUNS_KEPT run times)
         self._runs: dict[str, tuple[float, deque[float]]] = {}
         self._given_up: dict[str, GivenUp] = {}
+        self.revision = 0  # counts each change of the job times (``runs``)
 
     def arrived(self, backend: str, priority: int, at: float) -> None:
         """A request of ``backend`` at ``priority`` arrived at ``at``."""
@@ -428,6 +429,34 @@ class Learner:
         mean, runs = (seconds, deque(maxlen=RUNS_KEPT)) if old is None else old
         runs.append(seconds)
         self._runs[backend] = (mean + JOB_TIME_WEIGHT * (seconds - mean), runs)
+        self.revision += 1
+
+    def runs(self) -> dict[str, tuple[float, tuple[float, ...]]]:
+        """Backend -> its mean job time and its last ``RUNS_KEPT`` run times, oldest first:
+        what ``restore`` teaches another ``Learner`` (an engine restart keeps them:
+        ``supervisor.engine.timings``)."""
+        return {backend: (mean, tuple(runs)) for backend, (mean, runs) in self._runs.items()}
+
+    def restore(self, backend: str, mean: float, runs: Iterable[float]) -> None:
+        """``backend``'s job times as ``runs`` gave them (not replayed: the mean weighs runs
+        that are no longer kept)."""
+        kept = deque((r for r in runs if r >= 0 and math.isfinite(r)), maxlen=RUNS_KEPT)
+        if not (mean >= 0 and math.isfinite(mean)) or not kept:
+            return
+        self._runs.pop(backend, None)
+        if len(self._runs) >= STREAMS_KEPT:
+            del self._runs[next(iter(self._runs))]
+        self._runs[backend] = (mean, kept)
+        self.revision += 1
+
+    def job_times(self) -> dict[str, float]:
+        """Backend -> what a job of it takes, expected (``Expectations.job_s``)."""
+        return {backend: mean for backend, (mean, _) in self._runs.items()}
+
+    def forget_runs(self, backend: str) -> None:
+        """What ``backend``'s jobs took is no more its jobs' (it starts another model)."""
+        if self._runs.pop(backend, None) is not None:
+            self.revision += 1
 
     def given_up(self, backend: str, for_backend: str, loaded_s: float) -> None:
         """A load of ``backend`` was given up for a request of ``for_backend`` after it had
@@ -454,7 +483,7 @@ class Learner:
                 taken.append((backend, priority, h.last_at, tuple(h.gaps), h.seen))
             else:
                 lone.setdefault(backend, []).append(Stream(backend, priority, h.last_at, (), ()))
-        job_s = {b: mean for b, (mean, _) in self._runs.items()}
+        job_s = self.job_times()
         longest = {b: max(r) for b, (_, r) in self._runs.items() if len(r) >= RUNS_FOR_LONGEST}
         return Expectations(WeighedOnRead(now, taken), job_s, dict(target_wait_s or {}),
                             dict(self._given_up), longest,
