@@ -103,6 +103,15 @@ def test_a_backend_not_configured_now_keeps_its_entry(tmp_path: Path) -> None:
     back = Learner()
     Timings(path).restore(again, back)
     assert list(again[0].measures.load_times) == [2.0, 2.5] and "a" in back.job_times()
+    # or, its descriptor mended, a reload adds it back to the engine that carried it
+    added = runtime("a")
+    store.adopt(added, fresh)
+    assert list(added.measures.load_times) == [2.0, 2.5] and "a" in fresh.job_times()
+    carrying, learner = Timings(path), Learner()
+    assert carrying.restore([runtime("b", MODEL="x")], learner) == []
+    other = runtime("a", EXTRA="1")  # (added with another launch: nothing of the old one)
+    carrying.adopt(other, learner)
+    assert not other.measures.load_times and "a" not in learner.job_times()
 
 
 @pytest.mark.parametrize("content", [
@@ -302,3 +311,18 @@ def test_an_engine_without_a_journal_keeps_no_times() -> None:
     assert not (root / "state" / "timings.json").exists()
     with engine([model()], root=root) as sup:
         assert figures(sup) == (DEFAULT_RELOAD_COST_S, None)
+
+
+@pytest.mark.process
+def test_a_backend_missing_for_one_start_gets_its_times_back_when_a_reload_adds_it() -> None:
+    root = scratch_dir()
+    other = sim_backend("other", 256, 128)
+    with engine([model(), other], root=root) as sup:
+        assert sup.wait(sup.submit("m", b"{}"), 60).state is JobState.SUCCEEDED
+        first = figures(sup)
+    with engine([other], root=root) as sup:  # (m's descriptor gone for a while)
+        assert sup.wait(sup.submit("other", b"{}"), 60).state is JobState.SUCCEEDED
+        source = Path(sup.descriptor("other").layers[0].file)
+        source.write_text(json.dumps({"backends": [model(), other]}))
+        assert sup.reload().added == ("m",)
+        assert figures(sup) == first

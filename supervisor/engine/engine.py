@@ -599,6 +599,8 @@ class Engine:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
                               self.notes.note, self.pool.evict_now, self._forget_times)
+        for name in result.added:
+            self.timings.adopt(self.pool.runtime(name), self.planner.expect)
         self.notes.counters.forget(set(result.removed))
         self.run.schedule()
         return result

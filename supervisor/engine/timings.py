@@ -14,8 +14,9 @@ of its launch (``reload.LAUNCH_FIELDS``: command, cwd, env; never their values).
 (:meth:`Timings.restore`) a backend whose launch is unchanged gets its figures back; one whose
 launch changed starts from its priors, as a new model should (a reload that changes it does
 the same in a running engine: ``Engine._forget_times``). Entries of backends not configured
-now are carried over as they were (at most ``OTHERS_KEPT``): a start with one descriptor
-broken does not lose its model's times.
+now are carried over as they were (at most ``OTHERS_KEPT``), and given to such a backend when
+a reload adds it (:meth:`Timings.adopt`): a start with one descriptor broken does not lose
+its model's times.
 
 It is soft state: a file that cannot be read, or an entry that is not figures (not a list of
 seconds within ``units.MAX_DURATION_S``), is said in one line and ignored, and the engine
@@ -156,15 +157,9 @@ class Timings:
             if rt is None:
                 if len(self._others) < OTHERS_KEPT:
                     self._others[name] = entry
-                continue
-            if entry["launch"] != launch_fingerprint(rt):
+            elif not self._give(rt, entry, learner):
                 said.append(f"{name}: its command, directory or environment changed since "
                             "its load and job times were measured; measured again")
-                continue
-            rt.measures.load_times.extend(entry["loads"])
-            rt.measures.wake_times.extend(entry["wakes"])
-            if entry["runs"]:
-                learner.restore(name, entry["job_s"], entry["runs"])
         if odd:
             shown = ", ".join(sorted(str(n)[:40] for n in odd)[:5])
             more = f" and {len(odd) - 5} more" if len(odd) > 5 else ""
@@ -172,6 +167,24 @@ class Timings:
                         "those are measured again")
         self._stale = bool(said)
         return said
+
+    def adopt(self, rt: BackendRuntime, learner: Learner) -> None:
+        """A backend added by a reload: the figures the file had of it (carried over, not
+        configured at start), if its launch is the same."""
+        entry = self._others.pop(rt.spec.name, None)
+        if entry is not None and not self._give(rt, entry, learner):
+            self._stale = True
+
+    @staticmethod
+    def _give(rt: BackendRuntime, entry: dict[str, Any], learner: Learner) -> bool:
+        """``rt`` gets ``entry``'s figures if its launch is the one they were measured with."""
+        if entry["launch"] != launch_fingerprint(rt):
+            return False
+        rt.measures.load_times.extend(entry["loads"])
+        rt.measures.wake_times.extend(entry["wakes"])
+        if entry["runs"]:
+            learner.restore(rt.spec.name, entry["job_s"], entry["runs"])
+        return True
 
     def save(self, runtimes: Iterable[BackendRuntime], learner: Learner, now: float, *,
              force: bool = False) -> None:
