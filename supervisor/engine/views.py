@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..clock import WallClock
 from ..jobs.table import JobTable
@@ -44,7 +44,8 @@ class Parts:
     started_at: float
     others: Mapping[int, int]  # GPU -> what admission holds back for strangers
     yielded: Mapping[int, YieldInfo]  # GPU -> its yield
-    job_s: Mapping[str, float]  # backend -> what a job of it takes, expected (measured)
+    job_s: Mapping[str, float] = field(default_factory=dict)  # backend -> what a job of it
+    # takes, expected (measured)
 
 
 def build_snapshot(parts: Parts, book: Book) -> EngineSnapshot:
