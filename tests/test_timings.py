@@ -70,6 +70,32 @@ def test_the_measured_times_come_back_as_they_were(tmp_path: Path) -> None:
     assert fresh.view(0.0).job_s["a"] == learner.view(0.0).job_s["a"]
 
 
+def test_a_clean_restore_is_not_written_again_until_something_changes(tmp_path: Path) -> None:
+    path = tmp_path / "timings.json"
+    measured(path)
+    again, learner = [runtime("a"), runtime("b", MODEL="x")], Learner()
+    store = Timings(path)
+    assert store.restore(again, learner) == []
+    inode = path.stat().st_ino
+    store.save(again, learner, 0.0)
+    assert path.stat().st_ino == inode  # (a write replaces the file)
+    again[1].measures.timed(load_s=8.0)
+    store.save(again, learner, 1.0)
+    assert path.stat().st_ino != inode and entries(path)["b"]["loads"] == [7.0, 8.0]
+
+
+def test_a_worker_of_the_old_launch_writes_nothing_under_the_new_one(tmp_path: Path) -> None:
+    path = tmp_path / "timings.json"
+    (a, b), learner = measured(path)
+    a.spec = runtime("a", EXTRA="1").spec  # (its launch changed by a reload)
+    a.measures.forget_times("a#1")  # its worker a#1 runs on
+    learner.forget_runs("a")
+    a.measures.timed(load_s=99.0)
+    learner.ran("a", 500.0)
+    Timings(path).save([a, b], learner, 0.0)
+    assert sorted(entries(path)) == ["b"]  # (a kill -9 now restores nothing of a#1's)
+
+
 def test_a_backend_whose_launch_changed_starts_from_its_priors(tmp_path: Path) -> None:
     path = tmp_path / "timings.json"
     measured(path)
@@ -281,7 +307,31 @@ def test_a_worker_of_the_old_launch_measures_for_it_alone() -> None:
         sup.evict("m")
         wait_until(lambda: sup.snapshot().backend("m").state == "cold", what="evicted")
         assert figures(sup) == (DEFAULT_RELOAD_COST_S, None)
-    assert "m" not in json.loads((root / "state" / "timings.json").read_text())["backends"]
+    path = root / "state" / "timings.json"  # (not written at all if the reload came first)
+    assert not path.exists() or "m" not in json.loads(path.read_text())["backends"]
+
+
+@pytest.mark.process
+def test_a_backend_removed_by_reload_gets_its_times_back_when_added_again() -> None:
+    root = scratch_dir()
+    other = sim_backend("other", 256, 128)
+    with engine([model(), other], root=root) as sup:
+        assert sup.wait(sup.submit("m", b"{}"), 60).state is JobState.SUCCEEDED
+        first = figures(sup)
+        wait_until(lambda: sup.snapshot().backend("m").state == "ready", what="idle")
+        sup.evict("m")
+        wait_until(lambda: sup.snapshot().backend("m").state == "cold", what="evicted")
+        source = Path(sup.descriptor("m").layers[0].file)
+        source.write_text(json.dumps({"backends": [other]}))
+        assert sup.reload().removed == ("m",)
+    with engine([model(), other], root=root) as sup:  # (restarted with it)
+        assert figures(sup) == first
+        source = Path(sup.descriptor("m").layers[0].file)
+        source.write_text(json.dumps({"backends": [other]}))
+        assert sup.reload().removed == ("m",)
+        source.write_text(json.dumps({"backends": [model(), other]}))
+        assert sup.reload().added == ("m",)  # (added again while it runs)
+        assert figures(sup) == first
 
 
 @pytest.mark.process

@@ -598,7 +598,8 @@ class Engine:
     def apply_descriptors(self, loaded: Any) -> ReloadResult:
         """Apply freshly loaded descriptors (see :mod:`.reload`)."""
         result = reload.apply(self.pool, self.jobs.queue, self.descriptors, loaded,
-                              self.notes.note, self.pool.evict_now, self._forget_times)
+                              self.notes.note, self.pool.evict_now, self._forget_times,
+                              self._retire_times)
         for name in result.added:
             self.timings.adopt(self.pool.runtime(name), self.planner.expect)
         self.notes.counters.forget(set(result.removed))
@@ -609,6 +610,12 @@ class Engine:
         """Another launch of ``rt`` may be another model: its times are measured anew (and
         again once its worker of the old launch, if one runs on, has gone)."""
         rt.measures.forget_times(rt.worker.name if rt.worker is not None else None)
+        self.planner.expect.forget_runs(rt.spec.name)
+
+    def _retire_times(self, rt: BackendRuntime) -> None:
+        """``rt`` leaves the engine: its times are kept apart, for a reload that adds it
+        back (its launch the same), and the planner forgets its job times."""
+        self.timings.retire(rt, self.planner.expect)
         self.planner.expect.forget_runs(rt.spec.name)
 
     # ===================================================================== scheduling =====

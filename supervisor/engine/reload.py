@@ -65,7 +65,8 @@ class Descriptors:
 
 def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: LoadResult,
           note: Note, evict: Callable[[BackendRuntime], None],
-          forget: Callable[[BackendRuntime], None]) -> ReloadResult:
+          forget: Callable[[BackendRuntime], None],
+          retire: Callable[[BackendRuntime], None]) -> ReloadResult:
     """Apply freshly loaded descriptors (see the module doc); what changed."""
     from ..backends.errors import display_path
 
@@ -98,7 +99,7 @@ def apply(pool: WorkerPool, queue: JobQueue, descriptors: Descriptors, loaded: L
             kept.append(f"{name}: no longer configured but it still has {what}; evict "
                         "it or let its jobs end, then reload again")
         else:
-            forget(rt)  # (the planner's learned job times are not the pool's)
+            retire(rt)  # (its measured times are kept apart, the planner's too)
             pool.remove(name)
             removed.append(name)
     if loaded.demo and errors:

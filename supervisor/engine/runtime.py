@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,12 @@ class Measures:
             self.load_times.append(load_s)
         if wake_s is not None:
             self.wake_times.append(wake_s)
+        self.times_revision += 1
+
+    def restore_times(self, loads: Iterable[float], wakes: Iterable[float]) -> None:
+        """Load and wake times a previous engine measured (``.timings``)."""
+        self.load_times.extend(loads)
+        self.wake_times.extend(wakes)
         self.times_revision += 1
 
     def forget_times(self, worker: str | None) -> None:

@@ -13,10 +13,11 @@ per backend, its last load and wake times, its mean job time and last run times,
 of its launch (``reload.LAUNCH_FIELDS``: command, cwd, env; never their values). At start
 (:meth:`Timings.restore`) a backend whose launch is unchanged gets its figures back; one whose
 launch changed starts from its priors, as a new model should (a reload that changes it does
-the same in a running engine: ``Engine._forget_times``). Entries of backends not configured
-now are carried over as they were (at most ``OTHERS_KEPT``), and given to such a backend when
-a reload adds it (:meth:`Timings.adopt`): a start with one descriptor broken does not lose
-its model's times.
+the same in a running engine: ``Engine._forget_times``; while a worker of its old launch
+runs on, it has no entry). Entries of backends not configured now are carried over as they
+were (at most ``OTHERS_KEPT``), as are those of backends a reload removes
+(:meth:`Timings.retire`), and given back when a reload adds such a backend again
+(:meth:`Timings.adopt`): a start with one descriptor broken does not lose its model's times.
 
 It is soft state: a file that cannot be read, or an entry that is not figures (not a list of
 seconds within ``units.MAX_DURATION_S``), is said in one line and ignored, and the engine
@@ -166,7 +167,20 @@ class Timings:
             said.append(f"{self.path}: the measured times of {shown}{more} are not seconds; "
                         "those are measured again")
         self._stale = bool(said)
+        if not said:  # (the file as this engine would write it: no rewrite at its first tick)
+            text, _ = self._text(list(configured.values()), learner)
+            if text.encode() == raw:
+                self._written = text
         return said
+
+    def retire(self, rt: BackendRuntime, learner: Learner) -> None:
+        """A backend a reload removes: its figures are carried over (``adopt`` gives them back
+        if a reload adds it again, as a restart's ``restore`` would)."""
+        entry = self._entry_of(rt, learner.runs())
+        if entry is None:
+            self._others.pop(rt.spec.name, None)
+        elif rt.spec.name in self._others or len(self._others) < OTHERS_KEPT:
+            self._others[rt.spec.name] = entry
 
     def adopt(self, rt: BackendRuntime, learner: Learner) -> None:
         """A backend added by a reload: the figures the file had of it (carried over, not
@@ -180,8 +194,7 @@ class Timings:
         """``rt`` gets ``entry``'s figures if its launch is the one they were measured with."""
         if entry["launch"] != launch_fingerprint(rt):
             return False
-        rt.measures.load_times.extend(entry["loads"])
-        rt.measures.wake_times.extend(entry["wakes"])
+        rt.measures.restore_times(entry["loads"], entry["wakes"])
         if entry["runs"]:
             learner.restore(rt.spec.name, entry["job_s"], entry["runs"])
         return True
@@ -212,20 +225,29 @@ class Timings:
         else:
             self._written, self._seen, self._stale, self._failing = text, seen, False, False
 
+    @staticmethod
+    def _entry_of(rt: BackendRuntime, runs: dict[str, tuple[float, tuple[float, ...]]]
+                  ) -> dict[str, Any] | None:
+        """``rt``'s entry in the file; None while it has no figures of its launch (none
+        measured, or a worker of its old launch still runs: what it measures is not)."""
+        m, name = rt.measures, rt.spec.name
+        mean, kept = runs.get(name, (None, ()))
+        if m.old_launch_worker is not None or not (m.load_times or m.wake_times or kept):
+            return None
+        entry: dict[str, Any] = {"launch": launch_fingerprint(rt), "loads": list(m.load_times),
+                                 "wakes": list(m.wake_times), "runs": list(kept)}
+        if mean is not None:
+            entry["job_s"] = mean
+        return entry
+
     def _text(self, runtimes: list[BackendRuntime], learner: Learner) -> tuple[str, bool]:
         """The file's text, and whether a backend configured now has figures in it."""
         runs = learner.runs()
         backends: dict[str, Any] = {}
         for rt in runtimes:
-            m, name = rt.measures, rt.spec.name
-            mean, kept = runs.get(name, (None, ()))
-            entry: dict[str, Any] = {"launch": launch_fingerprint(rt),
-                                     "loads": list(m.load_times), "wakes": list(m.wake_times),
-                                     "runs": list(kept)}
-            if mean is not None:
-                entry["job_s"] = mean
-            if entry["loads"] or entry["wakes"] or entry["runs"]:
-                backends[name] = entry
+            entry = self._entry_of(rt, runs)
+            if entry is not None:
+                backends[rt.spec.name] = entry
         measured = bool(backends)
         for name, entry in self._others.items():
             backends.setdefault(name, entry)
