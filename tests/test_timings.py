@@ -15,6 +15,7 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engine_support import engine, scratch_dir, sim_backend
@@ -82,6 +83,18 @@ def test_a_clean_restore_is_not_written_again_until_something_changes(tmp_path: 
     again[1].measures.timed(load_s=8.0)
     store.save(again, learner, 1.0)
     assert path.stat().st_ino != inode and entries(path)["b"]["loads"] == [7.0, 8.0]
+
+
+def test_a_retired_backend_is_written_though_nothing_else_was_measured(tmp_path: Path) -> None:
+    # (a reload removed it before any tick had written its figures, and no other backend
+    # has any: the stop's save still writes its entry)
+    path = tmp_path / "timings.json"
+    gone, learner = runtime("a"), Learner()
+    gone.measures.timed(load_s=2.0)
+    store = Timings(path)
+    store.retire(gone, learner)
+    store.save([runtime("b")], learner, 0.0, force=True)
+    assert entries(path)["a"]["loads"] == [2.0]
 
 
 def test_a_worker_of_the_old_launch_writes_nothing_under_the_new_one(tmp_path: Path) -> None:
@@ -248,6 +261,16 @@ def figures(sup: object) -> tuple[float | None, float | None]:
     return view.reload_cost_s, view.job_s
 
 
+def ran_and_evicted(sup: Any) -> tuple[float | None, float | None]:
+    """A job of ``m`` run, and its worker evicted (a reload may remove it): its figures."""
+    assert sup.wait(sup.submit("m", b"{}"), 60).state is JobState.SUCCEEDED
+    ran = figures(sup)
+    wait_until(lambda: sup.snapshot().backend("m").state == "ready", what="idle")
+    sup.evict("m")
+    wait_until(lambda: sup.snapshot().backend("m").state == "cold", what="evicted")
+    return ran
+
+
 @pytest.mark.process
 def test_a_restarted_engine_knows_the_load_and_job_times_it_measured() -> None:
     root = scratch_dir()
@@ -316,11 +339,7 @@ def test_a_backend_removed_by_reload_gets_its_times_back_when_added_again() -> N
     root = scratch_dir()
     other = sim_backend("other", 256, 128)
     with engine([model(), other], root=root) as sup:
-        assert sup.wait(sup.submit("m", b"{}"), 60).state is JobState.SUCCEEDED
-        first = figures(sup)
-        wait_until(lambda: sup.snapshot().backend("m").state == "ready", what="idle")
-        sup.evict("m")
-        wait_until(lambda: sup.snapshot().backend("m").state == "cold", what="evicted")
+        first = ran_and_evicted(sup)
         source = Path(sup.descriptor("m").layers[0].file)
         source.write_text(json.dumps({"backends": [other]}))
         assert sup.reload().removed == ("m",)
@@ -336,17 +355,13 @@ def test_a_backend_removed_by_reload_gets_its_times_back_when_added_again() -> N
 
 @pytest.mark.process
 def test_a_backend_removed_and_added_again_by_reload_starts_from_its_priors() -> None:
-    root = scratch_dir()
-    with engine([model(), sim_backend("other", 256, 128)], root=root) as sup:
-        assert sup.wait(sup.submit("m", b"{}"), 60).state is JobState.SUCCEEDED
-        wait_until(lambda: sup.snapshot().backend("m").state == "ready", what="idle")
-        sup.evict("m")
-        wait_until(lambda: sup.snapshot().backend("m").state == "cold", what="evicted")
+    other = sim_backend("other", 256, 128)
+    with engine([model(), other], root=scratch_dir()) as sup:
+        ran_and_evicted(sup)
         source = Path(sup.descriptor("m").layers[0].file)
-        source.write_text(json.dumps({"backends": [sim_backend("other", 256, 128)]}))
+        source.write_text(json.dumps({"backends": [other]}))
         assert sup.reload().removed == ("m",)
-        source.write_text(json.dumps({"backends": [model(load_s=0.3),
-                                                   sim_backend("other", 256, 128)]}))
+        source.write_text(json.dumps({"backends": [model(load_s=0.3), other]}))
         assert sup.reload().added == ("m",)
         assert figures(sup) == (DEFAULT_RELOAD_COST_S, None)
 

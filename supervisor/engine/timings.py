@@ -181,6 +181,7 @@ class Timings:
             self._others.pop(rt.spec.name, None)
         elif rt.spec.name in self._others or len(self._others) < OTHERS_KEPT:
             self._others[rt.spec.name] = entry
+            self._stale = True  # (to be written, though no backend configured has figures)
 
     def adopt(self, rt: BackendRuntime, learner: Learner) -> None:
         """A backend added by a reload: the figures the file had of it (carried over, not
