@@ -15,12 +15,12 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 import pytest
 from engine_support import engine, scratch_dir, sim_backend
 from waiting import wait_until
 
+from supervisor import Supervisor
 from supervisor.admission import DEFAULT_RELOAD_COST_S
 from supervisor.backends.schema import BackendSpec, VramSpec
 from supervisor.engine import EngineConfig, timings
@@ -255,13 +255,13 @@ def model(load_s: float = LOAD_S) -> dict[str, object]:
     return sim_backend("m", 512, 256, load_s=load_s)
 
 
-def figures(sup: object) -> tuple[float | None, float | None]:
-    view = sup.snapshot().backend("m")  # type: ignore[attr-defined]
+def figures(sup: Supervisor) -> tuple[float | None, float | None]:
+    view = sup.snapshot().backend("m")
     assert view is not None
     return view.reload_cost_s, view.job_s
 
 
-def ran_and_evicted(sup: Any) -> tuple[float | None, float | None]:
+def ran_and_evicted(sup: Supervisor) -> tuple[float | None, float | None]:
     """A job of ``m`` run, and its worker evicted (a reload may remove it): its figures."""
     assert sup.wait(sup.submit("m", b"{}"), 60).state is JobState.SUCCEEDED
     ran = figures(sup)

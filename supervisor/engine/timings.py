@@ -92,11 +92,12 @@ def _entry(value: Any) -> dict[str, Any] | None:
         if any(s is None for s in checked):
             return None
         out[kind] = checked
-    mean = _seconds(value["job_s"]) if "job_s" in value else None
-    if ("job_s" in value) != bool(out["runs"]) or ("job_s" in value and mean is None):
+    if ("job_s" in value) != bool(out["runs"]):
         return None  # (a mean with its runs, or neither)
-    if mean is not None:
-        out["job_s"] = mean
+    if out["runs"]:
+        out["job_s"] = _seconds(value["job_s"])
+        if out["job_s"] is None:
+            return None
     return out
 
 
@@ -208,7 +209,7 @@ class Timings:
             return
         rts = list(runtimes)
         seen = (learner.revision,
-                tuple((rt.spec.name, id(rt.spec), rt.measures.times_revision) for rt in rts))
+                tuple((rt.spec.name, rt.measures.times_revision) for rt in rts))
         if seen == self._seen and not self._stale:
             return
         text, measured = self._text(rts, learner)
