@@ -1200,7 +1200,8 @@ class _Planner:
         # short (an unmeasured load is 1 s) a gap between bursts looked long enough for it.
         # That guess is only a guess: a gap must be ``expect.UNSURE_MARGIN`` times as long
         # as it says before the job takes it (taken short, the stream's next requests wait
-        # the whole overrun), while the rest of the hold reads it as it is.
+        # the whole overrun), and the hold takes a smaller share of the batch it makes
+        # (``expect.GUESSED_SHARE``), while the rest of the hold reads it as it is.
         own = self._undo_s(info, asleep)
         measured = name in exp.job_s
         if not measured:
@@ -1222,7 +1223,7 @@ class _Planner:
                                       for w in self.live_on[g])
         return expect.hold(exp, self.now, self._effective(job), run_s, undo,
                            since=job.submitted_at, batch_s=batch_s, idle=idle, beside=beside,
-                           unsure=1.0 if measured else expect.UNSURE_MARGIN)
+                           guessed=not measured)
 
     def _settle_held(self, job: QueuedJob, held: expect.Hold, since: float) -> None:
         """``job`` waits, held by ``held.stream`` until ``held.until`` (at most
