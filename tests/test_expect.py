@@ -1288,6 +1288,17 @@ def stopped_poisson_chat(until: float, seed: int, big_job_s: float | None
     return learner, last, HOLD_SHARE * (last - 0.0 + BIG.reload_cost_s + big_job_s)
 
 
+def assert_held_until(learner: Learner, end: float) -> None:
+    """The big job submitted at 0 (``llm_idle_and_big_queued``) waits until ``end``, when the
+    plan looks again, and evicts the idle chat model just after."""
+    before = end - 0.2
+    p = plan(llm_idle_and_big_queued(learner.view(before), before), before)
+    assert p.evictions == () and p.revisit_at == pytest.approx(end)
+    after = end + 0.01
+    p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
+    assert [e.backend for e in p.evictions] == ["chat-llm"]
+
+
 def test_a_random_stream_holds_a_batch_at_most_a_share_of_its_time() -> None:
     """A Poisson chat that has stopped: read from its silence alone, it ends only after ~10
     of its mean gaps (a live one is that silent as rarely as that); the batch held for it
@@ -1298,12 +1309,7 @@ def test_a_random_stream_holds_a_batch_at_most_a_share_of_its_time() -> None:
     # The silence alone would hold it longer; the share ends it once a live stream would
     # seldom be that silent.
     assert stream.doubt_at < last + share < stream.quiet_at - 5.0
-    before = last + share - 0.2
-    p = plan(llm_idle_and_big_queued(learner.view(before), before), before)
-    assert p.evictions == () and p.revisit_at == pytest.approx(last + share)
-    after = last + share + 0.01
-    p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
-    assert [e.backend for e in p.evictions] == ["chat-llm"]
+    assert_held_until(learner, last + share)
 
 
 def test_a_guessed_batch_is_held_a_smaller_share() -> None:
@@ -1317,12 +1323,7 @@ def test_a_guessed_batch_is_held_a_smaller_share() -> None:
     assert GUESSED_SHARE < HOLD_SHARE
     stream = unmeasured.view(last).streams["chat-llm"][0]
     assert stream.doubt_at < last + share
-    before = last + share - 0.2
-    p = plan(llm_idle_and_big_queued(unmeasured.view(before), before), before)
-    assert p.evictions == () and p.revisit_at == pytest.approx(last + share)
-    after = last + share + 0.01
-    p = plan(llm_idle_and_big_queued(unmeasured.view(after), after), after)
-    assert [e.backend for e in p.evictions] == ["chat-llm"]
+    assert_held_until(unmeasured, last + share)
 
 
 @pytest.mark.parametrize("seed", [146, 157])
@@ -1348,12 +1349,7 @@ def test_past_its_share_a_random_streams_silence_ends_the_hold_at_even_odds() ->
     stream = learner.view(last).streams["chat-llm"][0]
     even = stream.stopped_at(0.0)
     assert last + share < even < stream.stopped_at(2.0) - 2.0 < stream.quiet_at
-    held = even - 0.2
-    p = plan(llm_idle_and_big_queued(learner.view(held), held), held)
-    assert p.evictions == () and p.revisit_at == pytest.approx(even)
-    after = even + 0.01
-    p = plan(llm_idle_and_big_queued(learner.view(after), after), after)
-    assert [e.backend for e in p.evictions] == ["chat-llm"]
+    assert_held_until(learner, even)
 
 
 def test_few_random_gaps_say_little_of_the_rate() -> None:
