@@ -166,9 +166,10 @@ class _Sim:
                  tick_s: float, expect: bool) -> None:
         self.trace = trace
         self.learner = Learner() if expect else None
-        for b in trace.backends:
-            if self.learner is not None and b.known_job_s is not None:
-                self.learner.ran(b.name, b.known_job_s)
+        if self.learner is not None:
+            for b in trace.backends:
+                if b.known_job_s is not None:
+                    self.learner.ran(b.name, b.known_job_s)
         self.targets = {b.name: b.target_wait_s for b in trace.backends
                         if b.target_wait_s is not None}
         self.policy = policy

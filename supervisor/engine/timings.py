@@ -42,9 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from ..atomicfile import write_atomic
+from ..errors import InvalidRequest
 from ..paths import open_private
 from ..scheduler.expect import RUNS_KEPT, Learner
 from ..units import MAX_DURATION_S
+from ..validate import check_seconds
 from .reload import LAUNCH_FIELDS
 from .runtime import TIMES_KEPT, BackendRuntime
 
@@ -69,13 +71,10 @@ def launch_fingerprint(rt: BackendRuntime) -> str:
 def _seconds(value: Any) -> float | None:
     """``value`` as seconds (a number, finite, 0 to ``MAX_DURATION_S``); None if it is not
     (a huge or infinite figure would make every sum of them infinite)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
     try:
-        seconds = float(value)
-    except OverflowError:  # (an integer of hundreds of digits)
+        return check_seconds(value, "a time", maximum=MAX_DURATION_S, allow_zero=True)
+    except InvalidRequest:
         return None
-    return seconds if 0.0 <= seconds <= MAX_DURATION_S else None
 
 
 def _entry(value: Any) -> dict[str, Any] | None:
