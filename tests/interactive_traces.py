@@ -82,8 +82,10 @@ class Case:
         model by then in the twin, so here too if the silence lasts that long (up to then,
         both are the same history). The big model then loads and runs at least its shortest
         job, stops, and the chat model loads again: each request that comes meanwhile waits
-        at least until then (less its wait alone). If more of them wait past twice the job
-        time than the p95 lets by, no such policy passes both."""
+        at least until then (less its wait alone); or, if the next request comes while the
+        big model still loads, it gives that load up (as the scheduler does), and the
+        requests wait only until the chat model has loaded again from then. If more of them
+        wait past twice the job time than the p95 lets by, no such policy passes both."""
         t = self.trace
         by = {b.name: b for b in t.backends}
         chat = sorted((j for j in t.jobs if j.priority == 10), key=lambda j: j.at)
@@ -102,7 +104,10 @@ class Case:
             evict = self.batch_at + 1.25 * bound - load - work - stop
             if evict < end or evict >= nxt.at:
                 continue  # no policy meets the twin's bound, or it may wait past this silence
-            back = evict + stop + load + min(big) + by["big"].stop_s + by["chat"].load_s
+            if nxt.at < evict + stop + load:  # (the request gives the big model's load up)
+                back = nxt.at + by["big"].stop_s + by["chat"].load_s
+            else:
+                back = evict + stop + load + min(big) + by["big"].stop_s + by["chat"].load_s
             delayed = sum(1 for j in counted if j.at >= nxt.at
                           and back - j.at - (alone.started_at[j.id] - j.at) > 2 * self.chat_job_s)
             if delayed > allowed:
