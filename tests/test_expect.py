@@ -1370,9 +1370,10 @@ def test_few_random_gaps_say_little_of_the_rate() -> None:
 def test_regular_bursts_take_little_of_the_padding_for_few_gaps() -> None:
     """Four bursts of three requests, one every 8 s: three gaps between bursts, all within
     8.0-8.5 s. Few random gaps say little of the longest to come, regular ones tell it: at
-    even odds the stream has stopped after its longest gap between bursts (``QUIET_FACTOR``
-    and the pad) and at most half the ``FEW_GAPS / n`` of its mean gaps (5.7 s) that a
-    random stream's few gaps take (three gaps say little of how random they are:
+    even odds the stream has stopped after its longest gap between bursts (with part of
+    ``QUIET_FACTOR``'s margin, ``regular_margin``, and the pad) and at most half the
+    ``FEW_GAPS / n`` of its mean gaps (5.7 s) that a random stream's few gaps take, in all
+    more than that whole margin and the pad (three gaps say little of how random they are:
     ``PRIOR_GAPS``). Two gaps alike are no evidence: they keep most of it."""
     learner = Learner()
     for start in (0.0, 8.2, 16.5, 24.6):
