@@ -34,6 +34,7 @@ from supervisor.scheduler.expect import (
     GUESSED_SHARE,
     HALF_LIFE_S,
     HOLD_SHARE,
+    IDLE_GAPS,
     MIN_GAP_S,
     QUIET_FACTOR,
     QUIET_PAD_S,
@@ -1535,3 +1536,63 @@ def test_a_young_stream_holds_a_gpu_where_other_work_can_start() -> None:
     # With nothing else to run there, the GPU would idle: the cap applies, the chat goes.
     alone = plan(llm_idle_and_big_queued(learner.view(after), after), after)
     assert [e.backend for e in alone.evictions] == ["chat-llm"]
+
+
+
+def big_queued_beside_done_work(learner: Learner, done: float, now: float,
+                                big_priority: int = 0) -> Snapshot:
+    """``llm_idle_and_big_queued``, and beside the chat model the batch's embedding model
+    (priority 0), idle since its last job ended at ``done`` (the big model needs its room
+    too)."""
+    s = llm_idle_and_big_queued(learner.view(now), now, big_priority)
+    embed = WorkerInfo("embed", 0, "ready", 0, 7 * GIB, idle_since=done)
+    return Snapshot(gpus=s.gpus, backends={**s.backends, "embed": EMBED},
+                    workers={**s.workers, "embed": embed}, queue=s.queue, expected=s.expected)
+
+
+def test_a_batch_is_held_its_share_from_when_its_other_work_is_done() -> None:
+    """The batch's model that fits beside the chat ran its work past the chat's last
+    request: until that work was done the big model could not have started even had the
+    stream stopped, so holding it cost nothing; its share of the batch's time counts from
+    then (``free_at``), not from the last request. (Counted from the last request, issue
+    28's trace with a Poisson chat evicted the chat model as soon as that work ended,
+    whenever it ended after a silence of more than the share.)"""
+    learner, last, share = stopped_poisson_chat(20.0, 1, 3.0)
+    done = last + share + 2.0
+    stream = learner.view(last).streams["chat-llm"][0]
+    assert stream.doubt_at < done + share < stream.quiet_at
+    p = plan(big_queued_beside_done_work(learner, done, done + 0.1), done + 0.1)
+    assert p.evictions == () and p.revisit_at == pytest.approx(done + share)
+    after = done + share + 0.01
+    assert {e.backend for e in plan(big_queued_beside_done_work(learner, done, after),
+                                    after).evictions} == {"chat-llm", "embed"}
+
+
+def test_work_of_lower_priority_does_not_delay_the_share() -> None:
+    """Had the stream stopped, a job above the embedding model's work would have evicted it
+    between two of its jobs rather than wait for the last: that work's end says nothing of
+    when the job could have started, and the share counts from the last request. (Counted
+    from the end of such work, a model kept busy by a backlog below the held job held it
+    until the stream's quiet: policy-compare's ``beside`` seed 203, 594 s more of waits.)"""
+    learner, last, share = stopped_poisson_chat(20.0, 1, 3.0)
+    done = last + share + 2.0
+    p = plan(big_queued_beside_done_work(learner, done, done + 0.1, big_priority=5),
+             done + 0.1)
+    assert {e.backend for e in p.evictions} == {"chat-llm", "embed"}
+
+
+def test_a_stream_of_few_gaps_holds_an_idle_gpu_from_when_its_other_work_is_done() -> None:
+    """With nothing else to run, a stream of few gaps holds a job for at most ``IDLE_GAPS``
+    of its mean gaps: the GPU's idle time, which begins when the batch's other work ends
+    (here 8 s into the silence of a Poisson chat of five gaps), not at its last request."""
+    learner, last, _ = stopped_poisson_chat(12.0, 0, 3.0)
+    stream = learner.view(last).streams["chat-llm"][0]
+    assert len(stream.gaps) < FEW_GAPS
+    done = last + 8.0
+    idle_for = IDLE_GAPS * stream.mean_gap
+    assert done + idle_for < stream.quiet_at
+    p = plan(big_queued_beside_done_work(learner, done, done + 0.1), done + 0.1)
+    assert p.evictions == () and p.revisit_at == pytest.approx(done + idle_for)
+    after = done + idle_for + 0.01
+    assert {e.backend for e in plan(big_queued_beside_done_work(learner, done, after),
+                                    after).evictions} == {"chat-llm", "embed"}

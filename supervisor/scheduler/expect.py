@@ -46,13 +46,17 @@ wait (``target_wait`` of its backend, else ``DEFAULT_TARGET_WAIT_S``), or the jo
 a gap long enough, or for the stream to stop (at most ``max_patience_s``: ``hold``) — but
 it holds the job at most ``HOLD_SHARE`` of its batch's time (what it waited until the
 stream's last request, its load and its backend's queued work; ``GUESSED_SHARE`` while that
-work is a guess), or, past that, until the stream more likely stopped than not (``doubt_at``:
+work is a guess) past that request, or past the end of the last job of the other models it
+would evict whose work goes first (of at least its priority) if later (before then, had the
+stream stopped, the job could not have started either, and holding it cost nothing), or,
+past that, until the stream more likely stopped than not (``doubt_at``:
 odds of ``e**DOUBT_QUIET``, even), and
 never less, while the stream is young, than what the mistake would cost: a random stream's
 long silence cannot be told from its end, and the batch held for an ended one ends within
 about ``1 + HOLD_SHARE`` of what it could have taken. With nothing else on the GPU, a stream
 of few gaps holds the job for at most ``IDLE_GAPS`` of its mean gaps, or one mistake's cost
-while younger than that. A backend's requests of a priority with no gap yet (its first
+while younger than that, of idle time (from the later of its last request and that end).
+A backend's requests of a priority with no gap yet (its first
 request, or a batch at once: ``Expectations.lone``) are no stream, but more may come: a job
 below them that would evict its worker waits while other queued work starts on its GPU
 instead, for a silence of at most what the mistake would cost (``MISTAKE_REQUESTS`` times
@@ -578,7 +582,7 @@ class Hold:
 def hold(expected: Expectations, now: float, priority: int, run_s: float,
          victims: list[tuple[str, float]], *, since: float = -math.inf,
          batch_s: float = math.inf, idle: bool = False, beside: bool = False,
-         guessed: bool = False) -> Hold:
+         guessed: bool = False, free_at: float = -math.inf) -> Hold:
     """Whether evicting ``victims`` ((backend, what undoing its eviction costs)) for a job of
     (effective) ``priority`` that needs ``run_s`` more seconds (its load and its run) would
     make the next request of a stream above that priority wait beyond its target: the
@@ -588,10 +592,14 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     A job held since ``since`` whose backend's queued work takes ``batch_s`` (its load and
     every queued job's run) is held by a stream's silence at most ``HOLD_SHARE`` of what its
     batch takes if that stream had stopped at its last request (what it waited until then,
-    plus ``batch_s``; ``GUESSED_SHARE`` while ``guessed``): however the stream is read, a
-    batch held for one that has in fact stopped ends within about ``1 + HOLD_SHARE`` of the
-    time it could have taken (its work as estimated: before its first job has run, as
-    ``plan`` takes it; and once its silence is past ``Stream.doubt_at``).
+    plus ``batch_s``; ``GUESSED_SHARE`` while ``guessed``) past that request, or past
+    ``free_at`` if later: when the last of its victims whose work goes before the job's, with
+    no requests above it, ended that work (``plan`` passes it; the batch's model that ran
+    beside the stream, say), before which the job could not have started had the stream
+    stopped, and holding it cost nothing. However the stream is read, a batch held for one
+    that has in fact stopped ends within about ``1 + HOLD_SHARE`` of the time it could have
+    taken (its work as estimated: before its first job has run, as ``plan`` takes it; and
+    once its silence is past ``Stream.doubt_at``).
 
     A victim whose backend had requests above that priority with no gap yet
     (``Expectations.lone``) holds the job while other queued work starts on its GPU instead
@@ -603,10 +611,10 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
     With nothing else running or starting on its GPU, nor queued for another live worker
     there (``idle``), holding the job leaves the device idle: a stream of fewer than
     ``FEW_GAPS`` gaps (little evidence that it is one: a few random jobs of a backend look
-    like a stream) then holds it for a silence of at most
-    ``IDLE_GAPS`` of its mean gaps (between its bursts, for a bursty one), or what one
-    mistake would cost while it is younger than that (ski rental: an idle device waits as
-    long as being wrong costs, once).
+    like a stream) then holds it for at most ``IDLE_GAPS`` of its mean gaps (between its
+    bursts, for a bursty one), or what one mistake would cost while it is younger than that,
+    past its last request or ``free_at`` (ski rental: an idle device waits as long as being
+    wrong costs, once; it is idle from then).
 
     ``run_s`` and ``batch_s`` only ``guessed`` (its backend has not run a job yet), a gap is
     long enough only if ``UNSURE_MARGIN`` times ``run_s`` fits, and the share is
@@ -626,13 +634,14 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:
                 break
-            most = (GUESSED_SHARE if guessed else HOLD_SHARE) * (
+            start = max(stream.last_at, free_at)
+            most = start - stream.last_at + (GUESSED_SHARE if guessed else HOLD_SHARE) * (
                 max(0.0, stream.last_at - since) + batch_s)
             cap = math.inf
             if idle and len(stream.gaps) < FEW_GAPS:
                 telling = stream.telling
-                cap = max(IDLE_GAPS * sum(telling) / len(telling),
-                          stream.young_quiet(window) / MISTAKE_REQUESTS)
+                cap = start - stream.last_at + max(IDLE_GAPS * sum(telling) / len(telling),
+                                                   stream.young_quiet(window) / MISTAKE_REQUESTS)
             until = stream.ends_for(window, most, cap)
             if now >= until:
                 if until > released and stream.chance_within(until, gap) * gap > target:
