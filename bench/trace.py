@@ -462,7 +462,10 @@ def served_bound(trace: Trace) -> float | None:
     several priorities; None otherwise. The top priority's backends stay resident from their
     first request to the end of their last; the backends that cannot run a job beside one
     of them resident do all their work after that, a load each, one after another (the
-    heaviest pairwise exclusive set of them, as in ``lower_bound``)."""
+    heaviest pairwise exclusive set of them, as in ``lower_bound``). A backend that can run
+    beside the streams but not beside any of that set does its work before the set's first
+    load, or adds what it does later to the end: the set starts no sooner than that work,
+    from its first arrival, could be done."""
     prios = {j.priority for j in trace.jobs}
     if len(trace.gpus) != 1 or len(prios) < 2:
         return None
@@ -482,7 +485,12 @@ def served_bound(trace: Trace) -> float | None:
     if not after:
         return None
     clique = _heaviest_clique(after, by, work, size)
-    return end + sum(by[n].load_s + work[n] for n in clique)
+    arrived = {}
+    for j in trace.jobs:
+        arrived[j.backend] = min(arrived.get(j.backend, math.inf), j.at - first)
+    ready = max((arrived[n] + by[n].load_s + work[n] for n in work if n not in clique
+                 and all(_exclusive(by[n], by[m], size) for m in clique)), default=0.0)
+    return max(end, ready) + sum(by[n].load_s + work[n] for n in clique)
 
 
 def _exclusive(a: TraceBackend, b: TraceBackend, size: int) -> bool:
@@ -943,7 +951,7 @@ def engine_chat() -> None:
     from engine_support import play_trace
 
     trace = chat_beside_batch()
-    bound = served_bound(trace) or lower_bound(trace)
+    bound = max(served_bound(trace) or 0.0, lower_bound(trace))
     played = play_trace(trace, "sim:24GiB")
     bad = {t: s for t, s in played.states.items() if s != "succeeded"}
     real = Result(trace.name, "engine", played.makespan_s, played.loads, math.nan,

@@ -5,8 +5,8 @@ many. Each trace, on one 24 GiB GPU: a chat model (priority 10) asked by a perio
 or bursty stream from t=0 until it stops; a batch (priority 0), mixing a model that fits beside
 the chat model and one that fits beside nothing. A policy that keeps the chat model through its
 stream makes no chat request wait for the batch (a gap-free alternative exists), and the batch
-cannot end before the big model's loads and work after the stream's last request
-(``batch_bound``).
+cannot end before the big model's loads and work after the stream's last request, nor
+(as the two models cannot share the GPU) after the small model's work (``batch_bound``).
 
 Two shapes. ``long`` (``case``): a stream of 60-120 s, the batch submitted after its tenth
 request. ``short`` (``short_case``): issue 28's own trace, drawn around its figures — a stream
@@ -35,15 +35,27 @@ class Case:
     batch_at: float  # when the batch is submitted
 
     def batch_bound(self) -> float:
-        """From the batch's submission: the small model's load and work, or the stream's end
-        then the big model's load and work, whichever is longer."""
+        """From the batch's submission, for a policy that keeps the chat model through its
+        stream (``bound_after``)."""
+        return self.bound_after(max(j.at + j.duration_s for j in self.trace.jobs
+                                    if j.priority == 10))
+
+    def bound_after(self, stream_end: float) -> float:
+        """From the batch's submission, had the stream's last job ended at ``stream_end``:
+        the big model loads and works once the stream has ended; and once the small model's
+        work is done, if the two cannot share the GPU (then the small model's work all comes
+        first: what of it came after the big model's would only add to the end)."""
         t = self.trace
         by = {b.name: b for b in t.backends}
+        small, big = by["small"], by["big"]
         work = {n: sum(j.duration_s for j in t.jobs if j.backend == n) for n in ("small", "big")}
-        stream_end = max(j.at + j.duration_s for j in t.jobs if j.priority == 10)
-        return max(by["small"].load_s + work["small"],
-                   max(stream_end, self.batch_at) - self.batch_at + by["big"].load_s
-                   + work["big"])
+        stream = max(stream_end, self.batch_at) - self.batch_at
+        first = small.load_s + work["small"]
+        after = big.load_s + work["big"]
+        if peak(small) + big.resident_mib > t.gpus[0] and peak(big) + small.resident_mib \
+                > t.gpus[0]:
+            return max(first, stream) + after
+        return max(first, stream + after)
 
     def batch_makespan(self, r: Result) -> float:
         return max(r.started_at[j.id] + j.duration_s for j in self.trace.jobs
@@ -90,7 +102,6 @@ class Case:
         by = {b.name: b for b in t.backends}
         chat = sorted((j for j in t.jobs if j.priority == 10), key=lambda j: j.at)
         big = [j.duration_s for j in t.jobs if j.backend == "big"]
-        small = sum(j.duration_s for j in t.jobs if j.backend == "small")
         load, work, stop = by["big"].load_s, sum(big), by["chat"].stop_s
         counted = [j for j in chat if j.at >= self.batch_at]
         n = len(counted)
@@ -100,7 +111,7 @@ class Case:
                 continue  # (over before the batch came: nothing to decide)
             # its model idle from here, and evictable for the batch once the batch is there
             end = max(self.batch_at, alone.started_at[prev.id] + prev.duration_s)
-            bound = max(by["small"].load_s + small, end - self.batch_at + load + work)
+            bound = self.bound_after(end)
             evict = self.batch_at + 1.25 * bound - load - work - stop
             if evict < end or evict >= nxt.at:
                 continue  # no policy meets the twin's bound, or it may wait past this silence
@@ -137,6 +148,11 @@ class Forced:
                 f"big model must load within {self.latest:.1f} s, and {self.delayed} "
                 f"request{'s' if self.delayed != 1 else ''} would wait (p95 lets "
                 f"{self.allowed} by)")
+
+
+def peak(b: TraceBackend) -> int:
+    """What a backend holds running a job, with its safety margin."""
+    return b.resident_mib + b.activation_mib + b.safety_mib
 
 
 def p95(values: list[float]) -> float:

@@ -111,3 +111,23 @@ def test_no_policy_beats_the_reload_bound_where_it_is_the_tightest(bench: Module
                 simulate(trace, policy=policy, name=name)
             assert r.makespan_s >= bound - 1e-6, (seed, name, r.makespan_s, bound)
     assert tighter >= 10  # (the seeds must exercise it)
+
+
+def test_the_served_bound_counts_the_work_that_must_come_before_the_big_model(
+        bench: ModuleType) -> None:
+    # Issue 28's models: a chat stream of five requests (to 6.3 s) that keeps its model; a
+    # batch at 3 s of a model that fits beside it (16 s of work) and one that fits beside
+    # nothing, nor beside the first (4 s load, 12 s of work). The big model cannot start
+    # until the small one's work is done (at 20 s), however short the stream: 36 s, not the
+    # stream's end then the big model's work (22.3 s).
+    chat = TraceBackend("chat", 2.0, 11 * 1024, 1024, safety_mib=128, priority=10)
+    small = TraceBackend("small", 1.0, 7 * 1024, 3 * 1024, safety_mib=128)
+    big = TraceBackend("big", 4.0, 16 * 1024, 4 * 1024, safety_mib=128)
+    jobs = tuple(TraceJob(f"c{k}", 1.5 * k, "chat", 0.3, 10) for k in range(5))
+    jobs += tuple(TraceJob(f"s{k}", 3.0, "small", 2.0) for k in range(8))
+    jobs += tuple(TraceJob(f"b{k}", 3.0, "big", 3.0) for k in range(4))
+    trace = Trace("small first", (24 * 1024,), (chat, small, big), jobs)
+    assert bench.served_bound(trace) == pytest.approx(36.0)
+    r = simulate(trace)
+    assert not r.unfinished
+    assert 36.0 - 1e-6 <= r.makespan_s <= 1.1 * 36.0
