@@ -336,9 +336,9 @@ def test_a_calibration_on_the_host_finds_the_weights() -> None:
         assert result.state is JobState.SUCCEEDED, result.error
         summary = json.loads(result.data or b"{}")
     # PSS splits the interpreter's shared pages among every Python process on the host, and
-    # that share moves as a busy host starts and ends them (26 MiB seen in CI): the weights
-    # within 30 MiB, apart from weights + activation (280)
-    assert abs(summary["weights_mib"] - 200) <= 30, summary
+    # that share moves as a busy host starts and ends them (26 and 31 MiB seen in CI): the
+    # weights nearer 200 than weights + activation (280), which is what tells them apart
+    assert abs(summary["weights_mib"] - 200) < 40, summary
     assert summary["context_mib"] and summary["context_mib"] < 100, summary
 
 
