@@ -71,7 +71,14 @@ from supervisor.scheduler.model import (  # noqa: E402
     Start,
 )
 from supervisor.scheduler.plan import plan  # noqa: E402
-from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob, simulate  # noqa: E402
+from supervisor.tracesim import (  # noqa: E402
+    Result,
+    Trace,
+    TraceBackend,
+    TraceJob,
+    exclusive,
+    simulate,
+)
 
 GIB = 1024
 
@@ -489,16 +496,8 @@ def served_bound(trace: Trace) -> float | None:
     for j in trace.jobs:
         arrived[j.backend] = min(arrived.get(j.backend, math.inf), j.at - first)
     ready = max((arrived[n] + by[n].load_s + work[n] for n in work if n not in clique
-                 and all(_exclusive(by[n], by[m], size) for m in clique)), default=0.0)
+                 and all(exclusive(by[n], by[m], size) for m in clique)), default=0.0)
     return max(end, ready) + sum(by[n].load_s + work[n] for n in clique)
-
-
-def _exclusive(a: TraceBackend, b: TraceBackend, size: int) -> bool:
-    """Neither can run a job while the other is resident."""
-    def peak(x: TraceBackend) -> int:
-        return x.resident_mib + x.activation_mib + x.safety_mib
-
-    return peak(a) + b.resident_mib > size and peak(b) + a.resident_mib > size
 
 
 def _heaviest_clique(names: list[str], by: dict[str, TraceBackend], work: dict[str, float],
@@ -509,7 +508,7 @@ def _heaviest_clique(names: list[str], by: dict[str, TraceBackend], work: dict[s
     if len(names) > 20:
         clique: list[str] = []
         for n in sorted(names, key=lambda n: -weight[n]):
-            if all(_exclusive(by[n], by[m], size) for m in clique):
+            if all(exclusive(by[n], by[m], size) for m in clique):
                 clique.append(n)
         return clique
     best: list[str] = []
@@ -523,7 +522,7 @@ def _heaviest_clique(names: list[str], by: dict[str, TraceBackend], work: dict[s
             best, best_w = list(chosen), w
             return
         head, tail = rest[0], rest[1:]
-        if all(_exclusive(by[head], by[m], size) for m in chosen):
+        if all(exclusive(by[head], by[m], size) for m in chosen):
             grow([*chosen, head], tail, w + weight[head])
         grow(chosen, tail, w)
 

@@ -69,6 +69,14 @@ class TraceBackend:
         )
 
 
+def exclusive(a: TraceBackend, b: TraceBackend, size_mib: int) -> bool:
+    """On a GPU of ``size_mib``, neither can run a job while the other is resident."""
+    def peak(x: TraceBackend) -> int:
+        return x.resident_mib + x.activation_mib + x.safety_mib
+
+    return peak(a) + b.resident_mib > size_mib and peak(b) + a.resident_mib > size_mib
+
+
 @dataclass(frozen=True, slots=True)
 class TraceJob:
     id: str

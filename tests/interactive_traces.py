@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from supervisor import arrivals
-from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob
+from supervisor.tracesim import Result, Trace, TraceBackend, TraceJob, exclusive
 
 GIB = 1024
 
@@ -52,8 +52,7 @@ class Case:
         stream = max(stream_end, self.batch_at) - self.batch_at
         first = small.load_s + work["small"]
         after = big.load_s + work["big"]
-        if peak(small) + big.resident_mib > t.gpus[0] and peak(big) + small.resident_mib \
-                > t.gpus[0]:
+        if exclusive(small, big, t.gpus[0]):
             return max(first, stream) + after
         return max(first, stream + after)
 
@@ -148,11 +147,6 @@ class Forced:
                 f"big model must load within {self.latest:.1f} s, and {self.delayed} "
                 f"request{'s' if self.delayed != 1 else ''} would wait (p95 lets "
                 f"{self.allowed} by)")
-
-
-def peak(b: TraceBackend) -> int:
-    """What a backend holds running a job, with its safety margin."""
-    return b.resident_mib + b.activation_mib + b.safety_mib
 
 
 def p95(values: list[float]) -> float:
