@@ -175,10 +175,7 @@ def lower_bound(trace: Trace) -> float:
         b = by[j.backend]
         load = max(0.0, b.load_s - (j.at - first))
         bounds.append(j.at + load + j.duration_s - first)
-    for name, total in work.items():
-        b = by[name]
-        start = min(j.at for j in trace.jobs if j.backend == name)
-        bounds.append(start - first + b.load_s + total / b.concurrency)
+    bounds.extend(alone_ends(trace).values())
     area = 0.0
     for name, total in work.items():
         b = by[name]
@@ -206,6 +203,20 @@ def lower_bound(trace: Trace) -> float:
                                              for x in rest)
                           + sum(loads) - max(loads))
     return max(bounds)
+
+
+def alone_ends(trace: Trace) -> dict[str, float]:
+    """When each backend's work could end at the soonest, from the trace's first arrival:
+    its first arrival, one load, then its jobs back to back (one worker runs
+    ``concurrency`` jobs at once)."""
+    first = min(j.at for j in trace.jobs)
+    by = {b.name: b for b in trace.backends}
+    start: dict[str, float] = {}
+    work: dict[str, float] = {}
+    for j in trace.jobs:
+        start[j.backend] = min(start.get(j.backend, math.inf), j.at - first)
+        work[j.backend] = work.get(j.backend, 0.0) + j.duration_s
+    return {n: start[n] + by[n].load_s + work[n] / by[n].concurrency for n in work}
 
 
 def packing_bound(trace: Trace) -> float:
@@ -492,10 +503,8 @@ def served_bound(trace: Trace) -> float | None:
     if not after:
         return None
     clique = _heaviest_clique(after, by, work, size)
-    arrived = {}
-    for j in trace.jobs:
-        arrived[j.backend] = min(arrived.get(j.backend, math.inf), j.at - first)
-    ready = max((arrived[n] + by[n].load_s + work[n] for n in work if n not in clique
+    ends = alone_ends(trace)
+    ready = max((ends[n] for n in work if n not in clique
                  and all(exclusive(by[n], by[m], size) for m in clique)), default=0.0)
     return max(end, ready) + sum(by[n].load_s + work[n] for n in clique)
 

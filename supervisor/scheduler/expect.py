@@ -634,14 +634,14 @@ def hold(expected: Expectations, now: float, priority: int, run_s: float,
         for stream in expected.streams.get(backend, ()):
             if stream.priority <= priority:
                 break
-            start = max(stream.last_at, free_at)
-            most = start - stream.last_at + (GUESSED_SHARE if guessed else HOLD_SHARE) * (
+            free_later = max(0.0, free_at - stream.last_at)  # (both count from there)
+            most = free_later + (GUESSED_SHARE if guessed else HOLD_SHARE) * (
                 max(0.0, stream.last_at - since) + batch_s)
             cap = math.inf
             if idle and len(stream.gaps) < FEW_GAPS:
                 telling = stream.telling
-                cap = start - stream.last_at + max(IDLE_GAPS * sum(telling) / len(telling),
-                                                   stream.young_quiet(window) / MISTAKE_REQUESTS)
+                cap = free_later + max(IDLE_GAPS * sum(telling) / len(telling),
+                                       stream.young_quiet(window) / MISTAKE_REQUESTS)
             until = stream.ends_for(window, most, cap)
             if now >= until:
                 if until > released and stream.chance_within(until, gap) * gap > target:

@@ -1226,19 +1226,20 @@ class _Planner:
         # stopped, the job could not have started before (``expect.hold``).
         prio = self._effective(job)
         free_at = max((self.now if v.idle_since is None else v.idle_since for v in victims
-                       if self._goes_first(v.backend, job)
+                       if self._goes_first(v.backend, job.priority, prio)
                        and not any(s.priority > prio for s in exp.streams.get(v.backend, ()))
                        and exp.lone_above(v.backend, prio) is None), default=-math.inf)
         return expect.hold(exp, self.now, prio, run_s, undo,
                            since=job.submitted_at, batch_s=batch_s, idle=idle, beside=beside,
                            guessed=not measured, free_at=free_at)
 
-    def _goes_first(self, backend: str, job: QueuedJob) -> bool:
-        """Whether ``backend``'s work goes before ``job``'s: its priority (its descriptor's)
-        is at least the job's, or a job of it queued is as high once aged."""
+    def _goes_first(self, backend: str, priority: int, effective: int) -> bool:
+        """Whether ``backend``'s work goes before a job's of ``priority`` (``effective`` once
+        aged): its descriptor's priority is at least that, or a job of it queued is as high
+        once aged."""
         info = self.backends.get(backend)
-        return (info is not None and info.priority >= job.priority) or \
-            self._queued(backend)[1] >= self._effective(job)
+        return (info is not None and info.priority >= priority) or \
+            self._queued(backend)[1] >= effective
 
     def _settle_held(self, job: QueuedJob, held: expect.Hold, since: float) -> None:
         """``job`` waits, held by ``held.stream`` until ``held.until`` (at most
