@@ -950,6 +950,16 @@ def test_a_load_given_up_for_a_request_held_beside_a_stream_is_not_loaded_again(
     assert len(r.given_up) <= 6, r.given_up[:8]
 
 
+def test_one_more_job_of_a_loading_model_leaves_a_streams_next_job_its_room() -> None:
+    """A review's trace (``general`` seed 123): a second job of a loading batch model
+    (two at once) took the room of the idle chat model's next job; each chat request then
+    gave that load up, and the load started again: 16 loads given up. A job for a live
+    worker is held beside a stream as a load is (``_beside_hold``)."""
+    r = simulate(trace_families().general(123))
+    assert not r.unfinished and not r.overcommitted
+    assert len(r.given_up) <= 1, r.given_up[:4]
+
+
 def test_no_model_leaves_for_a_job_that_a_stream_then_holds_beside_its_model() -> None:
     """A review's trace (``general`` seed 39): evicting an idle model made room for a job
     that, once it had gone, would have taken the room of a stream's next job, so a stream

@@ -503,6 +503,13 @@ class _Planner:
             self._settle(key, self._behind(barrier))
             return
         if need <= 0 or self.budget[g] >= need:
+            # One more job (or a wake) takes room as a load does: not that of a stream's next
+            # job beside it (``_beside_hold``; a second job on a loading batch model took an
+            # idle chat model's, whose next request then gave that load up, and each after).
+            held = self._beside_hold(job, info, g, need) if need > 0 else expect.Hold(None)
+            if held.stream is not None:
+                self._settle_held(job, held, self._blocked_since(job))
+                return
             self._start(job, info, g, spawn=False, reserve=need)
             return
         if barrier is not None:
