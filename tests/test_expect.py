@@ -950,6 +950,32 @@ def test_a_load_given_up_for_a_request_held_beside_a_stream_is_not_loaded_again(
     assert len(r.given_up) <= 6, r.given_up[:8]
 
 
+def waits_of(trace: Trace, ids: list[str]) -> list[float]:
+    r = simulate(trace)
+    assert not r.unfinished and not r.overcommitted
+    at = {j.id: j.at for j in trace.jobs}
+    return [r.started_at[i] - at[i] for i in ids]
+
+
+def test_a_request_gives_up_a_load_in_the_room_its_sleeping_model_wakes_into() -> None:
+    """A review's trace (``beside1`` seed 150): the chat model was put to sleep for a
+    batch model's load, and its next request came 0.1 s into that load. A sleeping model
+    is a live worker, and a live worker's request was taken to wait for its worker, not
+    for room: it waited 8.7 s for the load and a job, where giving the load up costs it a
+    wake (``_undo_loads``)."""
+    [wait] = waits_of(trace_families().beside1(150), ["s0-19"])
+    assert wait < 2.0, wait
+
+
+def test_a_request_gives_up_a_load_that_took_its_idle_models_next_jobs_room() -> None:
+    """A review's trace (``beside1`` seed 24): a batch model loaded beside the idle chat
+    model, leaving no room for its next job; that request came during the load, and
+    waited 8.9 s for it and a job. The load is given up (the room counted once the idle
+    workers leave must not count the chat model's own)."""
+    [wait] = waits_of(trace_families().beside1(24), ["s0-11"])
+    assert wait < 1.0, wait
+
+
 def test_one_more_job_of_a_loading_model_leaves_a_streams_next_job_its_room() -> None:
     """A review's trace (``general`` seed 123): a second job of a loading batch model
     (two at once) took the room of the idle chat model's next job; each chat request then

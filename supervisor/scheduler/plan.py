@@ -893,7 +893,8 @@ class _Planner:
         end, where an idle chat model could leave; a busy one does not count, its job may be
         long), gives that load up: the worker stops, its jobs go back to the queue (they run
         once their turn comes again, the stream's hold deciding when), and the request waits
-        for its own model's reload rather than for the load, a job and that reload (unless
+        for its own model's reload (or wake, or nothing: its worker there, asleep or idle,
+        needs that room for the job) rather than for the load, a job and that reload (unless
         its target wait covers that: ``_may_wait_until``). Only for a request of a
         stream above those jobs that is alive (it just came; or one that waited for the
         load as its target allowed, past that): a stream the hold took as ended but was
@@ -919,26 +920,31 @@ class _Planner:
         claimed: set[int] = set()  # GPUs where a job ahead waits for room
         kept_for: dict[str, float] = {}  # a load kept -> what its keepers' queues take
         # Backends whose jobs fit (or will) beside what loads, or wait for room (their GPUs
-        # claimed): their later jobs change nothing. Once all that could are seen, done.
+        # claimed): their later jobs change nothing. Once all that could are seen, done. A
+        # live worker's job waits for room too, where its worker is: to wake it, or to run
+        # beside its jobs (a free slot, but no room for one more job's memory).
         seen: set[str] = set()
-        unseen = {b for (_, b), n in self.snapshot.queued_counts.items()
-                  if n > 0 and b not in self.worker_gpu}
+        unseen = {b for (_, b), n in self.snapshot.queued_counts.items() if n > 0}
         for run in ordered_runs(self.snapshot.queue, self.now, self.config.aging_interval_s):
             for job in run:
                 effective = self._effective(job)
                 if effective <= lowest or on <= claimed or not unseen:
                     return  # (nor anything after it: it could give up no load)
                 info = self.backends.get(job.backend)
-                if info is None or (job.kind != "calibration" and (
-                        job.backend in seen or job.backend in self.worker_gpu)):
-                    continue  # (nothing new, or it waits for its worker, not for room)
+                if info is None or (job.backend in seen and job.kind != "calibration"):
+                    continue  # (nothing new)
                 seen.add(job.backend)
                 unseen.discard(job.backend)
-                allowed = self._allowed(info)
-                if not info.measured or job.kind == "calibration":
-                    claimed.update(allowed)  # (it would take a GPU whole)
+                where = None if job.kind == "calibration" else self.worker_gpu.get(job.backend)
+                if where is not None:
+                    if job.backend not in self.asleep and self.slots.get(job.backend, 0) <= 0:
+                        continue  # (it waits for its worker, not for room)
+                    allowed, need = [where], self._hot_need(job.backend, info)
+                elif not info.measured or job.kind == "calibration":
+                    claimed.update(self._allowed(info))  # (it would take a GPU whole)
                     continue
-                need = info.holds_mib(1)
+                else:
+                    allowed, need = self._allowed(info), info.holds_mib(1)
                 if any(self.budget[g] + self.stopping_mib[g] >= need for g in allowed):
                     continue  # it fits (or will) beside what loads
                 if job.kind == "job" and job.priority > lowest and self._undo_load_for(
@@ -965,7 +971,7 @@ class _Planner:
                     or (w.loading_since is not None
                         and self.now - w.loading_since >= patience)
                     or coming + w.reserved_mib < need
-                    or self._room_once_idle_leave(g) >= need):
+                    or self._room_once_idle_leave(g, but=job.backend) >= need):
                 continue
             if self._held_beside_once_gone(job, w, need):
                 continue  # (a stream would hold it beside: nobody would take that room)
@@ -1030,7 +1036,9 @@ class _Planner:
         if each is None and ahead > 0:
             return None
         queue_s = ahead * (each or 0.0) / max(1, mine.concurrency)
-        rest = longest + before_s + mine.reload_cost_s + queue_s
+        back = 0.0 if mine.name in self.worker_gpu and mine.name not in self.asleep else \
+            self._undo_s(mine, mine.name in self.asleep)  # (its reload, wake, or none)
+        rest = longest + before_s + back + queue_s
         target = exp.target(job.backend)
         first = self._queued(mine.name)[0]
         deadline = first + target - rest
@@ -1142,11 +1150,11 @@ class _Planner:
             return False
         return self._room_once_idle_leave(g) - need < want
 
-    def _room_once_idle_leave(self, g: int) -> int:
+    def _room_once_idle_leave(self, g: int, *, but: str | None = None) -> int:
         """What ``g`` has for a newcomer once what stops there has gone and its idle workers
-        have left."""
+        (but ``but``'s: the newcomer's own, which its job needs) have left."""
         return self.budget[g] + self.stopping_mib[g] + sum(
-            w.reserved_mib for w in self.live_on[g] if self._evictable(w))
+            w.reserved_mib for w in self.live_on[g] if w.backend != but and self._evictable(w))
 
     def _stays(self, by: BackendInfo, stream: expect.Stream) -> bool:
         """Whether ``by`` has a worker that its keep-alive will not unload before
