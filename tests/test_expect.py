@@ -957,6 +957,15 @@ def waits_of(trace: Trace, ids: list[str]) -> list[float]:
     return [r.started_at[i] - at[i] for i in ids]
 
 
+def test_a_job_that_fits_beside_a_stream_doubted_ended_takes_an_idle_models_room() -> None:
+    """A review's trace (``soon`` seed 54): a job of priority 5 fit beside the idle chat
+    model (two gaps of ~3 s, silent 7 s: its hold had ended) and loaded there for 7 s,
+    and the chat's next three requests waited 5-6 s for it, while on the other GPU a
+    batch model sat idle with nothing queued. The job takes that room instead."""
+    waits = waits_of(trace_families().soon(54), ["chat-3", "chat-4", "chat-5"])
+    assert max(waits) < 1.0, waits
+
+
 def test_a_request_gives_up_a_load_in_the_room_its_sleeping_model_wakes_into() -> None:
     """A review's trace (``beside1`` seed 150): the chat model was put to sleep for a
     batch model's load, and its next request came 0.1 s into that load. A sleeping model

@@ -550,16 +550,33 @@ class _Planner:
             fits.append(g)
         fits.sort(key=lambda g: (need - self.budget[g], g))
         held: expect.Hold | None = None
+        feasible = [g for g in allowed if g not in fits and self._ever_fits(g, need)]
+        doubted: int | None = None  # where it fits beside a stream whose hold has ended
         for g in fits:
             hold = self._beside_hold(job, info, g, need)
+            if hold.stream is None and hold.released_at > -math.inf:
+                doubted = g if doubted is None else doubted
+                continue
             if hold.stream is None:
                 if not self._doomed(job, info, [g], need):
                     self._start(job, info, g, spawn=True, reserve=need)
                 return
             held = held or hold
+        if doubted is not None:
+            # The stream's hold there has ended, but the stream may not have: where the
+            # workers it needs gone are idle with nothing queued and no stream of theirs, it
+            # takes their room instead, for nothing anyone waits for (a chat request waited
+            # 6 s for a 7 s load put beside its idle model, where another GPU's idle batch
+            # model could have left).
+            free = self._free_switch(job, info, [g for g in feasible if g not in self.barriers],
+                                     need)
+            if free is not None:
+                self._make_barrier(job, info, [free], need, alone=False, own=None)
+            elif not self._doomed(job, info, [doubted], need):
+                self._start(job, info, doubted, spawn=True, reserve=need)
+            return
         # Where it fits, a stream holds it (``_beside_hold``): it may still take the room of
         # other work on another GPU, as a blocked job does; else it waits for the stream.
-        feasible = [g for g in allowed if g not in fits and self._ever_fits(g, need)]
         if held is not None and all(g in self.barriers for g in feasible):
             self._settle_held(job, held, self._blocked_since(job))
             return
@@ -572,6 +589,30 @@ class _Planner:
             return
         if not self._doomed(job, info, free, need):
             self._make_barrier(job, info, free, need, alone=False, own=None, held=held)
+
+    def _free_switch(self, job: QueuedJob, info: BackendInfo, gpus: list[int],
+                     need: int) -> int | None:
+        """Among ``gpus``, the one where ``job`` can have room most cheaply by evicting only
+        idle workers with nothing queued (or none: what stops there makes it), whose leaving
+        no stream's next request would feel (no hold of a stream, now or ended, there nor
+        beside it once they have gone)."""
+        waited = 0.0 if job.blocked_since is None else self.now - job.blocked_since
+        options = []
+        for g in gpus:
+            option = self._option(g, need, alone=False, own=None)
+            if option is None:
+                continue
+            cost, chosen, room = option
+            victims = [c.worker for c in chosen]
+            if any(v.active_jobs or self.queued_jobs.get(v.backend, 0) for v in victims):
+                continue
+            sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
+            holds = (self._stream_hold(job, info, victims, sleepers, waited, g),
+                     self._beside_hold(job, info, g, need, left=room,
+                                       leaving=frozenset(v.backend for v in victims)))
+            if all(h.stream is None and h.released_at == -math.inf for h in holds):
+                options.append((cost, g))
+        return min(options)[1] if options else None
 
     def _cold_alone(
         self, job: QueuedJob, info: BackendInfo, allowed: list[int], *, kind: str
