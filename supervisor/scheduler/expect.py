@@ -19,11 +19,12 @@ has gone on, the longer the silence it takes), more while its rate is read from 
 (``random_quiet``); in between, in proportion. Plus ``FEW_GAPS / n`` mean gaps while it
 has only ``n`` gaps, as much as they are random (a few random gaps say little of the longest
 to come, regular ones tell it; and few gaps say little of how random they are: their spread
-is blended with a random stream's as ``PRIOR_GAPS`` gaps of it), and ``QUIET_PAD_S``. A
-bursty stream (its gaps longer than the mean ``BURST_RATIO`` times those shorter) is read by
-its gaps between bursts alone: bursts every 6 s stop after a silence of a little more than
-6 s, not of as many of all its gaps' mean as a random stream would take, and of less of its
-few bursts' padding when they come as regularly as that.
+is blended with a random stream's as ``PRIOR_GAPS`` gaps of it; at lesser odds, less of it,
+as of the regular margin: ``odds_share``), and ``QUIET_PAD_S``. A bursty stream (its gaps
+longer than the mean ``BURST_RATIO`` times those shorter) is read by its gaps between bursts
+alone: bursts every 6 s stop after a silence of a little more than 6 s, not of as many of
+all its gaps' mean as a random stream would take, and of less of its few bursts' padding
+when they come as regularly as that.
 
 A young stream is another matter: one whose gaps cover less time than a mistake would cost
 has shown nothing of the silences that matter (after its first burst, a bursty stream looks
@@ -104,12 +105,19 @@ RANDOM_QUIET = 8.0
 #: (the short shape: a stream of 25-45 s, the batch 2-6 s in) cannot: its bound's quarter is
 #: about the silence the floor took, and at 2.0 half its Poisson batches missed it (203 of
 #: 400, and 8 chats past the limit), at 1.0 a third (133, 10), at 0.0 a fifth (78, 13).
+#: Even odds are about even: of the soak's Poisson streams silent past ``doubt_at`` (at each
+#: request from the batch on, 300 seeds), 50 % went on in the short shape and 52 % in the
+#: long one, since few gaps' padding takes its share of the odds too (``odds_share``; taken
+#: whole, 36 % and 46 %: even odds came late, and held batches for streams that had ended).
 DOUBT_QUIET = 0.0
 QUIET_PAD_S = 0.5
 #: Few random gaps say little of the longest: FEW_GAPS / n mean gaps more, as much as the
 #: gaps are random (``PRIOR_GAPS``). Regular gaps tell their longest: bursts every 8 s, four
 #: of them so far, took 5 s of it, and issue 28's soak (short bursts, seeds 0-699) missed
-#: 311 of 700 batch bounds; weighed so, 179, with no chat past its limit either way.
+#: 311 of 700 batch bounds; weighed so, 179, with no chat past its limit either way. At
+#: lesser odds than ``RANDOM_QUIET``'s, less of it (``odds_share``): at even odds, over
+#: 1,000 seeds of the soak's short shape, bursts' batches past their bound 159 -> 99 and
+#: Poisson's 168 -> 145, for 3 more Poisson chats past their limit (42 -> 45).
 FEW_GAPS = 8.0
 #: How many gaps a memoryless guess (of the mean gap) weighs against the gaps seen (and a
 #: random stream's spread, in ``FEW_GAPS``'s padding: two gaps 3.1 and 2.9 s apart are no
@@ -212,6 +220,7 @@ class Stream:
         silence = ((1.0 - random) * max(gaps) * (1.0 + regular_margin(seen, odds))
                    + random * random_quiet(sum(gaps), n, seen, random, odds)
                    + (n * random + PRIOR_GAPS) / (n + PRIOR_GAPS) * mean * FEW_GAPS / n_all
+                   * odds_share(seen, odds)
                    + QUIET_PAD_S)
         return self.last_at + silence
 
@@ -299,17 +308,25 @@ class Stream:
         return hi
 
 
+def odds_share(seen: int, odds: float) -> float:
+    """How much of a margin for what a stream's gaps cannot tell (``regular_margin``, few
+    gaps' padding: ``FEW_GAPS``) a silence at log odds ``odds`` that it stopped takes, for a
+    stream that had ``seen`` gaps: all of it at ``RANDOM_QUIET``'s, and in proportion to the
+    evidence that the silence must add to the prior odds (``1 / (1 + seen)``, as
+    ``random_quiet``) below them."""
+    prior = math.log(1 + seen)
+    return min(1.0, max(0.0, (odds + prior) / (RANDOM_QUIET + prior)))
+
+
 def regular_margin(seen: int, odds: float = RANDOM_QUIET) -> float:
     """How much longer than its longest gap a regular stream that had ``seen`` gaps must be
     silent for the log odds that it stopped to reach ``odds``, as a share of that gap:
-    ``QUIET_FACTOR``'s quarter at ``RANDOM_QUIET``, and in proportion to the evidence the
-    silence must add to the prior odds (``1 / (1 + seen)``, as ``random_quiet``) below it. At
+    ``QUIET_FACTOR``'s quarter at ``RANDOM_QUIET``, less at lesser odds (``odds_share``). At
     even odds (``doubt_at``) a stream of 15 gaps takes a quarter of that margin: its longest
     gap 8.6 s, 9.2 s of silence rather than 10.8 (issue 28's soak, short bursts, seeds
     0-699: batches past their bound 179 -> 114, with no chat past its limit before or
     after; Poisson, 116 -> 111, and no more chats past it)."""
-    prior = math.log(1 + seen)
-    return (QUIET_FACTOR - 1.0) * min(1.0, max(0.0, (odds + prior) / (RANDOM_QUIET + prior)))
+    return (QUIET_FACTOR - 1.0) * odds_share(seen, odds)
 
 
 def random_quiet(total: float, n: int, seen: int, random: float = 1.0,
