@@ -607,12 +607,27 @@ class _Planner:
             if any(v.active_jobs or self.queued_jobs.get(v.backend, 0) for v in victims):
                 continue
             sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
-            holds = (self._stream_hold(job, info, victims, sleepers, waited, g),
-                     self._beside_hold(job, info, g, need, left=room,
-                                       leaving=frozenset(v.backend for v in victims)))
+            holds = self._switch_holds(job, info, g, need, victims, sleepers, room, waited)
             if all(h.stream is None and h.released_at == -math.inf for h in holds):
                 options.append((cost, g))
         return min(options)[1] if options else None
+
+    def _switch_holds(self, job: QueuedJob, info: BackendInfo, g: int, need: int,
+                      victims: list[WorkerInfo], sleepers: frozenset[str], room: int,
+                      waited: float, *, beside: bool = True) -> tuple[expect.Hold, expect.Hold]:
+        """What holds ``job`` from taking ``g``'s room by evicting ``victims`` (leaving it
+        ``room``): the streams of the models it evicts (``_stream_hold``); and, with
+        ``beside``, when none does and none of them runs a job, those of the models that stay
+        there once they have gone (``_beside_hold``: evicting them would buy nothing but
+        their reloads; not for busy ones, which a barrier waits for. Held instead, it counted
+        as blocked all the while, its barrier's patience spent before it formed:
+        bench/trace.py's interactive trace switched batches early and took 663 s, not 600,
+        and no request waited less). ``Hold(None)`` for the second when not asked."""
+        hold = self._stream_hold(job, info, victims, sleepers, waited, g)
+        if not beside or hold.stream is not None or any(v.active_jobs for v in victims):
+            return hold, expect.Hold(None)
+        return hold, self._beside_hold(job, info, g, need, left=room,
+                                       leaving=frozenset(v.backend for v in victims))
 
     def _cold_alone(
         self, job: QueuedJob, info: BackendInfo, allowed: list[int], *, kind: str
@@ -866,19 +881,10 @@ class _Planner:
                 continue
             victims = [c.worker for c in chosen]
             sleepers = frozenset(c.worker.backend for c in chosen if c.sleep)
-            hold = self._stream_hold(job, info, victims, sleepers, waited, g)
-            if hold.stream is None and not alone and also is None and not any(
-                    v.active_jobs for v in victims):
-                # Once they have gone, it would take the room of a stream's next job beside
-                # it (``_beside_hold``): evicting them would buy nothing but their reloads.
-                # Not for busy ones: it waits for them as a barrier. (Held instead, it counted
-                # as blocked all the while, its barrier's patience spent before it formed:
-                # bench/trace.py's interactive trace switched batches early and took 663 s,
-                # not 600, and no request waited less.)
-                beside = self._beside_hold(job, info, g, need, left=room,
-                                           leaving=frozenset(v.backend for v in victims))
-                if beside.stream is not None:
-                    hold = beside
+            hold, beside = self._switch_holds(job, info, g, need, victims, sleepers, room,
+                                              waited, beside=not alone and also is None)
+            if beside.stream is not None:
+                hold = beside
             if hold.stream is None:
                 released = hold.released_at
                 break
